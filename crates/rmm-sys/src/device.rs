@@ -1,0 +1,249 @@
+//! Devices: count, the calling thread's current device, making one current, memory info and the
+//! capability probes RMM uses.
+
+use std::ffi::c_int;
+use std::fmt;
+
+use cudarc::driver::sys;
+
+use crate::align::{align_down, ALLOCATION_ALIGNMENT};
+use crate::driver::ensure_current_context;
+use crate::error::{check, CudaResult};
+
+/// A CUDA device ordinal (RMM's `cuda_device_id`).
+#[doc(alias = "rmm::cuda_device_id")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DeviceId(pub i32);
+
+impl DeviceId {
+    /// The ordinal.
+    #[must_use]
+    pub const fn value(self) -> i32 {
+        self.0
+    }
+
+    /// The calling thread's current device (RMM's default-constructed `cuda_device_id`).
+    pub fn current() -> CudaResult<Self> {
+        current_device()
+    }
+}
+
+impl fmt::Display for DeviceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Number of CUDA devices (`cudaGetDeviceCount`).
+#[doc(alias = "rmm::get_num_cuda_devices")]
+pub fn device_count() -> CudaResult<usize> {
+    let n = crate::context::raw_device_count()?;
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
+/// The calling thread's current device (`cudaGetDevice`): the device of its current context,
+/// device 0 for a thread that has none yet.
+#[doc(alias = "rmm::get_current_cuda_device")]
+pub fn current_device() -> CudaResult<DeviceId> {
+    ensure_current_context()?;
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: a context is current on this thread; writes one device handle.
+    check("cuCtxGetDevice", unsafe { sys::cuCtxGetDevice(&mut dev) })?;
+    Ok(DeviceId(dev))
+}
+
+/// Makes `device` current on the calling thread: retains its primary context and sets it
+/// current, as `cudaSetDevice` does.
+pub fn set_current_device(device: DeviceId) -> CudaResult<()> {
+    crate::context::make_current(device)
+}
+
+/// Makes a device current for a scope and restores the previous one on drop (RMM's
+/// `cuda_set_device_raii`). A negative id, or the device already current, changes nothing.
+#[doc(alias = "rmm::cuda_set_device_raii")]
+#[derive(Debug)]
+#[must_use = "the previous device is restored when the guard drops"]
+pub struct DeviceGuard {
+    previous: Option<DeviceId>,
+}
+
+impl DeviceGuard {
+    /// Makes `device` current until the guard drops.
+    pub fn new(device: DeviceId) -> CudaResult<Self> {
+        if device.0 < 0 {
+            return Ok(Self { previous: None });
+        }
+        let previous = current_device()?;
+        if previous == device {
+            return Ok(Self { previous: None });
+        }
+        set_current_device(device)?;
+        Ok(Self {
+            previous: Some(previous),
+        })
+    }
+}
+
+impl Drop for DeviceGuard {
+    fn drop(&mut self) {
+        if let Some(prev) = self.previous {
+            if let Err(e) = set_current_device(prev) {
+                log::error!("rmm: could not restore device {prev}: {e}");
+            }
+        }
+    }
+}
+
+/// Free and total memory of the current device in bytes (`cudaMemGetInfo`).
+#[doc(alias = "rmm::available_device_memory")]
+pub fn available_device_memory() -> CudaResult<(usize, usize)> {
+    ensure_current_context()?;
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: a context is current; writes two sizes.
+    check("cuMemGetInfo", unsafe {
+        sys::cuMemGetInfo_v2(&mut free, &mut total)
+    })?;
+    Ok((free, total))
+}
+
+/// `percent` of the current device's free memory, aligned down to 256 bytes (RMM's
+/// `percent_of_free_device_memory`; `percent` above 100 is clamped to 100).
+#[doc(alias = "rmm::percent_of_free_device_memory")]
+pub fn percent_of_free_device_memory(percent: u32) -> CudaResult<usize> {
+    let (free, _) = available_device_memory()?;
+    Ok(percent_of(free, percent))
+}
+
+/// `percent` of `bytes`, aligned down to 256 (the arithmetic of
+/// [`percent_of_free_device_memory`]), without overflow.
+#[must_use]
+pub fn percent_of(bytes: usize, percent: u32) -> usize {
+    let p = u128::from(percent.min(100));
+    let v = (bytes as u128 * p / 100) as usize;
+    align_down(v, ALLOCATION_ALIGNMENT)
+}
+
+/// The name the driver reports for `device` (e.g. `NVIDIA H100 80GB HBM3`).
+pub fn device_name(device: DeviceId) -> CudaResult<String> {
+    crate::driver::init()?;
+    let mut buf = [0 as std::ffi::c_char; 256];
+    // SAFETY: the driver is initialized; the call writes at most `len` bytes, NUL-terminated.
+    check("cuDeviceGetName", unsafe {
+        sys::cuDeviceGetName(buf.as_mut_ptr(), buf.len() as c_int, device.0)
+    })?;
+    // SAFETY: the buffer is NUL-terminated by the driver (and zero-initialized).
+    let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    Ok(name.to_string_lossy().into_owned())
+}
+
+/// Reads an integer device attribute.
+pub fn device_attribute(device: DeviceId, attribute: sys::CUdevice_attribute) -> CudaResult<i32> {
+    crate::driver::init()?;
+    let mut v: c_int = 0;
+    // SAFETY: the driver is initialized; writes one int. An invalid device is reported as an
+    // error code.
+    check("cuDeviceGetAttribute", unsafe {
+        sys::cuDeviceGetAttribute(&mut v, attribute, device.0)
+    })?;
+    Ok(v)
+}
+
+/// Export handle types a memory pool can be created with (RMM's `allocation_handle_type`).
+#[doc(alias = "rmm::mr::cuda_async_memory_resource::allocation_handle_type")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum AllocationHandleType {
+    /// No export handle.
+    None = 0,
+    /// A POSIX file descriptor (`CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`).
+    PosixFileDescriptor = 0x1,
+    /// A Win32 handle.
+    Win32 = 0x2,
+    /// A Win32 KMT handle.
+    Win32Kmt = 0x4,
+    /// A fabric handle (`CU_MEM_HANDLE_TYPE_FABRIC`).
+    Fabric = 0x8,
+}
+
+/// The capability probes RMM's resources consult (cached per call site by the caller).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceCapabilities {
+    /// `CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED`: stream-ordered allocation.
+    pub memory_pools_supported: bool,
+    /// `CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES` as a bitmask of
+    /// [`AllocationHandleType`] values.
+    pub supported_handle_types: u32,
+    /// `CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS`.
+    pub concurrent_managed_access: bool,
+    /// `CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS` (system-allocated memory usable on the GPU).
+    pub pageable_memory_access: bool,
+}
+
+impl DeviceCapabilities {
+    /// Probes `device`.
+    pub fn probe(device: DeviceId) -> CudaResult<Self> {
+        use sys::CUdevice_attribute as A;
+        Ok(Self {
+            memory_pools_supported: device_attribute(
+                device,
+                A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+            )? != 0,
+            supported_handle_types: device_attribute(
+                device,
+                A::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES,
+            )? as u32,
+            concurrent_managed_access: device_attribute(
+                device,
+                A::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS,
+            )? != 0,
+            pageable_memory_access: device_attribute(
+                device,
+                A::CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS,
+            )? != 0,
+        })
+    }
+
+    /// Whether a pool may be created with `handle` as its export handle type.
+    #[must_use]
+    pub fn supports_handle_type(&self, handle: AllocationHandleType) -> bool {
+        handle == AllocationHandleType::None || self.supported_handle_types & handle as u32 != 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percent_is_aligned_and_clamped() {
+        assert_eq!(percent_of(1000, 50), 256);
+        assert_eq!(percent_of(1 << 30, 50), 1 << 29);
+        assert_eq!(percent_of(1 << 30, 150), 1 << 30);
+        assert_eq!(percent_of(usize::MAX, 100), usize::MAX - 255);
+        assert_eq!(percent_of(255, 100), 0);
+    }
+
+    #[test]
+    fn handle_types_from_bitmask() {
+        let caps = DeviceCapabilities {
+            memory_pools_supported: true,
+            supported_handle_types: 0x9,
+            concurrent_managed_access: true,
+            pageable_memory_access: false,
+        };
+        assert!(caps.supports_handle_type(AllocationHandleType::None));
+        assert!(caps.supports_handle_type(AllocationHandleType::PosixFileDescriptor));
+        assert!(caps.supports_handle_type(AllocationHandleType::Fabric));
+        assert!(!caps.supports_handle_type(AllocationHandleType::Win32));
+    }
+
+    #[test]
+    fn without_a_driver_device_calls_are_errors() {
+        let not_found = |e: Option<crate::CudaError>| e == Some(crate::CudaError::DriverNotFound);
+        let present = crate::driver::is_driver_present();
+        assert_eq!(not_found(device_count().err()), !present);
+        assert_eq!(not_found(current_device().err()), !present);
+        assert_eq!(not_found(available_device_memory().err()), !present);
+        assert_eq!(not_found(DeviceGuard::new(DeviceId(0)).err()), !present);
+    }
+}

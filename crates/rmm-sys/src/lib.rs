@@ -1,0 +1,74 @@
+//! # rmm-sys: the raw layer of rmm-rs
+//!
+//! **Contract.** This crate is the only one in rmm-rs that declares or calls foreign functions.
+//! It talks to the CUDA **driver** API through [`cudarc::driver::sys`], loaded dynamically, so
+//! it builds without a CUDA toolkit and runs on any machine: without a driver every entry point
+//! returns [`CudaError::DriverNotFound`] and nothing panics.
+//!
+//! - **Stream ordering** is the caller's: the wrappers here enqueue exactly the driver call they
+//!   name on the stream they are given and never synchronize unless their name says so.
+//! - **Threads**: every function is safe to call from any thread. A thread with no current
+//!   context gets device 0's primary context on its first call, as the CUDA runtime does (the
+//!   driver API would fail with `CUDA_ERROR_INVALID_CONTEXT`). [`set_current_device`] retains
+//!   a device's primary context and makes it current (`cudaSetDevice`), so rmm-rs shares contexts
+//!   with runtime-API code (PyTorch, CuPy, C++ RMM) and with cudarc.
+//! - **Driver versions**: CUDA 12.0 drivers and newer. cudarc generates its bindings per CUDA
+//!   version and a user's build may pick any of them, so only entry points present in every
+//!   version from 12.0 on are called through cudarc; newer ones (`cuMemGetDefaultMemPool`, CUDA
+//!   13's `cuMemPrefetchAsync`) are resolved with `cuGetProcAddress` after a version check and
+//!   fail with [`CudaError::EntryPointUnavailable`] on an older driver.
+//! - **Safety**: functions that free memory, destroy handles or write through addresses are
+//!   `unsafe fn`s whose contracts say what the caller vouches for; every `unsafe` block carries
+//!   a `// SAFETY:` comment.
+
+#![doc(html_root_url = "https://docs.rs/rmm-sys/0.1.0")]
+
+pub mod align;
+mod context;
+pub mod device;
+pub mod driver;
+pub mod error;
+pub mod memory;
+pub mod mempool;
+pub mod ptr;
+pub mod stream;
+pub mod version;
+
+/// The raw driver bindings, for code that needs an entry point rmm-sys does not wrap.
+pub use cudarc::driver::sys as ffi;
+
+pub use align::{
+    align_down, align_up, checked_align_up, is_aligned, is_pow2, is_supported_alignment,
+    is_supported_base_resource_alignment, ALLOCATION_ALIGNMENT,
+};
+pub use context::{primary_context, PrimaryContext};
+pub use device::{
+    available_device_memory, current_device, device_count, device_name,
+    percent_of_free_device_memory, set_current_device, AllocationHandleType, DeviceCapabilities,
+    DeviceGuard, DeviceId,
+};
+pub use driver::{driver_version, ensure_current_context, init, is_driver_present};
+pub use error::{CudaError, CudaResult, ResultCode};
+pub use memory::MemLocation;
+pub use mempool::{MemPoolAttribute, MemPoolHandle};
+pub use ptr::DevicePtr;
+pub use stream::{CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
+pub use version::DriverVersion;
+
+#[cfg(test)]
+mod send_sync {
+    //! Compile-time `Send`/`Sync` assertions for the public types.
+    use super::*;
+
+    const fn assert_send_sync<T: Send + Sync>() {}
+
+    const _: () = {
+        assert_send_sync::<CudaError>();
+        assert_send_sync::<DevicePtr>();
+        assert_send_sync::<DeviceId>();
+        assert_send_sync::<MemPoolHandle>();
+        assert_send_sync::<PrimaryContext>();
+        assert_send_sync::<DeviceCapabilities>();
+        assert_send_sync::<DriverVersion>();
+    };
+}

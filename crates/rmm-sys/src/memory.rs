@@ -1,0 +1,314 @@
+//! Thin wrappers over the driver's memory calls. Each makes sure the calling thread has a
+//! context, converts the `CUresult`, and nothing else: no policy lives here.
+//!
+//! Functions that free memory or write through an address are `unsafe`: the caller vouches that
+//! the address came from the matching allocation call and that no pending work still uses it.
+
+use std::ffi::c_void;
+use std::sync::OnceLock;
+
+use cudarc::driver::sys;
+
+use crate::driver::{ensure_current_context, resolve};
+use crate::error::{check, CudaResult};
+use crate::ptr::DevicePtr;
+use crate::version::DriverVersion;
+
+/// `CU_MEM_ATTACH_GLOBAL`: managed memory accessible from any stream.
+const CU_MEM_ATTACH_GLOBAL: u32 = 0x1;
+
+/// `cuMemAlloc`: `bytes` of device memory on the current device (synchronous).
+pub fn mem_alloc(bytes: usize) -> CudaResult<DevicePtr> {
+    ensure_current_context()?;
+    let mut p: sys::CUdeviceptr = 0;
+    // SAFETY: a context is current; the call writes one address.
+    check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut p, bytes) })?;
+    Ok(DevicePtr::from_raw(p))
+}
+
+/// `cuMemFree`.
+///
+/// # Safety
+/// `ptr` came from [`mem_alloc`] or [`mem_alloc_managed`], was not freed, and no pending
+/// device work uses it.
+pub unsafe fn mem_free(ptr: DevicePtr) -> CudaResult<()> {
+    ensure_current_context()?;
+    // SAFETY: the caller's contract.
+    check("cuMemFree", unsafe { sys::cuMemFree_v2(ptr.addr()) })
+}
+
+/// `cuMemAllocManaged(.., CU_MEM_ATTACH_GLOBAL)`: managed (unified) memory.
+pub fn mem_alloc_managed(bytes: usize) -> CudaResult<DevicePtr> {
+    ensure_current_context()?;
+    let mut p: sys::CUdeviceptr = 0;
+    // SAFETY: a context is current; the call writes one address.
+    check("cuMemAllocManaged", unsafe {
+        sys::cuMemAllocManaged(&mut p, bytes, CU_MEM_ATTACH_GLOBAL)
+    })?;
+    Ok(DevicePtr::from_raw(p))
+}
+
+/// `cuMemHostAlloc(.., 0)`: page-locked host memory, accessible from the device.
+pub fn mem_host_alloc(bytes: usize) -> CudaResult<DevicePtr> {
+    ensure_current_context()?;
+    let mut p: *mut c_void = std::ptr::null_mut();
+    // SAFETY: a context is current; the call writes one host pointer.
+    check("cuMemHostAlloc", unsafe {
+        sys::cuMemHostAlloc(&mut p, bytes, 0)
+    })?;
+    Ok(DevicePtr::from_host_ptr(p))
+}
+
+/// `cuMemFreeHost`.
+///
+/// # Safety
+/// `ptr` came from [`mem_host_alloc`], was not freed, and no pending work uses it.
+pub unsafe fn mem_free_host(ptr: DevicePtr) -> CudaResult<()> {
+    ensure_current_context()?;
+    // SAFETY: the caller's contract.
+    check("cuMemFreeHost", unsafe {
+        sys::cuMemFreeHost(ptr.as_host_ptr())
+    })
+}
+
+/// `cuMemsetD32Async`: writes `count` 32-bit words of `value` at `ptr` on `stream`.
+///
+/// # Safety
+/// `[ptr, ptr + 4 * count)` is memory the caller may write on `stream`; `stream` is a valid
+/// stream handle.
+pub unsafe fn memset_d32_async(
+    ptr: DevicePtr,
+    value: u32,
+    count: usize,
+    stream: sys::CUstream,
+) -> CudaResult<()> {
+    ensure_current_context()?;
+    // SAFETY: the caller's contract.
+    check("cuMemsetD32Async", unsafe {
+        sys::cuMemsetD32Async(ptr.addr(), value, count, stream)
+    })
+}
+
+/// `cuMemsetD8Async`: writes `count` bytes of `value` at `ptr` on `stream`.
+///
+/// # Safety
+/// As [`memset_d32_async`], for `count` bytes.
+pub unsafe fn memset_d8_async(
+    ptr: DevicePtr,
+    value: u8,
+    count: usize,
+    stream: sys::CUstream,
+) -> CudaResult<()> {
+    ensure_current_context()?;
+    // SAFETY: the caller's contract.
+    check("cuMemsetD8Async", unsafe {
+        sys::cuMemsetD8Async(ptr.addr(), value, count, stream)
+    })
+}
+
+/// `cuMemcpyAsync`: copies `bytes` from `src` to `dst` on `stream`, the direction inferred from
+/// the addresses (unified addressing: device, managed, pinned or pageable host memory).
+///
+/// # Safety
+/// Both ranges are valid for `bytes` for the duration of the copy on `stream`; `dst` may be
+/// written. A pageable host range must stay alive until the stream reaches the copy.
+pub unsafe fn memcpy_async(
+    dst: DevicePtr,
+    src: DevicePtr,
+    bytes: usize,
+    stream: sys::CUstream,
+) -> CudaResult<()> {
+    ensure_current_context()?;
+    // SAFETY: the caller's contract.
+    check("cuMemcpyAsync", unsafe {
+        sys::cuMemcpyAsync(dst.addr(), src.addr(), bytes, stream)
+    })
+}
+
+/// Copies a host slice to device memory on `stream` and waits for the copy to finish.
+///
+/// # Safety
+/// `dst` is valid for `src.len()` bytes and may be written on `stream`, a live or special
+/// stream handle.
+pub unsafe fn copy_to_device_sync(
+    dst: DevicePtr,
+    src: &[u8],
+    stream: sys::CUstream,
+) -> CudaResult<()> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: the caller's contract for `dst`; `src` lives until the synchronize below.
+    unsafe {
+        memcpy_async(
+            dst,
+            DevicePtr::from_host_ptr(src.as_ptr().cast_mut()),
+            src.len(),
+            stream,
+        )?;
+    }
+    // SAFETY: `stream` is valid (caller).
+    unsafe { crate::stream::stream_synchronize(stream) }
+}
+
+/// Copies device memory into a host slice on `stream` and waits for the copy to finish.
+///
+/// # Safety
+/// `src` is valid for `dst.len()` bytes and readable on `stream`, a live or special stream
+/// handle.
+pub unsafe fn copy_to_host_sync(
+    dst: &mut [u8],
+    src: DevicePtr,
+    stream: sys::CUstream,
+) -> CudaResult<()> {
+    if dst.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: the caller's contract for `src`; `dst` lives until the synchronize below.
+    unsafe {
+        memcpy_async(
+            DevicePtr::from_host_ptr(dst.as_mut_ptr()),
+            src,
+            dst.len(),
+            stream,
+        )?;
+    }
+    // SAFETY: `stream` is valid (caller).
+    unsafe { crate::stream::stream_synchronize(stream) }
+}
+
+/// Whether `ptr` is managed memory (`CU_POINTER_ATTRIBUTE_IS_MANAGED`). Addresses the driver
+/// does not know (system memory) are not managed.
+pub fn pointer_is_managed(ptr: DevicePtr) -> CudaResult<bool> {
+    ensure_current_context()?;
+    let mut v: u32 = 0;
+    // SAFETY: a context is current; the attribute is written as an unsigned int.
+    let r = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut v as *mut u32).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+            ptr.addr(),
+        )
+    };
+    if r == sys::CUresult::CUDA_ERROR_INVALID_VALUE {
+        return Ok(false);
+    }
+    check("cuPointerGetAttribute", r)?;
+    Ok(v != 0)
+}
+
+/// Where memory is prefetched to or preferred at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MemLocation {
+    /// A device.
+    Device(i32),
+    /// The host.
+    Host,
+}
+
+/// `CUmemLocation`, whose layout (two 32-bit fields) every CUDA version since 11.2 shares.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RawMemLocation {
+    pub(crate) kind: u32,
+    pub(crate) id: i32,
+}
+
+impl From<MemLocation> for RawMemLocation {
+    fn from(l: MemLocation) -> Self {
+        match l {
+            // CU_MEM_LOCATION_TYPE_DEVICE = 1, CU_MEM_LOCATION_TYPE_HOST = 2.
+            MemLocation::Device(id) => Self { kind: 1, id },
+            MemLocation::Host => Self { kind: 2, id: 0 },
+        }
+    }
+}
+
+/// `CU_DEVICE_CPU`: the legacy (pre-13.0) ABI's way to name the host.
+const CU_DEVICE_CPU: i32 = -1;
+
+type PrefetchV2 =
+    unsafe extern "C" fn(sys::CUdeviceptr, usize, RawMemLocation, u32, sys::CUstream) -> u32;
+type PrefetchV1 = unsafe extern "C" fn(sys::CUdeviceptr, usize, i32, sys::CUstream) -> u32;
+type AdviseV1 = unsafe extern "C" fn(sys::CUdeviceptr, usize, u32, i32) -> u32;
+
+fn code(call: &'static str, r: u32) -> CudaResult<()> {
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(crate::error::CudaError::from_raw_code(call, r))
+    }
+}
+
+/// `cuMemPrefetchAsync`: migrates managed memory to `location` on `stream`. Uses CUDA 13's ABI
+/// (`cuMemPrefetchAsync_v2` with a `CUmemLocation`) where the driver has it, the legacy one on
+/// 12.x drivers. The caller decides what to do with `CUDA_ERROR_INVALID_VALUE` (memory that is
+/// not managed).
+///
+/// # Safety
+/// `stream` is a valid stream handle.
+pub unsafe fn mem_prefetch_async(
+    ptr: DevicePtr,
+    bytes: usize,
+    location: MemLocation,
+    stream: sys::CUstream,
+) -> CudaResult<()> {
+    ensure_current_context()?;
+    let version = crate::driver::driver_version()?;
+    if version >= DriverVersion::CUDA_13_0 {
+        static F: OnceLock<CudaResult<PrefetchV2>> = OnceLock::new();
+        // SAFETY: `PrefetchV2` is the 13.0 ABI of `cuMemPrefetchAsync`.
+        let f = F
+            .get_or_init(|| unsafe {
+                resolve("cuMemPrefetchAsync", c"cuMemPrefetchAsync", DriverVersion(13000))
+            })
+            .clone()?;
+        // SAFETY: `stream` is valid (caller); prefetching never changes memory contents.
+        code("cuMemPrefetchAsync", unsafe {
+            f(ptr.addr(), bytes, location.into(), 0, stream)
+        })
+    } else {
+        static F: OnceLock<CudaResult<PrefetchV1>> = OnceLock::new();
+        // SAFETY: `PrefetchV1` is the 8.0-12.x ABI of `cuMemPrefetchAsync`.
+        let f = F
+            .get_or_init(|| unsafe {
+                resolve("cuMemPrefetchAsync", c"cuMemPrefetchAsync", DriverVersion(8000))
+            })
+            .clone()?;
+        let dev = match location {
+            MemLocation::Device(d) => d,
+            MemLocation::Host => CU_DEVICE_CPU,
+        };
+        // SAFETY: as above.
+        code("cuMemPrefetchAsync", unsafe {
+            f(ptr.addr(), bytes, dev, stream)
+        })
+    }
+}
+
+/// `CU_MEM_ADVISE_SET_PREFERRED_LOCATION`.
+pub const MEM_ADVISE_SET_PREFERRED_LOCATION: u32 = 3;
+
+/// `cuMemAdvise` with the legacy device-ordinal ABI (exported by every driver, 13.x included).
+///
+/// # Safety
+/// `[ptr, ptr + bytes)` is managed or system-allocated memory.
+pub unsafe fn mem_advise(
+    ptr: DevicePtr,
+    bytes: usize,
+    advice: u32,
+    location: MemLocation,
+) -> CudaResult<()> {
+    ensure_current_context()?;
+    static F: OnceLock<CudaResult<AdviseV1>> = OnceLock::new();
+    // SAFETY: `AdviseV1` is the 8.0-12.x ABI of `cuMemAdvise`.
+    let f = F
+        .get_or_init(|| unsafe { resolve("cuMemAdvise", c"cuMemAdvise", DriverVersion(8000)) })
+        .clone()?;
+    let dev = match location {
+        MemLocation::Device(d) => d,
+        MemLocation::Host => CU_DEVICE_CPU,
+    };
+    // SAFETY: the caller's contract; advice does not change contents.
+    code("cuMemAdvise", unsafe { f(ptr.addr(), bytes, advice, dev) })
+}

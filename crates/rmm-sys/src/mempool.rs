@@ -1,0 +1,260 @@
+//! Thin wrappers over the driver's stream-ordered allocator (memory pools).
+
+use std::ffi::c_void;
+use std::sync::OnceLock;
+
+use cudarc::driver::sys;
+
+use crate::device::{AllocationHandleType, DeviceId};
+use crate::driver::{ensure_current_context, resolve};
+use crate::error::{check, CudaResult};
+use crate::memory::{MemLocation, RawMemLocation};
+use crate::ptr::DevicePtr;
+use crate::version::DriverVersion;
+
+/// A memory pool handle (`CUmemoryPool`), kept as an address so it is `Send + Sync`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MemPoolHandle(usize);
+
+impl MemPoolHandle {
+    /// Wraps a raw `CUmemoryPool`.
+    #[must_use]
+    pub fn from_raw(pool: sys::CUmemoryPool) -> Self {
+        Self(pool as usize)
+    }
+
+    /// The raw `CUmemoryPool`.
+    #[must_use]
+    pub fn as_raw(self) -> sys::CUmemoryPool {
+        self.0 as sys::CUmemoryPool
+    }
+
+    /// Whether this is the null handle.
+    #[must_use]
+    pub fn is_null(self) -> bool {
+        self.0 == 0
+    }
+}
+
+/// `CUmemPoolProps`: 88 bytes in every CUDA version since 11.2 (later fields took reserved
+/// bytes), so one definition serves every binding cudarc may have picked.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct RawPoolProps {
+    alloc_type: u32,
+    handle_types: u32,
+    location: RawMemLocation,
+    win32_security_attributes: *mut c_void,
+    max_size: usize,
+    usage: u16,
+    reserved: [u8; 54],
+}
+
+const _: () = assert!(std::mem::size_of::<RawPoolProps>() == 88);
+
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`.
+const ALLOCATION_TYPE_PINNED: u32 = 1;
+/// `CU_MEM_ALLOCATION_TYPE_MANAGED` (CUDA 13).
+const ALLOCATION_TYPE_MANAGED: u32 = 2;
+
+/// `cuMemPoolCreate`: a new pool of pinned device memory on `device`.
+pub fn mem_pool_create(
+    device: DeviceId,
+    handle_type: AllocationHandleType,
+) -> CudaResult<MemPoolHandle> {
+    ensure_current_context()?;
+    let props = RawPoolProps {
+        alloc_type: ALLOCATION_TYPE_PINNED,
+        handle_types: handle_type as u32,
+        location: MemLocation::Device(device.0).into(),
+        win32_security_attributes: std::ptr::null_mut(),
+        max_size: 0,
+        usage: 0,
+        reserved: [0; 54],
+    };
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: `RawPoolProps` has the ABI of `CUmemPoolProps` (size asserted above, fields in
+    // header order); the call reads it and writes one handle.
+    check("cuMemPoolCreate", unsafe {
+        sys::cuMemPoolCreate(
+            &mut pool,
+            (&props as *const RawPoolProps).cast::<sys::CUmemPoolProps>(),
+        )
+    })?;
+    Ok(MemPoolHandle::from_raw(pool))
+}
+
+/// `cuMemPoolDestroy`. Memory still allocated from the pool is released once freed.
+///
+/// # Safety
+/// `pool` came from [`mem_pool_create`] and is not used afterwards.
+pub unsafe fn mem_pool_destroy(pool: MemPoolHandle) -> CudaResult<()> {
+    ensure_current_context()?;
+    // SAFETY: the caller's contract.
+    check("cuMemPoolDestroy", unsafe {
+        sys::cuMemPoolDestroy(pool.as_raw())
+    })
+}
+
+/// The pool attributes RMM reads or sets (`CUmemPool_attribute`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemPoolAttribute {
+    /// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD` (u64).
+    ReleaseThreshold,
+    /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` (u64).
+    ReservedMemCurrent,
+    /// `CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH` (u64; set to 0 to reset).
+    ReservedMemHigh,
+    /// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT` (u64).
+    UsedMemCurrent,
+    /// `CU_MEMPOOL_ATTR_USED_MEM_HIGH` (u64; set to 0 to reset).
+    UsedMemHigh,
+}
+
+impl MemPoolAttribute {
+    fn raw(self) -> sys::CUmemPool_attribute {
+        use sys::CUmemPool_attribute as A;
+        match self {
+            Self::ReleaseThreshold => A::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            Self::ReservedMemCurrent => A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+            Self::ReservedMemHigh => A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+            Self::UsedMemCurrent => A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+            Self::UsedMemHigh => A::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+        }
+    }
+}
+
+/// `cuMemPoolGetAttribute` for a 64-bit attribute.
+pub fn mem_pool_get_attribute(pool: MemPoolHandle, attr: MemPoolAttribute) -> CudaResult<u64> {
+    ensure_current_context()?;
+    let mut v: u64 = 0;
+    // SAFETY: every attribute of `MemPoolAttribute` is a cuuint64_t; an invalid pool is reported
+    // as an error code.
+    check("cuMemPoolGetAttribute", unsafe {
+        sys::cuMemPoolGetAttribute(pool.as_raw(), attr.raw(), (&mut v as *mut u64).cast())
+    })?;
+    Ok(v)
+}
+
+/// `cuMemPoolSetAttribute` for a 64-bit attribute.
+pub fn mem_pool_set_attribute(
+    pool: MemPoolHandle,
+    attr: MemPoolAttribute,
+    value: u64,
+) -> CudaResult<()> {
+    ensure_current_context()?;
+    let mut v = value;
+    // SAFETY: as `mem_pool_get_attribute`; the driver only reads the value.
+    check("cuMemPoolSetAttribute", unsafe {
+        sys::cuMemPoolSetAttribute(pool.as_raw(), attr.raw(), (&mut v as *mut u64).cast())
+    })
+}
+
+/// `cuMemPoolTrimTo`: releases unused pool memory down to `min_bytes_to_keep`.
+pub fn mem_pool_trim_to(pool: MemPoolHandle, min_bytes_to_keep: usize) -> CudaResult<()> {
+    ensure_current_context()?;
+    // SAFETY: an invalid pool is reported as an error code.
+    check("cuMemPoolTrimTo", unsafe {
+        sys::cuMemPoolTrimTo(pool.as_raw(), min_bytes_to_keep)
+    })
+}
+
+/// `cuMemAllocFromPoolAsync`.
+///
+/// # Safety
+/// `stream` is a valid stream handle; `pool` a live pool.
+pub unsafe fn mem_alloc_from_pool_async(
+    bytes: usize,
+    pool: MemPoolHandle,
+    stream: sys::CUstream,
+) -> CudaResult<DevicePtr> {
+    ensure_current_context()?;
+    let mut p: sys::CUdeviceptr = 0;
+    // SAFETY: the caller's contract; writes one address.
+    check("cuMemAllocFromPoolAsync", unsafe {
+        sys::cuMemAllocFromPoolAsync(&mut p, bytes, pool.as_raw(), stream)
+    })?;
+    Ok(DevicePtr::from_raw(p))
+}
+
+/// `cuMemAllocAsync`: from the device's current pool.
+///
+/// # Safety
+/// `stream` is a valid stream handle.
+pub unsafe fn mem_alloc_async(bytes: usize, stream: sys::CUstream) -> CudaResult<DevicePtr> {
+    ensure_current_context()?;
+    let mut p: sys::CUdeviceptr = 0;
+    // SAFETY: the caller's contract; writes one address.
+    check("cuMemAllocAsync", unsafe {
+        sys::cuMemAllocAsync(&mut p, bytes, stream)
+    })?;
+    Ok(DevicePtr::from_raw(p))
+}
+
+/// `cuMemFreeAsync`.
+///
+/// # Safety
+/// `ptr` came from a stream-ordered allocation, was not freed, and work that uses it is
+/// ordered before this point of `stream`.
+pub unsafe fn mem_free_async(ptr: DevicePtr, stream: sys::CUstream) -> CudaResult<()> {
+    ensure_current_context()?;
+    // SAFETY: the caller's contract.
+    check("cuMemFreeAsync", unsafe {
+        sys::cuMemFreeAsync(ptr.addr(), stream)
+    })
+}
+
+/// `cuDeviceGetDefaultMemPool`: the device's default pool (release threshold 0 unless changed).
+pub fn device_default_mem_pool(device: DeviceId) -> CudaResult<MemPoolHandle> {
+    crate::driver::init()?;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: the driver is initialized; writes one handle.
+    check("cuDeviceGetDefaultMemPool", unsafe {
+        sys::cuDeviceGetDefaultMemPool(&mut pool, device.0)
+    })?;
+    Ok(MemPoolHandle::from_raw(pool))
+}
+
+/// `cuDeviceGetMemPool`: the device's current pool (what `cuMemAllocAsync` allocates from,
+/// and so what cudarc, candle and cubecl use).
+pub fn device_current_mem_pool(device: DeviceId) -> CudaResult<MemPoolHandle> {
+    crate::driver::init()?;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: the driver is initialized; writes one handle.
+    check("cuDeviceGetMemPool", unsafe {
+        sys::cuDeviceGetMemPool(&mut pool, device.0)
+    })?;
+    Ok(MemPoolHandle::from_raw(pool))
+}
+
+type GetDefaultMemPool = unsafe extern "C" fn(*mut sys::CUmemoryPool, *mut RawMemLocation, u32) -> u32;
+
+/// `cuMemGetDefaultMemPool` (CUDA 13.0): the default **managed** pool of `device`. An error
+/// naming CUDA 13.0 on older drivers.
+pub fn default_managed_mem_pool(device: DeviceId) -> CudaResult<MemPoolHandle> {
+    ensure_current_context()?;
+    static F: OnceLock<CudaResult<GetDefaultMemPool>> = OnceLock::new();
+    let f = F
+        .get_or_init(|| {
+            // SAFETY: `GetDefaultMemPool` is the 13.0 ABI of `cuMemGetDefaultMemPool`.
+            unsafe {
+                resolve(
+                    "cuMemGetDefaultMemPool",
+                    c"cuMemGetDefaultMemPool",
+                    DriverVersion::CUDA_13_0,
+                )
+            }
+        })
+        .clone()?;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut location: RawMemLocation = MemLocation::Device(device.0).into();
+    // SAFETY: a context is current; the call reads the location and writes one handle.
+    let r = unsafe { f(&mut pool, &mut location, ALLOCATION_TYPE_MANAGED) };
+    if r != 0 {
+        return Err(crate::error::CudaError::from_raw_code(
+            "cuMemGetDefaultMemPool",
+            r,
+        ));
+    }
+    Ok(MemPoolHandle::from_raw(pool))
+}

@@ -1,0 +1,199 @@
+//! Thin wrappers over the driver's stream, event and host-function calls, plus the special
+//! stream handles.
+
+use std::ffi::c_void;
+use std::sync::OnceLock;
+
+use cudarc::driver::sys;
+
+use crate::driver::{ensure_current_context, resolve};
+use crate::error::{check, CudaResult, ResultCode};
+use crate::version::DriverVersion;
+
+/// `CU_STREAM_LEGACY`: the legacy default stream, which synchronizes with every blocking stream.
+/// (cudarc's bindings lack the macro.)
+pub const CU_STREAM_LEGACY: sys::CUstream = 0x1 as sys::CUstream;
+
+/// `CU_STREAM_PER_THREAD`: the calling thread's per-thread default stream.
+pub const CU_STREAM_PER_THREAD: sys::CUstream = 0x2 as sys::CUstream;
+
+/// `CU_STREAM_NON_BLOCKING`: a stream that does not synchronize with the legacy default stream.
+pub const CU_STREAM_NON_BLOCKING: u32 = 0x1;
+
+/// `CU_EVENT_DISABLE_TIMING`.
+pub const CU_EVENT_DISABLE_TIMING: u32 = 0x2;
+
+/// `cuStreamCreate`.
+pub fn stream_create(flags: u32) -> CudaResult<sys::CUstream> {
+    ensure_current_context()?;
+    let mut s: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: a context is current; writes one handle.
+    check("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut s, flags) })?;
+    Ok(s)
+}
+
+/// `cuStreamDestroy`. Work already queued on the stream still completes.
+///
+/// # Safety
+/// `stream` came from [`stream_create`] and is not used afterwards.
+pub unsafe fn stream_destroy(stream: sys::CUstream) -> CudaResult<()> {
+    ensure_current_context()?;
+    // SAFETY: the caller's contract.
+    check("cuStreamDestroy", unsafe { sys::cuStreamDestroy_v2(stream) })
+}
+
+/// `cuStreamSynchronize`: blocks until all work queued on `stream` has completed.
+///
+/// # Safety
+/// `stream` is a live stream handle or one of the special handles (0, [`CU_STREAM_LEGACY`],
+/// [`CU_STREAM_PER_THREAD`]).
+pub unsafe fn stream_synchronize(stream: sys::CUstream) -> CudaResult<()> {
+    ensure_current_context()?;
+    // SAFETY: a context is current; the handle is valid (caller).
+    check("cuStreamSynchronize", unsafe {
+        sys::cuStreamSynchronize(stream)
+    })
+}
+
+/// `cuStreamQuery`: `Ok(true)` when all work on `stream` has completed, `Ok(false)` while some
+/// is pending.
+///
+/// # Safety
+/// `stream` is a live stream handle or one of the special handles (0, [`CU_STREAM_LEGACY`],
+/// [`CU_STREAM_PER_THREAD`]).
+pub unsafe fn stream_query(stream: sys::CUstream) -> CudaResult<bool> {
+    ensure_current_context()?;
+    // SAFETY: a context is current; the handle is valid (caller).
+    let r = unsafe { sys::cuStreamQuery(stream) };
+    if r as u32 == ResultCode::NOT_READY.0 {
+        return Ok(false);
+    }
+    check("cuStreamQuery", r)?;
+    Ok(true)
+}
+
+/// `cuStreamGetId`: a process-unique id of the stream (the special handles resolve to the
+/// calling thread's stream they stand for).
+///
+/// # Safety
+/// `stream` is a live stream handle or one of the special handles (0, [`CU_STREAM_LEGACY`],
+/// [`CU_STREAM_PER_THREAD`]).
+pub unsafe fn stream_get_id(stream: sys::CUstream) -> CudaResult<u64> {
+    ensure_current_context()?;
+    let mut id: std::ffi::c_ulonglong = 0;
+    // SAFETY: a context is current; the handle is valid (caller); writes one integer.
+    check("cuStreamGetId", unsafe {
+        sys::cuStreamGetId(stream, &mut id)
+    })?;
+    Ok(id)
+}
+
+/// `cuStreamWaitEvent`: future work on `stream` waits for `event`'s last record.
+///
+/// # Safety
+/// `stream` is a live or special stream handle and `event` a live event handle.
+pub unsafe fn stream_wait_event(stream: sys::CUstream, event: sys::CUevent) -> CudaResult<()> {
+    ensure_current_context()?;
+    // SAFETY: a context is current; the handles are valid (caller).
+    check("cuStreamWaitEvent", unsafe {
+        sys::cuStreamWaitEvent(stream, event, 0)
+    })
+}
+
+/// `cuLaunchHostFunc`: runs `f(data)` on a driver thread once the stream reaches it.
+///
+/// # Safety
+/// `f` may be called with `data` from another thread, once; `data` must stay valid until then.
+/// `f` must not call CUDA.
+pub unsafe fn launch_host_func(
+    stream: sys::CUstream,
+    f: unsafe extern "C" fn(*mut c_void),
+    data: *mut c_void,
+) -> CudaResult<()> {
+    ensure_current_context()?;
+    // SAFETY: the caller's contract.
+    check("cuLaunchHostFunc", unsafe {
+        sys::cuLaunchHostFunc(stream, Some(f), data)
+    })
+}
+
+/// `cuEventCreate`.
+pub fn event_create(flags: u32) -> CudaResult<sys::CUevent> {
+    ensure_current_context()?;
+    let mut e: sys::CUevent = std::ptr::null_mut();
+    // SAFETY: a context is current; writes one handle.
+    check("cuEventCreate", unsafe { sys::cuEventCreate(&mut e, flags) })?;
+    Ok(e)
+}
+
+/// `cuEventDestroy`.
+///
+/// # Safety
+/// `event` came from [`event_create`] and is not used afterwards.
+pub unsafe fn event_destroy(event: sys::CUevent) -> CudaResult<()> {
+    ensure_current_context()?;
+    // SAFETY: the caller's contract.
+    check("cuEventDestroy", unsafe { sys::cuEventDestroy_v2(event) })
+}
+
+/// `cuEventRecord`.
+///
+/// # Safety
+/// `event` is a live event handle and `stream` a live or special stream handle.
+pub unsafe fn event_record(event: sys::CUevent, stream: sys::CUstream) -> CudaResult<()> {
+    ensure_current_context()?;
+    // SAFETY: a context is current; the handles are valid (caller).
+    check("cuEventRecord", unsafe { sys::cuEventRecord(event, stream) })
+}
+
+/// `cuEventSynchronize`.
+///
+/// # Safety
+/// `event` is a live event handle (from [`event_create`], not destroyed).
+pub unsafe fn event_synchronize(event: sys::CUevent) -> CudaResult<()> {
+    ensure_current_context()?;
+    // SAFETY: a context is current; the handle is valid (caller).
+    check("cuEventSynchronize", unsafe {
+        sys::cuEventSynchronize(event)
+    })
+}
+
+/// `cuEventQuery`: `Ok(true)` once the work before the event's last record has completed.
+///
+/// # Safety
+/// `event` is a live event handle (from [`event_create`], not destroyed).
+pub unsafe fn event_query(event: sys::CUevent) -> CudaResult<bool> {
+    ensure_current_context()?;
+    // SAFETY: a context is current; the handle is valid (caller).
+    let r = unsafe { sys::cuEventQuery(event) };
+    if r as u32 == ResultCode::NOT_READY.0 {
+        return Ok(false);
+    }
+    check("cuEventQuery", r)?;
+    Ok(true)
+}
+
+type ElapsedTime = unsafe extern "C" fn(*mut f32, sys::CUevent, sys::CUevent) -> u32;
+
+/// `cuEventElapsedTime`: milliseconds between two recorded events (both created with timing).
+///
+/// # Safety
+/// `start` and `end` are live event handles.
+pub unsafe fn event_elapsed_time(start: sys::CUevent, end: sys::CUevent) -> CudaResult<f32> {
+    ensure_current_context()?;
+    static F: OnceLock<CudaResult<ElapsedTime>> = OnceLock::new();
+    // SAFETY: `ElapsedTime` is the ABI of `cuEventElapsedTime` since CUDA 2.0; 13.x exports it
+    // under the same name as `_v2` with the same signature.
+    let f = F
+        .get_or_init(|| unsafe {
+            resolve("cuEventElapsedTime", c"cuEventElapsedTime", DriverVersion(12000))
+        })
+        .clone()?;
+    let mut ms = 0f32;
+    // SAFETY: a context is current; the handles are valid (caller); writes one float.
+    let r = unsafe { f(&mut ms, start, end) };
+    if r != 0 {
+        return Err(crate::error::CudaError::from_raw_code("cuEventElapsedTime", r));
+    }
+    Ok(ms)
+}
