@@ -74,7 +74,9 @@ pub(crate) fn invalid_device(device: i32) -> CudaError {
 pub(crate) fn make_current(device: DeviceId) -> CudaResult<()> {
     let ctx = primary_context(device.0)?;
     // SAFETY: `ctx` is a retained primary context that lives for the process.
-    check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ctx.as_raw()) })?;
+    check("cuCtxSetCurrent", unsafe {
+        sys::cuCtxSetCurrent(ctx.as_raw())
+    })?;
     crate::driver::mark_context_current();
     Ok(())
 }

@@ -33,6 +33,18 @@ pub fn is_driver_present() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
+/// Why rmm-rs cannot use a GPU here, or `None` when a driver and at least one device are
+/// present. GPU tests use it to report themselves skipped; programs can print it as their one
+/// line of explanation.
+#[must_use]
+pub fn gpu_unavailable_reason() -> Option<String> {
+    match crate::device::device_count() {
+        Ok(0) => Some("no CUDA device was found".to_owned()),
+        Ok(_) => None,
+        Err(e) => Some(e.to_string()),
+    }
+}
+
 /// Whether the driver library is loaded (the gate passed its first step).
 pub(crate) fn is_loaded() -> bool {
     LOADED.load(Ordering::Acquire)

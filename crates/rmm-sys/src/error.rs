@@ -170,9 +170,13 @@ fn describe(code: ResultCode, known: Option<sys::CUresult>) -> (String, String) 
     // the code as a plain u32 accepts values cudarc's enum does not list.
     let lib = unsafe { sys::culib() };
     // SAFETY: as above.
-    let name_fn = unsafe { lib.get::<ErrorText>(b"cuGetErrorName\0") }.ok().map(|s| *s);
+    let name_fn = unsafe { lib.get::<ErrorText>(b"cuGetErrorName\0") }
+        .ok()
+        .map(|s| *s);
     // SAFETY: as above.
-    let desc_fn = unsafe { lib.get::<ErrorText>(b"cuGetErrorString\0") }.ok().map(|s| *s);
+    let desc_fn = unsafe { lib.get::<ErrorText>(b"cuGetErrorString\0") }
+        .ok()
+        .map(|s| *s);
     let call = |f: Option<ErrorText>| {
         let f = f?;
         let mut p: *const std::ffi::c_char = std::ptr::null();
@@ -231,13 +235,21 @@ mod tests {
             found: DriverVersion(12040),
         }
         .to_string();
-        assert!(s.contains("cuMemGetDefaultMemPool") && s.contains("13.0") && s.contains("12.4"), "{s}");
+        assert!(
+            s.contains("cuMemGetDefaultMemPool") && s.contains("13.0") && s.contains("12.4"),
+            "{s}"
+        );
     }
 
     #[test]
     fn no_device_classification() {
         assert!(CudaError::DriverNotFound.is_no_device());
-        assert!(CudaError::from_result("cuInit", sys::CUresult::CUDA_ERROR_NO_DEVICE).is_no_device());
-        assert!(!CudaError::from_result("cuInit", sys::CUresult::CUDA_ERROR_INVALID_VALUE).is_no_device());
+        assert!(
+            CudaError::from_result("cuInit", sys::CUresult::CUDA_ERROR_NO_DEVICE).is_no_device()
+        );
+        assert!(
+            !CudaError::from_result("cuInit", sys::CUresult::CUDA_ERROR_INVALID_VALUE)
+                .is_no_device()
+        );
     }
 }

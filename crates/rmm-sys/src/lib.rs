@@ -47,7 +47,9 @@ pub use device::{
     percent_of_free_device_memory, set_current_device, AllocationHandleType, DeviceCapabilities,
     DeviceGuard, DeviceId,
 };
-pub use driver::{driver_version, ensure_current_context, init, is_driver_present};
+pub use driver::{
+    driver_version, ensure_current_context, gpu_unavailable_reason, init, is_driver_present,
+};
 pub use error::{CudaError, CudaResult, ResultCode};
 pub use memory::MemLocation;
 pub use mempool::{MemPoolAttribute, MemPoolHandle};

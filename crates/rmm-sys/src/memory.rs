@@ -260,7 +260,11 @@ pub unsafe fn mem_prefetch_async(
         // SAFETY: `PrefetchV2` is the 13.0 ABI of `cuMemPrefetchAsync`.
         let f = F
             .get_or_init(|| unsafe {
-                resolve("cuMemPrefetchAsync", c"cuMemPrefetchAsync", DriverVersion(13000))
+                resolve(
+                    "cuMemPrefetchAsync",
+                    c"cuMemPrefetchAsync",
+                    DriverVersion(13000),
+                )
             })
             .clone()?;
         // SAFETY: `stream` is valid (caller); prefetching never changes memory contents.
@@ -272,7 +276,11 @@ pub unsafe fn mem_prefetch_async(
         // SAFETY: `PrefetchV1` is the 8.0-12.x ABI of `cuMemPrefetchAsync`.
         let f = F
             .get_or_init(|| unsafe {
-                resolve("cuMemPrefetchAsync", c"cuMemPrefetchAsync", DriverVersion(8000))
+                resolve(
+                    "cuMemPrefetchAsync",
+                    c"cuMemPrefetchAsync",
+                    DriverVersion(8000),
+                )
             })
             .clone()?;
         let dev = match location {

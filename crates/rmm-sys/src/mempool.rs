@@ -227,7 +227,8 @@ pub fn device_current_mem_pool(device: DeviceId) -> CudaResult<MemPoolHandle> {
     Ok(MemPoolHandle::from_raw(pool))
 }
 
-type GetDefaultMemPool = unsafe extern "C" fn(*mut sys::CUmemoryPool, *mut RawMemLocation, u32) -> u32;
+type GetDefaultMemPool =
+    unsafe extern "C" fn(*mut sys::CUmemoryPool, *mut RawMemLocation, u32) -> u32;
 
 /// `cuMemGetDefaultMemPool` (CUDA 13.0): the default **managed** pool of `device`. An error
 /// naming CUDA 13.0 on older drivers.

@@ -84,7 +84,10 @@ mod tests {
     #[test]
     fn formats_like_printf_p() {
         assert_eq!(DevicePtr::NULL.to_string(), "(nil)");
-        assert_eq!(DevicePtr::from_raw(0x7f00_0000_0100).to_string(), "0x7f0000000100");
+        assert_eq!(
+            DevicePtr::from_raw(0x7f00_0000_0100).to_string(),
+            "0x7f0000000100"
+        );
         assert!(DevicePtr::from_raw(512).is_aligned(256));
         assert!(!DevicePtr::from_raw(513).is_aligned(256));
         assert_eq!(DevicePtr::from_raw(u64::MAX).checked_add(1), None);

@@ -28,7 +28,9 @@ pub fn stream_create(flags: u32) -> CudaResult<sys::CUstream> {
     ensure_current_context()?;
     let mut s: sys::CUstream = std::ptr::null_mut();
     // SAFETY: a context is current; writes one handle.
-    check("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut s, flags) })?;
+    check("cuStreamCreate", unsafe {
+        sys::cuStreamCreate(&mut s, flags)
+    })?;
     Ok(s)
 }
 
@@ -39,7 +41,9 @@ pub fn stream_create(flags: u32) -> CudaResult<sys::CUstream> {
 pub unsafe fn stream_destroy(stream: sys::CUstream) -> CudaResult<()> {
     ensure_current_context()?;
     // SAFETY: the caller's contract.
-    check("cuStreamDestroy", unsafe { sys::cuStreamDestroy_v2(stream) })
+    check("cuStreamDestroy", unsafe {
+        sys::cuStreamDestroy_v2(stream)
+    })
 }
 
 /// `cuStreamSynchronize`: blocks until all work queued on `stream` has completed.
@@ -122,7 +126,9 @@ pub fn event_create(flags: u32) -> CudaResult<sys::CUevent> {
     ensure_current_context()?;
     let mut e: sys::CUevent = std::ptr::null_mut();
     // SAFETY: a context is current; writes one handle.
-    check("cuEventCreate", unsafe { sys::cuEventCreate(&mut e, flags) })?;
+    check("cuEventCreate", unsafe {
+        sys::cuEventCreate(&mut e, flags)
+    })?;
     Ok(e)
 }
 
@@ -143,7 +149,9 @@ pub unsafe fn event_destroy(event: sys::CUevent) -> CudaResult<()> {
 pub unsafe fn event_record(event: sys::CUevent, stream: sys::CUstream) -> CudaResult<()> {
     ensure_current_context()?;
     // SAFETY: a context is current; the handles are valid (caller).
-    check("cuEventRecord", unsafe { sys::cuEventRecord(event, stream) })
+    check("cuEventRecord", unsafe {
+        sys::cuEventRecord(event, stream)
+    })
 }
 
 /// `cuEventSynchronize`.
@@ -186,14 +194,21 @@ pub unsafe fn event_elapsed_time(start: sys::CUevent, end: sys::CUevent) -> Cuda
     // under the same name as `_v2` with the same signature.
     let f = F
         .get_or_init(|| unsafe {
-            resolve("cuEventElapsedTime", c"cuEventElapsedTime", DriverVersion(12000))
+            resolve(
+                "cuEventElapsedTime",
+                c"cuEventElapsedTime",
+                DriverVersion(12000),
+            )
         })
         .clone()?;
     let mut ms = 0f32;
     // SAFETY: a context is current; the handles are valid (caller); writes one float.
     let r = unsafe { f(&mut ms, start, end) };
     if r != 0 {
-        return Err(crate::error::CudaError::from_raw_code("cuEventElapsedTime", r));
+        return Err(crate::error::CudaError::from_raw_code(
+            "cuEventElapsedTime",
+            r,
+        ));
     }
     Ok(ms)
 }

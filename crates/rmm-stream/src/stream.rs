@@ -1,0 +1,108 @@
+//! Owning streams.
+
+use std::fmt;
+
+use rmm_sys::ffi::CUstream;
+use rmm_sys::stream as raw;
+use rmm_sys::{CudaResult, DeviceId};
+
+use crate::view::CudaStreamView;
+
+/// How a new stream synchronizes with the legacy default stream (RMM's
+/// `cuda_stream::flags`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum StreamFlags {
+    /// Synchronizes with the legacy default stream (`cudaStreamDefault`).
+    #[default]
+    SyncDefault,
+    /// Does not synchronize with the legacy default stream (`cudaStreamNonBlocking`).
+    NonBlocking,
+}
+
+impl StreamFlags {
+    fn raw(self) -> u32 {
+        match self {
+            Self::SyncDefault => 0,
+            Self::NonBlocking => raw::CU_STREAM_NON_BLOCKING,
+        }
+    }
+}
+
+/// An owning CUDA stream (RMM's `cuda_stream`): created on the current device, destroyed when
+/// dropped, move-only. Never the default or per-thread stream.
+///
+/// Views of it ([`CudaStream::view`]) borrow it, so none outlives it.
+#[doc(alias = "rmm::cuda_stream")]
+pub struct CudaStream {
+    handle: usize,
+    device: DeviceId,
+}
+
+impl CudaStream {
+    /// Creates a stream on the current device.
+    pub fn new(flags: StreamFlags) -> CudaResult<Self> {
+        let device = rmm_sys::current_device()?;
+        let handle = raw::stream_create(flags.raw())?;
+        Ok(Self {
+            handle: handle as usize,
+            device,
+        })
+    }
+
+    /// Creates a stream that synchronizes with the legacy default stream.
+    pub fn with_default_flags() -> CudaResult<Self> {
+        Self::new(StreamFlags::SyncDefault)
+    }
+
+    /// Creates a non-blocking stream.
+    pub fn non_blocking() -> CudaResult<Self> {
+        Self::new(StreamFlags::NonBlocking)
+    }
+
+    /// A view of this stream, valid while the stream lives.
+    #[must_use]
+    pub fn view(&self) -> CudaStreamView<'_> {
+        // SAFETY: the handle is a live stream for as long as `self` is borrowed.
+        unsafe { CudaStreamView::from_raw(self.value()) }
+    }
+
+    /// The raw handle.
+    #[must_use]
+    pub fn value(&self) -> CUstream {
+        self.handle as CUstream
+    }
+
+    /// The device the stream was created on.
+    #[must_use]
+    pub fn device(&self) -> DeviceId {
+        self.device
+    }
+
+    /// Blocks until all work queued on the stream has completed.
+    pub fn synchronize(&self) -> CudaResult<()> {
+        self.view().synchronize()
+    }
+}
+
+impl Drop for CudaStream {
+    fn drop(&mut self) {
+        // The stream's context may not be the caller's; make it current for the destroy.
+        let guard = rmm_sys::DeviceGuard::new(self.device);
+        // SAFETY: the handle came from `stream_create` and no view outlives `self`.
+        let r = unsafe { raw::stream_destroy(self.value()) };
+        drop(guard);
+        if let Err(e) = r {
+            log::error!("rmm: failed to destroy stream {:#x}: {e}", self.handle);
+        }
+    }
+}
+
+impl fmt::Debug for CudaStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "CudaStream({:#x} on device {})",
+            self.handle, self.device
+        )
+    }
+}

@@ -1,0 +1,221 @@
+//! GPU tests of the raw layer. Without a GPU every trial reports itself ignored, with the reason.
+
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use rmm_sys::memory::{self, MemLocation};
+use rmm_sys::mempool;
+use rmm_sys::{CudaError, DeviceCapabilities, DeviceGuard, DeviceId, DriverVersion};
+
+fn gpu(name: &str, f: fn() -> Result<(), Failed>) -> Trial {
+    Trial::ignorable_test(name, move || match rmm_sys::gpu_unavailable_reason() {
+        Some(why) => Ok(Completion::ignored_with(format!("needs a CUDA GPU: {why}"))),
+        None => f().map(|()| Completion::Completed),
+    })
+}
+
+fn ensure(cond: bool, msg: impl Into<String>) -> Result<(), Failed> {
+    if cond {
+        Ok(())
+    } else {
+        Err(msg.into().into())
+    }
+}
+
+fn device_count_positive() -> Result<(), Failed> {
+    let n = rmm_sys::device_count()?;
+    ensure(n > 0, "no device")?;
+    let v = rmm_sys::driver_version()?;
+    ensure(v >= DriverVersion::MINIMUM, format!("driver {v}"))?;
+    let name = rmm_sys::device_name(DeviceId(0))?;
+    ensure(!name.is_empty(), "empty device name")
+}
+
+fn fresh_thread_gets_device_zero() -> Result<(), Failed> {
+    // A new thread has no current context under the driver API; rmm-sys gives it device 0's
+    // primary context, as the runtime does.
+    let r = std::thread::spawn(|| -> Result<(DeviceId, bool), CudaError> {
+        let dev = rmm_sys::current_device()?;
+        let p = memory::mem_alloc(1024)?;
+        // SAFETY: `p` came from mem_alloc and is unused.
+        unsafe { memory::mem_free(p)? };
+        Ok((dev, p.is_aligned(256)))
+    })
+    .join()
+    .map_err(|_| "thread panicked")??;
+    ensure(
+        r.0 == DeviceId(0),
+        format!("fresh thread on device {}", r.0),
+    )?;
+    ensure(r.1, "cuMemAlloc result not 256-aligned")
+}
+
+fn set_device_and_restore() -> Result<(), Failed> {
+    let n = rmm_sys::device_count()? as i32;
+    let before = rmm_sys::current_device()?;
+    let target = DeviceId(n - 1);
+    {
+        let _g = DeviceGuard::new(target)?;
+        ensure(
+            rmm_sys::current_device()? == target,
+            "guard did not set device",
+        )?;
+    }
+    ensure(
+        rmm_sys::current_device()? == before,
+        "guard did not restore",
+    )?;
+    ensure(
+        DeviceGuard::new(DeviceId(n)).is_err(),
+        "out-of-range device accepted",
+    )?;
+    ensure(
+        rmm_sys::current_device()? == before,
+        "failed guard changed device",
+    )
+}
+
+fn memory_info() -> Result<(), Failed> {
+    let (free, total) = rmm_sys::available_device_memory()?;
+    ensure(
+        free > 0 && free <= total,
+        format!("free {free} total {total}"),
+    )?;
+    let half = rmm_sys::percent_of_free_device_memory(50)?;
+    ensure(half % 256 == 0, "not aligned")?;
+    ensure(half <= total / 2 + 256, format!("50% = {half} of {total}"))
+}
+
+fn out_of_memory_is_typed() -> Result<(), Failed> {
+    let e = memory::mem_alloc(1 << 52).expect_err("a 4 PiB cuMemAlloc succeeded");
+    ensure(e.is_out_of_memory(), format!("not OOM: {e}"))?;
+    ensure(
+        e.to_string().contains("CUDA_ERROR_OUT_OF_MEMORY"),
+        e.to_string(),
+    )
+}
+
+fn capabilities() -> Result<(), Failed> {
+    let caps = DeviceCapabilities::probe(DeviceId(0))?;
+    ensure(
+        caps.memory_pools_supported,
+        "H100/H200 support memory pools",
+    )?;
+    ensure(
+        caps.supports_handle_type(rmm_sys::AllocationHandleType::PosixFileDescriptor),
+        format!("handle types {:#x}", caps.supported_handle_types),
+    )
+}
+
+fn newer_entry_points_resolve() -> Result<(), Failed> {
+    let v = rmm_sys::driver_version()?;
+    let r = mempool::default_managed_mem_pool(DeviceId(0));
+    if v >= DriverVersion::CUDA_13_0 {
+        let pool = r?;
+        ensure(!pool.is_null(), "null managed pool")?;
+    } else {
+        ensure(
+            matches!(r, Err(CudaError::EntryPointUnavailable { .. })),
+            "pre-13 driver resolved cuMemGetDefaultMemPool",
+        )?;
+    }
+    // Prefetching device memory is an invalid value; managed memory prefetches.
+    let p = memory::mem_alloc_managed(1 << 20)?;
+    ensure(
+        memory::pointer_is_managed(p)?,
+        "managed pointer not managed",
+    )?;
+    // SAFETY: the legacy stream is always valid; `p` is live managed memory.
+    unsafe {
+        memory::mem_prefetch_async(
+            p,
+            1 << 20,
+            MemLocation::Device(0),
+            rmm_sys::CU_STREAM_LEGACY,
+        )?;
+        memory::mem_prefetch_async(p, 1 << 20, MemLocation::Host, rmm_sys::CU_STREAM_LEGACY)?;
+        rmm_sys::stream::stream_synchronize(rmm_sys::CU_STREAM_LEGACY)?;
+        memory::mem_free(p)?;
+    }
+    let d = memory::mem_alloc(1 << 20)?;
+    ensure(!memory::pointer_is_managed(d)?, "device pointer managed")?;
+    // SAFETY: `d` is live and unused.
+    unsafe { memory::mem_free(d)? };
+    Ok(())
+}
+
+fn pool_roundtrip_and_attributes() -> Result<(), Failed> {
+    use rmm_sys::MemPoolAttribute as A;
+    let pool = mempool::mem_pool_create(DeviceId(0), rmm_sys::AllocationHandleType::None)?;
+    mempool::mem_pool_set_attribute(pool, A::ReleaseThreshold, u64::MAX)?;
+    ensure(
+        mempool::mem_pool_get_attribute(pool, A::ReleaseThreshold)? == u64::MAX,
+        "threshold not read back",
+    )?;
+    let s = rmm_sys::CU_STREAM_LEGACY;
+    // SAFETY: the legacy stream is valid; the pool is live; the pointer is freed once.
+    unsafe {
+        let p = mempool::mem_alloc_from_pool_async(1 << 20, pool, s)?;
+        memory::memset_d32_async(p, 0xdead_beef, (1 << 20) / 4, s)?;
+        let mut host = vec![0u8; 16];
+        memory::copy_to_host_sync(&mut host, p, s)?;
+        ensure(
+            host.chunks(4).all(|c| c == 0xdead_beefu32.to_ne_bytes()),
+            "memset pattern not read back",
+        )?;
+        ensure(
+            mempool::mem_pool_get_attribute(pool, A::UsedMemCurrent)? >= 1 << 20,
+            "used memory not counted",
+        )?;
+        mempool::mem_free_async(p, s)?;
+        rmm_sys::stream::stream_synchronize(s)?;
+        ensure(
+            mempool::mem_pool_get_attribute(pool, A::ReservedMemCurrent)? >= 1 << 20,
+            "threshold u64::MAX should keep memory reserved",
+        )?;
+        mempool::mem_pool_trim_to(pool, 0)?;
+        ensure(
+            mempool::mem_pool_get_attribute(pool, A::ReservedMemCurrent)? == 0,
+            "trim_to(0) kept memory",
+        )?;
+        mempool::mem_pool_destroy(pool)?;
+    }
+    Ok(())
+}
+
+fn pinned_host_roundtrip() -> Result<(), Failed> {
+    let p = memory::mem_host_alloc(4096)?;
+    ensure(!p.is_null() && p.is_aligned(256), "pinned pointer")?;
+    // SAFETY: `p` is 4096 bytes of pinned host memory, unused elsewhere.
+    unsafe {
+        std::ptr::write_bytes(p.as_host_ptr::<u8>(), 7, 4096);
+        let d = memory::mem_alloc(4096)?;
+        memory::memcpy_async(d, p, 4096, rmm_sys::CU_STREAM_LEGACY)?;
+        let mut back = vec![0u8; 4096];
+        memory::copy_to_host_sync(&mut back, d, rmm_sys::CU_STREAM_LEGACY)?;
+        ensure(back.iter().all(|&b| b == 7), "pinned copy mismatch")?;
+        memory::mem_free(d)?;
+        memory::mem_free_host(p)?;
+    }
+    Ok(())
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let trials = vec![
+        gpu("device_count_positive", device_count_positive),
+        gpu(
+            "fresh_thread_gets_device_zero",
+            fresh_thread_gets_device_zero,
+        ),
+        gpu("set_device_and_restore", set_device_and_restore),
+        gpu("memory_info", memory_info),
+        gpu("out_of_memory_is_typed", out_of_memory_is_typed),
+        gpu("capabilities", capabilities),
+        gpu("newer_entry_points_resolve", newer_entry_points_resolve),
+        gpu(
+            "pool_roundtrip_and_attributes",
+            pool_roundtrip_and_attributes,
+        ),
+        gpu("pinned_host_roundtrip", pinned_host_roundtrip),
+    ];
+    libtest_mimic::run(&args, trials).exit();
+}
