@@ -1,8 +1,79 @@
-//! # rmm-mr: memory resources (placeholder until the trait lands)
+//! # rmm-mr: memory resources for rmm-rs
+//!
+//! **Contract.** The [`DeviceMemoryResource`] trait is RMM's central idea: one interface, many
+//! implementations chosen at run time, composed by wrapping.
+//!
+//! - **Stream ordering belongs to the caller.** `allocate(stream, ..)` returns memory usable on
+//!   `stream` at once; `deallocate(stream, ..)` must name a stream on which the memory may be
+//!   reused immediately. Resources that sub-allocate (pool, arena, ...) keep the promise across
+//!   streams themselves (events), never by blocking the host unless documented.
+//! - **Thread safety**: every resource and adaptor is `Send + Sync`; allocate and deallocate may
+//!   be called concurrently from any thread. Construction and drop are ordinary Rust values.
+//! - **Ownership**: resources are cheap to clone and clones share state (and compare equal);
+//!   adaptors and sub-allocators own their upstream (a concrete type, or a type-erased
+//!   [`SharedResource`]); anything that allocates keeps its resource alive. RMM's dangling
+//!   non-owning references cannot happen here.
+//! - **Errors are values**: out-of-memory is [`MrError::OutOfMemory`], distinct from every other
+//!   failure; bad alignments and absurd sizes are typed errors; a wrong free the resource can
+//!   detect is [`MrError::InvalidFree`] instead of RMM's abort. No driver: `Err`, never a panic.
+//! - **Devices**: a resource is used with the device that was current at its construction
+//!   current (containers switch for you); [`registry`] holds one resource per device.
+//!
+//! Pure bookkeeping (free lists, bins, arenas, counters, the CSV log) lives in modules that make
+//! no CUDA calls and are tested on machines without a GPU.
+
 pub mod arena;
 pub mod binning;
+pub mod error;
 pub mod fixed_size;
+pub mod limiting;
 pub mod logging;
 pub mod pool;
+pub mod prefetch;
+pub mod registry;
+pub mod resource;
+pub mod resources;
 pub mod statistics;
+pub mod testing;
 pub mod tracking;
+
+pub use error::{InvalidFree, MrError, MrResult};
+pub use limiting::LimitingResourceAdaptor;
+pub use prefetch::{prefetch, PrefetchTarget};
+pub use registry::{
+    current_device_resource, per_device_resource, reset_current_device_resource,
+    reset_per_device_resource, set_current_device_resource, set_per_device_resource,
+};
+pub use resource::{
+    resource_cast, shared, DeviceMemoryResource, ResourceProperties, SharedResource,
+};
+pub use resources::{
+    CallbackMemoryResource, CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource,
+    CudaAsyncOptions, CudaAsyncViewMemoryResource, CudaMemoryResource, ManagedMemoryResource,
+    PinnedHostMemoryResource, PoolStatistics, SamHeadroomMemoryResource, SystemMemoryResource,
+};
+
+#[cfg(test)]
+mod send_sync {
+    //! Compile-time `Send`/`Sync` assertions for the public types.
+    use super::*;
+
+    const fn assert_send_sync<T: Send + Sync>() {}
+
+    const _: () = {
+        assert_send_sync::<MrError>();
+        assert_send_sync::<SharedResource>();
+        assert_send_sync::<CudaMemoryResource>();
+        assert_send_sync::<ManagedMemoryResource>();
+        assert_send_sync::<PinnedHostMemoryResource>();
+        assert_send_sync::<SystemMemoryResource>();
+        assert_send_sync::<SamHeadroomMemoryResource>();
+        assert_send_sync::<CudaAsyncMemoryResource>();
+        assert_send_sync::<CudaAsyncViewMemoryResource>();
+        assert_send_sync::<CudaAsyncManagedMemoryResource>();
+        assert_send_sync::<CallbackMemoryResource>();
+        assert_send_sync::<LimitingResourceAdaptor>();
+        assert_send_sync::<LimitingResourceAdaptor<CudaMemoryResource>>();
+        assert_send_sync::<testing::HostMockResource>();
+    };
+}

@@ -1,0 +1,239 @@
+//! The error type of every memory resource and adaptor (RMM's exception taxonomy as values).
+
+use std::fmt;
+
+use rmm_sys::{CudaError, DevicePtr};
+
+/// What a resource detected wrong with a deallocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InvalidFree {
+    /// The address was never handed out by this resource (or not at this size).
+    UnknownPointer,
+    /// The address was already freed.
+    DoubleFree,
+    /// The size differs from the one it was allocated with.
+    SizeMismatch {
+        /// The size recorded at allocation.
+        allocated: usize,
+    },
+}
+
+/// A memory-resource failure. [`MrError::OutOfMemory`] is distinct from every other kind, so
+/// callers can retry, spill or shrink exactly when memory ran out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MrError {
+    /// Definitely out of memory (RMM's `rmm::out_of_memory`): the device, a pool's maximum, a
+    /// limit or an arena is exhausted. The request may succeed once memory is freed.
+    #[doc(alias = "rmm::out_of_memory")]
+    OutOfMemory {
+        /// The number of bytes requested.
+        requested: usize,
+        /// Why, in RMM's words (e.g. `Exceeded memory limit (failed to allocate 1024 bytes)`).
+        reason: String,
+    },
+    /// An allocation failed for another reason (RMM's `rmm::bad_alloc`), e.g. an alignment the
+    /// resource cannot honour.
+    #[doc(alias = "rmm::bad_alloc")]
+    BadAlloc {
+        /// What failed.
+        message: String,
+        /// The driver error behind it, if any.
+        source: Option<CudaError>,
+    },
+    /// A CUDA call that is not an allocation failed (RMM's `rmm::cuda_error`), or there is no
+    /// driver at all.
+    #[doc(alias = "rmm::cuda_error")]
+    Cuda(CudaError),
+    /// A bad argument or a precondition violation (RMM's `rmm::logic_error` and
+    /// `rmm::invalid_argument`).
+    #[doc(alias = "rmm::logic_error")]
+    #[doc(alias = "rmm::invalid_argument")]
+    InvalidArgument(String),
+    /// An index out of range (RMM's `rmm::out_of_range`).
+    #[doc(alias = "rmm::out_of_range")]
+    OutOfRange(String),
+    /// A deallocation the resource detected as wrong. RMM's deallocation is `noexcept` and such
+    /// misuse aborts the process or is silently absorbed; here it is a value the caller sees.
+    InvalidFree {
+        /// The address passed to `deallocate`.
+        ptr: DevicePtr,
+        /// The size passed to `deallocate`.
+        bytes: usize,
+        /// What was wrong.
+        kind: InvalidFree,
+    },
+}
+
+impl MrError {
+    /// An out-of-memory error.
+    pub fn out_of_memory(requested: usize, reason: impl Into<String>) -> Self {
+        Self::OutOfMemory {
+            requested,
+            reason: reason.into(),
+        }
+    }
+
+    /// A `bad_alloc` without a driver error.
+    pub fn bad_alloc(message: impl Into<String>) -> Self {
+        Self::BadAlloc {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// An invalid argument / logic error.
+    pub fn invalid_argument(message: impl Into<String>) -> Self {
+        Self::InvalidArgument(message.into())
+    }
+
+    /// Maps a failed driver allocation the way RMM's `RMM_CUDA_TRY_ALLOC` does:
+    /// `CUDA_ERROR_OUT_OF_MEMORY` becomes [`MrError::OutOfMemory`], a missing driver stays a
+    /// [`MrError::Cuda`], anything else becomes [`MrError::BadAlloc`].
+    pub fn from_allocation(e: CudaError, bytes: usize) -> Self {
+        if e.is_out_of_memory() {
+            Self::out_of_memory(
+                bytes,
+                format!("CUDA error (failed to allocate {bytes} bytes): {e}"),
+            )
+        } else if e.code().is_none() {
+            Self::Cuda(e)
+        } else {
+            Self::BadAlloc {
+                message: format!("CUDA error (failed to allocate {bytes} bytes): {e}"),
+                source: Some(e),
+            }
+        }
+    }
+
+    /// Whether this is [`MrError::OutOfMemory`].
+    #[must_use]
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, Self::OutOfMemory { .. })
+    }
+
+    /// Whether this error means no GPU or driver is usable here.
+    #[must_use]
+    pub fn is_no_device(&self) -> bool {
+        match self {
+            Self::Cuda(e) => e.is_no_device(),
+            Self::BadAlloc {
+                source: Some(e), ..
+            } => e.is_no_device(),
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for MrError {
+    /// Messages follow RMM's `what()`: `std::bad_alloc: out_of_memory: <reason>` for
+    /// out-of-memory, `std::bad_alloc: <message>` for other allocation failures.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::OutOfMemory { reason, .. } => {
+                write!(f, "std::bad_alloc: out_of_memory: {reason}")
+            }
+            Self::BadAlloc { message, .. } => write!(f, "std::bad_alloc: {message}"),
+            Self::Cuda(e) => write!(f, "CUDA error: {e}"),
+            Self::InvalidArgument(m) => write!(f, "RMM failure: {m}"),
+            Self::OutOfRange(m) => write!(f, "out of range: {m}"),
+            Self::InvalidFree { ptr, bytes, kind } => {
+                let what = match kind {
+                    InvalidFree::UnknownPointer => {
+                        "the pointer was not allocated by this resource".to_owned()
+                    }
+                    InvalidFree::DoubleFree => "the pointer was already freed".to_owned(),
+                    InvalidFree::SizeMismatch { allocated } => {
+                        format!("it was allocated with {allocated} bytes")
+                    }
+                };
+                write!(f, "invalid deallocation of {ptr} ({bytes} bytes): {what}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for MrError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Cuda(e)
+            | Self::BadAlloc {
+                source: Some(e), ..
+            } => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<CudaError> for MrError {
+    fn from(e: CudaError) -> Self {
+        Self::Cuda(e)
+    }
+}
+
+impl From<rmm_stream::StreamError> for MrError {
+    fn from(e: rmm_stream::StreamError) -> Self {
+        match e {
+            rmm_stream::StreamError::Cuda(c) => Self::Cuda(c),
+            rmm_stream::StreamError::InvalidArgument(m) => Self::InvalidArgument(m),
+            other => Self::InvalidArgument(other.to_string()),
+        }
+    }
+}
+
+/// The `Result` of this layer.
+pub type MrResult<T> = Result<T, MrError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rmm_sys::ffi::CUresult;
+
+    #[test]
+    fn out_of_memory_message_has_rmm_shape() {
+        let e = MrError::out_of_memory(
+            1024,
+            "Exceeded memory limit (failed to allocate 1024 bytes)",
+        );
+        assert!(e.is_out_of_memory());
+        let s = e.to_string();
+        assert!(s.starts_with("std::bad_alloc: out_of_memory: "), "{s}");
+        assert!(s.contains("1024"), "{s}");
+    }
+
+    #[test]
+    fn allocation_failures_map_like_rmm_cuda_try_alloc() {
+        let oom = CudaError::from_result("cuMemAlloc", CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        let e = MrError::from_allocation(oom, 1 << 50);
+        assert!(matches!(e, MrError::OutOfMemory { requested, .. } if requested == 1 << 50));
+        assert!(e.to_string().contains("out_of_memory"));
+        let other = CudaError::from_result("cuMemAlloc", CUresult::CUDA_ERROR_INVALID_VALUE);
+        let e = MrError::from_allocation(other, 8);
+        assert!(matches!(
+            e,
+            MrError::BadAlloc {
+                source: Some(_),
+                ..
+            }
+        ));
+        assert!(!e.is_out_of_memory());
+        assert!(e
+            .to_string()
+            .starts_with("std::bad_alloc: CUDA error (failed to allocate 8 bytes)"));
+        let e = MrError::from_allocation(CudaError::DriverNotFound, 8);
+        assert_eq!(e, MrError::Cuda(CudaError::DriverNotFound));
+        assert!(e.is_no_device());
+    }
+
+    #[test]
+    fn invalid_free_is_described() {
+        let e = MrError::InvalidFree {
+            ptr: DevicePtr::from_raw(0x1000),
+            bytes: 256,
+            kind: InvalidFree::SizeMismatch { allocated: 512 },
+        };
+        let s = e.to_string();
+        assert!(s.contains("0x1000") && s.contains("512"), "{s}");
+    }
+}

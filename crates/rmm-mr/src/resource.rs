@@ -1,0 +1,226 @@
+//! The memory-resource trait.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+use rmm_stream::CudaStreamView;
+use rmm_sys::{is_supported_base_resource_alignment, DevicePtr, ALLOCATION_ALIGNMENT};
+
+use crate::error::{MrError, MrResult};
+
+/// Where memory from a resource may be accessed (RMM's `device_accessible` and
+/// `host_accessible` properties).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ResourceProperties {
+    /// Kernels may access the memory.
+    pub device_accessible: bool,
+    /// The host may access the memory.
+    pub host_accessible: bool,
+}
+
+impl ResourceProperties {
+    /// Device memory only.
+    pub const DEVICE: Self = Self {
+        device_accessible: true,
+        host_accessible: false,
+    };
+    /// Memory accessible from both the host and the device (managed, pinned, system).
+    pub const HOST_DEVICE: Self = Self {
+        device_accessible: true,
+        host_accessible: true,
+    };
+}
+
+/// A stream-ordered memory resource: one interface, many implementations (RMM's
+/// `device_async_resource_ref` concept and its resources).
+///
+/// # The contract
+/// - `allocate(stream, bytes, alignment)` returns memory that may be used on `stream` right
+///   away; use on another stream needs an explicit dependency (an event). Every address is at
+///   least 256-byte aligned. `allocate(_, 0, _)` succeeds with [`DevicePtr::NULL`] and touches
+///   no CUDA state (adaptors forward it, upstreams answer it).
+/// - `deallocate(stream, ptr, bytes, alignment)` returns memory; `stream` must be one on which
+///   the memory may be reused at once (normally the last stream that used it), and `bytes`
+///   and `alignment` must be those of the allocation. Deallocating the null pointer is a no-op.
+/// - Unlike RMM, whose `deallocate` is `noexcept` and aborts or silently absorbs misuse,
+///   `deallocate` returns a `Result`: a misuse the resource detects (unknown pointer, double
+///   free, size mismatch) is [`MrError::InvalidFree`], a driver failure [`MrError::Cuda`].
+/// - [`allocate_sync`](Self::allocate_sync) and [`deallocate_sync`](Self::deallocate_sync)
+///   use the default stream and really synchronize it, so the memory is ready (or released)
+///   when they return.
+/// - Out-of-memory is always [`MrError::OutOfMemory`], never another kind.
+/// - Resources are thread-safe (`Send + Sync`) and object-safe; a shared handle is a
+///   [`SharedResource`] (`Arc<dyn DeviceMemoryResource>`), which is itself a resource.
+/// - A resource must be used while the device that was current at its construction is current
+///   (containers switch devices for you).
+#[doc(alias = "rmm::mr::device_memory_resource")]
+#[doc(alias = "rmm::device_async_resource_ref")]
+#[doc(alias = "cuda::mr::resource")]
+pub trait DeviceMemoryResource: Any + Send + Sync + fmt::Debug {
+    /// Allocates `bytes` (aligned to `alignment`, a power of two) ordered on `stream`.
+    fn allocate(
+        &self,
+        stream: CudaStreamView<'_>,
+        bytes: usize,
+        alignment: usize,
+    ) -> MrResult<DevicePtr>;
+
+    /// Returns memory to the resource, ordered on `stream`.
+    ///
+    /// # Safety
+    /// `ptr` was returned by `allocate` on this resource (or one equal to it, see
+    /// [`is_equal`](Self::is_equal)) with the same `bytes` and `alignment`, has not been
+    /// deallocated since, and no work that uses it is ordered after this point of `stream`.
+    /// Resources detect what misuse they can and report it as [`MrError::InvalidFree`]; what
+    /// they cannot detect (memory still in use by a kernel) is undefined behaviour.
+    unsafe fn deallocate(
+        &self,
+        stream: CudaStreamView<'_>,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+    ) -> MrResult<()>;
+
+    /// Allocates on the default stream and synchronizes it.
+    fn allocate_sync(&self, bytes: usize, alignment: usize) -> MrResult<DevicePtr> {
+        let stream = CudaStreamView::default();
+        let ptr = self.allocate(stream, bytes, alignment)?;
+        if bytes != 0 {
+            if let Err(e) = stream.synchronize() {
+                // SAFETY: `ptr` was just allocated here with these arguments and never used.
+                let _ = unsafe { self.deallocate(stream, ptr, bytes, alignment) };
+                return Err(e.into());
+            }
+        }
+        Ok(ptr)
+    }
+
+    /// Deallocates on the default stream and synchronizes it.
+    ///
+    /// # Safety
+    /// As [`deallocate`](Self::deallocate), with the default stream.
+    unsafe fn deallocate_sync(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+    ) -> MrResult<()> {
+        let stream = CudaStreamView::default();
+        // SAFETY: the caller's contract.
+        unsafe { self.deallocate(stream, ptr, bytes, alignment)? };
+        if !ptr.is_null() {
+            stream.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// Whether memory allocated by `self` may be deallocated by `other` and vice versa (RMM's
+    /// `operator==`): copies of one resource are equal; stateless resources of one type are all
+    /// equal; separately built stateful resources are not.
+    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool;
+
+    /// Where the memory may be accessed.
+    fn properties(&self) -> ResourceProperties {
+        ResourceProperties::DEVICE
+    }
+
+    /// The concrete resource, for [`resource_cast`]. Implementations return `self`; shared
+    /// handles return what they point to.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A type-erased, shared, owning handle to a resource (RMM's `any_resource`). Cloning it is
+/// cheap and clones compare equal; whatever holds one keeps the resource alive.
+pub type SharedResource = Arc<dyn DeviceMemoryResource>;
+
+impl<T: DeviceMemoryResource + ?Sized> DeviceMemoryResource for Arc<T> {
+    #[inline]
+    fn allocate(
+        &self,
+        stream: CudaStreamView<'_>,
+        bytes: usize,
+        alignment: usize,
+    ) -> MrResult<DevicePtr> {
+        (**self).allocate(stream, bytes, alignment)
+    }
+
+    #[inline]
+    unsafe fn deallocate(
+        &self,
+        stream: CudaStreamView<'_>,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+    ) -> MrResult<()> {
+        // SAFETY: forwarded contract.
+        unsafe { (**self).deallocate(stream, ptr, bytes, alignment) }
+    }
+
+    fn allocate_sync(&self, bytes: usize, alignment: usize) -> MrResult<DevicePtr> {
+        (**self).allocate_sync(bytes, alignment)
+    }
+
+    unsafe fn deallocate_sync(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+    ) -> MrResult<()> {
+        // SAFETY: forwarded contract.
+        unsafe { (**self).deallocate_sync(ptr, bytes, alignment) }
+    }
+
+    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
+        (**self).is_equal(other)
+    }
+
+    fn properties(&self) -> ResourceProperties {
+        (**self).properties()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        (**self).as_any()
+    }
+}
+
+impl PartialEq for dyn DeviceMemoryResource {
+    fn eq(&self, other: &Self) -> bool {
+        self.is_equal(other)
+    }
+}
+
+/// Wraps a resource in a [`SharedResource`].
+pub fn shared<R: DeviceMemoryResource>(resource: R) -> SharedResource {
+    Arc::new(resource)
+}
+
+/// Recovers the concrete resource behind a (possibly shared, type-erased) resource, or `None`
+/// for another type (RMM's `resource_cast`).
+#[doc(alias = "rmm::mr::resource_cast")]
+pub fn resource_cast<T: DeviceMemoryResource>(resource: &dyn DeviceMemoryResource) -> Option<&T> {
+    resource.as_any().downcast_ref::<T>()
+}
+
+/// Checks an alignment for a base resource: a power of two no larger than 256, else
+/// `bad_alloc` (RMM #2393).
+pub(crate) fn check_base_alignment(alignment: usize) -> MrResult<()> {
+    if is_supported_base_resource_alignment(alignment) {
+        Ok(())
+    } else {
+        Err(MrError::bad_alloc(format!(
+            "Requested alignment ({alignment}) is larger than this memory resource supports \
+             (a power of two up to {ALLOCATION_ALIGNMENT})."
+        )))
+    }
+}
+
+/// Equality for resource types whose instances share state through an `Arc`: equal when
+/// `other` is the same type and points to the same state.
+pub(crate) fn same_shared_state<T: DeviceMemoryResource, S>(
+    other: &dyn DeviceMemoryResource,
+    state: &Arc<S>,
+    get: impl Fn(&T) -> &Arc<S>,
+) -> bool {
+    resource_cast::<T>(other).is_some_and(|o| Arc::ptr_eq(get(o), state))
+}

@@ -1,0 +1,83 @@
+//! A resource made of two closures.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+use rmm_stream::CudaStreamView;
+use rmm_sys::DevicePtr;
+
+use crate::error::MrResult;
+use crate::resource::{same_shared_state, DeviceMemoryResource};
+
+/// The allocation closure: `(bytes, stream) -> pointer`.
+pub type AllocateCallback = dyn Fn(usize, CudaStreamView<'_>) -> MrResult<DevicePtr> + Send + Sync;
+/// The deallocation closure: `(pointer, bytes, stream)`.
+pub type DeallocateCallback =
+    dyn Fn(DevicePtr, usize, CudaStreamView<'_>) -> MrResult<()> + Send + Sync;
+
+struct Callbacks {
+    allocate: Box<AllocateCallback>,
+    deallocate: Box<DeallocateCallback>,
+}
+
+/// A resource that delegates to user closures (RMM's `callback_memory_resource`, with closures
+/// in place of C function pointers plus `void*` arguments, so captured state lives exactly as
+/// long as the resource). The alignment argument is not passed on. Copies share the closures
+/// and are equal; separately built resources are not.
+#[doc(alias = "rmm::mr::callback_memory_resource")]
+#[derive(Clone)]
+pub struct CallbackMemoryResource {
+    inner: Arc<Callbacks>,
+}
+
+impl CallbackMemoryResource {
+    /// A resource calling `allocate` and `deallocate`.
+    pub fn new<A, D>(allocate: A, deallocate: D) -> Self
+    where
+        A: Fn(usize, CudaStreamView<'_>) -> MrResult<DevicePtr> + Send + Sync + 'static,
+        D: Fn(DevicePtr, usize, CudaStreamView<'_>) -> MrResult<()> + Send + Sync + 'static,
+    {
+        Self {
+            inner: Arc::new(Callbacks {
+                allocate: Box::new(allocate),
+                deallocate: Box::new(deallocate),
+            }),
+        }
+    }
+}
+
+impl fmt::Debug for CallbackMemoryResource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CallbackMemoryResource({:p})", Arc::as_ptr(&self.inner))
+    }
+}
+
+impl DeviceMemoryResource for CallbackMemoryResource {
+    fn allocate(
+        &self,
+        stream: CudaStreamView<'_>,
+        bytes: usize,
+        _alignment: usize,
+    ) -> MrResult<DevicePtr> {
+        (self.inner.allocate)(bytes, stream)
+    }
+
+    unsafe fn deallocate(
+        &self,
+        stream: CudaStreamView<'_>,
+        ptr: DevicePtr,
+        bytes: usize,
+        _alignment: usize,
+    ) -> MrResult<()> {
+        (self.inner.deallocate)(ptr, bytes, stream)
+    }
+
+    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
+        same_shared_state::<Self, _>(other, &self.inner, |o| &o.inner)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

@@ -1,0 +1,75 @@
+//! `cuMemAlloc` / `cuMemFree`.
+
+use std::any::Any;
+
+use rmm_stream::CudaStreamView;
+use rmm_sys::{memory, DevicePtr, ResultCode};
+
+use crate::error::{InvalidFree, MrError, MrResult};
+use crate::resource::{check_base_alignment, DeviceMemoryResource};
+
+/// Device memory from `cuMemAlloc`, freed with `cuMemFree` (RMM's `cuda_memory_resource`, the
+/// initial per-device resource). The stream is ignored: `cuMemAlloc` is synchronous and
+/// `cuMemFree` synchronizes the device. Stateless: all instances are equal.
+#[doc(alias = "rmm::mr::cuda_memory_resource")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct CudaMemoryResource;
+
+impl CudaMemoryResource {
+    /// The resource (it holds no state).
+    #[must_use]
+    pub const fn new() -> Self {
+        Self
+    }
+}
+
+/// Maps a failed free the way every base resource does: `CUDA_ERROR_INVALID_VALUE` means the
+/// driver does not know the address.
+pub(crate) fn free_error(e: rmm_sys::CudaError, ptr: DevicePtr, bytes: usize) -> MrError {
+    if e.code() == Some(ResultCode::INVALID_VALUE) {
+        MrError::InvalidFree {
+            ptr,
+            bytes,
+            kind: InvalidFree::UnknownPointer,
+        }
+    } else {
+        MrError::Cuda(e)
+    }
+}
+
+impl DeviceMemoryResource for CudaMemoryResource {
+    fn allocate(
+        &self,
+        _stream: CudaStreamView<'_>,
+        bytes: usize,
+        alignment: usize,
+    ) -> MrResult<DevicePtr> {
+        check_base_alignment(alignment)?;
+        if bytes == 0 {
+            return Ok(DevicePtr::NULL);
+        }
+        memory::mem_alloc(bytes).map_err(|e| MrError::from_allocation(e, bytes))
+    }
+
+    unsafe fn deallocate(
+        &self,
+        _stream: CudaStreamView<'_>,
+        ptr: DevicePtr,
+        bytes: usize,
+        _alignment: usize,
+    ) -> MrResult<()> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        // SAFETY: the trait's contract: `ptr` came from `cuMemAlloc` here and is unused.
+        unsafe { memory::mem_free(ptr) }.map_err(|e| free_error(e, ptr, bytes))
+    }
+
+    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
+        other.as_any().is::<Self>()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

@@ -1,0 +1,240 @@
+//! The driver's stream-ordered allocator over a pool this resource owns.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use rmm_stream::CudaStreamView;
+use rmm_sys::mempool::{self};
+use rmm_sys::{
+    AllocationHandleType, DeviceCapabilities, DeviceGuard, DeviceId, DevicePtr, MemPoolAttribute,
+    MemPoolHandle,
+};
+
+use crate::error::{MrError, MrResult};
+use crate::resource::{check_base_alignment, same_shared_state, DeviceMemoryResource};
+use crate::resources::cuda::free_error;
+
+/// Options of [`CudaAsyncMemoryResource`] (RMM's constructor parameters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CudaAsyncOptions {
+    /// If set, the pool is primed by allocating and freeing this many bytes at construction.
+    pub initial_pool_size: Option<usize>,
+    /// Bytes the pool keeps reserved across synchronizations; `None` means `u64::MAX` (never
+    /// release on synchronize), RMM's default since 26.06.
+    pub release_threshold: Option<u64>,
+    /// The export handle type the pool's memory supports (IPC, fabric).
+    pub export_handle_type: Option<AllocationHandleType>,
+}
+
+/// Live statistics of a driver pool, read from its attributes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PoolStatistics {
+    /// Bytes the pool holds from the driver now (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`;
+    /// PyTorch's `memory_reserved`).
+    pub reserved_current: u64,
+    /// High watermark of `reserved_current`.
+    pub reserved_high: u64,
+    /// Bytes allocated to users now (`CU_MEMPOOL_ATTR_USED_MEM_CURRENT`; PyTorch's
+    /// `memory_allocated`).
+    pub used_current: u64,
+    /// High watermark of `used_current`.
+    pub used_high: u64,
+}
+
+/// Reads a pool's statistics.
+pub(crate) fn pool_statistics(pool: MemPoolHandle) -> MrResult<PoolStatistics> {
+    use MemPoolAttribute as A;
+    Ok(PoolStatistics {
+        reserved_current: mempool::mem_pool_get_attribute(pool, A::ReservedMemCurrent)?,
+        reserved_high: mempool::mem_pool_get_attribute(pool, A::ReservedMemHigh)?,
+        used_current: mempool::mem_pool_get_attribute(pool, A::UsedMemCurrent)?,
+        used_high: mempool::mem_pool_get_attribute(pool, A::UsedMemHigh)?,
+    })
+}
+
+/// `cuMemAllocFromPoolAsync` on `pool`, `cuMemFreeAsync` on the caller's stream.
+pub(crate) fn pool_allocate(
+    pool: MemPoolHandle,
+    stream: CudaStreamView<'_>,
+    bytes: usize,
+    alignment: usize,
+) -> MrResult<DevicePtr> {
+    check_base_alignment(alignment)?;
+    if bytes == 0 {
+        return Ok(DevicePtr::NULL);
+    }
+    // SAFETY: the view's handle is valid (its invariant) and the pool is live (the caller holds
+    // it).
+    unsafe { mempool::mem_alloc_from_pool_async(bytes, pool, stream.as_raw()) }
+        .map_err(|e| MrError::from_allocation(e, bytes))
+}
+
+/// # Safety
+/// As [`DeviceMemoryResource::deallocate`].
+pub(crate) unsafe fn pool_deallocate(
+    stream: CudaStreamView<'_>,
+    ptr: DevicePtr,
+    bytes: usize,
+) -> MrResult<()> {
+    if ptr.is_null() {
+        return Ok(());
+    }
+    // SAFETY: the caller's contract; the view's handle is valid.
+    unsafe { mempool::mem_free_async(ptr, stream.as_raw()) }.map_err(|e| free_error(e, ptr, bytes))
+}
+
+pub(crate) fn require_memory_pools(device: DeviceId) -> MrResult<DeviceCapabilities> {
+    let caps = DeviceCapabilities::probe(device)?;
+    if !caps.memory_pools_supported {
+        return Err(MrError::invalid_argument(
+            "cudaMallocAsync not supported with this CUDA driver/runtime version",
+        ));
+    }
+    Ok(caps)
+}
+
+#[derive(Debug)]
+struct OwnedPool {
+    pool: MemPoolHandle,
+    device: DeviceId,
+}
+
+impl Drop for OwnedPool {
+    fn drop(&mut self) {
+        let guard = DeviceGuard::new(self.device);
+        // SAFETY: the pool was created by this resource, and this is its last owner.
+        let r = unsafe { mempool::mem_pool_destroy(self.pool) };
+        drop(guard);
+        if let Err(e) = r {
+            log::error!("rmm: failed to destroy memory pool: {e}");
+        }
+    }
+}
+
+/// Stream-ordered allocation from a driver memory pool this resource creates and owns (RMM's
+/// `cuda_async_memory_resource`): `cuMemAllocFromPoolAsync` / `cuMemFreeAsync` on the
+/// caller's stream. Cross-stream reuse and release are the driver's. Copies share the pool and
+/// compare equal; two resources own two pools and are unequal.
+///
+/// Beyond RMM: [`trim_to`](Self::trim_to) and live [`statistics`](Self::statistics).
+#[doc(alias = "rmm::mr::cuda_async_memory_resource")]
+#[derive(Debug, Clone)]
+pub struct CudaAsyncMemoryResource {
+    inner: Arc<OwnedPool>,
+}
+
+impl CudaAsyncMemoryResource {
+    /// A pool on the current device with RMM's defaults (no priming, release threshold
+    /// `u64::MAX`, no export handle).
+    pub fn new() -> MrResult<Self> {
+        Self::with_options(CudaAsyncOptions::default())
+    }
+
+    /// A pool on the current device with `options`. Fails with an invalid-argument error where
+    /// the device lacks memory pools or the export handle type.
+    pub fn with_options(options: CudaAsyncOptions) -> MrResult<Self> {
+        let device = rmm_sys::current_device()?;
+        let caps = require_memory_pools(device)?;
+        let handle = options
+            .export_handle_type
+            .unwrap_or(AllocationHandleType::None);
+        if !caps.supports_handle_type(handle) {
+            return Err(MrError::invalid_argument(format!(
+                "Requested IPC memory handle type not supported: {handle:?} (device supports {:#x})",
+                caps.supported_handle_types
+            )));
+        }
+        let pool = mempool::mem_pool_create(device, handle)?;
+        let this = Self {
+            inner: Arc::new(OwnedPool { pool, device }),
+        };
+        mempool::mem_pool_set_attribute(
+            pool,
+            MemPoolAttribute::ReleaseThreshold,
+            options.release_threshold.unwrap_or(u64::MAX),
+        )?;
+        if let Some(initial) = options.initial_pool_size.filter(|&n| n > 0) {
+            let stream = CudaStreamView::legacy();
+            let p = pool_allocate(pool, stream, initial, 256)?;
+            // SAFETY: `p` was just allocated on this stream and never used.
+            unsafe { pool_deallocate(stream, p, initial)? };
+            stream.synchronize()?;
+        }
+        Ok(this)
+    }
+
+    /// The driver pool (`cudaMemPool_t`).
+    #[must_use]
+    pub fn pool_handle(&self) -> MemPoolHandle {
+        self.inner.pool
+    }
+
+    /// The device the pool lives on.
+    #[must_use]
+    pub fn device(&self) -> DeviceId {
+        self.inner.device
+    }
+
+    /// The pool's release threshold.
+    pub fn release_threshold(&self) -> MrResult<u64> {
+        Ok(mempool::mem_pool_get_attribute(
+            self.inner.pool,
+            MemPoolAttribute::ReleaseThreshold,
+        )?)
+    }
+
+    /// Sets the pool's release threshold.
+    pub fn set_release_threshold(&self, bytes: u64) -> MrResult<()> {
+        Ok(mempool::mem_pool_set_attribute(
+            self.inner.pool,
+            MemPoolAttribute::ReleaseThreshold,
+            bytes,
+        )?)
+    }
+
+    /// Releases unused pool memory to the driver until at most `min_bytes_to_keep` stay
+    /// reserved (`cuMemPoolTrimTo`); memory freed on streams with pending work stays.
+    pub fn trim_to(&self, min_bytes_to_keep: usize) -> MrResult<()> {
+        Ok(mempool::mem_pool_trim_to(
+            self.inner.pool,
+            min_bytes_to_keep,
+        )?)
+    }
+
+    /// Reserved and used bytes of the pool, current and high watermarks.
+    pub fn statistics(&self) -> MrResult<PoolStatistics> {
+        pool_statistics(self.inner.pool)
+    }
+}
+
+impl DeviceMemoryResource for CudaAsyncMemoryResource {
+    #[inline]
+    fn allocate(
+        &self,
+        stream: CudaStreamView<'_>,
+        bytes: usize,
+        alignment: usize,
+    ) -> MrResult<DevicePtr> {
+        pool_allocate(self.inner.pool, stream, bytes, alignment)
+    }
+
+    #[inline]
+    unsafe fn deallocate(
+        &self,
+        stream: CudaStreamView<'_>,
+        ptr: DevicePtr,
+        bytes: usize,
+        _alignment: usize,
+    ) -> MrResult<()> {
+        // SAFETY: the trait's contract.
+        unsafe { pool_deallocate(stream, ptr, bytes) }
+    }
+
+    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
+        same_shared_state::<Self, _>(other, &self.inner, |o| &o.inner)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

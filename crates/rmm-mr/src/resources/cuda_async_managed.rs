@@ -1,0 +1,87 @@
+//! The driver's stream-ordered allocator over the device's default managed pool (CUDA 13).
+
+use std::any::Any;
+
+use rmm_stream::CudaStreamView;
+use rmm_sys::{DeviceCapabilities, DevicePtr, DriverVersion, MemPoolHandle};
+
+use crate::error::{MrError, MrResult};
+use crate::resource::{resource_cast, DeviceMemoryResource, ResourceProperties};
+use crate::resources::cuda_async::{
+    pool_allocate, pool_deallocate, pool_statistics, PoolStatistics,
+};
+
+/// Stream-ordered managed memory from the device's default managed pool
+/// (`cuMemGetDefaultMemPool`, CUDA 13; RMM's `cuda_async_managed_memory_resource`). The pool's
+/// attributes are left as they are. Instances on one device share the pool and are equal.
+#[doc(alias = "rmm::mr::cuda_async_managed_memory_resource")]
+#[derive(Debug, Clone, Copy)]
+pub struct CudaAsyncManagedMemoryResource {
+    pool: MemPoolHandle,
+}
+
+impl CudaAsyncManagedMemoryResource {
+    /// The current device's default managed pool. An invalid-argument error unless the driver
+    /// is CUDA 13 or newer and the device has concurrent managed access.
+    pub fn new() -> MrResult<Self> {
+        let version = rmm_sys::driver_version()?;
+        if version < DriverVersion::CUDA_13_0 {
+            return Err(MrError::invalid_argument(format!(
+                "cuda_async_managed_memory_resource requires CUDA 13.0 or newer (driver supports {version})"
+            )));
+        }
+        let device = rmm_sys::current_device()?;
+        if !DeviceCapabilities::probe(device)?.concurrent_managed_access {
+            return Err(MrError::invalid_argument(format!(
+                "cuda_async_managed_memory_resource requires concurrent managed access (device {device} lacks it)"
+            )));
+        }
+        let pool = rmm_sys::mempool::default_managed_mem_pool(device)?;
+        Ok(Self { pool })
+    }
+
+    /// The default managed pool.
+    #[must_use]
+    pub fn pool_handle(&self) -> MemPoolHandle {
+        self.pool
+    }
+
+    /// Reserved and used bytes of the pool.
+    pub fn statistics(&self) -> MrResult<PoolStatistics> {
+        pool_statistics(self.pool)
+    }
+}
+
+impl DeviceMemoryResource for CudaAsyncManagedMemoryResource {
+    fn allocate(
+        &self,
+        stream: CudaStreamView<'_>,
+        bytes: usize,
+        alignment: usize,
+    ) -> MrResult<DevicePtr> {
+        pool_allocate(self.pool, stream, bytes, alignment)
+    }
+
+    unsafe fn deallocate(
+        &self,
+        stream: CudaStreamView<'_>,
+        ptr: DevicePtr,
+        bytes: usize,
+        _alignment: usize,
+    ) -> MrResult<()> {
+        // SAFETY: the trait's contract.
+        unsafe { pool_deallocate(stream, ptr, bytes) }
+    }
+
+    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
+        resource_cast::<Self>(other).is_some_and(|o| o.pool == self.pool)
+    }
+
+    fn properties(&self) -> ResourceProperties {
+        ResourceProperties::HOST_DEVICE
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
