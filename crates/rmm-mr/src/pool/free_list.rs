@@ -1,0 +1,871 @@
+//! The pool's coalescing best-fit free list (RMM's `coalescing_free_list`), in O(log n).
+//!
+//! RMM keeps free blocks in a `std::list` sorted by address, so inserting (which coalesces with
+//! the neighbours) and best fit (a `min_element` scan) are both linear in the number of free
+//! blocks. This list keeps two ordered indexes instead:
+//!
+//! - by address (`BTreeMap<addr, (size, is_head)>`), to find the neighbours of a freed block and
+//!   to detect a block that overlaps one already free (a double free), and
+//! - by `(size, addr)` (`BTreeSet`), so best fit (smallest block that fits, ties to the lowest
+//!   address, exactly RMM's choice) is one range query.
+//!
+//! Every operation is O(log n). The list is always *maximally coalesced*: no free block ends
+//! where another one starts unless the later one is the head of an upstream chunk (blocks of
+//! different upstream allocations never merge, even when they happen to be adjacent).
+//!
+//! Pure bookkeeping: no CUDA calls; addresses are `u64`, sizes `usize`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::ops::Bound;
+
+/// A contiguous range of pool memory: `[addr, addr + size)`.
+///
+/// `is_head` marks the first byte of an upstream chunk; a block that starts a chunk never
+/// coalesces with the block before it.
+#[doc(alias = "rmm::mr::detail::block")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Block {
+    /// First address of the block.
+    pub addr: u64,
+    /// Size of the block in bytes.
+    pub size: usize,
+    /// Whether `addr` is the first byte of an upstream chunk.
+    pub is_head: bool,
+}
+
+impl Block {
+    /// A block of `size` bytes at `addr`.
+    #[must_use]
+    pub const fn new(addr: u64, size: usize, is_head: bool) -> Self {
+        Self {
+            addr,
+            size,
+            is_head,
+        }
+    }
+
+    /// One past the last address of the block (saturating at `u64::MAX`; a
+    /// [`CoalescingFreeList`] never holds a block whose end would overflow).
+    #[must_use]
+    pub const fn end(&self) -> u64 {
+        self.addr.saturating_add(self.size as u64)
+    }
+
+    /// One past the last address, or `None` when `addr + size` overflows `u64`.
+    #[must_use]
+    pub const fn checked_end(&self) -> Option<u64> {
+        self.addr.checked_add(self.size as u64)
+    }
+
+    /// Whether `self` ends exactly where `next` starts and `next` may merge into it
+    /// (`next` is not the head of an upstream chunk).
+    #[must_use]
+    pub const fn is_contiguous_before(&self, next: &Block) -> bool {
+        self.end() == next.addr && !next.is_head
+    }
+
+    /// Whether the block shares at least one byte with `[addr, addr + size)`.
+    #[must_use]
+    pub const fn overlaps(&self, addr: u64, size: usize) -> bool {
+        let end = addr.saturating_add(size as u64);
+        size != 0 && self.size != 0 && self.addr < end && addr < self.end()
+    }
+
+    /// Splits the block into an allocated part of `size` bytes (keeping the head flag) and the
+    /// remainder (`is_head = false`), or `None` when nothing remains.
+    ///
+    /// A `size` of at least `self.size` takes the whole block.
+    #[must_use]
+    pub const fn split(self, size: usize) -> (Block, Option<Block>) {
+        if size >= self.size {
+            return (self, None);
+        }
+        let allocated = Block::new(self.addr, size, self.is_head);
+        let rest = Block::new(
+            self.addr.saturating_add(size as u64),
+            self.size - size,
+            false,
+        );
+        (allocated, Some(rest))
+    }
+}
+
+/// Why a block could not be put into a [`CoalescingFreeList`]. The list is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FreeListError {
+    /// The block overlaps a block that is already free: a double free (or a free of a range
+    /// that was never handed out).
+    Overlap {
+        /// The block that was being inserted.
+        block: Block,
+        /// A free block it overlaps.
+        existing: Block,
+    },
+    /// The block has size 0 (nothing to free; a caller bug).
+    ZeroSize {
+        /// Its address.
+        addr: u64,
+    },
+    /// `addr + size` overflows the address space.
+    AddressOverflow {
+        /// The block that was being inserted.
+        block: Block,
+    },
+}
+
+impl fmt::Display for FreeListError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Overlap { block, existing } => write!(
+                f,
+                "freed block [{:#x}, +{}) overlaps free block [{:#x}, +{}) (double free?)",
+                block.addr, block.size, existing.addr, existing.size
+            ),
+            Self::ZeroSize { addr } => write!(f, "freed block at {addr:#x} has size 0"),
+            Self::AddressOverflow { block } => write!(
+                f,
+                "freed block [{:#x}, +{}) extends past the end of the address space",
+                block.addr, block.size
+            ),
+        }
+    }
+}
+
+impl std::error::Error for FreeListError {}
+
+/// Size and head flag of a free block, keyed by its address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    size: usize,
+    is_head: bool,
+}
+
+/// Free blocks of the pool, coalesced on insert, handed out best fit; O(log n) per operation.
+///
+/// See the [module documentation](self) for the design.
+#[doc(alias = "rmm::mr::detail::coalescing_free_list")]
+#[derive(Debug, Clone, Default)]
+pub struct CoalescingFreeList {
+    /// Free blocks by address.
+    by_addr: BTreeMap<u64, Entry>,
+    /// `(size, addr)` of every free block, for best fit.
+    by_size: BTreeSet<(usize, u64)>,
+    /// Sum of the sizes of all free blocks.
+    total: usize,
+}
+
+impl CoalescingFreeList {
+    /// An empty list.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Number of free blocks.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.by_addr.len()
+    }
+
+    /// Whether no block is free.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.by_addr.is_empty()
+    }
+
+    /// Total free bytes (kept incrementally, O(1)).
+    #[must_use]
+    pub fn total_bytes(&self) -> usize {
+        self.total
+    }
+
+    /// A largest free block (the one with the highest address among equals), left in the list.
+    #[must_use]
+    pub fn largest(&self) -> Option<Block> {
+        let &(_, addr) = self.by_size.last()?;
+        self.block_at(addr)
+    }
+
+    /// `(largest block size, total free bytes)`, RMM's `free_list_summary`; O(log n).
+    #[doc(alias = "free_list_summary")]
+    #[must_use]
+    pub fn summary(&self) -> (usize, usize) {
+        (self.largest().map_or(0, |b| b.size), self.total)
+    }
+
+    /// The free blocks in address order.
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = Block> + ExactSizeIterator + '_ {
+        self.by_addr
+            .iter()
+            .map(|(&addr, e)| Block::new(addr, e.size, e.is_head))
+    }
+
+    /// The free block that starts exactly at `addr`, if any.
+    #[must_use]
+    pub fn block_at(&self, addr: u64) -> Option<Block> {
+        self.by_addr
+            .get(&addr)
+            .map(|e| Block::new(addr, e.size, e.is_head))
+    }
+
+    /// Whether `[addr, addr + size)` lies entirely inside one free block (for `size == 0`:
+    /// whether `addr` lies inside a free block).
+    #[must_use]
+    pub fn contains_range(&self, addr: u64, size: usize) -> bool {
+        let Some(end) = addr.checked_add(size as u64) else {
+            return false;
+        };
+        self.before_or_at(addr)
+            .is_some_and(|b| addr < b.end() && end <= b.end())
+    }
+
+    /// A free block that shares at least one byte with `[addr, addr + size)`, if any
+    /// (`None` for `size == 0`). Use it to detect a double free across several lists.
+    #[must_use]
+    pub fn overlapping(&self, addr: u64, size: usize) -> Option<Block> {
+        if size == 0 {
+            return None;
+        }
+        if let Some(prev) = self.before_or_at(addr).filter(|b| b.end() > addr) {
+            return Some(prev);
+        }
+        let end = addr.saturating_add(size as u64);
+        self.after(addr).filter(|b| b.addr < end)
+    }
+
+    /// Returns `block` to the list, merging it with the free block before it (if that one ends
+    /// at `block.addr` and `block` is not a head) and with the one after it (if it starts at
+    /// `block.end()` and is not a head). A merged block keeps the head flag of its first part.
+    ///
+    /// # Errors
+    ///
+    /// [`FreeListError::Overlap`] when the block overlaps a free block (a double free),
+    /// [`FreeListError::ZeroSize`] and [`FreeListError::AddressOverflow`] for malformed blocks.
+    /// The list is unchanged on error.
+    pub fn insert(&mut self, block: Block) -> Result<(), FreeListError> {
+        if block.size == 0 {
+            return Err(FreeListError::ZeroSize { addr: block.addr });
+        }
+        let Some(end) = block.checked_end() else {
+            return Err(FreeListError::AddressOverflow { block });
+        };
+        let prev = self.before_or_at(block.addr);
+        if let Some(existing) = prev.filter(|p| p.end() > block.addr) {
+            return Err(FreeListError::Overlap { block, existing });
+        }
+        let next = self.after(block.addr);
+        if let Some(existing) = next.filter(|n| n.addr < end) {
+            return Err(FreeListError::Overlap { block, existing });
+        }
+
+        let mut merged = block;
+        if let Some(p) = prev.filter(|p| p.is_contiguous_before(&block)) {
+            self.remove_exact(p);
+            merged = Block::new(p.addr, p.size + block.size, p.is_head);
+        }
+        if let Some(n) = next.filter(|n| block.is_contiguous_before(n)) {
+            self.remove_exact(n);
+            merged.size += n.size;
+        }
+        self.put(merged);
+        Ok(())
+    }
+
+    /// Moves every block of `other` into `self` (coalescing), leaving `other` empty.
+    ///
+    /// The smaller list is inserted into the larger one, so this costs
+    /// O(min(n, m) · log(n + m)); an empty `self` just takes `other`'s blocks in O(1).
+    ///
+    /// # Errors
+    ///
+    /// The first [`FreeListError`] met (two lists holding overlapping blocks: a double free
+    /// across lists). Nothing is lost: every block is then in exactly one of the two lists
+    /// (`self` may have received part of the blocks, possibly with the two lists' roles
+    /// swapped).
+    pub fn insert_list(&mut self, other: &mut CoalescingFreeList) -> Result<(), FreeListError> {
+        if other.len() > self.len() {
+            std::mem::swap(self, other);
+        }
+        while let Some((addr, entry)) = other.by_addr.pop_first() {
+            other.by_size.remove(&(entry.size, addr));
+            other.total -= entry.size;
+            let block = Block::new(addr, entry.size, entry.is_head);
+            if let Err(e) = self.insert(block) {
+                other.put(block);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes and returns the best-fitting block: the smallest with `size >= request`, ties
+    /// to the lowest address (RMM's choice). `None` when no block is large enough.
+    #[doc(alias = "get_block")]
+    pub fn best_fit(&mut self, request: usize) -> Option<Block> {
+        let &(_, addr) = self.by_size.range((request, 0)..).next()?;
+        let block = self.block_at(addr)?;
+        self.remove_exact(block);
+        Some(block)
+    }
+
+    /// Best fit and split: returns a block of exactly `size` bytes (keeping the head flag of
+    /// the block it came from) and keeps the remainder free. `None` for `size == 0` or when no
+    /// block is large enough.
+    pub fn allocate(&mut self, size: usize) -> Option<Block> {
+        if size == 0 {
+            return None;
+        }
+        let (allocated, rest) = self.best_fit(size)?.split(size);
+        if let Some(rest) = rest {
+            // The list is maximally coalesced, so the remainder cannot touch a free neighbour
+            // it could merge with: the block after it (if adjacent) is a head, the part before
+            // it was just handed out.
+            self.put(rest);
+        }
+        Some(allocated)
+    }
+
+    /// If one free block is exactly the upstream chunk `[addr, addr + size)` (the chunk is
+    /// wholly free), removes it and returns `true`; otherwise changes nothing and returns
+    /// `false`. Used to hand fully free chunks back to the upstream.
+    pub fn remove_chunk(&mut self, addr: u64, size: usize) -> bool {
+        match self.block_at(addr) {
+            Some(block) if block.size == size => {
+                self.remove_exact(block);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Removes every block.
+    pub fn clear(&mut self) {
+        self.by_addr.clear();
+        self.by_size.clear();
+        self.total = 0;
+    }
+
+    /// The free block with the highest address `<= addr`.
+    fn before_or_at(&self, addr: u64) -> Option<Block> {
+        self.by_addr
+            .range(..=addr)
+            .next_back()
+            .map(|(&a, e)| Block::new(a, e.size, e.is_head))
+    }
+
+    /// The free block with the lowest address `> addr`.
+    fn after(&self, addr: u64) -> Option<Block> {
+        self.by_addr
+            .range((Bound::Excluded(addr), Bound::Unbounded))
+            .next()
+            .map(|(&a, e)| Block::new(a, e.size, e.is_head))
+    }
+
+    /// Adds a block known not to overlap or touch a mergeable neighbour.
+    fn put(&mut self, block: Block) {
+        self.by_addr.insert(
+            block.addr,
+            Entry {
+                size: block.size,
+                is_head: block.is_head,
+            },
+        );
+        self.by_size.insert((block.size, block.addr));
+        self.total += block.size;
+    }
+
+    /// Removes a block known to be in the list.
+    fn remove_exact(&mut self, block: Block) {
+        self.by_addr.remove(&block.addr);
+        self.by_size.remove(&(block.size, block.addr));
+        self.total -= block.size;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn blocks(list: &CoalescingFreeList) -> Vec<(u64, usize, bool)> {
+        list.iter().map(|b| (b.addr, b.size, b.is_head)).collect()
+    }
+
+    #[test]
+    fn block_split_and_end() {
+        let b = Block::new(0x1000, 1024, true);
+        assert_eq!(b.end(), 0x1400);
+        let (a, r) = b.split(256);
+        assert_eq!(a, Block::new(0x1000, 256, true));
+        assert_eq!(r, Some(Block::new(0x1100, 768, false)));
+        assert_eq!(b.split(1024), (b, None));
+        assert_eq!(b.split(4096), (b, None));
+        assert_eq!(Block::new(u64::MAX, 2, false).checked_end(), None);
+        assert!(b.overlaps(0x13ff, 1));
+        assert!(!b.overlaps(0x1400, 10));
+        assert!(!b.overlaps(0x1000, 0));
+    }
+
+    #[test]
+    fn insert_coalesces_all_four_cases() {
+        let mut l = CoalescingFreeList::new();
+        l.insert(Block::new(0, 256, true)).unwrap();
+        // Plain insert (gap).
+        l.insert(Block::new(1024, 256, false)).unwrap();
+        assert_eq!(blocks(&l), vec![(0, 256, true), (1024, 256, false)]);
+        // Merge with previous only.
+        l.insert(Block::new(256, 256, false)).unwrap();
+        assert_eq!(blocks(&l), vec![(0, 512, true), (1024, 256, false)]);
+        // Merge with next only.
+        l.insert(Block::new(768, 256, false)).unwrap();
+        assert_eq!(blocks(&l), vec![(0, 512, true), (768, 512, false)]);
+        // Merge with both.
+        l.insert(Block::new(512, 256, false)).unwrap();
+        assert_eq!(blocks(&l), vec![(0, 1280, true)]);
+        assert_eq!(l.total_bytes(), 1280);
+        assert_eq!(l.len(), 1);
+    }
+
+    #[test]
+    fn heads_never_merge_with_previous() {
+        let mut l = CoalescingFreeList::new();
+        l.insert(Block::new(0, 512, true)).unwrap();
+        l.insert(Block::new(512, 512, true)).unwrap();
+        assert_eq!(blocks(&l), vec![(0, 512, true), (512, 512, true)]);
+        // A non-head block between merges only with its non-head side.
+        let mut l = CoalescingFreeList::new();
+        l.insert(Block::new(0, 256, true)).unwrap();
+        l.insert(Block::new(512, 256, true)).unwrap();
+        l.insert(Block::new(256, 256, false)).unwrap();
+        assert_eq!(blocks(&l), vec![(0, 512, true), (512, 256, true)]);
+    }
+
+    #[test]
+    fn overlap_is_rejected_and_list_unchanged() {
+        let mut l = CoalescingFreeList::new();
+        l.insert(Block::new(1024, 1024, true)).unwrap();
+        l.insert(Block::new(4096, 256, false)).unwrap();
+        let before = blocks(&l);
+        for bad in [
+            Block::new(1024, 1024, true), // exact double free
+            Block::new(1280, 256, false), // inside
+            Block::new(768, 512, false),  // overlaps the start
+            Block::new(1792, 512, false), // overlaps the end
+            Block::new(512, 4096, false), // covers both
+            Block::new(3840, 512, false), // overlaps the second from before
+        ] {
+            let err = l.insert(bad).unwrap_err();
+            assert!(matches!(err, FreeListError::Overlap { block, .. } if block == bad));
+            assert_eq!(blocks(&l), before);
+            assert_eq!(l.total_bytes(), 1280);
+        }
+        assert_eq!(
+            l.insert(Block::new(0, 0, false)),
+            Err(FreeListError::ZeroSize { addr: 0 })
+        );
+        let huge = Block::new(u64::MAX - 10, 256, false);
+        assert_eq!(
+            l.insert(huge),
+            Err(FreeListError::AddressOverflow { block: huge })
+        );
+        assert!(l
+            .insert(Block::new(1024, 256, false))
+            .unwrap_err()
+            .to_string()
+            .contains("double free"));
+        assert_eq!(blocks(&l), before);
+    }
+
+    #[test]
+    fn best_fit_picks_smallest_then_lowest_address() {
+        let mut l = CoalescingFreeList::new();
+        for (addr, size) in [(0u64, 2048usize), (4096, 512), (8192, 1024), (12288, 512)] {
+            l.insert(Block::new(addr, size, true)).unwrap();
+        }
+        assert_eq!(l.best_fit(300), Some(Block::new(4096, 512, true)));
+        assert_eq!(l.best_fit(512), Some(Block::new(12288, 512, true)));
+        assert_eq!(l.best_fit(513), Some(Block::new(8192, 1024, true)));
+        assert_eq!(l.best_fit(4096), None);
+        assert_eq!(l.best_fit(2048), Some(Block::new(0, 2048, true)));
+        assert!(l.is_empty());
+        assert_eq!(l.total_bytes(), 0);
+    }
+
+    #[test]
+    fn allocate_splits_and_keeps_remainder() {
+        let mut l = CoalescingFreeList::new();
+        l.insert(Block::new(0, 4096, true)).unwrap();
+        let a = l.allocate(1024).unwrap();
+        assert_eq!(a, Block::new(0, 1024, true));
+        assert_eq!(blocks(&l), vec![(1024, 3072, false)]);
+        let b = l.allocate(3072).unwrap();
+        assert_eq!(b, Block::new(1024, 3072, false));
+        assert!(l.is_empty());
+        assert_eq!(l.allocate(256), None);
+        assert_eq!(l.allocate(0), None);
+        l.insert(b).unwrap();
+        l.insert(a).unwrap();
+        assert_eq!(blocks(&l), vec![(0, 4096, true)]);
+    }
+
+    #[test]
+    fn queries() {
+        let mut l = CoalescingFreeList::new();
+        assert_eq!(l.largest(), None);
+        assert_eq!(l.summary(), (0, 0));
+        l.insert(Block::new(0, 512, true)).unwrap();
+        l.insert(Block::new(1024, 2048, false)).unwrap();
+        assert_eq!(l.largest(), Some(Block::new(1024, 2048, false)));
+        assert_eq!(l.summary(), (2048, 2560));
+        assert!(l.contains_range(1024, 2048));
+        assert!(l.contains_range(1280, 256));
+        assert!(!l.contains_range(256, 512));
+        assert!(!l.contains_range(512, 256));
+        assert!(l.contains_range(100, 0));
+        assert!(!l.contains_range(u64::MAX, 2));
+        assert_eq!(l.overlapping(256, 1024), Some(Block::new(0, 512, true)));
+        assert_eq!(
+            l.overlapping(512, 1024),
+            Some(Block::new(1024, 2048, false))
+        );
+        assert_eq!(l.overlapping(512, 512), None);
+        assert_eq!(l.overlapping(0, 0), None);
+        assert_eq!(l.block_at(1024), Some(Block::new(1024, 2048, false)));
+        assert_eq!(l.block_at(1025), None);
+        l.clear();
+        assert!(l.is_empty());
+        assert_eq!(l.total_bytes(), 0);
+    }
+
+    #[test]
+    fn remove_chunk_only_when_wholly_free() {
+        let mut l = CoalescingFreeList::new();
+        l.insert(Block::new(0, 1024, true)).unwrap();
+        l.insert(Block::new(1024, 512, true)).unwrap();
+        l.insert(Block::new(1792, 256, false)).unwrap(); // second chunk [1024, 2048) part free
+        assert!(!l.remove_chunk(1024, 1024));
+        assert!(!l.remove_chunk(0, 2048));
+        assert!(!l.remove_chunk(0, 512));
+        assert!(l.remove_chunk(0, 1024));
+        assert_eq!(blocks(&l), vec![(1024, 512, true), (1792, 256, false)]);
+        assert_eq!(l.total_bytes(), 768);
+    }
+
+    #[test]
+    fn insert_list_merges_and_coalesces() {
+        let mut a = CoalescingFreeList::new();
+        let mut b = CoalescingFreeList::new();
+        a.insert(Block::new(0, 256, true)).unwrap();
+        a.insert(Block::new(1024, 256, false)).unwrap();
+        b.insert(Block::new(256, 768, false)).unwrap();
+        b.insert(Block::new(4096, 256, true)).unwrap();
+        b.insert(Block::new(8192, 256, true)).unwrap();
+        a.insert_list(&mut b).unwrap();
+        assert!(b.is_empty());
+        assert_eq!(b.total_bytes(), 0);
+        assert_eq!(
+            blocks(&a),
+            vec![(0, 1280, true), (4096, 256, true), (8192, 256, true)]
+        );
+        assert_eq!(a.total_bytes(), 1792);
+
+        // Overlap across lists: the error is reported and no byte is lost.
+        let mut c = CoalescingFreeList::new();
+        c.insert(Block::new(4096, 256, true)).unwrap();
+        c.insert(Block::new(100_000, 256, true)).unwrap();
+        let total = a.total_bytes() + c.total_bytes();
+        assert!(matches!(
+            a.insert_list(&mut c),
+            Err(FreeListError::Overlap { .. })
+        ));
+        assert_eq!(a.total_bytes() + c.total_bytes(), total);
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Model test: a pool made of upstream chunks + several per-stream free lists.
+    // ---------------------------------------------------------------------------------------
+
+    const ALIGN: usize = 256;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// Allocate `units * 256` bytes on stream `s`.
+        Alloc { s: usize, units: usize },
+        /// Free live block `i % live.len()` on stream `s`.
+        Free { s: usize, i: usize },
+        /// Free (again) a block that is currently free: must be rejected.
+        DoubleFree { i: usize, part: usize },
+        /// Merge list `b` into list `a`.
+        Merge { a: usize, b: usize },
+        /// Give wholly free chunks back to the upstream.
+        Release,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0..3usize, 1..24usize).prop_map(|(s, units)| Op::Alloc { s, units }),
+            4 => (0..3usize, any::<usize>()).prop_map(|(s, i)| Op::Free { s, i }),
+            1 => (any::<usize>(), any::<usize>()).prop_map(|(i, part)| Op::DoubleFree { i, part }),
+            1 => (0..3usize, 0..3usize).prop_map(|(a, b)| Op::Merge { a, b }),
+            1 => Just(Op::Release),
+        ]
+    }
+
+    struct Model {
+        /// Upstream chunks `(addr, size)`.
+        chunks: Vec<(u64, usize)>,
+        /// One free list per stream.
+        lists: Vec<CoalescingFreeList>,
+        /// Live (handed out) blocks.
+        live: Vec<Block>,
+        /// Next upstream address; chunks are sometimes adjacent on purpose.
+        next_addr: u64,
+    }
+
+    impl Model {
+        fn new() -> Self {
+            Self {
+                chunks: Vec::new(),
+                lists: vec![CoalescingFreeList::new(); 3],
+                live: Vec::new(),
+                next_addr: 1 << 20,
+            }
+        }
+
+        fn chunk_of(&self, addr: u64) -> Option<(u64, usize)> {
+            self.chunks
+                .iter()
+                .copied()
+                .find(|&(a, s)| a <= addr && addr < a + s as u64)
+        }
+
+        fn naive_best_fit(list: &CoalescingFreeList, size: usize) -> Option<Block> {
+            list.iter()
+                .filter(|b| b.size >= size)
+                .min_by_key(|b| (b.size, b.addr))
+        }
+
+        fn alloc(&mut self, s: usize, size: usize, gap: bool) {
+            // Same stream, then steal without merging, then merge everything, then grow.
+            let expected = Self::naive_best_fit(&self.lists[s], size);
+            let mut got = self.lists[s].allocate(size);
+            assert_eq!(got.map(|b| b.addr), expected.map(|b| b.addr));
+            if got.is_none() {
+                for o in (0..self.lists.len()).filter(|&o| o != s) {
+                    let expected = Self::naive_best_fit(&self.lists[o], size);
+                    got = self.lists[o].allocate(size);
+                    assert_eq!(got.map(|b| b.addr), expected.map(|b| b.addr));
+                    if got.is_some() {
+                        break;
+                    }
+                }
+            }
+            if got.is_none() {
+                for o in (0..self.lists.len()).filter(|&o| o != s) {
+                    let mut other = std::mem::take(&mut self.lists[o]);
+                    self.lists[s].insert_list(&mut other).unwrap();
+                    assert!(other.is_empty());
+                    got = self.lists[s].allocate(size);
+                    if got.is_some() {
+                        break;
+                    }
+                }
+            }
+            if got.is_none() {
+                // Grow: a new chunk at least twice the request, sometimes adjacent to the last.
+                let chunk = size * 2;
+                if gap {
+                    self.next_addr += 4096;
+                }
+                let addr = self.next_addr;
+                self.next_addr += chunk as u64;
+                self.chunks.push((addr, chunk));
+                self.lists[s].insert(Block::new(addr, chunk, true)).unwrap();
+                got = self.lists[s].allocate(size);
+            }
+            let block = got.expect("a fresh chunk always fits the request");
+            assert_eq!(block.size, size);
+            self.live.push(block);
+        }
+
+        fn check(&self) {
+            let chunk_bytes: usize = self.chunks.iter().map(|c| c.1).sum();
+            let live_bytes: usize = self.live.iter().map(|b| b.size).sum();
+            let free_bytes: usize = self.lists.iter().map(CoalescingFreeList::total_bytes).sum();
+            assert_eq!(free_bytes + live_bytes, chunk_bytes);
+
+            let mut all: Vec<(Block, bool)> = self.live.iter().map(|&b| (b, true)).collect();
+            for list in &self.lists {
+                let listed: Vec<Block> = list.iter().collect();
+                assert_eq!(listed.len(), list.len());
+                assert_eq!(
+                    listed.iter().map(|b| b.size).sum::<usize>(),
+                    list.total_bytes()
+                );
+                assert_eq!(
+                    list.largest().map(|b| b.size),
+                    listed.iter().map(|b| b.size).max()
+                );
+                // Maximally coalesced within a list.
+                for w in listed.windows(2) {
+                    assert!(!w[0].is_contiguous_before(&w[1]), "uncoalesced {w:?}");
+                }
+                all.extend(listed.into_iter().map(|b| (b, false)));
+            }
+            all.sort_by_key(|(b, _)| b.addr);
+            for w in all.windows(2) {
+                assert!(w[0].0.end() <= w[1].0.addr, "overlap {w:?}");
+            }
+            for (b, _) in &all {
+                assert!(b.size > 0);
+                assert_eq!(b.addr % ALIGN as u64, 0);
+                assert_eq!(b.size % ALIGN, 0);
+                let (ca, cs) = self.chunk_of(b.addr).expect("block inside a chunk");
+                assert!(b.end() <= ca + cs as u64, "block crosses its chunk");
+                assert_eq!(b.is_head, b.addr == ca, "head flag of {b:?}");
+            }
+        }
+
+        fn apply(&mut self, op: Op, gap: bool) {
+            match op {
+                Op::Alloc { s, units } => self.alloc(s, units * ALIGN, gap),
+                Op::Free { s, i } => {
+                    if !self.live.is_empty() {
+                        let b = self.live.swap_remove(i % self.live.len());
+                        // The resource rebuilds the head flag from its chunk set, like RMM.
+                        let is_head = self.chunks.iter().any(|c| c.0 == b.addr);
+                        assert_eq!(is_head, b.is_head);
+                        self.lists[s]
+                            .insert(Block::new(b.addr, b.size, is_head))
+                            .unwrap();
+                    }
+                }
+                Op::DoubleFree { i, part } => {
+                    let free: Vec<(usize, Block)> = self
+                        .lists
+                        .iter()
+                        .enumerate()
+                        .flat_map(|(s, l)| l.iter().map(move |b| (s, b)))
+                        .collect();
+                    if !free.is_empty() {
+                        let (s, b) = free[i % free.len()];
+                        // Free the whole block or one 256-byte piece of it again.
+                        let units = b.size / ALIGN;
+                        let k = part % (units + 1);
+                        let bad = if k == units {
+                            b
+                        } else {
+                            Block::new(b.addr + (k * ALIGN) as u64, ALIGN, false)
+                        };
+                        let before: Vec<Block> = self.lists[s].iter().collect();
+                        assert!(self.lists[s].overlapping(bad.addr, bad.size).is_some());
+                        assert!(self.lists[s].contains_range(bad.addr, bad.size));
+                        assert!(matches!(
+                            self.lists[s].insert(bad),
+                            Err(FreeListError::Overlap { .. })
+                        ));
+                        assert_eq!(self.lists[s].iter().collect::<Vec<_>>(), before);
+                    }
+                }
+                Op::Merge { a, b } => {
+                    if a != b {
+                        let mut other = std::mem::take(&mut self.lists[b]);
+                        self.lists[a].insert_list(&mut other).unwrap();
+                        assert!(other.is_empty());
+                    }
+                }
+                Op::Release => {
+                    let chunks = self.chunks.clone();
+                    for (addr, size) in chunks {
+                        let live_inside = self.live.iter().any(|b| b.overlaps(addr, size));
+                        let mut removed = false;
+                        for list in &mut self.lists {
+                            let exact = list.block_at(addr) == Some(Block::new(addr, size, true));
+                            let r = list.remove_chunk(addr, size);
+                            assert_eq!(r, exact);
+                            removed |= r;
+                            if r {
+                                break;
+                            }
+                        }
+                        if live_inside {
+                            assert!(!removed);
+                        }
+                        if removed {
+                            self.chunks.retain(|c| c.0 != addr);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn pool_model(ops in proptest::collection::vec((op(), any::<bool>()), 1..120)) {
+            let mut m = Model::new();
+            for (op, gap) in ops {
+                m.apply(op, gap);
+                m.check();
+            }
+            // Free everything and merge all lists: one block per chunk, exactly the chunk.
+            while let Some(b) = m.live.pop() {
+                m.lists[0].insert(b).unwrap();
+                m.check();
+            }
+            for o in 1..m.lists.len() {
+                let mut other = std::mem::take(&mut m.lists[o]);
+                m.lists[0].insert_list(&mut other).unwrap();
+            }
+            m.check();
+            let mut chunks = m.chunks.clone();
+            chunks.sort_unstable();
+            let free: Vec<(u64, usize)> = m.lists[0].iter().map(|b| (b.addr, b.size)).collect();
+            prop_assert_eq!(free, chunks.clone());
+            prop_assert!(m.lists[0].iter().all(|b| b.is_head));
+            prop_assert_eq!(m.lists[0].total_bytes(), chunks.iter().map(|c| c.1).sum::<usize>());
+            // And every chunk can now be released.
+            for (addr, size) in chunks {
+                prop_assert!(m.lists[0].remove_chunk(addr, size));
+            }
+            prop_assert!(m.lists[0].is_empty());
+            prop_assert_eq!(m.lists[0].total_bytes(), 0);
+        }
+
+        #[test]
+        fn insert_order_does_not_matter(
+            sizes in proptest::collection::vec((1..8usize, any::<bool>()), 1..40),
+            seed in any::<u64>(),
+        ) {
+            // Cut a range into pieces (some marked as chunk heads), insert them in a shuffled
+            // order: the result is the same as inserting them in address order.
+            let mut pieces = Vec::new();
+            let mut addr = 0u64;
+            for (i, &(units, head)) in sizes.iter().enumerate() {
+                pieces.push(Block::new(addr, units * ALIGN, head || i == 0));
+                addr += (units * ALIGN) as u64;
+            }
+            let mut sorted = CoalescingFreeList::new();
+            for &p in &pieces {
+                sorted.insert(p).unwrap();
+            }
+            let mut shuffled = pieces.clone();
+            let mut x = seed | 1;
+            for i in (1..shuffled.len()).rev() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                shuffled.swap(i, (x % (i as u64 + 1)) as usize);
+            }
+            let mut other = CoalescingFreeList::new();
+            for &p in &shuffled {
+                other.insert(p).unwrap();
+            }
+            prop_assert_eq!(sorted.iter().collect::<Vec<_>>(), other.iter().collect::<Vec<_>>());
+            let heads = pieces.iter().filter(|p| p.is_head).count();
+            prop_assert_eq!(sorted.len(), heads);
+            prop_assert_eq!(sorted.total_bytes(), addr as usize);
+        }
+    }
+}
