@@ -1,0 +1,104 @@
+//! RMM's conformance suite instantiated for every base resource and the limiting adaptor.
+//! Run by the GPU bundle in both default-stream modes; without a GPU every trial is ignored.
+
+mod conformance;
+
+use std::sync::Arc;
+
+use conformance::{trials, Subject, GIB};
+use libtest_mimic::Arguments;
+use rmm_mr::{
+    CallbackMemoryResource, CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource,
+    CudaAsyncViewMemoryResource, CudaMemoryResource, DeviceMemoryResource, LimitingResourceAdaptor,
+    ManagedMemoryResource, PinnedHostMemoryResource, SamHeadroomMemoryResource, SharedResource,
+    SystemMemoryResource,
+};
+use rmm_sys::{DeviceCapabilities, DriverVersion};
+
+fn caps() -> Option<DeviceCapabilities> {
+    DeviceCapabilities::probe(rmm_sys::current_device().ok()?).ok()
+}
+
+fn no_pools() -> Option<String> {
+    match caps() {
+        Some(c) if c.memory_pools_supported => None,
+        _ => Some("the device has no stream-ordered memory pools".into()),
+    }
+}
+
+fn no_sam() -> Option<String> {
+    match caps() {
+        Some(c) if c.pageable_memory_access => None,
+        _ => Some("the device lacks pageable memory access (HMM/ATS)".into()),
+    }
+}
+
+fn no_async_managed() -> Option<String> {
+    let v = rmm_sys::driver_version().ok()?;
+    if v < DriverVersion::CUDA_13_0 {
+        return Some(format!("needs a CUDA 13 driver, found {v}"));
+    }
+    match caps() {
+        Some(c) if c.concurrent_managed_access => None,
+        _ => Some("the device lacks concurrent managed access".into()),
+    }
+}
+
+fn arc<R: DeviceMemoryResource>(r: R) -> SharedResource {
+    Arc::new(r)
+}
+
+fn subjects() -> Vec<Subject> {
+    vec![
+        Subject::new("cuda", || Ok(arc(CudaMemoryResource::new()))),
+        Subject::new("managed", || Ok(arc(ManagedMemoryResource::new()))).without_oversize(),
+        Subject::new("cuda_async", || Ok(arc(CudaAsyncMemoryResource::new()?)))
+            .unsupported_when(no_pools),
+        Subject::new("cuda_async_view", || {
+            Ok(arc(CudaAsyncViewMemoryResource::current_device_pool()?))
+        })
+        .unsupported_when(no_pools),
+        Subject::new("cuda_async_managed", || {
+            Ok(arc(CudaAsyncManagedMemoryResource::new()?))
+        })
+        .unsupported_when(no_async_managed)
+        .without_oversize(),
+        Subject::new("pinned_host", || Ok(arc(PinnedHostMemoryResource::new()))).without_mt(),
+        Subject::new("system", || Ok(arc(SystemMemoryResource::new()?)))
+            .unsupported_when(no_sam)
+            .without_mt(),
+        Subject::new("sam_headroom", || {
+            Ok(arc(SamHeadroomMemoryResource::new(GIB)?))
+        })
+        .unsupported_when(no_sam)
+        .without_mt(),
+        Subject::new("callback", || {
+            let up = CudaMemoryResource::new();
+            Ok(arc(CallbackMemoryResource::new(
+                move |bytes, stream| up.allocate(stream, bytes, 256),
+                move |ptr, bytes, stream| {
+                    // SAFETY: the callback resource hands back only what its allocate callback
+                    // returned, with the same size.
+                    unsafe { up.deallocate(stream, ptr, bytes, 256) }
+                },
+            )))
+        }),
+        Subject::new("limiting", || {
+            Ok(arc(LimitingResourceAdaptor::new(
+                CudaMemoryResource::new(),
+                GIB,
+            )))
+        }),
+        Subject::new("limiting_over_shared_async", || {
+            let up: SharedResource = arc(CudaAsyncMemoryResource::new()?);
+            Ok(arc(LimitingResourceAdaptor::new(up, 4 * GIB)))
+        })
+        .unsupported_when(no_pools),
+    ]
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let trials = subjects().iter().flat_map(trials).collect();
+    libtest_mimic::run(&args, trials).exit();
+}

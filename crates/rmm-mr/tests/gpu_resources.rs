@@ -1,0 +1,425 @@
+//! Resource-specific GPU cases (RMM's per-file tests, section 3.3 of the reference) for the base
+//! resources, the limiting adaptor, prefetch and the registry. Without a GPU every trial is
+//! ignored, with the reason.
+
+mod conformance;
+
+use std::sync::Arc;
+
+use conformance::{ensure, MIB};
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use rmm_mr::{
+    per_device_resource, prefetch, reset_current_device_resource, resource_cast,
+    set_current_device_resource, CallbackMemoryResource, CudaAsyncManagedMemoryResource,
+    CudaAsyncMemoryResource, CudaAsyncOptions, CudaAsyncViewMemoryResource, CudaMemoryResource,
+    DeviceMemoryResource, LimitingResourceAdaptor, ManagedMemoryResource, MrError, PrefetchTarget,
+    SharedResource, SystemMemoryResource,
+};
+use rmm_stream::{CudaStream, CudaStreamView};
+use rmm_sys::{memory, AllocationHandleType, DeviceCapabilities, DeviceId, DriverVersion};
+
+fn gpu(name: &str, f: fn() -> Result<Completion, Failed>) -> Trial {
+    Trial::ignorable_test(name, move || match rmm_sys::gpu_unavailable_reason() {
+        Some(why) => Ok(Completion::ignored_with(format!("needs a CUDA GPU: {why}"))),
+        None => f(),
+    })
+}
+
+fn done() -> Result<Completion, Failed> {
+    Ok(Completion::Completed)
+}
+
+fn caps() -> Result<DeviceCapabilities, Failed> {
+    Ok(DeviceCapabilities::probe(rmm_sys::current_device()?)?)
+}
+
+// --- the registry (mr_ref_default_tests.cpp) ----------------------------------------------
+
+fn default_resource_is_cuda() -> Result<Completion, Failed> {
+    reset_current_device_resource()?;
+    let r = rmm_mr::current_device_resource()?;
+    ensure(
+        resource_cast::<CudaMemoryResource>(&*r).is_some(),
+        "initial resource is not cuda",
+    )?;
+    let p = r.allocate_sync(MIB, 256)?;
+    // SAFETY: `p` came from `r`.
+    unsafe { r.deallocate_sync(p, MIB, 256)? };
+    let seen: Vec<bool> = std::thread::scope(|s| {
+        (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    rmm_mr::current_device_resource()
+                        .map(|r| r.is_equal(&CudaMemoryResource::new()))
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|j| j.join().unwrap())
+            .collect::<Result<_, _>>()
+    })?;
+    ensure(
+        seen.iter().all(|&b| b),
+        "a thread saw a non-cuda initial resource",
+    )?;
+    done()
+}
+
+fn replaced_resource_keeps_old_memory_valid() -> Result<Completion, Failed> {
+    let old: SharedResource = Arc::new(CudaAsyncMemoryResource::new()?);
+    set_current_device_resource(Arc::clone(&old))?;
+    let held = rmm_mr::current_device_resource()?;
+    let p = held.allocate(CudaStreamView::default(), MIB, 256)?;
+    drop(old);
+    set_current_device_resource(Arc::new(ManagedMemoryResource::new()))?;
+    // SAFETY: `p` came from `held`; the async pool is kept alive by `held`.
+    unsafe { held.deallocate(CudaStreamView::default(), p, MIB, 256)? };
+    CudaStreamView::default().synchronize()?;
+    reset_current_device_resource()?;
+    ensure(
+        per_device_resource(rmm_sys::current_device()?).is_equal(&CudaMemoryResource::new()),
+        "reset did not restore cuda",
+    )?;
+    done()
+}
+
+// --- errors ----------------------------------------------------------------------------------
+
+fn error_taxonomy() -> Result<Completion, Failed> {
+    let mr = CudaMemoryResource::new();
+    let s = CudaStreamView::default();
+    ensure(
+        mr.allocate(s, 1 << 50, 256).unwrap_err().is_out_of_memory(),
+        "1 PiB",
+    )?;
+    ensure(
+        mr.allocate(s, usize::MAX, 256)
+            .unwrap_err()
+            .is_out_of_memory(),
+        "usize::MAX",
+    )?;
+    ensure(
+        matches!(mr.allocate(s, 1024, 512), Err(MrError::BadAlloc { .. })),
+        "512 alignment",
+    )?;
+    ensure(
+        matches!(mr.allocate(s, 1024, 3), Err(MrError::BadAlloc { .. })),
+        "alignment 3",
+    )?;
+    ensure(mr.allocate(s, 0, 256)?.is_null(), "0 bytes")?;
+    // SAFETY: null is a no-op.
+    unsafe { mr.deallocate(s, rmm_sys::DevicePtr::NULL, 0, 256)? };
+    let bogus = rmm_sys::DevicePtr::from_raw(0xdead_0000);
+    // SAFETY: the driver rejects an address it never handed out; nothing is freed.
+    let e = unsafe { mr.deallocate(s, bogus, 256, 256) }.unwrap_err();
+    ensure(
+        matches!(e, MrError::InvalidFree { .. }),
+        format!("bogus free: {e}"),
+    )?;
+    done()
+}
+
+// --- cuda_async (cuda_async_mr_tests.cpp) ------------------------------------------------------
+
+fn async_thresholds_and_priming() -> Result<Completion, Failed> {
+    if !caps()?.memory_pools_supported {
+        return Ok(Completion::ignored_with("no memory pools"));
+    }
+    let mr = CudaAsyncMemoryResource::new()?;
+    ensure(
+        mr.release_threshold()? == u64::MAX,
+        "default threshold is not u64::MAX",
+    )?;
+    let primed = CudaAsyncMemoryResource::with_options(CudaAsyncOptions {
+        initial_pool_size: Some(100 * MIB),
+        release_threshold: Some(1000 * MIB as u64),
+        ..CudaAsyncOptions::default()
+    })?;
+    ensure(
+        primed.release_threshold()? == 1000 * MIB as u64,
+        "explicit threshold not applied",
+    )?;
+    let st = primed.statistics()?;
+    ensure(
+        st.reserved_current >= 100 * MIB as u64,
+        format!("priming reserved {}", st.reserved_current),
+    )?;
+    ensure(st.used_current == 0, "primed pool has used memory")?;
+    ensure(!mr.is_equal(&primed), "two pools compare equal")?;
+    ensure(mr.is_equal(&mr.clone()), "copies unequal")?;
+    // trim_to and live statistics.
+    let s = CudaStreamView::default();
+    let p = primed.allocate(s, 10 * MIB, 256)?;
+    ensure(
+        primed.statistics()?.used_current >= 10 * MIB as u64,
+        "used not counted",
+    )?;
+    // SAFETY: `p` came from `primed`.
+    unsafe { primed.deallocate(s, p, 10 * MIB, 256)? };
+    s.synchronize()?;
+    primed.trim_to(0)?;
+    ensure(
+        primed.statistics()?.reserved_current == 0,
+        "trim_to(0) kept memory",
+    )?;
+    done()
+}
+
+fn async_fabric_handles() -> Result<Completion, Failed> {
+    let c = caps()?;
+    if !c.supports_handle_type(AllocationHandleType::Fabric) {
+        let e = CudaAsyncMemoryResource::with_options(CudaAsyncOptions {
+            export_handle_type: Some(AllocationHandleType::Fabric),
+            ..CudaAsyncOptions::default()
+        })
+        .unwrap_err();
+        ensure(
+            matches!(e, MrError::InvalidArgument(_)),
+            format!("unsupported fabric: {e}"),
+        )?;
+        return Ok(Completion::ignored_with(
+            "fabric handles unsupported (checked the error)",
+        ));
+    }
+    let mr = CudaAsyncMemoryResource::with_options(CudaAsyncOptions {
+        export_handle_type: Some(AllocationHandleType::Fabric),
+        ..CudaAsyncOptions::default()
+    })?;
+    let p = mr.allocate_sync(MIB, 256)?;
+    // SAFETY: `p` came from `mr`.
+    unsafe { mr.deallocate_sync(p, MIB, 256)? };
+    done()
+}
+
+fn async_posix_fd_handles() -> Result<Completion, Failed> {
+    if !caps()?.supports_handle_type(AllocationHandleType::PosixFileDescriptor) {
+        return Ok(Completion::ignored_with("POSIX fd handles unsupported"));
+    }
+    let mr = CudaAsyncMemoryResource::with_options(CudaAsyncOptions {
+        export_handle_type: Some(AllocationHandleType::PosixFileDescriptor),
+        ..CudaAsyncOptions::default()
+    })?;
+    let p = mr.allocate_sync(MIB, 256)?;
+    // SAFETY: `p` came from `mr`.
+    unsafe { mr.deallocate_sync(p, MIB, 256)? };
+    done()
+}
+
+// --- cuda_async_view ---------------------------------------------------------------------------
+
+fn async_view_does_not_own_the_pool() -> Result<Completion, Failed> {
+    ensure(
+        matches!(
+            CudaAsyncViewMemoryResource::new(
+                rmm_sys::MemPoolHandle::from_raw(std::ptr::null_mut())
+            ),
+            Err(MrError::InvalidArgument(_))
+        ),
+        "null pool accepted",
+    )?;
+    let pool =
+        rmm_sys::mempool::mem_pool_create(rmm_sys::current_device()?, AllocationHandleType::None)?;
+    {
+        let view = CudaAsyncViewMemoryResource::new(pool)?;
+        let p = view.allocate_sync(MIB, 256)?;
+        ensure(view.statistics()?.used_current >= MIB as u64, "view stats")?;
+        // SAFETY: `p` came from `view`.
+        unsafe { view.deallocate_sync(p, MIB, 256)? };
+        ensure(
+            view.is_equal(&CudaAsyncViewMemoryResource::new(pool)?),
+            "views of one pool unequal",
+        )?;
+    }
+    // The view is gone; the pool is still ours to destroy.
+    // SAFETY: the pool was created above and nothing uses it.
+    unsafe { rmm_sys::mempool::mem_pool_destroy(pool)? };
+    let default = CudaAsyncViewMemoryResource::current_device_pool()?;
+    let p = default.allocate_sync(4 * MIB, 256)?;
+    // SAFETY: `p` came from `default`.
+    unsafe { default.deallocate_sync(p, 4 * MIB, 256)? };
+    done()
+}
+
+// --- cuda_async_managed (cuda_async_managed_mr_tests.cpp) ------------------------------------
+
+fn async_managed() -> Result<Completion, Failed> {
+    let v = rmm_sys::driver_version()?;
+    if v < DriverVersion::CUDA_13_0 || !caps()?.concurrent_managed_access {
+        ensure(
+            CudaAsyncManagedMemoryResource::new().is_err(),
+            "constructed without support",
+        )?;
+        return Ok(Completion::ignored_with(
+            "needs CUDA 13 and concurrent managed access (checked the error)",
+        ));
+    }
+    let a = CudaAsyncManagedMemoryResource::new()?;
+    let b = CudaAsyncManagedMemoryResource::new()?;
+    ensure(
+        a.is_equal(&b),
+        "two instances on the default managed pool are unequal",
+    )?;
+    ensure(a.properties().host_accessible, "not host accessible")?;
+    let s = CudaStream::non_blocking()?;
+    let mut ptrs = Vec::new();
+    for i in 0..8usize {
+        let bytes = (i + 1) * 4096;
+        let p = a.allocate(s.view(), bytes, 256)?;
+        ensure(memory::pointer_is_managed(p)?, "pointer not managed")?;
+        ptrs.push((p, bytes));
+    }
+    s.synchronize()?;
+    for &(p, bytes) in &ptrs {
+        // SAFETY: managed memory of `bytes` bytes, synchronized, accessible from the host.
+        unsafe {
+            std::ptr::write_bytes(p.as_host_ptr::<u8>(), 0xab, bytes);
+            ensure(
+                *p.as_host_ptr::<u8>().add(bytes - 1) == 0xab,
+                "host write not read back",
+            )?;
+        }
+    }
+    for (p, bytes) in ptrs {
+        // SAFETY: each came from `a` with this size.
+        unsafe { a.deallocate(s.view(), p, bytes, 256)? };
+    }
+    s.synchronize()?;
+    done()
+}
+
+// --- system ------------------------------------------------------------------------------------
+
+fn system_throws_if_unsupported() -> Result<Completion, Failed> {
+    let supported = caps()?.pageable_memory_access;
+    let r = SystemMemoryResource::new();
+    if supported {
+        ensure(r.is_ok(), "supported device refused")?;
+        done()
+    } else {
+        ensure(
+            matches!(r, Err(MrError::InvalidArgument(_))),
+            "unsupported device accepted",
+        )?;
+        Ok(Completion::ignored_with(
+            "no pageable memory access here (checked the error)",
+        ))
+    }
+}
+
+// --- limiting (limiting_mr_tests.cpp) --------------------------------------------------------
+
+fn limiting_cases() -> Result<Completion, Failed> {
+    let s = CudaStreamView::default();
+    let lim = LimitingResourceAdaptor::new(CudaMemoryResource::new(), 5 * MIB);
+    ensure(
+        lim.allocate(s, 5 * MIB + 1, 256)
+            .unwrap_err()
+            .is_out_of_memory(),
+        "TooBig",
+    )?;
+    let inner = LimitingResourceAdaptor::new(lim.clone(), 2 * MIB);
+    ensure(
+        inner
+            .allocate(s, 4 * MIB, 256)
+            .unwrap_err()
+            .is_out_of_memory(),
+        "UpstreamFailure",
+    )?;
+    let a = lim.allocate(s, 2 * MIB, 256)?;
+    let b = lim.allocate(s, 3 * MIB, 256)?;
+    ensure(lim.allocated_bytes() == 5 * MIB, "exact limit")?;
+    ensure(
+        lim.allocate(s, 1, 256).unwrap_err().is_out_of_memory(),
+        "OverLimit",
+    )?;
+    ensure(
+        lim.allocated_bytes() == 5 * MIB,
+        "failed request changed the count",
+    )?;
+    // SAFETY: both came from `lim`.
+    unsafe { lim.deallocate(s, a, 2 * MIB, 256)? };
+    let c = lim.allocate(s, 2 * MIB, 256)?;
+    // SAFETY: both came from `lim`.
+    unsafe {
+        lim.deallocate(s, b, 3 * MIB, 256)?;
+        lim.deallocate(s, c, 2 * MIB, 256)?;
+    }
+    ensure(lim.allocated_bytes() == 0, "UnderLimitDueToFrees")?;
+    done()
+}
+
+// --- callback: equality and shared ownership ---------------------------------------------------
+
+fn callback_shared_ownership() -> Result<Completion, Failed> {
+    let up = CudaMemoryResource::new();
+    let cb = CallbackMemoryResource::new(
+        move |b, s| up.allocate(s, b, 256),
+        // SAFETY: only pointers from the allocate callback come back.
+        move |p, b, s| unsafe { up.deallocate(s, p, b, 256) },
+    );
+    let copy = cb.clone();
+    ensure(cb.is_equal(&copy), "copy unequal")?;
+    let other = CallbackMemoryResource::new(|_, _| Ok(rmm_sys::DevicePtr::NULL), |_, _, _| Ok(()));
+    ensure(!cb.is_equal(&other), "fresh instance equal")?;
+    let p = cb.allocate_sync(MIB, 256)?;
+    drop(cb);
+    // SAFETY: allocated through a copy sharing the same closures.
+    unsafe { copy.deallocate_sync(p, MIB, 256)? };
+    done()
+}
+
+// --- prefetch (prefetch_tests.cpp) -------------------------------------------------------------
+
+fn prefetch_managed_and_device() -> Result<Completion, Failed> {
+    let dev = rmm_sys::current_device()?;
+    let s = CudaStream::non_blocking()?;
+    let managed = ManagedMemoryResource::new();
+    let p = managed.allocate(s.view(), 8 * MIB, 256)?;
+    prefetch(p, 8 * MIB, PrefetchTarget::Device(dev), s.view())?;
+    prefetch(p, 8 * MIB, PrefetchTarget::Host, s.view())?;
+    s.synchronize()?;
+    // SAFETY: `p` came from `managed`.
+    unsafe { managed.deallocate(s.view(), p, 8 * MIB, 256)? };
+    // Not managed: a silent no-op.
+    let cuda = CudaMemoryResource::new();
+    let d = cuda.allocate(s.view(), MIB, 256)?;
+    prefetch(d, MIB, PrefetchTarget::Device(dev), s.view())?;
+    // SAFETY: `d` came from `cuda`.
+    unsafe { cuda.deallocate(s.view(), d, MIB, 256)? };
+    let _ = DeviceId(0);
+    done()
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let trials = vec![
+        gpu(
+            "registry::default_resource_is_cuda",
+            default_resource_is_cuda,
+        ),
+        gpu(
+            "registry::replaced_resource_keeps_old_memory_valid",
+            replaced_resource_keeps_old_memory_valid,
+        ),
+        gpu("errors::taxonomy", error_taxonomy),
+        gpu(
+            "cuda_async::thresholds_priming_trim_statistics",
+            async_thresholds_and_priming,
+        ),
+        gpu("cuda_async::fabric_handles", async_fabric_handles),
+        gpu("cuda_async::posix_fd_handles", async_posix_fd_handles),
+        gpu(
+            "cuda_async_view::does_not_own_the_pool",
+            async_view_does_not_own_the_pool,
+        ),
+        gpu("cuda_async_managed::allocations_are_managed", async_managed),
+        gpu(
+            "system::throws_if_unsupported",
+            system_throws_if_unsupported,
+        ),
+        gpu("limiting::rmm_cases", limiting_cases),
+        gpu("callback::shared_ownership", callback_shared_ownership),
+        gpu("prefetch::managed_and_device", prefetch_managed_and_device),
+    ];
+    libtest_mimic::run(&args, trials).exit();
+}
