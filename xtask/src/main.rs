@@ -1,1 +1,42 @@
-fn main() {}
+//! The rmm-rs workspace's task runner: `cargo xtask ci`, `cargo xtask gpu bundle`,
+//! `cargo xtask gpu run`. See CONTRIBUTING.md and docs/gpu-testing.md.
+
+mod artifacts;
+mod bundle;
+mod cargo;
+mod ci;
+mod gpu;
+mod layers;
+mod runner;
+
+use std::process::ExitCode;
+
+/// What `cargo xtask help` prints.
+const USAGE: &str = "\
+usage: cargo xtask <command>
+
+commands:
+  ci [--skip STEP]...       what CI runs: fmt, layers, clippy, test, doc (stops at the first failure)
+  gpu bundle [--out DIR]    build GPU test/bench/example binaries into DIR (default gpu-bundle/)
+  gpu run [ARGS...]         run gpu-bundle/run.sh ARGS on this (GPU) machine
+  help                      this text";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.split_first() {
+        Some((cmd, rest)) if cmd == "ci" => ci::run(rest).map(|()| 0),
+        Some((cmd, rest)) if cmd == "gpu" => gpu::run(rest),
+        Some((cmd, _)) if matches!(cmd.as_str(), "help" | "-h" | "--help") => {
+            println!("{USAGE}");
+            Ok(0)
+        }
+        _ => Err(format!("unknown or missing command\n{USAGE}")),
+    };
+    match result {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(message) => {
+            eprintln!("xtask: error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,470 @@
+#!/usr/bin/env bash
+# run.sh: runs an rmm-rs GPU bundle (made by `cargo xtask gpu bundle`) on a GPU machine.
+# Needs bash and coreutils only (no Rust). Source: xtask/runner/run.sh in the rmm-rs repo.
+#
+# usage: run.sh [test] [FILTER...]     every bin/* test binary, once per stream mode, with
+#                                      --test-threads=1 FILTER...; last line:
+#                                      "gpu: N passed, M failed, K skipped"
+#        run.sh bench [ARGS...]        every bench/* binary once, with --bench ARGS...
+#        run.sh example NAME [ARGS...] examples/NAME ARGS...
+#        run.sh --self-test            checks this script on fake bundles
+#        run.sh --help
+#
+# environment:
+#   RMM_GPU_MODES       stream modes to test under (default "legacy per-thread"); each run
+#                       exports RMM_DEFAULT_STREAM=<mode>
+#   RMM_GPU_TIMEOUT     seconds one binary may run before it counts as crashed (default 300,
+#                       0 for no limit)
+#   OUT                 if set, the logs of this run are also written to $OUT/gpu-log.txt (all
+#                       logs in one file, each cut in the middle if needed to stay under
+#                       RMM_GPU_LOG_LIMIT bytes, default 15 MiB) and $OUT/gpu-summary.txt
+#   RMM_GPU_NVIDIA_LIB  driver library folder put first on LD_LIBRARY_PATH when it exists
+#                       (default /usr/local/nvidia/lib64)
+#
+# Logs stay in logs/ beside this script: <mode>--<binary>.log, bench--<name>.log,
+# example--<name>.log, summary.txt.
+
+set -uo pipefail
+shopt -s extglob
+
+BUNDLE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+SELF="$BUNDLE/$(basename "${BASH_SOURCE[0]}")"
+LOGS="$BUNDLE/logs"
+TIMEOUT=${RMM_GPU_TIMEOUT:-300}
+RUN_LOGS=() # the logs this invocation wrote, in order
+RC=0        # exit status of the last run_captured
+
+usage() {
+  sed -n '2,/^$/s/^# \{0,1\}//p' "$SELF"
+}
+
+# Puts the driver's libraries first on LD_LIBRARY_PATH, makes logs/ and restores the
+# executables' mode bits in case a copy lost them.
+setup_env() {
+  local lib=${RMM_GPU_NVIDIA_LIB:-/usr/local/nvidia/lib64}
+  if [[ -d $lib ]]; then
+    export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
+  mkdir -p "$LOGS"
+  local f
+  for f in "$BUNDLE"/bin/* "$BUNDLE"/bench/* "$BUNDLE"/examples/*; do
+    [[ -f $f && ! -x $f ]] && chmod +x "$f" 2>/dev/null
+  done
+  return 0
+}
+
+# run_captured LOG CMD...: runs CMD in the bundle folder under the time limit, echoing its
+# output and writing it to LOG; sets RC to its exit status.
+run_captured() {
+  local log=$1
+  shift
+  local -a limit=()
+  if [[ $TIMEOUT != 0 ]] && command -v timeout >/dev/null 2>&1; then
+    limit=(timeout -k 10 "$TIMEOUT")
+  fi
+  (cd "$BUNDLE" && exec "${limit[@]}" "$@") 2>&1 | tee "$log"
+  RC=${PIPESTATUS[0]}
+  RUN_LOGS+=("$log")
+}
+
+# describe_exit STATUS: how a process with that exit status ended, in words.
+describe_exit() {
+  local rc=$1
+  if [[ $rc == 124 && $TIMEOUT != 0 ]]; then
+    echo "timed out after ${TIMEOUT}s"
+  elif ((rc > 128)); then
+    echo "killed by SIG$(kill -l $((rc - 128)) 2>/dev/null || echo $((rc - 128)))"
+  else
+    echo "exit status $rc"
+  fi
+}
+
+# parse_result LOG: sets R_FOUND (0 or 1), R_PASSED, R_FAILED, R_IGNORED from the last
+# "test result: ok|FAILED. N passed; M failed; K ignored; ..." line (libtest and libtest-mimic).
+parse_result() {
+  R_FOUND=0 R_PASSED=0 R_FAILED=0 R_IGNORED=0
+  local line esc=$'\e' cr=$'\r'
+  local re='test result: (ok|FAILED)\. ([0-9]+) passed; ([0-9]+) failed; ([0-9]+) ignored'
+  while IFS= read -r line || [[ -n $line ]]; do
+    [[ $line == *"test result:"* ]] || continue
+    line=${line//"$esc"\[*([0-9;])m/}
+    line=${line//"$cr"/}
+    if [[ $line =~ $re ]]; then
+      R_FOUND=1
+      R_PASSED=$((10#${BASH_REMATCH[2]}))
+      R_FAILED=$((10#${BASH_REMATCH[3]}))
+      R_IGNORED=$((10#${BASH_REMATCH[4]}))
+    fi
+  done <"$1"
+}
+
+# export_out REPORT_FILE: with OUT set, writes $OUT/gpu-log.txt (every log of this run, then the
+# report) within RMM_GPU_LOG_LIMIT bytes of log text, and $OUT/gpu-summary.txt (the report).
+export_out() {
+  [[ -n ${OUT:-} ]] || return 0
+  local report=$1 limit=${RMM_GPU_LOG_LIMIT:-$((15 * 1024 * 1024))}
+  if ! mkdir -p "$OUT"; then
+    echo "run.sh: cannot create OUT=$OUT; logs stay in $LOGS" >&2
+    return 0
+  fi
+  local n=${#RUN_LOGS[@]} i size idx remaining=$limit left
+  local -a sizes=() budgets=()
+  for ((i = 0; i < n; i++)); do
+    sizes[i]=$(wc -c <"${RUN_LOGS[i]}")
+  done
+  # Share the budget out smallest log first: small logs stay whole, big ones get what is left.
+  left=$n
+  while read -r size idx; do
+    [[ -n ${idx:-} ]] || continue
+    local share=$((remaining / left))
+    budgets[idx]=$((size < share ? size : share))
+    remaining=$((remaining - budgets[idx]))
+    left=$((left - 1))
+  done < <(for ((i = 0; i < n; i++)); do echo "${sizes[i]} $i"; done | sort -n)
+  {
+    for ((i = 0; i < n; i++)); do
+      local log=${RUN_LOGS[i]} budget=${budgets[i]:-0}
+      printf '===== %s (%d bytes) =====\n' "${log##*/}" "${sizes[i]}"
+      if ((sizes[i] <= budget)); then
+        cat "$log"
+      else
+        local head=$((budget / 2))
+        head -c "$head" "$log"
+        printf '\n[... run.sh cut %d bytes from the middle of this log; all of it is in logs/%s ...]\n' \
+          $((sizes[i] - budget)) "${log##*/}"
+        tail -c $((budget - head)) "$log"
+      fi
+      printf '\n'
+    done
+    printf '===== summary =====\n'
+    cat "$report"
+  } >"$OUT/gpu-log.txt"
+  cp "$report" "$OUT/gpu-summary.txt"
+}
+
+# run_tests [FILTER...]: every bin/* binary under every mode; prints the table and summary.
+run_tests() {
+  local -a modes bins
+  read -r -a modes <<<"${RMM_GPU_MODES:-legacy per-thread}"
+  local mode
+  for mode in "${modes[@]}"; do
+    if [[ $mode != legacy && $mode != per-thread ]]; then
+      echo "run.sh: unknown stream mode '$mode' in RMM_GPU_MODES (use legacy and/or per-thread)" >&2
+      return 2
+    fi
+  done
+  if ((${#modes[@]} == 0)); then
+    echo "run.sh: RMM_GPU_MODES names no mode" >&2
+    return 2
+  fi
+  shopt -s nullglob
+  bins=("$BUNDLE"/bin/*)
+  shopt -u nullglob
+  if ((${#bins[@]} == 0)); then
+    echo "run.sh: no test binaries in $BUNDLE/bin; build the bundle with cargo xtask gpu bundle" >&2
+    return 1
+  fi
+
+  local passed=0 failed=0 skipped=0 bin name log status
+  local -a rows=() crashed=()
+  for mode in "${modes[@]}"; do
+    for bin in "${bins[@]}"; do
+      name=${bin##*/}
+      log="$LOGS/$mode--$name.log"
+      echo "=== [$mode] $name"
+      run_captured "$log" env RMM_DEFAULT_STREAM="$mode" "$bin" --test-threads=1 "$@"
+      parse_result "$log"
+      if ((R_FOUND)) && ((RC == 0 || R_FAILED > 0)); then
+        ((R_FAILED > 0)) && status=FAILED || status=ok
+      else
+        if ((R_FOUND)); then
+          status="CRASHED after its result line: $(describe_exit "$RC")"
+        elif ((RC != 0)); then
+          status="CRASHED: $(describe_exit "$RC"), no test result line"
+        else
+          status="FAILED: exit status 0 but no test result line"
+        fi
+        R_FAILED=$((R_FAILED + 1))
+        crashed+=("$mode/$name ($status)")
+      fi
+      passed=$((passed + R_PASSED))
+      failed=$((failed + R_FAILED))
+      skipped=$((skipped + R_IGNORED))
+      rows+=("$(printf '%-10s %-44s %5d passed %5d failed %5d skipped  %s' \
+        "$mode" "$name" "$R_PASSED" "$R_FAILED" "$R_IGNORED" "$status")")
+    done
+  done
+
+  local report="$LOGS/summary.txt"
+  {
+    echo "--- per binary and mode ---"
+    printf '%s\n' "${rows[@]}"
+    if ((${#crashed[@]})); then
+      echo "--- did not finish normally ---"
+      printf '%s\n' "${crashed[@]}"
+    fi
+    printf 'gpu: %d passed, %d failed, %d skipped\n' "$passed" "$failed" "$skipped"
+  } >"$report"
+  export_out "$report"
+  echo
+  cat "$report"
+  ((failed == 0 && ${#crashed[@]} == 0))
+}
+
+# run_benches [ARGS...]: every bench/* binary once, with --bench ARGS, default stream legacy.
+run_benches() {
+  local -a bins
+  shopt -s nullglob
+  bins=("$BUNDLE"/bench/*)
+  shopt -u nullglob
+  local report="$LOGS/summary.txt" failed=0 bin name
+  local -a rows=()
+  for bin in "${bins[@]}"; do
+    name=${bin##*/}
+    echo "=== [bench] $name"
+    run_captured "$LOGS/bench--$name.log" env RMM_DEFAULT_STREAM=legacy "$bin" --bench "$@"
+    if ((RC == 0)); then
+      rows+=("bench $name: ok")
+    else
+      failed=$((failed + 1))
+      rows+=("bench $name: FAILED ($(describe_exit "$RC"))")
+    fi
+  done
+  {
+    ((${#bins[@]})) || echo "no bench binaries in bench/"
+    ((${#rows[@]})) && printf '%s\n' "${rows[@]}"
+    printf 'bench: %d ran, %d failed\n' "${#bins[@]}" "$failed"
+  } >"$report"
+  export_out "$report"
+  echo
+  cat "$report"
+  ((failed == 0))
+}
+
+# run_example NAME [ARGS...]: examples/NAME ARGS; returns its exit status.
+run_example() {
+  local name=${1:-}
+  if [[ -z $name || ! -f $BUNDLE/examples/$name ]]; then
+    echo "run.sh: no example '${name}'; examples in this bundle:" >&2
+    (cd "$BUNDLE/examples" 2>/dev/null && ls -1) >&2
+    return 2
+  fi
+  shift
+  local report="$LOGS/summary.txt"
+  run_captured "$LOGS/example--$name.log" "$BUNDLE/examples/$name" "$@"
+  local rc=$RC
+  echo "example $name: $(describe_exit "$rc")" >"$report"
+  export_out "$report"
+  cat "$report"
+  return "$rc"
+}
+
+# ---------------------------------------------------------------------------------------------
+# --self-test: fake bundles with shell "binaries" that print libtest-style lines.
+
+ST_CHECKS=0
+ST_FAILS=0
+
+# expect DESCRIPTION CMD...: one check; CMD must succeed.
+expect() {
+  local desc=$1
+  shift
+  ST_CHECKS=$((ST_CHECKS + 1))
+  if ! "$@"; then
+    ST_FAILS=$((ST_FAILS + 1))
+    echo "self-test: FAILED: $desc"
+  fi
+}
+
+# expect_eq DESCRIPTION ACTUAL EXPECTED
+expect_eq() {
+  expect "$1 (got '$2', want '$3')" test "$2" == "$3"
+}
+
+# file_has FILE TEXT: FILE exists and contains TEXT.
+file_has() {
+  [[ -f $1 ]] && [[ $(<"$1") == *"$2"* ]]
+}
+
+# fake PATH BODY: an executable bash script.
+fake() {
+  mkdir -p "$(dirname "$1")"
+  printf '#!/usr/bin/env bash\n%s\n' "$2" >"$1"
+  chmod +x "$1"
+}
+
+# new_bundle DIR: an empty bundle with a copy of this script.
+new_bundle() {
+  mkdir -p "$1/bin"
+  cp "$SELF" "$1/run.sh"
+}
+
+# st_run NAME ENV... -- ARGS...: runs a fake bundle's run.sh (ARGS start with its path) with a
+# clean environment for our variables; output to $tmp/NAME.txt, status to ST_RC.
+st_run() {
+  local name=$1
+  shift
+  local -a envs=()
+  while [[ $1 != -- ]]; do
+    envs+=("$1")
+    shift
+  done
+  shift
+  env -u RMM_GPU_MODES -u RMM_GPU_TIMEOUT -u RMM_GPU_LOG_LIMIT -u OUT \
+    RMM_GPU_NVIDIA_LIB=/nonexistent "${envs[@]}" bash "$@" >"$tmp/$name.txt" 2>&1
+  ST_RC=$?
+}
+
+self_test() {
+  local tmp
+  tmp=$(mktemp -d) || return 1
+  # shellcheck disable=SC2064 # expand now: tmp is local
+  trap "rm -rf '$tmp'" EXIT
+  local result='test result: ok. 3 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s'
+  local pass_body="echo \"mode=\$RMM_DEFAULT_STREAM args=\$* ld=\${LD_LIBRARY_PATH:-}\"
+echo 'test gpu_alloc ... ok'
+echo '$result'"
+
+  # 1. A mixed bundle: passing, failing, crashing, and aborting after its result line.
+  local b1=$tmp/b1
+  new_bundle "$b1"
+  fake "$b1/bin/pkg-a--pass" "$pass_body"
+  fake "$b1/bin/pkg-a--fail" "echo 'test two ... FAILED'
+printf 'test result: \\033[31mFAILED\\033[0m. 1 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.00s\\r\\n'
+exit 101"
+  fake "$b1/bin/pkg-b--crash" "echo 'running 2 tests'
+ulimit -c 0
+kill -SEGV \$\$"
+  fake "$b1/bin/pkg-b--abort-after" "echo 'test result: ok. 2 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out'
+exit 134"
+  fake "$b1/bench/pkg-a--pool" "echo \"bench args=\$* mode=\$RMM_DEFAULT_STREAM\""
+  fake "$b1/examples/hello" "echo \"hello \$*\"; exit 3"
+  mkdir -p "$tmp/nvlib"
+  st_run mixed OUT="$tmp/out1" RMM_GPU_NVIDIA_LIB="$tmp/nvlib" LD_LIBRARY_PATH=/orig \
+    -- "$b1/run.sh" test --exact myfilter
+  expect_eq "mixed bundle exits 1" "$ST_RC" 1
+  expect_eq "mixed bundle summary" "$(tail -n 1 "$tmp/mixed.txt")" "gpu: 12 passed, 8 failed, 2 skipped"
+  expect "the crash is named with its signal" file_has "$tmp/mixed.txt" "legacy/pkg-b--crash (CRASHED: killed by SIGSEGV"
+  expect "the late abort is named" file_has "$tmp/mixed.txt" "per-thread/pkg-b--abort-after (CRASHED after its result line: killed by SIGABRT"
+  expect "test output is echoed" file_has "$tmp/mixed.txt" "running 2 tests"
+  expect "table row of the failing binary" file_has "$tmp/mixed.txt" \
+    "$(printf '%-10s %-44s %5d passed %5d failed %5d skipped  %s' legacy pkg-a--fail 1 2 0 FAILED)"
+  expect "filters pass through after --test-threads=1" file_has "$b1/logs/legacy--pkg-a--pass.log" \
+    "mode=legacy args=--test-threads=1 --exact myfilter"
+  expect "per-thread mode is exported" file_has "$b1/logs/per-thread--pkg-a--pass.log" "mode=per-thread"
+  expect "driver libraries come first on LD_LIBRARY_PATH" file_has "$b1/logs/legacy--pkg-a--pass.log" \
+    "ld=$tmp/nvlib:/orig"
+  expect "crash log exists" test -f "$b1/logs/per-thread--pkg-b--crash.log"
+  expect "OUT gets the combined log" file_has "$tmp/out1/gpu-log.txt" "===== legacy--pkg-a--fail.log"
+  expect_eq "combined log ends with the summary" "$(tail -n 1 "$tmp/out1/gpu-log.txt")" \
+    "gpu: 12 passed, 8 failed, 2 skipped"
+  expect_eq "OUT gets the summary" "$(tail -n 1 "$tmp/out1/gpu-summary.txt")" \
+    "gpu: 12 passed, 8 failed, 2 skipped"
+  expect_eq "OUT holds two files" "$(ls -A "$tmp/out1" | wc -l)" 2
+
+  # 2. All passing, one mode, default command.
+  local b2=$tmp/b2
+  new_bundle "$b2"
+  fake "$b2/bin/pkg-a--pass" "$pass_body"
+  chmod -x "$b2/bin/pkg-a--pass"
+  st_run pass RMM_GPU_MODES=legacy -- "$b2/run.sh"
+  expect_eq "passing bundle exits 0" "$ST_RC" 0
+  expect_eq "passing bundle summary" "$(tail -n 1 "$tmp/pass.txt")" "gpu: 3 passed, 0 failed, 1 skipped"
+  expect "RMM_GPU_MODES=legacy skips per-thread" test ! -e "$b2/logs/per-thread--pkg-a--pass.log"
+  st_run badmode RMM_GPU_MODES="legacy ptds" -- "$b2/run.sh"
+  expect_eq "unknown mode exits 2" "$ST_RC" 2
+  st_run nobench -- "$b2/run.sh" bench
+  expect_eq "no benches is fine" "$ST_RC" 0
+  expect "no benches is said" file_has "$tmp/nobench.txt" "no bench binaries"
+
+  # 3. A silent binary, a hanging one and a failing bench.
+  local b3=$tmp/b3
+  new_bundle "$b3"
+  fake "$b3/bin/x--silent" "exit 0"
+  fake "$b3/bin/x--hang" "exec sleep 30"
+  fake "$b3/bench/x--bad" "exit 3"
+  st_run hang RMM_GPU_MODES=legacy RMM_GPU_TIMEOUT=1 -- "$b3/run.sh"
+  expect_eq "silent and hanging binaries fail" "$(tail -n 1 "$tmp/hang.txt")" "gpu: 0 passed, 2 failed, 0 skipped"
+  expect_eq "silent and hanging binaries exit 1" "$ST_RC" 1
+  expect "the hang is named" file_has "$tmp/hang.txt" "legacy/x--hang (CRASHED: timed out after 1s"
+  expect "the silent binary is named" file_has "$tmp/hang.txt" "legacy/x--silent (FAILED: exit status 0 but no test result line)"
+  st_run badbench -- "$b3/run.sh" bench
+  expect_eq "failing bench exits 1" "$ST_RC" 1
+  expect_eq "failing bench summary" "$(tail -n 1 "$tmp/badbench.txt")" "bench: 1 ran, 1 failed"
+
+  # 4. Benches, examples and an empty bundle.
+  st_run bench -- "$b1/run.sh" bench --quick
+  expect_eq "bench exits 0" "$ST_RC" 0
+  expect "bench gets --bench ARGS under legacy" file_has "$b1/logs/bench--pkg-a--pool.log" \
+    "bench args=--bench --quick mode=legacy"
+  st_run example -- "$b1/run.sh" example hello a b
+  expect_eq "example's exit status is returned" "$ST_RC" 3
+  expect "example runs with its args" file_has "$tmp/example.txt" "hello a b"
+  st_run noexample -- "$b1/run.sh" example nope
+  expect_eq "missing example exits 2" "$ST_RC" 2
+  local b4=$tmp/b4
+  new_bundle "$b4"
+  st_run empty -- "$b4/run.sh"
+  expect "an empty bundle fails" test "$ST_RC" != 0
+
+  # 5. Log export within a small budget: the big log is cut in the middle, the small one kept.
+  local b5=$tmp/b5
+  new_bundle "$b5"
+  fake "$b5/bin/pkg-a--pass" "$pass_body"
+  fake "$b5/bin/pkg-a--chatty" "for i in \$(seq 1 400); do echo \"line \$i of a long log ....................\"; done
+echo '$result'"
+  st_run cut OUT="$tmp/out5" RMM_GPU_LOG_LIMIT=4000 RMM_GPU_MODES=legacy -- "$b5/run.sh"
+  local out5=$tmp/out5/gpu-log.txt
+  expect_eq "cut bundle summary" "$(tail -n 1 "$tmp/cut.txt")" "gpu: 6 passed, 0 failed, 2 skipped"
+  expect "the combined log stays near its budget" test "$(wc -c <"$out5")" -lt 4600
+  expect "the big log is cut" file_has "$out5" "bytes from the middle of this log"
+  expect "the big log keeps its head" file_has "$out5" "line 1 of a long log"
+  expect "the big log keeps its tail" file_has "$out5" "line 400 of a long log"
+  expect "the small log is whole" file_has "$out5" "mode=legacy args=--test-threads=1 ld="
+  expect "the full log stays in logs/" file_has "$b5/logs/legacy--pkg-a--chatty.log" "line 200 of a long log"
+
+  if ((ST_FAILS > 0)); then
+    local f
+    for f in "$tmp"/*.txt; do
+      printf '\n----- %s -----\n' "${f##*/}"
+      cat "$f"
+    done
+    echo "run.sh self-test: $ST_FAILS of $ST_CHECKS checks failed"
+    return 1
+  fi
+  echo "run.sh self-test: all $ST_CHECKS checks passed"
+}
+
+# ---------------------------------------------------------------------------------------------
+
+main() {
+  case "${1:-test}" in
+  --help | -h | help)
+    usage
+    ;;
+  --self-test)
+    self_test
+    ;;
+  bench)
+    shift
+    setup_env
+    run_benches "$@"
+    ;;
+  example)
+    shift
+    setup_env
+    run_example "$@"
+    ;;
+  test)
+    (($#)) && shift
+    setup_env
+    run_tests "$@"
+    ;;
+  *)
+    setup_env
+    run_tests "$@"
+    ;;
+  esac
+}
+
+main "$@"

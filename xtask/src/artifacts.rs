@@ -1,0 +1,289 @@
+//! Picking the executables of a GPU bundle out of cargo's JSON messages.
+
+use crate::cargo::{self, Error};
+use serde_json::Value;
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+
+/// What an executable in the bundle is for; also its folder in the bundle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Kind {
+    /// A test binary (unit tests of a lib or bin, or an integration test target).
+    Test,
+    /// A bench target.
+    Bench,
+    /// An example.
+    Example,
+}
+
+impl Kind {
+    /// The name written to the manifest.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Kind::Test => "test",
+            Kind::Bench => "bench",
+            Kind::Example => "example",
+        }
+    }
+
+    /// The bundle folder that holds executables of this kind.
+    pub(crate) fn dir(self) -> &'static str {
+        match self {
+            Kind::Test => "bin",
+            Kind::Bench => "bench",
+            Kind::Example => "examples",
+        }
+    }
+}
+
+/// One executable cargo built for a workspace package.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Artifact {
+    /// What it is for.
+    pub(crate) kind: Kind,
+    /// The package name (may contain `-`).
+    pub(crate) package: String,
+    /// The target name (`rmm_sys` for a lib's unit tests, the file stem for tests).
+    pub(crate) target: String,
+    /// Cargo's kind of the target (`lib`, `test`, `bench`, `example`, ...).
+    pub(crate) target_kind: String,
+    /// Where cargo put the executable.
+    pub(crate) executable: PathBuf,
+}
+
+/// Package id → name of the workspace members whose executables go in a bundle (all but xtask).
+pub(crate) fn bundle_packages(metadata: &Value) -> Result<BTreeMap<String, String>, Error> {
+    let mut map = BTreeMap::new();
+    for package in cargo::workspace_packages(metadata)? {
+        let (Some(id), Some(name)) = (
+            package.get("id").and_then(Value::as_str),
+            package.get("name").and_then(Value::as_str),
+        ) else {
+            return Err(format!("metadata package without id or name: {package}"));
+        };
+        if name != "xtask" {
+            map.insert(id.to_owned(), name.to_owned());
+        }
+    }
+    Ok(map)
+}
+
+/// Selects the executables of `kind` among cargo's `compiler-artifact` messages.
+///
+/// Tests are artifacts built in test mode (`profile.test`); benches are bench
+/// targets; examples are example targets. Only packages in `packages`
+/// (see [`bundle_packages`]) count. Each executable is listed once.
+pub(crate) fn select(
+    messages: &[Value],
+    kind: Kind,
+    packages: &BTreeMap<String, String>,
+) -> Vec<Artifact> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for msg in messages {
+        if msg.get("reason").and_then(Value::as_str) != Some("compiler-artifact") {
+            continue;
+        }
+        let Some(executable) = msg.get("executable").and_then(Value::as_str) else {
+            continue;
+        };
+        let Some(package) = msg
+            .get("package_id")
+            .and_then(Value::as_str)
+            .and_then(|id| packages.get(id))
+        else {
+            continue;
+        };
+        let target = &msg["target"];
+        let target_kinds: Vec<&str> = target["kind"]
+            .as_array()
+            .map(|k| k.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let wanted = match kind {
+            Kind::Test => msg["profile"]["test"].as_bool() == Some(true),
+            Kind::Bench => target_kinds.contains(&"bench"),
+            Kind::Example => target_kinds.contains(&"example"),
+        };
+        let Some(target_name) = target["name"].as_str() else {
+            continue;
+        };
+        if wanted && seen.insert(executable.to_owned()) {
+            out.push(Artifact {
+                kind,
+                package: package.clone(),
+                target: target_name.to_owned(),
+                target_kind: target_kinds
+                    .first()
+                    .copied()
+                    .unwrap_or("unknown")
+                    .to_owned(),
+                executable: PathBuf::from(executable),
+            });
+        }
+    }
+    out
+}
+
+/// The file name of each artifact inside its bundle folder, in the same order.
+///
+/// Tests and benches are `<package>--<target>` (with `--<target kind>` added
+/// when a package has two targets of one name, e.g. a lib and a bin);
+/// examples are `<target>` as `run.sh example NAME` expects. A name that is
+/// still taken twice is an error.
+pub(crate) fn file_names(artifacts: &[Artifact]) -> Result<Vec<String>, Error> {
+    let base = |a: &Artifact| match a.kind {
+        Kind::Example => a.target.clone(),
+        Kind::Test | Kind::Bench => format!("{}--{}", a.package, a.target),
+    };
+    let mut names = Vec::with_capacity(artifacts.len());
+    let mut taken = HashSet::new();
+    for a in artifacts {
+        let clashes = artifacts
+            .iter()
+            .filter(|b| b.kind == a.kind && base(b) == base(a))
+            .count()
+            > 1;
+        let name = if clashes && a.kind != Kind::Example {
+            format!("{}--{}", base(a), a.target_kind)
+        } else {
+            base(a)
+        };
+        if !taken.insert((a.kind, name.clone())) {
+            return Err(format!(
+                "two {} executables would both be named `{}/{name}` ({} of package {})",
+                a.kind.as_str(),
+                a.kind.dir(),
+                a.target,
+                a.package
+            ));
+        }
+        names.push(name);
+    }
+    Ok(names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const SYS: &str = "path+file:///ws/crates/rmm-sys#0.1.0";
+    const RS: &str = "path+file:///ws/crates/rmm#rmm-rs@0.1.0";
+    const XTASK: &str = "path+file:///ws/xtask#0.0.0";
+
+    fn metadata() -> Value {
+        json!({
+            "packages": [
+                { "id": SYS, "name": "rmm-sys" },
+                { "id": RS, "name": "rmm-rs" },
+                { "id": XTASK, "name": "xtask" },
+                { "id": "registry+https://x#log@0.4.0", "name": "log" },
+            ],
+            "workspace_members": [SYS, RS, XTASK],
+        })
+    }
+
+    fn artifact(id: &str, kind: &str, name: &str, test: bool, exe: Option<&str>) -> Value {
+        json!({
+            "reason": "compiler-artifact",
+            "package_id": id,
+            "target": { "kind": [kind], "name": name },
+            "profile": { "test": test },
+            "executable": exe,
+        })
+    }
+
+    fn messages() -> Vec<Value> {
+        vec![
+            json!({ "reason": "compiler-message", "package_id": SYS }),
+            artifact(SYS, "lib", "rmm_sys", false, None),
+            artifact(SYS, "lib", "rmm_sys", true, Some("/t/gpu/deps/rmm_sys-1")),
+            artifact(
+                SYS,
+                "test",
+                "gpu_driver",
+                true,
+                Some("/t/gpu/deps/gpu_driver-2"),
+            ),
+            artifact(
+                SYS,
+                "example",
+                "probe",
+                false,
+                Some("/t/gpu/examples/probe"),
+            ),
+            artifact(SYS, "custom-build", "build-script-build", false, None),
+            artifact(RS, "lib", "rmm", true, Some("/t/gpu/deps/rmm-3")),
+            artifact(RS, "bench", "pool", true, Some("/t/gpu/deps/pool-4")),
+            artifact(XTASK, "bin", "xtask", true, Some("/t/gpu/deps/xtask-5")),
+            artifact(RS, "lib", "rmm", true, Some("/t/gpu/deps/rmm-3")),
+            json!({ "reason": "build-finished", "success": true }),
+        ]
+    }
+
+    fn names(kind: Kind) -> Vec<String> {
+        let selected = select(&messages(), kind, &bundle_packages(&metadata()).unwrap());
+        file_names(&selected).unwrap()
+    }
+
+    #[test]
+    fn bundle_packages_are_members_but_xtask() {
+        let map = bundle_packages(&metadata()).unwrap();
+        assert_eq!(map.values().collect::<Vec<_>>(), vec!["rmm-rs", "rmm-sys"]);
+        assert!(bundle_packages(&json!({ "packages": [] })).is_err());
+    }
+
+    #[test]
+    fn tests_are_test_mode_executables_of_bundle_packages_once() {
+        assert_eq!(
+            names(Kind::Test),
+            vec![
+                "rmm-sys--rmm_sys",
+                "rmm-sys--gpu_driver",
+                "rmm-rs--rmm",
+                "rmm-rs--pool"
+            ]
+        );
+        let tests = select(
+            &messages(),
+            Kind::Test,
+            &bundle_packages(&metadata()).unwrap(),
+        );
+        assert_eq!(
+            tests[1].executable,
+            PathBuf::from("/t/gpu/deps/gpu_driver-2")
+        );
+        assert_eq!(tests[1].target_kind, "test");
+    }
+
+    #[test]
+    fn benches_and_examples_are_picked_by_target_kind() {
+        assert_eq!(names(Kind::Bench), vec!["rmm-rs--pool"]);
+        assert_eq!(names(Kind::Example), vec!["probe"]);
+    }
+
+    #[test]
+    fn same_target_name_twice_in_a_package_gets_the_target_kind() {
+        let msgs = vec![
+            artifact(SYS, "lib", "tool", true, Some("/a")),
+            artifact(SYS, "bin", "tool", true, Some("/b")),
+        ];
+        let packages = bundle_packages(&metadata()).unwrap();
+        let selected = select(&msgs, Kind::Test, &packages);
+        assert_eq!(
+            file_names(&selected).unwrap(),
+            vec!["rmm-sys--tool--lib", "rmm-sys--tool--bin"]
+        );
+    }
+
+    #[test]
+    fn clashing_example_names_are_an_error() {
+        let msgs = vec![
+            artifact(SYS, "example", "demo", false, Some("/a")),
+            artifact(RS, "example", "demo", false, Some("/b")),
+        ];
+        let packages = bundle_packages(&metadata()).unwrap();
+        let err = file_names(&select(&msgs, Kind::Example, &packages)).unwrap_err();
+        assert!(err.contains("examples/demo"), "{err}");
+    }
+}

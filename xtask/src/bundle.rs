@@ -1,0 +1,254 @@
+//! `cargo xtask gpu bundle`: builds the GPU test, bench and example executables
+//! and lays them out with the runner in a folder that travels to a GPU machine.
+
+use crate::artifacts::{self, Artifact, Kind};
+use crate::cargo::{self, Error};
+use crate::runner;
+use serde_json::{json, Value};
+use std::fs;
+use std::path::Path;
+
+/// The most a bundle may weigh: the GPU machine takes 64 MiB of working tree in all.
+pub(crate) const MAX_BUNDLE_BYTES: u64 = 60 * 1024 * 1024;
+
+/// Bundle paths this command owns; they are removed before a new bundle is written.
+const OWNED: &[&str] = &[
+    "bin",
+    "bench",
+    "examples",
+    "logs",
+    "manifest.json",
+    "run.sh",
+    "README.txt",
+];
+
+/// One line of `manifest.json`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Entry {
+    /// What the executable is for.
+    pub(crate) kind: Kind,
+    /// Its package.
+    pub(crate) package: String,
+    /// Its target.
+    pub(crate) target: String,
+    /// Its path inside the bundle, `/`-separated.
+    pub(crate) path: String,
+    /// Its size.
+    pub(crate) bytes: u64,
+}
+
+impl Entry {
+    /// The entry as written to `manifest.json`.
+    pub(crate) fn to_json(&self) -> Value {
+        json!({
+            "kind": self.kind.as_str(),
+            "package": self.package,
+            "target": self.target,
+            "path": self.path,
+            "bytes": self.bytes,
+        })
+    }
+}
+
+/// Builds everything and writes the bundle to `out`.
+pub(crate) fn build(out: &Path) -> Result<(), Error> {
+    let packages = artifacts::bundle_packages(&cargo::metadata()?)?;
+    let common = ["--workspace", "--all-features", "--profile", "gpu"];
+    let json = "--message-format=json";
+
+    println!("==> building test binaries (profile gpu)");
+    let tests = cargo::json_messages(&mut cargo::cargo(
+        ["test"].iter().chain(&common).chain(&["--no-run", json]),
+    ))?;
+    println!("==> building bench binaries (profile gpu)");
+    let benches = cargo::json_messages(&mut cargo::cargo(
+        ["bench"].iter().chain(&common).chain(&["--no-run", json]),
+    ))?;
+    println!("==> building examples (profile gpu)");
+    let examples = cargo::json_messages(&mut cargo::cargo(
+        ["build"].iter().chain(&common).chain(&["--examples", json]),
+    ))?;
+
+    prepare(out)?;
+    let mut entries = Vec::new();
+    for (messages, kind) in [
+        (&tests, Kind::Test),
+        (&benches, Kind::Bench),
+        (&examples, Kind::Example),
+    ] {
+        let selected = artifacts::select(messages, kind, &packages);
+        entries.extend(copy_all(out, &selected)?);
+    }
+    entries.sort_by(|a, b| (a.kind, &a.path).cmp(&(b.kind, &b.path)));
+
+    let manifest = Value::Array(entries.iter().map(Entry::to_json).collect());
+    let manifest = serde_json::to_string_pretty(&manifest).map_err(|e| e.to_string())? + "\n";
+    write(&out.join("manifest.json"), manifest.as_bytes())?;
+    write(&out.join("run.sh"), runner::RUN_SH.as_bytes())?;
+    make_executable(&out.join("run.sh"))?;
+    write(&out.join("README.txt"), runner::README_TXT.as_bytes())?;
+
+    let total = entries.iter().map(|e| e.bytes).sum::<u64>()
+        + (manifest.len() + runner::RUN_SH.len() + runner::README_TXT.len()) as u64;
+    for kind in [Kind::Test, Kind::Bench, Kind::Example] {
+        let of_kind: Vec<&Entry> = entries.iter().filter(|e| e.kind == kind).collect();
+        let bytes: u64 = of_kind.iter().map(|e| e.bytes).sum();
+        println!(
+            "{:<8} {:>3} executable(s) in {}/, {}",
+            kind.as_str(),
+            of_kind.len(),
+            kind.dir(),
+            mib(bytes)
+        );
+    }
+    println!("bundle: {} in {}", mib(total), out.display());
+    check_size(total)?;
+    println!(
+        "run it on a GPU machine with: bash {}/run.sh",
+        out.display()
+    );
+    Ok(())
+}
+
+/// An error when a bundle of `total` bytes is too large to travel.
+pub(crate) fn check_size(total: u64) -> Result<(), Error> {
+    if total > MAX_BUNDLE_BYTES {
+        return Err(format!(
+            "the bundle is {}, over the {} limit (the GPU machine accepts 64 MiB of working tree in all)",
+            mib(total),
+            mib(MAX_BUNDLE_BYTES)
+        ));
+    }
+    Ok(())
+}
+
+/// Bytes as MiB with one decimal.
+pub(crate) fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+/// Creates `out` and removes what an earlier bundle left in it (only the paths we own).
+fn prepare(out: &Path) -> Result<(), Error> {
+    for name in OWNED {
+        let path = out.join(name);
+        let result = if path.is_dir() {
+            fs::remove_dir_all(&path)
+        } else if path.exists() {
+            fs::remove_file(&path)
+        } else {
+            Ok(())
+        };
+        result.map_err(|e| format!("cannot remove {}: {e}", path.display()))?;
+    }
+    fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))
+}
+
+/// Copies the artifacts into their bundle folder and returns their manifest entries.
+fn copy_all(out: &Path, selected: &[Artifact]) -> Result<Vec<Entry>, Error> {
+    let names = artifacts::file_names(selected)?;
+    let mut entries = Vec::new();
+    for (artifact, name) in selected.iter().zip(names) {
+        let dir = out.join(artifact.kind.dir());
+        fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let dest = dir.join(&name);
+        let bytes = fs::copy(&artifact.executable, &dest).map_err(|e| {
+            format!(
+                "cannot copy {} to {}: {e}",
+                artifact.executable.display(),
+                dest.display()
+            )
+        })?;
+        make_executable(&dest)?;
+        entries.push(Entry {
+            kind: artifact.kind,
+            package: artifact.package.clone(),
+            target: artifact.target.clone(),
+            path: format!("{}/{name}", artifact.kind.dir()),
+            bytes,
+        });
+    }
+    Ok(entries)
+}
+
+/// Writes a file, naming it in the error.
+fn write(path: &Path, contents: &[u8]) -> Result<(), Error> {
+    fs::write(path, contents).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// Sets mode 0755 where the platform has modes.
+fn make_executable(path: &Path) -> Result<(), Error> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(path, fs::Permissions::from_mode(0o755))
+            .map_err(|e| format!("cannot make {} executable: {e}", path.display()))?;
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_limit_is_60_mib() {
+        assert!(check_size(MAX_BUNDLE_BYTES).is_ok());
+        let err = check_size(MAX_BUNDLE_BYTES + 1).unwrap_err();
+        assert!(err.contains("over the 60.0 MiB limit"), "{err}");
+        assert_eq!(mib(3 * 1024 * 1024 / 2), "1.5 MiB");
+    }
+
+    #[test]
+    fn manifest_entry_has_the_documented_fields() {
+        let entry = Entry {
+            kind: Kind::Bench,
+            package: "rmm-mr".into(),
+            target: "pool".into(),
+            path: "bench/rmm-mr--pool".into(),
+            bytes: 42,
+        };
+        assert_eq!(
+            entry.to_json(),
+            json!({
+                "kind": "bench",
+                "package": "rmm-mr",
+                "target": "pool",
+                "path": "bench/rmm-mr--pool",
+                "bytes": 42,
+            })
+        );
+    }
+
+    #[test]
+    fn prepare_removes_only_owned_paths_and_copy_all_lays_out_files() {
+        let dir = std::env::temp_dir().join(format!("xtask-bundle-test-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("bin")).unwrap();
+        fs::write(dir.join("bin/stale"), b"old").unwrap();
+        fs::write(dir.join("keep.txt"), b"mine").unwrap();
+        prepare(&dir).unwrap();
+        assert!(!dir.join("bin").exists());
+        assert!(dir.join("keep.txt").exists());
+
+        let exe = dir.join("built-exe");
+        fs::write(&exe, b"#!/bin/sh\n").unwrap();
+        let artifact = Artifact {
+            kind: Kind::Test,
+            package: "rmm-sys".into(),
+            target: "rmm_sys".into(),
+            target_kind: "lib".into(),
+            executable: exe,
+        };
+        let entries = copy_all(&dir, &[artifact]).unwrap();
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].path, "bin/rmm-sys--rmm_sys");
+        assert_eq!(entries[0].bytes, 10);
+        assert_eq!(
+            fs::read(dir.join("bin/rmm-sys--rmm_sys")).unwrap(),
+            b"#!/bin/sh\n"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,128 @@
+//! `cargo xtask ci`: everything CI runs, in order, stopping at the first failure.
+
+use crate::cargo::{self, Error};
+use crate::layers;
+use std::process::Command;
+
+/// The steps, in the order they run: (name, what it does).
+pub(crate) const STEPS: &[(&str, &str)] = &[
+    ("fmt", "cargo fmt --all -- --check"),
+    ("layers", "layering check on cargo metadata"),
+    (
+        "clippy",
+        "cargo clippy --workspace --all-targets --all-features -- -D warnings",
+    ),
+    ("test", "cargo test --workspace --all-features"),
+    (
+        "doc",
+        "RUSTDOCFLAGS='-D warnings' cargo doc --workspace --no-deps --all-features",
+    ),
+];
+
+/// Parses `ci` arguments (`--skip STEP`, repeatable) and runs the steps.
+pub(crate) fn run(args: &[String]) -> Result<(), Error> {
+    let skipped = parse_skips(args)?;
+    for (name, title) in STEPS {
+        if skipped.iter().any(|s| s == name) {
+            println!("==> [{name}] skipped");
+            continue;
+        }
+        println!("==> [{name}] {title}");
+        run_step(name).map_err(|e| format!("step `{name}` failed: {e}"))?;
+    }
+    println!("xtask ci: all steps passed");
+    Ok(())
+}
+
+/// The step names given with `--skip`, each checked against [`STEPS`].
+fn parse_skips(args: &[String]) -> Result<Vec<String>, Error> {
+    let mut skipped = Vec::new();
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        let step = match arg.as_str() {
+            "--skip" => iter.next().ok_or("--skip needs a step name")?.as_str(),
+            other => other
+                .strip_prefix("--skip=")
+                .ok_or_else(|| format!("unknown argument to `ci`: {other}"))?,
+        };
+        if !STEPS.iter().any(|(name, _)| *name == step) {
+            let names: Vec<&str> = STEPS.iter().map(|(n, _)| *n).collect();
+            return Err(format!(
+                "unknown step `{step}` (steps: {})",
+                names.join(", ")
+            ));
+        }
+        skipped.push(step.to_owned());
+    }
+    Ok(skipped)
+}
+
+/// Runs one step by name.
+fn run_step(name: &str) -> Result<(), Error> {
+    match name {
+        "fmt" => cargo::run_status(&mut cargo::cargo(["fmt", "--all", "--", "--check"])),
+        "layers" => check_layers(),
+        "clippy" => cargo::run_status(&mut cargo::cargo([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--all-features",
+            "--",
+            "-D",
+            "warnings",
+        ])),
+        "test" => cargo::run_status(&mut cargo::cargo(["test", "--workspace", "--all-features"])),
+        "doc" => {
+            let mut cmd: Command =
+                cargo::cargo(["doc", "--workspace", "--no-deps", "--all-features"]);
+            cmd.env("RUSTDOCFLAGS", "-D warnings");
+            cargo::run_status(&mut cmd)
+        }
+        other => Err(format!("no such step `{other}`")),
+    }
+}
+
+/// The layering step: reads the metadata and reports every violation.
+fn check_layers() -> Result<(), Error> {
+    let report = layers::check(&cargo::metadata()?)?;
+    if report.violations.is_empty() {
+        println!(
+            "layers: ok ({} layers, {} workspace dependency edges checked): {}",
+            layers::LAYERS.len(),
+            report.edges_checked,
+            layers::LAYERS.join(" < ")
+        );
+        return Ok(());
+    }
+    for violation in &report.violations {
+        eprintln!("layering violation: {violation}");
+    }
+    Err(format!(
+        "{} layering violation(s); the order is {}",
+        report.violations.len(),
+        layers::LAYERS.join(" < ")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn skips_are_parsed_and_checked() {
+        assert_eq!(parse_skips(&[]).unwrap(), Vec::<String>::new());
+        assert_eq!(
+            parse_skips(&args(&["--skip", "doc", "--skip=fmt"])).unwrap(),
+            args(&["doc", "fmt"])
+        );
+        assert!(parse_skips(&args(&["--skip"])).is_err());
+        assert!(parse_skips(&args(&["--skip", "lint"]))
+            .unwrap_err()
+            .contains("unknown step `lint`"));
+        assert!(parse_skips(&args(&["--fast"])).is_err());
+    }
+}

@@ -1,0 +1,71 @@
+//! The runner script that travels in a GPU bundle, and `cargo xtask gpu run`.
+
+use crate::cargo::{self, Error};
+use std::path::Path;
+use std::process::Command;
+
+/// `run.sh`, copied into every bundle (source: `xtask/runner/run.sh`).
+pub(crate) const RUN_SH: &str = include_str!("../runner/run.sh");
+
+/// `README.txt`, copied into every bundle (source: `xtask/runner/README.txt`).
+pub(crate) const README_TXT: &str = include_str!("../runner/README.txt");
+
+/// Runs `bash <bundle>/run.sh ARGS` in the foreground and returns its exit code.
+pub(crate) fn run(bundle: &Path, args: &[String]) -> Result<i32, Error> {
+    let script = bundle.join("run.sh");
+    if !script.is_file() {
+        return Err(format!(
+            "{} does not exist; build the bundle first with `cargo xtask gpu bundle`",
+            script.display()
+        ));
+    }
+    let mut cmd = Command::new("bash");
+    cmd.arg(&script).args(args);
+    let status = cmd
+        .status()
+        .map_err(|e| format!("cannot start `{}`: {e}", cargo::describe(&cmd)))?;
+    Ok(status.code().unwrap_or(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `run.sh --self-test` builds fake bundles (passing, failing and crashing
+    /// binaries) and checks the runner's arithmetic, exit codes and log export.
+    #[test]
+    fn runner_self_test_passes() {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("runner/run.sh");
+        let output = Command::new("bash")
+            .arg(&script)
+            .arg("--self-test")
+            .output()
+            .expect("bash runs");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success(),
+            "run.sh --self-test failed:\n{stdout}\n{stderr}"
+        );
+        let last = stdout.lines().last().unwrap_or_default();
+        let checks: u32 = last
+            .strip_prefix("run.sh self-test: all ")
+            .and_then(|rest| rest.strip_suffix(" checks passed"))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected last line: {last:?}\n{stdout}"));
+        assert!(checks >= 20, "only {checks} checks ran");
+    }
+
+    #[test]
+    fn bundled_script_is_the_runner_source() {
+        assert!(RUN_SH.starts_with("#!/usr/bin/env bash\n"));
+        assert!(RUN_SH.contains("gpu: %d passed, %d failed, %d skipped"));
+        assert!(README_TXT.contains("run.sh"));
+    }
+
+    #[test]
+    fn running_a_missing_bundle_is_an_error() {
+        let err = run(Path::new("/nonexistent/gpu-bundle"), &[]).unwrap_err();
+        assert!(err.contains("cargo xtask gpu bundle"), "{err}");
+    }
+}
