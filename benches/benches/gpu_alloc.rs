@@ -1,0 +1,217 @@
+//! GPU allocation benchmarks (`cargo xtask gpu bundle`, then `run.sh bench` on the GPU machine).
+//!
+//! 1. Wrapper overhead: `CudaAsyncMemoryResource` against raw `cuMemAllocFromPoolAsync` /
+//!    `cuMemFreeAsync` on the same pool.
+//! 2. Random traces replayed by every resource with 1, 4 and 16 threads, each thread on its own
+//!    stream replaying its own copy: (a) sizes 1 B-4 MiB, about 1,000 live; (b) 1 B-64 KiB,
+//!    about 2,000 live. Per-operation cost = wall time / (operations x threads); every figure is
+//!    also given as a ratio to the driver pool measured in the same run.
+//!
+//! Arguments: `--ops N` (default 100000), `--reps N` (default 3), `--threads 1,4,16`,
+//! `--only NAME[,NAME]` (resources), `--quick` (10,000 ops, 1 rep). Without a GPU it prints one
+//! line and exits successfully (a benchmark, not a test).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use rmm_benches::{median, replay_threads, Trace};
+use rmm_mr::{
+    CudaAsyncMemoryResource, CudaMemoryResource, DeviceMemoryResource, MrResult, SharedResource,
+};
+use rmm_stream::CudaStream;
+use rmm_sys::mempool;
+
+const MIB: usize = 1 << 20;
+const KIB: usize = 1 << 10;
+
+struct Args {
+    ops: usize,
+    reps: usize,
+    threads: Vec<usize>,
+    only: Option<Vec<String>>,
+}
+
+fn parse_args() -> Args {
+    let mut a = Args {
+        ops: 100_000,
+        reps: 3,
+        threads: vec![1, 4, 16],
+        only: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--ops" => a.ops = it.next().and_then(|v| v.parse().ok()).unwrap_or(a.ops),
+            "--reps" => a.reps = it.next().and_then(|v| v.parse().ok()).unwrap_or(a.reps),
+            "--threads" => {
+                if let Some(v) = it.next() {
+                    a.threads = v.split(',').filter_map(|t| t.parse().ok()).collect();
+                }
+            }
+            "--only" => a.only = it.next().map(|v| v.split(',').map(str::to_owned).collect()),
+            "--quick" => {
+                a.ops = 10_000;
+                a.reps = 1;
+            }
+            _ => {} // `--bench` and cargo's other flags
+        }
+    }
+    a
+}
+
+type Factory = Box<dyn Fn(&TraceSpec) -> MrResult<SharedResource>>;
+
+struct TraceSpec {
+    name: &'static str,
+    max_size: usize,
+    live: usize,
+}
+
+/// The resources under test, by name. `driver_pool` is the baseline.
+fn factories() -> Vec<(&'static str, Factory, bool)> {
+    // (name, factory, multithreaded)
+    vec![
+        (
+            "driver_pool",
+            Box::new(|_: &TraceSpec| {
+                Ok(Arc::new(CudaAsyncMemoryResource::new()?) as SharedResource)
+            }),
+            true,
+        ),
+        (
+            "cuda",
+            Box::new(|_: &TraceSpec| Ok(Arc::new(CudaMemoryResource::new()) as SharedResource)),
+            false,
+        ),
+    ]
+}
+
+fn overhead(reps: usize) -> MrResult<()> {
+    let mr = CudaAsyncMemoryResource::new()?;
+    let pool = mr.pool_handle();
+    let stream = CudaStream::non_blocking()?;
+    let raw_stream = stream.value();
+    let view = stream.view();
+    let n = 100_000;
+    let size = MIB;
+    // Warm the pool.
+    let p = mr.allocate(view, size, 256)?;
+    // SAFETY: `p` came from `mr`.
+    unsafe { mr.deallocate(view, p, size, 256)? };
+    view.synchronize()?;
+    let mut raw = Vec::new();
+    let mut wrapped = Vec::new();
+    for _ in 0..reps.max(5) {
+        let t = Instant::now();
+        for _ in 0..n {
+            // SAFETY: the stream and the pool are live; each pointer is freed once, at once.
+            unsafe {
+                let p = mempool::mem_alloc_from_pool_async(size, pool, raw_stream)?;
+                mempool::mem_free_async(p, raw_stream)?;
+            }
+        }
+        view.synchronize()?;
+        raw.push(t.elapsed().as_nanos() as f64 / n as f64);
+        let t = Instant::now();
+        for _ in 0..n {
+            let p = mr.allocate(view, size, 256)?;
+            // SAFETY: `p` came from `mr`, freed once.
+            unsafe { mr.deallocate(view, p, size, 256)? };
+        }
+        view.synchronize()?;
+        wrapped.push(t.elapsed().as_nanos() as f64 / n as f64);
+    }
+    let (r, w) = (median(&mut raw), median(&mut wrapped));
+    println!("\n## Wrapper overhead: allocate+free pairs of 1 MiB on one stream (median of {} runs of {n})\n", raw.len());
+    println!("| path | ns per pair | ratio |");
+    println!("|---|---:|---:|");
+    println!("| raw cuMemAllocFromPoolAsync + cuMemFreeAsync | {r:.0} | 1.000 |");
+    println!("| CudaAsyncMemoryResource | {w:.0} | {:.3} |", w / r);
+    Ok(())
+}
+
+fn main() {
+    let args = parse_args();
+    if let Some(why) = rmm_sys::gpu_unavailable_reason() {
+        println!("gpu bench: skipped ({why})");
+        return;
+    }
+    if let Err(e) = run(&args) {
+        eprintln!("gpu bench failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: &Args) -> MrResult<()> {
+    let dev = rmm_sys::current_device()?;
+    let name = rmm_sys::device_name(dev)?;
+    let version = rmm_sys::driver_version()?;
+    println!("# rmm-rs GPU allocation benchmark\n\ndevice: {name}; driver CUDA {version}; ops per trace: {}; reps: {}", args.ops, args.reps);
+    overhead(args.reps)?;
+    let specs = [
+        TraceSpec {
+            name: "a: 1 B-4 MiB, ~1000 live",
+            max_size: 4 * MIB,
+            live: 1000,
+        },
+        TraceSpec {
+            name: "b: 1 B-64 KiB, ~2000 live",
+            max_size: 64 * KIB,
+            live: 2000,
+        },
+    ];
+    for spec in &specs {
+        let trace = Trace::random(args.ops, 1, spec.max_size, spec.live, 0xbe_2c4);
+        let peak = trace.peak_bytes();
+        println!(
+            "\n## Trace {} (peak {:.2} GiB per thread)\n",
+            spec.name,
+            peak as f64 / (1u64 << 30) as f64
+        );
+        let mut table: BTreeMap<usize, Vec<(String, f64)>> = BTreeMap::new();
+        for (rname, factory, mt) in factories() {
+            if let Some(only) = &args.only {
+                if rname != "driver_pool" && !only.iter().any(|o| o == rname) {
+                    continue;
+                }
+            }
+            for &threads in &args.threads {
+                if threads > 1 && !mt {
+                    continue;
+                }
+                let (free, _) = rmm_sys::available_device_memory()?;
+                if peak.saturating_mul(threads) > free / 10 * 6 {
+                    println!(
+                        "(skipped {rname} x{threads}: needs {} MiB, {} MiB free)",
+                        peak * threads / MIB,
+                        free / MIB
+                    );
+                    continue;
+                }
+                let mut samples = Vec::new();
+                for _ in 0..args.reps {
+                    let mr = factory(spec)?;
+                    // One untimed warm-up pass so pools have grown, as in steady state.
+                    replay_threads(&*mr, &trace, threads)?;
+                    let wall = replay_threads(&*mr, &trace, threads)?;
+                    samples.push(wall.as_nanos() as f64 / (trace.ops.len() * threads) as f64);
+                }
+                table
+                    .entry(threads)
+                    .or_default()
+                    .push((rname.to_owned(), median(&mut samples)));
+            }
+        }
+        println!("| threads | resource | ns per op (median) | ratio to driver_pool |");
+        println!("|---:|---|---:|---:|");
+        for (threads, rows) in &table {
+            let base = rows.iter().find(|(n, _)| n == "driver_pool").map(|r| r.1);
+            for (n, v) in rows {
+                let ratio = base.map_or("n/a".to_owned(), |b| format!("{:.2}", v / b));
+                println!("| {threads} | {n} | {v:.0} | {ratio} |");
+            }
+        }
+    }
+    Ok(())
+}
