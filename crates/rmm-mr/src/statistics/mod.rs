@@ -1,1 +1,8 @@
-//! (filled in by later work)
+//! The pure half of RMM's `statistics_resource_adaptor`: byte and allocation counters with
+//! nested push/pop frames and a lock-free recording path. See [`StatisticsCounters`].
+
+mod counter;
+mod counters;
+
+pub use counter::Counter;
+pub use counters::{StatisticsCounters, StatsError};

@@ -1,1 +1,10 @@
-//! (filled in by later work)
+//! The pure half of RMM's `tracking_resource_adaptor`: which allocations are outstanding,
+//! their byte sum and optional allocation stacks, and detection of wrong frees (untracked,
+//! double, wrong size). See [`TrackingRegistry`].
+
+mod error;
+mod registry;
+mod shard;
+
+pub use error::{TrackingError, TrackingErrorRecord};
+pub use registry::{OutstandingAllocation, TrackingConfig, TrackingRegistry};
