@@ -1,1 +1,45 @@
-//! placeholder
+//! # rmm: the RAPIDS Memory Manager for Rust
+//!
+//! One interface for allocating GPU (and pinned or managed host) memory, many implementations
+//! of it (pools, arenas, bins, the CUDA driver's own pool), composable adaptors (statistics,
+//! logging, limits), and containers that free on the right stream and device. This crate is
+//! the facade over the layers of rmm-rs; users write `use rmm::...` (or `use rmm::prelude::*`).
+//!
+//! **Contract.**
+//! - Stream ordering is the caller's: an allocation made on a stream is usable on that stream;
+//!   handing memory to another stream needs an event ([`CudaEvent`]). Sub-allocators keep the
+//!   promise across their own free lists.
+//! - Every resource, adaptor and stream type is `Send + Sync`; containers are `Send`.
+//! - Resources are shared, reference-counted values: whatever allocates keeps its resource
+//!   alive, so nothing can dangle (unlike RMM's non-owning references).
+//! - No GPU or driver is an `Err`, never a panic; out-of-memory is a distinct error kind.
+//!
+//! | layer | module here | what |
+//! |---|---|---|
+//! | `rmm-sys` | [`sys`] | raw CUDA driver API (through cudarc), errors, devices, contexts |
+//! | `rmm-stream` | [`stream`] | streams, events, stream pools, the default-stream mode |
+//! | `rmm-mr` | [`mr`] | the memory-resource trait, resources, adaptors, the per-device registry |
+//! | `rmm-containers` | [`containers`] | device buffers, vectors, scalars |
+
+pub use rmm_containers as containers;
+pub use rmm_mr as mr;
+pub use rmm_stream as stream;
+pub use rmm_sys as sys;
+
+pub use rmm_mr::{
+    current_device_resource, per_device_resource, reset_current_device_resource,
+    reset_per_device_resource, set_current_device_resource, set_per_device_resource,
+    DeviceMemoryResource, MrError, MrResult, SharedResource,
+};
+pub use rmm_stream::{CudaEvent, CudaStream, CudaStreamPool, CudaStreamView};
+pub use rmm_sys::{CudaError, DeviceId, DevicePtr};
+
+/// The names most programs need.
+pub mod prelude {
+    pub use rmm_mr::{
+        CudaAsyncMemoryResource, CudaMemoryResource, DeviceMemoryResource,
+        LimitingResourceAdaptor, ManagedMemoryResource, MrError, SharedResource,
+    };
+    pub use rmm_stream::{CudaStream, CudaStreamView};
+    pub use rmm_sys::{DeviceId, DevicePtr};
+}
