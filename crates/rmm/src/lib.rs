@@ -21,6 +21,8 @@
 //! | `rmm-mr` | [`mr`] | the memory-resource trait, resources, adaptors, the per-device registry |
 //! | `rmm-containers` | [`containers`] | device buffers, vectors, scalars |
 
+pub mod size;
+
 pub use rmm_containers as containers;
 pub use rmm_mr as mr;
 pub use rmm_stream as stream;
@@ -33,6 +35,7 @@ pub use rmm_mr::{
 };
 pub use rmm_stream::{CudaEvent, CudaStream, CudaStreamPool, CudaStreamView};
 pub use rmm_sys::{CudaError, DeviceId, DevicePtr};
+pub use size::ByteSize;
 
 /// The names most programs need.
 pub mod prelude {
