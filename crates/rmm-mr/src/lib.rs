@@ -37,8 +37,11 @@ pub mod statistics;
 pub mod testing;
 pub mod tracking;
 
+pub use binning::BinningMemoryResource;
 pub use error::{InvalidFree, MrError, MrResult};
+pub use fixed_size::FixedSizeMemoryResource;
 pub use limiting::LimitingResourceAdaptor;
+pub use pool::PoolMemoryResource;
 pub use prefetch::{prefetch, PrefetchTarget};
 pub use registry::{
     current_device_resource, per_device_resource, reset_current_device_resource,
@@ -75,5 +78,11 @@ mod send_sync {
         assert_send_sync::<LimitingResourceAdaptor>();
         assert_send_sync::<LimitingResourceAdaptor<CudaMemoryResource>>();
         assert_send_sync::<testing::HostMockResource>();
+        assert_send_sync::<PoolMemoryResource>();
+        assert_send_sync::<PoolMemoryResource<CudaMemoryResource>>();
+        assert_send_sync::<FixedSizeMemoryResource>();
+        assert_send_sync::<FixedSizeMemoryResource<CudaMemoryResource>>();
+        assert_send_sync::<BinningMemoryResource>();
+        assert_send_sync::<BinningMemoryResource<CudaMemoryResource>>();
     };
 }

@@ -1,7 +1,10 @@
-//! Pure bookkeeping of the binning resource (RMM's `binning_memory_resource`), no CUDA calls.
+//! The binning resource (RMM's `binning_memory_resource`) and its pure bookkeeping.
 //!
-//! - [`table`]: the ordered bin table that routes a request to the smallest bin that fits.
-//!
-//! The table is generic over its payload; the CUDA-aware resource stores resource handles in it.
+//! - [`table`] (pure bookkeeping, no CUDA calls): the ordered bin table that routes a request
+//!   to the smallest bin that fits. It is generic over its payload.
+//! - [`BinningMemoryResource`]: the resource, storing resource handles in the table.
 
+mod resource;
 pub mod table;
+
+pub use resource::BinningMemoryResource;

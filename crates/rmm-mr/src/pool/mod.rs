@@ -1,11 +1,23 @@
-//! Pure bookkeeping of the pool resource (RMM's `pool_memory_resource`), no CUDA calls.
+//! The pool resource (RMM's `pool_memory_resource`) and its pure bookkeeping.
+//!
+//! Pure bookkeeping, no CUDA calls:
 //!
 //! - [`free_list`]: the coalescing best-fit free list (O(log n) insert, best fit and release,
 //!   where RMM's address-ordered `std::list` is linear).
 //! - [`growth`]: the pool growth policy (`size_to_grow`, the halving retry, the size checks and
 //!   the out-of-memory messages).
 //!
-//! Addresses are plain `u64` and sizes `usize`; the CUDA-aware resource wraps these types.
+//! Addresses there are plain `u64` and sizes `usize`. The CUDA-aware part:
+//!
+//! - [`PoolMemoryResource`], built on the stream-ordered core it shares with the fixed-size
+//!   resource (`stream_ordered`: per-stream lists, stealing, merging, growth, the handed-out
+//!   map) and its stream machinery (`stream_lists`: stream keys, events and the lazy event
+//!   rule).
 
 pub mod free_list;
 pub mod growth;
+mod resource;
+pub(crate) mod stream_lists;
+pub(crate) mod stream_ordered;
+
+pub use resource::PoolMemoryResource;

@@ -1,0 +1,398 @@
+//! The binning resource (RMM's `binning_memory_resource`).
+
+use std::any::Any;
+use std::fmt;
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
+
+use rmm_stream::CudaStreamView;
+use rmm_sys::DevicePtr;
+
+use crate::binning::table::{exponent_sizes, BinTable, BinningError};
+use crate::error::{MrError, MrResult};
+use crate::fixed_size::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE};
+use crate::resource::{
+    same_shared_state, shared, DeviceMemoryResource, ResourceProperties, SharedResource,
+};
+
+struct Binning<U: DeviceMemoryResource> {
+    /// Shared with the fixed-size bins made for it.
+    upstream: Arc<U>,
+    bins: RwLock<BinTable<SharedResource>>,
+}
+
+/// Why a bin could not be added.
+enum AddBinError {
+    Table(BinningError),
+    Resource(MrError),
+}
+
+impl From<BinningError> for AddBinError {
+    fn from(e: BinningError) -> Self {
+        Self::Table(e)
+    }
+}
+
+impl From<AddBinError> for MrError {
+    fn from(e: AddBinError) -> Self {
+        match e {
+            AddBinError::Table(e) => MrError::invalid_argument(e.to_string()),
+            AddBinError::Resource(e) => e,
+        }
+    }
+}
+
+/// Routes each request to the smallest bin whose size is at least the request, and larger
+/// requests to the upstream (RMM's `binning_memory_resource`).
+///
+/// - Bins are resources keyed by a size rounded up to 256. [`add_bin`](Self::add_bin) without
+///   a resource makes a [`FixedSizeMemoryResource`] of that block size over this resource's
+///   upstream (128 blocks preallocated) unless a bin of that size exists; with a resource, it
+///   inserts it unless a bin of that size exists (the existing one is kept).
+/// - Deallocation routes by `bytes` exactly as allocation did, so `bytes` must be the
+///   allocation's. A request of 0 bytes goes to the smallest bin (which returns
+///   [`DevicePtr::NULL`]), or to the upstream when there is none. The alignment is forwarded.
+/// - Beyond RMM: [`add_bin`](Self::add_bin) is thread-safe. The bins sit behind a
+///   reader-writer lock; allocation and deallocation take only its read lock. Adding a bin
+///   changes where *later* requests in its size range go, deallocations included, so bins for
+///   a size range must be added before memory of that range is allocated (RMM's rule too).
+/// - Copies share the bins and are equal; two resources are unequal.
+#[doc(alias = "rmm::mr::binning_memory_resource")]
+pub struct BinningMemoryResource<U: DeviceMemoryResource = SharedResource> {
+    inner: Arc<Binning<U>>,
+}
+
+impl<U: DeviceMemoryResource> Clone for BinningMemoryResource<U> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<U: DeviceMemoryResource> BinningMemoryResource<U> {
+    /// A binning resource without bins: everything goes to `upstream` until bins are added.
+    pub fn new(upstream: U) -> Self {
+        Self {
+            inner: Arc::new(Binning {
+                upstream: Arc::new(upstream),
+                bins: RwLock::new(BinTable::new()),
+            }),
+        }
+    }
+
+    /// A binning resource with a fixed-size bin of `1 << i` bytes for every `i` in
+    /// `min_size_exponent..=max_size_exponent` (each rounded up to 256; none when
+    /// `min > max`, as in RMM).
+    ///
+    /// # Errors
+    ///
+    /// [`MrError::InvalidArgument`] when `1 << max_size_exponent` does not fit in `usize`; the
+    /// upstream's error when it refuses a bin's first chunk.
+    pub fn with_exponents(
+        upstream: U,
+        min_size_exponent: u32,
+        max_size_exponent: u32,
+    ) -> MrResult<Self> {
+        let this = Self::new(upstream);
+        if min_size_exponent > max_size_exponent {
+            return Ok(this);
+        }
+        let sizes = exponent_sizes(min_size_exponent, max_size_exponent)
+            .map_err(|e| MrError::invalid_argument(e.to_string()))?;
+        for size in sizes {
+            this.add_bin(size, None)?;
+        }
+        Ok(this)
+    }
+
+    /// Adds a bin for requests up to `allocation_size` bytes (rounded up to 256), served by
+    /// `bin_resource`, or by a new [`FixedSizeMemoryResource`] over the upstream when `None`.
+    /// Where a bin of that size exists it is kept and nothing is created. Thread-safe.
+    ///
+    /// # Errors
+    ///
+    /// [`MrError::InvalidArgument`] when the size cannot be rounded (or is 0 without a
+    /// resource); the upstream's error when it refuses a new bin's first chunk.
+    #[doc(alias = "rmm::mr::binning_memory_resource::add_bin")]
+    pub fn add_bin(
+        &self,
+        allocation_size: usize,
+        bin_resource: Option<SharedResource>,
+    ) -> MrResult<()> {
+        let mut bins = self
+            .inner
+            .bins
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let upstream = &self.inner.upstream;
+        bins.add_bin_with(allocation_size, |size| match bin_resource {
+            Some(resource) => Ok(resource),
+            None => FixedSizeMemoryResource::with_block_size(
+                Arc::clone(upstream),
+                size,
+                DEFAULT_BLOCKS_TO_PREALLOCATE,
+            )
+            .map(shared)
+            .map_err(AddBinError::Resource),
+        })?;
+        Ok(())
+    }
+
+    /// The upstream resource (RMM's `get_upstream_resource()`).
+    #[must_use]
+    pub fn upstream(&self) -> &U {
+        &self.inner.upstream
+    }
+
+    /// The bin sizes, increasing.
+    #[must_use]
+    pub fn bin_sizes(&self) -> Vec<usize> {
+        self.read().bins().map(|(&s, _)| s).collect()
+    }
+
+    /// The bin a request of `bytes` goes to, or `None` for the upstream.
+    #[must_use]
+    pub fn bin_for(&self, bytes: usize) -> Option<SharedResource> {
+        self.read().route(bytes).map(|(_, r)| Arc::clone(r))
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, BinTable<SharedResource>> {
+        self.inner
+            .bins
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl<U: DeviceMemoryResource> fmt::Debug for BinningMemoryResource<U> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BinningMemoryResource")
+            .field("bins", &self.bin_sizes())
+            .field("upstream", &self.inner.upstream)
+            .finish()
+    }
+}
+
+impl<U: DeviceMemoryResource> DeviceMemoryResource for BinningMemoryResource<U> {
+    fn allocate(
+        &self,
+        stream: CudaStreamView<'_>,
+        bytes: usize,
+        alignment: usize,
+    ) -> MrResult<DevicePtr> {
+        let bins = self.read();
+        match bins.route(bytes) {
+            Some((_, bin)) => bin.allocate(stream, bytes, alignment),
+            None => {
+                drop(bins);
+                self.inner.upstream.allocate(stream, bytes, alignment)
+            }
+        }
+    }
+
+    unsafe fn deallocate(
+        &self,
+        stream: CudaStreamView<'_>,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+    ) -> MrResult<()> {
+        let bins = self.read();
+        match bins.route(bytes) {
+            // SAFETY: the trait's contract; `bytes` routes to the resource that allocated.
+            Some((_, bin)) => unsafe { bin.deallocate(stream, ptr, bytes, alignment) },
+            None => {
+                drop(bins);
+                // SAFETY: as above.
+                unsafe {
+                    self.inner
+                        .upstream
+                        .deallocate(stream, ptr, bytes, alignment)
+                }
+            }
+        }
+    }
+
+    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
+        same_shared_state::<Self, _>(other, &self.inner, |o| &o.inner)
+    }
+
+    fn properties(&self) -> ResourceProperties {
+        self.inner.upstream.properties()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::InvalidFree;
+    use crate::resource::resource_cast;
+    use crate::testing::HostMockResource;
+
+    fn s() -> CudaStreamView<'static> {
+        CudaStreamView::legacy()
+    }
+
+    type Bin = FixedSizeMemoryResource<Arc<HostMockResource>>;
+
+    fn outstanding_in(r: &BinningMemoryResource<HostMockResource>, bytes: usize) -> usize {
+        let bin = r.bin_for(bytes).unwrap();
+        resource_cast::<Bin>(&*bin)
+            .unwrap()
+            .outstanding_allocations()
+    }
+
+    #[test]
+    fn exponents_make_fixed_size_bins() {
+        let mock = HostMockResource::new();
+        let r = BinningMemoryResource::with_exponents(mock.clone(), 10, 12).unwrap();
+        assert_eq!(r.bin_sizes(), [1024, 2048, 4096]);
+        assert_eq!(mock.allocation_calls(), 3);
+        assert_eq!(mock.live_bytes(), (1024 + 2048 + 4096) * 128);
+        let small = BinningMemoryResource::with_exponents(HostMockResource::new(), 3, 9).unwrap();
+        assert_eq!(
+            small.bin_sizes(),
+            [256, 512],
+            "exponents below 8 share the 256-byte bin"
+        );
+        let none = BinningMemoryResource::with_exponents(HostMockResource::new(), 9, 3).unwrap();
+        assert!(none.bin_sizes().is_empty());
+        assert!(matches!(
+            BinningMemoryResource::with_exponents(HostMockResource::new(), 0, 64),
+            Err(MrError::InvalidArgument(_))
+        ));
+        drop(r);
+        assert_eq!(mock.live_allocations(), 0);
+    }
+
+    #[test]
+    fn requests_go_to_the_smallest_fitting_bin_or_upstream() {
+        let mock = HostMockResource::new();
+        let r = BinningMemoryResource::with_exponents(mock.clone(), 10, 12).unwrap();
+        let calls = mock.allocation_calls();
+        let a = r.allocate(s(), 1, 256).unwrap();
+        let b = r.allocate(s(), 1025, 256).unwrap();
+        let c = r.allocate(s(), 4096, 256).unwrap();
+        assert_eq!(
+            (
+                outstanding_in(&r, 1),
+                outstanding_in(&r, 2048),
+                outstanding_in(&r, 4096)
+            ),
+            (1, 1, 1)
+        );
+        assert_eq!(
+            mock.allocation_calls(),
+            calls,
+            "a bin request reached the upstream"
+        );
+        let big = r.allocate(s(), 5000, 128).unwrap();
+        assert_eq!(mock.allocation_calls(), calls + 1);
+        assert_eq!(mock.last_alignment(), 128, "alignment not forwarded");
+        assert!(r.bin_for(5000).is_none());
+        // Zero bytes: the smallest bin, which answers NULL.
+        assert_eq!(r.allocate(s(), 0, 256).unwrap(), DevicePtr::NULL);
+        // SAFETY: each came from `r` with these sizes.
+        unsafe {
+            r.deallocate(s(), a, 1, 256).unwrap();
+            r.deallocate(s(), b, 1025, 256).unwrap();
+            r.deallocate(s(), c, 4096, 256).unwrap();
+            r.deallocate(s(), big, 5000, 128).unwrap();
+        }
+        assert_eq!(outstanding_in(&r, 1) + outstanding_in(&r, 2048), 0);
+        assert_eq!(mock.live_allocations(), 3);
+    }
+
+    #[test]
+    fn without_bins_everything_goes_upstream() {
+        let mock = HostMockResource::new();
+        let r = BinningMemoryResource::new(mock.clone());
+        assert_eq!(r.allocate(s(), 0, 256).unwrap(), DevicePtr::NULL);
+        let p = r.allocate(s(), 300, 64).unwrap();
+        assert_eq!((mock.live_bytes(), mock.last_alignment()), (300, 64));
+        // SAFETY: `p` came from `r` with 300 bytes.
+        unsafe { r.deallocate(s(), p, 300, 64).unwrap() };
+        assert_eq!(mock.live_allocations(), 0);
+        assert!(r.upstream().is_equal(&mock));
+    }
+
+    #[test]
+    fn add_bin_with_a_resource_keeps_existing_bins() {
+        let mock = HostMockResource::new();
+        let r = BinningMemoryResource::new(mock.clone());
+        let first = HostMockResource::new();
+        let second = HostMockResource::new();
+        r.add_bin(300, Some(shared(first.clone()))).unwrap();
+        r.add_bin(500, Some(shared(second.clone()))).unwrap();
+        assert_eq!(r.bin_sizes(), [512]);
+        let p = r.allocate(s(), 400, 256).unwrap();
+        assert_eq!(
+            (first.allocation_calls(), second.allocation_calls()),
+            (1, 0)
+        );
+        assert_eq!(mock.allocation_calls(), 0);
+        // Deallocation routes by size: a wrong size reaches a resource that rejects it.
+        // SAFETY: the first call is a wrong free the mock detects; the second is correct.
+        unsafe {
+            assert!(matches!(
+                r.deallocate(s(), p, 1000, 256),
+                Err(MrError::InvalidFree {
+                    kind: InvalidFree::UnknownPointer,
+                    ..
+                })
+            ));
+            r.deallocate(s(), p, 400, 256).unwrap();
+        }
+        assert_eq!(first.live_allocations(), 0);
+        // Bad sizes.
+        assert!(matches!(
+            r.add_bin(0, None),
+            Err(MrError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            r.add_bin(usize::MAX, None),
+            Err(MrError::InvalidArgument(_))
+        ));
+        // An upstream failure while creating a fixed-size bin adds no bin.
+        mock.fail_next_allocations(1);
+        assert!(r.add_bin(4096, None).unwrap_err().is_out_of_memory());
+        assert_eq!(r.bin_sizes(), [512]);
+    }
+
+    #[test]
+    fn adding_bins_while_allocating_is_safe() {
+        let mock = HostMockResource::new();
+        let r = BinningMemoryResource::with_exponents(mock.clone(), 10, 10).unwrap();
+        std::thread::scope(|sc| {
+            for _ in 0..3 {
+                let r = r.clone();
+                sc.spawn(move || {
+                    for i in 0..3000usize {
+                        let bytes = 1 + i % 1024;
+                        let p = r.allocate(s(), bytes, 256).unwrap();
+                        // SAFETY: from `r` with `bytes`.
+                        unsafe { r.deallocate(s(), p, bytes, 256).unwrap() };
+                    }
+                });
+            }
+            let r = r.clone();
+            sc.spawn(move || {
+                for i in 12..20 {
+                    r.add_bin(1 << i, Some(shared(HostMockResource::new())))
+                        .unwrap();
+                }
+            });
+        });
+        assert_eq!(r.bin_sizes().len(), 9);
+        assert_eq!(outstanding_in(&r, 1024), 0);
+        assert!(r.is_equal(&r.clone()));
+        assert!(!r.is_equal(&BinningMemoryResource::new(HostMockResource::new())));
+        assert!(format!("{r:?}").contains("1024"));
+        drop(r);
+        assert_eq!(mock.live_allocations(), 0);
+    }
+}

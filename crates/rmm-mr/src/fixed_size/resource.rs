@@ -1,0 +1,468 @@
+//! The fixed-size resource (RMM's `fixed_size_memory_resource`).
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+use rmm_stream::CudaStreamView;
+use rmm_sys::{align_up, DevicePtr, ALLOCATION_ALIGNMENT};
+
+use crate::error::{MrError, MrResult};
+use crate::fixed_size::free_list::{rounded_block_size, Chunk, ChunkIndex, FixedSizeFreeList};
+use crate::pool::growth::format_bytes;
+use crate::pool::stream_ordered::{FreeBlocks, StreamOrdered};
+use crate::resource::{
+    same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
+};
+
+/// RMM's default block size: 1 MiB.
+pub const DEFAULT_BLOCK_SIZE: usize = 1 << 20;
+
+/// RMM's default number of blocks per upstream chunk.
+pub const DEFAULT_BLOCKS_TO_PREALLOCATE: usize = 128;
+
+/// One stream's free blocks, plus an index of the chunks of the blocks it holds (a block freed
+/// on another stream than the one its chunk was added to is checked against it).
+#[derive(Debug, Clone)]
+struct FixedBlocks {
+    free: FixedSizeFreeList,
+    /// Covers the chunk of every block in `free`.
+    index: ChunkIndex,
+    block_size: usize,
+    blocks_per_chunk: usize,
+}
+
+impl FixedBlocks {
+    fn new(block_size: usize, blocks_per_chunk: usize) -> Self {
+        Self {
+            free: FixedSizeFreeList::new(),
+            index: ChunkIndex::new(),
+            block_size,
+            blocks_per_chunk,
+        }
+    }
+}
+
+impl FreeBlocks for FixedBlocks {
+    /// The address of the block's chunk.
+    type Tag = u64;
+
+    fn take(&mut self, _size: usize) -> Option<(u64, u64)> {
+        let addr = self.free.pop()?;
+        // Every free block's chunk is indexed (see `put` and `absorb`).
+        let chunk = self.index.chunk_of(addr).map_or(addr, Chunk::addr);
+        Some((addr, chunk))
+    }
+
+    fn put(&mut self, addr: u64, _size: usize, chunk: u64) -> Result<(), String> {
+        if self.index.chunk_of(addr).is_none() {
+            let c = Chunk::new(chunk, self.block_size, self.blocks_per_chunk)
+                .map_err(|e| e.to_string())?;
+            self.index.insert(c).map_err(|e| e.to_string())?;
+        }
+        self.free
+            .push_in(addr, &self.index)
+            .map_err(|e| e.to_string())
+    }
+
+    fn add_chunk(&mut self, addr: u64, size: usize) -> Result<(), String> {
+        let chunk = self
+            .free
+            .add_chunk(addr, self.block_size, size / self.block_size)
+            .map_err(|e| e.to_string())?;
+        self.index.insert(chunk).map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    fn absorb(&mut self, other: &mut Self) -> Result<(), String> {
+        self.index.merge(&other.index).map_err(|e| e.to_string())?;
+        self.free
+            .append(&mut other.free)
+            .map_err(|e| e.to_string())?;
+        other.index = ChunkIndex::new();
+        Ok(())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.free.is_empty()
+    }
+
+    fn holds(&self, addr: u64) -> bool {
+        self.free.contains(addr)
+    }
+
+    fn remove_chunk(&mut self, _addr: u64, _size: usize) -> bool {
+        // Blocks of one chunk are scattered through the FIFO; chunks are not given back early.
+        false
+    }
+}
+
+struct FixedSize<U: DeviceMemoryResource> {
+    core: StreamOrdered<FixedBlocks>,
+    block_size: usize,
+    chunk_size: usize,
+    upstream: U,
+}
+
+impl<U: DeviceMemoryResource> Drop for FixedSize<U> {
+    fn drop(&mut self) {
+        self.core
+            .release_all(&self.upstream, "fixed_size_memory_resource");
+    }
+}
+
+/// Hands out blocks of one size from chunks of its upstream (RMM's
+/// `fixed_size_memory_resource`), with the same per-stream free lists, stealing, merging and
+/// events as [`PoolMemoryResource`](crate::PoolMemoryResource) (the two share one
+/// stream-ordered core, as RMM's share a CRTP base; the design notes there apply here).
+///
+/// - The block size is rounded up to 256; any request up to it takes one whole block, O(1)
+///   (a FIFO list per stream); a larger request is out-of-memory `"Maximum allocation size
+///   exceeded (failed to allocate X)"`. `allocate(_, 0, _)` is [`DevicePtr::NULL`]; the
+///   alignment argument is ignored (blocks are 256-aligned).
+/// - Construction takes one chunk of `block_size * blocks_to_preallocate` bytes on the legacy
+///   stream; when every block is in use, another whole chunk is taken on the requesting stream
+///   (an upstream failure is passed on). Dropping the resource returns every chunk.
+/// - Beyond RMM: wrong frees are [`MrError::InvalidFree`]; the resource is `Send + Sync` with
+///   one lock per stream list rather than one mutex.
+/// - Copies share state and are equal; two resources are unequal.
+#[doc(alias = "rmm::mr::fixed_size_memory_resource")]
+pub struct FixedSizeMemoryResource<U: DeviceMemoryResource = SharedResource> {
+    inner: Arc<FixedSize<U>>,
+}
+
+impl<U: DeviceMemoryResource> Clone for FixedSizeMemoryResource<U> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<U: DeviceMemoryResource> FixedSizeMemoryResource<U> {
+    /// RMM's defaults: blocks of 1 MiB, 128 of them preallocated.
+    ///
+    /// # Errors
+    ///
+    /// As [`with_block_size`](Self::with_block_size).
+    pub fn new(upstream: U) -> MrResult<Self> {
+        Self::with_block_size(upstream, DEFAULT_BLOCK_SIZE, DEFAULT_BLOCKS_TO_PREALLOCATE)
+    }
+
+    /// Blocks of `block_size` bytes (rounded up to 256), taken from the upstream
+    /// `blocks_to_preallocate` at a time; the first chunk is taken now.
+    ///
+    /// # Errors
+    ///
+    /// [`MrError::InvalidArgument`] for a zero block size or block count, or a chunk size that
+    /// overflows; the upstream's error when it refuses the first chunk.
+    pub fn with_block_size(
+        upstream: U,
+        block_size: usize,
+        blocks_to_preallocate: usize,
+    ) -> MrResult<Self> {
+        let block_size =
+            rounded_block_size(block_size).map_err(|e| MrError::invalid_argument(e.to_string()))?;
+        if blocks_to_preallocate == 0 {
+            return Err(MrError::invalid_argument(
+                "fixed_size_memory_resource needs at least one block per chunk",
+            ));
+        }
+        let chunk_size = block_size
+            .checked_mul(blocks_to_preallocate)
+            .ok_or_else(|| {
+                MrError::invalid_argument(format!(
+                    "a chunk of {blocks_to_preallocate} blocks of {block_size} bytes overflows"
+                ))
+            })?;
+        let fixed = FixedSize {
+            core: StreamOrdered::new(FixedBlocks::new(block_size, blocks_to_preallocate)),
+            block_size,
+            chunk_size,
+            upstream,
+        };
+        let ptr =
+            fixed
+                .upstream
+                .allocate(CudaStreamView::legacy(), chunk_size, ALLOCATION_ALIGNMENT)?;
+        fixed.core.add_initial_chunk(ptr, chunk_size)?;
+        Ok(Self {
+            inner: Arc::new(fixed),
+        })
+    }
+
+    /// The size of every block (RMM's `get_block_size()`).
+    #[must_use]
+    pub fn block_size(&self) -> usize {
+        self.inner.block_size
+    }
+
+    /// The upstream resource (RMM's `get_upstream_resource()`).
+    #[must_use]
+    pub fn upstream(&self) -> &U {
+        &self.inner.upstream
+    }
+
+    /// Bytes obtained from the upstream (whole chunks).
+    #[must_use]
+    pub fn pool_size(&self) -> usize {
+        self.inner.core.pool_size()
+    }
+
+    /// Number of blocks handed out and not yet freed.
+    #[must_use]
+    pub fn outstanding_allocations(&self) -> usize {
+        self.inner.core.outstanding()
+    }
+}
+
+impl<U: DeviceMemoryResource> fmt::Debug for FixedSizeMemoryResource<U> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FixedSizeMemoryResource")
+            .field("block_size", &self.inner.block_size)
+            .field("chunk_size", &self.inner.chunk_size)
+            .field("core", &self.inner.core)
+            .field("upstream", &self.inner.upstream)
+            .finish()
+    }
+}
+
+impl<U: DeviceMemoryResource> DeviceMemoryResource for FixedSizeMemoryResource<U> {
+    fn allocate(
+        &self,
+        stream: CudaStreamView<'_>,
+        bytes: usize,
+        _alignment: usize,
+    ) -> MrResult<DevicePtr> {
+        if bytes == 0 {
+            return Ok(DevicePtr::NULL);
+        }
+        let inner = &*self.inner;
+        if bytes > inner.block_size {
+            return Err(MrError::out_of_memory(
+                bytes,
+                format!(
+                    "Maximum allocation size exceeded (failed to allocate {})",
+                    format_bytes(bytes)
+                ),
+            ));
+        }
+        // `block_size` is a multiple of 256, so this cannot overflow past it.
+        let size = align_up(bytes, ALLOCATION_ALIGNMENT);
+        inner.core.allocate(stream, size, |_| {
+            let chunk = inner
+                .upstream
+                .allocate(stream, inner.chunk_size, ALLOCATION_ALIGNMENT)?;
+            Ok((chunk, inner.chunk_size))
+        })
+    }
+
+    unsafe fn deallocate(
+        &self,
+        stream: CudaStreamView<'_>,
+        ptr: DevicePtr,
+        bytes: usize,
+        _alignment: usize,
+    ) -> MrResult<()> {
+        // SAFETY: the trait's contract.
+        unsafe { self.inner.core.deallocate(stream, ptr, bytes) }
+    }
+
+    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
+        same_shared_state::<Self, _>(other, &self.inner, |o| &o.inner)
+    }
+
+    fn properties(&self) -> ResourceProperties {
+        self.inner.upstream.properties()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::InvalidFree;
+    use crate::resource::{resource_cast, shared};
+    use crate::testing::HostMockResource;
+
+    fn s() -> CudaStreamView<'static> {
+        CudaStreamView::legacy()
+    }
+
+    fn fixed(
+        block_size: usize,
+        blocks: usize,
+    ) -> (FixedSizeMemoryResource<HostMockResource>, HostMockResource) {
+        let mock = HostMockResource::new();
+        let r = FixedSizeMemoryResource::with_block_size(mock.clone(), block_size, blocks).unwrap();
+        (r, mock)
+    }
+
+    fn invalid_free_kind(r: MrResult<()>) -> InvalidFree {
+        match r {
+            Err(MrError::InvalidFree { kind, .. }) => kind,
+            other => panic!("expected an invalid free, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn construction_preallocates_one_chunk() {
+        let (r, mock) = fixed(1000, 4);
+        assert_eq!(r.block_size(), 1024);
+        assert_eq!((mock.allocation_calls(), mock.live_bytes()), (1, 4096));
+        assert_eq!(r.pool_size(), 4096);
+        assert!(r.upstream().is_equal(&mock));
+
+        let mock = HostMockResource::new();
+        let d = FixedSizeMemoryResource::new(mock.clone()).unwrap();
+        assert_eq!(d.block_size(), DEFAULT_BLOCK_SIZE);
+        assert_eq!(
+            mock.live_bytes(),
+            DEFAULT_BLOCK_SIZE * DEFAULT_BLOCKS_TO_PREALLOCATE
+        );
+        drop(d);
+        assert_eq!(mock.live_allocations(), 0);
+    }
+
+    #[test]
+    fn bad_arguments_and_upstream_failure() {
+        let mock = HostMockResource::new();
+        for (bs, n) in [(0, 4), (256, 0), (usize::MAX, 2), (1 << 40, 1 << 40)] {
+            let e = FixedSizeMemoryResource::with_block_size(mock.clone(), bs, n).unwrap_err();
+            assert!(matches!(e, MrError::InvalidArgument(_)), "{bs} x {n}: {e}");
+        }
+        assert_eq!(mock.allocation_calls(), 0);
+        mock.fail_next_allocations(1);
+        let e = FixedSizeMemoryResource::with_block_size(mock.clone(), 256, 4).unwrap_err();
+        assert!(
+            e.is_out_of_memory() && e.to_string().contains("host mock"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn blocks_are_whole_distinct_and_grow_by_chunks() {
+        let (r, mock) = fixed(1024, 4);
+        assert_eq!(r.allocate(s(), 0, 256).unwrap(), DevicePtr::NULL);
+        let e = r.allocate(s(), 1025, 256).unwrap_err();
+        assert!(e.is_out_of_memory());
+        assert!(
+            e.to_string()
+                .contains("Maximum allocation size exceeded (failed to allocate 1.000977 KiB)"),
+            "{e}"
+        );
+        let mut blocks: Vec<DevicePtr> = [1, 256, 1000, 1024]
+            .iter()
+            .map(|&b| r.allocate(s(), b, 4096).unwrap())
+            .collect();
+        let mut addrs: Vec<u64> = blocks.iter().map(|b| b.addr()).collect();
+        addrs.sort_unstable();
+        for w in addrs.windows(2) {
+            assert_eq!(w[1] - w[0], 1024, "blocks overlap or leave gaps");
+        }
+        assert!(blocks.iter().all(|b| b.is_aligned(256)));
+        assert_eq!(mock.allocation_calls(), 1);
+        blocks.push(r.allocate(s(), 10, 256).unwrap());
+        assert_eq!((mock.allocation_calls(), r.pool_size()), (2, 8192));
+        for (b, bytes) in blocks.iter().zip([1, 256, 1000, 1024, 10]) {
+            // SAFETY: each came from `r` with `bytes`.
+            unsafe { r.deallocate(s(), *b, bytes, 256).unwrap() };
+        }
+        assert_eq!(r.outstanding_allocations(), 0);
+    }
+
+    #[test]
+    fn free_list_is_fifo() {
+        let (r, _mock) = fixed(256, 4);
+        let b: Vec<DevicePtr> = (0..4).map(|_| r.allocate(s(), 256, 256).unwrap()).collect();
+        // SAFETY: from `r`, freed once.
+        unsafe {
+            r.deallocate(s(), b[2], 256, 256).unwrap();
+            r.deallocate(s(), b[0], 256, 256).unwrap();
+        }
+        assert_eq!(r.allocate(s(), 256, 256).unwrap(), b[2]);
+        assert_eq!(r.allocate(s(), 256, 256).unwrap(), b[0]);
+    }
+
+    #[test]
+    fn wrong_frees_are_reported() {
+        let (r, _mock) = fixed(1024, 4);
+        let a = r.allocate(s(), 100, 256).unwrap();
+        // SAFETY: wrong frees the resource detects, then one correct free.
+        unsafe {
+            assert_eq!(
+                invalid_free_kind(r.deallocate(s(), a, 1000, 256)),
+                InvalidFree::SizeMismatch { allocated: 256 }
+            );
+            assert_eq!(
+                invalid_free_kind(r.deallocate(s(), DevicePtr::from_raw(a.addr() + 256), 256, 256)),
+                InvalidFree::UnknownPointer
+            );
+            assert_eq!(
+                invalid_free_kind(r.deallocate(s(), DevicePtr::from_raw(0x1000), 256, 256)),
+                InvalidFree::UnknownPointer
+            );
+            r.deallocate(s(), a, 100, 256).unwrap();
+            assert_eq!(
+                invalid_free_kind(r.deallocate(s(), a, 100, 256)),
+                InvalidFree::DoubleFree
+            );
+        }
+        assert_eq!(r.outstanding_allocations(), 0);
+    }
+
+    #[test]
+    fn drop_returns_every_chunk() {
+        let (r, mock) = fixed(256, 2);
+        let q = r.clone();
+        assert!(r.is_equal(&q) && !r.is_equal(&fixed(256, 2).0));
+        let erased = shared(q.clone());
+        assert!(resource_cast::<FixedSizeMemoryResource<HostMockResource>>(&*erased).is_some());
+        drop(erased);
+        let _held: Vec<DevicePtr> = (0..5).map(|_| r.allocate(s(), 256, 256).unwrap()).collect();
+        assert_eq!(mock.live_allocations(), 3);
+        drop(r);
+        drop(q);
+        assert_eq!(mock.live_allocations(), 0);
+    }
+
+    #[test]
+    fn many_threads_get_distinct_blocks() {
+        let (r, mock) = fixed(512, 8);
+        std::thread::scope(|sc| {
+            for t in 1..=4u8 {
+                let r = r.clone();
+                sc.spawn(move || {
+                    let mut live = Vec::new();
+                    for i in 0..2000u32 {
+                        if i % 3 == 2 || live.len() == 12 {
+                            let (p, tag): (DevicePtr, u8) = live.remove((i as usize) % live.len());
+                            // SAFETY: host memory of a block this thread owns, freed once.
+                            unsafe {
+                                let bytes = std::slice::from_raw_parts(p.as_host_ptr::<u8>(), 512);
+                                assert!(bytes.iter().all(|&b| b == tag), "block {p} was shared");
+                                r.deallocate(s(), p, 512, 256).unwrap();
+                            }
+                        } else {
+                            let p = r.allocate(s(), 512, 256).unwrap();
+                            let tag = t.wrapping_mul(37).wrapping_add(i as u8);
+                            // SAFETY: host memory of a block this thread now owns.
+                            unsafe { std::ptr::write_bytes(p.as_host_ptr::<u8>(), tag, 512) };
+                            live.push((p, tag));
+                        }
+                    }
+                    for (p, _) in live {
+                        // SAFETY: from `r`, freed once.
+                        unsafe { r.deallocate(s(), p, 512, 256).unwrap() };
+                    }
+                });
+            }
+        });
+        assert_eq!(r.outstanding_allocations(), 0);
+        drop(r);
+        assert_eq!(mock.live_allocations(), 0);
+    }
+}

@@ -1,0 +1,838 @@
+//! The pool resource (RMM's `pool_memory_resource`).
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+use rmm_stream::CudaStreamView;
+use rmm_sys::{checked_align_up, DevicePtr, ALLOCATION_ALIGNMENT};
+
+use crate::error::{MrError, MrResult};
+use crate::pool::free_list::{Block, CoalescingFreeList};
+use crate::pool::growth::{format_bytes, try_to_expand, PoolSizes};
+use crate::pool::stream_ordered::{FreeBlocks, StreamOrdered};
+use crate::resource::{
+    same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
+};
+
+impl FreeBlocks for CoalescingFreeList {
+    /// Whether the block starts an upstream chunk.
+    type Tag = bool;
+
+    fn take(&mut self, size: usize) -> Option<(u64, bool)> {
+        self.allocate(size).map(|b| (b.addr, b.is_head))
+    }
+
+    fn put(&mut self, addr: u64, size: usize, is_head: bool) -> Result<(), String> {
+        self.insert(Block::new(addr, size, is_head))
+            .map_err(|e| e.to_string())
+    }
+
+    fn add_chunk(&mut self, addr: u64, size: usize) -> Result<(), String> {
+        self.insert(Block::new(addr, size, true))
+            .map_err(|e| e.to_string())
+    }
+
+    fn absorb(&mut self, other: &mut Self) -> Result<(), String> {
+        self.insert_list(other).map_err(|e| e.to_string())
+    }
+
+    fn is_empty(&self) -> bool {
+        CoalescingFreeList::is_empty(self)
+    }
+
+    fn holds(&self, addr: u64) -> bool {
+        self.contains_range(addr, 0)
+    }
+
+    fn remove_chunk(&mut self, addr: u64, size: usize) -> bool {
+        CoalescingFreeList::remove_chunk(self, addr, size)
+    }
+}
+
+struct Pool<U: DeviceMemoryResource> {
+    core: StreamOrdered<CoalescingFreeList>,
+    sizes: PoolSizes,
+    upstream: U,
+}
+
+impl<U: DeviceMemoryResource> Pool<U> {
+    /// RMM's `expand_pool`: one new upstream chunk of `size_to_grow` bytes, halved on failure
+    /// down to `size`, on `stream`. `bytes` is the caller's request (for the error).
+    fn expand(
+        &self,
+        stream: CudaStreamView<'_>,
+        bytes: usize,
+        size: usize,
+        pool_size: usize,
+    ) -> MrResult<(DevicePtr, usize)> {
+        let try_size = self.sizes.size_to_grow(pool_size, size);
+        grow(
+            &self.upstream,
+            stream,
+            bytes,
+            try_size,
+            size,
+            pool_size,
+            self.sizes,
+        )
+    }
+}
+
+/// RMM's `try_to_expand` against `upstream`: the first size of the halving plan the upstream
+/// grants. Failure is out-of-memory with RMM's message, except that a missing driver or device
+/// stays that error.
+fn grow<U: DeviceMemoryResource>(
+    upstream: &U,
+    stream: CudaStreamView<'_>,
+    bytes: usize,
+    try_size: usize,
+    min_size: usize,
+    pool_size: usize,
+    sizes: PoolSizes,
+) -> MrResult<(DevicePtr, usize)> {
+    let mut last = None;
+    let grown = try_to_expand(try_size, min_size, pool_size, sizes.maximum(), |s| {
+        upstream
+            .allocate(stream, s, ALLOCATION_ALIGNMENT)
+            .map_err(|e| {
+                let message = e.to_string();
+                last = Some(e);
+                message
+            })
+    });
+    match (grown, last) {
+        (Ok(g), _) => Ok((g.chunk, g.size)),
+        (Err(_), Some(e)) if e.is_no_device() => Err(e),
+        (Err(oom), _) => {
+            log::error!("rmm: pool_memory_resource: {oom}");
+            Err(MrError::out_of_memory(bytes, oom.to_string()))
+        }
+    }
+}
+
+impl<U: DeviceMemoryResource> Drop for Pool<U> {
+    fn drop(&mut self) {
+        self.core
+            .release_all(&self.upstream, "pool_memory_resource");
+    }
+}
+
+/// A coalescing best-fit sub-allocator with per-stream free lists (RMM's
+/// `pool_memory_resource`). It takes large chunks from its upstream and carves allocations out
+/// of them, stream-ordered: memory freed on one stream is reused on another only after that
+/// stream waits for the first (an event), never by blocking the host.
+///
+/// # Semantics (RMM's, exactly)
+///
+/// - [`new`](Self::new) checks that both sizes are multiples of 256 and that the initial size
+///   does not exceed the maximum (RMM's messages, as [`MrError::InvalidArgument`]); a non-zero
+///   initial size is one upstream chunk of exactly that size, obtained on the legacy stream
+///   (failure: out-of-memory).
+/// - `allocate(_, 0, _)` is [`DevicePtr::NULL`] and touches nothing; sizes are rounded up to
+///   256; the alignment argument is ignored (every block is 256-aligned, a larger alignment is
+///   not honoured: use an aligned adaptor).
+/// - A request is served from this stream's list (best fit, ties to the lowest address), else by
+///   stealing one block from another stream's list, else by merging other lists into this one,
+///   else by growing: without a maximum the pool at least doubles; with one, it takes half the
+///   remaining headroom (or the request, if larger); a refused chunk is halved down to the
+///   request; failure is out-of-memory `"Maximum pool size exceeded (failed to allocate X): ..."`.
+/// - Blocks of different upstream chunks never coalesce. [`pool_size`](Self::pool_size) is the
+///   sum of the chunks. Dropping the pool returns every chunk, allocations outstanding or not.
+/// - Copies share the pool and are equal; two pools are unequal.
+///
+/// # Where and why the design departs from RMM's
+///
+/// RMM serializes everything on one mutex, keeps each free list as an address-ordered linked
+/// list (linear best fit and insertion) and records a CUDA event on every free. Here:
+///
+/// - **Locks**: each stream's free list has its own lock, the list registry is read-mostly (and
+///   a per-thread cache keeps the same-stream path off it), growth has its own lock, and the
+///   map of handed-out blocks is sharded. The same-stream path takes no global lock; its only
+///   CUDA calls are `cuStreamGetId` for an ordinary stream and, once the pool has seen a
+///   second stream, the event record of a free on an ordinary stream (none at all on the
+///   legacy or per-thread default stream). Lock order: chunk set → registry → one list; no
+///   thread holds two list locks.
+/// - **O(log n)** best fit and coalescing ([`CoalescingFreeList`]).
+/// - **Lazy events**: while the pool has seen a single stream key, no other stream can take a
+///   block, so no event is recorded. When a second key appears, frees on ordinary streams
+///   record from then on (RMM's behaviour), and blocks freed before that on an ordinary stream
+///   are made safe once, by a device synchronization (`cuCtxSynchronize`) done by their first
+///   thief: the stream may already be destroyed, and an event recorded on the legacy stream
+///   would not cover a non-blocking one. The legacy and per-thread default streams never die,
+///   so their events are recorded at steal time instead (on the legacy stream, which waits for
+///   every blocking stream, per-thread ones included). The event of a list is also re-recorded
+///   after a merge or a growth puts blocks in it, which closes a window RMM leaves open (a
+///   thief of merged blocks waiting on an event older than the merge).
+/// - **Wrong frees are errors**: a free of an unknown pointer, a double free or a size mismatch
+///   is [`MrError::InvalidFree`] (RMM corrupts its lists or aborts).
+/// - [`release_unused`](Self::release_unused) gives wholly free chunks back to the upstream
+///   (RMM's pool never shrinks).
+/// - Stream lists (and their events) live as long as the pool, one per stream or host thread
+///   that ever used it, as RMM's events do.
+/// - A per-thread default stream has one list per host thread *per pool* (RMM shares its
+///   per-thread events between pools).
+#[doc(alias = "rmm::mr::pool_memory_resource")]
+pub struct PoolMemoryResource<U: DeviceMemoryResource = SharedResource> {
+    inner: Arc<Pool<U>>,
+}
+
+impl<U: DeviceMemoryResource> Clone for PoolMemoryResource<U> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
+    /// A pool over `upstream` starting with `initial_pool_size` bytes (0: grow on first use)
+    /// and never holding more than `maximum_pool_size` bytes (`None`: until the upstream
+    /// refuses).
+    ///
+    /// # Errors
+    ///
+    /// [`MrError::InvalidArgument`] when a size is not a multiple of 256 or the initial size
+    /// exceeds the maximum; [`MrError::OutOfMemory`] when the upstream refuses the initial
+    /// chunk.
+    pub fn new(
+        upstream: U,
+        initial_pool_size: usize,
+        maximum_pool_size: Option<usize>,
+    ) -> MrResult<Self> {
+        let sizes = PoolSizes::new(initial_pool_size, maximum_pool_size)
+            .map_err(|e| MrError::invalid_argument(e.to_string()))?;
+        let pool = Pool {
+            core: StreamOrdered::new(CoalescingFreeList::new()),
+            sizes,
+            upstream,
+        };
+        if initial_pool_size > 0 {
+            let (ptr, size) = grow(
+                &pool.upstream,
+                CudaStreamView::legacy(),
+                initial_pool_size,
+                initial_pool_size,
+                initial_pool_size,
+                0,
+                sizes,
+            )?;
+            pool.core.add_initial_chunk(ptr, size)?;
+        }
+        Ok(Self {
+            inner: Arc::new(pool),
+        })
+    }
+
+    /// Bytes obtained from the upstream (the sum of the chunks), RMM's `pool_size()`.
+    #[must_use]
+    pub fn pool_size(&self) -> usize {
+        self.inner.core.pool_size()
+    }
+
+    /// The maximum pool size, if any.
+    #[must_use]
+    pub fn maximum_pool_size(&self) -> Option<usize> {
+        self.inner.sizes.maximum()
+    }
+
+    /// The upstream resource (RMM's `get_upstream_resource()`).
+    #[must_use]
+    pub fn upstream(&self) -> &U {
+        &self.inner.upstream
+    }
+
+    /// Number of allocations handed out and not yet freed.
+    #[must_use]
+    pub fn outstanding_allocations(&self) -> usize {
+        self.inner.core.outstanding()
+    }
+
+    /// Gives every upstream chunk that is wholly free back to the upstream and returns the
+    /// bytes released (beyond RMM, whose pool never shrinks). The device is synchronized first,
+    /// so no pending work on any stream can still use the memory. Chunks with an allocation
+    /// outstanding stay.
+    ///
+    /// # Errors
+    ///
+    /// A failed synchronization (nothing is released) or the first failed upstream
+    /// deallocation.
+    pub fn release_unused(&self) -> MrResult<usize> {
+        self.inner.core.release_unused(&self.inner.upstream)
+    }
+}
+
+impl<U: DeviceMemoryResource> fmt::Debug for PoolMemoryResource<U> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PoolMemoryResource")
+            .field("pool_size", &self.pool_size())
+            .field("maximum_pool_size", &self.maximum_pool_size())
+            .field("core", &self.inner.core)
+            .field("upstream", &self.inner.upstream)
+            .finish()
+    }
+}
+
+impl<U: DeviceMemoryResource> DeviceMemoryResource for PoolMemoryResource<U> {
+    fn allocate(
+        &self,
+        stream: CudaStreamView<'_>,
+        bytes: usize,
+        _alignment: usize,
+    ) -> MrResult<DevicePtr> {
+        if bytes == 0 {
+            return Ok(DevicePtr::NULL);
+        }
+        let size = checked_align_up(bytes, ALLOCATION_ALIGNMENT).ok_or_else(|| {
+            MrError::out_of_memory(
+                bytes,
+                format!(
+                    "Maximum allocation size exceeded (failed to allocate {})",
+                    format_bytes(bytes)
+                ),
+            )
+        })?;
+        let pool = &*self.inner;
+        pool.core.allocate(stream, size, |pool_size| {
+            pool.expand(stream, bytes, size, pool_size)
+        })
+    }
+
+    unsafe fn deallocate(
+        &self,
+        stream: CudaStreamView<'_>,
+        ptr: DevicePtr,
+        bytes: usize,
+        _alignment: usize,
+    ) -> MrResult<()> {
+        // SAFETY: the trait's contract.
+        unsafe { self.inner.core.deallocate(stream, ptr, bytes) }
+    }
+
+    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
+        same_shared_state::<Self, _>(other, &self.inner, |o| &o.inner)
+    }
+
+    fn properties(&self) -> ResourceProperties {
+        self.inner.upstream.properties()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::InvalidFree;
+    use crate::resource::{resource_cast, shared};
+    use crate::testing::HostMockResource;
+    use crate::LimitingResourceAdaptor;
+    use proptest::prelude::*;
+
+    /// The legacy default stream: its list needs no CUDA call, in either default-stream mode.
+    fn s() -> CudaStreamView<'static> {
+        CudaStreamView::legacy()
+    }
+
+    fn pool(
+        initial: usize,
+        maximum: Option<usize>,
+    ) -> (PoolMemoryResource<HostMockResource>, HostMockResource) {
+        let mock = HostMockResource::new();
+        (
+            PoolMemoryResource::new(mock.clone(), initial, maximum).unwrap(),
+            mock,
+        )
+    }
+
+    fn invalid_free_kind(r: MrResult<()>) -> InvalidFree {
+        match r {
+            Err(MrError::InvalidFree { kind, .. }) => kind,
+            other => panic!("expected an invalid free, got {other:?}"),
+        }
+    }
+
+    /// Fills `[ptr, ptr + len)` of host memory with `byte`.
+    ///
+    /// # Safety
+    /// The range is host memory owned by the caller.
+    unsafe fn fill(ptr: DevicePtr, len: usize, byte: u8) {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::write_bytes(ptr.as_host_ptr::<u8>(), byte, len) };
+    }
+
+    /// Whether every byte of `[ptr, ptr + len)` is `byte`.
+    ///
+    /// # Safety
+    /// The range is host memory owned by the caller.
+    unsafe fn holds(ptr: DevicePtr, len: usize, byte: u8) -> bool {
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts(ptr.as_host_ptr::<u8>(), len) }
+            .iter()
+            .all(|&b| b == byte)
+    }
+
+    #[test]
+    fn constructor_validates_like_rmm() {
+        let mock = HostMockResource::new();
+        let msg = |r: MrResult<PoolMemoryResource<HostMockResource>>| match r {
+            Err(MrError::InvalidArgument(m)) => m,
+            other => panic!("expected an invalid argument, got {other:?}"),
+        };
+        assert_eq!(
+            msg(PoolMemoryResource::new(mock.clone(), 1000, None)),
+            "Error, Initial pool size required to be a multiple of 256 bytes"
+        );
+        assert_eq!(
+            msg(PoolMemoryResource::new(mock.clone(), 1024, Some(1000))),
+            "Error, Maximum pool size required to be a multiple of 256 bytes"
+        );
+        assert_eq!(
+            msg(PoolMemoryResource::new(mock.clone(), 2048, Some(1024))),
+            "Initial pool size exceeds the maximum pool size!"
+        );
+        assert_eq!(mock.allocation_calls(), 0);
+
+        let lazy = PoolMemoryResource::new(mock.clone(), 0, None).unwrap();
+        assert_eq!((lazy.pool_size(), mock.allocation_calls()), (0, 0));
+        let equal = PoolMemoryResource::new(mock.clone(), 1024, Some(1024)).unwrap();
+        assert_eq!(equal.pool_size(), 1024);
+        assert_eq!(equal.maximum_pool_size(), Some(1024));
+        assert_eq!((mock.allocation_calls(), mock.live_bytes()), (1, 1024));
+        assert_eq!(mock.last_alignment(), 256);
+        drop(equal);
+        assert_eq!(mock.live_allocations(), 0);
+
+        mock.fail_next_allocations(1);
+        let e = PoolMemoryResource::new(mock.clone(), 4096, None).unwrap_err();
+        assert!(e.is_out_of_memory(), "{e}");
+        assert!(
+            e.to_string()
+                .contains("Maximum pool size exceeded (failed to allocate 4.000000 KiB)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn zero_bytes_and_null_touch_nothing() {
+        let (p, mock) = pool(0, None);
+        assert_eq!(p.allocate(s(), 0, 256).unwrap(), DevicePtr::NULL);
+        assert_eq!(mock.allocation_calls(), 0);
+        let a = p.allocate(s(), 512, 256).unwrap();
+        // SAFETY: null and zero-byte frees are no-ops; `a` stays allocated.
+        unsafe {
+            p.deallocate(s(), DevicePtr::NULL, 512, 256).unwrap();
+            p.deallocate(s(), a, 0, 256).unwrap();
+        }
+        assert_eq!(p.outstanding_allocations(), 1);
+        // SAFETY: `a` came from `p` with 512 bytes.
+        unsafe { p.deallocate(s(), a, 512, 256).unwrap() };
+        assert_eq!(p.outstanding_allocations(), 0);
+    }
+
+    #[test]
+    fn rounds_to_256_reuses_freed_blocks_and_ignores_alignment() {
+        let (p, mock) = pool(4096, None);
+        let a = p.allocate(s(), 1, 256).unwrap();
+        let b = p.allocate(s(), 1, 4096).unwrap();
+        let c = p.allocate(s(), 300, 3).unwrap();
+        assert!(a.is_aligned(256) && b.is_aligned(256) && c.is_aligned(256));
+        assert_eq!(b.addr(), a.addr() + 256);
+        assert_eq!(c.addr(), b.addr() + 256);
+        // SAFETY: `b` came from `p` with 1 byte.
+        unsafe { p.deallocate(s(), b, 1, 256).unwrap() };
+        // Best fit: the 256-byte hole, not the large tail.
+        assert_eq!(p.allocate(s(), 200, 256).unwrap(), b);
+        assert_eq!(mock.allocation_calls(), 1, "the pool grew needlessly");
+        assert_eq!(p.pool_size(), 4096);
+    }
+
+    #[test]
+    fn freed_blocks_coalesce_back_into_the_chunk() {
+        let (p, mock) = pool(1 << 16, None);
+        let blocks: Vec<DevicePtr> = (0..16)
+            .map(|_| p.allocate(s(), 4096, 256).unwrap())
+            .collect();
+        let base = blocks.iter().map(|b| b.addr()).min().unwrap();
+        // Free in a scrambled order.
+        for i in [5, 0, 15, 7, 1, 14, 2, 9, 3, 12, 4, 8, 6, 11, 10, 13] {
+            // SAFETY: each block came from `p` with 4096 bytes and is freed once.
+            unsafe { p.deallocate(s(), blocks[i], 4096, 256).unwrap() };
+        }
+        let whole = p.allocate(s(), 1 << 16, 256).unwrap();
+        assert_eq!(whole.addr(), base);
+        assert_eq!(mock.allocation_calls(), 1);
+        // SAFETY: `whole` came from `p`.
+        unsafe { p.deallocate(s(), whole, 1 << 16, 256).unwrap() };
+    }
+
+    #[test]
+    fn blocks_of_different_chunks_never_merge() {
+        let (p, mock) = pool(0, None);
+        let a = p.allocate(s(), 1024, 256).unwrap();
+        let b = p.allocate(s(), 1024, 256).unwrap();
+        assert_eq!((p.pool_size(), mock.allocation_calls()), (2048, 2));
+        // SAFETY: both came from `p` with 1024 bytes.
+        unsafe {
+            p.deallocate(s(), a, 1024, 256).unwrap();
+            p.deallocate(s(), b, 1024, 256).unwrap();
+        }
+        let c = p.allocate(s(), 2048, 256).unwrap();
+        assert_eq!(mock.allocation_calls(), 3, "two chunks served one block");
+        assert_eq!(p.pool_size(), 4096);
+        // SAFETY: `c` came from `p`.
+        unsafe { p.deallocate(s(), c, 2048, 256).unwrap() };
+    }
+
+    /// RMM's `PoolTest.ForceGrowth`, without a maximum pool size (section 2.3).
+    #[test]
+    fn force_growth_unbounded() {
+        let mock = HostMockResource::new();
+        let limited = LimitingResourceAdaptor::new(mock.clone(), 6000);
+        let p = PoolMemoryResource::new(limited.clone(), 0, None).unwrap();
+        let a = p.allocate(s(), 1000, 256).unwrap();
+        assert_eq!(p.pool_size(), 1024);
+        let b = p.allocate(s(), 4000, 256).unwrap();
+        assert_eq!(p.pool_size(), 1024 + 4096);
+        let c = p.allocate(s(), 500, 256).unwrap();
+        // 5120, 2560 and 1280 were refused, 640 granted.
+        assert_eq!(p.pool_size(), 1024 + 4096 + 640);
+        assert_eq!((mock.live_allocations(), mock.live_bytes()), (3, 5760));
+        // The limiting adaptor counts the 640-byte chunk as 768.
+        assert_eq!(limited.allocated_bytes(), 1024 + 4096 + 768);
+        let e = p.allocate(s(), 2000, 256).unwrap_err();
+        assert!(e.is_out_of_memory());
+        assert!(
+            e.to_string().starts_with(
+                "std::bad_alloc: out_of_memory: Maximum pool size exceeded (failed to allocate \
+                 2.000000 KiB): "
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("Exceeded memory limit"), "{e}");
+        assert_eq!(p.pool_size(), 5760);
+        // SAFETY: all three came from `p` with these sizes.
+        unsafe {
+            p.deallocate(s(), a, 1000, 256).unwrap();
+            p.deallocate(s(), b, 4000, 256).unwrap();
+            p.deallocate(s(), c, 500, 256).unwrap();
+        }
+        drop(p);
+        assert_eq!((mock.live_allocations(), limited.allocated_bytes()), (0, 0));
+    }
+
+    /// RMM's `PoolTest.ForceGrowth`, with a maximum pool size of 8192 (section 2.3).
+    #[test]
+    fn force_growth_bounded() {
+        let mock = HostMockResource::new();
+        let limited = LimitingResourceAdaptor::new(mock.clone(), 6000);
+        let p = PoolMemoryResource::new(limited, 0, Some(8192)).unwrap();
+        let a = p.allocate(s(), 1000, 256).unwrap();
+        assert_eq!(p.pool_size(), 4096, "half of the headroom");
+        assert!(p.allocate(s(), 4000, 256).unwrap_err().is_out_of_memory());
+        let b = p.allocate(s(), 500, 256).unwrap();
+        let c = p.allocate(s(), 2000, 256).unwrap();
+        assert_eq!(p.pool_size(), 4096);
+        assert_eq!(mock.live_allocations(), 1);
+        // The remaining headroom (4096) cannot hold 8192 bytes: no upstream call at all.
+        let calls = mock.allocation_calls();
+        let e = p.allocate(s(), 8192, 256).unwrap_err();
+        assert_eq!(mock.allocation_calls(), calls);
+        assert_eq!(
+            e.to_string(),
+            "std::bad_alloc: out_of_memory: Maximum pool size exceeded (failed to allocate \
+             8.000000 KiB): Not enough room to grow, current/max/try size = 4.000000 KiB, \
+             8.000000 KiB, 8.000000 KiB"
+        );
+        // SAFETY: all three came from `p` with these sizes.
+        unsafe {
+            p.deallocate(s(), a, 1000, 256).unwrap();
+            p.deallocate(s(), b, 500, 256).unwrap();
+            p.deallocate(s(), c, 2000, 256).unwrap();
+        }
+    }
+
+    #[test]
+    fn absurd_sizes_are_out_of_memory() {
+        let (p, mock) = pool(0, Some(1024));
+        for bytes in [2048, usize::MAX, usize::MAX - 10, (usize::MAX / 2) + 1] {
+            let e = p.allocate(s(), bytes, 256).unwrap_err();
+            assert!(e.is_out_of_memory(), "{bytes}: {e}");
+        }
+        assert!(p
+            .allocate(s(), usize::MAX, 256)
+            .unwrap_err()
+            .to_string()
+            .contains("Maximum allocation size exceeded"));
+        assert_eq!(mock.allocation_calls(), 0);
+        let (unbounded, _) = pool(0, None);
+        let e = unbounded.allocate(s(), usize::MAX - 300, 256).unwrap_err();
+        assert!(e.is_out_of_memory(), "{e}");
+        assert_eq!(unbounded.pool_size(), 0);
+    }
+
+    #[test]
+    fn wrong_frees_are_reported_and_change_nothing() {
+        let (p, _mock) = pool(4096, None);
+        let a = p.allocate(s(), 1000, 256).unwrap();
+        let b = p.allocate(s(), 256, 256).unwrap();
+        // SAFETY: every call below is a wrong free the pool must detect without touching memory,
+        // except the two correct frees of `a`.
+        unsafe {
+            assert_eq!(
+                invalid_free_kind(p.deallocate(s(), a, 2000, 256)),
+                InvalidFree::SizeMismatch { allocated: 1024 }
+            );
+            assert_eq!(
+                invalid_free_kind(p.deallocate(s(), DevicePtr::from_raw(a.addr() + 256), 256, 256)),
+                InvalidFree::UnknownPointer
+            );
+            assert_eq!(
+                invalid_free_kind(p.deallocate(s(), DevicePtr::from_raw(0xdead_0000), 256, 256)),
+                InvalidFree::UnknownPointer
+            );
+            assert_eq!(
+                invalid_free_kind(p.deallocate(s(), a, usize::MAX, 256)),
+                InvalidFree::SizeMismatch { allocated: 1024 }
+            );
+            // The same 256-byte rounding as the allocation is accepted, as in RMM.
+            p.deallocate(s(), a, 1024, 256).unwrap();
+            assert_eq!(
+                invalid_free_kind(p.deallocate(s(), a, 1000, 256)),
+                InvalidFree::DoubleFree
+            );
+        }
+        assert_eq!(p.outstanding_allocations(), 1);
+        assert_eq!(p.allocate(s(), 1000, 256).unwrap(), a);
+        // SAFETY: both came from `p`.
+        unsafe {
+            p.deallocate(s(), a, 1000, 256).unwrap();
+            p.deallocate(s(), b, 256, 256).unwrap();
+        }
+    }
+
+    #[test]
+    fn release_unused_returns_wholly_free_chunks() {
+        let (p, mock) = pool(0, None);
+        let a = p.allocate(s(), 1024, 256).unwrap();
+        let b = p.allocate(s(), 2048, 256).unwrap();
+        let c = p.allocate(s(), 4096, 256).unwrap();
+        assert_eq!(
+            (p.pool_size(), mock.live_allocations()),
+            (1024 + 2048 + 4096, 3)
+        );
+        assert_eq!(p.release_unused().unwrap(), 0);
+        // SAFETY: `a` and `c` came from `p`.
+        unsafe {
+            p.deallocate(s(), a, 1024, 256).unwrap();
+            p.deallocate(s(), c, 4096, 256).unwrap();
+        }
+        assert_eq!(p.release_unused().unwrap(), 1024 + 4096);
+        assert_eq!(p.pool_size(), 2048);
+        assert_eq!((mock.live_allocations(), mock.live_bytes()), (1, 2048));
+        // A freed pointer of a released chunk is unknown now.
+        // SAFETY: a wrong free the pool detects.
+        let r = unsafe { p.deallocate(s(), a, 1024, 256) };
+        assert_eq!(invalid_free_kind(r), InvalidFree::UnknownPointer);
+        // SAFETY: `b` came from `p`.
+        unsafe { p.deallocate(s(), b, 2048, 256).unwrap() };
+        assert_eq!(p.release_unused().unwrap(), 2048);
+        assert_eq!((p.pool_size(), mock.live_allocations()), (0, 0));
+        // The pool grows again afterwards.
+        let d = p.allocate(s(), 512, 256).unwrap();
+        assert_eq!(p.pool_size(), 512);
+        // SAFETY: `d` came from `p`.
+        unsafe { p.deallocate(s(), d, 512, 256).unwrap() };
+    }
+
+    #[test]
+    fn drop_returns_every_chunk_even_with_allocations_outstanding() {
+        let (p, mock) = pool(2048, None);
+        let copy = p.clone();
+        let _a = p.allocate(s(), 2048, 256).unwrap();
+        let _b = p.allocate(s(), 5000, 256).unwrap();
+        let c = p.allocate(s(), 100, 256).unwrap();
+        // SAFETY: `c` came from `p`.
+        unsafe { p.deallocate(s(), c, 100, 256).unwrap() };
+        let chunks = mock.live_allocations();
+        assert!(chunks >= 2);
+        drop(p);
+        assert_eq!(
+            mock.live_allocations(),
+            chunks,
+            "a copy still holds the pool"
+        );
+        assert_eq!(copy.outstanding_allocations(), 2);
+        drop(copy);
+        assert_eq!(mock.live_allocations(), 0);
+        assert_eq!(mock.deallocation_calls(), chunks);
+    }
+
+    #[test]
+    fn copies_share_state_and_compare_equal() {
+        let (p, mock) = pool(1024, None);
+        let q = p.clone();
+        assert!(p.is_equal(&q));
+        assert!(!p.is_equal(&pool(1024, None).0));
+        assert!(!p.is_equal(&mock));
+        assert!(p.upstream().is_equal(&mock));
+        let a = q.allocate(s(), 256, 256).unwrap();
+        assert_eq!(p.outstanding_allocations(), 1);
+        // SAFETY: `a` came from a copy of `p`, which is equal to it.
+        unsafe { p.deallocate(s(), a, 256, 256).unwrap() };
+        let erased = shared(p.clone());
+        let back = resource_cast::<PoolMemoryResource<HostMockResource>>(&*erased).unwrap();
+        assert!(back.is_equal(&p));
+        assert!(resource_cast::<HostMockResource>(&*erased).is_none());
+        assert_eq!(p.properties(), mock.properties());
+        assert!(format!("{p:?}").contains("PoolMemoryResource"));
+    }
+
+    #[test]
+    fn many_threads_on_the_default_stream_never_share_memory() {
+        let (p, mock) = pool(0, None);
+        std::thread::scope(|sc| {
+            for t in 0..4u8 {
+                let p = p.clone();
+                sc.spawn(move || {
+                    let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(t);
+                    let mut next = move || {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        rng
+                    };
+                    let mut live: Vec<(DevicePtr, usize, u8)> = Vec::new();
+                    for i in 0..1500u32 {
+                        if live.len() < 16 && (live.is_empty() || next() % 3 != 0) {
+                            let bytes = 1 + (next() % 8192) as usize;
+                            let ptr = p.allocate(s(), bytes, 256).unwrap();
+                            let tag = t.wrapping_mul(61).wrapping_add(i as u8) | 1;
+                            // SAFETY: the mock gives host memory; `ptr` is ours for `bytes`.
+                            unsafe { fill(ptr, bytes, tag) };
+                            live.push((ptr, bytes, tag));
+                        } else {
+                            let (ptr, bytes, tag) =
+                                live.swap_remove((next() as usize) % live.len());
+                            // SAFETY: as above; then the block is freed once.
+                            unsafe {
+                                assert!(
+                                    holds(ptr, bytes, tag),
+                                    "another allocation wrote into {ptr}"
+                                );
+                                p.deallocate(s(), ptr, bytes, 256).unwrap();
+                            }
+                        }
+                    }
+                    for (ptr, bytes, tag) in live {
+                        // SAFETY: as above.
+                        unsafe {
+                            assert!(
+                                holds(ptr, bytes, tag),
+                                "another allocation wrote into {ptr}"
+                            );
+                            p.deallocate(s(), ptr, bytes, 256).unwrap();
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(p.outstanding_allocations(), 0);
+        let size = p.pool_size();
+        assert_eq!(p.release_unused().unwrap(), size);
+        assert_eq!(mock.live_allocations(), 0);
+    }
+
+    #[test]
+    fn a_second_stream_key_turns_the_pool_eager() {
+        let (p, _mock) = pool(4096, None);
+        let a = p.allocate(s(), 256, 256).unwrap();
+        assert!(!p.inner.core.is_eager(), "one stream key, yet eager");
+        // SAFETY: `a` came from `p`.
+        unsafe { p.deallocate(s(), a, 256, 256).unwrap() };
+        // The per-thread default stream of this thread is a second key (no CUDA call: its list
+        // is special; its first allocation steals, which does need CUDA).
+        let r = p.allocate(CudaStreamView::per_thread(), 256, 256);
+        assert!(p.inner.core.is_eager());
+        assert_eq!(p.inner.core.list_count(), 2);
+        match r {
+            Ok(b) => {
+                // SAFETY: `b` came from `p` on this stream.
+                unsafe {
+                    p.deallocate(CudaStreamView::per_thread(), b, 256, 256)
+                        .unwrap()
+                };
+            }
+            Err(e) => {
+                // Stealing from the legacy list records an event: without a GPU that fails, and
+                // the block stays where it was.
+                assert!(rmm_sys::gpu_unavailable_reason().is_some(), "{e}");
+                assert_eq!(p.allocate(s(), 4096, 256).unwrap().addr(), a.addr());
+            }
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Alloc(usize),
+        Free(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (1usize..20_000).prop_map(Op::Alloc),
+            2 => any::<usize>().prop_map(Op::Free),
+        ]
+    }
+
+    proptest! {
+        /// Against a model of the live set: blocks are 256-aligned, never overlap, and the pool
+        /// gives everything back.
+        #[test]
+        fn model(initial in 0usize..64, maximum in proptest::option::of(64usize..512), ops in proptest::collection::vec(op(), 1..120)) {
+            let initial = initial * 256;
+            let maximum = maximum.map(|m| (m * 256).max(initial));
+            let (p, mock) = pool(initial, maximum);
+            let mut live: Vec<(u64, usize)> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Alloc(bytes) => match p.allocate(s(), bytes, 256) {
+                        Ok(ptr) => {
+                            let (addr, size) = (ptr.addr(), rmm_sys::align_up(bytes, 256));
+                            prop_assert!(ptr.is_aligned(256));
+                            for &(a, n) in &live {
+                                let (an, bn) = (a + rmm_sys::align_up(n, 256) as u64, addr + size as u64);
+                                prop_assert!(bn <= a || an <= addr, "overlap");
+                            }
+                            live.push((addr, bytes));
+                        }
+                        Err(e) => {
+                            prop_assert!(e.is_out_of_memory());
+                            prop_assert!(maximum.is_some());
+                        }
+                    },
+                    Op::Free(i) if !live.is_empty() => {
+                        let (addr, bytes) = live.swap_remove(i % live.len());
+                        // SAFETY: from `p` with `bytes`, freed once.
+                        unsafe { p.deallocate(s(), DevicePtr::from_raw(addr), bytes, 256).unwrap() };
+                    }
+                    Op::Free(_) => {}
+                }
+                prop_assert_eq!(p.outstanding_allocations(), live.len());
+                // RMM rounds the remaining headroom up to 256, and halving can leave chunk sizes
+                // that are not multiples of 256: the maximum can be overshot by less than 256.
+                prop_assert!(maximum.is_none_or(|m| p.pool_size() < m + 256));
+                prop_assert_eq!(p.pool_size(), mock.live_bytes());
+            }
+            for (addr, bytes) in live.drain(..) {
+                // SAFETY: as above.
+                unsafe { p.deallocate(s(), DevicePtr::from_raw(addr), bytes, 256).unwrap() };
+            }
+            let size = p.pool_size();
+            prop_assert_eq!(p.release_unused().unwrap(), size);
+            prop_assert_eq!(mock.live_allocations(), 0);
+        }
+    }
+}

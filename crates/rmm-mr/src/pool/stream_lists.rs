@@ -1,0 +1,350 @@
+//! The per-stream free lists of the stream-ordered sub-allocators (pool and fixed-size): how a
+//! stream is keyed, the event each list carries, and the rule that decides when an event must
+//! be recorded and what a thief waits on.
+//!
+//! # Keys
+//!
+//! - The per-thread default stream has one list **per host thread** ([`StreamKey::PerThread`],
+//!   a process-unique thread number, never reused).
+//! - The legacy default stream (and the default stream in legacy mode) has one shared list
+//!   ([`StreamKey::Legacy`]).
+//! - Any other stream is keyed by `cuStreamGetId` ([`StreamKey::Stream`]): unique per stream
+//!   object, so a later stream that reuses a destroyed stream's handle gets a list of its own.
+//!
+//! The two special keys need no CUDA call to compute; only an ordinary stream costs one
+//! (`cuStreamGetId`).
+//!
+//! # Events (the lazy rule)
+//!
+//! A block in list `K` may have pending work on `K`'s stream; a thief (another stream `T`)
+//! must make `T` wait for that work before using the block. RMM records an event on *every*
+//! free. Here:
+//!
+//! - **Special keys** (legacy, per-thread) never record at free time: those streams never die,
+//!   so the thief records the list's event itself, at steal time. For the legacy list it
+//!   records on the legacy stream. For a per-thread list it records on the calling thread's
+//!   per-thread stream when that thread owns the list, and otherwise on the legacy stream:
+//!   work queued on the legacy stream waits for all earlier work of every *blocking* stream,
+//!   and per-thread default streams are blocking, so that event covers the other thread's
+//!   stream too (it may wait for more than needed, never for less). Stealing is rare; freeing
+//!   is not.
+//! - **Ordinary streams** may be destroyed at any time after a free, and nothing may ever be
+//!   called on a stale handle, so their event must be recorded while the freeing caller
+//!   vouches for the stream: at free time. But while the pool has seen only ONE key, nobody
+//!   can steal, so no event is recorded at all. When a second key first appears the pool turns
+//!   *eager* (every later free on an ordinary stream records, as in RMM) and the first key's
+//!   list, if ordinary, is marked `needs_device_sync`: its blocks were freed without an event,
+//!   on a stream that may be gone, so the first thief synchronizes the device
+//!   (`cuCtxSynchronize`, which also covers non-blocking streams, unlike a legacy-stream
+//!   event) once, before taking anything from it.
+//! - When blocks enter a list without a free (a merge of other lists, a new upstream chunk
+//!   allocated on the stream), an eager ordinary list re-records its event after them, so a
+//!   later thief also waits for what they depended on (the waits of the merge, a stream-ordered
+//!   upstream allocation). RMM does not, which leaves a window where a thief of merged blocks
+//!   waits on an event older than the merge.
+//!
+//! Events are created lazily (first record) with timing disabled and live as long as their list,
+//! which lives as long as the pool: a list is never removed, so a block freed on a stream that
+//! is then destroyed stays stealable through the list's event.
+
+use std::any::Any;
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+
+use rmm_stream::{CudaEvent, CudaStreamView};
+use rmm_sys::CudaResult;
+
+/// Which free list a stream's blocks go to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum StreamKey {
+    /// The legacy default stream (`CU_STREAM_LEGACY`, or handle 0 in legacy mode).
+    Legacy,
+    /// The per-thread default stream of the host thread with this number.
+    PerThread(u64),
+    /// An ordinary stream, by `cuStreamGetId`.
+    Stream(u64),
+}
+
+impl StreamKey {
+    /// The key of `stream`. Makes a CUDA call (`cuStreamGetId`) only for ordinary streams.
+    pub(crate) fn of(stream: CudaStreamView<'_>) -> CudaResult<Self> {
+        if stream.is_per_thread_default() {
+            Ok(Self::PerThread(thread_number()))
+        } else if stream.is_default() {
+            Ok(Self::Legacy)
+        } else {
+            stream.id().map(Self::Stream)
+        }
+    }
+
+    /// Whether this is the legacy or a per-thread default stream (streams that never die, whose
+    /// event recording is deferred to steal time).
+    pub(crate) fn is_special(self) -> bool {
+        !matches!(self, Self::Stream(_))
+    }
+}
+
+static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    static THREAD_NUMBER: u64 = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A process-unique number of the calling thread (never reused). During thread-local
+/// destruction a fresh number is returned: such a late caller gets a list of its own, which is
+/// correct (per-thread lists record at steal time), merely unshared.
+pub(crate) fn thread_number() -> u64 {
+    THREAD_NUMBER
+        .try_with(|n| *n)
+        .unwrap_or_else(|_| NEXT_THREAD.fetch_add(1, Ordering::Relaxed))
+}
+
+/// `cuCtxSynchronize`: blocks until all work of the current context, on every stream
+/// (non-blocking ones included), has completed. rmm-sys has no wrapper for it, so this calls
+/// the raw binding it re-exports for that purpose.
+pub(crate) fn device_synchronize() -> CudaResult<()> {
+    rmm_sys::ensure_current_context()?;
+    // SAFETY: the driver is loaded and a context is current (checked just above);
+    // `cuCtxSynchronize` takes no arguments and touches no memory of ours.
+    let r = unsafe { rmm_sys::ffi::cuCtxSynchronize() };
+    if r == rmm_sys::ffi::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(rmm_sys::CudaError::from_result("cuCtxSynchronize", r))
+    }
+}
+
+/// One stream's free list with its event.
+#[derive(Debug)]
+pub(crate) struct StreamList<L> {
+    key: StreamKey,
+    state: Mutex<ListState<L>>,
+}
+
+impl<L> StreamList<L> {
+    /// An empty list for `key`.
+    pub(crate) fn new(key: StreamKey, blocks: L) -> Self {
+        Self {
+            key,
+            state: Mutex::new(ListState {
+                blocks,
+                event: None,
+                needs_device_sync: false,
+            }),
+        }
+    }
+
+    /// The key.
+    pub(crate) fn key(&self) -> StreamKey {
+        self.key
+    }
+
+    /// Locks the list. Never held together with another list's lock.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, ListState<L>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The locked part of a [`StreamList`].
+#[derive(Debug)]
+pub(crate) struct ListState<L> {
+    /// The free blocks.
+    pub(crate) blocks: L,
+    /// Created on the first record; `Some` means it was recorded at least once.
+    event: Option<CudaEvent>,
+    /// Blocks may have been freed without an event: a thief synchronizes the device first.
+    pub(crate) needs_device_sync: bool,
+}
+
+impl<L> ListState<L> {
+    fn event(&mut self) -> CudaResult<&CudaEvent> {
+        if self.event.is_none() {
+            self.event = Some(CudaEvent::new()?);
+        }
+        // Just set when it was `None`.
+        self.event
+            .as_ref()
+            .ok_or(rmm_sys::CudaError::DriverNotFound)
+    }
+
+    /// Records the list's event on `stream` when the rule asks for it: an ordinary stream of an
+    /// eager pool. A failure is absorbed by marking the list `needs_device_sync` (a thief then
+    /// synchronizes the device instead of waiting on the event), so the blocks stay safe.
+    pub(crate) fn publish(&mut self, key: StreamKey, stream: CudaStreamView<'_>, eager: bool) {
+        if key.is_special() || !eager {
+            return;
+        }
+        if let Err(e) = self.event().and_then(|ev| ev.record(stream)) {
+            log::warn!(
+                "rmm: could not record a pool event on stream {stream} ({e}); the next thief \
+                 of its blocks will synchronize the device instead"
+            );
+            self.needs_device_sync = true;
+        }
+    }
+
+    /// Makes `thief` wait for all work that may still use this list's free blocks (see the
+    /// [module documentation](self)).
+    pub(crate) fn prepare_steal(
+        &mut self,
+        key: StreamKey,
+        thief: CudaStreamView<'_>,
+    ) -> CudaResult<()> {
+        if self.needs_device_sync {
+            device_synchronize()?;
+            self.needs_device_sync = false;
+            return Ok(());
+        }
+        let on = match key {
+            StreamKey::Legacy => CudaStreamView::legacy(),
+            StreamKey::PerThread(owner) if owner == thread_number() => CudaStreamView::per_thread(),
+            StreamKey::PerThread(_) => CudaStreamView::legacy(),
+            StreamKey::Stream(_) => {
+                // Recorded at every free since the pool turned eager; blocks freed before
+                // that are covered by `needs_device_sync`. Never recorded: nothing to wait on.
+                return match &self.event {
+                    Some(ev) => ev.wait(thief),
+                    None => Ok(()),
+                };
+            }
+        };
+        let ev = self.event()?;
+        ev.record(on)?;
+        ev.wait(thief)
+    }
+}
+
+/// A slot of the per-thread list cache.
+struct CacheSlot {
+    pool: u64,
+    key: StreamKey,
+    list: Weak<dyn Any + Send + Sync>,
+}
+
+/// Per-thread cache of `(pool, key) -> list`, so the same-stream path takes no shared lock to
+/// find its list. Pools have process-unique numbers, so an entry never matches another pool;
+/// entries hold weak references, so a dropped pool's lists are freed with it.
+#[derive(Default)]
+struct ListCache {
+    slots: [Option<CacheSlot>; 4],
+    next: usize,
+}
+
+thread_local! {
+    static LIST_CACHE: RefCell<ListCache> = RefCell::default();
+}
+
+/// The cached list of `key` in pool `pool`, if this thread has seen it.
+pub(crate) fn cached_list<L: Send + 'static>(
+    pool: u64,
+    key: StreamKey,
+) -> Option<Arc<StreamList<L>>> {
+    LIST_CACHE
+        .try_with(|c| {
+            let c = c.borrow();
+            c.slots
+                .iter()
+                .flatten()
+                .find(|s| s.pool == pool && s.key == key)
+                .and_then(|s| s.list.upgrade())
+        })
+        .ok()
+        .flatten()
+        .and_then(|any| any.downcast::<StreamList<L>>().ok())
+}
+
+/// Remembers `list` as pool `pool`'s list for `key` in this thread's cache.
+pub(crate) fn remember_list<L: Send + 'static>(
+    pool: u64,
+    key: StreamKey,
+    list: &Arc<StreamList<L>>,
+) {
+    let any: Arc<dyn Any + Send + Sync> = list.clone();
+    let slot = CacheSlot {
+        pool,
+        key,
+        list: Arc::downgrade(&any),
+    };
+    let _ = LIST_CACHE.try_with(|c| {
+        let mut c = c.borrow_mut();
+        // Reuse the slot of a dead or identical entry, else round robin.
+        let free = c.slots.iter().position(|s| {
+            s.as_ref()
+                .is_none_or(|s| (s.pool == pool && s.key == key) || s.list.strong_count() == 0)
+        });
+        let i = free.unwrap_or(c.next);
+        c.next = (i + 1) % c.slots.len();
+        c.slots[i] = Some(slot);
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn special_keys_need_no_cuda() {
+        assert_eq!(
+            StreamKey::of(CudaStreamView::legacy()).unwrap(),
+            StreamKey::Legacy
+        );
+        let here = StreamKey::of(CudaStreamView::per_thread()).unwrap();
+        assert_eq!(here, StreamKey::PerThread(thread_number()));
+        assert!(here.is_special() && StreamKey::Legacy.is_special());
+        assert!(!StreamKey::Stream(7).is_special());
+        let there = std::thread::spawn(|| StreamKey::of(CudaStreamView::per_thread()).unwrap())
+            .join()
+            .unwrap();
+        assert_ne!(here, there, "two threads share a per-thread list");
+    }
+
+    #[test]
+    fn cache_is_per_pool_and_weak() {
+        let a = Arc::new(StreamList::new(StreamKey::Legacy, 1u32));
+        remember_list(1, StreamKey::Legacy, &a);
+        assert!(Arc::ptr_eq(
+            &cached_list::<u32>(1, StreamKey::Legacy).unwrap(),
+            &a
+        ));
+        assert!(cached_list::<u32>(2, StreamKey::Legacy).is_none());
+        assert!(cached_list::<u32>(1, StreamKey::Stream(1)).is_none());
+        assert!(
+            cached_list::<u64>(1, StreamKey::Legacy).is_none(),
+            "wrong type"
+        );
+        // More pools than slots: the oldest entries are replaced, nothing breaks.
+        let lists: Vec<_> = (10..20)
+            .map(|p| {
+                let l = Arc::new(StreamList::new(StreamKey::Stream(p), 0u32));
+                remember_list(p, StreamKey::Stream(p), &l);
+                l
+            })
+            .collect();
+        assert!(cached_list::<u32>(19, StreamKey::Stream(19)).is_some());
+        drop(lists);
+        assert!(
+            cached_list::<u32>(19, StreamKey::Stream(19)).is_none(),
+            "a dropped list stays reachable"
+        );
+    }
+
+    #[test]
+    fn publish_is_lazy() {
+        let list = StreamList::new(StreamKey::Stream(3), ());
+        let mut g = list.lock();
+        // Not eager: nothing recorded, no CUDA call.
+        g.publish(list.key(), CudaStreamView::legacy(), false);
+        assert!(g.event.is_none() && !g.needs_device_sync);
+        // Special keys never record at publish time.
+        g.publish(StreamKey::Legacy, CudaStreamView::legacy(), true);
+        g.publish(StreamKey::PerThread(1), CudaStreamView::legacy(), true);
+        assert!(g.event.is_none() && !g.needs_device_sync);
+        if !rmm_sys::is_driver_present() {
+            // Eager and ordinary: the record fails without a driver, and the list falls back
+            // to a device synchronization by its next thief.
+            g.publish(list.key(), CudaStreamView::legacy(), true);
+            assert!(g.event.is_none() && g.needs_device_sync);
+        }
+    }
+}

@@ -1,0 +1,541 @@
+//! GPU tests of the pool, fixed-size and binning resources: RMM's pool cases over the CUDA and
+//! the driver-pool upstreams, and memory-contents tests of cross-stream reuse (a block freed on
+//! a stalled stream and taken by another must not be written by the second before the first's
+//! pending work is done). Without a GPU every trial reports itself ignored, with the reason.
+//! Runs in both `RMM_DEFAULT_STREAM` modes in the GPU bundle; trials run one at a time (some
+//! take most of the device memory).
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use rmm_mr::{
+    shared, BinningMemoryResource, CudaAsyncMemoryResource, CudaMemoryResource,
+    DeviceMemoryResource, FixedSizeMemoryResource, LimitingResourceAdaptor, MrError,
+    PoolMemoryResource, SharedResource,
+};
+use rmm_stream::{stall, CudaEvent, CudaStream, CudaStreamView};
+use rmm_sys::{memory, DevicePtr};
+
+fn gpu(name: String, f: impl FnOnce() -> Result<(), Failed> + Send + 'static) -> Trial {
+    Trial::ignorable_test(name, move || match rmm_sys::gpu_unavailable_reason() {
+        Some(why) => Ok(Completion::ignored_with(format!("needs a CUDA GPU: {why}"))),
+        None => f().map(|()| Completion::Completed),
+    })
+}
+
+fn ensure(cond: bool, msg: impl Into<String>) -> Result<(), Failed> {
+    if cond {
+        Ok(())
+    } else {
+        Err(msg.into().into())
+    }
+}
+
+/// The upstreams every pool case runs over.
+#[derive(Debug, Clone, Copy)]
+enum Upstream {
+    Cuda,
+    Async,
+}
+
+impl Upstream {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Cuda => "cuda",
+            Self::Async => "cuda_async",
+        }
+    }
+
+    /// A fresh upstream (a new driver pool for the async one, so trials do not share memory).
+    fn make(self) -> Result<SharedResource, Failed> {
+        Ok(match self {
+            Self::Cuda => shared(CudaMemoryResource::new()),
+            Self::Async => shared(CudaAsyncMemoryResource::new()?),
+        })
+    }
+}
+
+const STALL: Duration = Duration::from_millis(200);
+const WORDS: usize = 1 << 20;
+const BYTES: usize = WORDS * 4;
+const PATTERN_A: u32 = 0xaaaa_aaaa;
+const PATTERN_B: u32 = 0x5555_5555;
+
+fn memset(ptr: DevicePtr, value: u32, words: usize, s: CudaStreamView<'_>) -> Result<(), Failed> {
+    // SAFETY: the callers pass a live allocation of at least `4 * words` bytes usable on `s`.
+    unsafe { memory::memset_d32_async(ptr, value, words, s.as_raw())? };
+    Ok(())
+}
+
+/// Copies `words` words back on `s` (synchronizing it) and checks they all equal `value`.
+fn expect_words(
+    ptr: DevicePtr,
+    value: u32,
+    words: usize,
+    s: CudaStreamView<'_>,
+) -> Result<(), Failed> {
+    let mut host = vec![0u8; words * 4];
+    // SAFETY: the callers pass a live allocation of at least `4 * words` bytes readable on `s`.
+    unsafe { memory::copy_to_host_sync(&mut host, ptr, s.as_raw())? };
+    let bad = host.chunks_exact(4).position(|w| w != value.to_ne_bytes());
+    match bad {
+        None => Ok(()),
+        Some(i) => Err(format!(
+            "word {i} of {ptr} is {:#x}, expected {value:#x}",
+            u32::from_ne_bytes(host[i * 4..i * 4 + 4].try_into().unwrap_or_default())
+        )
+        .into()),
+    }
+}
+
+/// First half of a cross-stream check: allocates `BYTES` on `a`, stalls `a`, queues a write of
+/// pattern A behind the stall and frees the block on `a`. Returns the block and an event that
+/// completes when `a`'s write is done (so the check can wait for it even if `a` is destroyed).
+fn free_behind_a_stall(
+    r: &dyn DeviceMemoryResource,
+    a: CudaStreamView<'_>,
+) -> Result<(DevicePtr, CudaEvent), Failed> {
+    let p = r.allocate(a, BYTES, 256)?;
+    stall(a, STALL)?;
+    memset(p, PATTERN_A, WORDS, a)?;
+    let done = CudaEvent::new()?;
+    done.record(a)?;
+    // SAFETY: `p` came from `r` on `a` with `BYTES`; the only work using it is ordered on `a`.
+    unsafe { r.deallocate(a, p, BYTES, 256)? };
+    Ok((p, done))
+}
+
+/// Second half: takes `BYTES` on `b`, which must be the same block (stolen), writes pattern B on
+/// `b`, waits for both streams' work, and checks that B's bytes won.
+fn take_on_b_and_check(
+    r: &dyn DeviceMemoryResource,
+    p: DevicePtr,
+    a_done: &CudaEvent,
+    b: CudaStreamView<'_>,
+) -> Result<(), Failed> {
+    let q = r.allocate(b, BYTES, 256)?;
+    ensure(
+        q == p,
+        format!("expected the freed block {p} to be stolen, got {q}"),
+    )?;
+    memset(q, PATTERN_B, WORDS, b)?;
+    b.synchronize()?;
+    a_done.synchronize()?;
+    let checked = expect_words(q, PATTERN_B, WORDS, b).map_err(|e| {
+        Failed::from(format!(
+            "stream B wrote before stream A's pending write was done: {}",
+            e.message().unwrap_or_default()
+        ))
+    });
+    // SAFETY: `q` came from `r` on `b`; `b` was synchronized.
+    unsafe { r.deallocate(b, q, BYTES, 256)? };
+    checked
+}
+
+/// Uses `r` once on a throw-away stream, so the resource has seen a stream key already and the
+/// stream that follows records events at free time.
+fn warm_up(r: &dyn DeviceMemoryResource, bytes: usize) -> Result<(), Failed> {
+    let c = CudaStream::non_blocking()?;
+    let x = r.allocate(c.view(), bytes, 256)?;
+    // SAFETY: `x` came from `r` on `c`.
+    unsafe { r.deallocate(c.view(), x, bytes, 256)? };
+    c.synchronize()?;
+    Ok(())
+}
+
+/// Which variant of the cross-stream check to run.
+#[derive(Debug, Clone, Copy)]
+enum Steal {
+    /// The resource already knew a stream: the free records an event.
+    Eager,
+    /// The first stream is the only one the resource has seen when the second appears.
+    FirstToSecondStream,
+    /// Like `Eager`, and stream A is destroyed before B takes the block.
+    DestroyedStream,
+    /// Like `FirstToSecondStream`, and stream A is destroyed before B takes the block.
+    DestroyedSoleStream,
+    /// A is the legacy default stream (events recorded at steal time).
+    Legacy,
+    /// A is another thread's per-thread default stream (events recorded at steal time).
+    OtherThreadsPerThread,
+}
+
+fn steal_check(r: &dyn DeviceMemoryResource, variant: Steal) -> Result<(), Failed> {
+    let b = CudaStream::non_blocking()?;
+    match variant {
+        Steal::Eager | Steal::FirstToSecondStream => {
+            if matches!(variant, Steal::Eager) {
+                warm_up(r, 256)?;
+            }
+            let a = CudaStream::non_blocking()?;
+            let (p, done) = free_behind_a_stall(r, a.view())?;
+            take_on_b_and_check(r, p, &done, b.view())
+        }
+        Steal::DestroyedStream | Steal::DestroyedSoleStream => {
+            if matches!(variant, Steal::DestroyedStream) {
+                warm_up(r, 256)?;
+            }
+            let a = CudaStream::non_blocking()?;
+            let (p, done) = free_behind_a_stall(r, a.view())?;
+            drop(a);
+            take_on_b_and_check(r, p, &done, b.view())
+        }
+        Steal::Legacy => {
+            let (p, done) = free_behind_a_stall(r, CudaStreamView::legacy())?;
+            take_on_b_and_check(r, p, &done, b.view())
+        }
+        Steal::OtherThreadsPerThread => {
+            let (tx, rx) = mpsc::channel();
+            let (finish_tx, finish_rx) = mpsc::channel::<()>();
+            std::thread::scope(|sc| {
+                let owner = sc.spawn(move || -> Result<(), String> {
+                    let r1 = free_behind_a_stall(r, CudaStreamView::per_thread())
+                        .map_err(|e| e.message().unwrap_or_default().to_owned());
+                    let ok = r1.is_ok();
+                    let _ = tx.send(r1);
+                    // Keep this thread (and its per-thread stream) alive until B is done.
+                    let _ = finish_rx.recv();
+                    if ok {
+                        Ok(())
+                    } else {
+                        Err("owner thread failed".into())
+                    }
+                });
+                let result = match rx.recv() {
+                    Ok(Ok((p, done))) => take_on_b_and_check(r, p, &done, b.view()),
+                    Ok(Err(e)) => Err(e.into()),
+                    Err(e) => Err(e.to_string().into()),
+                };
+                let _ = finish_tx.send(());
+                let joined = owner
+                    .join()
+                    .map_err(|_| Failed::from("owner thread panicked"))?;
+                result?;
+                joined.map_err(Failed::from)
+            })
+        }
+    }
+}
+
+/// 16 threads, each with its own stream, allocate, write, check and free at random; half of
+/// the frees happen right after an asynchronous write (pending work at free time), so thieves
+/// must wait for it.
+fn sixteen_threads(r: &dyn DeviceMemoryResource, max_bytes: usize) -> Result<(), Failed> {
+    let results: Vec<Result<(), String>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..16u32)
+            .map(|t| {
+                sc.spawn(move || -> Result<(), String> {
+                    let s = CudaStream::non_blocking().map_err(|e| e.to_string())?;
+                    let v = s.view();
+                    let mut rng = 0x2545_f491_4f6c_dd1du64 ^ (u64::from(t) << 32 | 1);
+                    let mut next = move || {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        rng
+                    };
+                    let mut live: Vec<(DevicePtr, usize, u32)> = Vec::new();
+                    let err = |e: Failed| e.message().unwrap_or_default().to_owned();
+                    for i in 0..200u32 {
+                        if live.len() < 8 && (live.is_empty() || next() % 2 == 0) {
+                            let words = 1 + (next() as usize) % (max_bytes / 4);
+                            let p = r.allocate(v, words * 4, 256).map_err(|e| e.to_string())?;
+                            let pattern = (t << 24) | i | 0x0080_0000;
+                            memset(p, pattern, words, v).map_err(err)?;
+                            live.push((p, words, pattern));
+                        } else {
+                            let (p, words, pattern) =
+                                live.swap_remove((next() as usize) % live.len());
+                            if next() % 2 == 0 {
+                                expect_words(p, pattern, words, v).map_err(|e| {
+                                    format!("thread {t}: {}", e.message().unwrap_or_default())
+                                })?;
+                            } else {
+                                // Pending work at free time: a thief must wait for it.
+                                memset(p, !pattern, words, v).map_err(err)?;
+                            }
+                            // SAFETY: from `r` on `v` with `4 * words` bytes, freed once.
+                            unsafe { r.deallocate(v, p, words * 4, 256) }
+                                .map_err(|e| e.to_string())?;
+                        }
+                    }
+                    for (p, words, pattern) in live {
+                        expect_words(p, pattern, words, v).map_err(err)?;
+                        // SAFETY: as above.
+                        unsafe { r.deallocate(v, p, words * 4, 256) }.map_err(|e| e.to_string())?;
+                    }
+                    s.synchronize().map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("thread panicked".into())))
+            .collect()
+    });
+    for r in results {
+        r.map_err(Failed::from)?;
+    }
+    Ok(())
+}
+
+fn is_invalid_argument<T>(r: Result<T, MrError>) -> bool {
+    matches!(r, Err(MrError::InvalidArgument(_)))
+}
+
+// ----- RMM's pool cases -----
+
+fn throw_max_less_than_initial(up: Upstream) -> Result<(), Failed> {
+    ensure(
+        is_invalid_argument(PoolMemoryResource::new(up.make()?, 1024, Some(256))),
+        "initial > maximum accepted",
+    )
+}
+
+fn allocate_ninety_percent(up: Upstream) -> Result<(), Failed> {
+    let initial = rmm_sys::percent_of_free_device_memory(90)?;
+    let pool = PoolMemoryResource::new(up.make()?, initial, None)?;
+    ensure(
+        pool.pool_size() == initial,
+        "pool size is not the initial size",
+    )?;
+    let p = pool.allocate_sync(1 << 20, 256)?;
+    // SAFETY: `p` came from `pool` with these arguments.
+    unsafe { pool.deallocate_sync(p, 1 << 20, 256)? };
+    Ok(())
+}
+
+fn two_large_buffers(up: Upstream) -> Result<(), Failed> {
+    let (free, _) = rmm_sys::available_device_memory()?;
+    let pool = PoolMemoryResource::new(
+        up.make()?,
+        rmm_sys::percent_of_free_device_memory(50)?,
+        None,
+    )?;
+    let s = CudaStreamView::default();
+    let a = pool.allocate(s, free / 4, 256)?;
+    let b = pool.allocate(s, free / 4, 256)?;
+    ensure(a != b, "two buffers at one address")?;
+    // SAFETY: both came from `pool` with these sizes.
+    unsafe {
+        pool.deallocate(s, a, free / 4, 256)?;
+        pool.deallocate(s, b, free / 4, 256)?;
+    }
+    s.synchronize()?;
+    Ok(())
+}
+
+fn force_growth(up: Upstream) -> Result<(), Failed> {
+    let s = CudaStreamView::default();
+    {
+        let limited = LimitingResourceAdaptor::new(up.make()?, 6000);
+        let pool = PoolMemoryResource::new(limited, 0, None)?;
+        let a = pool.allocate(s, 1000, 256)?;
+        let b = pool.allocate(s, 4000, 256)?;
+        let c = pool.allocate(s, 500, 256)?;
+        ensure(
+            pool.pool_size() == 5760,
+            format!("pool size {}", pool.pool_size()),
+        )?;
+        ensure(
+            pool.allocate(s, 2000, 256)
+                .is_err_and(|e| e.is_out_of_memory()),
+            "2000 bytes did not fail with out-of-memory",
+        )?;
+        // SAFETY: all three came from `pool` with these sizes.
+        unsafe {
+            pool.deallocate(s, a, 1000, 256)?;
+            pool.deallocate(s, b, 4000, 256)?;
+            pool.deallocate(s, c, 500, 256)?;
+        }
+    }
+    let limited = LimitingResourceAdaptor::new(up.make()?, 6000);
+    let pool = PoolMemoryResource::new(limited, 0, Some(8192))?;
+    let a = pool.allocate(s, 1000, 256)?;
+    ensure(
+        pool.allocate(s, 4000, 256)
+            .is_err_and(|e| e.is_out_of_memory()),
+        "4000 bytes did not fail with out-of-memory",
+    )?;
+    let b = pool.allocate(s, 500, 256)?;
+    let c = pool.allocate(s, 2000, 256)?;
+    ensure(
+        pool.pool_size() == 4096,
+        format!("pool size {}", pool.pool_size()),
+    )?;
+    // SAFETY: all three came from `pool` with these sizes.
+    unsafe {
+        pool.deallocate(s, a, 1000, 256)?;
+        pool.deallocate(s, b, 500, 256)?;
+        pool.deallocate(s, c, 2000, 256)?;
+    }
+    s.synchronize()?;
+    Ok(())
+}
+
+fn deleted_stream(up: Upstream) -> Result<(), Failed> {
+    let pool = PoolMemoryResource::new(up.make()?, 0, None)?;
+    let size = 10_000;
+    let first = {
+        let stream = CudaStream::with_default_flags()?;
+        let p = pool.allocate(stream.view(), size, 256)?;
+        memset(p, 7, size / 4, stream.view())?;
+        // SAFETY: `p` came from `pool` on this stream.
+        unsafe { pool.deallocate(stream.view(), p, size, 256)? };
+        p
+    };
+    let s = CudaStreamView::default();
+    let p = pool.allocate(s, size, 256)?;
+    ensure(p == first, "the destroyed stream's block was not reused")?;
+    memset(p, 9, size / 4, s)?;
+    expect_words(p, 9, size / 4, s)?;
+    // SAFETY: `p` came from `pool` on `s`.
+    unsafe { pool.deallocate(s, p, size, 256)? };
+    Ok(())
+}
+
+fn initial_and_max_pool_size_equal(up: Upstream) -> Result<(), Failed> {
+    let size = 1 << 20;
+    let pool = PoolMemoryResource::new(up.make()?, size, Some(size))?;
+    let p = pool.allocate_sync(1000, 256)?;
+    ensure(pool.pool_size() == size, "the pool grew past its maximum")?;
+    // SAFETY: `p` came from `pool`.
+    unsafe { pool.deallocate_sync(p, 1000, 256)? };
+    Ok(())
+}
+
+fn non_aligned_pool_size(up: Upstream) -> Result<(), Failed> {
+    ensure(
+        is_invalid_argument(PoolMemoryResource::new(up.make()?, 1000, None)),
+        "an unaligned initial size was accepted",
+    )?;
+    ensure(
+        is_invalid_argument(PoolMemoryResource::new(up.make()?, 1024, Some(1000))),
+        "an unaligned maximum size was accepted",
+    )
+}
+
+fn pool_size(up: Upstream) -> Result<(), Failed> {
+    let pool = PoolMemoryResource::new(up.make()?, 1 << 20, None)?;
+    ensure(pool.pool_size() >= 1 << 20, "pool_size() < initial size")?;
+    let p = pool.allocate_sync(2 << 20, 256)?;
+    ensure(pool.pool_size() >= 3 << 20, "growth not counted")?;
+    // SAFETY: `p` came from `pool`.
+    unsafe { pool.deallocate_sync(p, 2 << 20, 256)? };
+    ensure(pool.release_unused()? > 0, "nothing released")?;
+    Ok(())
+}
+
+// ----- memory contents -----
+
+fn pool_steal(up: Upstream, variant: Steal) -> Result<(), Failed> {
+    let pool = PoolMemoryResource::new(up.make()?, 0, None)?;
+    steal_check(&pool, variant)?;
+    ensure(pool.outstanding_allocations() == 0, "allocations left")
+}
+
+fn fixed_size_steal(up: Upstream, variant: Steal) -> Result<(), Failed> {
+    // One block per chunk, so the only free block is the one freed on stream A.
+    let fixed = FixedSizeMemoryResource::with_block_size(up.make()?, BYTES, 1)?;
+    steal_check(&fixed, variant)?;
+    ensure(fixed.outstanding_allocations() == 0, "allocations left")
+}
+
+fn pool_sixteen_threads(up: Upstream) -> Result<(), Failed> {
+    let pool = PoolMemoryResource::new(up.make()?, 0, None)?;
+    sixteen_threads(&pool, 1 << 20)?;
+    ensure(pool.outstanding_allocations() == 0, "allocations left")?;
+    pool.release_unused()?;
+    Ok(())
+}
+
+fn fixed_size_sixteen_threads(up: Upstream) -> Result<(), Failed> {
+    let fixed = FixedSizeMemoryResource::with_block_size(up.make()?, 1 << 20, 16)?;
+    sixteen_threads(&fixed, 1 << 20)?;
+    ensure(fixed.outstanding_allocations() == 0, "allocations left")
+}
+
+fn binning_contents(up: Upstream) -> Result<(), Failed> {
+    let binning = BinningMemoryResource::with_exponents(up.make()?, 18, 22)?;
+    ensure(binning.bin_sizes().len() == 5, "bins")?;
+    let s = CudaStream::non_blocking()?;
+    let v = s.view();
+    let sizes = [0usize, 4, 1 << 18, (1 << 18) + 4, 3 << 20, 8 << 20];
+    let mut live = Vec::new();
+    for (i, &bytes) in sizes.iter().enumerate() {
+        let p = binning.allocate(v, bytes, 256)?;
+        ensure(
+            (bytes == 0) == p.is_null(),
+            format!("{bytes} bytes gave {p}"),
+        )?;
+        if bytes > 0 {
+            memset(p, i as u32 + 1, bytes / 4, v)?;
+        }
+        live.push((p, bytes, i as u32 + 1));
+    }
+    for (p, bytes, value) in live {
+        if bytes > 0 {
+            expect_words(p, value, bytes / 4, v)?;
+        }
+        // SAFETY: from `binning` on `v` with `bytes`.
+        unsafe { binning.deallocate(v, p, bytes, 256)? };
+    }
+    sixteen_threads(&binning, 1 << 20)
+}
+
+/// One of RMM's pool cases, run over an upstream.
+type Case = fn(Upstream) -> Result<(), Failed>;
+
+fn main() {
+    let mut args = Arguments::from_args();
+    // Several trials take most of the device memory: one at a time.
+    args.test_threads.get_or_insert(1);
+    let pool_cases: [(&str, Case); 8] = [
+        ("throw_max_less_than_initial", throw_max_less_than_initial),
+        ("allocate_ninety_percent", allocate_ninety_percent),
+        ("two_large_buffers", two_large_buffers),
+        ("force_growth", force_growth),
+        ("deleted_stream", deleted_stream),
+        (
+            "initial_and_max_pool_size_equal",
+            initial_and_max_pool_size_equal,
+        ),
+        ("non_aligned_pool_size", non_aligned_pool_size),
+        ("pool_size", pool_size),
+    ];
+    let steals = [
+        ("eager", Steal::Eager),
+        ("first_to_second_stream", Steal::FirstToSecondStream),
+        ("destroyed_stream", Steal::DestroyedStream),
+        ("destroyed_sole_stream", Steal::DestroyedSoleStream),
+        ("legacy", Steal::Legacy),
+        ("other_threads_per_thread", Steal::OtherThreadsPerThread),
+    ];
+    let mut trials = Vec::new();
+    for up in [Upstream::Cuda, Upstream::Async] {
+        let u = up.name();
+        for (name, f) in pool_cases {
+            trials.push(gpu(format!("pool/{u}/{name}"), move || f(up)));
+        }
+        for (name, variant) in steals {
+            trials.push(gpu(format!("pool/{u}/steal_contents/{name}"), move || {
+                pool_steal(up, variant)
+            }));
+            trials.push(gpu(
+                format!("fixed_size/{u}/steal_contents/{name}"),
+                move || fixed_size_steal(up, variant),
+            ));
+        }
+        trials.push(gpu(format!("pool/{u}/sixteen_threads"), move || {
+            pool_sixteen_threads(up)
+        }));
+        trials.push(gpu(format!("fixed_size/{u}/sixteen_threads"), move || {
+            fixed_size_sixteen_threads(up)
+        }));
+        trials.push(gpu(format!("binning/{u}/contents"), move || {
+            binning_contents(up)
+        }));
+    }
+    libtest_mimic::run(&args, trials).exit();
+}
