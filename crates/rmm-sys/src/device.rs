@@ -94,6 +94,14 @@ impl Drop for DeviceGuard {
     }
 }
 
+/// Blocks until all work of the current context has completed, on every stream (non-blocking
+/// ones included): `cuCtxSynchronize`, the driver's `cudaDeviceSynchronize`.
+pub fn device_synchronize() -> CudaResult<()> {
+    ensure_current_context()?;
+    // SAFETY: a context is current; the call takes no arguments.
+    check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+}
+
 /// Free and total memory of the current device in bytes (`cudaMemGetInfo`).
 #[doc(alias = "rmm::available_device_memory")]
 pub fn available_device_memory() -> CudaResult<(usize, usize)> {

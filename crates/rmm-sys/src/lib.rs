@@ -43,7 +43,7 @@ pub use align::{
 };
 pub use context::{primary_context, PrimaryContext};
 pub use device::{
-    available_device_memory, current_device, device_count, device_name,
+    available_device_memory, current_device, device_count, device_name, device_synchronize,
     percent_of_free_device_memory, set_current_device, AllocationHandleType, DeviceCapabilities,
     DeviceGuard, DeviceId,
 };

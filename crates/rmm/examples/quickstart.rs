@@ -61,7 +61,10 @@ fn run() -> Result<(), MrError> {
         unsafe { mr.deallocate(stream.view(), p, bytes, 256)? };
     }
     stream.synchronize()?;
-    println!("freed everything; outstanding {} B", capped.allocated_bytes());
+    println!(
+        "freed everything; outstanding {} B",
+        capped.allocated_bytes()
+    );
     rmm::reset_current_device_resource()?;
     Ok(())
 }

@@ -40,8 +40,8 @@ pub use size::ByteSize;
 /// The names most programs need.
 pub mod prelude {
     pub use rmm_mr::{
-        CudaAsyncMemoryResource, CudaMemoryResource, DeviceMemoryResource,
-        LimitingResourceAdaptor, ManagedMemoryResource, MrError, SharedResource,
+        CudaAsyncMemoryResource, CudaMemoryResource, DeviceMemoryResource, LimitingResourceAdaptor,
+        ManagedMemoryResource, MrError, SharedResource,
     };
     pub use rmm_stream::{CudaStream, CudaStreamView};
     pub use rmm_sys::{DeviceId, DevicePtr};

@@ -39,7 +39,9 @@ impl FromStr for ByteSize {
     type Err = MrError;
 
     fn from_str(s: &str) -> Result<Self, MrError> {
-        let bad = || MrError::invalid_argument(format!("`{s}` is not a size (try `1GiB` or `1073741824`)"));
+        let bad = || {
+            MrError::invalid_argument(format!("`{s}` is not a size (try `1GiB` or `1073741824`)"))
+        };
         let t = s.trim();
         let split = t
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -64,7 +66,11 @@ impl FromStr for ByteSize {
         if frac.contains('.') || (int.is_empty() && frac.is_empty()) {
             return Err(bad());
         }
-        let whole: u128 = if int.is_empty() { 0 } else { int.parse().map_err(|_| bad())? };
+        let whole: u128 = if int.is_empty() {
+            0
+        } else {
+            int.parse().map_err(|_| bad())?
+        };
         let mut bytes = whole.checked_mul(multiplier).ok_or_else(bad)?;
         if !frac.is_empty() {
             let digits = frac.len().min(18) as u32;
@@ -98,8 +104,19 @@ mod tests {
         assert_eq!(p("1.5GiB").unwrap(), 3 << 29);
         assert_eq!(p(".5KiB").unwrap(), 512);
         assert_eq!(p("0").unwrap(), 0);
-        for bad in ["", "GiB", "1.2.3GiB", "12 parsecs", "-1", "1e9", "99999999999999999999TiB"] {
-            assert!(matches!(p(bad), Err(MrError::InvalidArgument(_))), "{bad:?} parsed");
+        for bad in [
+            "",
+            "GiB",
+            "1.2.3GiB",
+            "12 parsecs",
+            "-1",
+            "1e9",
+            "99999999999999999999TiB",
+        ] {
+            assert!(
+                matches!(p(bad), Err(MrError::InvalidArgument(_))),
+                "{bad:?} parsed"
+            );
         }
     }
 

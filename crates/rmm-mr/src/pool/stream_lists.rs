@@ -101,18 +101,9 @@ pub(crate) fn thread_number() -> u64 {
 }
 
 /// `cuCtxSynchronize`: blocks until all work of the current context, on every stream
-/// (non-blocking ones included), has completed. rmm-sys has no wrapper for it, so this calls
-/// the raw binding it re-exports for that purpose.
+/// (non-blocking ones included), has completed.
 pub(crate) fn device_synchronize() -> CudaResult<()> {
-    rmm_sys::ensure_current_context()?;
-    // SAFETY: the driver is loaded and a context is current (checked just above);
-    // `cuCtxSynchronize` takes no arguments and touches no memory of ours.
-    let r = unsafe { rmm_sys::ffi::cuCtxSynchronize() };
-    if r == rmm_sys::ffi::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(rmm_sys::CudaError::from_result("cuCtxSynchronize", r))
-    }
+    rmm_sys::device_synchronize()
 }
 
 /// One stream's free list with its event.
