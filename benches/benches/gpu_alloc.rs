@@ -17,7 +17,8 @@ use std::time::Instant;
 
 use rmm_benches::{median, replay_threads, Trace};
 use rmm_mr::{
-    CudaAsyncMemoryResource, CudaMemoryResource, DeviceMemoryResource, MrResult, SharedResource,
+    BinningMemoryResource, CudaAsyncMemoryResource, CudaMemoryResource, DeviceMemoryResource,
+    FixedSizeMemoryResource, MrResult, PoolMemoryResource, SharedResource,
 };
 use rmm_stream::CudaStream;
 use rmm_sys::mempool;
@@ -68,21 +69,53 @@ struct TraceSpec {
     live: usize,
 }
 
-/// The resources under test, by name. `driver_pool` is the baseline.
+/// The resources under test, by name, and whether they run multi-threaded. `driver_pool`
+/// (the driver's pool with release threshold `u64::MAX`, through `CudaAsyncMemoryResource`,
+/// whose overhead the first table measures) is the baseline.
 fn factories() -> Vec<(&'static str, Factory, bool)> {
-    // (name, factory, multithreaded)
+    fn shared<R: DeviceMemoryResource>(r: R) -> SharedResource {
+        Arc::new(r)
+    }
     vec![
         (
             "driver_pool",
-            Box::new(|_: &TraceSpec| {
-                Ok(Arc::new(CudaAsyncMemoryResource::new()?) as SharedResource)
-            }),
+            Box::new(|_: &TraceSpec| Ok(shared(CudaAsyncMemoryResource::new()?))),
             true,
         ),
         (
             "cuda",
-            Box::new(|_: &TraceSpec| Ok(Arc::new(CudaMemoryResource::new()) as SharedResource)),
+            Box::new(|_: &TraceSpec| Ok(shared(CudaMemoryResource::new()))),
             false,
+        ),
+        (
+            "pool",
+            Box::new(|_: &TraceSpec| {
+                Ok(shared(PoolMemoryResource::new(
+                    CudaMemoryResource::new(),
+                    0,
+                    None,
+                )?))
+            }),
+            true,
+        ),
+        (
+            "fixed_size",
+            Box::new(|spec: &TraceSpec| {
+                Ok(shared(FixedSizeMemoryResource::with_block_size(
+                    CudaMemoryResource::new(),
+                    spec.max_size,
+                    128,
+                )?))
+            }),
+            true,
+        ),
+        (
+            "binning",
+            Box::new(|_: &TraceSpec| {
+                let pool = PoolMemoryResource::new(CudaMemoryResource::new(), 0, None)?;
+                Ok(shared(BinningMemoryResource::with_exponents(pool, 18, 22)?))
+            }),
+            true,
         ),
     ]
 }

@@ -8,9 +8,10 @@ use std::sync::Arc;
 use conformance::{trials, Subject, GIB};
 use libtest_mimic::Arguments;
 use rmm_mr::{
-    CallbackMemoryResource, CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource,
-    CudaAsyncViewMemoryResource, CudaMemoryResource, DeviceMemoryResource, LimitingResourceAdaptor,
-    ManagedMemoryResource, PinnedHostMemoryResource, SamHeadroomMemoryResource, SharedResource,
+    BinningMemoryResource, CallbackMemoryResource, CudaAsyncManagedMemoryResource,
+    CudaAsyncMemoryResource, CudaAsyncViewMemoryResource, CudaMemoryResource, DeviceMemoryResource,
+    FixedSizeMemoryResource, LimitingResourceAdaptor, ManagedMemoryResource,
+    PinnedHostMemoryResource, PoolMemoryResource, SamHeadroomMemoryResource, SharedResource,
     SystemMemoryResource,
 };
 use rmm_sys::{DeviceCapabilities, DriverVersion};
@@ -92,6 +93,61 @@ fn subjects() -> Vec<Subject> {
         Subject::new("limiting_over_shared_async", || {
             let up: SharedResource = arc(CudaAsyncMemoryResource::new()?);
             Ok(arc(LimitingResourceAdaptor::new(up, 4 * GIB)))
+        })
+        .unsupported_when(no_pools),
+        // Sub-allocators, over a CUDA upstream and over the driver's pool (RMM's matrix plus the
+        // async upstream).
+        Subject::new("pool_over_cuda", || {
+            Ok(arc(PoolMemoryResource::new(
+                CudaMemoryResource::new(),
+                0,
+                None,
+            )?))
+        }),
+        Subject::new("pool_over_async", || {
+            Ok(arc(PoolMemoryResource::new(
+                CudaAsyncMemoryResource::new()?,
+                0,
+                None,
+            )?))
+        })
+        .unsupported_when(no_pools),
+        Subject::new("pool_over_pinned_host", || {
+            Ok(arc(PoolMemoryResource::new(
+                PinnedHostMemoryResource::new(),
+                0,
+                None,
+            )?))
+        })
+        .without_mt(),
+        Subject::new("fixed_size_over_cuda", || {
+            Ok(arc(
+                FixedSizeMemoryResource::new(CudaMemoryResource::new())?,
+            ))
+        })
+        .without_allocation_suite()
+        .without_mt(),
+        Subject::new("fixed_size_over_async", || {
+            Ok(arc(FixedSizeMemoryResource::new(
+                CudaAsyncMemoryResource::new()?,
+            )?))
+        })
+        .unsupported_when(no_pools)
+        .without_allocation_suite()
+        .without_mt(),
+        Subject::new("binning_over_cuda", || {
+            Ok(arc(BinningMemoryResource::with_exponents(
+                CudaMemoryResource::new(),
+                18,
+                22,
+            )?))
+        }),
+        Subject::new("binning_over_async", || {
+            Ok(arc(BinningMemoryResource::with_exponents(
+                CudaAsyncMemoryResource::new()?,
+                18,
+                22,
+            )?))
         })
         .unsupported_when(no_pools),
     ]
