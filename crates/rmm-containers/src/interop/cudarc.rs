@@ -1,0 +1,291 @@
+//! cudarc interop (feature `cudarc`).
+//!
+//! # Streams
+//! - cudarc → rmm-rs: [`cudarc_stream_view`] borrows a cudarc stream as a [`CudaStreamView`];
+//!   `Arc<cudarc::driver::CudaStream>` converts into a [`BufferStream`] that shares ownership,
+//!   so a container can live on a cudarc stream (and keeps it alive).
+//! - rmm-rs → cudarc: cudarc's `CudaStream` cannot borrow, so [`wrap_stream_for_cudarc`] is
+//!   `unsafe` (the caller keeps the stream alive); [`static_stream_for_cudarc`] is safe for the
+//!   special streams.
+//!
+//! Both sides use the device's **primary** context (cudarc's `CudaContext::new` retains it, as
+//! rmm-sys does), so handles are interchangeable; streams of a cudarc non-primary context are
+//! not supported. cudarc's null stream is the legacy default stream; it maps to
+//! [`CudaStreamView::legacy`] whatever rmm-rs's default-stream mode.
+//!
+//! # Device memory
+//! [`DeviceUvector<T>`] implements cudarc's `DeviceSlice<T>`, `DevicePtr<T>` and
+//! `DevicePtrMut<T>` (so cudarc's copies accept it) and `PushKernelArg` for `&v` and `&mut v`
+//! (so it can be a kernel argument). Ordering follows RMM's rule: work on the vector's own
+//! stream needs nothing; `device_ptr(stream)` / `device_ptr_mut(stream)` with another stream
+//! make that stream wait for the vector's stream first and synchronize it when the returned
+//! guard drops (so later work on the vector's stream, including its free, comes after).
+//! Kernel arguments cannot add such waits (cudarc keeps them private): launch on the vector's
+//! stream, or order the streams yourself.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use bytemuck::Pod;
+use cudarc::driver::{
+    CudaContext, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, DriverError, LaunchArgs,
+    PushKernelArg, SyncOnDrop,
+};
+use rmm_mr::{MrError, MrResult};
+use rmm_stream::{CudaEvent, CudaStreamView};
+use rmm_sys::{CudaError, DeviceGuard, DeviceId, CU_STREAM_LEGACY};
+
+use crate::stream::BufferStream;
+use crate::uvector::DeviceUvector;
+
+fn driver_error(e: DriverError) -> MrError {
+    MrError::Cuda(CudaError::from_result("cudarc", e.0))
+}
+
+/// cudarc's context for `device`'s primary context (the one rmm-rs uses), created once per
+/// device and cached. Checks the driver first, so it returns an error where cudarc would panic
+/// (no `libcuda`), and leaves the calling thread's current device as it was.
+pub fn cudarc_context(device: DeviceId) -> MrResult<Arc<CudaContext>> {
+    static CONTEXTS: OnceLock<Mutex<HashMap<i32, Arc<CudaContext>>>> = OnceLock::new();
+    rmm_sys::init()?;
+    let count = rmm_sys::device_count()?;
+    let ordinal = usize::try_from(device.value())
+        .ok()
+        .filter(|&d| d < count)
+        .ok_or_else(|| {
+            MrError::invalid_argument(format!("invalid device ordinal {device} ({count} devices)"))
+        })?;
+    let mut map = CONTEXTS
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(ctx) = map.get(&device.value()) {
+        return Ok(Arc::clone(ctx));
+    }
+    // `CudaContext::new` makes its context current; the guard puts the caller's device back.
+    let guard = DeviceGuard::new(device)?;
+    let ctx = CudaContext::new(ordinal).map_err(driver_error)?;
+    drop(guard);
+    map.insert(device.value(), Arc::clone(&ctx));
+    Ok(ctx)
+}
+
+/// A view of a cudarc stream, borrowing it (so it cannot outlive it). cudarc's null stream
+/// becomes the legacy default stream.
+#[must_use]
+pub fn cudarc_stream_view(stream: &CudaStream) -> CudaStreamView<'_> {
+    let raw = stream.cu_stream();
+    if raw.is_null() {
+        CudaStreamView::legacy()
+    } else {
+        // SAFETY: the handle names a stream that lives at least as long as `stream` is
+        // borrowed (cudarc destroys owned streams on drop; borrowed wrappers carry their
+        // creator's promise that the stream outlives them).
+        unsafe { CudaStreamView::from_raw(raw) }
+    }
+}
+
+/// A cudarc stream for one of the special streams (default, legacy, per-thread), on `device`'s
+/// primary context. The default stream is resolved by the process's default-stream mode.
+///
+/// # Errors
+/// [`MrError::InvalidArgument`] for a view that is not a special stream (use
+/// [`wrap_stream_for_cudarc`]), and [`cudarc_context`]'s errors.
+pub fn static_stream_for_cudarc(
+    view: CudaStreamView<'static>,
+    device: DeviceId,
+) -> MrResult<Arc<CudaStream>> {
+    if !(view.is_default() || view.is_per_thread_default()) {
+        return Err(MrError::invalid_argument(format!(
+            "stream {view} is not a special stream; wrap_stream_for_cudarc wraps others"
+        )));
+    }
+    // SAFETY: special stream handles are valid in every context, forever.
+    unsafe { wrap_stream_for_cudarc(view, device) }
+}
+
+/// A cudarc stream wrapping `view`'s stream (not owning it) on `device`'s primary context.
+///
+/// # Safety
+/// The stream belongs to `device`'s primary context and stays alive as long as the returned
+/// `Arc` (or any clone of it) may be used: cudarc's stream does not borrow.
+pub unsafe fn wrap_stream_for_cudarc(
+    view: CudaStreamView<'_>,
+    device: DeviceId,
+) -> MrResult<Arc<CudaStream>> {
+    let ctx = cudarc_context(device)?;
+    // SAFETY: the caller's contract; `as_raw` resolves the default stream to the handle the
+    // driver needs.
+    Ok(unsafe { ctx.wrap_borrowed_stream(view.as_raw()) })
+}
+
+impl From<Arc<CudaStream>> for BufferStream {
+    fn from(stream: Arc<CudaStream>) -> Self {
+        Self::cudarc(stream)
+    }
+}
+
+impl From<&Arc<CudaStream>> for BufferStream {
+    fn from(stream: &Arc<CudaStream>) -> Self {
+        Self::cudarc(Arc::clone(stream))
+    }
+}
+
+/// The handle the driver sees, with the legacy stream's two spellings (0 and
+/// `CU_STREAM_LEGACY`) made one.
+fn canonical(raw: rmm_sys::ffi::CUstream) -> usize {
+    if raw.is_null() {
+        CU_STREAM_LEGACY as usize
+    } else {
+        raw as usize
+    }
+}
+
+impl<T: Pod> DeviceUvector<T> {
+    /// Makes `other` wait for the work queued so far on this vector's stream (falls back to
+    /// synchronizing this vector's stream on the host).
+    fn order_before(&self, other: &CudaStream) {
+        let ours = self.stream();
+        if canonical(ours.as_raw()) == canonical(other.cu_stream()) {
+            return;
+        }
+        let waited = (|| -> MrResult<()> {
+            let _guard = DeviceGuard::new(self.device())?;
+            let event = CudaEvent::new()?;
+            event.record(ours)?;
+            // SAFETY: `other` is a live cudarc stream (borrowed); the event lives for the call
+            // (destroying an event that a stream waits on is allowed).
+            unsafe { rmm_sys::stream::stream_wait_event(other.cu_stream(), event.value()) }?;
+            Ok(())
+        })();
+        if let Err(e) = waited {
+            log::warn!("rmm: cross-stream wait failed ({e}); synchronizing the vector's stream");
+            if let Err(e) = ours.synchronize() {
+                log::error!("rmm: synchronizing the vector's stream failed: {e}");
+            }
+        }
+    }
+
+    fn cudarc_guard<'a>(&self, stream: &'a CudaStream) -> SyncOnDrop<'a> {
+        if canonical(self.stream().as_raw()) == canonical(stream.cu_stream()) {
+            SyncOnDrop::Sync(None)
+        } else {
+            self.order_before(stream);
+            SyncOnDrop::Sync(Some(stream))
+        }
+    }
+}
+
+impl<T: Pod> DeviceSlice<T> for DeviceUvector<T> {
+    fn len(&self) -> usize {
+        DeviceUvector::len(self)
+    }
+
+    /// The vector's stream as a cudarc stream: the `Arc` itself for a vector on a cudarc
+    /// stream, a wrapper of the special stream for a vector on one. For a vector on an owned
+    /// rmm-rs stream, cudarc's stream could be cloned past that stream's life, so this is the
+    /// device's legacy default stream instead (cudarc uses it to find the context; ordering is
+    /// done by `device_ptr`/`device_ptr_mut`).
+    ///
+    /// # Panics
+    /// If cudarc cannot create its context for the vector's device, which a vector created on
+    /// that device rules out in practice.
+    fn stream(&self) -> &Arc<CudaStream> {
+        if let Some(s) = self.buffer_stream().as_cudarc() {
+            return s;
+        }
+        self.cudarc_stream.get_or_init(|| {
+            let made = match self.buffer_stream().as_static() {
+                Some(view) => static_stream_for_cudarc(view, self.device()),
+                None => cudarc_context(self.device()).map(|ctx| ctx.default_stream()),
+            };
+            made.unwrap_or_else(|e| {
+                panic!(
+                    "rmm: cudarc has no context for device {}: {e}",
+                    self.device()
+                )
+            })
+        })
+    }
+}
+
+impl<T: Pod> DevicePtr<T> for DeviceUvector<T> {
+    fn device_ptr<'a>(
+        &'a self,
+        stream: &'a CudaStream,
+    ) -> (rmm_sys::ffi::CUdeviceptr, SyncOnDrop<'a>) {
+        (self.data().addr(), self.cudarc_guard(stream))
+    }
+}
+
+impl<T: Pod> DevicePtrMut<T> for DeviceUvector<T> {
+    fn device_ptr_mut<'a>(
+        &'a mut self,
+        stream: &'a CudaStream,
+    ) -> (rmm_sys::ffi::CUdeviceptr, SyncOnDrop<'a>) {
+        (self.data().addr(), self.cudarc_guard(stream))
+    }
+}
+
+/// The vector's address field as the `u64` the kernel reads.
+fn address_field<T: Pod>(v: &DeviceUvector<T>) -> &u64 {
+    v.as_buffer().address_field()
+}
+
+// SAFETY: the argument pushed is a reference to the vector's address field (a `u64`,
+// `CUdeviceptr`), borrowed for `'b`, which outlives the launch builder `'a`; the driver reads
+// 8 bytes from it at launch.
+unsafe impl<'a, 'b: 'a, T: Pod> PushKernelArg<&'b DeviceUvector<T>> for LaunchArgs<'a> {
+    fn arg(&mut self, arg: &'b DeviceUvector<T>) -> &mut Self {
+        self.arg(address_field(arg))
+    }
+}
+
+// SAFETY: as above; the exclusive borrow keeps the vector from being resized or dropped while
+// the builder may launch.
+unsafe impl<'a, 'b: 'a, T: Pod> PushKernelArg<&'b mut DeviceUvector<T>> for LaunchArgs<'a> {
+    fn arg(&mut self, arg: &'b mut DeviceUvector<T>) -> &mut Self {
+        let field: &'b DeviceUvector<T> = arg;
+        self.arg(address_field(field))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_spellings_of_the_legacy_stream_are_one() {
+        assert_eq!(canonical(std::ptr::null_mut()), 1);
+        assert_eq!(canonical(CU_STREAM_LEGACY), 1);
+        assert_eq!(canonical(rmm_sys::CU_STREAM_PER_THREAD), 2);
+        assert_eq!(canonical(0x1234 as _), 0x1234);
+    }
+
+    #[test]
+    fn only_special_streams_convert_safely() {
+        // SAFETY: the handle is never given to the driver (rejected before any CUDA call).
+        let foreign: CudaStreamView<'static> = unsafe { CudaStreamView::from_raw(0x1234 as _) };
+        assert!(matches!(
+            static_stream_for_cudarc(foreign, DeviceId(0)),
+            Err(MrError::InvalidArgument(_))
+        ));
+    }
+
+    #[test]
+    fn without_a_driver_contexts_are_errors_not_panics() {
+        if !rmm_sys::is_driver_present() {
+            assert!(cudarc_context(DeviceId(0)).unwrap_err().is_no_device());
+            assert!(
+                static_stream_for_cudarc(CudaStreamView::legacy(), DeviceId(0))
+                    .unwrap_err()
+                    .is_no_device()
+            );
+        } else {
+            assert!(matches!(
+                cudarc_context(DeviceId(-1)),
+                Err(MrError::InvalidArgument(_))
+            ));
+        }
+    }
+}
