@@ -37,6 +37,7 @@ pub mod statistics;
 pub mod testing;
 pub mod tracking;
 
+pub use arena::ArenaMemoryResource;
 pub use error::{InvalidFree, MrError, MrResult};
 pub use limiting::LimitingResourceAdaptor;
 pub use prefetch::{prefetch, PrefetchTarget};
@@ -74,6 +75,8 @@ mod send_sync {
         assert_send_sync::<CallbackMemoryResource>();
         assert_send_sync::<LimitingResourceAdaptor>();
         assert_send_sync::<LimitingResourceAdaptor<CudaMemoryResource>>();
+        assert_send_sync::<ArenaMemoryResource>();
+        assert_send_sync::<ArenaMemoryResource<testing::HostMockResource>>();
         assert_send_sync::<testing::HostMockResource>();
     };
 }
