@@ -38,6 +38,7 @@ pub mod testing;
 pub mod tracking;
 
 pub use binning::BinningMemoryResource;
+pub use arena::ArenaMemoryResource;
 pub use error::{InvalidFree, MrError, MrResult};
 pub use fixed_size::FixedSizeMemoryResource;
 pub use limiting::LimitingResourceAdaptor;
@@ -77,6 +78,8 @@ mod send_sync {
         assert_send_sync::<CallbackMemoryResource>();
         assert_send_sync::<LimitingResourceAdaptor>();
         assert_send_sync::<LimitingResourceAdaptor<CudaMemoryResource>>();
+        assert_send_sync::<ArenaMemoryResource>();
+        assert_send_sync::<ArenaMemoryResource<testing::HostMockResource>>();
         assert_send_sync::<testing::HostMockResource>();
         assert_send_sync::<PoolMemoryResource>();
         assert_send_sync::<PoolMemoryResource<CudaMemoryResource>>();

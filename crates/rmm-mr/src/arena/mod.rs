@@ -102,6 +102,8 @@ mod size_class;
 mod stats;
 mod superblock;
 
+pub mod resource;
+
 #[cfg(test)]
 mod model_tests;
 
@@ -109,6 +111,7 @@ pub use block::Block;
 pub use error::{ArenaError, RejectedSuperblock};
 pub use global_arena::{GlobalArena, SuperblockLocation};
 pub use local_arena::LocalArena;
+pub use resource::{ArenaMemoryResource, ArenaOptions};
 pub use size_class::{
     align_down, align_to_size_class, align_up, ALLOCATION_ALIGNMENT, MAX_SIZE_CLASS,
 };

@@ -1,0 +1,75 @@
+//! Stream-ordering tools of the arena resource: a pool of reusable events (fences recorded on the
+//! stream of a free) and the device-wide synchronization of defragmentation.
+
+use std::sync::Mutex;
+
+use rmm_stream::{CudaEvent, CudaStreamView};
+use rmm_sys::ffi::CUresult;
+use rmm_sys::{CudaError, CudaResult};
+
+use super::lock;
+
+/// Events kept for reuse; beyond this many, returned events are destroyed.
+const MAX_POOLED_EVENTS: usize = 1024;
+
+/// Reusable events (creating one costs a driver call and some memory, recording one is cheap).
+///
+/// The pool's mutex is a leaf lock: nothing else is acquired while it is held.
+#[derive(Debug, Default)]
+pub(super) struct EventPool {
+    events: Mutex<Vec<CudaEvent>>,
+}
+
+impl EventPool {
+    /// A pooled event, or a new one (timing disabled).
+    pub(super) fn take(&self) -> CudaResult<CudaEvent> {
+        match lock(&self.events).pop() {
+            Some(event) => Ok(event),
+            None => CudaEvent::new(),
+        }
+    }
+
+    /// Returns an event for reuse. Re-recording an event is allowed at any time: a stream that
+    /// waited on it, or a query made earlier, refers to the record it saw.
+    pub(super) fn give(&self, event: CudaEvent) {
+        let mut events = lock(&self.events);
+        if events.len() < MAX_POOLED_EVENTS {
+            events.push(event);
+        }
+    }
+
+    /// Returns an optional event for reuse.
+    pub(super) fn give_opt(&self, event: Option<CudaEvent>) {
+        if let Some(event) = event {
+            self.give(event);
+        }
+    }
+
+    /// A fence: a pooled event recorded at the current end of `stream`. It completes once all
+    /// work queued on `stream` so far has completed; it never refers to the stream again, so the
+    /// stream may be destroyed right after.
+    pub(super) fn record(&self, stream: CudaStreamView<'_>) -> CudaResult<CudaEvent> {
+        let event = self.take()?;
+        match event.record(stream) {
+            Ok(()) => Ok(event),
+            Err(e) => {
+                self.give(event);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Blocks until all work on the current device has completed (`cuCtxSynchronize`, the driver
+/// API's `cudaDeviceSynchronize`).
+pub(super) fn device_synchronize() -> CudaResult<()> {
+    rmm_sys::ensure_current_context()?;
+    // SAFETY: the driver is loaded and initialized and a context is current (checked just
+    // above); the call takes no arguments.
+    let result = unsafe { rmm_sys::ffi::cuCtxSynchronize() };
+    if result == CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(CudaError::from_result("cuCtxSynchronize", result))
+    }
+}

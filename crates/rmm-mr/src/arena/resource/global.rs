@@ -1,0 +1,249 @@
+//! [`GlobalState`]: what the resource's global lock protects: the global arena, which local arena
+//! each lent superblock went to, the live large allocations and the addresses of the frees
+//! still waiting for their stream; and [`PendingQueue`], those frees themselves (behind their
+//! own lock, so that their events are queried outside the global lock).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use rmm_stream::CudaEvent;
+
+use super::{lock, ArenaCell, ArenaSlot, EventPool};
+use crate::arena::{ArenaError, Block, GlobalArena, Superblock, SuperblockLocation};
+
+/// A free that is not yet visible to the allocator: the block stays allocated in the
+/// bookkeeping until `event` (recorded on the freeing stream) completes.
+#[derive(Debug)]
+pub(super) struct PendingFree {
+    pub(super) addr: u64,
+    pub(super) size: usize,
+    pub(super) event: CudaEvent,
+}
+
+/// The local arena an operation already holds locked, so that releasing a pending free into it
+/// does not try to lock it again.
+pub(super) struct Held<'a> {
+    pub(super) cell: &'a Arc<ArenaCell>,
+    pub(super) slot: &'a mut ArenaSlot,
+}
+
+/// Frees waiting for their stream, oldest first, behind a lock of their own (a leaf: nothing is
+/// acquired while it is held; it may be taken while the global lock is held). Entries are taken
+/// out to query their events without any lock, and put back when not complete yet.
+#[derive(Debug, Default)]
+pub(super) struct PendingQueue {
+    queue: Mutex<VecDeque<PendingFree>>,
+}
+
+impl PendingQueue {
+    pub(super) fn push(&self, entry: PendingFree) {
+        lock(&self.queue).push_back(entry);
+    }
+
+    /// Takes out the completed frees among the oldest `limit` (querying the events without
+    /// holding any lock); the others go back at the end of the queue.
+    pub(super) fn take_completed(&self, limit: usize) -> Vec<PendingFree> {
+        let taken: Vec<PendingFree> = {
+            let mut queue = lock(&self.queue);
+            let n = queue.len().min(limit);
+            queue.drain(..n).collect()
+        };
+        if taken.is_empty() {
+            return taken;
+        }
+        let (done, not_yet): (Vec<_>, Vec<_>) = taken
+            .into_iter()
+            .partition(|p| matches!(p.event.is_complete(), Ok(true)));
+        if !not_yet.is_empty() {
+            lock(&self.queue).extend(not_yet);
+        }
+        done
+    }
+
+    /// Takes out every entry, complete or not.
+    pub(super) fn take_all(&self) -> Vec<PendingFree> {
+        lock(&self.queue).drain(..).collect()
+    }
+
+    /// Number of entries and their bytes.
+    pub(super) fn stats(&self) -> (usize, usize) {
+        let queue = lock(&self.queue);
+        (queue.len(), queue.iter().map(|p| p.size).sum())
+    }
+}
+
+/// Everything behind the global lock.
+#[derive(Debug)]
+pub(super) struct GlobalState {
+    pub(super) arena: GlobalArena,
+    /// Lent superblock address -> the arena holding it (RMM searches every arena instead).
+    pub(super) owners: HashMap<u64, Arc<ArenaCell>>,
+    /// Live large (> 1 MiB) allocations: address -> rounded size (O(1) checks of large frees).
+    pub(super) large_live: HashMap<u64, usize>,
+    /// Addresses of the frees waiting for their stream (a second free of one is a double free).
+    pub(super) pending_addrs: HashSet<u64>,
+}
+
+impl GlobalState {
+    pub(super) fn new(arena: GlobalArena) -> Self {
+        Self {
+            arena,
+            owners: HashMap::new(),
+            large_live: HashMap::new(),
+            pending_addrs: HashSet::new(),
+        }
+    }
+
+    /// Queues a free until `event` completes.
+    pub(super) fn push_pending(
+        &mut self,
+        queue: &PendingQueue,
+        addr: u64,
+        size: usize,
+        event: CudaEvent,
+    ) {
+        self.pending_addrs.insert(addr);
+        queue.push(PendingFree { addr, size, event });
+    }
+
+    /// Releases completed pending frees (from [`PendingQueue::take_completed`], or any after a
+    /// device synchronization). One whose superblock is in a busy local arena goes back to
+    /// `queue`. Returns how many were released.
+    pub(super) fn release_completed(
+        &mut self,
+        entries: Vec<PendingFree>,
+        mut held: Option<&mut Held<'_>>,
+        queue: &PendingQueue,
+        events: &EventPool,
+    ) -> usize {
+        let mut released = 0;
+        for entry in entries {
+            if self.release(entry.addr, entry.size, held.as_deref_mut()) {
+                self.pending_addrs.remove(&entry.addr);
+                events.give(entry.event);
+                released += 1;
+            } else {
+                queue.push(entry);
+            }
+        }
+        released
+    }
+
+    /// Frees a validated block wherever its superblock is now: in the global arena, or in the
+    /// local arena that holds it (which must be locked without blocking, since the global lock
+    /// is held: `held`, or a `try_lock`). Returns `false` if that arena is busy (try again
+    /// later).
+    fn release(&mut self, addr: u64, size: usize, held: Option<&mut Held<'_>>) -> bool {
+        let outcome = match self.arena.deallocate(addr, size) {
+            Ok(false) => self.release_in_owner(addr, size, held),
+            other => Some(other),
+        };
+        match outcome {
+            None => false,
+            Some(Ok(true)) => true,
+            Some(Ok(false)) => {
+                log::error!("arena: pending free of {addr:#x} ({size} B) found no superblock");
+                true
+            }
+            Some(Err(e)) => {
+                log::error!("arena: pending free failed: {e}");
+                true
+            }
+        }
+    }
+
+    fn release_in_owner(
+        &mut self,
+        addr: u64,
+        size: usize,
+        held: Option<&mut Held<'_>>,
+    ) -> Option<Result<bool, ArenaError>> {
+        let Some(SuperblockLocation::Lent(span)) = self.arena.find(addr) else {
+            return Some(Ok(false));
+        };
+        let Some(owner) = self.owners.get(&span.addr) else {
+            return Some(Ok(false));
+        };
+        match held {
+            Some(held) if Arc::ptr_eq(held.cell, owner) => {
+                Some(held.slot.arena.deallocate(addr, size))
+            }
+            _ => owner
+                .try_lock()
+                .map(|mut slot| slot.arena.deallocate(addr, size)),
+        }
+    }
+
+    /// Lends `arena` a superblock for `size` bytes and records where it went.
+    pub(super) fn lend(
+        &mut self,
+        size: usize,
+        cell: &Arc<ArenaCell>,
+        slot: &mut ArenaSlot,
+    ) -> bool {
+        let Some(superblock) = self.arena.acquire(size) else {
+            return false;
+        };
+        let addr = superblock.addr();
+        match slot.arena.adopt(superblock) {
+            Ok(()) => {
+                self.owners.insert(addr, Arc::clone(cell));
+                true
+            }
+            Err(rejected) => {
+                log::error!("arena: {rejected}");
+                if let Err(lost) = self.arena.release(rejected.superblock) {
+                    log::error!("arena: superblock lost: {lost}");
+                }
+                false
+            }
+        }
+    }
+
+    /// Moves every superblock of `slot` back to the global arena (RMM's `arena::clean`).
+    pub(super) fn take_back(&mut self, slot: &mut ArenaSlot) {
+        let lent: Vec<u64> = slot.arena.superblocks().map(Superblock::addr).collect();
+        if let Err(e) = slot.arena.clean(&mut self.arena) {
+            log::error!("arena: cleaning a local arena: {e}");
+        }
+        for addr in lent {
+            if !slot.arena.contains(addr) {
+                self.owners.remove(&addr);
+            }
+        }
+    }
+
+    /// Checks that `[addr, addr + size)` is a live block of a superblock held by the global
+    /// arena (the one spanning `span`), without freeing it. `O(superblocks)`: only frees that
+    /// land in the global arena and are not large allocations (blocks whose superblock was
+    /// cleaned while they were live) take this path.
+    pub(super) fn check_live_in_global(
+        &self,
+        span: Block,
+        addr: u64,
+        size: usize,
+    ) -> Result<(), ArenaError> {
+        let not_found = ArenaError::NotFound { addr, size };
+        let superblock = self
+            .arena
+            .superblocks()
+            .find(|sb| sb.addr() == span.addr)
+            .ok_or(not_found)?;
+        match superblock.live_block_at(addr) {
+            Some(live) if live == size => Ok(()),
+            Some(allocated) => Err(ArenaError::SizeMismatch {
+                addr,
+                size,
+                allocated,
+            }),
+            None => {
+                let probe = Block::new(addr, size.max(1));
+                if superblock.free_blocks().any(|free| free.overlaps(&probe)) {
+                    Err(ArenaError::DoubleFree { addr, size })
+                } else {
+                    Err(not_found)
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,722 @@
+//! [`State`]: the shared state of one arena resource (and all its clones) and its algorithms.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, Weak};
+
+use rmm_stream::{CudaEvent, CudaStreamView};
+use rmm_sys::DevicePtr;
+
+use super::global::{GlobalState, Held, PendingFree, PendingQueue};
+use super::thread_cache::{self, ThreadExit};
+use super::{fence, lock, read, write, ArenaCell, ArenaKey, ArenaOptions, ArenaSlot, EventPool};
+use super::{DUMP_LOG_TARGET, UPSTREAM_ALIGNMENT};
+use crate::arena::stats::format_bytes;
+use crate::arena::{
+    align_down, align_to_size_class, align_up, ArenaError, Block, GlobalArena, SuperblockLocation,
+    SUPERBLOCK_MIN_SIZE,
+};
+use crate::error::{InvalidFree, MrError, MrResult};
+use crate::resource::DeviceMemoryResource;
+
+/// Pending frees looked at by every allocation that touches the global arena.
+const REAP_BATCH: usize = 2;
+
+static NEXT_RESOURCE_SERIAL: AtomicU64 = AtomicU64::new(1);
+
+/// The state all clones of one arena resource share.
+///
+/// Locks, always taken in this order (a lock is never acquired while a later one is held,
+/// except with `try_lock`):
+/// 1. `arenas` (the key -> arena map; read-mostly, written when an arena is created or retired);
+/// 2. a local arena's lock ([`ArenaCell`]); only defragmentation holds several (it holds the
+///    map's write lock, so no two threads ever do);
+/// 3. `global` (the global arena and what goes with it);
+/// 4. the pending-free queue and the event pool (leaves). Events are queried, recorded and
+///    waited on outside the global lock.
+pub(super) struct State<U: DeviceMemoryResource> {
+    pub(super) upstream: U,
+    /// Identifies this resource in the per-thread caches (never reused).
+    serial: u64,
+    /// The upstream allocation.
+    base: DevicePtr,
+    size: usize,
+    /// `[base, base + size)`.
+    span: Block,
+    /// Whether a CUDA driver and device are usable. Without one no stream can have queued work,
+    /// so nothing is recorded, waited for or synchronized (this is what lets the resource run
+    /// over a host-memory upstream in tests on machines without a GPU).
+    gpu: bool,
+    dump_log_on_failure: bool,
+    use_size_classes: bool,
+    global: Mutex<GlobalState>,
+    pending: PendingQueue,
+    arenas: RwLock<HashMap<ArenaKey, Arc<ArenaCell>>>,
+    events: EventPool,
+}
+
+fn wrong_free(ptr: DevicePtr, bytes: usize, error: ArenaError) -> MrError {
+    let kind = match error {
+        ArenaError::DoubleFree { .. } => InvalidFree::DoubleFree,
+        ArenaError::SizeMismatch { allocated, .. } => InvalidFree::SizeMismatch { allocated },
+        _ => InvalidFree::UnknownPointer,
+    };
+    MrError::InvalidFree { ptr, bytes, kind }
+}
+
+impl<U: DeviceMemoryResource> State<U> {
+    /// Allocates the arena from `upstream` and sets up the bookkeeping.
+    pub(super) fn new(upstream: U, options: ArenaOptions) -> MrResult<Self> {
+        let gpu = rmm_sys::init().is_ok();
+        let requested = match options.arena_size {
+            Some(size) => size,
+            None => rmm_sys::percent_of_free_device_memory(50)?,
+        };
+        let size = align_down(requested);
+        if size < SUPERBLOCK_MIN_SIZE {
+            return Err(MrError::invalid_argument(format!(
+                "Arena size smaller than minimum superblock size. ({requested} bytes < \
+                 {SUPERBLOCK_MIN_SIZE} bytes)"
+            )));
+        }
+        let base = if gpu {
+            upstream.allocate_sync(size, UPSTREAM_ALIGNMENT)?
+        } else {
+            // No device: nothing to synchronize with (a host-memory upstream in tests).
+            upstream.allocate(CudaStreamView::default(), size, UPSTREAM_ALIGNMENT)?
+        };
+        let arena = match GlobalArena::new(base.addr(), size) {
+            Ok(arena) => arena,
+            Err(e) => {
+                // SAFETY: `base` was just allocated from `upstream` with these arguments and
+                // never handed out.
+                let freed = unsafe { Self::free_upstream(&upstream, gpu, base, size) };
+                if let Err(free_error) = freed {
+                    log::error!("arena: returning the upstream allocation failed: {free_error}");
+                }
+                return Err(MrError::invalid_argument(format!(
+                    "the upstream allocation cannot hold an arena: {e}"
+                )));
+            }
+        };
+        Ok(Self {
+            upstream,
+            serial: NEXT_RESOURCE_SERIAL.fetch_add(1, Ordering::Relaxed),
+            base,
+            size,
+            span: arena.span(),
+            gpu,
+            dump_log_on_failure: options.dump_log_on_failure,
+            use_size_classes: options.use_size_classes,
+            global: Mutex::new(GlobalState::new(arena)),
+            pending: PendingQueue::default(),
+            arenas: RwLock::default(),
+            events: EventPool::default(),
+        })
+    }
+
+    /// # Safety
+    /// `base` is the arena's upstream allocation of `size` bytes, not used any more.
+    unsafe fn free_upstream(upstream: &U, gpu: bool, base: DevicePtr, size: usize) -> MrResult<()> {
+        if gpu {
+            // SAFETY: the caller's contract.
+            unsafe { upstream.deallocate_sync(base, size, UPSTREAM_ALIGNMENT) }
+        } else {
+            // SAFETY: the caller's contract; without a device there is nothing to synchronize.
+            unsafe {
+                upstream.deallocate(CudaStreamView::default(), base, size, UPSTREAM_ALIGNMENT)
+            }
+        }
+    }
+
+    /// The size of the arena (the upstream allocation).
+    pub(super) fn arena_size(&self) -> usize {
+        self.size
+    }
+
+    pub(super) fn uses_size_classes(&self) -> bool {
+        self.use_size_classes
+    }
+
+    pub(super) fn dumps_log_on_failure(&self) -> bool {
+        self.dump_log_on_failure
+    }
+
+    /// The size the bookkeeping uses for a request: 256-byte multiples, or RMM's size classes.
+    fn round(&self, bytes: usize) -> Option<usize> {
+        if self.use_size_classes {
+            align_to_size_class(bytes)
+        } else {
+            align_up(bytes)
+        }
+    }
+
+    fn lock_global(&self) -> MutexGuard<'_, GlobalState> {
+        lock(&self.global)
+    }
+
+    // --- arenas -----------------------------------------------------------------------------
+
+    /// The arena for `key` if it exists: from this thread's cache (no shared lock), else from
+    /// the map (its read lock).
+    fn existing_arena(&self, key: ArenaKey) -> Option<Arc<ArenaCell>> {
+        if let Some(cell) = thread_cache::cached(self.serial, key) {
+            if !cell.is_retired() {
+                return Some(cell);
+            }
+            thread_cache::forget(self.serial, key);
+        }
+        let cell = read(&self.arenas).get(&key).cloned()?;
+        thread_cache::remember(self.serial, key, &cell);
+        Some(cell)
+    }
+
+    /// The arena for `key`, created on first use. A new per-thread arena gets a thread-exit
+    /// guard.
+    fn arena(self: &Arc<Self>, key: ArenaKey) -> Arc<ArenaCell> {
+        if let Some(cell) = self.existing_arena(key) {
+            return cell;
+        }
+        let (cell, created) = {
+            let mut map = write(&self.arenas);
+            match map.get(&key) {
+                Some(cell) => (Arc::clone(cell), false),
+                None => {
+                    let cell = Arc::new(ArenaCell::new(key));
+                    map.insert(key, Arc::clone(&cell));
+                    (cell, true)
+                }
+            }
+        };
+        if created && matches!(key, ArenaKey::Thread(_)) {
+            let owner: Weak<dyn ThreadExit> = Arc::downgrade(self) as Weak<dyn ThreadExit>;
+            if !thread_cache::register_thread_arena(owner, Arc::clone(&cell)) {
+                log::debug!("arena: thread exiting; its arena waits for defragmentation");
+            }
+        }
+        thread_cache::remember(self.serial, key, &cell);
+        cell
+    }
+
+    // --- allocation -------------------------------------------------------------------------
+
+    /// `allocate(stream, bytes)`: RMM's algorithm (local arena or global arena, then
+    /// defragmentation and one retry, then out-of-memory).
+    pub(super) fn allocate(
+        self: &Arc<Self>,
+        stream: CudaStreamView<'_>,
+        bytes: usize,
+    ) -> MrResult<DevicePtr> {
+        if bytes == 0 {
+            return Ok(DevicePtr::NULL);
+        }
+        let size = match self.round(bytes) {
+            Some(size) if size <= self.span.size => size,
+            // Larger than the whole arena: no defragmentation can help.
+            _ => return Err(self.out_of_memory(bytes)),
+        };
+        let key = ArenaKey::of(stream)?;
+        if let Some(addr) = self.try_allocate(stream, key, size)? {
+            return Ok(DevicePtr::from_raw(addr));
+        }
+        self.defragment()?;
+        if let Some(addr) = self.try_allocate(stream, key, size)? {
+            return Ok(DevicePtr::from_raw(addr));
+        }
+        Err(self.out_of_memory(bytes))
+    }
+
+    fn out_of_memory(&self, bytes: usize) -> MrError {
+        if self.dump_log_on_failure {
+            log::error!(target: DUMP_LOG_TARGET, "{}", self.memory_dump(Some(bytes)));
+        }
+        MrError::out_of_memory(
+            bytes,
+            format!(
+                "Maximum pool size exceeded (failed to allocate {bytes} bytes): No room in arena."
+            ),
+        )
+    }
+
+    /// One attempt, without defragmenting. `Ok(None)`: no room.
+    fn try_allocate(
+        self: &Arc<Self>,
+        stream: CudaStreamView<'_>,
+        key: ArenaKey,
+        size: usize,
+    ) -> MrResult<Option<u64>> {
+        if GlobalArena::handles(size) {
+            return Ok(self.allocate_large(size));
+        }
+        loop {
+            let cell = self.arena(key);
+            let mut slot = cell.lock();
+            if cell.is_retired() {
+                drop(slot);
+                thread_cache::forget(self.serial, key);
+                continue;
+            }
+            // Blocks freed here from other streams are reusable once this stream waited.
+            slot.wait_fences(stream, &self.events)?;
+            // The hot path: only this arena's lock.
+            if let Some(addr) = slot.arena.allocate_local(size) {
+                return Ok(Some(addr));
+            }
+            let done = self.pending.take_completed(REAP_BATCH);
+            let mut global = self.lock_global();
+            let mut held = Held {
+                cell: &cell,
+                slot: &mut slot,
+            };
+            if self.release(&mut global, done, Some(&mut held)) > 0 {
+                if let Some(addr) = held.slot.arena.allocate_local(size) {
+                    return Ok(Some(addr));
+                }
+            }
+            if global.lend(size, &cell, held.slot) {
+                return Ok(held.slot.arena.allocate_local(size));
+            }
+            drop(global);
+            // Memory may sit in frees whose streams have since moved on.
+            let done = self.pending.take_completed(usize::MAX);
+            if done.is_empty() {
+                return Ok(None);
+            }
+            let mut global = self.lock_global();
+            if self.release(&mut global, done, Some(&mut held)) > 0 {
+                if let Some(addr) = held.slot.arena.allocate_local(size) {
+                    return Ok(Some(addr));
+                }
+            }
+            if global.lend(size, &cell, held.slot) {
+                return Ok(held.slot.arena.allocate_local(size));
+            }
+            return Ok(None);
+        }
+    }
+
+    /// Releases completed pending frees (see [`GlobalState::release_completed`]).
+    fn release(
+        &self,
+        global: &mut GlobalState,
+        done: Vec<PendingFree>,
+        held: Option<&mut Held<'_>>,
+    ) -> usize {
+        if done.is_empty() {
+            return 0;
+        }
+        global.release_completed(done, held, &self.pending, &self.events)
+    }
+
+    /// A large (> 1 MiB) request, served by the global arena.
+    fn allocate_large(&self, size: usize) -> Option<u64> {
+        let done = self.pending.take_completed(REAP_BATCH);
+        let mut global = self.lock_global();
+        self.release(&mut global, done, None);
+        let mut addr = global.arena.allocate_large(size);
+        if addr.is_none() {
+            drop(global);
+            let done = self.pending.take_completed(usize::MAX);
+            global = self.lock_global();
+            if self.release(&mut global, done, None) > 0 {
+                addr = global.arena.allocate_large(size);
+            }
+        }
+        if let Some(addr) = addr {
+            global.large_live.insert(addr, size);
+        }
+        addr
+    }
+
+    /// RMM's defragmentation: synchronize the device, then move every local arena's
+    /// superblocks back to the global arena (which coalesces the empty ones). Every local arena
+    /// is retired (threads look their key up again and get a fresh one), so arenas of streams
+    /// that no longer exist do not accumulate.
+    fn defragment(&self) -> MrResult<()> {
+        let mut map = write(&self.arenas);
+        let cells: Vec<Arc<ArenaCell>> = map.values().cloned().collect();
+        let mut slots: Vec<MutexGuard<'_, ArenaSlot>> = cells.iter().map(|c| c.lock()).collect();
+        // Held across the synchronization, so that every fence and pending free seen below was
+        // recorded before it.
+        let mut global = self.lock_global();
+        if self.gpu {
+            fence::device_synchronize()?;
+        }
+        for (cell, slot) in cells.iter().zip(slots.iter_mut()) {
+            for event in slot.fences.drain(..) {
+                self.events.give(event);
+            }
+            global.take_back(slot);
+            if slot.arena.superblock_count() == 0 {
+                cell.retire(slot);
+                map.remove(&cell.key());
+            }
+        }
+        // Everything recorded before the synchronization has completed.
+        let all = self.pending.take_all();
+        self.release(&mut global, all, None);
+        Ok(())
+    }
+
+    // --- deallocation -----------------------------------------------------------------------
+
+    /// `deallocate(stream, ptr, bytes)`.
+    pub(super) fn deallocate(
+        self: &Arc<Self>,
+        stream: CudaStreamView<'_>,
+        ptr: DevicePtr,
+        bytes: usize,
+    ) -> MrResult<()> {
+        if ptr.is_null() || bytes == 0 {
+            return Ok(());
+        }
+        let addr = ptr.addr();
+        let unknown = ArenaError::NotFound { addr, size: bytes };
+        let Some(size) = self.round(bytes) else {
+            return Err(wrong_free(ptr, bytes, unknown));
+        };
+        if !self.span.contains_addr(addr) {
+            return Err(wrong_free(ptr, bytes, unknown));
+        }
+        let key = ArenaKey::of(stream)?;
+        if GlobalArena::handles(size) {
+            return self.free_large(stream, key, ptr, bytes, size);
+        }
+        // The hot path: the block is in this stream's (or thread's) own arena.
+        if let Some(cell) = self.existing_arena(key) {
+            let mut slot = cell.lock();
+            if !cell.is_retired() {
+                match slot.arena.deallocate(addr, size) {
+                    Ok(true) => return Ok(()),
+                    Ok(false) => {}
+                    Err(e) => return Err(wrong_free(ptr, bytes, e)),
+                }
+            }
+        }
+        let fence = self.fence(stream)?;
+        self.free_elsewhere(key, ptr, bytes, size, fence)
+    }
+
+    /// An event recorded on `stream` now, or `None` without a device.
+    fn fence(&self, stream: CudaStreamView<'_>) -> MrResult<Option<CudaEvent>> {
+        if !self.gpu {
+            return Ok(None);
+        }
+        Ok(Some(self.events.record(stream)?))
+    }
+
+    /// A large free: the block becomes reusable once the work queued on `stream` so far has
+    /// completed (a pending free), without blocking the host.
+    fn free_large(
+        &self,
+        stream: CudaStreamView<'_>,
+        key: ArenaKey,
+        ptr: DevicePtr,
+        bytes: usize,
+        size: usize,
+    ) -> MrResult<()> {
+        let addr = ptr.addr();
+        let fence = self.fence(stream)?;
+        let mut global = self.lock_global();
+        match global.large_live.get(&addr).copied() {
+            Some(live) if live == size => {
+                global.large_live.remove(&addr);
+                match fence {
+                    Some(event) => {
+                        global.push_pending(&self.pending, addr, size, event);
+                        Ok(())
+                    }
+                    None => match global.arena.deallocate(addr, size) {
+                        Ok(true) => Ok(()),
+                        Ok(false) => {
+                            drop(global);
+                            self.free_elsewhere(key, ptr, bytes, size, None)
+                        }
+                        Err(e) => {
+                            // Cannot happen (the block is live); keep the records consistent.
+                            global.large_live.insert(addr, size);
+                            Err(wrong_free(ptr, bytes, e))
+                        }
+                    },
+                }
+            }
+            Some(allocated) => {
+                drop(global);
+                self.events.give_opt(fence);
+                Err(wrong_free(
+                    ptr,
+                    bytes,
+                    ArenaError::SizeMismatch {
+                        addr,
+                        size: bytes,
+                        allocated,
+                    },
+                ))
+            }
+            // Not a live large allocation: a double free, or a wrong size for a small one.
+            None => {
+                drop(global);
+                self.free_elsewhere(key, ptr, bytes, size, fence)
+            }
+        }
+    }
+
+    /// A free of a block that is not in the freeing stream's own arena: find its superblock
+    /// through the global arena and the owner table (no scan of the arenas), then
+    /// * in a local arena: free it there; if that arena belongs to another stream, it gets the
+    ///   fence and its stream waits on it before reusing anything;
+    /// * in the global arena: queue it as a pending free until the fence completes.
+    ///
+    /// Without a device (`fence` is `None`) the block is freed at once.
+    fn free_elsewhere(
+        &self,
+        key: ArenaKey,
+        ptr: DevicePtr,
+        bytes: usize,
+        size: usize,
+        mut fence: Option<CudaEvent>,
+    ) -> MrResult<()> {
+        let addr = ptr.addr();
+        let fail = |fence: &mut Option<CudaEvent>, error: ArenaError| {
+            self.events.give_opt(fence.take());
+            Err(wrong_free(ptr, bytes, error))
+        };
+        loop {
+            let mut global = self.lock_global();
+            if global.pending_addrs.contains(&addr) {
+                drop(global);
+                return fail(&mut fence, ArenaError::DoubleFree { addr, size: bytes });
+            }
+            let owner = match global.arena.find(addr) {
+                None => {
+                    drop(global);
+                    return fail(&mut fence, ArenaError::NotFound { addr, size: bytes });
+                }
+                Some(SuperblockLocation::Global(span)) => {
+                    if let Err(e) = global.check_live_in_global(span, addr, size) {
+                        drop(global);
+                        return fail(&mut fence, e);
+                    }
+                    match fence.take() {
+                        Some(event) => global.push_pending(&self.pending, addr, size, event),
+                        None => {
+                            if let Err(e) = global.arena.deallocate(addr, size) {
+                                return Err(wrong_free(ptr, bytes, e));
+                            }
+                        }
+                    }
+                    return Ok(());
+                }
+                Some(SuperblockLocation::Lent(span)) => match global.owners.get(&span.addr) {
+                    Some(owner) => Arc::clone(owner),
+                    None => {
+                        drop(global);
+                        log::error!("arena: lent superblock {span} has no recorded owner");
+                        return fail(&mut fence, ArenaError::NotFound { addr, size: bytes });
+                    }
+                },
+            };
+            drop(global);
+            let mut slot = owner.lock();
+            if owner.is_retired() {
+                // Cleaned meanwhile: look again.
+                continue;
+            }
+            match slot.arena.deallocate(addr, size) {
+                Ok(true) => {
+                    if let Some(event) = fence.take() {
+                        if owner.key() == key {
+                            // Moved into the freeing stream's own arena meanwhile.
+                            self.events.give(event);
+                        } else {
+                            slot.fences.push(event);
+                        }
+                    }
+                    return Ok(());
+                }
+                // Moved meanwhile: look again.
+                Ok(false) => continue,
+                Err(e) => {
+                    drop(slot);
+                    return fail(&mut fence, e);
+                }
+            }
+        }
+    }
+
+    // --- introspection ----------------------------------------------------------------------
+
+    /// RMM's memory dump: the global arena (superblocks, free memory, fragmentation), the frees
+    /// waiting for their streams, and a summary line per local arena.
+    pub(super) fn memory_dump(&self, failed_request: Option<usize>) -> String {
+        let locals: Vec<(ArenaKey, String, usize)> = read(&self.arenas)
+            .values()
+            .map(|cell| {
+                let slot = cell.lock();
+                (
+                    cell.key(),
+                    slot.arena.stats().to_string(),
+                    slot.fences.len(),
+                )
+            })
+            .collect();
+        let global = self.lock_global();
+        let mut out = global.arena.dump(failed_request);
+        let (pending, pending_bytes) = self.pending.stats();
+        let _ = writeln!(
+            out,
+            "Large allocations live: {}; frees waiting for their stream: {pending} ({})",
+            global.large_live.len(),
+            format_bytes(pending_bytes)
+        );
+        let _ = writeln!(out, "Local arenas: {}", locals.len());
+        for (key, stats, fences) in locals {
+            let _ = writeln!(out, "  {key}: {stats}, {fences} fence(s) to wait for");
+        }
+        out
+    }
+
+    /// Blocks until every pending free's stream has reached it, then releases them all.
+    #[cfg(test)]
+    pub(super) fn settle(&self) {
+        let all = self.pending.take_all();
+        for pending in &all {
+            if let Err(e) = pending.event.synchronize() {
+                log::error!("arena: {e}");
+            }
+        }
+        let mut global = self.lock_global();
+        self.release(&mut global, all, None);
+    }
+
+    /// The arena's first address.
+    #[cfg(test)]
+    pub(super) fn base_addr(&self) -> u64 {
+        self.span.addr
+    }
+
+    /// Counters for tests.
+    #[cfg(test)]
+    pub(super) fn snapshot(&self) -> Snapshot {
+        let arenas = read(&self.arenas).len();
+        let global = self.lock_global();
+        Snapshot {
+            held_superblocks: global.arena.superblock_count(),
+            lent_superblocks: global.arena.lent_superblock_count(),
+            fully_coalesced: global.arena.is_fully_coalesced(),
+            arenas,
+            pending: self.pending.stats().0,
+            large_live: global.large_live.len(),
+        }
+    }
+}
+
+/// What tests look at.
+#[cfg(test)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Snapshot {
+    pub(super) held_superblocks: usize,
+    pub(super) lent_superblocks: usize,
+    pub(super) fully_coalesced: bool,
+    pub(super) arenas: usize,
+    pub(super) pending: usize,
+    pub(super) large_live: usize,
+}
+
+impl<U: DeviceMemoryResource> ThreadExit for State<U> {
+    /// RMM's `arena_cleaner`: the exiting thread's arena goes back to the global arena. Unlike
+    /// RMM, the thread first waits for its per-thread default stream and for the fences other
+    /// streams left in its arena, so that another stream acquiring these superblocks cannot
+    /// overwrite memory the thread's last work still uses.
+    fn thread_exited(&self, cell: &Arc<ArenaCell>) {
+        if self.gpu {
+            if let Err(e) = CudaStreamView::per_thread().synchronize() {
+                log::warn!(
+                    "arena: an exiting thread could not synchronize its per-thread stream \
+                     ({e}); its superblocks wait for the next defragmentation"
+                );
+                return;
+            }
+        }
+        {
+            let mut map = write(&self.arenas);
+            if map.get(&cell.key()).is_some_and(|c| Arc::ptr_eq(c, cell)) {
+                map.remove(&cell.key());
+            }
+        }
+        let mut slot = cell.lock();
+        if cell.is_retired() {
+            return;
+        }
+        for event in std::mem::take(&mut slot.fences) {
+            if let Err(e) = event.synchronize() {
+                log::warn!("arena: waiting for a fence at thread exit: {e}");
+            }
+            self.events.give(event);
+        }
+        let mut global = self.lock_global();
+        global.take_back(&mut slot);
+        drop(global);
+        if slot.arena.superblock_count() == 0 {
+            cell.retire(&mut slot);
+        } else {
+            // Refused superblocks (a bug): leave them to defragmentation.
+            drop(slot);
+            write(&self.arenas).insert(cell.key(), Arc::clone(cell));
+        }
+    }
+}
+
+impl<U: DeviceMemoryResource> Drop for State<U> {
+    fn drop(&mut self) {
+        let gpu = self.gpu;
+        let arenas = std::mem::take(
+            self.arenas
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        let global = self
+            .global
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        for cell in arenas.values() {
+            let mut slot = cell.lock();
+            for event in std::mem::take(&mut slot.fences) {
+                if gpu {
+                    if let Err(e) = event.synchronize() {
+                        log::warn!("arena: {e}");
+                    }
+                }
+            }
+            global.take_back(&mut slot);
+            cell.retire(&mut slot);
+        }
+        for pending in self.pending.take_all() {
+            if gpu {
+                if let Err(e) = pending.event.synchronize() {
+                    log::warn!("arena: {e}");
+                }
+            }
+            if let Err(e) = global.arena.deallocate(pending.addr, pending.size) {
+                log::warn!("arena: {e}");
+            }
+        }
+        global.pending_addrs.clear();
+        if !global.arena.is_fully_coalesced() {
+            let stats = global.arena.stats();
+            log::warn!(
+                "arena_memory_resource dropped with {} still allocated in {} block(s)",
+                format_bytes(stats.live_bytes),
+                stats.live_blocks
+            );
+        }
+        // SAFETY: the arena is gone; nothing will hand out or use its memory through this
+        // resource again (outstanding allocations are the caller's bug, as in RMM, which frees
+        // the arena regardless).
+        let freed = unsafe { Self::free_upstream(&self.upstream, gpu, self.base, self.size) };
+        if let Err(e) = freed {
+            log::error!("arena: returning the arena to the upstream resource failed: {e}");
+        }
+    }
+}

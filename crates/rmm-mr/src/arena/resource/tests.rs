@@ -1,0 +1,765 @@
+//! CPU tests of the arena resource over the host-memory mock, on the legacy and per-thread
+//! default streams (whose arenas are found without any CUDA call). The memory the mock hands
+//! out is host memory, so the tests write into it to check that allocations never overlap.
+//!
+//! On a machine with a GPU the same tests run with events and synchronizations enabled;
+//! `settle()` makes pending large frees visible where a test needs them to be.
+
+use std::collections::BTreeMap;
+use std::sync::mpsc;
+
+use proptest::prelude::*;
+use rmm_stream::CudaStreamView;
+use rmm_sys::DevicePtr;
+
+use super::state::Snapshot;
+use super::{ArenaMemoryResource, ArenaOptions};
+use crate::error::{InvalidFree, MrError};
+use crate::resource::{shared, DeviceMemoryResource};
+use crate::testing::HostMockResource;
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+
+type Arena = ArenaMemoryResource<HostMockResource>;
+
+fn legacy() -> CudaStreamView<'static> {
+    CudaStreamView::legacy()
+}
+
+fn per_thread() -> CudaStreamView<'static> {
+    CudaStreamView::per_thread()
+}
+
+fn arena(size: usize) -> (HostMockResource, Arena) {
+    let mock = HostMockResource::new();
+    let mr = ArenaMemoryResource::new(mock.clone(), Some(size), false)
+        .unwrap_or_else(|e| panic!("arena of {size} B: {e}"));
+    (mock, mr)
+}
+
+fn alloc(mr: &Arena, stream: CudaStreamView<'_>, bytes: usize) -> DevicePtr {
+    mr.allocate(stream, bytes, 256)
+        .unwrap_or_else(|e| panic!("allocate {bytes} B: {e}"))
+}
+
+fn free(mr: &Arena, stream: CudaStreamView<'_>, ptr: DevicePtr, bytes: usize) {
+    // SAFETY: the tests free what they allocated from `mr` (or check the error for wrong
+    // frees); the memory is host memory no device work uses.
+    unsafe { mr.deallocate(stream, ptr, bytes, 256) }
+        .unwrap_or_else(|e| panic!("free {ptr} ({bytes} B): {e}"));
+}
+
+fn try_free(mr: &Arena, stream: CudaStreamView<'_>, ptr: DevicePtr, bytes: usize) -> MrError {
+    // SAFETY: as `free`; these frees are wrong on purpose and must change nothing.
+    match unsafe { mr.deallocate(stream, ptr, bytes, 256) } {
+        Ok(()) => panic!("freeing {ptr} ({bytes} B) should fail"),
+        Err(e) => e,
+    }
+}
+
+fn kind(e: &MrError) -> InvalidFree {
+    match e {
+        MrError::InvalidFree { kind, .. } => kind.clone(),
+        other => panic!("expected InvalidFree, got {other}"),
+    }
+}
+
+fn snapshot(mr: &Arena) -> Snapshot {
+    mr.inner.snapshot()
+}
+
+fn base(mr: &Arena) -> u64 {
+    mr.inner.base_addr()
+}
+
+/// Fills `[ptr, ptr + bytes)` of the mock's host memory with `value`.
+fn fill(ptr: DevicePtr, bytes: usize, value: u8) {
+    // SAFETY: `ptr` is a live allocation of at least `bytes` bytes inside the mock's host
+    // allocation, owned by the caller.
+    unsafe { std::ptr::write_bytes(ptr.as_host_ptr::<u8>(), value, bytes) };
+}
+
+/// Whether `[ptr, ptr + bytes)` still holds `value` everywhere.
+fn holds(ptr: DevicePtr, bytes: usize, value: u8) -> bool {
+    // SAFETY: as `fill`; only read.
+    let bytes = unsafe { std::slice::from_raw_parts(ptr.as_host_ptr::<u8>().cast_const(), bytes) };
+    bytes.iter().all(|&b| b == value)
+}
+
+/// Fills `[ptr, ptr + bytes)` with the 8-byte `tag` (its low byte in a trailing partial word).
+fn fill_tag(ptr: DevicePtr, bytes: usize, tag: u64) {
+    let words = bytes / 8;
+    // SAFETY: `ptr` is 256-aligned, live and at least `bytes` long (owned by the caller).
+    let slice = unsafe { std::slice::from_raw_parts_mut(ptr.as_host_ptr::<u64>(), words) };
+    slice.fill(tag);
+    if let Some(tail) = ptr.checked_add(words * 8) {
+        fill(tail, bytes % 8, tag as u8);
+    }
+}
+
+/// Whether `[ptr, ptr + bytes)` still holds `tag` (see [`fill_tag`]).
+fn holds_tag(ptr: DevicePtr, bytes: usize, tag: u64) -> bool {
+    let words = bytes / 8;
+    // SAFETY: as `fill_tag`; only read.
+    let slice = unsafe { std::slice::from_raw_parts(ptr.as_host_ptr::<u64>().cast_const(), words) };
+    slice.iter().all(|&w| w == tag)
+        && ptr
+            .checked_add(words * 8)
+            .is_some_and(|tail| holds(tail, bytes % 8, tag as u8))
+}
+
+/// A tiny deterministic generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+#[test]
+fn construction_takes_one_upstream_allocation_and_drop_returns_it() {
+    let (mock, mr) = arena(4 * MIB);
+    assert_eq!(mock.allocation_calls(), 1);
+    assert_eq!(mock.live_bytes(), 4 * MIB);
+    assert_eq!(mr.arena_size(), 4 * MIB);
+    assert!(mr.upstream().is_equal(&mock));
+    let copy = mr.clone();
+    let p = alloc(&copy, legacy(), 1000);
+    drop(mr);
+    assert_eq!(mock.live_allocations(), 1, "a clone keeps the arena alive");
+    free(&copy, legacy(), p, 1000);
+    drop(copy);
+    assert_eq!(mock.live_allocations(), 0);
+    assert_eq!(mock.deallocation_calls(), 1);
+}
+
+#[test]
+fn drop_with_outstanding_allocations_still_returns_the_arena() {
+    let (mock, mr) = arena(4 * MIB);
+    let _small = alloc(&mr, legacy(), 256);
+    let _large = alloc(&mr, legacy(), 2 * MIB);
+    let _other = alloc(&mr, per_thread(), 256);
+    drop(mr);
+    assert_eq!(mock.live_allocations(), 0);
+}
+
+#[test]
+fn arena_size_is_checked_and_aligned_down() {
+    for size in [0, 256, MIB - 1, MIB - 256] {
+        let mock = HostMockResource::new();
+        let e = ArenaMemoryResource::new(mock.clone(), Some(size), false).unwrap_err();
+        assert!(matches!(e, MrError::InvalidArgument(_)), "{size}: {e}");
+        assert!(
+            e.to_string()
+                .contains("Arena size smaller than minimum superblock size."),
+            "{e}"
+        );
+        assert_eq!(mock.allocation_calls(), 0, "nothing allocated for {size}");
+    }
+    let (mock, mr) = arena(MIB + 300);
+    assert_eq!(mr.arena_size(), MIB + 256);
+    assert_eq!(mock.live_bytes(), MIB + 256);
+}
+
+/// Without a GPU the default size (half of the device's free memory) cannot be known. (With
+/// one, the mock would have to hand out that much host memory: the GPU tests cover it.)
+#[test]
+fn default_size_needs_a_device() {
+    if rmm_sys::gpu_unavailable_reason().is_none() {
+        return;
+    }
+    let mock = HostMockResource::new();
+    let e = ArenaMemoryResource::new(mock.clone(), None, false).unwrap_err();
+    assert!(e.is_no_device(), "{e}");
+    assert_eq!(mock.allocation_calls(), 0);
+}
+
+#[test]
+fn upstream_failure_is_passed_on() {
+    let mock = HostMockResource::new();
+    mock.fail_next_allocations(1);
+    let e = ArenaMemoryResource::new(mock.clone(), Some(4 * MIB), false).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    assert_eq!(mock.live_allocations(), 0);
+}
+
+#[test]
+fn zero_bytes_and_null_are_no_ops() {
+    let (mock, mr) = arena(4 * MIB);
+    assert_eq!(mr.allocate(legacy(), 0, 256).unwrap(), DevicePtr::NULL);
+    assert_eq!(mr.allocate(per_thread(), 0, 256).unwrap(), DevicePtr::NULL);
+    free(&mr, legacy(), DevicePtr::NULL, 0);
+    free(&mr, legacy(), DevicePtr::NULL, 4096);
+    let p = alloc(&mr, legacy(), 512);
+    free(&mr, legacy(), p, 0); // ignored: `p` stays allocated
+    let q = alloc(&mr, legacy(), 512);
+    assert_ne!(p, q);
+    free(&mr, legacy(), p, 512);
+    free(&mr, legacy(), q, 512);
+    assert_eq!(snapshot(&mr).arenas, 1);
+    drop(mr);
+    assert_eq!(mock.live_allocations(), 0);
+}
+
+#[test]
+fn small_blocks_are_first_fit_rounded_and_reused() {
+    let (_mock, mr) = arena(4 * MIB);
+    let start = base(&mr);
+    // The legacy arena gets the first superblock; the alignment argument is ignored.
+    let a = mr.allocate(legacy(), 1, 4096).unwrap();
+    let b = alloc(&mr, legacy(), 257);
+    let c = alloc(&mr, legacy(), 256);
+    assert_eq!(a.addr(), start);
+    assert_eq!(b.addr(), start + 256, "1 B rounds to 256");
+    assert_eq!(c.addr(), start + 768, "257 B rounds to 512");
+    assert!(a.is_aligned(256) && b.is_aligned(256) && c.is_aligned(256));
+    fill(a, 1, 0xa1);
+    fill(b, 257, 0xb2);
+    fill(c, 256, 0xc3);
+    assert!(holds(a, 1, 0xa1) && holds(b, 257, 0xb2) && holds(c, 256, 0xc3));
+    free(&mr, legacy(), b, 257);
+    // A 512-byte hole is reused first (address order), also for a smaller request.
+    let d = alloc(&mr, legacy(), 300);
+    assert_eq!(d, b);
+    free(&mr, legacy(), a, 1);
+    free(&mr, legacy(), c, 256);
+    free(&mr, legacy(), d, 300);
+    let s = snapshot(&mr);
+    assert_eq!((s.lent_superblocks, s.held_superblocks), (1, 1));
+}
+
+#[test]
+fn large_blocks_come_from_the_global_arena_and_are_reused() {
+    let (_mock, mr) = arena(8 * MIB);
+    let start = base(&mr);
+    let big = alloc(&mr, legacy(), 3 * MIB);
+    assert_eq!(
+        big.addr(),
+        start,
+        "a large request takes the first superblock"
+    );
+    assert_eq!(snapshot(&mr).large_live, 1);
+    let exactly_one_mib = alloc(&mr, legacy(), MIB);
+    assert_eq!(
+        snapshot(&mr).lent_superblocks,
+        1,
+        "1 MiB is small: served by a local arena"
+    );
+    fill(big, 3 * MIB, 0x5a);
+    fill(exactly_one_mib, MIB, 0x33);
+    assert!(holds(big, 3 * MIB, 0x5a));
+    free(&mr, legacy(), big, 3 * MIB);
+    mr.inner.settle();
+    let s = snapshot(&mr);
+    assert_eq!((s.large_live, s.pending), (0, 0));
+    let again = alloc(&mr, per_thread(), 3 * MIB);
+    assert_eq!(
+        again, big,
+        "the freed large block is reused from any stream"
+    );
+    free(&mr, per_thread(), again, 3 * MIB);
+    free(&mr, legacy(), exactly_one_mib, MIB);
+}
+
+#[test]
+fn size_classes_round_like_rmm() {
+    let mock = HostMockResource::new();
+    let options = ArenaOptions {
+        arena_size: Some(4 * MIB),
+        use_size_classes: true,
+        ..ArenaOptions::default()
+    };
+    let mr = ArenaMemoryResource::with_options(mock, options).unwrap();
+    assert!(mr.uses_size_classes());
+    let a = alloc(&mr, legacy(), 17 * KIB);
+    let b = alloc(&mr, legacy(), 1);
+    assert_eq!(
+        b.addr() - a.addr(),
+        20 * KIB as u64,
+        "17 KiB -> 20 KiB class"
+    );
+    // A free with another size of the same class is the same allocation.
+    free(&mr, legacy(), a, 18 * KIB);
+    let e = try_free(&mr, legacy(), b, 3000);
+    assert_eq!(kind(&e), InvalidFree::SizeMismatch { allocated: 256 });
+    free(&mr, legacy(), b, 200);
+}
+
+#[test]
+fn wrong_frees_are_typed_errors_and_change_nothing() {
+    let (mock, mr) = arena(8 * MIB);
+    let small = alloc(&mr, legacy(), 1000);
+    let large = alloc(&mr, legacy(), 3 * MIB);
+    // Outside the arena.
+    let outside = DevicePtr::from_raw(0x1000);
+    assert_eq!(
+        kind(&try_free(&mr, legacy(), outside, 256)),
+        InvalidFree::UnknownPointer
+    );
+    // Inside a live block but not at its start.
+    let interior = DevicePtr::from_raw(small.addr() + 256);
+    assert_eq!(
+        kind(&try_free(&mr, legacy(), interior, 256)),
+        InvalidFree::UnknownPointer
+    );
+    // Wrong sizes.
+    assert_eq!(
+        kind(&try_free(&mr, legacy(), small, 2000)),
+        InvalidFree::SizeMismatch { allocated: 1024 }
+    );
+    assert_eq!(
+        kind(&try_free(&mr, legacy(), large, 2 * MIB)),
+        InvalidFree::SizeMismatch { allocated: 3 * MIB }
+    );
+    assert_eq!(
+        kind(&try_free(&mr, legacy(), large, 256)),
+        InvalidFree::SizeMismatch { allocated: 3 * MIB },
+        "a small free of a large block"
+    );
+    // From another arena (the per-thread one) too.
+    assert_eq!(
+        kind(&try_free(&mr, per_thread(), small, 2000)),
+        InvalidFree::SizeMismatch { allocated: 1024 }
+    );
+    // Too large to be any allocation.
+    assert_eq!(
+        kind(&try_free(&mr, legacy(), small, usize::MAX)),
+        InvalidFree::UnknownPointer
+    );
+    // The right frees still work, once.
+    free(&mr, legacy(), small, 1000);
+    free(&mr, legacy(), large, 3 * MIB);
+    assert_eq!(
+        kind(&try_free(&mr, legacy(), small, 1000)),
+        InvalidFree::DoubleFree
+    );
+    assert_eq!(
+        kind(&try_free(&mr, legacy(), large, 3 * MIB)),
+        InvalidFree::DoubleFree,
+        "double free of a pending (or released) large block"
+    );
+    mr.inner.settle();
+    assert_eq!(
+        kind(&try_free(&mr, per_thread(), large, 3 * MIB)),
+        InvalidFree::DoubleFree
+    );
+    // Nothing leaked: the whole arena can be allocated again (after defragmentation).
+    let all = alloc(&mr, legacy(), 8 * MIB);
+    assert_eq!(all.addr(), base(&mr));
+    free(&mr, legacy(), all, 8 * MIB);
+    drop(mr);
+    assert_eq!(mock.live_allocations(), 0);
+}
+
+#[test]
+fn exhaustion_defragments_and_retries() {
+    let (_mock, mr) = arena(4 * MIB);
+    // The legacy arena takes all four superblocks, then frees everything: the superblocks stay
+    // in the legacy arena, so the global arena is empty.
+    let blocks: Vec<DevicePtr> = (0..4).map(|_| alloc(&mr, legacy(), MIB)).collect();
+    assert_eq!(snapshot(&mr).lent_superblocks, 4);
+    for &p in &blocks {
+        free(&mr, legacy(), p, MIB);
+    }
+    let s = snapshot(&mr);
+    assert_eq!(
+        (s.lent_superblocks, s.held_superblocks, s.arenas),
+        (4, 0, 1)
+    );
+    // A request of the whole arena succeeds through defragmentation.
+    let whole = alloc(&mr, legacy(), 4 * MIB);
+    assert_eq!(whole.addr(), base(&mr));
+    let s = snapshot(&mr);
+    assert_eq!(
+        (s.lent_superblocks, s.arenas),
+        (0, 0),
+        "defragmentation retires every local arena"
+    );
+    free(&mr, legacy(), whole, 4 * MIB);
+    // Same for a small request from another arena while the legacy one holds everything.
+    let blocks: Vec<DevicePtr> = (0..4).map(|_| alloc(&mr, legacy(), 600 * KIB)).collect();
+    free(&mr, legacy(), blocks[1], 600 * KIB);
+    let p = alloc(&mr, per_thread(), 900 * KIB);
+    assert_eq!(
+        p, blocks[1],
+        "the freed superblock moved to the per-thread arena"
+    );
+    free(&mr, per_thread(), p, 900 * KIB);
+    for &b in [blocks[0], blocks[2], blocks[3]].iter() {
+        free(&mr, legacy(), b, 600 * KIB);
+    }
+}
+
+#[test]
+fn out_of_memory_when_truly_full() {
+    let mock = HostMockResource::new();
+    let mr = ArenaMemoryResource::new(mock.clone(), Some(4 * MIB), true).unwrap();
+    assert!(mr.dumps_log_on_failure());
+    let whole = alloc(&mr, legacy(), 4 * MIB);
+    for (stream, bytes) in [
+        (legacy(), 256),
+        (per_thread(), 256),
+        (legacy(), 2 * MIB),
+        (legacy(), 8 * MIB),
+        (legacy(), usize::MAX),
+    ] {
+        let e = mr.allocate(stream, bytes, 256).unwrap_err();
+        assert!(
+            matches!(e, MrError::OutOfMemory { requested, .. } if requested == bytes),
+            "{e}"
+        );
+        let text = e.to_string();
+        assert!(text.contains("out_of_memory"), "{text}");
+        assert!(
+            text.contains(&format!(
+                "Maximum pool size exceeded (failed to allocate {bytes} bytes): No room in arena."
+            )),
+            "{text}"
+        );
+    }
+    let dump = mr.memory_dump();
+    assert!(dump.contains("Arena size: 4.00 MiB"), "{dump}");
+    assert!(dump.contains("Large allocations live: 1"), "{dump}");
+    free(&mr, legacy(), whole, 4 * MIB);
+    let p = alloc(&mr, legacy(), 256);
+    assert!(mr.memory_dump().contains("legacy default stream arena"));
+    free(&mr, legacy(), p, 256);
+    drop(mr);
+    assert_eq!(mock.live_allocations(), 0);
+}
+
+/// RMM `ArenaTest.PerThreadToStreamDealloc`, without CUDA: RMM's owned stream becomes the
+/// per-thread arena of a helper thread that stays alive, RMM's default stream the legacy one.
+/// A block allocated in a per-thread arena whose superblock moved (defragmentation) to the
+/// global arena and then to the legacy arena can still be freed from the per-thread stream.
+#[test]
+fn per_thread_to_stream_free() {
+    let (_mock, mr) = arena(2 * MIB);
+    let thread_ptr = alloc(&mr, per_thread(), 256);
+    assert_eq!(thread_ptr.addr(), base(&mr));
+    let (done_tx, done_rx) = mpsc::channel();
+    let (exit_tx, exit_rx) = mpsc::channel::<()>();
+    let helper = {
+        let mr = mr.clone();
+        std::thread::spawn(move || {
+            let p = alloc(&mr, per_thread(), 32 * KIB);
+            free(&mr, per_thread(), p, 32 * KIB);
+            done_tx.send(()).unwrap();
+            exit_rx.recv().unwrap();
+        })
+    };
+    done_rx.recv().unwrap();
+    assert_eq!(
+        snapshot(&mr).held_superblocks,
+        0,
+        "the global arena is empty"
+    );
+    // This defragments, and the legacy arena gets the empty superblock...
+    let ptr1 = alloc(&mr, legacy(), MIB);
+    assert_eq!(ptr1.addr(), base(&mr) + MIB as u64);
+    // ...then the partially used one holding `thread_ptr`.
+    let ptr2 = alloc(&mr, legacy(), 32 * KIB);
+    assert_eq!(ptr2.addr(), thread_ptr.addr() + 256);
+    let s = snapshot(&mr);
+    assert_eq!((s.lent_superblocks, s.arenas), (2, 1));
+    free(&mr, per_thread(), thread_ptr, 256);
+    free(&mr, legacy(), ptr1, MIB);
+    free(&mr, legacy(), ptr2, 32 * KIB);
+    let whole = alloc(&mr, per_thread(), 2 * MIB);
+    free(&mr, per_thread(), whole, 2 * MIB);
+    exit_tx.send(()).unwrap();
+    helper.join().unwrap();
+}
+
+#[test]
+fn blocks_freed_from_another_arena_go_back_to_their_arena() {
+    let (_mock, mr) = arena(4 * MIB);
+    let a = alloc(&mr, per_thread(), 4 * KIB);
+    let b = alloc(&mr, per_thread(), 4 * KIB);
+    free(&mr, legacy(), a, 4 * KIB);
+    assert_eq!(
+        snapshot(&mr).lent_superblocks,
+        1,
+        "no superblock for legacy"
+    );
+    let c = alloc(&mr, per_thread(), 4 * KIB);
+    assert_eq!(c, a, "reused by the arena that holds it");
+    free(&mr, legacy(), b, 4 * KIB);
+    free(&mr, legacy(), c, 4 * KIB);
+}
+
+#[test]
+fn thread_exit_returns_its_superblocks() {
+    let (mock, mr) = arena(8 * MIB);
+    let worker = mr.clone();
+    let kept = std::thread::spawn(move || {
+        let a = alloc(&worker, per_thread(), 512 * KIB);
+        let b = alloc(&worker, per_thread(), 512 * KIB);
+        let c = alloc(&worker, per_thread(), 512 * KIB);
+        assert_eq!(snapshot(&worker).lent_superblocks, 2);
+        free(&worker, per_thread(), a, 512 * KIB);
+        free(&worker, per_thread(), b, 512 * KIB);
+        c.addr()
+    })
+    .join()
+    .unwrap();
+    let s = snapshot(&mr);
+    assert_eq!(
+        (s.lent_superblocks, s.arenas),
+        (0, 0),
+        "the exited thread's arena went back to the global arena"
+    );
+    assert!(!s.fully_coalesced, "one block is still live");
+    // Its last block lives on in the global arena and is freed from there.
+    free(&mr, legacy(), DevicePtr::from_raw(kept), 512 * KIB);
+    mr.inner.settle();
+    assert!(snapshot(&mr).fully_coalesced);
+    drop(mr);
+    assert_eq!(mock.live_allocations(), 0);
+}
+
+#[test]
+fn a_thread_may_outlive_the_resource() {
+    let (mock, mr) = arena(4 * MIB);
+    let worker = mr.clone();
+    let (to_main, from_worker) = mpsc::channel();
+    let (to_worker, from_main) = mpsc::channel::<()>();
+    let handle = std::thread::spawn(move || {
+        let p = alloc(&worker, per_thread(), 1000);
+        free(&worker, per_thread(), p, 1000);
+        drop(worker);
+        to_main.send(()).unwrap();
+        // Exit only after the resource is gone: the guard must find nothing to do.
+        from_main.recv().unwrap();
+    });
+    from_worker.recv().unwrap();
+    drop(mr);
+    assert_eq!(mock.live_allocations(), 0);
+    to_worker.send(()).unwrap();
+    handle.join().unwrap();
+}
+
+#[test]
+fn equality_and_shared_ownership() {
+    let (_mock, mr) = arena(4 * MIB);
+    let copy = mr.clone();
+    assert!(mr.is_equal(&copy));
+    assert!(mr.is_equal(&shared(copy.clone())));
+    let (_other_mock, other) = arena(4 * MIB);
+    assert!(!mr.is_equal(&other));
+    assert!(!mr.is_equal(&HostMockResource::new()));
+    let p = alloc(&mr, legacy(), 4096);
+    free(&copy, legacy(), p, 4096);
+    assert_eq!(mr.properties(), HostMockResource::new().properties());
+    assert!(format!("{mr:?}").contains("arena_size: 4194304"));
+}
+
+/// Several threads on the legacy stream (one shared arena) and on their per-thread streams
+/// (one arena each), small and large requests, frees of blocks handed over by other threads:
+/// every block is written with its owner's pattern and checked before it is freed, so an
+/// overlap between two live blocks fails the test.
+#[test]
+fn concurrent_threads_get_disjoint_blocks() {
+    const THREADS: usize = 4;
+    const STEPS: usize = 1500;
+    let (mock, mr) = arena(64 * MIB);
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..THREADS)
+        .map(|_| mpsc::channel::<(u64, usize, u64)>())
+        .unzip();
+    let handles: Vec<_> = receivers
+        .into_iter()
+        .enumerate()
+        .map(|(t, inbox)| {
+            let mr = mr.clone();
+            let next = senders[(t + 1) % THREADS].clone();
+            std::thread::spawn(move || {
+                let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (t as u64 + 1));
+                let mut live: Vec<(DevicePtr, usize, u64, bool)> = Vec::new();
+                for step in 0..STEPS {
+                    // Free what the previous thread handed over, on this thread's stream.
+                    while let Ok((addr, bytes, pattern)) = inbox.try_recv() {
+                        let p = DevicePtr::from_raw(addr);
+                        assert!(
+                            holds_tag(p, bytes, pattern),
+                            "handed-over block overwritten"
+                        );
+                        free(&mr, per_thread(), p, bytes);
+                    }
+                    if live.len() < 24 && rng.below(3) != 0 {
+                        let bytes = if rng.below(8) == 0 {
+                            MIB + 1 + rng.below(2 * MIB)
+                        } else {
+                            1 + rng.below(64 * KIB)
+                        };
+                        let on_legacy = rng.below(2) == 0;
+                        let stream = if on_legacy { legacy() } else { per_thread() };
+                        let p = match mr.allocate(stream, bytes, 256) {
+                            Ok(p) => p,
+                            Err(e) if e.is_out_of_memory() => continue,
+                            Err(e) => panic!("{e}"),
+                        };
+                        let pattern = ((t as u64) << 32) | step as u64;
+                        fill_tag(p, bytes, pattern);
+                        live.push((p, bytes, pattern, on_legacy));
+                    } else if !live.is_empty() {
+                        let (p, bytes, pattern, on_legacy) =
+                            live.swap_remove(rng.below(live.len()));
+                        assert!(holds_tag(p, bytes, pattern), "block overwritten by another");
+                        match rng.below(4) {
+                            0 => next.send((p.addr(), bytes, pattern)).unwrap(),
+                            _ => {
+                                let stream = if on_legacy { legacy() } else { per_thread() };
+                                free(&mr, stream, p, bytes);
+                            }
+                        }
+                    }
+                }
+                for (p, bytes, pattern, _) in live {
+                    assert!(holds_tag(p, bytes, pattern));
+                    free(&mr, legacy(), p, bytes);
+                }
+                inbox
+            })
+        })
+        .collect();
+    drop(senders);
+    let inboxes: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    for inbox in inboxes {
+        while let Ok((addr, bytes, pattern)) = inbox.try_recv() {
+            let p = DevicePtr::from_raw(addr);
+            assert!(holds_tag(p, bytes, pattern));
+            free(&mr, legacy(), p, bytes);
+        }
+    }
+    mr.inner.settle();
+    // Everything came back: the whole arena is one block again after defragmentation.
+    let whole = alloc(&mr, legacy(), 64 * MIB);
+    free(&mr, legacy(), whole, 64 * MIB);
+    drop(mr);
+    assert_eq!(mock.live_allocations(), 0);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Alloc { bytes: usize, per_thread: bool },
+    Free { pick: usize, per_thread: bool },
+    WrongSize { pick: usize },
+    DoubleFree,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (1usize..=3 * MIB, any::<bool>())
+            .prop_map(|(bytes, per_thread)| Op::Alloc { bytes, per_thread }),
+        4 => (1usize..=64 * KIB, any::<bool>())
+            .prop_map(|(bytes, per_thread)| Op::Alloc { bytes, per_thread }),
+        5 => (any::<usize>(), any::<bool>())
+            .prop_map(|(pick, per_thread)| Op::Free { pick, per_thread }),
+        1 => any::<usize>().prop_map(|pick| Op::WrongSize { pick }),
+        1 => Just(Op::DoubleFree),
+    ]
+}
+
+fn stream_of(per_thread_stream: bool) -> CudaStreamView<'static> {
+    if per_thread_stream {
+        per_thread()
+    } else {
+        legacy()
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Model test: live allocations (address -> size) never overlap and stay inside the arena;
+    /// frees of live blocks succeed from either stream; wrong sizes and double frees are
+    /// reported and change nothing; out-of-memory only happens when the arena cannot hold the
+    /// request next to what is live; at the end everything is freed and the whole arena can
+    /// be allocated again.
+    #[test]
+    fn model(ops in proptest::collection::vec(op(), 1..120)) {
+        const SIZE: usize = 16 * MIB;
+        let (mock, mr) = arena(SIZE);
+        let start = base(&mr);
+        let mut live: BTreeMap<u64, usize> = BTreeMap::new();
+        let mut freed: Option<(DevicePtr, usize)> = None;
+        for op in ops {
+            match op {
+                Op::Alloc { bytes, per_thread } => {
+                    match mr.allocate(stream_of(per_thread), bytes, 256) {
+                        Ok(p) => {
+                            let rounded = bytes.div_ceil(256) * 256;
+                            prop_assert!(p.is_aligned(256));
+                            prop_assert!(p.addr() >= start);
+                            prop_assert!(p.addr() + rounded as u64 <= start + SIZE as u64);
+                            if let Some((&a, &s)) = live.range(..=p.addr()).next_back() {
+                                prop_assert!(a + s.div_ceil(256) as u64 * 256 <= p.addr(), "overlaps the previous block");
+                            }
+                            if let Some((&a, _)) = live.range(p.addr()..).next() {
+                                prop_assert!(p.addr() + rounded as u64 <= a, "overlaps the next block");
+                            }
+                            live.insert(p.addr(), bytes);
+                            let new_block = (p.addr(), p.addr() + rounded as u64);
+                            if freed.is_some_and(|(f, s)| {
+                                f.addr() < new_block.1 && new_block.0 < f.addr() + s as u64
+                            }) {
+                                freed = None;
+                            }
+                        }
+                        Err(e) => {
+                            prop_assert!(e.is_out_of_memory(), "{}", e);
+                            let used: usize = live.values().map(|s| s.div_ceil(256) * 256).sum();
+                            prop_assert!(used + bytes > SIZE / 4 || bytes > 16 * KIB,
+                                "out of memory with {} live and {} requested", used, bytes);
+                        }
+                    }
+                }
+                Op::Free { pick, per_thread } => {
+                    if let Some((&a, &s)) = live.iter().nth(pick % live.len().max(1)) {
+                        // SAFETY: a live block of `mr`, freed once.
+                        let r = unsafe { mr.deallocate(stream_of(per_thread), DevicePtr::from_raw(a), s, 256) };
+                        prop_assert!(r.is_ok(), "{:?}", r);
+                        live.remove(&a);
+                        freed = Some((DevicePtr::from_raw(a), s));
+                    }
+                }
+                Op::WrongSize { pick } => {
+                    if let Some((&a, &s)) = live.iter().nth(pick % live.len().max(1)) {
+                        let wrong = s.div_ceil(256) * 256 + 256;
+                        // SAFETY: a wrong free, which must be refused and change nothing.
+                        let r = unsafe { mr.deallocate(legacy(), DevicePtr::from_raw(a), wrong, 256) };
+                        prop_assert!(matches!(r, Err(MrError::InvalidFree { .. })), "{:?}", r);
+                    }
+                }
+                Op::DoubleFree => {
+                    if let Some((p, s)) = freed {
+                        // SAFETY: a double free, which must be refused and change nothing.
+                        let r = unsafe { mr.deallocate(legacy(), p, s, 256) };
+                        prop_assert!(
+                            matches!(r, Err(MrError::InvalidFree { kind: InvalidFree::DoubleFree, .. })),
+                            "{:?}", r
+                        );
+                    }
+                }
+            }
+        }
+        for (a, s) in std::mem::take(&mut live) {
+            free(&mr, legacy(), DevicePtr::from_raw(a), s);
+        }
+        mr.inner.settle();
+        let whole = alloc(&mr, per_thread(), SIZE);
+        prop_assert_eq!(whole.addr(), start);
+        free(&mr, per_thread(), whole, SIZE);
+        drop(mr);
+        prop_assert_eq!(mock.live_allocations(), 0);
+    }
+}
