@@ -22,24 +22,34 @@
 //! Pure bookkeeping (free lists, bins, arenas, counters, the CSV log) lives in modules that make
 //! no CUDA calls and are tested on machines without a GPU.
 
+pub mod aligned;
 pub mod arena;
 pub mod binning;
+pub mod debug_log;
 pub mod error;
+pub mod failure_callback;
 pub mod fixed_size;
 pub mod limiting;
 pub mod logging;
 pub mod pool;
 pub mod prefetch;
+pub mod prefetch_adaptor;
 pub mod registry;
 pub mod resource;
 pub mod resources;
 pub mod statistics;
 pub mod testing;
+pub mod thread_safe;
 pub mod tracking;
 
+pub use aligned::AlignedResourceAdaptor;
+pub use debug_log::{init_debug_logging, set_debug_log_level};
 pub use error::{InvalidFree, MrError, MrResult};
+pub use failure_callback::FailureCallbackResourceAdaptor;
 pub use limiting::LimitingResourceAdaptor;
+pub use logging::LoggingResourceAdaptor;
 pub use prefetch::{prefetch, PrefetchTarget};
+pub use prefetch_adaptor::PrefetchResourceAdaptor;
 pub use registry::{
     current_device_resource, per_device_resource, reset_current_device_resource,
     reset_per_device_resource, set_current_device_resource, set_per_device_resource,
@@ -52,6 +62,9 @@ pub use resources::{
     CudaAsyncOptions, CudaAsyncViewMemoryResource, CudaMemoryResource, ManagedMemoryResource,
     PinnedHostMemoryResource, PoolStatistics, SamHeadroomMemoryResource, SystemMemoryResource,
 };
+pub use statistics::StatisticsResourceAdaptor;
+pub use thread_safe::ThreadSafeResourceAdaptor;
+pub use tracking::TrackingResourceAdaptor;
 
 #[cfg(test)]
 mod send_sync {
@@ -75,5 +88,20 @@ mod send_sync {
         assert_send_sync::<LimitingResourceAdaptor>();
         assert_send_sync::<LimitingResourceAdaptor<CudaMemoryResource>>();
         assert_send_sync::<testing::HostMockResource>();
+        assert_send_sync::<AlignedResourceAdaptor>();
+        assert_send_sync::<AlignedResourceAdaptor<CudaMemoryResource>>();
+        assert_send_sync::<LoggingResourceAdaptor>();
+        assert_send_sync::<LoggingResourceAdaptor<CudaMemoryResource>>();
+        assert_send_sync::<StatisticsResourceAdaptor>();
+        assert_send_sync::<StatisticsResourceAdaptor<CudaMemoryResource>>();
+        assert_send_sync::<TrackingResourceAdaptor>();
+        assert_send_sync::<TrackingResourceAdaptor<CudaMemoryResource>>();
+        assert_send_sync::<ThreadSafeResourceAdaptor>();
+        assert_send_sync::<ThreadSafeResourceAdaptor<CudaMemoryResource>>();
+        assert_send_sync::<FailureCallbackResourceAdaptor>();
+        assert_send_sync::<FailureCallbackResourceAdaptor<CudaMemoryResource>>();
+        assert_send_sync::<PrefetchResourceAdaptor>();
+        assert_send_sync::<PrefetchResourceAdaptor<CudaMemoryResource>>();
+        assert_send_sync::<debug_log::DebugLogError>();
     };
 }
