@@ -22,28 +22,38 @@
 //! Pure bookkeeping (free lists, bins, arenas, counters, the CSV log) lives in modules that make
 //! no CUDA calls and are tested on machines without a GPU.
 
+pub mod aligned;
 pub mod arena;
 pub mod binning;
+pub mod debug_log;
 pub mod error;
+pub mod failure_callback;
 pub mod fixed_size;
 pub mod limiting;
 pub mod logging;
 pub mod pool;
 pub mod prefetch;
+pub mod prefetch_adaptor;
 pub mod registry;
 pub mod resource;
 pub mod resources;
 pub mod statistics;
 pub mod testing;
+pub mod thread_safe;
 pub mod tracking;
 
-pub use binning::BinningMemoryResource;
+pub use aligned::AlignedResourceAdaptor;
 pub use arena::ArenaMemoryResource;
+pub use binning::BinningMemoryResource;
+pub use debug_log::{init_debug_logging, set_debug_log_level};
 pub use error::{InvalidFree, MrError, MrResult};
+pub use failure_callback::FailureCallbackResourceAdaptor;
 pub use fixed_size::FixedSizeMemoryResource;
 pub use limiting::LimitingResourceAdaptor;
+pub use logging::LoggingResourceAdaptor;
 pub use pool::PoolMemoryResource;
 pub use prefetch::{prefetch, PrefetchTarget};
+pub use prefetch_adaptor::PrefetchResourceAdaptor;
 pub use registry::{
     current_device_resource, per_device_resource, reset_current_device_resource,
     reset_per_device_resource, set_current_device_resource, set_per_device_resource,
@@ -56,6 +66,9 @@ pub use resources::{
     CudaAsyncOptions, CudaAsyncViewMemoryResource, CudaMemoryResource, ManagedMemoryResource,
     PinnedHostMemoryResource, PoolStatistics, SamHeadroomMemoryResource, SystemMemoryResource,
 };
+pub use statistics::StatisticsResourceAdaptor;
+pub use thread_safe::ThreadSafeResourceAdaptor;
+pub use tracking::TrackingResourceAdaptor;
 
 #[cfg(test)]
 mod send_sync {
@@ -87,5 +100,20 @@ mod send_sync {
         assert_send_sync::<FixedSizeMemoryResource<CudaMemoryResource>>();
         assert_send_sync::<BinningMemoryResource>();
         assert_send_sync::<BinningMemoryResource<CudaMemoryResource>>();
+        assert_send_sync::<AlignedResourceAdaptor>();
+        assert_send_sync::<AlignedResourceAdaptor<CudaMemoryResource>>();
+        assert_send_sync::<LoggingResourceAdaptor>();
+        assert_send_sync::<LoggingResourceAdaptor<CudaMemoryResource>>();
+        assert_send_sync::<StatisticsResourceAdaptor>();
+        assert_send_sync::<StatisticsResourceAdaptor<CudaMemoryResource>>();
+        assert_send_sync::<TrackingResourceAdaptor>();
+        assert_send_sync::<TrackingResourceAdaptor<CudaMemoryResource>>();
+        assert_send_sync::<ThreadSafeResourceAdaptor>();
+        assert_send_sync::<ThreadSafeResourceAdaptor<CudaMemoryResource>>();
+        assert_send_sync::<FailureCallbackResourceAdaptor>();
+        assert_send_sync::<FailureCallbackResourceAdaptor<CudaMemoryResource>>();
+        assert_send_sync::<PrefetchResourceAdaptor>();
+        assert_send_sync::<PrefetchResourceAdaptor<CudaMemoryResource>>();
+        assert_send_sync::<debug_log::DebugLogError>();
     };
 }

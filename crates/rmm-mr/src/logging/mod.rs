@@ -35,12 +35,16 @@
 //! UTC time of day where spdlog prints local time, and [`current_thread_number`] gives a
 //! process-unique thread number where spdlog prints the kernel thread id.
 
+pub mod adaptor;
 mod csv;
 mod event;
 mod event_time;
 mod parser;
 mod thread_number;
 
+pub use adaptor::{
+    default_log_filename, LoggingResourceAdaptor, LoggingResourceAdaptorBuilder, LOG_FILE_ENV,
+};
 pub use csv::{format_header, push_event, write_event, write_header, EventLine, HEADER};
 pub use event::{Action, MemoryEvent};
 pub use event_time::{EventTime, InvalidEventTime};

@@ -2,9 +2,11 @@
 //! their byte sum and optional allocation stacks, and detection of wrong frees (untracked,
 //! double, wrong size). See [`TrackingRegistry`].
 
+pub mod adaptor;
 mod error;
 mod registry;
 mod shard;
 
+pub use adaptor::TrackingResourceAdaptor;
 pub use error::{TrackingError, TrackingErrorRecord};
 pub use registry::{OutstandingAllocation, TrackingConfig, TrackingRegistry};
