@@ -17,8 +17,8 @@ use std::time::Instant;
 
 use rmm_benches::{median, replay_threads, Trace};
 use rmm_mr::{
-    BinningMemoryResource, CudaAsyncMemoryResource, CudaMemoryResource, DeviceMemoryResource,
-    FixedSizeMemoryResource, MrResult, PoolMemoryResource, SharedResource,
+    ArenaMemoryResource, BinningMemoryResource, CudaAsyncMemoryResource, CudaMemoryResource,
+    DeviceMemoryResource, FixedSizeMemoryResource, MrResult, PoolMemoryResource, SharedResource,
 };
 use rmm_stream::CudaStream;
 use rmm_sys::mempool;
@@ -110,6 +110,17 @@ fn factories() -> Vec<(&'static str, Factory, bool)> {
             true,
         ),
         (
+            "arena",
+            Box::new(|_: &TraceSpec| {
+                Ok(shared(ArenaMemoryResource::new(
+                    CudaMemoryResource::new(),
+                    None,
+                    false,
+                )?))
+            }),
+            true,
+        ),
+        (
             "binning",
             Box::new(|_: &TraceSpec| {
                 let pool = PoolMemoryResource::new(CudaMemoryResource::new(), 0, None)?;
@@ -194,6 +205,7 @@ fn run(args: &Args) -> MrResult<()> {
             live: 2000,
         },
     ];
+    let mut failures = 0;
     for spec in &specs {
         let trace = Trace::random(args.ops, 1, spec.max_size, spec.live, 0xbe_2c4);
         let peak = trace.peak_bytes();
@@ -222,18 +234,31 @@ fn run(args: &Args) -> MrResult<()> {
                     );
                     continue;
                 }
-                let mut samples = Vec::new();
-                for _ in 0..args.reps {
-                    let mr = factory(spec)?;
-                    // One untimed warm-up pass so pools have grown, as in steady state.
-                    replay_threads(&*mr, &trace, threads)?;
-                    let wall = replay_threads(&*mr, &trace, threads)?;
-                    samples.push(wall.as_nanos() as f64 / (trace.ops.len() * threads) as f64);
+                let measure = || -> MrResult<f64> {
+                    let mut samples = Vec::new();
+                    for _ in 0..args.reps {
+                        let mr = factory(spec)?;
+                        // One untimed warm-up pass so pools have grown, as in steady state.
+                        replay_threads(&*mr, &trace, threads)?;
+                        let wall = replay_threads(&*mr, &trace, threads)?;
+                        samples.push(wall.as_nanos() as f64 / (trace.ops.len() * threads) as f64);
+                    }
+                    Ok(median(&mut samples))
+                };
+                eprintln!(
+                    "[bench] trace {} / {rname} / {threads} thread(s)",
+                    spec.name
+                );
+                match measure() {
+                    Ok(v) => table
+                        .entry(threads)
+                        .or_default()
+                        .push((rname.to_owned(), v)),
+                    Err(e) => {
+                        println!("({rname} x{threads} failed: {e})");
+                        failures += 1;
+                    }
                 }
-                table
-                    .entry(threads)
-                    .or_default()
-                    .push((rname.to_owned(), median(&mut samples)));
             }
         }
         println!("| threads | resource | ns per op (median) | ratio to driver_pool |");
@@ -246,5 +271,58 @@ fn run(args: &Args) -> MrResult<()> {
             }
         }
     }
+    fragmented_pool(args.reps)?;
+    if failures > 0 {
+        return Err(rmm_mr::MrError::bad_alloc(format!(
+            "{failures} benchmark row(s) failed"
+        )));
+    }
+    Ok(())
+}
+
+/// The pool's best fit with 100,000 free blocks: allocate 200,000 blocks of 256 B, free every
+/// other one (no two free blocks are adjacent, so none coalesce), then time 100,000
+/// allocate+free pairs of 256-512 B.
+fn fragmented_pool(reps: usize) -> MrResult<()> {
+    let pool = PoolMemoryResource::new(CudaMemoryResource::new(), 256 << 20, None)?;
+    let stream = CudaStream::non_blocking()?;
+    let v = stream.view();
+    let mut blocks = Vec::with_capacity(200_000);
+    for _ in 0..200_000 {
+        blocks.push(pool.allocate(v, 256, 256)?);
+    }
+    let mut kept = Vec::with_capacity(100_000);
+    for (i, p) in blocks.into_iter().enumerate() {
+        if i % 2 == 0 {
+            // SAFETY: `p` came from `pool` with 256 bytes.
+            unsafe { pool.deallocate(v, p, 256, 256)? };
+        } else {
+            kept.push(p);
+        }
+    }
+    let mut rng = rmm_benches::Rng::new(42);
+    let mut samples = Vec::new();
+    for _ in 0..reps.max(3) {
+        let t = Instant::now();
+        for _ in 0..100_000 {
+            let size = rng.range(256, 512);
+            let p = pool.allocate(v, size, 256)?;
+            // SAFETY: `p` came from `pool` with `size`.
+            unsafe { pool.deallocate(v, p, size, 256)? };
+        }
+        samples.push(t.elapsed().as_nanos() as f64 / 200_000.0);
+    }
+    println!("\n## Pool with 100,000 free blocks (256 B, none adjacent)\n");
+    println!("| scenario | ns per op (median) |");
+    println!("|---|---:|");
+    println!(
+        "| allocate+free of 256-512 B, per operation | {:.0} |",
+        median(&mut samples)
+    );
+    for p in kept {
+        // SAFETY: each came from `pool` with 256 bytes.
+        unsafe { pool.deallocate(v, p, 256, 256)? };
+    }
+    v.synchronize()?;
     Ok(())
 }

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use conformance::{trials, Subject, GIB};
 use libtest_mimic::Arguments;
 use rmm_mr::{
-    BinningMemoryResource, CallbackMemoryResource, CudaAsyncManagedMemoryResource,
-    CudaAsyncMemoryResource, CudaAsyncViewMemoryResource, CudaMemoryResource, DeviceMemoryResource,
-    FixedSizeMemoryResource, LimitingResourceAdaptor, ManagedMemoryResource,
-    PinnedHostMemoryResource, PoolMemoryResource, SamHeadroomMemoryResource, SharedResource,
-    SystemMemoryResource,
+    ArenaMemoryResource, BinningMemoryResource, CallbackMemoryResource,
+    CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaAsyncViewMemoryResource,
+    CudaMemoryResource, DeviceMemoryResource, FixedSizeMemoryResource, LimitingResourceAdaptor,
+    ManagedMemoryResource, PinnedHostMemoryResource, PoolMemoryResource, SamHeadroomMemoryResource,
+    SharedResource, SystemMemoryResource,
 };
 use rmm_sys::{DeviceCapabilities, DriverVersion};
 
@@ -147,6 +147,21 @@ fn subjects() -> Vec<Subject> {
                 CudaAsyncMemoryResource::new()?,
                 18,
                 22,
+            )?))
+        })
+        .unsupported_when(no_pools),
+        Subject::new("arena_over_cuda", || {
+            Ok(arc(ArenaMemoryResource::new(
+                CudaMemoryResource::new(),
+                None,
+                false,
+            )?))
+        }),
+        Subject::new("arena_over_async", || {
+            Ok(arc(ArenaMemoryResource::new(
+                CudaAsyncMemoryResource::new()?,
+                None,
+                false,
             )?))
         })
         .unsupported_when(no_pools),

@@ -690,6 +690,42 @@ mod tests {
         assert!(format!("{p:?}").contains("PoolMemoryResource"));
     }
 
+    /// Threads that miss together must grow the pool only as much as they need: each waiting
+    /// grower looks at the free lists again once it holds the growth lock. (Without that, 4
+    /// threads replaying a 2 GiB-peak trace on an H200 grew a pool to over 100 GiB.)
+    #[test]
+    fn concurrent_misses_grow_the_pool_only_as_needed() {
+        const THREADS: usize = 4;
+        const X: usize = 1 << 20;
+        let mock = HostMockResource::new();
+        let pool = PoolMemoryResource::new(mock.clone(), 0, None).unwrap();
+        let barrier = std::sync::Barrier::new(THREADS);
+        let ptrs: Vec<DevicePtr> = std::thread::scope(|sc| {
+            let joins: Vec<_> = (0..THREADS)
+                .map(|_| {
+                    sc.spawn(|| {
+                        barrier.wait();
+                        pool.allocate(s(), X, 256).unwrap()
+                    })
+                })
+                .collect();
+            joins.into_iter().map(|j| j.join().unwrap()).collect()
+        });
+        // Growth sizes are max(request, pool size): X, X, 2X (whose second half serves the
+        // fourth thread), so exactly 4X; a grower that did not look again would add 4X more.
+        assert_eq!(
+            pool.pool_size(),
+            THREADS * X,
+            "the pool grew more than its users needed"
+        );
+        for p in ptrs {
+            // SAFETY: each came from `pool` with X bytes.
+            unsafe { pool.deallocate(s(), p, X, 256).unwrap() };
+        }
+        drop(pool);
+        assert_eq!(mock.live_allocations(), 0);
+    }
+
     #[test]
     fn many_threads_on_the_default_stream_never_share_memory() {
         let (p, mock) = pool(0, None);

@@ -335,14 +335,14 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         Ok(DevicePtr::from_raw(addr))
     }
 
-    #[cold]
-    fn allocate_slow(
+    /// Steals one fitting block from another stream's list (the remainder stays there), else
+    /// merges other lists into `own` until one fits; the stream waits on each victim's event.
+    fn take_from_others(
         &self,
         own: &StreamList<L>,
         stream: CudaStreamView<'_>,
         size: usize,
-        expand: impl FnOnce(usize) -> MrResult<(DevicePtr, usize)>,
-    ) -> MrResult<(u64, L::Tag)> {
+    ) -> MrResult<Option<(u64, L::Tag)>> {
         let others: Vec<_> = self
             .lists()
             .into_iter()
@@ -358,7 +358,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 let _ = st.blocks.put(addr, size, tag);
                 return Err(e.into());
             }
-            return Ok((addr, tag));
+            return Ok(Some((addr, tag)));
         }
         // Merge whole lists into this one, retrying after each.
         for victim in &others {
@@ -382,17 +382,41 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 )));
             }
             if let Some(block) = st.blocks.take(size) {
-                return Ok(block);
+                return Ok(Some(block));
             }
         }
-        // Grow.
+        Ok(None)
+    }
+
+    #[cold]
+    fn allocate_slow(
+        &self,
+        own: &StreamList<L>,
+        stream: CudaStreamView<'_>,
+        size: usize,
+        expand: impl FnOnce(usize) -> MrResult<(DevicePtr, usize)>,
+    ) -> MrResult<(u64, L::Tag)> {
+        if let Some(block) = self.take_from_others(own, stream, size)? {
+            return Ok(block);
+        }
+        // Grow, holding the growth lock. Threads that missed together queue here; each looks
+        // again once it holds the lock, so memory another one just obtained is used instead of
+        // growing the pool once per waiting thread (RMM serializes everything on one mutex and
+        // so never races here).
+        let mut chunks = self.lock_chunks();
+        if let Some(block) = own.lock().blocks.take(size) {
+            return Ok(block);
+        }
+        if let Some(block) = self.take_from_others(own, stream, size)? {
+            return Ok(block);
+        }
         let (ptr, chunk_size) = {
-            let mut chunks = self.lock_chunks();
             let (ptr, chunk_size) = expand(self.pool_size())?;
             chunks.insert(ptr.addr(), chunk_size);
             self.pool_size.fetch_add(chunk_size, Ordering::Relaxed);
             (ptr, chunk_size)
         };
+        // Publish the chunk in this stream's list before letting other growers in.
         let mut st = own.lock();
         // The chunk may still be in flight on `stream` (a stream-ordered upstream): its rest
         // must not be stolen before that, so the event is recorded after it.
@@ -400,11 +424,14 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         st.blocks
             .add_chunk(ptr.addr(), chunk_size)
             .map_err(|e| MrError::bad_alloc(format!("new upstream chunk rejected: {e}")))?;
-        st.blocks.take(size).ok_or_else(|| {
+        let block = st.blocks.take(size).ok_or_else(|| {
             MrError::bad_alloc(format!(
                 "a new upstream chunk of {chunk_size} bytes cannot serve {size} bytes"
             ))
-        })
+        });
+        drop(st);
+        drop(chunks);
+        block
     }
 
     /// Returns a block on `stream`.
