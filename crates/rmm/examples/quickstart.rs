@@ -1,5 +1,6 @@
-//! The README's main job: report the GPU, allocate through a few resources, print what happened.
-//! Without a GPU it says so in one line and exits with status 1.
+//! The README's main job: configure a pool for the GPU, allocate containers on a stream, copy
+//! data both ways, and print statistics. Without a GPU it says so in one line and exits with
+//! status 1.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -20,51 +21,78 @@ fn main() -> ExitCode {
     }
 }
 
+fn gib(bytes: impl Into<u128>) -> f64 {
+    bytes.into() as f64 / f64::from(1u32 << 30)
+}
+
 fn run() -> Result<(), MrError> {
-    let device = rmm::sys::current_device()?;
-    let (free, total) = rmm::sys::available_device_memory()?;
+    let device = rmm::current_device()?;
+    let (free, total) = rmm::available_device_memory()?;
     println!(
         "device {device}: {} (driver CUDA {}), {:.1} GiB free of {:.1} GiB",
         rmm::sys::device_name(device)?,
         rmm::sys::driver_version()?,
-        free as f64 / (1u64 << 30) as f64,
-        total as f64 / (1u64 << 30) as f64
+        gib(free as u64),
+        gib(total as u64)
     );
 
-    // The driver's stream-ordered pool, capped at 1 GiB, installed as the device's resource.
-    let pool = CudaAsyncMemoryResource::new()?;
-    let capped = LimitingResourceAdaptor::new(pool.clone(), 1 << 30);
-    rmm::set_current_device_resource(Arc::new(capped.clone()))?;
+    // 1. A 1 GiB pool (growing up to 4 GiB) as the device's resource, as Python's
+    //    rmm.reinitialize(pool_allocator=True, initial_pool_size="1GiB", ...) does.
+    rmm::reinitialize(
+        &ReinitializeOptions::new()
+            .pool_allocator(true)
+            .initial_pool_size("1GiB")?
+            .maximum_pool_size("4GiB")?,
+    )?;
+    // 2. Count what goes through it.
+    let stats = StatisticsResourceAdaptor::new(rmm::current_device_resource()?);
+    let mr: SharedResource = Arc::new(stats.clone());
 
-    let stream = CudaStream::non_blocking()?;
-    let mr = rmm::current_device_resource()?;
-    let sizes = [4usize << 10, 1 << 20, 64 << 20];
-    let mut held = Vec::new();
-    for &bytes in &sizes {
-        let p = mr.allocate(stream.view(), bytes, 256)?;
-        println!("allocated {bytes:>9} B at {p} on stream {}", stream.view());
-        held.push((p, bytes));
-    }
+    // 3. Containers on a stream of our own.
+    let stream = Arc::new(CudaStream::non_blocking()?);
+    let input: Vec<f32> = (0..1_000_000).map(|i| i as f32 * 0.5).collect();
+    let vector = DeviceUvector::from_slice(&input, Arc::clone(&stream), Some(Arc::clone(&mr)))?;
+    let mut scratch = DeviceBuffer::new_in(64 << 20, Arc::clone(&stream), Arc::clone(&mr))?;
+    scratch.resize(128 << 20, Arc::clone(&stream))?;
+    let back = vector.to_vec(stream.view())?;
     println!(
-        "limit {} B, outstanding {} B; pool reserved {} B, used {} B",
-        capped.allocation_limit(),
-        capped.allocated_bytes(),
-        pool.statistics()?.reserved_current,
-        pool.statistics()?.used_current
+        "copied {} floats to the GPU and back: {}",
+        back.len(),
+        if back == input {
+            "identical"
+        } else {
+            "DIFFERENT"
+        }
     );
-    match mr.allocate(stream.view(), 2 << 30, 256) {
-        Err(e) if e.is_out_of_memory() => println!("2 GiB over the 1 GiB limit: {e}"),
-        other => println!("unexpected: {other:?}"),
-    }
-    for (p, bytes) in held {
-        // SAFETY: each pointer came from `mr` on this stream with this size and is unused.
-        unsafe { mr.deallocate(stream.view(), p, bytes, 256)? };
-    }
+    println!(
+        "element 123456 read from the device: {}",
+        vector.element(123_456, stream.view())?
+    );
+
+    let bytes = stats.bytes_counter();
+    let allocs = stats.allocations_counter();
+    println!(
+        "statistics: {} B in use (peak {} B, {} B in total) over {} live allocation(s), {} in total",
+        bytes.value, bytes.peak, bytes.total, allocs.value, allocs.total
+    );
+    drop(vector);
+    drop(scratch);
     stream.synchronize()?;
     println!(
-        "freed everything; outstanding {} B",
-        capped.allocated_bytes()
+        "after dropping the containers: {} B in use",
+        stats.bytes_counter().value
     );
+    if let Some(pool) = rmm::resource_cast::<PoolMemoryResource>(&*rmm::current_device_resource()?)
+    {
+        println!("pool size {:.2} GiB", gib(pool.pool_size() as u64));
+    }
+
+    // 4. Exhaustion is a typed error, not a panic.
+    match DeviceBuffer::new_in(8 << 30, Arc::clone(&stream), Arc::clone(&mr)) {
+        Err(e) if e.is_out_of_memory() => println!("8 GiB from a 4 GiB pool: {e}"),
+        Err(e) => println!("8 GiB from a 4 GiB pool failed otherwise: {e}"),
+        Ok(_) => println!("8 GiB from a 4 GiB pool unexpectedly succeeded"),
+    }
     rmm::reset_current_device_resource()?;
     Ok(())
 }

@@ -21,6 +21,7 @@
 //! | `rmm-mr` | [`mr`] | the memory-resource trait, resources, adaptors, the per-device registry |
 //! | `rmm-containers` | [`containers`] | device buffers, vectors, scalars |
 
+pub mod reinitialize;
 pub mod size;
 
 pub use rmm_containers as containers;
@@ -28,21 +29,40 @@ pub use rmm_mr as mr;
 pub use rmm_stream as stream;
 pub use rmm_sys as sys;
 
-pub use rmm_mr::{
-    current_device_resource, per_device_resource, reset_current_device_resource,
-    reset_per_device_resource, set_current_device_resource, set_per_device_resource,
-    DeviceMemoryResource, MrError, MrResult, SharedResource,
+pub use reinitialize::{reinitialize, IntoByteSize, ReinitializeOptions};
+pub use rmm_containers::{
+    take_drop_errors, BufferStream, DeviceBuffer, DeviceScalar, DeviceUvector,
 };
-pub use rmm_stream::{CudaEvent, CudaStream, CudaStreamPool, CudaStreamView};
-pub use rmm_sys::{CudaError, DeviceId, DevicePtr};
-pub use size::ByteSize;
-
+pub use rmm_mr::{
+    current_device_resource, init_debug_logging, per_device_resource, prefetch,
+    reset_current_device_resource, reset_per_device_resource, resource_cast,
+    set_current_device_resource, set_per_device_resource, shared, AlignedResourceAdaptor,
+    ArenaMemoryResource, BinningMemoryResource, CallbackMemoryResource,
+    CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaAsyncOptions,
+    CudaAsyncViewMemoryResource, CudaMemoryResource, DeviceMemoryResource,
+    FailureCallbackResourceAdaptor, FixedSizeMemoryResource, InvalidFree, LimitingResourceAdaptor,
+    LoggingResourceAdaptor, ManagedMemoryResource, MrError, MrResult, PinnedHostMemoryResource,
+    PoolMemoryResource, PoolStatistics, PrefetchResourceAdaptor, PrefetchTarget,
+    ResourceProperties, SamHeadroomMemoryResource, SharedResource, StatisticsResourceAdaptor,
+    SystemMemoryResource, ThreadSafeResourceAdaptor, TrackingResourceAdaptor,
+};
+pub use rmm_stream::{
+    default_stream_mode, set_default_stream_mode, CudaEvent, CudaStream, CudaStreamPool,
+    CudaStreamView, DefaultStreamMode, StreamError, StreamFlags,
+};
+pub use rmm_sys::{
+    available_device_memory, current_device, device_count, percent_of_free_device_memory,
+    set_current_device, CudaError, DeviceGuard, DeviceId, DevicePtr, ALLOCATION_ALIGNMENT,
+};
 /// The names most programs need.
 pub mod prelude {
+    pub use crate::{reinitialize, ReinitializeOptions};
+    pub use rmm_containers::{DeviceBuffer, DeviceScalar, DeviceUvector};
     pub use rmm_mr::{
-        CudaAsyncMemoryResource, CudaMemoryResource, DeviceMemoryResource, LimitingResourceAdaptor,
-        ManagedMemoryResource, MrError, SharedResource,
+        ArenaMemoryResource, BinningMemoryResource, CudaAsyncMemoryResource, CudaMemoryResource,
+        DeviceMemoryResource, LimitingResourceAdaptor, ManagedMemoryResource, MrError, MrResult,
+        PoolMemoryResource, SharedResource, StatisticsResourceAdaptor,
     };
-    pub use rmm_stream::{CudaStream, CudaStreamView};
+    pub use rmm_stream::{CudaEvent, CudaStream, CudaStreamView};
     pub use rmm_sys::{DeviceId, DevicePtr};
 }
