@@ -172,6 +172,21 @@ fn overhead(reps: usize) -> MrResult<()> {
     println!("|---|---:|---:|");
     println!("| raw cuMemAllocFromPoolAsync + cuMemFreeAsync | {r:.0} | 1.000 |");
     println!("| CudaAsyncMemoryResource | {w:.0} | {:.3} |", w / r);
+    // What the sub-allocators' stream bookkeeping costs per call.
+    let event = rmm_stream::CudaEvent::new()?;
+    let time = |f: &dyn Fn() -> MrResult<()>| -> MrResult<f64> {
+        let t = Instant::now();
+        for _ in 0..n {
+            f()?;
+        }
+        Ok(t.elapsed().as_nanos() as f64 / n as f64)
+    };
+    let id = time(&|| view.id().map(drop).map_err(Into::into))?;
+    let record = time(&|| event.record(view).map_err(Into::into))?;
+    view.synchronize()?;
+    println!("\n| driver call | ns per call |\n|---|---:|");
+    println!("| cuStreamGetId | {id:.0} |");
+    println!("| cuEventRecord | {record:.0} |");
     Ok(())
 }
 
@@ -238,9 +253,10 @@ fn run(args: &Args) -> MrResult<()> {
                     let mut samples = Vec::new();
                     for _ in 0..args.reps {
                         let mr = factory(spec)?;
+                        let streams = rmm_benches::streams(threads)?;
                         // One untimed warm-up pass so pools have grown, as in steady state.
-                        replay_threads(&*mr, &trace, threads)?;
-                        let wall = replay_threads(&*mr, &trace, threads)?;
+                        replay_threads(&*mr, &trace, &streams)?;
+                        let wall = replay_threads(&*mr, &trace, &streams)?;
                         samples.push(wall.as_nanos() as f64 / (trace.ops.len() * threads) as f64);
                     }
                     Ok(median(&mut samples))

@@ -147,25 +147,33 @@ pub fn replay(
     Ok(start.elapsed())
 }
 
-/// Replays a copy of `trace` on each of `threads` threads, each with its own non-blocking
-/// stream, started together; returns the wall time of the slowest.
+/// Creates one non-blocking stream per replay thread on the current device.
+pub fn streams(threads: usize) -> MrResult<Vec<CudaStream>> {
+    (0..threads)
+        .map(|_| Ok(CudaStream::non_blocking()?))
+        .collect()
+}
+
+/// Replays a copy of `trace` on each of `streams.len()` threads, thread `i` on `streams[i]`,
+/// started together; returns the wall time of the slowest. The same streams serve warm-up and
+/// timed passes, as a long-running program keeps its streams.
 pub fn replay_threads(
     mr: &dyn DeviceMemoryResource,
     trace: &Trace,
-    threads: usize,
+    streams: &[CudaStream],
 ) -> MrResult<Duration> {
     let device = rmm_sys::current_device()?;
-    let barrier = Barrier::new(threads + 1);
+    let barrier = Barrier::new(streams.len() + 1);
     let results: Vec<MrResult<Duration>> = std::thread::scope(|s| {
-        let joins: Vec<_> = (0..threads)
-            .map(|_| {
+        let joins: Vec<_> = streams
+            .iter()
+            .map(|stream| {
                 let barrier = &barrier;
                 s.spawn(move || -> MrResult<Duration> {
                     rmm_sys::set_current_device(device)?;
-                    let stream = CudaStream::non_blocking()?;
                     barrier.wait();
                     let start = Instant::now();
-                    replay(mr, &stream, trace)?;
+                    replay(mr, stream, trace)?;
                     Ok(start.elapsed())
                 })
             })
