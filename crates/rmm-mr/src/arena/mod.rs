@@ -72,7 +72,11 @@
 //!   above 256 GiB.
 //! * RMM's debug-only 1 TiB maximum superblock size is not enforced.
 //!
-//! # How the resource drives it (RMM's `arena_memory_resource`)
+//! # How RMM's `arena_memory_resource` drives it
+//!
+//! (This is RMM's procedure, which the core supports; [`ArenaMemoryResource`] follows it except
+//! where its own documentation says otherwise — notably, large frees wait with events instead of
+//! blocking the host, and cross-arena frees use an owner table instead of searching.)
 //!
 //! Allocation of `bytes > 0`: round (256 or size class); [`LocalArena::allocate`] on the calling
 //! thread's arena (per-thread default stream) or the stream's arena (under the shared lock; it
