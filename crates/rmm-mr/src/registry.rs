@@ -70,8 +70,8 @@ pub fn per_device_resource(device: DeviceId) -> SharedResource {
     })
 }
 
-/// Installs `resource` for `device` and returns the previous one (or the initial resource),
-/// RAII-style (RMM's `set_per_device_resource`). The resource must have been created with
+/// Installs `resource` for `device` and returns the previous one (or the initial resource), so
+/// the caller can put it back later (RMM's `set_per_device_resource`). The resource must have been created with
 /// `device` current.
 #[doc(alias = "rmm::mr::set_per_device_resource")]
 pub fn set_per_device_resource(device: DeviceId, resource: SharedResource) -> SharedResource {

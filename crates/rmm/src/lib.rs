@@ -21,6 +21,7 @@
 //! | `rmm-mr` | [`mr`] | the memory-resource trait, resources, adaptors, the per-device registry |
 //! | `rmm-containers` | [`containers`] | device buffers, vectors, scalars |
 
+pub mod guide;
 pub mod reinitialize;
 pub mod size;
 
@@ -29,22 +30,26 @@ pub use rmm_mr as mr;
 pub use rmm_stream as stream;
 pub use rmm_sys as sys;
 
+/// The level type of the debug-logging functions (from the `log` facade).
+pub use log::LevelFilter;
 pub use reinitialize::{reinitialize, IntoByteSize, ReinitializeOptions};
 pub use rmm_containers::{
     take_drop_errors, BufferStream, DeviceBuffer, DeviceScalar, DeviceUvector,
 };
 pub use rmm_mr::{
-    current_device_resource, init_debug_logging, per_device_resource, prefetch,
-    reset_current_device_resource, reset_per_device_resource, resource_cast,
-    set_current_device_resource, set_per_device_resource, shared, AlignedResourceAdaptor,
-    ArenaMemoryResource, BinningMemoryResource, CallbackMemoryResource,
-    CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaAsyncOptions,
-    CudaAsyncViewMemoryResource, CudaMemoryResource, DeviceMemoryResource,
-    FailureCallbackResourceAdaptor, FixedSizeMemoryResource, InvalidFree, LimitingResourceAdaptor,
-    LoggingResourceAdaptor, ManagedMemoryResource, MrError, MrResult, PinnedHostMemoryResource,
-    PoolMemoryResource, PoolStatistics, PrefetchResourceAdaptor, PrefetchTarget,
-    ResourceProperties, SamHeadroomMemoryResource, SharedResource, StatisticsResourceAdaptor,
-    SystemMemoryResource, ThreadSafeResourceAdaptor, TrackingResourceAdaptor,
+    arena::ArenaOptions, current_device_resource, debug_log::debug_log_level,
+    debug_log::flush_debug_log, debug_log::init_debug_logging_with_level, init_debug_logging,
+    per_device_resource, prefetch, reset_current_device_resource, reset_per_device_resource,
+    resource_cast, set_current_device_resource, set_debug_log_level, set_per_device_resource,
+    shared, tracking::TrackingConfig, AlignedResourceAdaptor, ArenaMemoryResource,
+    BinningMemoryResource, CallbackMemoryResource, CudaAsyncManagedMemoryResource,
+    CudaAsyncMemoryResource, CudaAsyncOptions, CudaAsyncViewMemoryResource, CudaMemoryResource,
+    DeviceMemoryResource, FailureCallbackResourceAdaptor, FixedSizeMemoryResource, InvalidFree,
+    LimitingResourceAdaptor, LoggingResourceAdaptor, ManagedMemoryResource, MrError, MrResult,
+    PinnedHostMemoryResource, PoolMemoryResource, PoolStatistics, PrefetchResourceAdaptor,
+    PrefetchTarget, ResourceProperties, SamHeadroomMemoryResource, SharedResource,
+    StatisticsResourceAdaptor, SystemMemoryResource, ThreadSafeResourceAdaptor,
+    TrackingResourceAdaptor,
 };
 pub use rmm_stream::{
     default_stream_mode, set_default_stream_mode, CudaEvent, CudaStream, CudaStreamPool,
@@ -54,6 +59,7 @@ pub use rmm_sys::{
     available_device_memory, current_device, device_count, percent_of_free_device_memory,
     set_current_device, CudaError, DeviceGuard, DeviceId, DevicePtr, ALLOCATION_ALIGNMENT,
 };
+pub use size::ByteSize;
 /// The names most programs need.
 pub mod prelude {
     pub use crate::{reinitialize, ReinitializeOptions};

@@ -115,6 +115,14 @@ impl ReinitializeOptions {
         self
     }
 
+    /// Log to the file `RMM_LOG_FILE` names (per device, as with an explicit name).
+    #[must_use]
+    pub fn logging_from_env(mut self) -> Self {
+        self.logging = true;
+        self.log_file_name = None;
+        self
+    }
+
     /// Log to `file` (per device, see [`ReinitializeOptions::log_file_name`]).
     #[must_use]
     pub fn logging(mut self, file: impl Into<PathBuf>) -> Self {

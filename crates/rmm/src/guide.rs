@@ -1,0 +1,38 @@
+//! The user guide: the pages of `docs/guide/`, one module each.
+//!
+//! The modules are empty; each one's documentation is a page of the guide, included here so
+//! that `cargo test --doc` compiles every code block in the guide (blocks that need a GPU are
+//! compiled but not run) and `cargo doc` publishes the guide with the API.
+//!
+//! 1. [`introduction`]: what rmm-rs is, a first program, errors and threads.
+//! 2. [`choosing_a_memory_resource`]: the resources and adaptors, and which to use.
+//! 3. [`stream_ordered_allocation`]: streams, events and the stream-ordering rule.
+//! 4. [`pool_allocators`]: pool, arena, binning and fixed-size sub-allocators.
+//! 5. [`managed_memory`]: managed, async managed, prefetching and system memory.
+//! 6. [`logging_and_profiling`]: the CSV log, statistics, tracking and debug logging.
+//! 7. [`multiple_devices`]: the per-device registry, device guards and containers.
+//! 8. [`coming_from_rmm`]: RMM's C++ and Python names, and what rmm-rs does differently.
+
+#[doc = include_str!("../../../docs/guide/01-introduction.md")]
+pub mod introduction {}
+
+#[doc = include_str!("../../../docs/guide/02-choosing-a-memory-resource.md")]
+pub mod choosing_a_memory_resource {}
+
+#[doc = include_str!("../../../docs/guide/03-stream-ordered-allocation.md")]
+pub mod stream_ordered_allocation {}
+
+#[doc = include_str!("../../../docs/guide/04-pool-allocators.md")]
+pub mod pool_allocators {}
+
+#[doc = include_str!("../../../docs/guide/05-managed-memory.md")]
+pub mod managed_memory {}
+
+#[doc = include_str!("../../../docs/guide/06-logging-and-profiling.md")]
+pub mod logging_and_profiling {}
+
+#[doc = include_str!("../../../docs/guide/07-multiple-devices.md")]
+pub mod multiple_devices {}
+
+#[doc = include_str!("../../../docs/guide/08-coming-from-rmm.md")]
+pub mod coming_from_rmm {}
