@@ -2,12 +2,14 @@
 
 use std::any::Any;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 
 use rmm_stream::CudaStreamView;
 use rmm_sys::DevicePtr;
 
-use crate::binning::table::{exponent_sizes, BinTable, BinningError};
+use crate::binning::routes::BinRoutes;
+use crate::binning::table::{exponent_sizes, rounded_bin_size, BinTable, BinningError};
 use crate::error::{MrError, MrResult};
 use crate::fixed_size::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE};
 use crate::resource::{
@@ -17,7 +19,41 @@ use crate::resource::{
 struct Binning<U: DeviceMemoryResource> {
     /// Shared with the fixed-size bins made for it.
     upstream: Arc<U>,
+    /// Every bin; written by `add_bin`, read on the slow paths.
     bins: RwLock<BinTable<SharedResource>>,
+    /// The same bins, routed without a lock (up to its capacity).
+    routes: BinRoutes<SharedResource>,
+    /// Set when a bin did not fit in `routes`: from then on requests route through `bins`.
+    overflow: AtomicBool,
+}
+
+/// Where a request goes.
+enum Route<'a> {
+    Bin(&'a SharedResource),
+    Owned(SharedResource),
+    Upstream,
+}
+
+impl<U: DeviceMemoryResource> Binning<U> {
+    #[inline]
+    fn route(&self, bytes: usize) -> Route<'_> {
+        if !self.overflow.load(Ordering::Acquire) {
+            return match self.routes.route(bytes) {
+                Some((_, bin)) => Route::Bin(bin),
+                None => Route::Upstream,
+            };
+        }
+        self.route_locked(bytes)
+    }
+
+    #[cold]
+    fn route_locked(&self, bytes: usize) -> Route<'_> {
+        let bins = self.bins.read().unwrap_or_else(PoisonError::into_inner);
+        match bins.route(bytes) {
+            Some((_, bin)) => Route::Owned(Arc::clone(bin)),
+            None => Route::Upstream,
+        }
+    }
 }
 
 /// Why a bin could not be added.
@@ -51,10 +87,11 @@ impl From<AddBinError> for MrError {
 /// - Deallocation routes by `bytes` exactly as allocation did, so `bytes` must be the
 ///   allocation's. A request of 0 bytes goes to the smallest bin (which returns
 ///   [`DevicePtr::NULL`]), or to the upstream when there is none. The alignment is forwarded.
-/// - Beyond RMM: [`add_bin`](Self::add_bin) is thread-safe. The bins sit behind a
-///   reader-writer lock; allocation and deallocation take only its read lock. Adding a bin
-///   changes where *later* requests in its size range go, deallocations included, so bins for
-///   a size range must be added before memory of that range is allocated (RMM's rule too).
+/// - Beyond RMM: [`add_bin`](Self::add_bin) is thread-safe. Adding a bin takes a lock and
+///   publishes a new immutable version of the routes; allocation and deallocation read the
+///   current version without any lock (beyond 64 bins, through a reader-writer lock). Adding a
+///   bin changes where *later* requests in its size range go, deallocations included, so bins
+///   for a size range must be added before memory of that range is allocated (RMM's rule too).
 /// - Copies share the bins and are equal; two resources are unequal.
 #[doc(alias = "rmm::mr::binning_memory_resource")]
 pub struct BinningMemoryResource<U: DeviceMemoryResource = SharedResource> {
@@ -76,6 +113,8 @@ impl<U: DeviceMemoryResource> BinningMemoryResource<U> {
             inner: Arc::new(Binning {
                 upstream: Arc::new(upstream),
                 bins: RwLock::new(BinTable::new()),
+                routes: BinRoutes::new(),
+                overflow: AtomicBool::new(false),
             }),
         }
     }
@@ -125,7 +164,7 @@ impl<U: DeviceMemoryResource> BinningMemoryResource<U> {
             .write()
             .unwrap_or_else(PoisonError::into_inner);
         let upstream = &self.inner.upstream;
-        bins.add_bin_with(allocation_size, |size| match bin_resource {
+        let inserted = bins.add_bin_with(allocation_size, |size| match bin_resource {
             Some(resource) => Ok(resource),
             None => FixedSizeMemoryResource::with_block_size(
                 Arc::clone(upstream),
@@ -135,6 +174,16 @@ impl<U: DeviceMemoryResource> BinningMemoryResource<U> {
             .map(shared)
             .map_err(AddBinError::Resource),
         })?;
+        if inserted {
+            // The table accepted the size, so it rounds.
+            let size = rounded_bin_size(allocation_size)
+                .map_err(|e| MrError::invalid_argument(e.to_string()))?;
+            if let Some(bin) = bins.get(size) {
+                if self.inner.routes.insert(size, Arc::clone(bin)).is_err() {
+                    self.inner.overflow.store(true, Ordering::Release);
+                }
+            }
+        }
         Ok(())
     }
 
@@ -180,13 +229,10 @@ impl<U: DeviceMemoryResource> DeviceMemoryResource for BinningMemoryResource<U> 
         bytes: usize,
         alignment: usize,
     ) -> MrResult<DevicePtr> {
-        let bins = self.read();
-        match bins.route(bytes) {
-            Some((_, bin)) => bin.allocate(stream, bytes, alignment),
-            None => {
-                drop(bins);
-                self.inner.upstream.allocate(stream, bytes, alignment)
-            }
+        match self.inner.route(bytes) {
+            Route::Bin(bin) => bin.allocate(stream, bytes, alignment),
+            Route::Owned(bin) => bin.allocate(stream, bytes, alignment),
+            Route::Upstream => self.inner.upstream.allocate(stream, bytes, alignment),
         }
     }
 
@@ -197,19 +243,17 @@ impl<U: DeviceMemoryResource> DeviceMemoryResource for BinningMemoryResource<U> 
         bytes: usize,
         alignment: usize,
     ) -> MrResult<()> {
-        let bins = self.read();
-        match bins.route(bytes) {
+        match self.inner.route(bytes) {
             // SAFETY: the trait's contract; `bytes` routes to the resource that allocated.
-            Some((_, bin)) => unsafe { bin.deallocate(stream, ptr, bytes, alignment) },
-            None => {
-                drop(bins);
-                // SAFETY: as above.
-                unsafe {
-                    self.inner
-                        .upstream
-                        .deallocate(stream, ptr, bytes, alignment)
-                }
-            }
+            Route::Bin(bin) => unsafe { bin.deallocate(stream, ptr, bytes, alignment) },
+            // SAFETY: as above.
+            Route::Owned(bin) => unsafe { bin.deallocate(stream, ptr, bytes, alignment) },
+            // SAFETY: as above.
+            Route::Upstream => unsafe {
+                self.inner
+                    .upstream
+                    .deallocate(stream, ptr, bytes, alignment)
+            },
         }
     }
 
@@ -361,6 +405,32 @@ mod tests {
         mock.fail_next_allocations(1);
         assert!(r.add_bin(4096, None).unwrap_err().is_out_of_memory());
         assert_eq!(r.bin_sizes(), [512]);
+    }
+
+    #[test]
+    fn more_bins_than_the_lock_free_routes_hold_still_route() {
+        let mock = HostMockResource::new();
+        let r = BinningMemoryResource::new(mock.clone());
+        let bins: Vec<HostMockResource> = (0..80).map(|_| HostMockResource::new()).collect();
+        // Added out of order, so the routes and the table must agree on order too.
+        for i in (0..80).rev() {
+            r.add_bin(256 * (i + 1), Some(shared(bins[i].clone())))
+                .unwrap();
+        }
+        assert_eq!(r.bin_sizes().len(), 80);
+        for i in [0usize, 10, 63, 64, 79] {
+            let bytes = 256 * i + 1;
+            let p = r.allocate(s(), bytes, 256).unwrap();
+            let serving = if bytes <= 256 { 0 } else { (bytes - 1) / 256 };
+            assert_eq!(bins[serving].live_allocations(), 1, "{bytes} bytes");
+            // SAFETY: `p` came from `r` with `bytes`.
+            unsafe { r.deallocate(s(), p, bytes, 256).unwrap() };
+            assert_eq!(bins[serving].live_allocations(), 0);
+        }
+        let big = r.allocate(s(), 80 * 256 + 1, 256).unwrap();
+        assert_eq!(mock.live_allocations(), 1);
+        // SAFETY: `big` came from `r`.
+        unsafe { r.deallocate(s(), big, 80 * 256 + 1, 256).unwrap() };
     }
 
     #[test]

@@ -70,6 +70,20 @@ pub enum FixedSizeError {
         /// The freed address.
         addr: u64,
     },
+    /// The block is handed out with another size than the one it is freed with.
+    SizeMismatch {
+        /// The freed address.
+        addr: u64,
+        /// The size it was handed out with (rounded up to 256).
+        allocated: usize,
+        /// The size it is freed with (rounded up to 256).
+        freed: usize,
+    },
+    /// A block already handed out was handed out again (an internal inconsistency).
+    HandedOutTwice {
+        /// The block's address.
+        addr: u64,
+    },
 }
 
 impl fmt::Display for FixedSizeError {
@@ -111,6 +125,17 @@ impl fmt::Display for FixedSizeError {
                 chunk.block_size, chunk.addr
             ),
             Self::DoubleFree { addr } => write!(f, "double free of block {addr:#x}"),
+            Self::SizeMismatch {
+                addr,
+                allocated,
+                freed,
+            } => write!(
+                f,
+                "block {addr:#x} of {allocated} bytes freed with {freed} bytes"
+            ),
+            Self::HandedOutTwice { addr } => {
+                write!(f, "block {addr:#x} is already handed out")
+            }
         }
     }
 }

@@ -1,14 +1,16 @@
 //! The fixed-size resource (RMM's `fixed_size_memory_resource`).
 
 use std::any::Any;
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 
 use rmm_stream::CudaStreamView;
 use rmm_sys::{align_up, DevicePtr, ALLOCATION_ALIGNMENT};
 
-use crate::error::{MrError, MrResult};
-use crate::fixed_size::free_list::{rounded_block_size, Chunk, ChunkIndex, FixedSizeFreeList};
+use crate::error::{InvalidFree, MrError, MrResult};
+use crate::fixed_size::block_table::{BlockLedger, BlockTable};
+use crate::fixed_size::free_list::{rounded_block_size, FixedSizeError};
 use crate::pool::growth::format_bytes;
 use crate::pool::stream_ordered::{FreeBlocks, StreamOrdered};
 use crate::resource::{
@@ -21,65 +23,64 @@ pub const DEFAULT_BLOCK_SIZE: usize = 1 << 20;
 /// RMM's default number of blocks per upstream chunk.
 pub const DEFAULT_BLOCKS_TO_PREALLOCATE: usize = 128;
 
-/// One stream's free blocks, plus an index of the chunks of the blocks it holds (a block freed
-/// on another stream than the one its chunk was added to is checked against it).
+/// One stream's free blocks (a FIFO, as RMM's list), with the resource-wide ledger of
+/// handed-out blocks every list shares and this list's snapshot of its chunk table (refreshed
+/// only when an address is missing from it: chunks are only ever added).
 #[derive(Debug, Clone)]
 struct FixedBlocks {
-    free: FixedSizeFreeList,
-    /// Covers the chunk of every block in `free`.
-    index: ChunkIndex,
-    block_size: usize,
-    blocks_per_chunk: usize,
+    free: VecDeque<u64>,
+    ledger: Arc<BlockLedger>,
+    table: BlockTable,
 }
 
 impl FixedBlocks {
-    fn new(block_size: usize, blocks_per_chunk: usize) -> Self {
+    fn new(ledger: BlockLedger) -> Self {
         Self {
-            free: FixedSizeFreeList::new(),
-            index: ChunkIndex::new(),
-            block_size,
-            blocks_per_chunk,
+            free: VecDeque::new(),
+            ledger: Arc::new(ledger),
+            table: BlockTable::default(),
         }
+    }
+
+    /// Replaces this list's table by the ledger's latest (called when an address is missing
+    /// from it: chunks are only ever added, so nothing else can make it stale).
+    #[cold]
+    #[inline(never)]
+    fn refresh(&mut self) {
+        self.table = self.ledger.table();
     }
 }
 
 impl FreeBlocks for FixedBlocks {
-    /// The address of the block's chunk.
-    type Tag = u64;
+    type Tag = ();
 
-    fn take(&mut self, _size: usize) -> Option<(u64, u64)> {
-        let addr = self.free.pop()?;
-        // Every free block's chunk is indexed (see `put` and `absorb`).
-        let chunk = self.index.chunk_of(addr).map_or(addr, Chunk::addr);
-        Some((addr, chunk))
+    fn take(&mut self, _size: usize) -> Option<(u64, ())> {
+        self.free.pop_front().map(|addr| (addr, ()))
     }
 
-    fn put(&mut self, addr: u64, _size: usize, chunk: u64) -> Result<(), String> {
-        if self.index.chunk_of(addr).is_none() {
-            let c = Chunk::new(chunk, self.block_size, self.blocks_per_chunk)
-                .map_err(|e| e.to_string())?;
-            self.index.insert(c).map_err(|e| e.to_string())?;
-        }
-        self.free
-            .push_in(addr, &self.index)
-            .map_err(|e| e.to_string())
+    fn put(&mut self, addr: u64, _size: usize, _tag: ()) -> Result<(), String> {
+        // Only blocks the ledger just took back, or blocks just taken from a list, come here.
+        self.free.push_back(addr);
+        Ok(())
     }
 
     fn add_chunk(&mut self, addr: u64, size: usize) -> Result<(), String> {
+        let count = size / self.ledger.block_size();
         let chunk = self
-            .free
-            .add_chunk(addr, self.block_size, size / self.block_size)
+            .ledger
+            .add_chunk(addr, count)
             .map_err(|e| e.to_string())?;
-        self.index.insert(chunk).map_err(|e| e.to_string())?;
+        self.table = self.ledger.table();
+        self.free.extend(chunk.blocks());
         Ok(())
     }
 
     fn absorb(&mut self, other: &mut Self) -> Result<(), String> {
-        self.index.merge(&other.index).map_err(|e| e.to_string())?;
-        self.free
-            .append(&mut other.free)
-            .map_err(|e| e.to_string())?;
-        other.index = ChunkIndex::new();
+        if self.free.is_empty() {
+            std::mem::swap(&mut self.free, &mut other.free);
+        } else {
+            self.free.append(&mut other.free);
+        }
         Ok(())
     }
 
@@ -88,12 +89,44 @@ impl FreeBlocks for FixedBlocks {
     }
 
     fn holds(&self, addr: u64) -> bool {
-        self.free.contains(addr)
+        self.free.contains(&addr)
     }
 
     fn remove_chunk(&mut self, _addr: u64, _size: usize) -> bool {
-        // Blocks of one chunk are scattered through the FIFO; chunks are not given back early.
+        // Blocks of one chunk are scattered through the FIFOs; chunks are not given back early.
         false
+    }
+
+    #[inline]
+    fn hand_out(&mut self, addr: u64, size: usize, _tag: ()) -> Result<(), String> {
+        let mut r = self.table.hand_out(addr, size);
+        if let Err(FixedSizeError::UnknownAddress { .. }) = r {
+            self.refresh();
+            r = self.table.hand_out(addr, size);
+        }
+        r.map_err(|e| e.to_string())
+    }
+
+    #[inline]
+    fn take_back(&mut self, addr: u64, size: usize) -> Result<(), Option<InvalidFree>> {
+        let mut r = self.table.take_back(addr, size);
+        if let Err(FixedSizeError::UnknownAddress { .. }) = r {
+            self.refresh();
+            r = self.table.take_back(addr, size);
+        }
+        r.map_err(|e| {
+            Some(match e {
+                FixedSizeError::DoubleFree { .. } => InvalidFree::DoubleFree,
+                FixedSizeError::SizeMismatch { allocated, .. } => {
+                    InvalidFree::SizeMismatch { allocated }
+                }
+                _ => InvalidFree::UnknownPointer,
+            })
+        })
+    }
+
+    fn handed_out(&self) -> (usize, usize) {
+        self.ledger.handed_out()
     }
 }
 
@@ -176,7 +209,10 @@ impl<U: DeviceMemoryResource> FixedSizeMemoryResource<U> {
                 ))
             })?;
         let fixed = FixedSize {
-            core: StreamOrdered::new(FixedBlocks::new(block_size, blocks_to_preallocate)),
+            core: StreamOrdered::new(FixedBlocks::new(
+                BlockLedger::new(block_size)
+                    .map_err(|e| MrError::invalid_argument(e.to_string()))?,
+            )),
             block_size,
             chunk_size,
             upstream,
@@ -412,6 +448,76 @@ mod tests {
             );
         }
         assert_eq!(r.outstanding_allocations(), 0);
+    }
+
+    #[test]
+    fn a_block_freed_on_two_streams_is_a_double_free() {
+        // The per-thread default stream's list is special (no event at free time) and its
+        // allocations below come from its own list, so no CUDA call is made.
+        let pt = CudaStreamView::per_thread();
+        let (r, _mock) = fixed(512, 4);
+        let a = r.allocate(s(), 300, 256).unwrap();
+        let b = r.allocate(s(), 512, 256).unwrap();
+        // SAFETY: `a` and `b` came from `r`; the second free of each is a wrong free.
+        unsafe {
+            r.deallocate(pt, a, 300, 256).unwrap();
+            assert_eq!(
+                invalid_free_kind(r.deallocate(s(), a, 300, 256)),
+                InvalidFree::DoubleFree
+            );
+            assert_eq!(
+                invalid_free_kind(r.deallocate(pt, a, 300, 256)),
+                InvalidFree::DoubleFree
+            );
+            r.deallocate(s(), b, 512, 256).unwrap();
+            assert_eq!(
+                invalid_free_kind(r.deallocate(pt, b, 512, 256)),
+                InvalidFree::DoubleFree
+            );
+            // Wrong sizes and addresses are caught on the other stream too.
+            assert_eq!(
+                invalid_free_kind(r.deallocate(pt, DevicePtr::from_raw(b.addr() + 256), 256, 256)),
+                InvalidFree::UnknownPointer
+            );
+        }
+        // The block freed on the per-thread stream is handed out there again.
+        let again = r.allocate(pt, 100, 256).unwrap();
+        assert_eq!(again, a);
+        // SAFETY: wrong size, then the right one.
+        unsafe {
+            assert_eq!(
+                invalid_free_kind(r.deallocate(pt, again, 512, 256)),
+                InvalidFree::SizeMismatch { allocated: 256 }
+            );
+            r.deallocate(pt, again, 100, 256).unwrap();
+        }
+        assert_eq!(r.outstanding_allocations(), 0);
+    }
+
+    #[test]
+    fn concurrent_frees_on_two_streams_succeed_once() {
+        let (r, _mock) = fixed(256, 8);
+        for round in 0..300 {
+            let p = r.allocate(s(), 256, 256).unwrap();
+            let ok: usize = std::thread::scope(|sc| {
+                let streams = [s(), CudaStreamView::per_thread()];
+                let handles: Vec<_> = streams
+                    .into_iter()
+                    .map(|stream| {
+                        let r = &r;
+                        sc.spawn(move || {
+                            // SAFETY: one of the two frees is a double free the resource
+                            // detects.
+                            let freed = unsafe { r.deallocate(stream, p, 256, 256) };
+                            usize::from(freed.is_ok())
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).sum()
+            });
+            assert_eq!(ok, 1, "round {round}: a block freed twice was accepted");
+            assert_eq!(r.outstanding_allocations(), 0);
+        }
     }
 
     #[test]

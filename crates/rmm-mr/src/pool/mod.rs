@@ -10,12 +10,15 @@
 //! Addresses there are plain `u64` and sizes `usize`. The CUDA-aware part:
 //!
 //! - [`PoolMemoryResource`], built on the stream-ordered core it shares with the fixed-size
-//!   resource (`stream_ordered`: per-stream lists, stealing, merging, growth, the handed-out
-//!   map) and its stream machinery (`stream_lists`: stream keys, events and the lazy event
-//!   rule).
+//!   resource (`stream_ordered`: per-stream lists, stealing, merging, growth, the record of
+//!   handed-out blocks) and its stream machinery (`stream_lists`: stream keys, the per-thread
+//!   list cache, events and the lazy event rule; `append_only`: where the lists live). The
+//!   pool's record of handed-out blocks is a sharded map (`handed`).
 
+mod append_only;
 pub mod free_list;
 pub mod growth;
+mod handed;
 mod resource;
 pub(crate) mod stream_lists;
 pub(crate) mod stream_ordered;

@@ -7,51 +7,83 @@ use std::sync::Arc;
 use rmm_stream::CudaStreamView;
 use rmm_sys::{checked_align_up, DevicePtr, ALLOCATION_ALIGNMENT};
 
-use crate::error::{MrError, MrResult};
+use crate::error::{InvalidFree, MrError, MrResult};
 use crate::pool::free_list::{Block, CoalescingFreeList};
 use crate::pool::growth::{format_bytes, try_to_expand, PoolSizes};
+use crate::pool::handed::HandedMap;
 use crate::pool::stream_ordered::{FreeBlocks, StreamOrdered};
 use crate::resource::{
     same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
 };
 
-impl FreeBlocks for CoalescingFreeList {
+/// One stream's free blocks, with the pool-wide map of handed-out blocks (shared by every
+/// list of the pool).
+#[derive(Debug, Clone, Default)]
+struct PoolBlocks {
+    free: CoalescingFreeList,
+    /// Tagged with whether the block starts an upstream chunk.
+    handed: Arc<HandedMap<bool>>,
+}
+
+impl FreeBlocks for PoolBlocks {
     /// Whether the block starts an upstream chunk.
     type Tag = bool;
 
     fn take(&mut self, size: usize) -> Option<(u64, bool)> {
-        self.allocate(size).map(|b| (b.addr, b.is_head))
+        self.free.allocate(size).map(|b| (b.addr, b.is_head))
     }
 
     fn put(&mut self, addr: u64, size: usize, is_head: bool) -> Result<(), String> {
-        self.insert(Block::new(addr, size, is_head))
+        self.free
+            .insert(Block::new(addr, size, is_head))
             .map_err(|e| e.to_string())
     }
 
     fn add_chunk(&mut self, addr: u64, size: usize) -> Result<(), String> {
-        self.insert(Block::new(addr, size, true))
+        self.free
+            .insert(Block::new(addr, size, true))
             .map_err(|e| e.to_string())
     }
 
     fn absorb(&mut self, other: &mut Self) -> Result<(), String> {
-        self.insert_list(other).map_err(|e| e.to_string())
+        self.free
+            .insert_list(&mut other.free)
+            .map_err(|e| e.to_string())
     }
 
     fn is_empty(&self) -> bool {
-        CoalescingFreeList::is_empty(self)
+        self.free.is_empty()
     }
 
     fn holds(&self, addr: u64) -> bool {
-        self.contains_range(addr, 0)
+        self.free.contains_range(addr, 0)
     }
 
     fn remove_chunk(&mut self, addr: u64, size: usize) -> bool {
-        CoalescingFreeList::remove_chunk(self, addr, size)
+        self.free.remove_chunk(addr, size)
+    }
+
+    fn hand_out(&mut self, addr: u64, size: usize, is_head: bool) -> Result<(), String> {
+        if self.handed.record(addr, size, is_head) {
+            Ok(())
+        } else {
+            Err(format!("block {addr:#x} was already handed out"))
+        }
+    }
+
+    fn take_back(&mut self, addr: u64, size: usize) -> Result<bool, Option<InvalidFree>> {
+        self.handed
+            .release(addr, size)
+            .map_err(|allocated| allocated.map(|allocated| InvalidFree::SizeMismatch { allocated }))
+    }
+
+    fn handed_out(&self) -> (usize, usize) {
+        self.handed.totals()
     }
 }
 
 struct Pool<U: DeviceMemoryResource> {
-    core: StreamOrdered<CoalescingFreeList>,
+    core: StreamOrdered<PoolBlocks>,
     sizes: PoolSizes,
     upstream: U,
 }
@@ -203,7 +235,7 @@ impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
         let sizes = PoolSizes::new(initial_pool_size, maximum_pool_size)
             .map_err(|e| MrError::invalid_argument(e.to_string()))?;
         let pool = Pool {
-            core: StreamOrdered::new(CoalescingFreeList::new()),
+            core: StreamOrdered::new(PoolBlocks::default()),
             sizes,
             upstream,
         };
@@ -611,6 +643,67 @@ mod tests {
             p.deallocate(s(), a, 1000, 256).unwrap();
             p.deallocate(s(), b, 256, 256).unwrap();
         }
+    }
+
+    #[test]
+    fn a_block_freed_on_two_streams_is_a_double_free() {
+        // The per-thread default stream's list is special (no event at free time), so no CUDA
+        // call is made.
+        let pt = CudaStreamView::per_thread();
+        let (p, _mock) = pool(4096, None);
+        let a = p.allocate(s(), 1000, 256).unwrap();
+        // SAFETY: `a` came from `p`; the later frees are wrong frees the pool detects.
+        unsafe {
+            p.deallocate(pt, a, 1000, 256).unwrap();
+            assert_eq!(
+                invalid_free_kind(p.deallocate(s(), a, 1000, 256)),
+                InvalidFree::DoubleFree
+            );
+            assert_eq!(
+                invalid_free_kind(p.deallocate(pt, a, 1000, 256)),
+                InvalidFree::DoubleFree
+            );
+        }
+        assert_eq!(p.outstanding_allocations(), 0);
+        // Blocks handed out on the per-thread stream come from its own list first.
+        let b = p.allocate(pt, 512, 256).unwrap();
+        assert_eq!(b, a);
+        // SAFETY: `b` came from `p`, freed on another stream once.
+        unsafe {
+            assert_eq!(
+                invalid_free_kind(p.deallocate(s(), b, 1024, 256)),
+                InvalidFree::SizeMismatch { allocated: 512 }
+            );
+            p.deallocate(s(), b, 512, 256).unwrap();
+        }
+        assert_eq!(p.outstanding_allocations(), 0);
+    }
+
+    #[test]
+    fn many_pools_on_one_thread_keep_one_list_per_stream() {
+        // More pools than the per-thread list cache has slots, used round robin on the
+        // per-thread stream (pools that grow on it: no CUDA call).
+        let pools: Vec<_> = (0..40).map(|_| pool(0, None).0).collect();
+        let pt = CudaStreamView::per_thread();
+        for round in 0..5 {
+            for (i, p) in pools.iter().enumerate() {
+                let a = p.allocate(pt, 256 * (1 + i), 256).unwrap();
+                // SAFETY: `a` came from `p` with this size.
+                unsafe { p.deallocate(pt, a, 256 * (1 + i), 256).unwrap() };
+                assert_eq!(p.inner.core.list_count(), 2, "pool {i}, round {round}");
+            }
+        }
+        // Another thread's per-thread stream gets a list of its own (a free there needs no
+        // CUDA call; an allocation would steal from this thread's list, which does).
+        let a = pools[0].allocate(pt, 256, 256).unwrap();
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                // SAFETY: `a` came from `pools[0]`, freed once.
+                unsafe { pools[0].deallocate(pt, a, 256, 256).unwrap() };
+            });
+        });
+        assert_eq!(pools[0].inner.core.list_count(), 3);
+        assert!(pools.iter().all(|p| p.outstanding_allocations() == 0));
     }
 
     #[test]

@@ -47,13 +47,12 @@
 //! which lives as long as the pool: a list is never removed, so a block freed on a stream that
 //! is then destroyed stays stealable through the list's event.
 
-use std::any::Any;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use rmm_stream::{CudaEvent, CudaStreamView};
-use rmm_sys::CudaResult;
+use rmm_sys::{CudaResult, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
 
 /// Which free list a stream's blocks go to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -68,11 +67,15 @@ pub(crate) enum StreamKey {
 
 impl StreamKey {
     /// The key of `stream`. Makes a CUDA call (`cuStreamGetId`) only for ordinary streams.
+    #[inline]
     pub(crate) fn of(stream: CudaStreamView<'_>) -> CudaResult<Self> {
-        if stream.is_per_thread_default() {
-            Ok(Self::PerThread(thread_number()))
-        } else if stream.is_default() {
+        // `as_raw` resolves handle 0 by the default-stream mode, so this is exactly
+        // `is_default()` / `is_per_thread_default()`, in one inlined comparison.
+        let raw = stream.as_raw();
+        if raw.is_null() || raw == CU_STREAM_LEGACY {
             Ok(Self::Legacy)
+        } else if raw == CU_STREAM_PER_THREAD {
+            Ok(Self::PerThread(thread_number()))
         } else {
             stream.id().map(Self::Stream)
         }
@@ -162,10 +165,17 @@ impl<L> ListState<L> {
     /// Records the list's event on `stream` when the rule asks for it: an ordinary stream of an
     /// eager pool. A failure is absorbed by marking the list `needs_device_sync` (a thief then
     /// synchronizes the device instead of waiting on the event), so the blocks stay safe.
+    #[inline]
     pub(crate) fn publish(&mut self, key: StreamKey, stream: CudaStreamView<'_>, eager: bool) {
         if key.is_special() || !eager {
             return;
         }
+        self.record(stream);
+    }
+
+    /// Records the event on `stream`, or marks the list `needs_device_sync` when that fails.
+    #[cold]
+    fn record(&mut self, stream: CudaStreamView<'_>) {
         if let Err(e) = self.event().and_then(|ev| ev.record(stream)) {
             log::warn!(
                 "rmm: could not record a pool event on stream {stream} ({e}); the next thief \
@@ -206,67 +216,78 @@ impl<L> ListState<L> {
     }
 }
 
-/// A slot of the per-thread list cache.
+/// A slot of the per-thread list cache: in the resource numbered `pool`, `key`'s list is list
+/// number `index`.
+#[derive(Debug, Clone, Copy)]
 struct CacheSlot {
     pool: u64,
     key: StreamKey,
-    list: Weak<dyn Any + Send + Sync>,
+    index: usize,
 }
 
-/// Per-thread cache of `(pool, key) -> list`, so the same-stream path takes no shared lock to
-/// find its list. Pools have process-unique numbers, so an entry never matches another pool;
-/// entries hold weak references, so a dropped pool's lists are freed with it.
-#[derive(Default)]
+/// Number of slots of the per-thread list cache (a binning resource's bins are several pools,
+/// and a thread may use several streams).
+const CACHE_SLOTS: usize = 16;
+
+/// Per-thread cache of `(pool, key) -> list index`, so the same-stream path takes no shared
+/// lock to find its list. Pools have process-unique numbers, so an entry never matches another
+/// pool; a pool never removes a list, so an entry of a live pool stays right; entries hold plain
+/// numbers, so a dropped pool leaves nothing alive behind (its entries are merely overwritten
+/// later).
 struct ListCache {
-    slots: [Option<CacheSlot>; 4],
+    slots: [Option<CacheSlot>; CACHE_SLOTS],
+    /// The slot of the last hit or insertion (looked at first).
+    last: usize,
+    /// The next slot to overwrite.
     next: usize,
 }
 
 thread_local! {
-    static LIST_CACHE: RefCell<ListCache> = RefCell::default();
+    static LIST_CACHE: RefCell<ListCache> = const {
+        RefCell::new(ListCache {
+            slots: [None; CACHE_SLOTS],
+            last: 0,
+            next: 0,
+        })
+    };
 }
 
-/// The cached list of `key` in pool `pool`, if this thread has seen it.
-pub(crate) fn cached_list<L: Send + 'static>(
-    pool: u64,
-    key: StreamKey,
-) -> Option<Arc<StreamList<L>>> {
+/// The index of `key`'s list in pool `pool`, if this thread has seen it.
+#[inline]
+pub(crate) fn cached_list_index(pool: u64, key: StreamKey) -> Option<usize> {
     LIST_CACHE
         .try_with(|c| {
-            let c = c.borrow();
-            c.slots
-                .iter()
-                .flatten()
-                .find(|s| s.pool == pool && s.key == key)
-                .and_then(|s| s.list.upgrade())
+            let mut c = c.try_borrow_mut().ok()?;
+            let hit = |s: &Option<CacheSlot>| s.is_some_and(|s| s.pool == pool && s.key == key);
+            if hit(&c.slots[c.last]) {
+                return c.slots[c.last].map(|s| s.index);
+            }
+            let i = c.slots.iter().position(hit)?;
+            c.last = i;
+            c.slots[i].map(|s| s.index)
         })
         .ok()
         .flatten()
-        .and_then(|any| any.downcast::<StreamList<L>>().ok())
 }
 
-/// Remembers `list` as pool `pool`'s list for `key` in this thread's cache.
-pub(crate) fn remember_list<L: Send + 'static>(
-    pool: u64,
-    key: StreamKey,
-    list: &Arc<StreamList<L>>,
-) {
-    let any: Arc<dyn Any + Send + Sync> = list.clone();
-    let slot = CacheSlot {
-        pool,
-        key,
-        list: Arc::downgrade(&any),
-    };
+/// Remembers in this thread's cache that `key`'s list in pool `pool` is list number `index`.
+pub(crate) fn remember_list_index(pool: u64, key: StreamKey, index: usize) {
     let _ = LIST_CACHE.try_with(|c| {
-        let mut c = c.borrow_mut();
-        // Reuse the slot of a dead or identical entry, else round robin.
-        let free = c.slots.iter().position(|s| {
-            s.as_ref()
-                .is_none_or(|s| (s.pool == pool && s.key == key) || s.list.strong_count() == 0)
-        });
-        let i = free.unwrap_or(c.next);
-        c.next = (i + 1) % c.slots.len();
-        c.slots[i] = Some(slot);
+        let Ok(mut c) = c.try_borrow_mut() else {
+            return;
+        };
+        let slot = Some(CacheSlot { pool, key, index });
+        // Replace the entry of the same key, else round robin.
+        let same = c
+            .slots
+            .iter()
+            .position(|s| s.is_some_and(|s| s.pool == pool && s.key == key));
+        let i = same.unwrap_or(c.next);
+        if same.is_none() {
+            c.next = (i + 1) % CACHE_SLOTS;
+        }
+        c.slots[i] = slot;
+        c.last = i;
     });
 }
 
@@ -291,33 +312,33 @@ mod tests {
     }
 
     #[test]
-    fn cache_is_per_pool_and_weak() {
-        let a = Arc::new(StreamList::new(StreamKey::Legacy, 1u32));
-        remember_list(1, StreamKey::Legacy, &a);
-        assert!(Arc::ptr_eq(
-            &cached_list::<u32>(1, StreamKey::Legacy).unwrap(),
-            &a
-        ));
-        assert!(cached_list::<u32>(2, StreamKey::Legacy).is_none());
-        assert!(cached_list::<u32>(1, StreamKey::Stream(1)).is_none());
-        assert!(
-            cached_list::<u64>(1, StreamKey::Legacy).is_none(),
-            "wrong type"
+    fn cache_is_per_pool_and_per_key() {
+        remember_list_index(1, StreamKey::Legacy, 7);
+        assert_eq!(cached_list_index(1, StreamKey::Legacy), Some(7));
+        assert_eq!(cached_list_index(2, StreamKey::Legacy), None);
+        assert_eq!(cached_list_index(1, StreamKey::Stream(1)), None);
+        remember_list_index(1, StreamKey::Legacy, 8);
+        assert_eq!(
+            cached_list_index(1, StreamKey::Legacy),
+            Some(8),
+            "stale entry"
         );
         // More pools than slots: the oldest entries are replaced, nothing breaks.
-        let lists: Vec<_> = (10..20)
-            .map(|p| {
-                let l = Arc::new(StreamList::new(StreamKey::Stream(p), 0u32));
-                remember_list(p, StreamKey::Stream(p), &l);
-                l
-            })
-            .collect();
-        assert!(cached_list::<u32>(19, StreamKey::Stream(19)).is_some());
-        drop(lists);
-        assert!(
-            cached_list::<u32>(19, StreamKey::Stream(19)).is_none(),
-            "a dropped list stays reachable"
+        for p in 10..10 + 2 * CACHE_SLOTS as u64 {
+            remember_list_index(p, StreamKey::Stream(p), p as usize);
+        }
+        let last = 9 + 2 * CACHE_SLOTS as u64;
+        assert_eq!(
+            cached_list_index(last, StreamKey::Stream(last)),
+            Some(last as usize)
         );
+        assert_eq!(cached_list_index(10, StreamKey::Stream(10)), None);
+        assert_eq!(cached_list_index(1, StreamKey::Legacy), None);
+        // Another thread has its own cache.
+        let there = std::thread::spawn(move || cached_list_index(last, StreamKey::Stream(last)))
+            .join()
+            .unwrap();
+        assert_eq!(there, None);
     }
 
     #[test]

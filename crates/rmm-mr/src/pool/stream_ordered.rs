@@ -10,26 +10,36 @@
 //! 3. **merge** other lists into this one, one at a time (waiting on each), retrying after each;
 //! 4. **grow**: ask the resource's `expand` for a new upstream chunk on this stream.
 //!
-//! `deallocate(stream, ptr, bytes)` validates the pointer against the map of handed-out
-//! blocks, records the list's event when the lazy rule asks for it, and returns the block to
-//! this stream's list.
+//! Every block handed out is recorded in a resource-wide **record** that the free-list type
+//! provides and all its lists share ([`FreeBlocks::hand_out`], [`FreeBlocks::take_back`]): the
+//! pool's is a map of handed-out blocks, the fixed-size resource's a slot per block. The core
+//! records a block under the lock of the list it is handed out from.
+//!
+//! `deallocate(stream, ptr, bytes)` takes the block back from the record (which rejects
+//! unknown pointers, double frees — on one stream or two — and size mismatches), records the
+//! list's event when the lazy rule asks for it, and returns the block to this stream's list.
+//!
+//! # Lists
+//!
+//! The legacy list is a field; every other list lives in an append-only vector and is never
+//! removed while the resource lives. So a list is named by its index: the per-thread cache
+//! ([`cached_list_index`]) maps `(resource, stream key)` to that index, and the same-stream path
+//! borrows its list with no lock and no reference count.
 //!
 //! # Locks (and their order)
 //!
 //! - one `Mutex` per stream list: the same-stream path takes only its own list's lock;
-//! - the list **registry** (`RwLock`), taken only to register a stream the first time it is
-//!   used (write) and to snapshot the lists on the slow paths (read); a per-thread cache
-//!   ([`cached_list`]) keeps the same-stream path away from it;
+//! - the key **registry** (`Mutex`), taken only to register a stream key the first time this
+//!   thread uses it with this resource;
 //! - the **chunk set** (`Mutex`), the growth lock: held while asking the upstream for memory,
 //!   so growth is serialized and the maximum pool size is checked against a stable size;
-//! - the sharded **handed-out map** (`DashMap`, one short shard lock per operation, never held
-//!   across any other lock acquisition).
+//! - inside the record: the pool map's shard locks and the fixed-size ledger's table lock, held
+//!   for one short operation, under a list lock or none, never across another acquisition.
 //!
-//! Order: chunk set → registry → one list. A thread never holds two list locks at once (a
-//! steal or merge locks the victim, moves the blocks out, unlocks, then locks its own list),
-//! never takes the registry or the chunk set while holding a list lock, and never takes the
-//! chunk set while holding the registry (growth snapshots the lists and lets the registry go
-//! first). So no cycle can form.
+//! Order: chunk set → registry → one list → the record's inner locks. A thread never holds two
+//! list locks at once (a steal or merge locks the victim, moves the blocks out, unlocks, then
+//! locks its own list), never takes the registry or the chunk set while holding a list lock,
+//! and never takes the chunk set while holding the registry. So no cycle can form.
 //!
 //! Blocks being moved by a merge are briefly in no list: a concurrent allocation may then grow
 //! the pool instead of finding them, and [`StreamOrdered::release_unused`] sees their chunk as
@@ -37,18 +47,16 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hasher};
-use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Mutex, PoisonError};
 
-use dashmap::DashMap;
 use rmm_stream::CudaStreamView;
 use rmm_sys::{checked_align_up, DeviceGuard, DeviceId, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{InvalidFree, MrError, MrResult};
+use crate::pool::append_only::AppendOnlyVec;
 use crate::pool::stream_lists::{
-    cached_list, device_synchronize, remember_list, StreamKey, StreamList,
+    cached_list_index, device_synchronize, remember_list_index, StreamKey, StreamList,
 };
 use crate::resource::DeviceMemoryResource;
 
@@ -82,67 +90,34 @@ pub(crate) trait FreeBlocks: Clone + Send + 'static {
 
     /// If the chunk `[addr, addr + size)` is one wholly free block here, removes it.
     fn remove_chunk(&mut self, addr: u64, size: usize) -> bool;
+
+    /// Records in the resource-wide record (shared by every list of the resource) that the
+    /// block at `addr`, just taken from one of its lists for a request of `size` bytes, is
+    /// handed out. An error means it already was (an internal inconsistency, logged).
+    fn hand_out(&mut self, addr: u64, size: usize, tag: Self::Tag) -> Result<(), String>;
+
+    /// Checks in the resource-wide record that the block at `addr` is handed out with `size`
+    /// bytes (rounded), forgets it and returns its tag. Of two concurrent calls for one block,
+    /// at most one succeeds. On error nothing changes, and the error says why the free is
+    /// wrong, or is `None` for "not handed out" (the core then asks the lists whether `addr`
+    /// is free: a double free, or else an unknown pointer). A `size` of `usize::MAX` (never a
+    /// recorded size) only classifies.
+    fn take_back(&mut self, addr: u64, size: usize) -> Result<Self::Tag, Option<InvalidFree>>;
+
+    /// Number of blocks handed out by the resource and the sum of their sizes.
+    fn handed_out(&self) -> (usize, usize);
 }
 
-/// What the handed-out map remembers of a block.
-#[derive(Debug, Clone, Copy)]
-struct Handed<T> {
-    /// The request rounded up to 256 bytes.
-    size: usize,
-    tag: T,
-}
-
-/// A hasher for 256-aligned addresses (splitmix64's finalizer: every output bit depends on
-/// every input bit, so both dashmap's shard bits and hashbrown's bucket bits are mixed).
+/// Which stream keys have lists, and who used the resource first.
 #[derive(Default)]
-pub(crate) struct AddrHasher(u64);
-
-impl Hasher for AddrHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u64(&mut self, v: u64) {
-        self.0 ^= v;
-    }
-
-    fn finish(&self) -> u64 {
-        let mut z = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
-
-/// The lists a pool knows.
-struct Registry<L> {
-    /// Every list but the legacy one, by key.
-    by_key: HashMap<StreamKey, Arc<StreamList<L>>>,
-    /// Every list (the legacy one first), in creation order: the order thieves visit them.
-    all: Vec<Arc<StreamList<L>>>,
-    /// The first key a caller used, while it is the only one.
-    first_user: Option<Arc<StreamList<L>>>,
+struct Registry {
+    /// Index in `StreamOrdered::lists` of every key but the legacy one.
+    by_key: HashMap<StreamKey, usize>,
+    /// The list of the first key a caller used, while it is the only one, when that list is
+    /// not the legacy one.
+    first_user: Option<usize>,
     /// Number of keys callers have used.
     users: usize,
-}
-
-/// A list found for a stream: the legacy list is borrowed (no reference count traffic).
-enum ListRef<'a, L> {
-    Legacy(&'a StreamList<L>),
-    Shared(Arc<StreamList<L>>),
-}
-
-impl<L> Deref for ListRef<'_, L> {
-    type Target = StreamList<L>;
-
-    fn deref(&self) -> &StreamList<L> {
-        match self {
-            Self::Legacy(l) => l,
-            Self::Shared(l) => l,
-        }
-    }
 }
 
 static NEXT_POOL: AtomicU64 = AtomicU64::new(1);
@@ -156,21 +131,24 @@ fn settle(r: MrResult<()>) -> MrResult<()> {
     }
 }
 
-/// The stream-ordered core: per-stream free lists, the lazy event rule, the handed-out map and
-/// the set of upstream chunks. See the [module documentation](self).
+/// The stream-ordered core: per-stream free lists, the lazy event rule, the record of
+/// handed-out blocks (inside the lists' type) and the set of upstream chunks. See the
+/// [module documentation](self).
 pub(crate) struct StreamOrdered<L: FreeBlocks> {
     /// Process-unique number of this core (keys the per-thread list cache).
     id: u64,
-    /// An empty list (cloned for every new stream).
+    /// An empty list (cloned for every new stream; it shares the record).
     empty: L,
-    legacy: Arc<StreamList<L>>,
+    legacy: StreamList<L>,
+    /// Every list but the legacy one, in creation order (the order thieves visit them, after
+    /// the legacy list).
+    lists: AppendOnlyVec<StreamList<L>>,
     /// Whether a caller used the legacy stream (the legacy list exists from construction, to
     /// hold the initial chunk, without counting as a user).
     legacy_used: AtomicBool,
     /// Set when a second key first appears: from then on frees on ordinary streams record.
     eager: AtomicBool,
-    registry: RwLock<Registry<L>>,
-    handed: DashMap<u64, Handed<L::Tag>, BuildHasherDefault<AddrHasher>>,
+    registry: Mutex<Registry>,
     /// Upstream chunks by address (the growth lock).
     chunks: Mutex<BTreeMap<u64, usize>>,
     /// Sum of the chunk sizes.
@@ -182,22 +160,17 @@ pub(crate) struct StreamOrdered<L: FreeBlocks> {
 }
 
 impl<L: FreeBlocks> StreamOrdered<L> {
-    /// A core without chunks; `empty` is the list every stream starts with.
+    /// A core without chunks; `empty` is the list every stream starts with (and the handle of
+    /// the record every list shares).
     pub(crate) fn new(empty: L) -> Self {
-        let legacy = Arc::new(StreamList::new(StreamKey::Legacy, empty.clone()));
         Self {
             id: NEXT_POOL.fetch_add(1, Ordering::Relaxed),
-            legacy: Arc::clone(&legacy),
+            legacy: StreamList::new(StreamKey::Legacy, empty.clone()),
+            lists: AppendOnlyVec::new(),
             legacy_used: AtomicBool::new(false),
             eager: AtomicBool::new(false),
-            registry: RwLock::new(Registry {
-                by_key: HashMap::new(),
-                all: vec![legacy],
-                first_user: None,
-                users: 0,
-            }),
+            registry: Mutex::new(Registry::default()),
             empty,
-            handed: DashMap::default(),
             chunks: Mutex::new(BTreeMap::new()),
             pool_size: AtomicUsize::new(0),
             used: AtomicBool::new(false),
@@ -223,7 +196,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
 
     /// Number of blocks handed out and not freed.
     pub(crate) fn outstanding(&self) -> usize {
-        self.handed.len()
+        self.empty.handed_out().0
     }
 
     /// Whether frees on ordinary streams record events (a second stream key was seen).
@@ -233,64 +206,59 @@ impl<L: FreeBlocks> StreamOrdered<L> {
 
     /// Number of stream lists (the legacy list included).
     pub(crate) fn list_count(&self) -> usize {
-        self.read_registry().all.len()
+        1 + self.lists.len()
     }
 
     fn lock_chunks(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, usize>> {
         self.chunks.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn read_registry(&self) -> std::sync::RwLockReadGuard<'_, Registry<L>> {
-        self.registry.read().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Every list (a snapshot, for the slow paths).
-    fn lists(&self) -> Vec<Arc<StreamList<L>>> {
-        self.read_registry().all.clone()
+    /// Every list, the legacy one first, in creation order (for the slow paths).
+    fn lists(&self) -> impl Iterator<Item = &StreamList<L>> + '_ {
+        std::iter::once(&self.legacy).chain(self.lists.iter())
     }
 
     /// The list of `stream`, registering its key on first use.
-    fn list_for(&self, stream: CudaStreamView<'_>) -> MrResult<ListRef<'_, L>> {
+    #[inline]
+    fn list_for(&self, stream: CudaStreamView<'_>) -> MrResult<&StreamList<L>> {
         let key = StreamKey::of(stream)?;
         if key == StreamKey::Legacy {
             if !self.legacy_used.load(Ordering::Acquire) {
-                self.register(key);
+                self.register(key)?;
             }
-            return Ok(ListRef::Legacy(&self.legacy));
+            return Ok(&self.legacy);
         }
-        if let Some(list) = cached_list::<L>(self.id, key) {
-            return Ok(ListRef::Shared(list));
+        if let Some(list) = cached_list_index(self.id, key).and_then(|i| self.lists.get(i)) {
+            return Ok(list);
         }
-        let list = self.register(key);
-        remember_list(self.id, key, &list);
-        Ok(ListRef::Shared(list))
+        self.register(key)
     }
 
-    /// Finds or creates the list of `key` and counts the key as used; the second key turns the
-    /// pool eager.
+    /// Finds or creates the list of `key`, counts the key as used (the second key turns the
+    /// pool eager) and remembers the list in this thread's cache.
     #[cold]
-    fn register(&self, key: StreamKey) -> Arc<StreamList<L>> {
-        let mut reg = self
-            .registry
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
-        let (list, first_use) = if key == StreamKey::Legacy {
-            (
-                Arc::clone(&self.legacy),
-                !self.legacy_used.load(Ordering::Relaxed),
-            )
-        } else if let Some(list) = reg.by_key.get(&key) {
-            (Arc::clone(list), false)
+    fn register(&self, key: StreamKey) -> MrResult<&StreamList<L>> {
+        let mut reg = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
+        let (index, first_use) = if key == StreamKey::Legacy {
+            (None, !self.legacy_used.load(Ordering::Relaxed))
+        } else if let Some(&i) = reg.by_key.get(&key) {
+            (Some(i), false)
         } else {
-            let list = Arc::new(StreamList::new(key, self.empty.clone()));
-            reg.by_key.insert(key, Arc::clone(&list));
-            reg.all.push(Arc::clone(&list));
-            (list, true)
+            let i = self.lists.push(StreamList::new(key, self.empty.clone()));
+            reg.by_key.insert(key, i);
+            (Some(i), true)
+        };
+        let list = match index {
+            None => &self.legacy,
+            Some(i) => self
+                .lists
+                .get(i)
+                .ok_or_else(|| MrError::bad_alloc(format!("stream list {i} is missing")))?,
         };
         if first_use {
             reg.users += 1;
             if reg.users == 1 {
-                reg.first_user = Some(Arc::clone(&list));
+                reg.first_user = index;
             } else if reg.users == 2 {
                 // From now on blocks can change streams. Frees on ordinary streams record
                 // (checked under each list's lock, so a free that already holds the first
@@ -298,7 +266,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 // `eager`). Blocks the first list got without an event need a device
                 // synchronization by their first thief.
                 self.eager.store(true, Ordering::SeqCst);
-                if let Some(first) = reg.first_user.take() {
+                if let Some(first) = reg.first_user.take().and_then(|i| self.lists.get(i)) {
                     if !first.key().is_special() {
                         first.lock().needs_device_sync = true;
                     }
@@ -308,12 +276,17 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 self.legacy_used.store(true, Ordering::Release);
             }
         }
-        list
+        drop(reg);
+        if let Some(i) = index {
+            remember_list_index(self.id, key, i);
+        }
+        Ok(list)
     }
 
     /// Allocates a block of `size` bytes (a multiple of 256 the resource accepts) on `stream`;
     /// `expand(pool_size)` obtains a new upstream chunk on `stream` (called with the growth
     /// lock held) and returns it with its size.
+    #[inline]
     pub(crate) fn allocate(
         &self,
         stream: CudaStreamView<'_>,
@@ -321,16 +294,23 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         expand: impl FnOnce(usize) -> MrResult<(DevicePtr, usize)>,
     ) -> MrResult<DevicePtr> {
         let own = self.list_for(stream)?;
-        let hit = own.lock().blocks.take(size);
-        let (addr, tag) = match hit {
+        let mut st = own.lock();
+        let (addr, tag) = match st.blocks.take(size) {
             Some(block) => block,
-            None => self.allocate_slow(&own, stream, size, expand)?,
+            None => {
+                drop(st);
+                let block = self.allocate_slow(own, stream, size, expand)?;
+                st = own.lock();
+                block
+            }
         };
+        let recorded = st.blocks.hand_out(addr, size, tag);
+        drop(st);
+        if let Err(e) = recorded {
+            log::error!("rmm: stream-ordered resource handed out {addr:#x} twice: {e}");
+        }
         if !self.used.load(Ordering::Relaxed) {
             self.used.store(true, Ordering::Relaxed);
-        }
-        if self.handed.insert(addr, Handed { size, tag }).is_some() {
-            log::error!("rmm: stream-ordered resource handed out {addr:#x} twice");
         }
         Ok(DevicePtr::from_raw(addr))
     }
@@ -343,11 +323,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         stream: CudaStreamView<'_>,
         size: usize,
     ) -> MrResult<Option<(u64, L::Tag)>> {
-        let others: Vec<_> = self
-            .lists()
-            .into_iter()
-            .filter(|l| !std::ptr::eq(&**l, own))
-            .collect();
+        let others: Vec<&StreamList<L>> = self.lists().filter(|l| !std::ptr::eq(*l, own)).collect();
         // Steal one block; the remainder stays with its stream.
         for victim in &others {
             let mut st = victim.lock();
@@ -438,6 +414,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     ///
     /// # Safety
     /// As [`DeviceMemoryResource::deallocate`].
+    #[inline]
     pub(crate) unsafe fn deallocate(
         &self,
         stream: CudaStreamView<'_>,
@@ -448,17 +425,20 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             return Ok(());
         }
         let addr = ptr.addr();
-        let Some(size) = checked_align_up(bytes, ALLOCATION_ALIGNMENT) else {
-            return Err(self.invalid_free(ptr, bytes));
-        };
+        // A size that cannot be rounded matches no record: it is only classified.
+        let size = checked_align_up(bytes, ALLOCATION_ALIGNMENT).unwrap_or(usize::MAX);
         let own = self.list_for(stream)?;
-        let Some((_, handed)) = self.handed.remove_if(&addr, |_, h| h.size == size) else {
-            return Err(self.invalid_free(ptr, bytes));
-        };
         let mut st = own.lock();
+        let tag = match st.blocks.take_back(addr, size) {
+            Ok(tag) => tag,
+            Err(kind) => {
+                drop(st);
+                return Err(self.invalid_free(ptr, bytes, kind));
+            }
+        };
         st.publish(own.key(), stream, self.is_eager());
         st.blocks
-            .put(addr, size, handed.tag)
+            .put(addr, size, tag)
             .map_err(|_| MrError::InvalidFree {
                 ptr,
                 bytes,
@@ -466,18 +446,18 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             })
     }
 
-    /// Classifies a free the handed-out map rejected.
+    /// The error for a free the record rejected; `kind` is the record's verdict, or `None` for
+    /// "not handed out" (a double free when a list holds `addr`, else an unknown pointer).
     #[cold]
-    fn invalid_free(&self, ptr: DevicePtr, bytes: usize) -> MrError {
+    fn invalid_free(&self, ptr: DevicePtr, bytes: usize, kind: Option<InvalidFree>) -> MrError {
         let addr = ptr.addr();
-        let allocated = self.handed.get(&addr).map(|h| h.size);
-        let kind = match allocated {
-            Some(allocated) => InvalidFree::SizeMismatch { allocated },
-            None if self.lists().iter().any(|l| l.lock().blocks.holds(addr)) => {
+        let kind = kind.unwrap_or_else(|| {
+            if self.lists().any(|l| l.lock().blocks.holds(addr)) {
                 InvalidFree::DoubleFree
+            } else {
+                InvalidFree::UnknownPointer
             }
-            None => InvalidFree::UnknownPointer,
-        };
+        });
         MrError::InvalidFree { ptr, bytes, kind }
     }
 
@@ -485,14 +465,13 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     /// device, so no pending work can still use it) and returns the bytes released.
     pub(crate) fn release_unused(&self, upstream: &dyn DeviceMemoryResource) -> MrResult<usize> {
         let mut chunks = self.lock_chunks();
-        let lists = self.lists();
         let mut taken = Vec::new();
         for (&addr, &size) in chunks.iter() {
-            if let Some(list) = lists
-                .iter()
+            if let Some(list) = self
+                .lists()
                 .find(|l| l.lock().blocks.remove_chunk(addr, size))
             {
-                taken.push((Arc::clone(list), addr, size));
+                taken.push((list, addr, size));
             }
         }
         if taken.is_empty() {
@@ -528,9 +507,8 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     /// the resource is dropped). Synchronizes the device first when a block was ever handed
     /// out, so no pending work uses the memory.
     pub(crate) fn release_all(&self, upstream: &dyn DeviceMemoryResource, name: &str) {
-        let outstanding = self.handed.len();
+        let (outstanding, bytes) = self.empty.handed_out();
         if outstanding > 0 {
-            let bytes: usize = self.handed.iter().map(|h| h.size).sum();
             log::warn!(
                 "rmm: {name} dropped with {outstanding} allocations ({bytes} bytes) outstanding; \
                  their memory goes back to the upstream"

@@ -1,0 +1,568 @@
+//! The record of which fixed-size blocks are handed out, shared by every stream list of one
+//! resource: one slot per block, indexed by `(addr - chunk.addr) / block_size`.
+//!
+//! RMM records nothing (a wrong free corrupts its lists). A resource with one free list per
+//! stream, whose blocks move between lists and may be freed on any stream, needs one
+//! resource-wide answer to "is this block handed out, and with what size?". Here it is a slot
+//! per block holding the request's size rounded to 256 bytes (0: not handed out), so
+//!
+//! - an unknown pointer (no chunk, or not the start of a block) is found by a binary search
+//!   over the chunk starts ([`FixedSizeError::UnknownAddress`], [`FixedSizeError::Misaligned`]);
+//! - a double free — on the same stream or on two different streams, even at the same time —
+//!   is the one of two frees whose compare-and-swap finds the slot already 0
+//!   ([`FixedSizeError::DoubleFree`]);
+//! - a size mismatch is a slot holding another size ([`FixedSizeError::SizeMismatch`]);
+//!
+//! with no hashing and no lock: the slots are atomics, so lists on different streams, each
+//! under its own lock, share them.
+//!
+//! The chunks a resource knows only grow while it lives (a fixed-size resource returns its chunks
+//! when dropped). So readers use an immutable, address-ordered [`BlockTable`] snapshot and
+//! never need a newer one unless an address is missing from theirs: a list keeps its own
+//! snapshot and refreshes it from the [`BlockLedger`] (one mutex) only then.
+//!
+//! Pure bookkeeping: no CUDA calls; addresses are `u64`, sizes `usize`.
+
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::fixed_size::free_list::{Chunk, FixedSizeError};
+
+/// One chunk's slots: for each block, the size it was handed out with, or 0.
+pub struct ChunkBlocks {
+    chunk: Chunk,
+    sizes: Box<[AtomicUsize]>,
+}
+
+impl ChunkBlocks {
+    fn new(chunk: Chunk) -> Self {
+        Self {
+            chunk,
+            sizes: (0..chunk.count()).map(|_| AtomicUsize::new(0)).collect(),
+        }
+    }
+
+    /// The chunk.
+    #[must_use]
+    pub fn chunk(&self) -> Chunk {
+        self.chunk
+    }
+
+    /// The size block `index` is handed out with, or `None` when it is not handed out (or the
+    /// index is out of range).
+    #[must_use]
+    pub fn handed_size(&self, index: usize) -> Option<usize> {
+        let size = self.sizes.get(index)?.load(Ordering::Acquire);
+        (size != 0).then_some(size)
+    }
+
+    /// Number of blocks handed out and the sum of their sizes.
+    #[must_use]
+    pub fn handed_out(&self) -> (usize, usize) {
+        self.sizes
+            .iter()
+            .map(|s| s.load(Ordering::Acquire))
+            .filter(|&s| s != 0)
+            .fold((0, 0), |(n, bytes), s| (n + 1, bytes + s))
+    }
+}
+
+impl fmt::Debug for ChunkBlocks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (handed, bytes) = self.handed_out();
+        f.debug_struct("ChunkBlocks")
+            .field("chunk", &self.chunk)
+            .field("handed_out", &handed)
+            .field("handed_out_bytes", &bytes)
+            .finish()
+    }
+}
+
+/// A chunk in a table: its bounds inline (the binary search reads only these), its slots
+/// shared.
+#[derive(Debug, Clone)]
+struct Entry {
+    addr: u64,
+    end: u64,
+    /// log2 of the block size when it is a power of two (an index is then a shift, not a
+    /// division), else `u32::MAX`.
+    shift: u32,
+    blocks: Arc<ChunkBlocks>,
+}
+
+impl Entry {
+    /// The index of the block starting at `addr` (inside the chunk), if one does.
+    #[inline]
+    fn block_index(&self, addr: u64) -> Option<usize> {
+        let offset = addr - self.addr;
+        if self.shift != u32::MAX {
+            let mask = (1u64 << self.shift) - 1;
+            return (offset & mask == 0).then(|| (offset >> self.shift) as usize);
+        }
+        self.blocks.chunk.block_index(addr)
+    }
+}
+
+/// An immutable, address-ordered snapshot of the chunks of a [`BlockLedger`]; cloning it is one
+/// reference count. The slots it reaches are the ledger's own (shared, atomic).
+#[derive(Debug, Clone, Default)]
+pub struct BlockTable {
+    entries: Arc<[Entry]>,
+}
+
+impl BlockTable {
+    /// Number of chunks.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the table has no chunk.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The chunks in address order.
+    pub fn chunks(&self) -> impl ExactSizeIterator<Item = &ChunkBlocks> + '_ {
+        self.entries.iter().map(|e| &*e.blocks)
+    }
+
+    /// The chunk of the block that starts at `addr` and the block's index in it.
+    ///
+    /// # Errors
+    ///
+    /// [`FixedSizeError::UnknownAddress`] when no chunk of the table contains `addr`,
+    /// [`FixedSizeError::Misaligned`] when it is not the start of a block.
+    #[inline]
+    pub fn locate(&self, addr: u64) -> Result<(&ChunkBlocks, usize), FixedSizeError> {
+        let after = self.entries.partition_point(|e| e.addr <= addr);
+        let entry = after
+            .checked_sub(1)
+            .and_then(|i| self.entries.get(i))
+            .filter(|e| addr < e.end)
+            .ok_or(FixedSizeError::UnknownAddress { addr })?;
+        match entry.block_index(addr) {
+            Some(index) => Ok((&entry.blocks, index)),
+            None => Err(FixedSizeError::Misaligned {
+                addr,
+                chunk: entry.blocks.chunk,
+            }),
+        }
+    }
+
+    /// Records the block at `addr` as handed out for `size` bytes (non-zero).
+    ///
+    /// The caller owns the block: it just took it from a free list, so no other call can
+    /// write its slot now (a take-back only ever clears a slot holding a size). That is why
+    /// this is a plain store, not a read-modify-write.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`locate`](Self::locate), [`FixedSizeError::HandedOutTwice`] when the block is
+    /// already handed out (an inconsistency; the slot keeps its size). 0 is refused as
+    /// [`FixedSizeError::SizeMismatch`] (it means "not handed out").
+    #[inline]
+    pub fn hand_out(&self, addr: u64, size: usize) -> Result<(), FixedSizeError> {
+        let (blocks, index) = self.locate(addr)?;
+        if size == 0 {
+            return Err(FixedSizeError::SizeMismatch {
+                addr,
+                allocated: 0,
+                freed: 0,
+            });
+        }
+        let slot = &blocks.sizes[index];
+        if slot.load(Ordering::Acquire) != 0 {
+            return Err(FixedSizeError::HandedOutTwice { addr });
+        }
+        slot.store(size, Ordering::Release);
+        Ok(())
+    }
+
+    /// Checks that the block at `addr` is handed out with `size` bytes and records it as not
+    /// handed out. Of two concurrent calls for one block, exactly one succeeds.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`locate`](Self::locate); [`FixedSizeError::DoubleFree`] when the block is
+    /// not handed out; [`FixedSizeError::SizeMismatch`] when it is, with another size. The
+    /// slot is unchanged on error.
+    #[inline]
+    pub fn take_back(&self, addr: u64, size: usize) -> Result<(), FixedSizeError> {
+        let (blocks, index) = self.locate(addr)?;
+        let slot = &blocks.sizes[index];
+        match slot.compare_exchange(size, 0, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) if size != 0 => Ok(()),
+            Ok(_) | Err(0) => Err(FixedSizeError::DoubleFree { addr }),
+            Err(allocated) => Err(FixedSizeError::SizeMismatch {
+                addr,
+                allocated,
+                freed: size,
+            }),
+        }
+    }
+
+    /// Number of blocks handed out and the sum of their sizes, over every chunk.
+    #[must_use]
+    pub fn handed_out(&self) -> (usize, usize) {
+        self.chunks()
+            .map(ChunkBlocks::handed_out)
+            .fold((0, 0), |(n, b), (n2, b2)| (n + n2, b + b2))
+    }
+
+    /// This table with `chunk` added, or the overlapping chunk.
+    fn with(&self, chunk: Chunk) -> Result<Self, Chunk> {
+        let at = self.entries.partition_point(|e| e.addr < chunk.addr());
+        let before = at.checked_sub(1).and_then(|i| self.entries.get(i));
+        let clash = before
+            .filter(|e| e.end > chunk.addr())
+            .or_else(|| self.entries.get(at).filter(|e| e.addr < chunk.end()));
+        if let Some(e) = clash {
+            return Err(e.blocks.chunk);
+        }
+        let block_size = chunk.block_size();
+        let entry = Entry {
+            addr: chunk.addr(),
+            end: chunk.end(),
+            shift: if block_size.is_power_of_two() {
+                block_size.trailing_zeros()
+            } else {
+                u32::MAX
+            },
+            blocks: Arc::new(ChunkBlocks::new(chunk)),
+        };
+        let entries = self.entries[..at]
+            .iter()
+            .cloned()
+            .chain(std::iter::once(entry))
+            .chain(self.entries[at..].iter().cloned())
+            .collect();
+        Ok(Self { entries })
+    }
+}
+
+/// The shared record of a fixed-size resource: its chunks and, through them, the slot of every
+/// block. Adding a chunk publishes a new [`BlockTable`]; earlier tables stay valid (they lack
+/// only the new chunk).
+#[derive(Debug)]
+pub struct BlockLedger {
+    block_size: usize,
+    latest: Mutex<BlockTable>,
+}
+
+impl BlockLedger {
+    /// A ledger of blocks of `block_size` bytes, without chunks.
+    ///
+    /// # Errors
+    ///
+    /// [`FixedSizeError::ZeroBlockSize`].
+    pub fn new(block_size: usize) -> Result<Self, FixedSizeError> {
+        if block_size == 0 {
+            return Err(FixedSizeError::ZeroBlockSize);
+        }
+        Ok(Self {
+            block_size,
+            latest: Mutex::new(BlockTable::default()),
+        })
+    }
+
+    /// The size of every block.
+    #[must_use]
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// The latest table.
+    #[must_use]
+    pub fn table(&self) -> BlockTable {
+        self.lock().clone()
+    }
+
+    /// Adds a chunk of `count` blocks at `addr`, none handed out, and returns it.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`Chunk::new`]; [`FixedSizeError::ChunkOverlap`] when it shares a byte with a
+    /// known chunk (the very same chunk included). The ledger is unchanged on error.
+    pub fn add_chunk(&self, addr: u64, count: usize) -> Result<Chunk, FixedSizeError> {
+        let chunk = Chunk::new(addr, self.block_size, count)?;
+        let mut latest = self.lock();
+        *latest = latest
+            .with(chunk)
+            .map_err(|existing| FixedSizeError::ChunkOverlap { chunk, existing })?;
+        Ok(chunk)
+    }
+
+    /// Number of blocks handed out and the sum of their sizes.
+    #[must_use]
+    pub fn handed_out(&self) -> (usize, usize) {
+        self.table().handed_out()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BlockTable> {
+        self.latest.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn chunks_are_ordered_and_never_overlap() {
+        assert_eq!(
+            BlockLedger::new(0).unwrap_err(),
+            FixedSizeError::ZeroBlockSize
+        );
+        let ledger = BlockLedger::new(512).unwrap();
+        let empty = ledger.table();
+        assert!(empty.is_empty());
+        let b = ledger.add_chunk(8192, 4).unwrap();
+        let a = ledger.add_chunk(0, 2).unwrap();
+        let c = ledger.add_chunk(1 << 20, 1).unwrap();
+        for (addr, count) in [
+            (8192, 4),
+            (8192 + 1536, 4),
+            (7680, 2),
+            (0, 64),
+            (1024 - 256, 1),
+        ] {
+            assert!(
+                matches!(
+                    ledger.add_chunk(addr, count),
+                    Err(FixedSizeError::ChunkOverlap { .. })
+                ),
+                "{addr:#x} x {count} accepted"
+            );
+        }
+        assert!(matches!(
+            ledger.add_chunk(0, 0),
+            Err(FixedSizeError::EmptyChunk { .. })
+        ));
+        let t = ledger.table();
+        assert_eq!(
+            t.chunks().map(ChunkBlocks::chunk).collect::<Vec<_>>(),
+            [a, b, c]
+        );
+        // An older snapshot still works for what it has.
+        assert!(empty.is_empty());
+        assert_eq!(
+            empty.locate(0).unwrap_err(),
+            FixedSizeError::UnknownAddress { addr: 0 }
+        );
+        assert_eq!(
+            t.locate(8192 + 1024).map(|(ch, i)| (ch.chunk(), i)),
+            Ok((b, 2))
+        );
+        assert_eq!(t.locate(512).map(|(ch, i)| (ch.chunk(), i)), Ok((a, 1)));
+        assert_eq!(
+            t.locate(1024).unwrap_err(),
+            FixedSizeError::UnknownAddress { addr: 1024 }
+        );
+        assert_eq!(
+            t.locate(8192 + 100).unwrap_err(),
+            FixedSizeError::Misaligned {
+                addr: 8192 + 100,
+                chunk: b
+            }
+        );
+        assert!(t.locate(u64::MAX).is_err());
+    }
+
+    #[test]
+    fn blocks_of_any_size_are_located() {
+        for block in [256usize, 768, 1280, 4096] {
+            let ledger = BlockLedger::new(block).unwrap();
+            let chunk = ledger.add_chunk(1 << 20, 5).unwrap();
+            let t = ledger.table();
+            for (i, addr) in chunk.blocks().enumerate() {
+                assert_eq!(t.locate(addr).map(|(_, at)| at), Ok(i), "{block}");
+                for off in [1u64, 255, 256, block as u64 - 256] {
+                    if off != 0 && off < block as u64 {
+                        assert!(
+                            matches!(t.locate(addr + off), Err(FixedSizeError::Misaligned { .. })),
+                            "{block}: {addr:#x} + {off}"
+                        );
+                    }
+                }
+            }
+            assert!(matches!(
+                t.locate(chunk.end()),
+                Err(FixedSizeError::UnknownAddress { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn slots_detect_every_wrong_free() {
+        let ledger = BlockLedger::new(1024).unwrap();
+        ledger.add_chunk(1 << 20, 4).unwrap();
+        let t = ledger.table();
+        let a = 1 << 20;
+        let b = a + 1024;
+        t.hand_out(a, 256).unwrap();
+        t.hand_out(b, 1024).unwrap();
+        assert_eq!(
+            t.hand_out(a, 512),
+            Err(FixedSizeError::HandedOutTwice { addr: a })
+        );
+        assert!(matches!(
+            t.hand_out(a + 2048, 0),
+            Err(FixedSizeError::SizeMismatch { .. })
+        ));
+        assert_eq!(ledger.handed_out(), (2, 1280));
+        assert_eq!(
+            t.take_back(a, 512),
+            Err(FixedSizeError::SizeMismatch {
+                addr: a,
+                allocated: 256,
+                freed: 512
+            })
+        );
+        assert!(matches!(
+            t.take_back(a + 256, 256),
+            Err(FixedSizeError::Misaligned { .. })
+        ));
+        assert_eq!(
+            t.take_back(a + 4096, 256),
+            Err(FixedSizeError::UnknownAddress { addr: a + 4096 })
+        );
+        assert_eq!(
+            t.take_back(a + 2048, 256),
+            Err(FixedSizeError::DoubleFree { addr: a + 2048 }),
+            "a block never handed out is free"
+        );
+        assert_eq!(
+            t.take_back(a + 2048, 0),
+            Err(FixedSizeError::DoubleFree { addr: a + 2048 })
+        );
+        t.take_back(a, 256).unwrap();
+        assert_eq!(
+            t.take_back(a, 256),
+            Err(FixedSizeError::DoubleFree { addr: a })
+        );
+        assert_eq!(t.chunks().next().unwrap().handed_size(1), Some(1024));
+        assert_eq!(t.chunks().next().unwrap().handed_size(0), None);
+        assert!(format!("{t:?}").contains("handed_out: 1"));
+    }
+
+    #[test]
+    fn concurrent_frees_of_one_block_succeed_once() {
+        let ledger = BlockLedger::new(256).unwrap();
+        ledger.add_chunk(0, 64).unwrap();
+        for round in 0..200u64 {
+            let addr = (round % 64) * 256;
+            let t = ledger.table();
+            t.hand_out(addr, 256).unwrap();
+            let wins: usize = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..3)
+                    .map(|_| {
+                        let t = t.clone();
+                        s.spawn(move || usize::from(t.take_back(addr, 256).is_ok()))
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).sum()
+            });
+            assert_eq!(wins, 1, "round {round}");
+        }
+        assert_eq!(ledger.handed_out(), (0, 0));
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Grow(usize, bool),
+        HandOut(usize, usize),
+        TakeBack(usize, usize),
+        Stray(usize, u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            1 => (1..6usize, any::<bool>()).prop_map(|(n, gap)| Op::Grow(n, gap)),
+            4 => (any::<usize>(), 1..5usize).prop_map(|(i, s)| Op::HandOut(i, s * 256)),
+            4 => (any::<usize>(), 1..5usize).prop_map(|(i, s)| Op::TakeBack(i, s * 256)),
+            1 => (any::<usize>(), 1..2048u64).prop_map(|(i, off)| Op::Stray(i, off)),
+        ]
+    }
+
+    const BLOCK: usize = 1024;
+
+    proptest! {
+        #[test]
+        fn ledger_model(ops in proptest::collection::vec(op(), 1..200)) {
+            let ledger = BlockLedger::new(BLOCK).unwrap();
+            // A reader whose snapshot lags: refreshed only on an unknown address.
+            let mut stale = ledger.table();
+            let mut blocks: Vec<u64> = Vec::new();
+            let mut model: HashMap<u64, usize> = HashMap::new();
+            let mut next = 1u64 << 30;
+            for op in ops {
+                match op {
+                    Op::Grow(count, gap) => {
+                        if gap {
+                            next += 4096;
+                        }
+                        let chunk = ledger.add_chunk(next, count).unwrap();
+                        blocks.extend(chunk.blocks());
+                        next = chunk.end();
+                    }
+                    Op::HandOut(i, size) if !blocks.is_empty() => {
+                        let addr = blocks[i % blocks.len()];
+                        let mut r = stale.hand_out(addr, size);
+                        if matches!(r, Err(FixedSizeError::UnknownAddress { .. })) {
+                            stale = ledger.table();
+                            r = stale.hand_out(addr, size);
+                        }
+                        match model.get(&addr) {
+                            Some(_) => prop_assert_eq!(r, Err(FixedSizeError::HandedOutTwice { addr })),
+                            None => {
+                                prop_assert_eq!(r, Ok(()));
+                                model.insert(addr, size);
+                            }
+                        }
+                    }
+                    Op::TakeBack(i, size) if !blocks.is_empty() => {
+                        let addr = blocks[i % blocks.len()];
+                        let r = ledger.table().take_back(addr, size);
+                        match model.get(&addr).copied() {
+                            None => prop_assert_eq!(r, Err(FixedSizeError::DoubleFree { addr })),
+                            Some(allocated) if allocated != size => prop_assert_eq!(
+                                r,
+                                Err(FixedSizeError::SizeMismatch { addr, allocated, freed: size })
+                            ),
+                            Some(_) => {
+                                prop_assert_eq!(r, Ok(()));
+                                model.remove(&addr);
+                            }
+                        }
+                    }
+                    Op::Stray(i, off) => {
+                        let base = blocks.get(i % blocks.len().max(1)).copied().unwrap_or(next);
+                        let addr = base + off;
+                        let r = ledger.table().take_back(addr, 256);
+                        let is_block = blocks.contains(&addr);
+                        if !is_block {
+                            let bad = matches!(
+                                r,
+                                Err(FixedSizeError::UnknownAddress { .. } | FixedSizeError::Misaligned { .. })
+                            );
+                            prop_assert!(bad, "{:?} for a stray address", r);
+                        } else if model.get(&addr) == Some(&256) {
+                            prop_assert_eq!(r, Ok(()));
+                            model.remove(&addr);
+                        } else {
+                            prop_assert!(r.is_err());
+                        }
+                    }
+                    _ => {}
+                }
+                let bytes: usize = model.values().sum();
+                prop_assert_eq!(ledger.handed_out(), (model.len(), bytes));
+            }
+        }
+    }
+}
