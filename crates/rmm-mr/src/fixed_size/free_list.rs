@@ -1,5 +1,5 @@
-//! The fixed-size resource's free list (RMM's `fixed_size_free_list`) and the index of the
-//! upstream chunks its blocks come from.
+//! A checked fixed-size free list (RMM's `fixed_size_free_list`), the index of the upstream
+//! chunks its blocks come from, and the chunk and error types of the fixed-size bookkeeping.
 //!
 //! RMM keeps a `std::list` of bare pointers: `push_back` on free, `pop_front` on allocate
 //! (FIFO, O(1)), a splice to merge two lists, and no checks at all. Here:
@@ -9,11 +9,17 @@
 //! - [`ChunkIndex`] maps chunk start addresses to [`Chunk`]s (`BTreeMap`), so a freed address
 //!   that is not the start of a block of a known chunk is reported in O(log chunks).
 //!
-//! Every list indexes the chunks added through it. A resource with one list per stream, whose
-//! blocks move between lists, keeps one resource-wide [`ChunkIndex`] and frees with
-//! [`FixedSizeFreeList::push_in`]. Membership is per list: a block freed on two different
-//! lists is caught when the lists are merged ([`FixedSizeFreeList::append`]), or earlier by a
-//! resource that checks [`FixedSizeFreeList::contains`] on every list.
+//! Every list indexes the chunks added through it. Blocks that move between lists can be
+//! checked against one shared [`ChunkIndex`] with [`FixedSizeFreeList::push_in`]. Membership is
+//! per list: a block freed on two different lists is caught when the lists are merged
+//! ([`FixedSizeFreeList::append`]), or earlier by checking [`FixedSizeFreeList::contains`] on
+//! every list.
+//!
+//! [`FixedSizeMemoryResource`](crate::FixedSizeMemoryResource), with one list per stream, does
+//! not pay for per-list membership: its lists are plain FIFOs of addresses, and one
+//! [`BlockLedger`](crate::fixed_size::block_table::BlockLedger) shared by all of them records
+//! which blocks are handed out (a slot per block, no hashing), which catches a block freed on
+//! two streams at the second free.
 //!
 //! Pure bookkeeping: no CUDA calls; addresses are `u64`, sizes `usize`.
 

@@ -4,7 +4,9 @@
 //! the neighbours) and best fit (a `min_element` scan) are both linear in the number of free
 //! blocks. This list keeps two ordered indexes instead:
 //!
-//! - by address (`BTreeMap<addr, (size, is_head)>`), to find the neighbours of a freed block and
+//! - by address (`BTreeMap<end, (addr, is_head)>`, keyed by each block's *end*, which orders
+//!   the blocks as their starts do and lets a split remainder and a block merged into its
+//!   successor keep their entry), to find the neighbours of a freed block (one descent) and
 //!   to detect a block that overlaps one already free (a double free), and
 //! - by `(size, addr)` (`BTreeSet`), so best fit (smallest block that fits, ties to the lowest
 //!   address, exactly RMM's choice) is one range query.
@@ -134,10 +136,10 @@ impl fmt::Display for FreeListError {
 
 impl std::error::Error for FreeListError {}
 
-/// Size and head flag of a free block, keyed by its address.
+/// Start and head flag of a free block, keyed by its end address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Entry {
-    size: usize,
+    addr: u64,
     is_head: bool,
 }
 
@@ -147,12 +149,21 @@ struct Entry {
 #[doc(alias = "rmm::mr::detail::coalescing_free_list")]
 #[derive(Debug, Clone, Default)]
 pub struct CoalescingFreeList {
-    /// Free blocks by address.
-    by_addr: BTreeMap<u64, Entry>,
+    /// Free blocks by *end* address (blocks never overlap, so this is also address order).
+    /// Keyed by the end, the two most frequent changes keep their key: the remainder of a
+    /// split (allocation takes the front of a block) and a freed block merging into the free
+    /// block after it. Both update the entry in place.
+    by_end: BTreeMap<u64, Entry>,
     /// `(size, addr)` of every free block, for best fit.
     by_size: BTreeSet<(usize, u64)>,
     /// Sum of the sizes of all free blocks.
     total: usize,
+}
+
+/// The block of an entry.
+fn block_of(end: u64, e: &Entry) -> Block {
+    // The list only holds blocks whose size is a `usize`.
+    Block::new(e.addr, (end - e.addr) as usize, e.is_head)
 }
 
 impl CoalescingFreeList {
@@ -165,13 +176,13 @@ impl CoalescingFreeList {
     /// Number of free blocks.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.by_addr.len()
+        self.by_end.len()
     }
 
     /// Whether no block is free.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.by_addr.is_empty()
+        self.by_end.is_empty()
     }
 
     /// Total free bytes (kept incrementally, O(1)).
@@ -183,8 +194,9 @@ impl CoalescingFreeList {
     /// A largest free block (the one with the highest address among equals), left in the list.
     #[must_use]
     pub fn largest(&self) -> Option<Block> {
-        let &(_, addr) = self.by_size.last()?;
-        self.block_at(addr)
+        let &(size, addr) = self.by_size.last()?;
+        let end = addr + size as u64;
+        self.by_end.get(&end).map(|e| block_of(end, e))
     }
 
     /// `(largest block size, total free bytes)`, RMM's `free_list_summary`; O(log n).
@@ -196,17 +208,13 @@ impl CoalescingFreeList {
 
     /// The free blocks in address order.
     pub fn iter(&self) -> impl DoubleEndedIterator<Item = Block> + ExactSizeIterator + '_ {
-        self.by_addr
-            .iter()
-            .map(|(&addr, e)| Block::new(addr, e.size, e.is_head))
+        self.by_end.iter().map(|(&end, e)| block_of(end, e))
     }
 
     /// The free block that starts exactly at `addr`, if any.
     #[must_use]
     pub fn block_at(&self, addr: u64) -> Option<Block> {
-        self.by_addr
-            .get(&addr)
-            .map(|e| Block::new(addr, e.size, e.is_head))
+        self.ending_after(addr).filter(|b| b.addr == addr)
     }
 
     /// Whether `[addr, addr + size)` lies entirely inside one free block (for `size == 0`:
@@ -216,8 +224,8 @@ impl CoalescingFreeList {
         let Some(end) = addr.checked_add(size as u64) else {
             return false;
         };
-        self.before_or_at(addr)
-            .is_some_and(|b| addr < b.end() && end <= b.end())
+        self.ending_after(addr)
+            .is_some_and(|b| b.addr <= addr && end <= b.end())
     }
 
     /// A free block that shares at least one byte with `[addr, addr + size)`, if any
@@ -227,11 +235,9 @@ impl CoalescingFreeList {
         if size == 0 {
             return None;
         }
-        if let Some(prev) = self.before_or_at(addr).filter(|b| b.end() > addr) {
-            return Some(prev);
-        }
         let end = addr.saturating_add(size as u64);
-        self.after(addr).filter(|b| b.addr < end)
+        // The block containing `addr`, else the first one after it.
+        self.ending_after(addr).filter(|b| b.addr < end)
     }
 
     /// Returns `block` to the list, merging it with the free block before it (if that one ends
@@ -250,25 +256,54 @@ impl CoalescingFreeList {
         let Some(end) = block.checked_end() else {
             return Err(FreeListError::AddressOverflow { block });
         };
-        let prev = self.before_or_at(block.addr);
-        if let Some(existing) = prev.filter(|p| p.end() > block.addr) {
-            return Err(FreeListError::Overlap { block, existing });
+        // One descent: the blocks ending at or after `block.addr`. The first one is the block
+        // before (when it ends exactly at `block.addr`); the first one ending after
+        // `block.addr` either overlaps `block` or is the block after it.
+        let mut from = self.by_end.range_mut(block.addr..);
+        let mut first = from.next();
+        let prev = match first {
+            Some((&e, ref entry)) if e == block.addr => {
+                let prev = block_of(e, entry);
+                first = from.next();
+                Some(prev)
+            }
+            _ => None,
+        };
+        let mut next = first;
+        if let Some((&e, entry)) = next.as_ref() {
+            if entry.addr < end {
+                return Err(FreeListError::Overlap {
+                    block,
+                    existing: block_of(e, entry),
+                });
+            }
         }
-        let next = self.after(block.addr);
-        if let Some(existing) = next.filter(|n| n.addr < end) {
-            return Err(FreeListError::Overlap { block, existing });
+        let merge_prev = prev.filter(|_| !block.is_head);
+        // The free block after it, when it starts where `block` ends and is not a head: it
+        // absorbs `block` (and `prev`) in place, keeping its key.
+        if let Some((&next_end, entry)) = next.as_mut().filter(|(_, e)| e.addr == end && !e.is_head)
+        {
+            let next_size = (next_end - entry.addr) as usize;
+            let head = merge_prev.unwrap_or(block);
+            entry.addr = head.addr;
+            entry.is_head = head.is_head;
+            let merged = (next_end - head.addr) as usize;
+            self.by_size.remove(&(next_size, end));
+            if let Some(p) = merge_prev {
+                self.by_end.remove(&p.end());
+                self.by_size.remove(&(p.size, p.addr));
+            }
+            self.by_size.insert((merged, head.addr));
+            self.total += block.size;
+            return Ok(());
         }
-
-        let mut merged = block;
-        if let Some(p) = prev.filter(|p| p.is_contiguous_before(&block)) {
-            self.remove_exact(p);
-            merged = Block::new(p.addr, p.size + block.size, p.is_head);
+        match merge_prev {
+            Some(p) => {
+                self.remove_exact(p);
+                self.put(Block::new(p.addr, p.size + block.size, p.is_head));
+            }
+            None => self.put(block),
         }
-        if let Some(n) = next.filter(|n| block.is_contiguous_before(n)) {
-            self.remove_exact(n);
-            merged.size += n.size;
-        }
-        self.put(merged);
         Ok(())
     }
 
@@ -287,10 +322,10 @@ impl CoalescingFreeList {
         if other.len() > self.len() {
             std::mem::swap(self, other);
         }
-        while let Some((addr, entry)) = other.by_addr.pop_first() {
-            other.by_size.remove(&(entry.size, addr));
-            other.total -= entry.size;
-            let block = Block::new(addr, entry.size, entry.is_head);
+        while let Some((end, entry)) = other.by_end.pop_first() {
+            let block = block_of(end, &entry);
+            other.by_size.remove(&(block.size, block.addr));
+            other.total -= block.size;
             if let Err(e) = self.insert(block) {
                 other.put(block);
                 return Err(e);
@@ -303,8 +338,11 @@ impl CoalescingFreeList {
     /// to the lowest address (RMM's choice). `None` when no block is large enough.
     #[doc(alias = "get_block")]
     pub fn best_fit(&mut self, request: usize) -> Option<Block> {
-        let &(_, addr) = self.by_size.range((request, 0)..).next()?;
-        let block = self.block_at(addr)?;
+        let &(size, addr) = self.by_size.range((request, 0)..).next()?;
+        let block = self
+            .by_end
+            .get(&(addr + size as u64))
+            .map(|e| block_of(addr + size as u64, e))?;
         self.remove_exact(block);
         Some(block)
     }
@@ -316,14 +354,23 @@ impl CoalescingFreeList {
         if size == 0 {
             return None;
         }
-        let (allocated, rest) = self.best_fit(size)?.split(size);
-        if let Some(rest) = rest {
-            // The list is maximally coalesced, so the remainder cannot touch a free neighbour
-            // it could merge with: the block after it (if adjacent) is a head, the part before
-            // it was just handed out.
-            self.put(rest);
+        let &(found, addr) = self.by_size.range((size, 0)..).next()?;
+        let end = addr + found as u64;
+        let entry = self.by_end.get_mut(&end)?;
+        let is_head = entry.is_head;
+        self.by_size.remove(&(found, addr));
+        self.total -= size;
+        if found == size {
+            self.by_end.remove(&end);
+        } else {
+            // The remainder keeps the block's end, so its entry stays where it is. The list is
+            // maximally coalesced, so it cannot touch a free neighbour it could merge with: the
+            // block after it (if adjacent) is a head, the part before it was just handed out.
+            entry.addr = addr + size as u64;
+            entry.is_head = false;
+            self.by_size.insert((found - size, addr + size as u64));
         }
-        Some(allocated)
+        Some(Block::new(addr, size, is_head))
     }
 
     /// If one free block is exactly the upstream chunk `[addr, addr + size)` (the chunk is
@@ -341,33 +388,26 @@ impl CoalescingFreeList {
 
     /// Removes every block.
     pub fn clear(&mut self) {
-        self.by_addr.clear();
+        self.by_end.clear();
         self.by_size.clear();
         self.total = 0;
     }
 
-    /// The free block with the highest address `<= addr`.
-    fn before_or_at(&self, addr: u64) -> Option<Block> {
-        self.by_addr
-            .range(..=addr)
-            .next_back()
-            .map(|(&a, e)| Block::new(a, e.size, e.is_head))
-    }
-
-    /// The free block with the lowest address `> addr`.
-    fn after(&self, addr: u64) -> Option<Block> {
-        self.by_addr
+    /// The free block with the lowest end above `addr`: the block containing `addr` if there
+    /// is one, else the first block after it.
+    fn ending_after(&self, addr: u64) -> Option<Block> {
+        self.by_end
             .range((Bound::Excluded(addr), Bound::Unbounded))
             .next()
-            .map(|(&a, e)| Block::new(a, e.size, e.is_head))
+            .map(|(&end, e)| block_of(end, e))
     }
 
     /// Adds a block known not to overlap or touch a mergeable neighbour.
     fn put(&mut self, block: Block) {
-        self.by_addr.insert(
-            block.addr,
+        self.by_end.insert(
+            block.end(),
             Entry {
-                size: block.size,
+                addr: block.addr,
                 is_head: block.is_head,
             },
         );
@@ -377,9 +417,20 @@ impl CoalescingFreeList {
 
     /// Removes a block known to be in the list.
     fn remove_exact(&mut self, block: Block) {
-        self.by_addr.remove(&block.addr);
+        self.by_end.remove(&block.end());
         self.by_size.remove(&(block.size, block.addr));
         self.total -= block.size;
+    }
+}
+
+#[cfg(test)]
+impl CoalescingFreeList {
+    /// Checks that the two indexes and the total describe the same blocks.
+    fn assert_indexes_agree(&self) {
+        let by_size: BTreeSet<(usize, u64)> = self.iter().map(|b| (b.size, b.addr)).collect();
+        assert_eq!(by_size, self.by_size, "size index out of step");
+        assert_eq!(self.iter().map(|b| b.size).sum::<usize>(), self.total);
+        assert!(self.by_end.iter().all(|(&end, e)| e.addr < end));
     }
 }
 
@@ -711,6 +762,7 @@ mod tests {
                 for w in listed.windows(2) {
                     assert!(!w[0].is_contiguous_before(&w[1]), "uncoalesced {w:?}");
                 }
+                list.assert_indexes_agree();
                 all.extend(listed.into_iter().map(|b| (b, false)));
             }
             all.sort_by_key(|(b, _)| b.addr);
