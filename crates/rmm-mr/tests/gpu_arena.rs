@@ -182,21 +182,20 @@ fn per_thread_to_stream_dealloc() -> Result<(), Failed> {
 /// describes the arena.
 fn dump_log_on_failure() -> Result<(), Failed> {
     let mr = Arena::new(CudaMemoryResource::new(), Some(MIB), true)?;
-    std::thread::scope(|s| -> Result<(), Failed> {
-        let handles: Vec<_> = (0..4)
-            .map(|_| {
-                s.spawn(|| -> Result<(), MrError> {
-                    let p = mr.allocate_sync(32 * KIB, 256)?;
-                    // SAFETY: `p` came from `mr`.
-                    unsafe { mr.deallocate_sync(p, 32 * KIB, 256) }
-                })
+    // One thread after another: the arena has a single superblock, so threads racing for it in
+    // per-thread mode can each exhaust their one defragment-and-retry (RMM's rule) and fail.
+    for _ in 0..4 {
+        std::thread::scope(|s| -> Result<(), Failed> {
+            s.spawn(|| -> Result<(), MrError> {
+                let p = mr.allocate_sync(32 * KIB, 256)?;
+                // SAFETY: `p` came from `mr`.
+                unsafe { mr.deallocate_sync(p, 32 * KIB, 256) }
             })
-            .collect();
-        for h in handles {
-            h.join().map_err(|_| "thread panicked")??;
-        }
-        Ok(())
-    })?;
+            .join()
+            .map_err(|_| "thread panicked")??;
+            Ok(())
+        })?;
+    }
     let e = mr.allocate_sync(8 * MIB, 256).unwrap_err();
     ensure(e.is_out_of_memory(), format!("{e}"))?;
     let dump = mr.memory_dump();
