@@ -37,6 +37,33 @@ pub(crate) fn free_error(e: rmm_sys::CudaError, ptr: DevicePtr, bytes: usize) ->
     }
 }
 
+/// The allocate path every synchronous base resource shares: check the alignment, answer 0 bytes
+/// with null without touching CUDA, map the driver's failure like `RMM_CUDA_TRY_ALLOC`.
+pub(crate) fn base_allocate(
+    bytes: usize,
+    alignment: usize,
+    alloc: impl FnOnce(usize) -> rmm_sys::CudaResult<DevicePtr>,
+) -> MrResult<DevicePtr> {
+    check_base_alignment(alignment)?;
+    if bytes == 0 {
+        return Ok(DevicePtr::NULL);
+    }
+    alloc(bytes).map_err(|e| MrError::from_allocation(e, bytes))
+}
+
+/// The free path every synchronous base resource shares: null is a no-op, an address the
+/// driver does not know is [`InvalidFree::UnknownPointer`].
+pub(crate) fn base_deallocate(
+    ptr: DevicePtr,
+    bytes: usize,
+    free: impl FnOnce(DevicePtr) -> rmm_sys::CudaResult<()>,
+) -> MrResult<()> {
+    if ptr.is_null() {
+        return Ok(());
+    }
+    free(ptr).map_err(|e| free_error(e, ptr, bytes))
+}
+
 impl DeviceMemoryResource for CudaMemoryResource {
     fn allocate(
         &self,
@@ -44,11 +71,7 @@ impl DeviceMemoryResource for CudaMemoryResource {
         bytes: usize,
         alignment: usize,
     ) -> MrResult<DevicePtr> {
-        check_base_alignment(alignment)?;
-        if bytes == 0 {
-            return Ok(DevicePtr::NULL);
-        }
-        memory::mem_alloc(bytes).map_err(|e| MrError::from_allocation(e, bytes))
+        base_allocate(bytes, alignment, memory::mem_alloc)
     }
 
     unsafe fn deallocate(
@@ -58,11 +81,8 @@ impl DeviceMemoryResource for CudaMemoryResource {
         bytes: usize,
         _alignment: usize,
     ) -> MrResult<()> {
-        if ptr.is_null() {
-            return Ok(());
-        }
         // SAFETY: the trait's contract: `ptr` came from `cuMemAlloc` here and is unused.
-        unsafe { memory::mem_free(ptr) }.map_err(|e| free_error(e, ptr, bytes))
+        base_deallocate(ptr, bytes, |p| unsafe { memory::mem_free(p) })
     }
 
     fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {

@@ -5,9 +5,9 @@ use std::any::Any;
 use rmm_stream::CudaStreamView;
 use rmm_sys::{memory, DevicePtr};
 
-use crate::error::{MrError, MrResult};
-use crate::resource::{check_base_alignment, DeviceMemoryResource, ResourceProperties};
-use crate::resources::cuda::free_error;
+use crate::error::MrResult;
+use crate::resource::{DeviceMemoryResource, ResourceProperties};
+use crate::resources::cuda::{base_allocate, base_deallocate};
 
 /// Managed (unified) memory from `cuMemAllocManaged`, accessible from the host and every
 /// device (RMM's `managed_memory_resource`). The stream is ignored. Stateless: all instances
@@ -31,12 +31,8 @@ impl DeviceMemoryResource for ManagedMemoryResource {
         bytes: usize,
         alignment: usize,
     ) -> MrResult<DevicePtr> {
-        check_base_alignment(alignment)?;
-        if bytes == 0 {
-            // `cuMemAllocManaged` rejects 0 bytes.
-            return Ok(DevicePtr::NULL);
-        }
-        memory::mem_alloc_managed(bytes).map_err(|e| MrError::from_allocation(e, bytes))
+        // `cuMemAllocManaged` rejects 0 bytes; the shared path answers them with null.
+        base_allocate(bytes, alignment, memory::mem_alloc_managed)
     }
 
     unsafe fn deallocate(
@@ -46,11 +42,8 @@ impl DeviceMemoryResource for ManagedMemoryResource {
         bytes: usize,
         _alignment: usize,
     ) -> MrResult<()> {
-        if ptr.is_null() {
-            return Ok(());
-        }
         // SAFETY: the trait's contract: `ptr` came from `cuMemAllocManaged` here and is unused.
-        unsafe { memory::mem_free(ptr) }.map_err(|e| free_error(e, ptr, bytes))
+        base_deallocate(ptr, bytes, |p| unsafe { memory::mem_free(p) })
     }
 
     fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {

@@ -7,7 +7,7 @@ use rmm_sys::{memory, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{MrError, MrResult};
 use crate::resource::{check_base_alignment, DeviceMemoryResource, ResourceProperties};
-use crate::resources::cuda::free_error;
+use crate::resources::cuda::base_deallocate;
 
 /// Page-locked host memory from `cuMemHostAlloc`, accessible from the device (RMM's
 /// `pinned_host_memory_resource`). The stream is ignored. Stateless: all instances are equal.
@@ -55,11 +55,8 @@ impl DeviceMemoryResource for PinnedHostMemoryResource {
         bytes: usize,
         _alignment: usize,
     ) -> MrResult<()> {
-        if ptr.is_null() {
-            return Ok(());
-        }
         // SAFETY: the trait's contract: `ptr` came from `cuMemHostAlloc` here and is unused.
-        unsafe { memory::mem_free_host(ptr) }.map_err(|e| free_error(e, ptr, bytes))
+        base_deallocate(ptr, bytes, |p| unsafe { memory::mem_free_host(p) })
     }
 
     fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
