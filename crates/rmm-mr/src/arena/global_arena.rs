@@ -1,10 +1,9 @@
 //! [`GlobalArena`]: the single upstream span, cut into superblocks that are lent to local arenas
 //! or serve large allocations directly.
 
-use std::collections::BTreeMap;
 use std::fmt;
 
-use super::fit_tree::FitTree;
+use super::fit_tree::{FitItem, FitTree, Handle};
 use super::size_class::{align_down, align_up, ALLOCATION_ALIGNMENT};
 use super::stats::format_bytes;
 use super::{ArenaError, ArenaStats, Block, RejectedSuperblock, Superblock, SUPERBLOCK_MIN_SIZE};
@@ -18,6 +17,41 @@ pub enum SuperblockLocation {
     Lent(Block),
 }
 
+/// One superblock of the span, as the global arena sees it.
+enum Slot {
+    /// Held here.
+    Held(Superblock),
+    /// Lent to a local arena (its span).
+    Lent(Block),
+}
+
+impl Slot {
+    fn span(&self) -> Block {
+        match self {
+            Slot::Held(sb) => sb.span(),
+            Slot::Lent(span) => *span,
+        }
+    }
+
+    fn held(&self) -> Option<&Superblock> {
+        match self {
+            Slot::Held(sb) => Some(sb),
+            Slot::Lent(_) => None,
+        }
+    }
+}
+
+impl FitItem for Slot {
+    fn key(&self) -> u64 {
+        self.span().addr
+    }
+
+    /// Lent superblocks serve nothing here.
+    fn fit(&self) -> usize {
+        self.held().map_or(0, Superblock::max_free_size)
+    }
+}
+
 /// The global arena (RMM's `global_arena`): the whole upstream allocation, as an address-ordered
 /// set of superblocks.
 ///
@@ -29,17 +63,21 @@ pub enum SuperblockLocation {
 /// The type owns no memory: the resource allocates the span from upstream, builds the arena over
 /// `(addr, size)`, and frees the span (see [`span`](Self::span)) when the resource is dropped.
 ///
-/// Costs (n = superblocks held, l = superblocks lent): [`acquire`](Self::acquire),
+/// Held and lent superblocks (which together tile the span) are kept in one address-ordered
+/// tree, indexed by the largest free block of the held ones; superblocks are split, lent, taken
+/// back and merged in place, so an allocation or a free changes at most two entries of it.
+///
+/// Costs (n = superblocks, held or lent): [`acquire`](Self::acquire),
 /// [`release`](Self::release), [`allocate_large`](Self::allocate_large),
-/// [`deallocate`](Self::deallocate), [`find`](Self::find) are `O(log n + log l)` plus the
+/// [`deallocate`](Self::deallocate), [`find`](Self::find) are `O(log n)` plus the
 /// superblock's own `O(log)` work; [`stats`](Self::stats) and the `Display` dump are `O(n)`.
 #[doc(alias = "rmm::mr::detail::arena::global_arena")]
 pub struct GlobalArena {
     span: Block,
-    /// Superblocks held here, by address, indexed by their largest free block.
-    held: FitTree<Superblock>,
-    /// Superblocks lent to local arenas: address -> size.
-    lent: BTreeMap<u64, usize>,
+    /// Every superblock by address, held or lent.
+    slots: FitTree<Slot>,
+    held_count: usize,
+    lent_count: usize,
     lent_bytes: usize,
 }
 
@@ -62,13 +100,14 @@ impl GlobalArena {
             return Err(ArenaError::InvalidSpan { addr, size });
         }
         let span = Block::new(addr, aligned);
-        let mut held = FitTree::new();
-        let inserted = held.insert(Superblock::fresh(span)).is_ok();
+        let mut slots = FitTree::new();
+        let inserted = slots.insert(Slot::Held(Superblock::fresh(span))).is_ok();
         debug_assert!(inserted);
         Ok(Self {
             span,
-            held,
-            lent: BTreeMap::new(),
+            slots,
+            held_count: 1,
+            lent_count: 0,
             lent_bytes: 0,
         })
     }
@@ -86,24 +125,47 @@ impl GlobalArena {
         size > SUPERBLOCK_MIN_SIZE
     }
 
-    /// Take out the first superblock (address order) whose largest free block fits `size`;
-    /// an empty one at least `max(size, 1 MiB) + 1 MiB` long is split and only its head of
-    /// `max(size, 1 MiB)` bytes is taken.
-    fn take_first_fit(&mut self, size: usize) -> Option<Superblock> {
-        let key = self.held.first_fit(size)?.addr();
-        let sb = self.held.remove(key)?;
+    /// Run `f` on the first held superblock (address order) whose largest free block fits
+    /// `size`; an empty one at least `max(size, 1 MiB) + 1 MiB` long is first split in place, so
+    /// that `f` sees only its head of `max(size, 1 MiB)` bytes (the tail stays held).
+    fn with_first_fit<R>(&mut self, size: usize, f: impl FnOnce(&mut Slot) -> R) -> Option<R> {
+        let found = self.slots.first_fit_handle(size)?;
         let head_size = size.max(SUPERBLOCK_MIN_SIZE);
-        let splittable = head_size
-            .checked_add(SUPERBLOCK_MIN_SIZE)
-            .is_some_and(|needed| sb.is_empty() && sb.size() >= needed);
-        if splittable {
-            if let Some((head, tail)) = sb.split(head_size) {
-                let inserted = self.held.insert(tail).is_ok();
-                debug_assert!(inserted);
-                return Some(head);
+        let (tail, result) = self.slots.update_at(found, |slot| {
+            let tail = match slot {
+                Slot::Held(sb) => sb.split_off(head_size),
+                Slot::Lent(_) => None,
+            };
+            (tail, f(slot))
+        })?;
+        if let Some(tail) = tail {
+            self.insert_held(tail);
+        }
+        Some(result)
+    }
+
+    fn insert_held(&mut self, superblock: Superblock) {
+        let inserted = self.slots.insert(Slot::Held(superblock)).is_ok();
+        debug_assert!(inserted, "superblocks of the global arena overlap");
+        self.held_count += 1;
+    }
+
+    /// Replace the held superblock in `slot` by a record of its loan and return it.
+    fn take_to_lend(slot: &mut Slot) -> Option<Superblock> {
+        let span = slot.span();
+        match std::mem::replace(slot, Slot::Lent(span)) {
+            Slot::Held(sb) => Some(sb),
+            lent => {
+                *slot = lent;
+                None
             }
         }
-        Some(sb)
+    }
+
+    fn count_lent(&mut self, superblock: &Superblock) {
+        self.held_count -= 1;
+        self.lent_count += 1;
+        self.lent_bytes += superblock.size();
     }
 
     /// Lend a local arena a superblock that can serve `size` bytes (rounded up to 256).
@@ -114,9 +176,8 @@ impl GlobalArena {
     /// `None` when nothing fits (or `size` is 0).
     pub fn acquire(&mut self, size: usize) -> Option<Superblock> {
         let size = align_up(size).filter(|&s| s > 0)?;
-        let sb = self.take_first_fit(size)?;
-        self.lent.insert(sb.addr(), sb.size());
-        self.lent_bytes += sb.size();
+        let sb = self.with_first_fit(size, Self::take_to_lend).flatten()?;
+        self.count_lent(&sb);
         Some(sb)
     }
 
@@ -126,18 +187,34 @@ impl GlobalArena {
     /// A superblock that this arena did not lend (or already got back) is refused with
     /// [`ArenaError::ForeignSuperblock`] and handed back.
     pub fn release(&mut self, superblock: Superblock) -> Result<(), RejectedSuperblock> {
-        if self.lent.get(&superblock.addr()) != Some(&superblock.size()) {
+        let span = superblock.span();
+        let lent_here = self
+            .slots
+            .find_handle(span.addr)
+            .filter(|&h| matches!(self.slots.get_at(h), Some(Slot::Lent(lent)) if *lent == span));
+        let mut carry = Some(superblock);
+        if let Some(found) = lent_here {
+            self.slots.update_at(found, |slot| {
+                if let Some(sb) = carry.take() {
+                    *slot = Slot::Held(sb);
+                }
+            });
+        }
+        if let Some(superblock) = carry {
             return Err(RejectedSuperblock {
                 error: ArenaError::ForeignSuperblock {
-                    addr: superblock.addr(),
-                    size: superblock.size(),
+                    addr: span.addr,
+                    size: span.size,
                 },
                 superblock,
             });
         }
-        self.lent.remove(&superblock.addr());
-        self.lent_bytes -= superblock.size();
-        self.insert_coalescing(superblock);
+        self.held_count += 1;
+        self.lent_count -= 1;
+        self.lent_bytes -= span.size;
+        if let Some(found) = lent_here {
+            self.coalesce(found);
+        }
         Ok(())
     }
 
@@ -150,39 +227,72 @@ impl GlobalArena {
         superblocks.into_iter().try_for_each(|sb| self.release(sb))
     }
 
-    /// Insert a held superblock, merging it with empty neighbours when it is empty.
-    fn insert_coalescing(&mut self, superblock: Superblock) {
-        let mut merged = superblock;
-        if merged.is_empty() {
-            let prev_key = self
-                .held
-                .before(merged.addr())
-                .filter(|prev| prev.is_contiguous_before(&merged))
-                .map(Superblock::addr);
-            if let Some(prev) = prev_key.and_then(|key| self.held.remove(key)) {
-                match prev.merge(&merged) {
-                    Some(joined) => merged = joined,
-                    None => self.reinsert(prev),
+    /// Grow the held superblock `into` over `next` (both empty and contiguous); `next` is
+    /// handed back otherwise.
+    fn absorb_into(&mut self, into: Handle, next: Superblock) -> Result<(), Superblock> {
+        let mut carry = Some(next);
+        self.slots.update_at(into, |slot| {
+            if let Slot::Held(sb) = slot {
+                if let Some(next) = carry.take() {
+                    if let Err(next) = sb.absorb(next) {
+                        carry = Some(next);
+                    }
                 }
             }
-            let next_key = self
-                .held
-                .get(merged.end())
-                .filter(|next| merged.is_contiguous_before(next))
-                .map(Superblock::addr);
-            if let Some(next) = next_key.and_then(|key| self.held.remove(key)) {
-                match merged.merge(&next) {
-                    Some(joined) => merged = joined,
-                    None => self.reinsert(next),
+        });
+        match carry {
+            None => Ok(()),
+            Some(next) => Err(next),
+        }
+    }
+
+    /// `h` if it names an empty held superblock.
+    fn empty_held(&self, h: Option<Handle>) -> Option<Handle> {
+        h.filter(|&h| matches!(self.slots.get_at(h), Some(Slot::Held(sb)) if sb.is_empty()))
+    }
+
+    /// Merge `next` (removed from the tree) into `into`; put it back if that fails.
+    fn merge_or_restore(&mut self, into: Handle, next: Slot) -> bool {
+        let restore = match next {
+            Slot::Held(sb) => match self.absorb_into(into, sb) {
+                Ok(()) => {
+                    self.held_count -= 1;
+                    return true;
+                }
+                Err(sb) => Slot::Held(sb),
+            },
+            lent => lent,
+        };
+        let reinserted = self.slots.insert(restore).is_ok();
+        debug_assert!(reinserted);
+        false
+    }
+
+    /// Merge the held superblock `this`, if empty, with its empty held neighbours (they are
+    /// contiguous: the superblocks tile the span).
+    fn coalesce(&mut self, this: Handle) {
+        let Some(mut this) = self.empty_held(Some(this)) else {
+            return;
+        };
+        if let Some(prev) = self.empty_held(self.slots.prev(this)) {
+            if let Some(cur) = self.slots.remove_at(this) {
+                let key = cur.key();
+                if self.merge_or_restore(prev, cur) {
+                    this = prev;
+                } else {
+                    // Put back (cannot happen: both are empty and contiguous).
+                    let Some(restored) = self.slots.find_handle(key) else {
+                        return;
+                    };
+                    this = restored;
                 }
             }
         }
-        self.reinsert(merged);
-    }
-
-    fn reinsert(&mut self, superblock: Superblock) {
-        let inserted = self.held.insert(superblock).is_ok();
-        debug_assert!(inserted, "superblocks held by the global arena overlap");
+        if let Some(next) = self.empty_held(self.slots.next(this)) {
+            if let Some(next) = self.slots.remove_at(next) {
+                self.merge_or_restore(this, next);
+            }
+        }
     }
 
     /// Allocate a block of `size` bytes (rounded up to 256) straight from the global arena
@@ -194,10 +304,11 @@ impl GlobalArena {
     #[doc(alias = "allocate_sync")]
     pub fn allocate_large(&mut self, size: usize) -> Option<u64> {
         let size = align_up(size).filter(|&s| s > 0)?;
-        let mut sb = self.take_first_fit(size)?;
-        let block = sb.allocate(size);
-        self.insert_coalescing(sb);
-        block.map(|b| b.addr)
+        self.with_first_fit(size, |slot| match slot {
+            Slot::Held(sb) => sb.allocate(size).map(|block| block.addr),
+            Slot::Lent(_) => None,
+        })
+        .flatten()
     }
 
     /// Free a block that lies in a superblock held by the global arena (any size; RMM's
@@ -208,21 +319,22 @@ impl GlobalArena {
     /// local arena; keep searching). `Err`: a superblock held here contains `addr` but the free
     /// is wrong (see [`Superblock::deallocate`]); nothing changed.
     pub fn deallocate(&mut self, addr: u64, size: usize) -> Result<bool, ArenaError> {
-        let Some(key) = self.held_key_containing(addr) else {
+        let Some((found, _)) = self.held_containing(addr) else {
             return Ok(false);
         };
-        let outcome = self.held.update(key, |sb| {
-            sb.deallocate(Block::new(addr, size))
-                .map(|()| sb.is_empty())
+        let outcome = self.slots.update_at(found, |slot| match slot {
+            Slot::Held(sb) => Some(
+                sb.deallocate(Block::new(addr, size))
+                    .map(|()| sb.is_empty()),
+            ),
+            Slot::Lent(_) => None,
         });
-        match outcome {
+        match outcome.flatten() {
             None => Ok(false),
             Some(Err(error)) => Err(error),
             Some(Ok(now_empty)) => {
                 if now_empty {
-                    if let Some(sb) = self.held.remove(key) {
-                        self.insert_coalescing(sb);
-                    }
+                    self.coalesce(found);
                 }
                 Ok(true)
             }
@@ -243,52 +355,99 @@ impl GlobalArena {
         }
     }
 
-    fn held_key_containing(&self, addr: u64) -> Option<u64> {
-        self.held
-            .floor(addr)
-            .filter(|sb| sb.contains_addr(addr))
-            .map(Superblock::addr)
+    /// Check a free like [`deallocate`](Self::deallocate) would, without doing it: `Ok(true)`
+    /// when `(addr, size)` is a live block of a superblock held here, `Ok(false)` when no held
+    /// superblock contains `addr`, the error `deallocate` would give otherwise.
+    pub fn check_deallocate(&self, addr: u64, size: usize) -> Result<bool, ArenaError> {
+        match self.held_containing(addr) {
+            None => Ok(false),
+            Some((_, sb)) => sb.check_free(Block::new(addr, size)).map(|_| true),
+        }
+    }
+
+    /// Free `(addr, size)` if it is the only live block of a superblock held here of at most
+    /// `max_size` bytes, and lend that superblock, now empty, instead of keeping it: the
+    /// superblock is recorded as lent and returned (RMM has no such operation).
+    ///
+    /// This is for a resource that lets the stream that freed a large block keep its superblock
+    /// for its next large requests ([`LocalArena::keep`](super::LocalArena::keep)): memory that
+    /// stream may reuse at once, without first waiting for its work. `None`, with nothing
+    /// changed, in every other case, wrong frees included (use [`deallocate`](Self::deallocate)
+    /// to free and learn what is wrong).
+    pub fn reclaim(&mut self, addr: u64, size: usize, max_size: usize) -> Option<Superblock> {
+        let (found, sb) = self.held_containing(addr)?;
+        let block = Block::new(addr, size);
+        if sb.size() > max_size || sb.live_block_count() != 1 || sb.check_free(block).is_err() {
+            return None;
+        }
+        let taken = self
+            .slots
+            .update_at(found, |slot| {
+                let emptied = match slot {
+                    Slot::Held(sb) => sb.deallocate(block).is_ok() && sb.is_empty(),
+                    Slot::Lent(_) => false,
+                };
+                if emptied {
+                    Self::take_to_lend(slot)
+                } else {
+                    None
+                }
+            })
+            .flatten()?;
+        self.count_lent(&taken);
+        Some(taken)
+    }
+
+    fn held_containing(&self, addr: u64) -> Option<(Handle, &Superblock)> {
+        let found = self.slots.floor_handle(addr)?;
+        let sb = self
+            .slots
+            .get_at(found)
+            .and_then(Slot::held)
+            .filter(|sb| sb.contains_addr(addr))?;
+        Some((found, sb))
     }
 
     /// Whether a superblock held by the global arena contains `addr`.
     pub fn contains(&self, addr: u64) -> bool {
-        self.held_key_containing(addr).is_some()
+        self.held_containing(addr).is_some()
     }
 
     /// Which superblock contains `addr`: one held here, one lent to a local arena, or none
     /// (outside the span). Lets the resource route a free without trying every arena.
     pub fn find(&self, addr: u64) -> Option<SuperblockLocation> {
-        if let Some(sb) = self.held.floor(addr).filter(|sb| sb.contains_addr(addr)) {
-            return Some(SuperblockLocation::Global(sb.span()));
+        let slot = self.slots.floor(addr)?;
+        let span = slot.span();
+        if !span.contains_addr(addr) {
+            return None;
         }
-        self.lent
-            .range(..=addr)
-            .next_back()
-            .map(|(&start, &size)| Block::new(start, size))
-            .filter(|span| span.contains_addr(addr))
-            .map(SuperblockLocation::Lent)
+        Some(match slot {
+            Slot::Held(_) => SuperblockLocation::Global(span),
+            Slot::Lent(_) => SuperblockLocation::Lent(span),
+        })
     }
 
     /// Number of superblocks held by the global arena.
     pub fn superblock_count(&self) -> usize {
-        self.held.len()
+        self.held_count
     }
 
     /// The superblocks held by the global arena, in address order.
     pub fn superblocks(&self) -> impl Iterator<Item = &Superblock> + '_ {
-        self.held.iter()
+        self.slots.iter().filter_map(Slot::held)
     }
 
     /// Number of superblocks lent to local arenas.
     pub fn lent_superblock_count(&self) -> usize {
-        self.lent.len()
+        self.lent_count
     }
 
     /// Spans of the superblocks lent to local arenas, in address order.
     pub fn lent_superblocks(&self) -> impl Iterator<Item = Block> + '_ {
-        self.lent
-            .iter()
-            .map(|(&addr, &size)| Block::new(addr, size))
+        self.slots.iter().filter_map(|slot| match slot {
+            Slot::Lent(span) => Some(*span),
+            Slot::Held(_) => None,
+        })
     }
 
     /// Total size of the superblocks lent to local arenas.
@@ -299,24 +458,23 @@ impl GlobalArena {
     /// Size of the largest free block held by the global arena (`O(1)`): the largest large
     /// allocation that can succeed now.
     pub fn max_free_size(&self) -> usize {
-        self.held.max_fit()
+        self.slots.max_fit()
     }
 
     /// Whether the arena is back in its initial state: nothing lent and one empty superblock
     /// covering the whole span.
     pub fn is_fully_coalesced(&self) -> bool {
-        self.lent.is_empty()
-            && self.held.len() == 1
+        self.lent_count == 0
+            && self.held_count == 1
             && self
-                .held
-                .iter()
+                .superblocks()
                 .next()
                 .is_some_and(|sb| sb.is_empty() && sb.span() == self.span)
     }
 
     /// Byte accounting over the superblocks held here (not the lent ones).
     pub fn stats(&self) -> ArenaStats {
-        ArenaStats::from_superblocks(self.held.iter())
+        ArenaStats::from_superblocks(self.superblocks())
     }
 
     /// The memory dump RMM writes on allocation failure with `dump_log_on_failure` (same as the
@@ -346,7 +504,7 @@ impl fmt::Display for GlobalArena {
             "# superblocks: {} held ({} empty), {} lent ({})",
             stats.superblocks,
             stats.empty_superblocks,
-            self.lent.len(),
+            self.lent_count,
             format_bytes(self.lent_bytes)
         )?;
         writeln!(
@@ -362,7 +520,7 @@ impl fmt::Display for GlobalArena {
         )?;
         writeln!(f, "Fragmentation: {:.2}%", stats.fragmentation_percent())?;
         let mut prev_end = None;
-        for (index, sb) in self.held.iter().enumerate() {
+        for (index, sb) in self.superblocks().enumerate() {
             let gap = sb.addr().saturating_sub(prev_end.unwrap_or(sb.addr()));
             writeln!(
                 f,
@@ -386,8 +544,8 @@ impl fmt::Debug for GlobalArena {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GlobalArena")
             .field("span", &self.span)
-            .field("held", &self.held.len())
-            .field("lent", &self.lent.len())
+            .field("held", &self.held_count)
+            .field("lent", &self.lent_count)
             .field("lent_bytes", &self.lent_bytes)
             .finish()
     }
@@ -735,5 +893,120 @@ mod tests {
         assert!(g.release(s).is_ok());
         let stats = g.stats();
         assert_eq!(stats.total_bytes + g.lent_bytes(), ARENA_SIZE);
+    }
+
+    #[test]
+    fn reclaim_frees_the_only_block_and_lends_its_superblock() {
+        let mut g = global();
+        let ptr = g.allocate_large(2 * MIN).unwrap_or_default();
+        assert_eq!(ptr, A3);
+        // Refused, nothing changed: superblock too big for the room, wrong size, not held.
+        assert!(g.reclaim(ptr, 2 * MIN, 2 * MIN - 256).is_none());
+        assert!(g.reclaim(ptr, MIN + 256, usize::MAX).is_none());
+        assert!(g.reclaim(ptr + 256, 256, usize::MAX).is_none());
+        assert!(g.reclaim(0, 2 * MIN, usize::MAX).is_none());
+        assert_eq!(g.lent_superblock_count(), 0);
+        assert_eq!(
+            g.find(ptr),
+            Some(SuperblockLocation::Global(Block::new(A3, 2 * MIN)))
+        );
+
+        let sb = g
+            .reclaim(ptr, 2 * MIN - 100, 2 * MIN)
+            .unwrap_or_else(|| panic!("reclaim"));
+        assert_eq!(sb.span(), Block::new(A3, 2 * MIN));
+        assert!(sb.is_empty());
+        assert_eq!(g.find(ptr), Some(SuperblockLocation::Lent(sb.span())));
+        assert_eq!((g.lent_superblock_count(), g.lent_bytes()), (1, 2 * MIN));
+        assert_eq!(g.superblock_count(), 1);
+        // The block is gone for the global arena.
+        assert_eq!(g.deallocate(ptr, 2 * MIN), Ok(false));
+        assert!(g.release(sb).is_ok());
+        assert!(g.is_fully_coalesced());
+    }
+
+    #[test]
+    fn reclaim_refuses_shared_superblocks() {
+        // 1.5 MiB on a 2.25 MiB arena: too short to split, the superblock keeps a 0.75 MiB free
+        // tail, where a 256 B block then goes.
+        let mut g = GlobalArena::new(A3, 2 * MIN + MIN / 4).unwrap_or_else(|e| panic!("{e}"));
+        let big = g.allocate_large(MIN + MIN / 2).unwrap_or_default();
+        let small = g.allocate_large(256).unwrap_or_default();
+        assert_eq!(small, big + (MIN + MIN / 2) as u64);
+        assert!(g.reclaim(big, MIN + MIN / 2, usize::MAX).is_none());
+        assert_eq!(g.deallocate(small, 256), Ok(true));
+        let sb = g.reclaim(big, MIN + MIN / 2, usize::MAX);
+        assert_eq!(sb.as_ref().map(Superblock::size), Some(2 * MIN + MIN / 4));
+        assert!(sb.is_some_and(|sb| g.release(sb).is_ok()));
+        assert!(g.is_fully_coalesced());
+    }
+
+    #[test]
+    fn check_deallocate_validates_without_freeing() {
+        let mut g = global();
+        let ptr = g.allocate_large(2 * MIN).unwrap_or_default();
+        assert_eq!(g.check_deallocate(ptr, 2 * MIN - 1), Ok(true));
+        assert_eq!(g.check_deallocate(0, 256), Ok(false));
+        assert!(matches!(
+            g.check_deallocate(ptr, MIN),
+            Err(ArenaError::SizeMismatch { .. })
+        ));
+        assert!(matches!(
+            g.check_deallocate(ptr + 2 * MIN as u64, 256),
+            Err(ArenaError::DoubleFree { .. })
+        ));
+        let s = acquire(&mut g, 256);
+        assert_eq!(
+            g.check_deallocate(s.addr(), 256),
+            Ok(false),
+            "lent, not held"
+        );
+        assert!(g.release(s).is_ok());
+        assert_eq!(g.deallocate_large(ptr, 2 * MIN), Ok(()));
+        assert!(g.is_fully_coalesced());
+    }
+
+    /// Splits, merges and loans in place keep the superblocks tiling the span, in any order.
+    #[test]
+    fn superblocks_and_loans_tile_the_span() {
+        let mut g = GlobalArena::new(A3, 16 * MIN).unwrap_or_else(|e| panic!("{e}"));
+        let mut large = vec![];
+        let mut lent = vec![];
+        for i in 0..6usize {
+            large.push((
+                g.allocate_large(MIN + 256 * (i + 1)).unwrap_or_default(),
+                MIN + 256 * (i + 1),
+            ));
+            lent.push(acquire(&mut g, 256));
+        }
+        let tiles = |g: &GlobalArena| {
+            let mut spans: Vec<Block> = g.superblocks().map(Superblock::span).collect();
+            spans.extend(g.lent_superblocks());
+            spans.sort();
+            let mut at = A3;
+            for span in &spans {
+                assert_eq!(span.addr, at, "{spans:?}");
+                at = span.end();
+            }
+            assert_eq!(at, A3 + 16 * MIN as u64);
+            let held: Vec<&Superblock> = g.superblocks().collect();
+            for pair in held.windows(2) {
+                assert!(!pair[0].is_contiguous_before(pair[1]), "not coalesced");
+            }
+        };
+        tiles(&g);
+        for (i, (ptr, size)) in large.into_iter().enumerate() {
+            assert_eq!(g.deallocate_large(ptr, size), Ok(()));
+            tiles(&g);
+            if i % 2 == 0 {
+                assert!(g.release(lent.remove(0)).is_ok());
+                tiles(&g);
+            }
+        }
+        for sb in lent {
+            assert!(g.release(sb).is_ok());
+            tiles(&g);
+        }
+        assert!(g.is_fully_coalesced());
     }
 }

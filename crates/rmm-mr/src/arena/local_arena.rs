@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::fit_tree::FitTree;
+use super::fit_tree::{FitTree, Handle};
 use super::size_class::align_up;
 use super::{ArenaError, ArenaStats, Block, GlobalArena, RejectedSuperblock, Superblock};
 
@@ -11,17 +11,27 @@ use super::{ArenaError, ArenaStats, Block, GlobalArena, RejectedSuperblock, Supe
 /// [`GlobalArena`], sub-allocated by address-ordered first fit.
 ///
 /// The global arena is passed to the calls that need it instead of being referenced, so the
-/// resource decides the locking: [`allocate_local`](Self::allocate_local) and
-/// [`deallocate`](Self::deallocate) touch only this arena (the fast path needs only this arena's
-/// lock), and only growing ([`GlobalArena::acquire`] + [`adopt`](Self::adopt), or
-/// [`allocate`](Self::allocate) which does all three), [`clean`](Self::clean) and
-/// [`defragment`](Self::defragment) need the global arena too.
+/// resource decides the locking: [`allocate_local`](Self::allocate_local),
+/// [`allocate_kept`](Self::allocate_kept) and [`deallocate`](Self::deallocate) touch only this
+/// arena (the fast path needs only this arena's lock), and only growing
+/// ([`GlobalArena::acquire`] + [`adopt`](Self::adopt), or [`allocate`](Self::allocate) which
+/// does all three), [`clean`](Self::clean) and [`defragment`](Self::defragment) need the global
+/// arena too.
+///
+/// Besides RMM's superblocks for small requests, an arena can keep superblocks for its large
+/// requests ([`keep`](Self::keep), an addition to RMM): the resource gives a stream the
+/// superblock its own large free emptied ([`GlobalArena::reclaim`]), so that the stream's next
+/// large requests reuse it without the global arena. Kept superblocks serve only large requests
+/// ([`allocate_kept`](Self::allocate_kept)), so small requests see exactly RMM's superblocks;
+/// they go back to the global arena with the others ([`clean`](Self::clean),
+/// [`defragment`](Self::defragment)) or on their own ([`release_empty_kept`](Self::release_empty_kept)).
 ///
 /// Costs (s = superblocks here; each superblock's own work is `O(log)` in its blocks):
-/// [`allocate_local`](Self::allocate_local), [`deallocate`](Self::deallocate),
-/// [`contains`](Self::contains) and [`adopt`](Self::adopt) are `O(log s)`;
-/// [`clean`](Self::clean) is `O(s log n)` and [`defragment`](Self::defragment) `O(s + e log n)`
-/// (e = empty superblocks, n = superblocks of the global arena).
+/// [`allocate_local`](Self::allocate_local), [`allocate_kept`](Self::allocate_kept),
+/// [`deallocate`](Self::deallocate), [`contains`](Self::contains), [`adopt`](Self::adopt) and
+/// [`keep`](Self::keep) are `O(log s)`; [`clean`](Self::clean) is `O(s log n)` and
+/// [`defragment`](Self::defragment) `O(s + e log n)` (e = empty superblocks, n = superblocks of
+/// the global arena).
 ///
 /// Dropping a local arena that still holds superblocks loses them for the global arena (they
 /// stay recorded as lent): call [`clean`](Self::clean) first, as RMM's `arena_cleaner` does when
@@ -29,8 +39,26 @@ use super::{ArenaError, ArenaStats, Block, GlobalArena, RejectedSuperblock, Supe
 #[doc(alias = "rmm::mr::detail::arena::arena")]
 #[derive(Default)]
 pub struct LocalArena {
-    /// Superblocks by address, indexed by their largest free block.
+    /// Superblocks for small requests by address, indexed by their largest free block.
     superblocks: FitTree<Superblock>,
+    /// Superblocks kept for large requests, the same way.
+    kept: FitTree<Superblock>,
+    /// Free bytes in `kept`.
+    kept_free: usize,
+}
+
+/// The superblock of `tree` that contains `addr`.
+fn containing(tree: &FitTree<Superblock>, addr: u64) -> Option<Handle> {
+    tree.floor_handle(addr)
+        .filter(|&h| tree.get_at(h).is_some_and(|sb| sb.contains_addr(addr)))
+}
+
+fn overlaps_any(tree: &FitTree<Superblock>, span: Block) -> bool {
+    tree.floor(span.addr)
+        .is_some_and(|prev| prev.span().overlaps(&span))
+        || tree
+            .ceiling(span.addr)
+            .is_some_and(|next| next.span().overlaps(&span))
 }
 
 impl LocalArena {
@@ -42,12 +70,17 @@ impl LocalArena {
     /// Allocate `size` bytes (rounded up to 256), growing from `global` when needed (RMM's
     /// `arena::allocate_sync`).
     ///
-    /// [Large](GlobalArena::handles) requests go to [`GlobalArena::allocate_large`]. Small ones
-    /// take the first fit over this arena's superblocks; failing that, a superblock is acquired
-    /// from `global` and the block is taken from it. `None` when nothing fits anywhere (the
-    /// resource then cleans every arena and retries once) or `size` is 0.
+    /// [Large](GlobalArena::handles) requests are served by the superblocks kept for them
+    /// ([`allocate_kept`](Self::allocate_kept); there are none unless [`keep`](Self::keep) was
+    /// used), else by [`GlobalArena::allocate_large`]. Small ones take the first fit over this
+    /// arena's superblocks; failing that, a superblock is acquired from `global` and the block
+    /// is taken from it. `None` when nothing fits anywhere (the resource then cleans every arena
+    /// and retries once) or `size` is 0.
     pub fn allocate(&mut self, size: usize, global: &mut GlobalArena) -> Option<u64> {
         if GlobalArena::handles(size) {
+            if let Some(addr) = self.allocate_kept(size) {
+                return Some(addr);
+            }
             return global.allocate_large(size);
         }
         if let Some(addr) = self.allocate_local(size) {
@@ -70,37 +103,47 @@ impl LocalArena {
     /// `None` when none fits, when `size` is 0, or when it is [large](GlobalArena::handles).
     pub fn allocate_local(&mut self, size: usize) -> Option<u64> {
         let size = align_up(size).filter(|&s| s > 0 && !GlobalArena::handles(s))?;
-        let key = self.superblocks.first_fit(size)?.addr();
+        let found = self.superblocks.first_fit_handle(size)?;
         self.superblocks
-            .update(key, |sb| sb.allocate(size))
+            .update_at(found, |sb| sb.allocate(size))
             .flatten()
             .map(|block| block.addr)
     }
 
-    /// Take a superblock (normally just acquired from the global arena) into this arena.
-    ///
-    /// Refused with [`ArenaError::ForeignSuperblock`] (and handed back) if it overlaps one this
-    /// arena already holds.
-    pub fn adopt(&mut self, superblock: Superblock) -> Result<(), RejectedSuperblock> {
-        let overlaps_prev = self
-            .superblocks
-            .floor(superblock.addr())
-            .is_some_and(|prev| prev.span().overlaps(&superblock.span()));
-        let overlaps_next = self
-            .superblocks
-            .ceiling(superblock.addr())
-            .is_some_and(|next| next.span().overlaps(&superblock.span()));
-        if overlaps_prev || overlaps_next {
+    /// Allocate a [large](GlobalArena::handles) request of `size` bytes (rounded up to 256)
+    /// from the superblocks kept for large requests ([`keep`](Self::keep)): address-ordered
+    /// first fit, as everywhere. `None` when none fits or the request is not large.
+    pub fn allocate_kept(&mut self, size: usize) -> Option<u64> {
+        let size = align_up(size).filter(|&s| GlobalArena::handles(s))?;
+        let found = self.kept.first_fit_handle(size)?;
+        let block = self
+            .kept
+            .update_at(found, |sb| sb.allocate(size))
+            .flatten()?;
+        self.kept_free -= block.size;
+        Some(block.addr)
+    }
+
+    /// The refusal of a superblock that overlaps one held here.
+    fn check_disjoint(&self, superblock: Superblock) -> Result<Superblock, RejectedSuperblock> {
+        let span = superblock.span();
+        if overlaps_any(&self.superblocks, span) || overlaps_any(&self.kept, span) {
             return Err(RejectedSuperblock {
                 error: ArenaError::ForeignSuperblock {
-                    addr: superblock.addr(),
-                    size: superblock.size(),
+                    addr: span.addr,
+                    size: span.size,
                 },
                 superblock,
             });
         }
-        self.superblocks
-            .insert(superblock)
+        Ok(superblock)
+    }
+
+    fn insert_into(
+        tree: &mut FitTree<Superblock>,
+        superblock: Superblock,
+    ) -> Result<(), RejectedSuperblock> {
+        tree.insert(superblock)
             .map_err(|superblock| RejectedSuperblock {
                 error: ArenaError::ForeignSuperblock {
                     addr: superblock.addr(),
@@ -108,6 +151,27 @@ impl LocalArena {
                 },
                 superblock,
             })
+    }
+
+    /// Take a superblock (normally just acquired from the global arena) into this arena.
+    ///
+    /// Refused with [`ArenaError::ForeignSuperblock`] (and handed back) if it overlaps one this
+    /// arena already holds.
+    pub fn adopt(&mut self, superblock: Superblock) -> Result<(), RejectedSuperblock> {
+        let superblock = self.check_disjoint(superblock)?;
+        Self::insert_into(&mut self.superblocks, superblock)
+    }
+
+    /// Keep a superblock (normally from [`GlobalArena::reclaim`]) to serve this arena's large
+    /// requests ([`allocate_kept`](Self::allocate_kept)); small requests never use it.
+    ///
+    /// Refused like [`adopt`](Self::adopt).
+    pub fn keep(&mut self, superblock: Superblock) -> Result<(), RejectedSuperblock> {
+        let superblock = self.check_disjoint(superblock)?;
+        let free = superblock.total_free_size();
+        Self::insert_into(&mut self.kept, superblock)?;
+        self.kept_free += free;
+        Ok(())
     }
 
     /// Free a block if one of this arena's superblocks contains `addr` (RMM's
@@ -121,60 +185,94 @@ impl LocalArena {
     /// ([`ArenaError::DoubleFree`], [`ArenaError::SizeMismatch`], [`ArenaError::NotFound`]);
     /// nothing changed.
     pub fn deallocate(&mut self, addr: u64, size: usize) -> Result<bool, ArenaError> {
-        let Some(key) = self.key_containing(addr) else {
-            return Ok(false);
-        };
-        match self
-            .superblocks
-            .update(key, |sb| sb.deallocate(Block::new(addr, size)))
-        {
-            Some(result) => result.map(|()| true),
-            None => Ok(false),
+        let block = Block::new(addr, size);
+        // Large blocks are usually in kept superblocks, small ones never are.
+        let large = align_up(size).is_some_and(GlobalArena::handles);
+        if large {
+            if let Some(freed) = self.deallocate_kept(block) {
+                return freed;
+            }
         }
+        if let Some(found) = containing(&self.superblocks, addr) {
+            return match self.superblocks.update_at(found, |sb| sb.deallocate(block)) {
+                Some(result) => result.map(|()| true),
+                None => Ok(false),
+            };
+        }
+        if large {
+            return Ok(false);
+        }
+        self.deallocate_kept(block).unwrap_or(Ok(false))
     }
 
-    fn key_containing(&self, addr: u64) -> Option<u64> {
-        self.superblocks
-            .floor(addr)
-            .filter(|sb| sb.contains_addr(addr))
-            .map(Superblock::addr)
+    /// [`deallocate`](Self::deallocate) in the kept superblocks; `None` when none contains the
+    /// block.
+    fn deallocate_kept(&mut self, block: Block) -> Option<Result<bool, ArenaError>> {
+        let found = containing(&self.kept, block.addr)?;
+        let freed = self.kept.update_at(found, |sb| {
+            let before = sb.total_free_size();
+            sb.deallocate(block).map(|()| sb.total_free_size() - before)
+        })?;
+        Some(freed.map(|bytes| {
+            self.kept_free += bytes;
+            true
+        }))
     }
 
     /// Whether one of this arena's superblocks contains `addr` (`O(log s)`).
     pub fn contains(&self, addr: u64) -> bool {
-        self.key_containing(addr).is_some()
+        containing(&self.superblocks, addr).is_some() || containing(&self.kept, addr).is_some()
     }
 
-    /// Return every superblock, empty or not, to `global` (RMM's `arena::clean`, used by
-    /// defragmentation and at thread exit). Returns how many were returned.
+    /// Return every superblock, empty or not, kept for large requests or not, to `global`
+    /// (RMM's `arena::clean`, used by defragmentation and at thread exit). Returns how many were
+    /// returned.
     ///
     /// A superblock `global` refuses (it was not lent by that global arena) stays here and the
     /// first such error is returned after trying all of them.
     pub fn clean(&mut self, global: &mut GlobalArena) -> Result<usize, ArenaError> {
-        let all = self.superblocks.take_all();
-        self.release_to(global, all)
+        let small = self.superblocks.take_all();
+        let kept = self.kept.take_all();
+        self.kept_free = 0;
+        let first = self.release_to(global, small, false);
+        let second = self.release_to(global, kept, true);
+        Ok(first? + second?)
     }
 
     /// Return only the empty superblocks to `global` (RMM's `arena::defragment`). Returns how
     /// many were returned; refusals are handled as in [`clean`](Self::clean).
     pub fn defragment(&mut self, global: &mut GlobalArena) -> Result<usize, ArenaError> {
-        let empty_keys: Vec<u64> = self
-            .superblocks
+        let small = Self::take_empty(&mut self.superblocks);
+        let first = self.release_to(global, small, false);
+        let second = self.release_empty_kept(global);
+        Ok(first? + second?)
+    }
+
+    /// Return the empty superblocks kept for large requests to `global` (the others stay).
+    /// Returns how many were returned; refusals are handled as in [`clean`](Self::clean).
+    pub fn release_empty_kept(&mut self, global: &mut GlobalArena) -> Result<usize, ArenaError> {
+        let kept = Self::take_empty(&mut self.kept);
+        self.kept_free -= kept.iter().map(Superblock::size).sum::<usize>();
+        self.release_to(global, kept, true)
+    }
+
+    fn take_empty(tree: &mut FitTree<Superblock>) -> Vec<Superblock> {
+        let empty_keys: Vec<u64> = tree
             .iter()
             .filter(|sb| sb.is_empty())
             .map(Superblock::addr)
             .collect();
-        let empties: Vec<Superblock> = empty_keys
+        empty_keys
             .into_iter()
-            .filter_map(|key| self.superblocks.remove(key))
-            .collect();
-        self.release_to(global, empties)
+            .filter_map(|key| tree.remove(key))
+            .collect()
     }
 
     fn release_to(
         &mut self,
         global: &mut GlobalArena,
         superblocks: Vec<Superblock>,
+        kept: bool,
     ) -> Result<usize, ArenaError> {
         let mut released = 0;
         let mut first_error = None;
@@ -183,8 +281,16 @@ impl LocalArena {
                 Ok(()) => released += 1,
                 Err(rejected) => {
                     first_error.get_or_insert(rejected.error);
-                    let kept = self.superblocks.insert(rejected.superblock).is_ok();
-                    debug_assert!(kept);
+                    let sb = rejected.superblock;
+                    let free = sb.total_free_size();
+                    let tree = if kept {
+                        self.kept_free += free;
+                        &mut self.kept
+                    } else {
+                        &mut self.superblocks
+                    };
+                    let back = tree.insert(sb).is_ok();
+                    debug_assert!(back);
                 }
             }
         }
@@ -194,24 +300,45 @@ impl LocalArena {
         }
     }
 
-    /// Number of superblocks held.
+    /// Number of superblocks held, kept for large requests included.
     pub fn superblock_count(&self) -> usize {
-        self.superblocks.len()
+        self.superblocks.len() + self.kept.len()
     }
 
-    /// The superblocks held, in address order.
+    /// Number of superblocks kept for large requests.
+    pub fn kept_superblock_count(&self) -> usize {
+        self.kept.len()
+    }
+
+    /// The superblocks kept for large requests, in address order.
+    pub fn kept_superblocks(&self) -> impl Iterator<Item = &Superblock> + '_ {
+        self.kept.iter()
+    }
+
+    /// Free bytes in the superblocks kept for large requests (`O(1)`).
+    pub fn kept_free_bytes(&self) -> usize {
+        self.kept_free
+    }
+
+    /// The superblocks held, kept for large requests included, in address order.
     pub fn superblocks(&self) -> impl Iterator<Item = &Superblock> + '_ {
-        self.superblocks.iter()
+        let mut small = self.superblocks.iter().peekable();
+        let mut kept = self.kept.iter().peekable();
+        std::iter::from_fn(move || match (small.peek(), kept.peek()) {
+            (Some(a), Some(b)) if b.addr() < a.addr() => kept.next(),
+            (Some(_), _) => small.next(),
+            (None, _) => kept.next(),
+        })
     }
 
     /// Size of the largest free block in this arena (`O(1)`).
     pub fn max_free_size(&self) -> usize {
-        self.superblocks.max_fit()
+        self.superblocks.max_fit().max(self.kept.max_fit())
     }
 
     /// Byte accounting over this arena's superblocks (`O(s)`).
     pub fn stats(&self) -> ArenaStats {
-        ArenaStats::from_superblocks(self.superblocks.iter())
+        ArenaStats::from_superblocks(self.superblocks())
     }
 }
 
@@ -219,6 +346,8 @@ impl fmt::Debug for LocalArena {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LocalArena")
             .field("superblocks", &self.superblocks.len())
+            .field("kept", &self.kept.len())
+            .field("kept_free", &self.kept_free)
             .field("max_free", &self.max_free_size())
             .finish()
     }
@@ -226,10 +355,10 @@ impl fmt::Debug for LocalArena {
 
 impl Drop for LocalArena {
     fn drop(&mut self) {
-        if !self.superblocks.is_empty() {
+        if self.superblock_count() > 0 {
             log::warn!(
                 "arena: local arena dropped while holding {} superblock(s); call clean() first",
-                self.superblocks.len()
+                self.superblock_count()
             );
         }
     }
@@ -538,6 +667,114 @@ mod tests {
         for arena in arenas {
             assert!(arena.clean(&mut g).is_ok());
         }
+        assert!(g.is_fully_coalesced());
+    }
+
+    /// A superblock emptied by a large free, kept by the arena: it serves the arena's large
+    /// requests first (address-ordered first fit over the kept superblocks), never small ones,
+    /// and goes back with `clean`, `defragment` or `release_empty_kept`.
+    #[test]
+    fn kept_superblocks_serve_only_large_requests() {
+        let mut g = GlobalArena::new(A3, 8 * MIN).unwrap_or_else(|e| panic!("{e}"));
+        let mut a = LocalArena::new();
+        let big = alloc(&mut a, &mut g, 3 * MIN);
+        assert_eq!(big, A3);
+        let sb = g
+            .reclaim(big, 3 * MIN, usize::MAX)
+            .unwrap_or_else(|| panic!("reclaim"));
+        assert!(a.keep(sb).is_ok());
+        assert_eq!((a.superblock_count(), a.kept_superblock_count()), (1, 1));
+        assert_eq!(a.kept_free_bytes(), 3 * MIN);
+        assert!(a.contains(big));
+        assert_eq!(
+            g.find(big),
+            Some(SuperblockLocation::Lent(Block::new(A3, 3 * MIN)))
+        );
+
+        // Small requests do not see it.
+        assert_eq!(a.allocate_local(256), None);
+        assert_eq!(a.allocate_kept(MIN), None, "1 MiB is small");
+        let small = alloc(&mut a, &mut g, 256);
+        assert_eq!(small, A3 + 3 * MIN as u64, "acquired from the global arena");
+        // Large ones use it first: first fit, then the rest of it.
+        let x = alloc(&mut a, &mut g, MIN + 256);
+        assert_eq!(x, A3);
+        assert_eq!(a.kept_free_bytes(), 2 * MIN - 256);
+        let y = alloc(&mut a, &mut g, MIN + 512);
+        assert_eq!(y, A3 + (MIN + 256) as u64);
+        assert_eq!(a.kept_free_bytes(), MIN - 768);
+        let z = alloc(&mut a, &mut g, 2 * MIN);
+        assert!(
+            !a.contains(z),
+            "no room left in the kept superblock: the global arena"
+        );
+        assert_eq!(g.deallocate_large(z, 2 * MIN), Ok(()));
+
+        // Frees come back into it; wrong ones are errors.
+        assert!(matches!(
+            a.deallocate(x, MIN),
+            Err(ArenaError::SizeMismatch { .. })
+        ));
+        assert!(matches!(
+            a.deallocate(x, 256),
+            Err(ArenaError::SizeMismatch { .. })
+        ));
+        free(&mut a, x, MIN + 256);
+        assert_eq!(
+            a.deallocate(x, MIN + 256),
+            Err(ArenaError::DoubleFree {
+                addr: x,
+                size: MIN + 256
+            })
+        );
+        assert_eq!(a.kept_free_bytes(), 2 * MIN - 512);
+        // Not empty: stays.
+        assert_eq!(a.release_empty_kept(&mut g), Ok(0));
+        assert_eq!(a.defragment(&mut g), Ok(0));
+        free(&mut a, y, MIN + 512);
+        assert_eq!(a.kept_free_bytes(), 3 * MIN);
+        assert_eq!(
+            a.kept_superblocks()
+                .map(Superblock::span)
+                .collect::<Vec<_>>(),
+            vec![Block::new(A3, 3 * MIN)]
+        );
+        assert_eq!(a.release_empty_kept(&mut g), Ok(1));
+        assert_eq!((a.kept_superblock_count(), a.kept_free_bytes()), (0, 0));
+        free(&mut a, small, 256);
+        assert_eq!(a.clean(&mut g), Ok(1));
+        assert!(g.is_fully_coalesced());
+    }
+
+    #[test]
+    fn clean_and_defragment_return_kept_superblocks() {
+        let mut g = GlobalArena::new(A3, 8 * MIN).unwrap_or_else(|e| panic!("{e}"));
+        let mut a = LocalArena::new();
+        let p = alloc(&mut a, &mut g, 2 * MIN);
+        let q = alloc(&mut a, &mut g, 2 * MIN);
+        for ptr in [p, q] {
+            let sb = g
+                .reclaim(ptr, 2 * MIN, usize::MAX)
+                .unwrap_or_else(|| panic!("reclaim"));
+            assert!(a.keep(sb).is_ok());
+        }
+        // Overlapping superblocks are refused, kept or adopted.
+        let forged = Superblock::new(p, MIN).unwrap_or_else(|e| panic!("{e}"));
+        assert!(a.keep(forged).is_err());
+        let forged = Superblock::new(q + 256, MIN).unwrap_or_else(|e| panic!("{e}"));
+        assert!(a.adopt(forged).is_err());
+        let used = alloc(&mut a, &mut g, 2 * MIN);
+        assert_eq!(used, p);
+        assert_eq!(
+            a.superblocks().map(Superblock::addr).collect::<Vec<_>>(),
+            vec![p, q]
+        );
+        assert_eq!(a.defragment(&mut g), Ok(1), "only the empty one");
+        assert_eq!(a.kept_superblock_count(), 1);
+        assert_eq!(a.clean(&mut g), Ok(1));
+        assert_eq!((a.superblock_count(), a.kept_free_bytes()), (0, 0));
+        // The used one is in the global arena now, which frees its block.
+        assert_eq!(g.deallocate(used, 2 * MIN), Ok(true));
         assert!(g.is_fully_coalesced());
     }
 }

@@ -20,6 +20,9 @@
 //!   fitting superblock is lent whole, possibly a partially used one).
 //! * Large requests (`> 1 MiB`) are served by the global arena directly; an empty superblock of at
 //!   least `size + 1 MiB` is split so the allocation gets a head superblock of exactly its size.
+//!   (An addition to RMM: a local arena can also *keep* superblocks for its large requests,
+//!   [`LocalArena::keep`], typically the one a large free on its own stream emptied,
+//!   [`GlobalArena::reclaim`]; [`LocalArena::allocate`] tries them first.)
 //! * [`LocalArena::clean`] returns all of an arena's superblocks to the global arena (RMM's
 //!   defragmentation step, after `cudaDeviceSynchronize`, and at thread exit);
 //!   [`LocalArena::defragment`] returns only the empty ones. The global arena coalesces adjacent
@@ -40,15 +43,19 @@
 //!
 //! # Complexity
 //!
-//! RMM finds first fits and owning superblocks with linear `std::find_if` scans. Here free blocks
-//! and superblocks live in an address-ordered treap where every node also knows the largest free
-//! size of its subtree, which gives the same address-ordered first fit (identical placements) in
-//! `O(log n)`:
+//! RMM finds first fits and owning superblocks with linear `std::find_if` scans. Here blocks and
+//! superblocks live in address-ordered treaps where every node also knows the largest free size
+//! of its subtree, which gives the same address-ordered first fit (identical placements) in
+//! `O(log n)`. The treaps keep their nodes in one vector each (no allocation per insertion),
+//! items are changed in place and neighbours are reached through handles, so an allocation or a
+//! free changes at most a couple of nodes of each tree: a superblock keeps its free and live
+//! blocks in one tree (they tile it), the global arena its held and lent superblocks (they tile
+//! the span), and superblocks are split, lent and merged in place.
 //!
 //! | operation | cost |
 //! |---|---|
-//! | [`LocalArena::allocate_local`], [`LocalArena::deallocate`], [`LocalArena::contains`] | `O(log s + log b)` |
-//! | [`GlobalArena::acquire`], [`GlobalArena::release`], [`GlobalArena::allocate_large`], [`GlobalArena::deallocate`], [`GlobalArena::find`] | `O(log S + log b)` |
+//! | [`LocalArena::allocate_local`], [`LocalArena::allocate_kept`], [`LocalArena::deallocate`], [`LocalArena::contains`] | `O(log s + log b)` |
+//! | [`GlobalArena::acquire`], [`GlobalArena::release`], [`GlobalArena::allocate_large`], [`GlobalArena::deallocate`], [`GlobalArena::reclaim`], [`GlobalArena::find`] | `O(log S + log b)` |
 //! | [`LocalArena::clean`] / [`LocalArena::defragment`] | `O(s log S)` / `O(s + e log S)` |
 //! | `stats()`, [`GlobalArena`]'s `Display` dump | `O(S)` |
 //!
@@ -68,6 +75,8 @@
 //!   lent, once ([`ArenaError::ForeignSuperblock`], with the superblock handed back in
 //!   [`RejectedSuperblock`]).
 //! * **Logarithmic searches** instead of linear scans (see above).
+//! * **Kept superblocks** ([`LocalArena::keep`], [`GlobalArena::reclaim`]): a local arena may hold
+//!   superblocks for its large requests; small requests never use them.
 //! * Size classes: 56 KiB where RMM's table has the typo 54 KiB; `None` instead of `SIZE_MAX`
 //!   above 256 GiB.
 //! * RMM's debug-only 1 TiB maximum superblock size is not enforced.
@@ -75,8 +84,9 @@
 //! # How RMM's `arena_memory_resource` drives it
 //!
 //! (This is RMM's procedure, which the core supports; [`ArenaMemoryResource`] follows it except
-//! where its own documentation says otherwise — notably, large frees wait with events instead of
-//! blocking the host, and cross-arena frees use an owner table instead of searching.)
+//! where its own documentation says otherwise — notably, large frees leave their superblock to
+//! the freeing stream or wait with events instead of blocking the host, and cross-arena frees
+//! use an owner table instead of searching.)
 //!
 //! Allocation of `bytes > 0`: round (256 or size class); [`LocalArena::allocate`] on the calling
 //! thread's arena (per-thread default stream) or the stream's arena (under the shared lock; it
@@ -86,7 +96,9 @@
 //! then fail with out-of-memory ("No room in arena.").
 //!
 //! Free of `(ptr, bytes > 0)`: round the same way. Large: synchronize the stream, then
-//! [`GlobalArena::deallocate`]; else (or when that answers `Ok(false)`) [`LocalArena::deallocate`]
+//! [`GlobalArena::deallocate`] ([`ArenaMemoryResource`] instead first tries the stream's arena,
+//! then [`GlobalArena::reclaim`] + [`LocalArena::keep`], and only then an event-ordered pending
+//! free); else (or when that answers `Ok(false)`) [`LocalArena::deallocate`]
 //! on the stream's/thread's arena. On `Ok(false)`: synchronize the stream, take the exclusive lock
 //! and search the other arenas and the global arena ([`GlobalArena::find`] says whether the block
 //! is in a lent superblock at all). Every `Err`, and "not found anywhere", is a wrong free to

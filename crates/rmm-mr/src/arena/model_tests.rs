@@ -51,6 +51,14 @@ enum Op {
     Defragment {
         arena: usize,
     },
+    /// A free on arena `via`'s stream that lets it keep the emptied superblock when it can.
+    FreeKeep {
+        pick: usize,
+        via: usize,
+    },
+    ReleaseKept {
+        arena: usize,
+    },
 }
 
 fn size_strategy() -> impl Strategy<Value = usize> {
@@ -76,7 +84,9 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => (any::<bool>(), 0u64..(64 << 20), arena.clone())
             .prop_map(|(below, offset, via)| Op::UnknownFree { below, offset, via }),
         1 => arena.clone().prop_map(|arena| Op::Clean { arena }),
-        1 => arena.prop_map(|arena| Op::Defragment { arena }),
+        1 => arena.clone().prop_map(|arena| Op::Defragment { arena }),
+        3 => (pick, arena.clone()).prop_map(|(pick, via)| Op::FreeKeep { pick, via }),
+        1 => arena.prop_map(|arena| Op::ReleaseKept { arena }),
     ]
 }
 
@@ -140,9 +150,17 @@ impl World {
     fn expected_alloc(&self, arena: usize, size: usize) -> Option<(u64, Option<Block>)> {
         let size = align_up(size).filter(|&s| s > 0)?;
         if !GlobalArena::handles(size) {
-            if let Some(addr) = brute_first_fit(self.arenas[arena].superblocks(), size) {
+            let small = self.arenas[arena].superblocks().filter(|sb| {
+                !self.arenas[arena]
+                    .kept_superblocks()
+                    .any(|k| k.addr() == sb.addr())
+            });
+            if let Some(addr) = brute_first_fit(small, size) {
                 return Some((addr, None));
             }
+        } else if let Some(addr) = brute_first_fit(self.arenas[arena].kept_superblocks(), size) {
+            // Large requests try the superblocks the arena kept first.
+            return Some((addr, None));
         }
         let addr = brute_first_fit(self.global.superblocks(), size)?;
         let source = self
@@ -351,6 +369,52 @@ impl World {
                 assert_eq!(self.arenas[arena].clean(&mut self.global), Ok(count));
                 assert_eq!(self.arenas[arena].superblock_count(), 0);
             }
+            Op::FreeKeep { pick, via } => {
+                let Some((addr, size)) = self.pick_live(pick) else {
+                    return;
+                };
+                // Kept exactly when the block is the only one of a superblock held by the
+                // global arena.
+                let expected = self
+                    .global
+                    .superblocks()
+                    .find(|sb| sb.contains_addr(addr))
+                    .filter(|sb| sb.live_block_count() == 1)
+                    .map(Superblock::span);
+                let before = self.snapshot();
+                match self.global.reclaim(addr, size, usize::MAX) {
+                    Some(sb) => {
+                        assert_eq!(Some(sb.span()), expected);
+                        assert!(sb.is_empty());
+                        let kept = self.arenas[via].kept_superblock_count();
+                        assert!(self.arenas[via].keep(sb).is_ok());
+                        assert_eq!(self.arenas[via].kept_superblock_count(), kept + 1);
+                        self.live.remove(&addr);
+                        self.freed.push((addr, size));
+                    }
+                    None => {
+                        assert_eq!(expected, None, "reclaim of {addr:#x} refused");
+                        assert_eq!(
+                            self.snapshot(),
+                            before,
+                            "a refused reclaim changed the arena"
+                        );
+                        self.free_live(via, addr, size);
+                    }
+                }
+            }
+            Op::ReleaseKept { arena } => {
+                let local = &mut self.arenas[arena];
+                let empties = local.kept_superblocks().filter(|sb| sb.is_empty()).count();
+                let kept = local.kept_superblock_count();
+                assert_eq!(local.release_empty_kept(&mut self.global), Ok(empties));
+                assert_eq!(local.kept_superblock_count(), kept - empties);
+                let free: usize = local
+                    .kept_superblocks()
+                    .map(Superblock::total_free_size)
+                    .sum();
+                assert_eq!(local.kept_free_bytes(), free);
+            }
             Op::Defragment { arena } => {
                 let local = &mut self.arenas[arena];
                 let empties = local.superblocks().filter(|sb| sb.is_empty()).count();
@@ -441,6 +505,16 @@ impl World {
             global_stats.total_bytes + self.global.lent_bytes(),
             span.size
         );
+        for arena in &self.arenas {
+            let free: usize = arena
+                .kept_superblocks()
+                .map(Superblock::total_free_size)
+                .sum();
+            assert_eq!(arena.kept_free_bytes(), free, "kept free bytes");
+            assert!(arena
+                .kept_superblocks()
+                .all(|k| arena.superblocks().any(|sb| sb.addr() == k.addr())));
+        }
         let local_total: usize = self.arenas.iter().map(|a| a.stats().total_bytes).sum();
         assert_eq!(local_total, self.global.lent_bytes());
         assert_eq!(

@@ -67,7 +67,8 @@ pub struct ArenaOptions {
 ///   stream id, which unlike a handle is never reused).
 /// - **Small** requests (<= 1 MiB after rounding) are served by the stream's (thread's) arena,
 ///   which borrows superblocks from the global arena as needed; **large** ones (> 1 MiB) by the
-///   global arena directly.
+///   global arena directly (after the superblocks the stream's arena kept from its own large
+///   frees, see below).
 /// - **Defragmentation**: when a request cannot be met, the device is synchronized, every local
 ///   arena's superblocks go back to the global arena (adjacent empty ones coalesce), and the
 ///   request is retried once; if it still fails: [`MrError::OutOfMemory`](crate::MrError)
@@ -86,13 +87,19 @@ pub struct ArenaOptions {
 ///   when it rounds to another size than the allocation's; `SizeMismatch::allocated` is the
 ///   rounded size.
 /// - **No host blocking on large frees.** RMM synchronizes the freeing stream on the host for
-///   every free of a large block. Here the free records an event on the stream and the block
-///   stays *pending* (still allocated in the bookkeeping) until the event has completed; the
-///   allocation paths that reach the global arena poll the oldest pending frees
+///   every free of a large block. Here a large free that empties its superblock gives that
+///   superblock to the freeing stream's arena, which reuses it for the stream's next large
+///   requests at once, like RMM's small blocks: work queued later on the same stream runs after
+///   the work that used the block, so no event is needed and the global arena is not touched
+///   (its lock, its tree). Kept superblocks serve only large requests; an arena keeps at most
+///   1/64 of the arena free in them (up to 64 MiB, at most a quarter, in small arenas), and
+///   they go back to the global arena with the arena's other superblocks (defragmentation,
+///   thread exit). Every other large free records an event on the stream and the block stays
+///   *pending* (still allocated in the bookkeeping) until the event has completed; large frees
+///   and the allocation paths that reach the global arena poll the oldest pending frees
 ///   (`cuEventQuery`, outside the global lock; all of them when memory is short), and before
-///   reporting
-///   out-of-memory, defragmentation's device synchronization completes them all. The stream is
-///   never used after the free, so it may be destroyed right away.
+///   reporting out-of-memory, defragmentation's device synchronization completes them all. The
+///   stream is never used after the free, so it may be destroyed right away.
 /// - **Cheap cross-arena frees.** A block freed on another stream than the one whose arena
 ///   holds it is found through an owner table (RMM synchronizes the stream and searches every
 ///   arena under an exclusive lock). It is freed into its arena at once, together with an event
@@ -101,8 +108,9 @@ pub struct ArenaOptions {
 ///   sits in the global arena becomes a pending free like a large one. No host blocking.
 /// - **Scales with threads.** Each local arena has its own lock, the key -> arena map is a
 ///   read-mostly `RwLock`, the global arena has its own lock, and each thread caches the arenas
-///   it uses, so a small allocation or free on a thread's own stream takes exactly one lock
-///   (its arena's) and touches no shared cache line. RMM takes two process-wide
+///   it uses, so a small allocation or free on a thread's own stream, and a large one served by
+///   or freed into its kept superblocks, takes exactly one lock (its arena's) and touches no
+///   shared cache line. RMM takes two process-wide
 ///   `shared_mutex`es on every call, which collapses with 16 threads. Events are recorded and
 ///   queried outside the global lock (only defragmentation synchronizes under it, as in RMM).
 /// - **Safe thread exit.** When a thread with a per-thread arena exits, its superblocks go back

@@ -1,35 +1,70 @@
 //! [`Superblock`]: a span of at least 1 MiB with its own free list, the unit exchanged between
 //! the global arena and the local arenas.
 
-use std::collections::BTreeMap;
 use std::fmt;
 
-use super::fit_tree::{FitItem, FitTree};
+use super::fit_tree::{FitItem, FitTree, Handle};
 use super::size_class::{align_up, ALLOCATION_ALIGNMENT};
 use super::{ArenaError, Block, SUPERBLOCK_MIN_SIZE};
+
+/// An empty superblock whose block tree has room for more nodes than this drops it for a new
+/// one (the slab of a tree never shrinks by itself).
+const SHRINK_ABOVE: usize = 64;
+
+/// One block of a superblock, free or handed out. The pieces of a superblock tile its span.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Piece {
+    addr: u64,
+    size: usize,
+    free: bool,
+}
+
+impl Piece {
+    fn end(&self) -> u64 {
+        self.addr.saturating_add(self.size as u64)
+    }
+
+    fn block(&self) -> Block {
+        Block::new(self.addr, self.size)
+    }
+}
+
+impl FitItem for Piece {
+    fn key(&self) -> u64 {
+        self.addr
+    }
+
+    /// Only free pieces can serve a request.
+    fn fit(&self) -> usize {
+        if self.free {
+            self.size
+        } else {
+            0
+        }
+    }
+}
 
 /// A span of at least [`SUPERBLOCK_MIN_SIZE`] bytes that sub-allocates blocks by address-ordered
 /// first fit (RMM's `superblock`).
 ///
-/// It keeps its free blocks in address order, always fully coalesced, plus the blocks it has
-/// handed out (`addr -> size`). Tracking live blocks (which RMM does not do) is what lets a free
-/// be checked exactly: freeing an address that is not the start of a live block, or with another
-/// size, is an error and changes nothing.
+/// It keeps its blocks in address order, free and handed out alike (they tile the span); the
+/// free ones are always fully coalesced. Tracking live blocks (which RMM does not do) is what
+/// lets a free be checked exactly: freeing an address that is not the start of a live block, or
+/// with another size, is an error and changes nothing.
 ///
 /// A superblock is deliberately not `Clone`: each span of memory exists in exactly one
 /// superblock, which moves between arenas.
 ///
-/// Costs (n = free blocks, m = live blocks): [`allocate`](Self::allocate) and
-/// [`deallocate`](Self::deallocate) are `O(log n + log m)`; [`fits`](Self::fits),
+/// Costs (n = blocks, free and live): [`allocate`](Self::allocate) and
+/// [`deallocate`](Self::deallocate) are `O(log n)`, with at most one insertion (allocate) or two
+/// removals (deallocate) in the block tree; [`fits`](Self::fits),
 /// [`max_free_size`](Self::max_free_size), [`total_free_size`](Self::total_free_size) and
 /// [`is_empty`](Self::is_empty) are `O(1)`.
 #[doc(alias = "rmm::mr::detail::arena::superblock")]
 pub struct Superblock {
     span: Block,
-    /// Free blocks by address, fully coalesced (no two are contiguous).
-    free: FitTree<Block>,
-    /// Live (handed out) blocks: address -> rounded size.
-    live: BTreeMap<u64, usize>,
+    /// Every block by address, indexed by the largest free one.
+    pieces: FitTree<Piece>,
     /// Sum of the sizes of the free blocks.
     free_bytes: usize,
 }
@@ -56,13 +91,18 @@ impl Superblock {
 
     /// An entirely free superblock over an already validated span.
     pub(crate) fn fresh(span: Block) -> Self {
-        let mut free = FitTree::new();
-        let inserted = free.insert(span).is_ok();
+        let mut pieces = FitTree::new();
+        let inserted = pieces
+            .insert(Piece {
+                addr: span.addr,
+                size: span.size,
+                free: true,
+            })
+            .is_ok();
         debug_assert!(inserted);
         Self {
             span,
-            free,
-            live: BTreeMap::new(),
+            pieces,
             free_bytes: span.size,
         }
     }
@@ -94,12 +134,12 @@ impl Superblock {
 
     /// Number of free blocks (RMM's `free_blocks()`).
     pub fn free_block_count(&self) -> usize {
-        self.free.len()
+        self.pieces.fitting_len()
     }
 
     /// Number of live (handed out) blocks.
     pub fn live_block_count(&self) -> usize {
-        self.live.len()
+        self.pieces.len() - self.pieces.fitting_len()
     }
 
     /// Whether `block` lies entirely inside this superblock.
@@ -123,21 +163,39 @@ impl Superblock {
         self.is_empty() && other.is_empty() && self.span.is_contiguous_before(&other.span)
     }
 
+    /// Whether an empty superblock can be cut into a head of `bytes` bytes and a tail.
+    fn can_split(&self, bytes: usize) -> bool {
+        self.span.size.checked_sub(bytes).is_some_and(|tail| {
+            self.is_empty()
+                && bytes >= SUPERBLOCK_MIN_SIZE
+                && tail >= SUPERBLOCK_MIN_SIZE
+                && bytes % ALLOCATION_ALIGNMENT == 0
+        })
+    }
+
     /// Split an empty superblock into a head of `bytes` bytes and the tail, both empty.
     ///
     /// `None` unless the superblock is empty, `bytes` is a multiple of 256 and both parts are at
     /// least [`SUPERBLOCK_MIN_SIZE`]. `self` is left untouched either way.
     pub fn split(&self, bytes: usize) -> Option<(Superblock, Superblock)> {
-        let tail_size = self.span.size.checked_sub(bytes)?;
-        if !self.is_empty()
-            || bytes < SUPERBLOCK_MIN_SIZE
-            || tail_size < SUPERBLOCK_MIN_SIZE
-            || bytes % ALLOCATION_ALIGNMENT != 0
-        {
+        if !self.can_split(bytes) {
             return None;
         }
         let (head, tail) = self.span.split(bytes)?;
         Some((Self::fresh(head), Self::fresh(tail)))
+    }
+
+    /// [`split`](Self::split) in place: this superblock becomes the head, the tail is returned.
+    /// `None` (and nothing changed) when `split` would refuse.
+    pub(crate) fn split_off(&mut self, bytes: usize) -> Option<Superblock> {
+        if !self.can_split(bytes) {
+            return None;
+        }
+        let (head, tail) = self.span.split(bytes)?;
+        self.pieces.update(head.addr, |piece| piece.size = bytes)?;
+        self.span = head;
+        self.free_bytes = bytes;
+        Some(Self::fresh(tail))
     }
 
     /// The empty superblock covering this one and `other`;
@@ -147,6 +205,28 @@ impl Superblock {
             return None;
         }
         Some(Self::fresh(self.span.merge(&other.span)?))
+    }
+
+    /// [`merge`](Self::merge) in place: this superblock grows over `next`. `next` is handed back
+    /// (and nothing changed) when `merge` would refuse.
+    pub(crate) fn absorb(&mut self, next: Superblock) -> Result<(), Superblock> {
+        let Some(merged) = self
+            .span
+            .merge(&next.span)
+            .filter(|_| self.is_contiguous_before(&next))
+        else {
+            return Err(next);
+        };
+        if self
+            .pieces
+            .update(self.span.addr, |piece| piece.size = merged.size)
+            .is_none()
+        {
+            return Err(next);
+        }
+        self.span = merged;
+        self.free_bytes = merged.size;
+        Ok(())
     }
 
     /// Hand out the lowest-addressed free block of at least `bytes` bytes (rounded up to 256),
@@ -159,16 +239,49 @@ impl Superblock {
         if size == 0 {
             return None;
         }
-        let found = *self.free.first_fit(size)?;
-        let taken = self.free.remove(found.addr);
-        debug_assert_eq!(taken, Some(found));
-        if let Some((_, tail)) = found.split(size) {
-            let inserted = self.free.insert(tail).is_ok();
+        let found = self.pieces.first_fit_handle(size)?;
+        let (addr, rest) = self.pieces.update_at(found, |piece| {
+            let rest = piece.size - size;
+            piece.size = size;
+            piece.free = false;
+            (piece.addr, rest)
+        })?;
+        if rest > 0 {
+            let inserted = self
+                .pieces
+                .insert_after(
+                    found,
+                    Piece {
+                        addr: addr + size as u64,
+                        size: rest,
+                        free: true,
+                    },
+                )
+                .is_ok();
             debug_assert!(inserted);
         }
-        self.live.insert(found.addr, size);
         self.free_bytes -= size;
-        Some(Block::new(found.addr, size))
+        Some(Block::new(addr, size))
+    }
+
+    /// Check a free without doing it: the rounded size of the live block `block` names.
+    /// Errors as [`deallocate`](Self::deallocate).
+    pub(crate) fn check_free(&self, block: Block) -> Result<usize, ArenaError> {
+        let Block { addr, size: given } = block;
+        let not_found = ArenaError::NotFound { addr, size: given };
+        let size = align_up(given).ok_or(not_found)?;
+        match self.pieces.get(addr) {
+            Some(piece) if !piece.free && piece.size == size => Ok(size),
+            Some(piece) if !piece.free => Err(ArenaError::SizeMismatch {
+                addr,
+                size: given,
+                allocated: piece.size,
+            }),
+            _ if self.overlaps_free(addr, size) => {
+                Err(ArenaError::DoubleFree { addr, size: given })
+            }
+            _ => Err(not_found),
+        }
     }
 
     /// Give back a block handed out by [`allocate`](Self::allocate), coalescing it with its free
@@ -181,39 +294,54 @@ impl Superblock {
     /// but not at its start).
     #[doc(alias = "coalesce")]
     pub fn deallocate(&mut self, block: Block) -> Result<(), ArenaError> {
-        let Block { addr, size: given } = block;
-        let not_found = ArenaError::NotFound { addr, size: given };
-        let size = align_up(given).ok_or(not_found)?;
-        match self.live.get(&addr) {
-            Some(&allocated) if allocated == size => {}
-            Some(&allocated) => {
-                return Err(ArenaError::SizeMismatch {
-                    addr,
-                    size: given,
-                    allocated,
-                })
+        let addr = block.addr;
+        let this = self.pieces.find_handle(addr);
+        let size = match this.and_then(|h| self.pieces.get_at(h)) {
+            Some(piece) if !piece.free && align_up(block.size) == Some(piece.size) => piece.size,
+            // Not a live block of that size: say what is wrong.
+            _ => return self.check_free(block).map(|_| ()),
+        };
+        let Some(this) = this else {
+            return self.check_free(block).map(|_| ());
+        };
+        // The pieces tile the span: the previous one ends at `addr`, the next starts at its end.
+        let free_piece = |h: Option<Handle>| {
+            h.and_then(|h| {
+                self.pieces
+                    .get_at(h)
+                    .filter(|p| p.free)
+                    .map(|p| (h, p.size))
+            })
+        };
+        let prev = free_piece(self.pieces.prev(this));
+        let next = free_piece(self.pieces.next(this));
+        match (prev, next) {
+            (None, None) => {
+                self.pieces.update_at(this, |piece| piece.free = true);
             }
-            None if self.overlaps_free(addr, size) => {
-                return Err(ArenaError::DoubleFree { addr, size: given })
+            (Some((prev, _)), None) => {
+                self.pieces.remove_at(this);
+                self.pieces.update_at(prev, |piece| piece.size += size);
             }
-            None => return Err(not_found),
+            (None, Some((next, next_size))) => {
+                self.pieces.remove_at(next);
+                self.pieces.update_at(this, |piece| {
+                    piece.free = true;
+                    piece.size += next_size;
+                });
+            }
+            (Some((prev, _)), Some((next, next_size))) => {
+                self.pieces.remove_at(this);
+                self.pieces.remove_at(next);
+                self.pieces
+                    .update_at(prev, |piece| piece.size += size + next_size);
+            }
         }
-        self.live.remove(&addr);
         self.free_bytes += size;
-
-        let mut merged = Block::new(addr, size);
-        if let Some(prev) = self.free.floor(addr).copied() {
-            if prev.is_contiguous_before(&merged) {
-                self.free.remove(prev.addr);
-                merged = Block::new(prev.addr, prev.size + merged.size);
-            }
+        if self.is_empty() && self.pieces.capacity() > SHRINK_ABOVE {
+            // Once many blocks, now one: give the slab's memory back.
+            *self = Self::fresh(self.span);
         }
-        if let Some(next) = self.free.get(merged.end()).copied() {
-            self.free.remove(next.addr);
-            merged.size += next.size;
-        }
-        let inserted = self.free.insert(merged).is_ok();
-        debug_assert!(inserted);
         Ok(())
     }
 
@@ -223,8 +351,8 @@ impl Superblock {
         let end = addr.saturating_add(size as u64).max(addr.saturating_add(1));
         // Free blocks are disjoint and sorted: only the last one starting before `end` can
         // reach past `addr`.
-        self.free
-            .floor(end - 1)
+        self.pieces
+            .last_fit_at_or_before(end - 1, 1)
             .is_some_and(|blk| blk.end() > addr && (size > 0 || blk.addr < addr))
     }
 
@@ -240,24 +368,25 @@ impl Superblock {
 
     /// Size of the largest free block, 0 when full (`O(1)`).
     pub fn max_free_size(&self) -> usize {
-        self.free.max_fit()
+        self.pieces.max_fit()
     }
 
     /// The free blocks in address order.
     pub fn free_blocks(&self) -> impl Iterator<Item = Block> + '_ {
-        self.free.iter().copied()
+        self.pieces.iter().filter(|p| p.free).map(Piece::block)
     }
 
     /// The live blocks in address order.
     pub fn live_blocks(&self) -> impl Iterator<Item = Block> + '_ {
-        self.live
-            .iter()
-            .map(|(&addr, &size)| Block::new(addr, size))
+        self.pieces.iter().filter(|p| !p.free).map(Piece::block)
     }
 
     /// Whether a live block starts at `addr`, and its size.
     pub fn live_block_at(&self, addr: u64) -> Option<usize> {
-        self.live.get(&addr).copied()
+        self.pieces
+            .get(addr)
+            .filter(|piece| !piece.free)
+            .map(|piece| piece.size)
     }
 }
 
@@ -276,8 +405,8 @@ impl fmt::Debug for Superblock {
         f.debug_struct("Superblock")
             .field("span", &self.span)
             .field("free_bytes", &self.free_bytes)
-            .field("free_blocks", &self.free.len())
-            .field("live_blocks", &self.live.len())
+            .field("free_blocks", &self.free_block_count())
+            .field("live_blocks", &self.live_block_count())
             .field("max_free", &self.max_free_size())
             .finish()
     }
@@ -286,6 +415,8 @@ impl fmt::Debug for Superblock {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
 
     const KIB: usize = 1 << 10;
     const MIN: usize = SUPERBLOCK_MIN_SIZE;
@@ -564,5 +695,139 @@ mod tests {
                 allocated: KIB
             })
         );
+    }
+
+    #[test]
+    fn split_off_and_absorb_work_in_place() {
+        let mut s = sb(A3, 4 * MIN);
+        // Same preconditions as `split`.
+        assert!(s.split_off(MIN - 256).is_none());
+        assert!(s.split_off(3 * MIN + 256).is_none());
+        assert!(s.split_off(MIN + 1).is_none());
+        let tail = s.split_off(MIN).unwrap_or_else(|| panic!("split_off"));
+        assert_eq!((s.addr(), s.size()), (A3, MIN));
+        assert_eq!((tail.addr(), tail.size()), (A4, 3 * MIN));
+        assert!(s.is_empty() && tail.is_empty());
+        assert_eq!(
+            s.free_blocks().collect::<Vec<_>>(),
+            vec![Block::new(A3, MIN)]
+        );
+        assert_eq!(s.max_free_size(), MIN);
+
+        // Only an empty superblock absorbs the empty one right after it.
+        let blk = alloc(&mut s, 256);
+        let tail = s
+            .absorb(tail)
+            .err()
+            .unwrap_or_else(|| panic!("absorbed while used"));
+        assert_eq!(s.deallocate(blk), Ok(()));
+        let mut tail = tail;
+        let used = alloc(&mut tail, 256);
+        let tail = s
+            .absorb(tail)
+            .err()
+            .unwrap_or_else(|| panic!("absorbed a used one"));
+        let mut tail = tail;
+        assert_eq!(tail.deallocate(used), Ok(()));
+        let far = sb(A4 + 4 * MIN as u64, MIN);
+        assert!(s.absorb(far).is_err(), "not contiguous");
+        assert_eq!(s.absorb(tail).map_err(|sb| sb.span()), Ok(()));
+        assert_eq!((s.addr(), s.size()), (A3, 4 * MIN));
+        assert_eq!(s.total_free_size(), 4 * MIN);
+        assert_eq!(s.free_block_count(), 1);
+        assert!(s.allocate(4 * MIN).is_some());
+        assert!(s.split_off(MIN).is_none(), "used superblocks are not split");
+    }
+
+    #[test]
+    fn emptied_superblocks_give_their_block_slab_back() {
+        let mut s = sb(A3, MIN);
+        let blocks: Vec<Block> = (0..200).map(|_| alloc(&mut s, KIB)).collect();
+        assert!(s.pieces.capacity() > SHRINK_ABOVE);
+        for blk in blocks {
+            assert_eq!(s.deallocate(blk), Ok(()));
+        }
+        assert!(s.is_empty());
+        assert!(s.pieces.capacity() <= SHRINK_ABOVE);
+        assert_eq!(
+            s.free_blocks().collect::<Vec<_>>(),
+            vec![Block::new(A3, MIN)]
+        );
+        assert_eq!(alloc(&mut s, MIN), Block::new(A3, MIN));
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Alloc(usize),
+        Free(usize),
+        Wrong(usize, u64, usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (1usize..=(MIN / 2)).prop_map(Op::Alloc),
+            3 => any::<usize>().prop_map(Op::Free),
+            1 => (any::<usize>(), 0u64..4096, 0usize..4096).prop_map(|(p, o, s)| Op::Wrong(p, o, s)),
+        ]
+    }
+
+    proptest! {
+        /// Against a model of live blocks: placements are address-ordered first fit, free and
+        /// live blocks tile the span with the free ones coalesced, the counters match, and a
+        /// free that is not exactly a live block fails and changes nothing.
+        #[test]
+        fn matches_a_first_fit_model(ops in proptest::collection::vec(op(), 0..150)) {
+            let mut s = sb(A3, 2 * MIN);
+            let mut live: BTreeMap<u64, usize> = BTreeMap::new();
+            for op in ops {
+                match op {
+                    Op::Alloc(bytes) => {
+                        let size = align_up(bytes).unwrap_or(0);
+                        let expected = s.free_blocks().find(|b| b.size >= size).map(|b| b.addr);
+                        let got = s.allocate(bytes);
+                        prop_assert_eq!(got.map(|b| b.addr), expected);
+                        if let Some(b) = got {
+                            prop_assert_eq!(b.size, size);
+                            live.insert(b.addr, b.size);
+                        }
+                    }
+                    Op::Free(pick) => {
+                        if let Some((&addr, &size)) = live.iter().nth(pick % live.len().max(1)) {
+                            prop_assert_eq!(s.deallocate(Block::new(addr, size)), Ok(()));
+                            live.remove(&addr);
+                        }
+                    }
+                    Op::Wrong(pick, offset, size) => {
+                        let addr = A3 + offset * 256 + (pick % 3) as u64 * 128;
+                        if live.get(&addr) == align_up(size).as_ref() {
+                            continue;
+                        }
+                        let before: Vec<Block> = s.free_blocks().collect();
+                        prop_assert!(s.deallocate(Block::new(addr, size)).is_err());
+                        prop_assert_eq!(s.free_blocks().collect::<Vec<_>>(), before);
+                    }
+                }
+                let free: Vec<Block> = s.free_blocks().collect();
+                let used: Vec<Block> = s.live_blocks().collect();
+                let model: Vec<Block> = live.iter().map(|(&a, &z)| Block::new(a, z)).collect();
+                prop_assert_eq!(&used, &model);
+                for pair in free.windows(2) {
+                    prop_assert!(pair[0].end() < pair[1].addr, "free blocks not coalesced");
+                }
+                let mut all: Vec<Block> = free.iter().chain(used.iter()).copied().collect();
+                all.sort();
+                let mut at = A3;
+                for b in &all {
+                    prop_assert_eq!(b.addr, at);
+                    at = b.end();
+                }
+                prop_assert_eq!(at, s.end());
+                prop_assert_eq!(s.free_block_count(), free.len());
+                prop_assert_eq!(s.live_block_count(), used.len());
+                prop_assert_eq!(s.total_free_size(), free.iter().map(|b| b.size).sum::<usize>());
+                prop_assert_eq!(s.max_free_size(), free.iter().map(|b| b.size).max().unwrap_or(0));
+                prop_assert_eq!(s.is_empty(), used.is_empty());
+            }
+        }
     }
 }

@@ -4,12 +4,52 @@
 //! own lock, so that their events are queried outside the global lock).
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex};
 
 use rmm_stream::CudaEvent;
 
 use super::{lock, ArenaCell, ArenaSlot, EventPool};
-use crate::arena::{ArenaError, Block, GlobalArena, Superblock, SuperblockLocation};
+use crate::arena::{ArenaError, GlobalArena, Superblock, SuperblockLocation};
+
+/// Hashing for maps keyed by device address (SipHash, the default, costs more than the lookup
+/// itself here; addresses are not attacker-chosen keys): the SplitMix64 finaliser.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct AddrHash;
+
+impl BuildHasher for AddrHash {
+    type Hasher = AddrHasher;
+
+    fn build_hasher(&self) -> AddrHasher {
+        AddrHasher(0)
+    }
+}
+
+/// The hasher of [`AddrHash`].
+#[derive(Debug, Default)]
+pub(super) struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        let mut z = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(byte)).wrapping_mul(0x100_0000_01B3);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = self.0.rotate_left(32) ^ n;
+    }
+}
+
+/// A map keyed by device address.
+pub(super) type AddrMap<V> = HashMap<u64, V, AddrHash>;
 
 /// A free that is not yet visible to the allocator: the block stays allocated in the
 /// bookkeeping until `event` (recorded on the freeing stream) completes.
@@ -77,20 +117,21 @@ impl PendingQueue {
 pub(super) struct GlobalState {
     pub(super) arena: GlobalArena,
     /// Lent superblock address -> the arena holding it (RMM searches every arena instead).
-    pub(super) owners: HashMap<u64, Arc<ArenaCell>>,
-    /// Live large (> 1 MiB) allocations: address -> rounded size (O(1) checks of large frees).
-    pub(super) large_live: HashMap<u64, usize>,
+    pub(super) owners: AddrMap<Arc<ArenaCell>>,
+    /// Live large (> 1 MiB) allocations made by the global arena whose superblock it still
+    /// holds: address -> rounded size (O(1) checks of large frees).
+    pub(super) large_live: AddrMap<usize>,
     /// Addresses of the frees waiting for their stream (a second free of one is a double free).
-    pub(super) pending_addrs: HashSet<u64>,
+    pub(super) pending_addrs: HashSet<u64, AddrHash>,
 }
 
 impl GlobalState {
     pub(super) fn new(arena: GlobalArena) -> Self {
         Self {
             arena,
-            owners: HashMap::new(),
-            large_live: HashMap::new(),
-            pending_addrs: HashSet::new(),
+            owners: AddrMap::default(),
+            large_live: AddrMap::default(),
+            pending_addrs: HashSet::default(),
         }
     }
 
@@ -184,6 +225,11 @@ impl GlobalState {
         let Some(superblock) = self.arena.acquire(size) else {
             return false;
         };
+        // A partially used superblock is lent whole: its large blocks are now freed through
+        // the arena that holds it.
+        for block in superblock.live_blocks() {
+            self.large_live.remove(&block.addr);
+        }
         let addr = superblock.addr();
         match slot.arena.adopt(superblock) {
             Ok(()) => {
@@ -206,6 +252,20 @@ impl GlobalState {
         if let Err(e) = slot.arena.clean(&mut self.arena) {
             log::error!("arena: cleaning a local arena: {e}");
         }
+        self.forget_owners(slot, lent);
+    }
+
+    /// Moves the empty superblocks `slot` kept for large requests back to the global arena.
+    #[cfg(test)]
+    pub(super) fn take_back_kept(&mut self, slot: &mut ArenaSlot) {
+        let lent: Vec<u64> = slot.arena.superblocks().map(Superblock::addr).collect();
+        if let Err(e) = slot.arena.release_empty_kept(&mut self.arena) {
+            log::error!("arena: returning kept superblocks: {e}");
+        }
+        self.forget_owners(slot, lent);
+    }
+
+    fn forget_owners(&mut self, slot: &ArenaSlot, lent: Vec<u64>) {
         for addr in lent {
             if !slot.arena.contains(addr) {
                 self.owners.remove(&addr);
@@ -213,37 +273,49 @@ impl GlobalState {
         }
     }
 
-    /// Checks that `[addr, addr + size)` is a live block of a superblock held by the global
-    /// arena (the one spanning `span`), without freeing it. `O(superblocks)`: only frees that
-    /// land in the global arena and are not large allocations (blocks whose superblock was
-    /// cleaned while they were live) take this path.
-    pub(super) fn check_live_in_global(
-        &self,
-        span: Block,
+    /// A large free on the stream of `slot`: when `(addr, size)` is a live large allocation,
+    /// the only block of its superblock, and that superblock fits in the `room` the arena may
+    /// still keep, the block is freed and the superblock, now empty, goes to the arena (which
+    /// reuses it for its stream's large requests at once: work queued later on the freeing
+    /// stream runs after the work that used the block). Returns whether it did.
+    pub(super) fn keep(
+        &mut self,
         addr: u64,
         size: usize,
-    ) -> Result<(), ArenaError> {
-        let not_found = ArenaError::NotFound { addr, size };
-        let superblock = self
-            .arena
-            .superblocks()
-            .find(|sb| sb.addr() == span.addr)
-            .ok_or(not_found)?;
-        match superblock.live_block_at(addr) {
-            Some(live) if live == size => Ok(()),
-            Some(allocated) => Err(ArenaError::SizeMismatch {
-                addr,
-                size,
-                allocated,
-            }),
-            None => {
-                let probe = Block::new(addr, size.max(1));
-                if superblock.free_blocks().any(|free| free.overlaps(&probe)) {
-                    Err(ArenaError::DoubleFree { addr, size })
-                } else {
-                    Err(not_found)
+        room: usize,
+        cell: &Arc<ArenaCell>,
+        slot: &mut ArenaSlot,
+    ) -> bool {
+        if self.large_live.get(&addr) != Some(&size) {
+            return false;
+        }
+        let Some(superblock) = self.arena.reclaim(addr, size, room) else {
+            return false;
+        };
+        self.large_live.remove(&addr);
+        let span = superblock.addr();
+        match slot.arena.keep(superblock) {
+            Ok(()) => {
+                self.owners.insert(span, Arc::clone(cell));
+            }
+            Err(rejected) => {
+                // Cannot happen (the arena held nothing there): the block is free, the
+                // superblock empty; give it back.
+                log::error!("arena: {rejected}");
+                if let Err(lost) = self.arena.release(rejected.superblock) {
+                    log::error!("arena: superblock lost: {lost}");
                 }
             }
+        }
+        true
+    }
+
+    /// Checks that `[addr, addr + size)` is a live block of a superblock held by the global
+    /// arena, without freeing it.
+    pub(super) fn check_live_in_global(&self, addr: u64, size: usize) -> Result<(), ArenaError> {
+        match self.arena.check_deallocate(addr, size)? {
+            true => Ok(()),
+            false => Err(ArenaError::NotFound { addr, size }),
         }
     }
 }

@@ -50,10 +50,20 @@ pub(super) struct State<U: DeviceMemoryResource> {
     gpu: bool,
     dump_log_on_failure: bool,
     use_size_classes: bool,
+    /// The most free bytes a local arena keeps in superblocks emptied by its own large frees.
+    keep_limit: usize,
     global: Mutex<GlobalState>,
     pending: PendingQueue,
     arenas: RwLock<HashMap<ArenaKey, Arc<ArenaCell>>>,
     events: EventPool,
+}
+
+/// How many free bytes a local arena may keep in superblocks its own large frees emptied (see
+/// [`GlobalState::keep`]): 1/64 of the arena, or up to 64 MiB (at most a quarter of the arena)
+/// in small arenas. Beyond that, large frees go back to the global arena after an event on the
+/// freeing stream, as without keeping.
+fn keep_limit(arena_size: usize) -> usize {
+    (arena_size / 64).max((arena_size / 4).min(64 << 20))
 }
 
 fn wrong_free(ptr: DevicePtr, bytes: usize, error: ArenaError) -> MrError {
@@ -109,6 +119,7 @@ impl<U: DeviceMemoryResource> State<U> {
             gpu,
             dump_log_on_failure: options.dump_log_on_failure,
             use_size_classes: options.use_size_classes,
+            keep_limit: keep_limit(size),
             global: Mutex::new(GlobalState::new(arena)),
             pending: PendingQueue::default(),
             arenas: RwLock::default(),
@@ -247,6 +258,9 @@ impl<U: DeviceMemoryResource> State<U> {
         size: usize,
     ) -> MrResult<Option<u64>> {
         if GlobalArena::handles(size) {
+            if let Some(addr) = self.allocate_kept(stream, key, size)? {
+                return Ok(Some(addr));
+            }
             return Ok(self.allocate_large(size));
         }
         loop {
@@ -307,6 +321,26 @@ impl<U: DeviceMemoryResource> State<U> {
             return 0;
         }
         global.release_completed(done, held, &self.pending, &self.events)
+    }
+
+    /// A large request served by the superblocks the stream's arena kept from its own large
+    /// frees (only that arena's lock). `Ok(None)`: nothing kept fits.
+    fn allocate_kept(
+        &self,
+        stream: CudaStreamView<'_>,
+        key: ArenaKey,
+        size: usize,
+    ) -> MrResult<Option<u64>> {
+        let Some(cell) = self.existing_arena(key) else {
+            return Ok(None);
+        };
+        let mut slot = cell.lock();
+        if cell.is_retired() || slot.arena.kept_free_bytes() < size {
+            return Ok(None);
+        }
+        // Blocks other streams freed into this arena are reusable once this stream waited.
+        slot.wait_fences(stream, &self.events)?;
+        Ok(slot.arena.allocate_kept(size))
     }
 
     /// A large (> 1 MiB) request, served by the global arena.
@@ -406,10 +440,12 @@ impl<U: DeviceMemoryResource> State<U> {
         Ok(Some(self.events.record(stream)?))
     }
 
-    /// A large free: the block becomes reusable once the work queued on `stream` so far has
-    /// completed (a pending free), without blocking the host.
+    /// A large free, without blocking the host: first the stream's own part
+    /// ([`free_large_here`](Self::free_large_here): its arena frees or keeps the block at once);
+    /// otherwise the block becomes reusable once the work queued on `stream` so far has
+    /// completed (a pending free, with an event recorded outside the global lock).
     fn free_large(
-        &self,
+        self: &Arc<Self>,
         stream: CudaStreamView<'_>,
         key: ArenaKey,
         ptr: DevicePtr,
@@ -417,8 +453,17 @@ impl<U: DeviceMemoryResource> State<U> {
         size: usize,
     ) -> MrResult<()> {
         let addr = ptr.addr();
+        match self.free_large_here(key, addr, size) {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => return Err(wrong_free(ptr, bytes, e)),
+        }
         let fence = self.fence(stream)?;
+        // This free may queue one: look at the oldest ones too, so that the queue stays short
+        // even when allocations are served by kept superblocks and never reap it.
+        let done = self.pending.take_completed(REAP_BATCH);
         let mut global = self.lock_global();
+        self.release(&mut global, done, None);
         match global.large_live.get(&addr).copied() {
             Some(live) if live == size => {
                 global.large_live.remove(&addr);
@@ -462,6 +507,35 @@ impl<U: DeviceMemoryResource> State<U> {
         }
     }
 
+    /// The freeing stream's own part of a large free, without any event: the block is in one of
+    /// its arena's superblocks (freed there at once, as small frees are), or it is the only
+    /// block of a superblock the global arena holds and the arena may keep that superblock for
+    /// its stream ([`GlobalState::keep`]). `Ok(false)`: neither.
+    fn free_large_here(
+        self: &Arc<Self>,
+        key: ArenaKey,
+        addr: u64,
+        size: usize,
+    ) -> Result<bool, ArenaError> {
+        loop {
+            let cell = self.arena(key);
+            let mut slot = cell.lock();
+            if cell.is_retired() {
+                drop(slot);
+                thread_cache::forget(self.serial, key);
+                continue;
+            }
+            if slot.arena.deallocate(addr, size)? {
+                return Ok(true);
+            }
+            let room = self.keep_limit.saturating_sub(slot.arena.kept_free_bytes());
+            if room <= SUPERBLOCK_MIN_SIZE {
+                return Ok(false);
+            }
+            return Ok(self.lock_global().keep(addr, size, room, &cell, &mut slot));
+        }
+    }
+
     /// A free of a block that is not in the freeing stream's own arena: find its superblock
     /// through the global arena and the owner table (no scan of the arenas), then
     /// * in a local arena: free it there; if that arena belongs to another stream, it gets the
@@ -493,8 +567,8 @@ impl<U: DeviceMemoryResource> State<U> {
                     drop(global);
                     return fail(&mut fence, ArenaError::NotFound { addr, size: bytes });
                 }
-                Some(SuperblockLocation::Global(span)) => {
-                    if let Err(e) = global.check_live_in_global(span, addr, size) {
+                Some(SuperblockLocation::Global(_)) => {
+                    if let Err(e) = global.check_live_in_global(addr, size) {
                         drop(global);
                         return fail(&mut fence, e);
                     }
@@ -550,13 +624,15 @@ impl<U: DeviceMemoryResource> State<U> {
     /// RMM's memory dump: the global arena (superblocks, free memory, fragmentation), the frees
     /// waiting for their streams, and a summary line per local arena.
     pub(super) fn memory_dump(&self, failed_request: Option<usize>) -> String {
-        let locals: Vec<(ArenaKey, String, usize)> = read(&self.arenas)
+        let locals: Vec<(ArenaKey, String, usize, usize, usize)> = read(&self.arenas)
             .values()
             .map(|cell| {
                 let slot = cell.lock();
                 (
                     cell.key(),
                     slot.arena.stats().to_string(),
+                    slot.arena.kept_superblock_count(),
+                    slot.arena.kept_free_bytes(),
                     slot.fences.len(),
                 )
             })
@@ -571,8 +647,13 @@ impl<U: DeviceMemoryResource> State<U> {
             format_bytes(pending_bytes)
         );
         let _ = writeln!(out, "Local arenas: {}", locals.len());
-        for (key, stats, fences) in locals {
-            let _ = writeln!(out, "  {key}: {stats}, {fences} fence(s) to wait for");
+        for (key, stats, kept, kept_free, fences) in locals {
+            let _ = writeln!(
+                out,
+                "  {key}: {stats}, {kept} kept for large requests ({} free), {fences} fence(s) \
+                 to wait for",
+                format_bytes(kept_free)
+            );
         }
         out
     }
@@ -588,6 +669,13 @@ impl<U: DeviceMemoryResource> State<U> {
         }
         let mut global = self.lock_global();
         self.release(&mut global, all, None);
+        drop(global);
+        // Kept superblocks are frees their stream may reuse at once: make them visible too.
+        let cells: Vec<Arc<ArenaCell>> = read(&self.arenas).values().cloned().collect();
+        for cell in cells {
+            let mut slot = cell.lock();
+            self.lock_global().take_back_kept(&mut slot);
+        }
     }
 
     /// The arena's first address.

@@ -270,6 +270,138 @@ fn large_blocks_come_from_the_global_arena_and_are_reused() {
     free(&mr, legacy(), exactly_one_mib, MIB);
 }
 
+/// A large free keeps its superblock in the freeing stream's arena: that stream's next large
+/// requests reuse it without the global arena (and, with a GPU, without any event), other
+/// streams do not see it until it goes back (defragmentation, thread exit, `settle` here).
+#[test]
+fn large_frees_keep_their_superblock_for_their_stream() {
+    let (mock, mr) = arena(256 * MIB);
+    let start = base(&mr);
+    let big = alloc(&mr, legacy(), 3 * MIB);
+    assert_eq!(big.addr(), start);
+    fill(big, 3 * MIB, 0x11);
+    free(&mr, legacy(), big, 3 * MIB);
+    let s = snapshot(&mr);
+    assert_eq!((s.large_live, s.pending, s.lent_superblocks), (0, 0, 1));
+    // Another stream gets other memory...
+    let other = alloc(&mr, per_thread(), 3 * MIB);
+    assert_ne!(other, big);
+    // ...the freeing stream gets its block back, also for a smaller request.
+    let again = alloc(&mr, legacy(), 2 * MIB);
+    assert_eq!(again, big);
+    let s = snapshot(&mr);
+    assert_eq!(
+        (s.large_live, s.lent_superblocks),
+        (1, 1),
+        "only `other` is a large allocation of the global arena"
+    );
+    fill(again, 2 * MIB, 0x22);
+    assert!(holds(again, 2 * MIB, 0x22));
+    // Wrong frees of a block in a kept superblock are still caught, from any stream.
+    assert_eq!(
+        kind(&try_free(&mr, legacy(), again, 3 * MIB)),
+        InvalidFree::SizeMismatch { allocated: 2 * MIB }
+    );
+    assert_eq!(
+        kind(&try_free(&mr, per_thread(), again, 256)),
+        InvalidFree::SizeMismatch { allocated: 2 * MIB }
+    );
+    free(&mr, legacy(), again, 2 * MIB);
+    assert_eq!(
+        kind(&try_free(&mr, legacy(), again, 2 * MIB)),
+        InvalidFree::DoubleFree
+    );
+    assert_eq!(
+        kind(&try_free(&mr, per_thread(), again, 2 * MIB)),
+        InvalidFree::DoubleFree
+    );
+    free(&mr, per_thread(), other, 3 * MIB);
+    // Both streams kept one superblock; settling gives them back to the global arena.
+    assert_eq!(snapshot(&mr).lent_superblocks, 2);
+    mr.inner.settle();
+    let s = snapshot(&mr);
+    assert!(s.fully_coalesced, "{s:?}");
+    drop(mr);
+    assert_eq!(mock.live_allocations(), 0);
+}
+
+/// A block allocated from a kept superblock and freed on another stream goes back to the
+/// arena that kept it (with a GPU, with a fence that arena's stream waits on).
+#[test]
+fn kept_blocks_freed_by_another_stream_go_back_to_their_arena() {
+    let (_mock, mr) = arena(256 * MIB);
+    let big = alloc(&mr, legacy(), 3 * MIB);
+    free(&mr, legacy(), big, 3 * MIB);
+    let again = alloc(&mr, legacy(), 3 * MIB);
+    assert_eq!(again, big);
+    free(&mr, per_thread(), again, 3 * MIB);
+    assert_eq!(
+        snapshot(&mr).lent_superblocks,
+        1,
+        "still kept by the legacy arena"
+    );
+    let third = alloc(&mr, legacy(), 3 * MIB);
+    assert_eq!(third, big);
+    free(&mr, legacy(), third, 3 * MIB);
+}
+
+/// A stream keeps at most 1/64 of the arena (up to 64 MiB, at most a quarter, in small
+/// arenas) free in kept superblocks; larger frees go back to the global arena.
+#[test]
+fn kept_memory_is_bounded() {
+    let (_mock, mr) = arena(16 * MIB);
+    // The limit is 4 MiB here.
+    let a = alloc(&mr, legacy(), 3 * MIB);
+    let b = alloc(&mr, legacy(), 2 * MIB);
+    let c = alloc(&mr, legacy(), 5 * MIB);
+    free(&mr, legacy(), c, 5 * MIB);
+    assert_eq!(snapshot(&mr).lent_superblocks, 0, "5 MiB is over the limit");
+    free(&mr, legacy(), a, 3 * MIB);
+    assert_eq!(snapshot(&mr).lent_superblocks, 1);
+    free(&mr, legacy(), b, 2 * MIB);
+    assert_eq!(
+        snapshot(&mr).lent_superblocks,
+        1,
+        "3 + 2 MiB is over the limit"
+    );
+    mr.inner.settle();
+    assert!(snapshot(&mr).fully_coalesced);
+}
+
+/// When memory runs out, defragmentation takes the kept superblocks back like the others.
+#[test]
+fn defragmentation_takes_kept_superblocks_back() {
+    let (_mock, mr) = arena(16 * MIB);
+    let a = alloc(&mr, legacy(), 3 * MIB);
+    free(&mr, legacy(), a, 3 * MIB);
+    assert_eq!(snapshot(&mr).lent_superblocks, 1);
+    // The whole arena: only possible once the kept superblock is back.
+    let whole = alloc(&mr, per_thread(), 16 * MIB);
+    assert_eq!(whole.addr(), base(&mr));
+    let s = snapshot(&mr);
+    assert_eq!((s.lent_superblocks, s.arenas), (0, 0));
+    free(&mr, per_thread(), whole, 16 * MIB);
+}
+
+#[test]
+fn thread_exit_returns_kept_superblocks() {
+    let (_mock, mr) = arena(256 * MIB);
+    let worker = mr.clone();
+    std::thread::spawn(move || {
+        let p = alloc(&worker, per_thread(), 3 * MIB);
+        free(&worker, per_thread(), p, 3 * MIB);
+        assert_eq!(snapshot(&worker).lent_superblocks, 1);
+        let q = alloc(&worker, per_thread(), 3 * MIB);
+        assert_eq!(q, p);
+        free(&worker, per_thread(), q, 3 * MIB);
+    })
+    .join()
+    .unwrap();
+    let s = snapshot(&mr);
+    assert_eq!((s.lent_superblocks, s.arenas), (0, 0));
+    assert!(s.fully_coalesced);
+}
+
 #[test]
 fn size_classes_round_like_rmm() {
     let mock = HostMockResource::new();
