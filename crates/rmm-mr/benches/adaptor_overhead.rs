@@ -5,7 +5,9 @@
 //! host mock's mutex and system allocator would drown it). Compare each `pair/<adaptor>` with
 //! `pair/bare`. The `threads/` group runs the same pairs on 1 and 2 threads at once: the time
 //! per iteration is the wall time for every thread to do that many pairs, so equal times mean
-//! perfect scaling.
+//! perfect scaling (throughput doubled) and twice the time means no gain from the second
+//! thread. Compare with `threads/bare/{1,2}`, which shows how far the machine itself scaled
+//! during the run (other load on a small machine takes the second core away).
 
 use std::any::Any;
 use std::cell::Cell;
@@ -158,6 +160,10 @@ fn threads(c: &mut Criterion) {
         });
         group.bench_function(format!("tracking/{n}"), |b| {
             let mr = TrackingResourceAdaptor::new(NullUpstream, false);
+            b.iter_custom(|iters| timed_on_threads(&mr, n, iters))
+        });
+        group.bench_function(format!("limiting/{n}"), |b| {
+            let mr = LimitingResourceAdaptor::new(NullUpstream, usize::MAX / 2);
             b.iter_custom(|iters| timed_on_threads(&mr, n, iters))
         });
     }

@@ -3,7 +3,7 @@
 use std::any::Any;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use rmm_stream::CudaStreamView;
 use rmm_sys::{checked_align_up, is_pow2, DevicePtr, ALLOCATION_ALIGNMENT};
@@ -12,12 +12,140 @@ use crate::error::{MrError, MrResult};
 use crate::resource::{
     same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
 };
+use crate::statistics::slots::{self, SLOTS};
+
+/// A counter alone on its cache line (two lines, for the adjacent-line prefetcher): the
+/// reservation counter is written by every allocation, a release total by every free of one
+/// thread, and neither should invalidate what is only read (the limit, the upstream) or
+/// another thread's counter.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Padded(AtomicUsize);
 
 struct Limiting<U> {
     upstream: U,
     limit: usize,
     alignment: usize,
-    allocated: AtomicUsize,
+    /// Requests up to this size reserve with one `fetch_add` (see [`Limiting::reserve`]).
+    fast_max: usize,
+    /// Bytes reserved by successful requests (and, for an instant, by over-limit ones being
+    /// rolled back), less the releases collected so far: never below the bytes outstanding.
+    reserved: Padded,
+    /// Per thread slot: bytes released by frees on the thread holding the slot, cumulative
+    /// (wrapping). Written only by that thread, with plain stores.
+    released: Box<[Padded; SLOTS]>,
+    /// Per thread slot: how much of `released` has been taken off `reserved`.
+    collected: Mutex<[usize; SLOTS]>,
+}
+
+/// Linux caps threads at 2^22 (`PID_MAX_LIMIT`); 2^24 leaves room for any platform.
+const MAX_THREADS_LOG2: u32 = 24;
+
+impl<U> Limiting<U> {
+    fn new(upstream: U, limit: usize, alignment: usize) -> Self {
+        Limiting {
+            upstream,
+            limit,
+            alignment,
+            fast_max: (usize::MAX - limit) >> MAX_THREADS_LOG2,
+            reserved: Padded::default(),
+            released: Box::new(std::array::from_fn(|_| Padded::default())),
+            collected: Mutex::new([0; SLOTS]),
+        }
+    }
+
+    /// Reserves `size` bytes against the limit; false (with nothing reserved) when they do not
+    /// fit even after collecting the releases of every thread.
+    #[inline]
+    fn try_reserve(&self, size: usize) -> bool {
+        size <= self.limit && (self.reserve(size) || self.reserve_after_collecting(size))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn reserve_after_collecting(&self, size: usize) -> bool {
+        self.collect();
+        self.reserve(size)
+    }
+
+    /// One attempt against the counter as it stands.
+    ///
+    /// As RMM: one `fetch_add`, and a `fetch_sub` to roll back when the sum went over the
+    /// limit. Successful reservations never overshoot the limit together: each one saw a sum
+    /// that includes every reservation made before it and stayed within the limit. The price
+    /// is RMM's too: while an over-limit request is between its add and its roll-back, the
+    /// counter reads high, so a concurrent request that would fit can fail spuriously.
+    ///
+    /// The counter must not wrap while over-limit requests are in flight: each thread has at
+    /// most one in flight, so the `fetch_add` is only used for sizes up to
+    /// `(usize::MAX - limit) / 2^24` (with fewer than 2^24 threads their excess cannot reach
+    /// `usize::MAX - limit`); larger requests (terabytes for any realistic limit) reserve with
+    /// a compare-and-swap loop that never goes over.
+    #[inline]
+    fn reserve(&self, size: usize) -> bool {
+        let counter = &self.reserved.0;
+        if size <= self.fast_max {
+            // Acquire: a free counted before this reservation completed its upstream free first.
+            let before = counter.fetch_add(size, Ordering::Acquire);
+            // `before + size` cannot wrap: see above.
+            if before.wrapping_add(size) <= self.limit {
+                return true;
+            }
+            counter.fetch_sub(size, Ordering::Relaxed);
+            return false;
+        }
+        counter
+            .fetch_update(Ordering::Acquire, Ordering::Relaxed, |cur| {
+                cur.checked_add(size).filter(|&n| n <= self.limit)
+            })
+            .is_ok()
+    }
+
+    /// Gives back a reservation whose allocation failed upstream.
+    fn unreserve(&self, size: usize) {
+        self.reserved.0.fetch_sub(size, Ordering::Release);
+    }
+
+    /// Counts a free of `size` bytes (after the upstream freed them): a plain store to this
+    /// thread's release total, taken off the reservations when a request would not fit or the
+    /// count is read. Threads without a slot take it off at once.
+    #[inline]
+    fn release(&self, size: usize) {
+        match slots::current() {
+            Some(slot) => {
+                let total = &self.released[slot % SLOTS].0;
+                // Release: the collector sees the upstream free before it counts this one.
+                total.store(
+                    total.load(Ordering::Relaxed).wrapping_add(size),
+                    Ordering::Release,
+                );
+            }
+            None => self.unreserve(size),
+        }
+    }
+
+    /// Takes every release made so far off the reservations.
+    fn collect(&self) {
+        let mut collected = self
+            .collected
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut freed = 0usize;
+        for (seen, total) in collected.iter_mut().zip(&self.released[..slots::bound()]) {
+            let now = total.0.load(Ordering::Acquire);
+            freed = freed.wrapping_add(now.wrapping_sub(*seen));
+            *seen = now;
+        }
+        if freed != 0 {
+            self.reserved.0.fetch_sub(freed, Ordering::Release);
+        }
+    }
+
+    /// Bytes outstanding: the reservations less every release made so far.
+    fn outstanding(&self) -> usize {
+        self.collect();
+        self.reserved.0.load(Ordering::Relaxed)
+    }
 }
 
 /// Caps the bytes outstanding through it (RMM's `limiting_resource_adaptor`). Each request
@@ -25,6 +153,16 @@ struct Limiting<U> {
 /// limit it is rolled back and the request fails with out-of-memory (exactly reaching the limit
 /// is allowed); an upstream failure is rolled back and passed on. Copies share the counter and
 /// are equal.
+///
+/// The reservation is RMM's single `fetch_add` (rolled back with a `fetch_sub` when over), so
+/// the allocations that succeed never exceed the limit together, but a request racing with
+/// another's over-limit attempt can fail although it would fit, as in RMM. Frees are cheaper
+/// than RMM's: a thread adds what it frees to a total of its own with a plain store (no
+/// atomic read-modify-write, no shared cache line), and a request that does not fit first
+/// takes every thread's frees off the reservations (under a lock) and tries once more. So a
+/// request only fails when, after all frees that completed before it, the bytes outstanding
+/// plus its own exceed the limit (or it raced, as above); near the limit, requests pay for
+/// that collection.
 #[doc(alias = "rmm::mr::limiting_resource_adaptor")]
 pub struct LimitingResourceAdaptor<U: DeviceMemoryResource = SharedResource> {
     inner: Arc<Limiting<U>>,
@@ -60,12 +198,7 @@ impl<U: DeviceMemoryResource> LimitingResourceAdaptor<U> {
 
     fn build(upstream: U, limit: usize, alignment: usize) -> Self {
         Self {
-            inner: Arc::new(Limiting {
-                upstream,
-                limit,
-                alignment,
-                allocated: AtomicUsize::new(0),
-            }),
+            inner: Arc::new(Limiting::new(upstream, limit, alignment)),
         }
     }
 
@@ -75,10 +208,12 @@ impl<U: DeviceMemoryResource> LimitingResourceAdaptor<U> {
         &self.inner.upstream
     }
 
-    /// Bytes outstanding (rounded as counted).
+    /// Bytes outstanding (rounded as counted). While another thread's over-limit request is
+    /// being rolled back it includes that request (see the type's docs). Takes a short lock
+    /// to gather the threads' frees.
     #[must_use]
     pub fn allocated_bytes(&self) -> usize {
-        self.inner.allocated.load(Ordering::Relaxed)
+        self.inner.outstanding()
     }
 
     /// The limit.
@@ -116,20 +251,14 @@ impl<U: DeviceMemoryResource> DeviceMemoryResource for LimitingResourceAdaptor<U
             )
         };
         let size = self.counted(bytes).ok_or_else(exceeded)?;
-        let counter = &self.inner.allocated;
         // Reserve first, so concurrent requests can never overshoot the limit together.
-        let reserved = counter
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
-                cur.checked_add(size).filter(|&n| n <= self.inner.limit)
-            })
-            .is_ok();
-        if !reserved {
+        if !self.inner.try_reserve(size) {
             return Err(exceeded());
         }
         match self.inner.upstream.allocate(stream, bytes, alignment) {
             Ok(p) => Ok(p),
             Err(e) => {
-                counter.fetch_sub(size, Ordering::AcqRel);
+                self.inner.unreserve(size);
                 Err(e)
             }
         }
@@ -149,7 +278,8 @@ impl<U: DeviceMemoryResource> DeviceMemoryResource for LimitingResourceAdaptor<U
                 .deallocate(stream, ptr, bytes, alignment)?
         };
         if let Some(size) = self.counted(bytes) {
-            self.inner.allocated.fetch_sub(size, Ordering::AcqRel);
+            // After the upstream freed, as RMM: the upstream never holds more than the limit.
+            self.inner.release(size);
         }
         Ok(())
     }
@@ -263,6 +393,163 @@ mod tests {
                             unsafe { lim.deallocate(s(), p, 256, 256).unwrap() };
                         }
                     }
+                });
+            }
+        });
+        assert_eq!(lim.allocated_bytes(), 0);
+        assert_eq!(up.live_allocations(), 0);
+    }
+
+    fn bare(limit: usize) -> Limiting<()> {
+        Limiting::new((), limit, 256)
+    }
+
+    fn reserved(l: &Limiting<()>) -> usize {
+        l.reserved.0.load(Ordering::Relaxed)
+    }
+
+    #[test]
+    fn reserve_rolls_back_what_does_not_fit() {
+        let l = bare(1000);
+        assert!(l.fast_max >= 1000, "small requests take the fetch_add path");
+        assert!(l.reserve(600));
+        assert!(!l.reserve(600));
+        assert_eq!(reserved(&l), 600);
+        assert!(l.reserve(400));
+        assert!(!l.reserve(1));
+        assert_eq!(reserved(&l), 1000);
+    }
+
+    #[test]
+    fn reservations_near_usize_max_never_wrap() {
+        // No room above the limit: everything takes the compare-and-swap path.
+        let l = bare(usize::MAX);
+        assert_eq!(l.fast_max, 0);
+        assert!(l.reserve(usize::MAX - 255));
+        assert!(!l.reserve(512), "would wrap");
+        assert!(l.reserve(255));
+        assert_eq!(reserved(&l), usize::MAX);
+        // A limit with little room above it: only small requests use fetch_add.
+        let l = bare(usize::MAX - (1 << 30));
+        assert_eq!(l.fast_max, 64);
+        assert!(l.reserve(usize::MAX - (1 << 30)));
+        for _ in 0..4 {
+            assert!(!l.reserve(1 << 20));
+            assert!(!l.reserve(64));
+        }
+        assert_eq!(reserved(&l), usize::MAX - (1 << 30));
+    }
+
+    #[test]
+    fn successful_reservations_never_overshoot_under_contention() {
+        // Requests of mixed sizes, many of them over the limit, on 4 threads; a second counter,
+        // raised only after a successful reservation and lowered before its release, is the
+        // sum of what the successful reservations hold.
+        const LIMIT: usize = 10_000;
+        let l = bare(LIMIT);
+        let held = AtomicUsize::new(0);
+        let (successes, failures) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        std::thread::scope(|sc| {
+            for t in 0..4usize {
+                let (l, held, successes, failures) = (&l, &held, &successes, &failures);
+                sc.spawn(move || {
+                    // Each thread holds up to two reservations, so some requests fail even
+                    // without the others.
+                    let mut mine: Vec<usize> = Vec::new();
+                    for i in 0..20_000usize {
+                        let size = 1 + (i * 7919 + t * 104_729) % 6000;
+                        if l.try_reserve(size) {
+                            let now = held.fetch_add(size, Ordering::SeqCst) + size;
+                            assert!(now <= LIMIT, "{now} held over the limit");
+                            mine.push(size);
+                            successes.fetch_add(1, Ordering::Relaxed);
+                        } else {
+                            failures.fetch_add(1, Ordering::Relaxed);
+                        }
+                        if mine.len() == 2 || (i % 3 == 0 && !mine.is_empty()) {
+                            let size = mine.remove(0);
+                            held.fetch_sub(size, Ordering::SeqCst);
+                            l.release(size);
+                        }
+                    }
+                    for size in mine {
+                        held.fetch_sub(size, Ordering::SeqCst);
+                        l.release(size);
+                    }
+                });
+            }
+        });
+        assert_eq!(l.outstanding(), 0);
+        assert!(successes.load(Ordering::Relaxed) > 0 && failures.load(Ordering::Relaxed) > 0);
+    }
+
+    #[test]
+    fn frees_are_collected_before_a_request_fails() {
+        let l = bare(1000);
+        assert!(l.try_reserve(600));
+        l.release(600);
+        // The free is only recorded on this thread's total so far.
+        assert_eq!(reserved(&l), 600);
+        assert!(l.try_reserve(1000), "the free counts once collected");
+        assert_eq!(reserved(&l), 1000);
+        assert!(!l.try_reserve(1));
+        assert!(!l.try_reserve(1001), "larger than the limit");
+        l.release(1000);
+        assert_eq!(l.outstanding(), 0);
+        assert_eq!(l.outstanding(), 0, "collected once only");
+    }
+
+    #[test]
+    fn frees_on_other_threads_are_collected() {
+        // A producer reserves, consumers free: the producer only keeps going if the consumers'
+        // frees are found.
+        const LIMIT: usize = 4096;
+        let l = bare(LIMIT);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<usize>(64);
+        let rx = Mutex::new(rx);
+        std::thread::scope(|sc| {
+            for _ in 0..2 {
+                let (l, rx) = (&l, &rx);
+                sc.spawn(move || loop {
+                    let next = rx.lock().unwrap().recv();
+                    match next {
+                        Ok(size) => l.release(size),
+                        Err(_) => break,
+                    }
+                });
+            }
+            let mut sent = 0usize;
+            while sent < 50 * LIMIT {
+                if l.try_reserve(256) {
+                    tx.send(256).unwrap();
+                    sent += 256;
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+            drop(tx);
+        });
+        assert_eq!(l.outstanding(), 0);
+    }
+
+    #[test]
+    fn more_threads_than_slots_keep_exact_counts() {
+        const THREADS: usize = SLOTS + 8;
+        let up = HostMockResource::new();
+        let lim = LimitingResourceAdaptor::new(up.clone(), 1 << 30);
+        let barrier = std::sync::Barrier::new(THREADS);
+        std::thread::scope(|sc| {
+            for _ in 0..THREADS {
+                let (lim, barrier) = (&lim, &barrier);
+                sc.spawn(move || {
+                    let p = lim.allocate(s(), 1000, 256).unwrap();
+                    // All alive at once: some find every slot taken.
+                    barrier.wait();
+                    // SAFETY: `p` came from `lim`.
+                    unsafe { lim.deallocate(s(), p, 1000, 256).unwrap() };
+                    let q = lim.allocate(s(), 10, 256).unwrap();
+                    // SAFETY: `q` came from `lim`.
+                    unsafe { lim.deallocate(s(), q, 10, 256).unwrap() };
                 });
             }
         });

@@ -28,10 +28,13 @@ struct Statistics<U> {
 /// this adaptor drives the values negative. [`push_counters`](Self::push_counters) /
 /// [`pop_counters`](Self::pop_counters) nest measurement frames.
 ///
-/// Unlike RMM, which takes a lock on every call, allocation and deallocation are lock-free
-/// (a few atomic operations, see [`StatisticsCounters`]). A free the upstream rejects (an
-/// [`MrError::InvalidFree`], a caller bug) stays counted as freed. Copies share the counters
-/// and are equal.
+/// Unlike RMM, which takes a lock on every call, allocation and deallocation take no lock in
+/// the steady state and scale with threads (each thread counts into a shard of its own), while
+/// every reading, the **peak included, stays exact under concurrency**: the counters are
+/// linearizable and the peak is exactly the largest value reached (see
+/// [`StatisticsCounters`] for the precise guarantee and what it costs). A free the upstream
+/// rejects (an [`MrError::InvalidFree`], a caller bug) stays counted as freed. Copies share
+/// the counters and are equal.
 #[doc(alias = "rmm::mr::statistics_resource_adaptor")]
 pub struct StatisticsResourceAdaptor<U: DeviceMemoryResource = SharedResource> {
     inner: Arc<Statistics<U>>,

@@ -1,50 +1,73 @@
-//! [`StatisticsCounters`]: the bookkeeping of RMM's `statistics_resource_adaptor`, with a
-//! lock-free hot path.
+//! [`StatisticsCounters`]: the bookkeeping of RMM's `statistics_resource_adaptor`, sharded per
+//! thread so that recording scales with threads while every reading, the peak included, stays
+//! exact.
 //!
 //! # Design
 //!
 //! RMM keeps a stack of `(bytes, allocations)` counter pairs under one `shared_mutex` that every
-//! allocation and deallocation takes for writing. Here the stack never has to be touched by the
-//! hot path, because each frame's counters can be derived from **cumulative** atomics plus the
-//! values those atomics had when the frame was pushed:
+//! allocation and deallocation takes for writing. Here recording touches no lock and, in the
+//! steady state, no cache line that another thread writes:
 //!
-//! * `value` (net, since creation) and `total` (sum of additions, since creation) are plain
-//!   atomics that are never reset. A frame pushed when they read `V₀`, `T₀` has
-//!   `value = V − V₀` and `total = T − T₀`. That is exactly what RMM's merge rule produces on
-//!   pop (`parent.value += child.value`, `parent.total += child.total`), since the parent's
-//!   count simply continues through the child's life.
-//! * `peak` is the running maximum of `V` over the **top** frame's life, kept in absolute terms
-//!   (`fetch_max` after every addition). A push saves it in the parent's stack entry and resets
-//!   it to the current `V`; a pop `fetch_max`es the saved value back in. The top frame's peak is
-//!   `peak − V₀`. The restored parent peak is `max(saved, max over the child's life)`, which is
+//! * **Shards.** Each thread owns one of [`SLOTS`] cache-line-padded shards (picked once per
+//!   thread, see [`slots`]) holding its own net `value` and `total` of bytes and
+//!   of allocations, cumulative since creation. The counters' value and total are the sums over
+//!   the shards. Threads beyond [`SLOTS`] share one overflow shard under the lock.
+//! * **Frames without a stack walk.** A frame pushed when the sums read `V₀`, `T₀` has
+//!   `value = V − V₀` and `total = T − T₀`, exactly what RMM's merge rule produces on pop
+//!   (`parent.value += child.value`, `parent.total += child.total`). The peak `P` is the running
+//!   maximum of `V` over the **top** frame's life, kept in absolute terms; a push saves it in the
+//!   parent's entry and resets it to `V`, a pop takes the maximum with the saved value, which is
 //!   RMM's `parent.peak = max(parent.peak, parent.value_at_push + child.peak)`.
+//! * **The peak by budgets.** Each shard also has a *limit* per statistic, and the limits add
+//!   up to at most `P`. A thread raises its shard's value on the lock-free path only while it
+//!   stays within its limit; decreases are always lock-free and never wait. So whatever the
+//!   interleaving, the sum of the values never exceeds `P`, and `P` needs no update. An
+//!   allocation that would exceed its shard's limit takes the lock, *freezes* increases (see
+//!   [`shard`](super::shard) for the handshake: increases in flight complete, later ones wait
+//!   for the lock), applies itself, takes a consistent snapshot of the shards (reading them until
+//!   two passes agree), raises `P` to the summed value if above, and shares the room `P − V` out
+//!   as new limits ([`share_slack`]). Churn below the peak therefore costs each thread one
+//!   uncontended atomic exchange on its own cache line per allocation and plain stores per
+//!   deallocation, and the limits cover it after a few scans.
 //!
-//! So [`record_allocation`](StatisticsCounters::record_allocation) is two atomic
-//! read-modify-write operations per counter (plus a `fetch_max` only while the peak is rising)
-//! and [`record_deallocation`](StatisticsCounters::record_deallocation) one; neither takes a
-//! lock. Push, pop and the readers take a mutex that guards only the frame
-//! bases.
+//! Pushing, popping and reading take the same lock and the same kind of snapshot.
 //!
-//! # Races
+//! # Why the readings are exact
 //!
-//! With no concurrent push or pop, every reading is exact once the recording threads are done.
-//! `value` and `total` are always conserved: an allocation racing with a push or pop is counted
-//! in exactly one of the two frames, and in the parent after the pop, so sums stay exact.
-//! Only the peak can be approximate under races: an addition whose `fetch_max` lands just
-//! before a push's reset counts toward the parent's peak but not the child's, and a deallocation
-//! racing with a push can leave the child a peak slightly above what it saw. Readers report
-//! `peak = max(peak, value)` so a peak never reads below its value. The bytes and allocations
-//! counters are updated one after the other, so a reading taken mid-update may show one
-//! allocation in one counter and not yet in the other. RMM's adaptor has the same attribution
-//! ambiguity at the lock level (which side of the push an allocation lands on).
+//! 1. *One writer per shard.* A shard is written by the thread holding its slot, or (the
+//!    overflow shard, and a thread's own shard on the locked path) by the lock holder.
+//! 2. *Frozen means only decreases.* After a scanner raised the freeze, every increase either
+//!    completed before the scanner reads its shard (the scanner waits out its odd sequence
+//!    number and then sees its stores) or sees the freeze and backs off to the lock, unwritten
+//!    (Dekker's pattern, [`shard`](super::shard)). Limits are read only by increases, so the
+//!    scanner may rewrite them.
+//! 3. *Snapshots are real states.* Two passes that agree on every sequence number (and on the
+//!    slot bound) mean each shard held still from its read in the first pass to its check in
+//!    the second, so all readings held together at an instant `t*` between the passes. With
+//!    increases frozen, a disagreement means a deallocation completed; there are only finitely
+//!    many (at most the live allocations, plus frees of memory never counted), so the loop ends.
+//! 4. *Invariant:* outside a scan, every shard's value is at most its limit and the limits sum
+//!    to at most `P`. It holds at the start (all zero); lock-free increases stay within their
+//!    limit and decreases only lower values; a scan sets limits at or above the snapshot's
+//!    values (hence the current ones, which only went down) that sum to at most the new `P`; a
+//!    push sets every limit to its snapshot value and `P` to their sum; a pop only raises `P`.
+//! 5. *Linearization.* A lock-free recording takes effect at its store, a scanning allocation at
+//!    its snapshot's `t*` (its own store is read by nobody before, and the call has not
+//!    returned), a reading at its `t*`. By 4, every state outside a scan sums to at most `P`,
+//!    so `P` is never below the largest value; by 3, `P` only ever takes a summed value that
+//!    existed (or, on pop, the parent frame's own earlier peak), so it is never above.
 //!
-//! Byte counts above `i64::MAX` are counted as `i64::MAX` (RMM converts `size_t` to `int64_t`).
+//! Byte counts above `i64::MAX` are counted as `i64::MAX` (RMM converts `size_t` to `int64_t`);
+//! counts wrap rather than panic.
 
 use std::fmt;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use super::budget::share_slack;
 use super::counter::Counter;
+use super::shard::{backoff, Reading, Shard, ShardStat};
+use super::slots::{self, SLOTS};
 
 /// `pop_counters` was called with only the base frame on the stack.
 #[doc(alias = "std::out_of_range")]
@@ -65,79 +88,6 @@ impl fmt::Display for StatsError {
 
 impl std::error::Error for StatsError {}
 
-/// One statistic's live atomics (absolute, see the module docs).
-#[derive(Debug, Default)]
-struct LiveCounter {
-    /// Net value since creation.
-    value: AtomicI64,
-    /// Running maximum of `value` over the top frame's life.
-    peak: AtomicI64,
-    /// Sum of additions since creation.
-    total: AtomicI64,
-}
-
-impl LiveCounter {
-    #[inline]
-    fn add(&self, amount: i64) {
-        let new = self
-            .value
-            .fetch_add(amount, Ordering::Relaxed)
-            .wrapping_add(amount);
-        // A plain load first: in the steady state the peak is not rising, and a load is far
-        // cheaper than the compare-and-swap loop behind `fetch_max`.
-        if new > self.peak.load(Ordering::Relaxed) {
-            self.peak.fetch_max(new, Ordering::Relaxed);
-        }
-        self.total.fetch_add(amount, Ordering::Relaxed);
-    }
-
-    #[inline]
-    fn sub(&self, amount: i64) {
-        self.value.fetch_sub(amount, Ordering::Relaxed);
-    }
-
-    /// The counter of the frame whose base is `base`, as it reads now.
-    fn read(&self, base: &FrameBase) -> Counter {
-        let value = self.value.load(Ordering::Relaxed).wrapping_sub(base.value);
-        let peak = self.peak.load(Ordering::Relaxed).wrapping_sub(base.value);
-        let total = self.total.load(Ordering::Relaxed).wrapping_sub(base.total);
-        Counter {
-            value,
-            peak: peak.max(value),
-            total,
-        }
-    }
-
-    /// Starts a frame on top of `parent`: saves the running peak in `parent` and returns the
-    /// new frame's base together with the parent's counter as it stood.
-    fn push(&self, parent: &mut FrameBase) -> (FrameBase, Counter) {
-        let value = self.value.load(Ordering::Relaxed);
-        let total = self.total.load(Ordering::Relaxed);
-        let saved_peak = self.peak.swap(value, Ordering::Relaxed);
-        parent.saved_peak = saved_peak;
-        let parent_value = value.wrapping_sub(parent.value);
-        let snapshot = Counter {
-            value: parent_value,
-            peak: saved_peak.wrapping_sub(parent.value).max(parent_value),
-            total: total.wrapping_sub(parent.total),
-        };
-        let base = FrameBase {
-            value,
-            total,
-            saved_peak: value,
-        };
-        (base, snapshot)
-    }
-
-    /// Ends the frame `child`, handing the running peak back to `parent`; returns the child's
-    /// final counter.
-    fn pop(&self, child: &FrameBase, parent: &FrameBase) -> Counter {
-        let snapshot = self.read(child);
-        self.peak.fetch_max(parent.saved_peak, Ordering::Relaxed);
-        snapshot
-    }
-}
-
 /// Where one frame started, for one statistic.
 #[derive(Debug, Clone, Copy, Default)]
 struct FrameBase {
@@ -157,19 +107,131 @@ struct Frame {
     allocations: FrameBase,
 }
 
+/// What the lock guards.
+#[derive(Debug)]
+struct State {
+    /// Frame bases, bottom first; never empty (the base frame starts at zero).
+    frames: Vec<Frame>,
+    /// Running maximum of the summed byte value over the top frame's life (absolute).
+    bytes_peak: i64,
+    /// Running maximum of the summed allocation count over the top frame's life (absolute).
+    allocations_peak: i64,
+}
+
+/// Value and total of one statistic, summed over the shards.
+#[derive(Debug, Clone, Copy, Default)]
+struct Sums {
+    value: i64,
+    total: i64,
+}
+
+/// A consistent reading of every shard that may have been written: the `in_use` shards of
+/// the slots claimed so far, then the overflow shard.
+struct Snapshot {
+    readings: [Reading; SLOTS + 1],
+    in_use: usize,
+}
+
+impl Snapshot {
+    fn readings(&self) -> &[Reading] {
+        &self.readings[..=self.in_use]
+    }
+
+    /// Sums of `(value, total)` for bytes and allocations.
+    fn sums(&self) -> (Sums, Sums) {
+        let add = |acc: Sums, (value, total): (i64, i64)| Sums {
+            value: acc.value.wrapping_add(value),
+            total: acc.total.wrapping_add(total),
+        };
+        self.readings()
+            .iter()
+            .fold((Sums::default(), Sums::default()), |(b, a), r| {
+                (add(b, r.bytes), add(a, r.allocations))
+            })
+    }
+}
+
+/// Which statistic.
+#[derive(Debug, Clone, Copy)]
+enum Stat {
+    Bytes,
+    Allocations,
+}
+
+impl Stat {
+    fn of(self, shard: &Shard) -> &ShardStat {
+        match self {
+            Stat::Bytes => &shard.bytes,
+            Stat::Allocations => &shard.allocations,
+        }
+    }
+
+    fn reading(self, reading: &Reading) -> (i64, i64) {
+        match self {
+            Stat::Bytes => reading.bytes,
+            Stat::Allocations => reading.allocations,
+        }
+    }
+}
+
+/// The freeze flag, alone on its cache line: every allocation reads it, only scans write it.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct FreezeFlag(AtomicBool);
+
+/// Increases are frozen while this lives (its holder also holds the lock).
+struct Frozen<'a> {
+    flag: &'a AtomicBool,
+}
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        // Owners that read the lowered flag synchronize with this store and see the limits
+        // written during the freeze.
+        self.flag.store(false, Ordering::SeqCst);
+    }
+}
+
 /// Current, peak and total counts of bytes and of allocations, with RMM's push/pop frames, as
 /// kept by RMM's `statistics_resource_adaptor`.
 ///
-/// Recording is lock-free (see the module docs for the design and the race semantics); pushing,
-/// popping and reading take a mutex that recording never touches. Bytes are the **requested**
-/// sizes; a 0-byte allocation still counts as an allocation. Freeing more than was allocated
-/// drives the values negative, as in RMM.
+/// Bytes are the **requested** sizes; a 0-byte allocation still counts as an allocation.
+/// Freeing more than was allocated drives the values negative, as in RMM.
+///
+/// # Concurrency
+///
+/// Each thread records into a cache-line-padded shard of its own, so recording threads do not
+/// contend: an allocation costs one uncontended atomic exchange on the thread's own cache line
+/// (plus a read of a flag that only changes during scans), a deallocation plain stores, and
+/// neither takes a lock in the steady state. Every reading is nevertheless **exact at an
+/// instant**, under any concurrency and not only once the recording threads are done: the
+/// counters are linearizable, each recording taking effect at one point inside its call, in an
+/// order consistent with each thread's program order and with the synchronization between
+/// threads, and each reading (and push and pop) returning the counters at one such point:
+///
+/// * `value` and `total` are the sums of everything recorded before that point;
+/// * `peak` is **exactly** the largest value the frame's counter took at any point of its life:
+///   it is never below any value reached (the lock-free path can only raise a thread's share
+///   within a budget, and the budgets add up to at most the peak) and never above (the peak is
+///   only raised to sums read from consistent snapshots, states that really existed);
+/// * the bytes and the allocation count of one recording take effect together and are read
+///   together.
+///
+/// What exactness costs: an allocation that would take its thread's share above its budget
+/// (the peak rises, or the room below the peak sits with other threads) takes an internal lock
+/// and snapshots the shards in use; an allocation arriving during such a snapshot, or during a
+/// reading, push or pop (which take the same lock), waits for it. Deallocations never wait.
+/// Steadily growing use (every allocation a new peak) takes the lock on each allocation, as
+/// RMM's adaptor does on every call. Threads beyond the 64 that can hold a shard at once
+/// record under the lock.
 #[doc(alias = "rmm::mr::statistics_resource_adaptor")]
 pub struct StatisticsCounters {
-    bytes: LiveCounter,
-    allocations: LiveCounter,
-    /// Frame bases, bottom first; never empty (the base frame starts at zero).
-    frames: Mutex<Vec<Frame>>,
+    /// One shard per thread slot.
+    shards: Box<[Shard; SLOTS]>,
+    /// Shared by threads without a slot; written only under the lock.
+    overflow: Shard,
+    freeze: FreezeFlag,
+    state: Mutex<State>,
 }
 
 impl Default for StatisticsCounters {
@@ -195,84 +257,282 @@ fn to_i64(bytes: usize) -> i64 {
     i64::try_from(bytes).unwrap_or(i64::MAX)
 }
 
+/// The counter of the frame whose base is `base`, given the current sums and running peak.
+fn frame_counter(sums: Sums, peak: i64, base: &FrameBase) -> Counter {
+    let value = sums.value.wrapping_sub(base.value);
+    Counter {
+        value,
+        peak: peak.wrapping_sub(base.value).max(value),
+        total: sums.total.wrapping_sub(base.total),
+    }
+}
+
 impl StatisticsCounters {
     /// All counters zero, one frame.
     pub fn new() -> StatisticsCounters {
         StatisticsCounters {
-            bytes: LiveCounter::default(),
-            allocations: LiveCounter::default(),
-            frames: Mutex::new(vec![Frame::default()]),
+            shards: Box::new(std::array::from_fn(|_| Shard::default())),
+            overflow: Shard::default(),
+            freeze: FreezeFlag::default(),
+            state: Mutex::new(State {
+                frames: vec![Frame::default()],
+                bytes_peak: 0,
+                allocations_peak: 0,
+            }),
         }
     }
 
-    fn frames(&self) -> MutexGuard<'_, Vec<Frame>> {
-        // Nothing panics while the lock is held, and the bases stay valid regardless.
-        self.frames.lock().unwrap_or_else(PoisonError::into_inner)
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Nothing panics while the lock is held, and the state stays valid regardless.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The shard of `slot`, or the overflow shard (lock holders only) for `None`.
+    #[inline]
+    fn shard(&self, slot: Option<usize>) -> &Shard {
+        match slot {
+            Some(i) => &self.shards[i % SLOTS],
+            None => &self.overflow,
+        }
+    }
+
+    /// Stops lock-free increases until the returned guard is dropped; the lock (`_state`)
+    /// must be held. Decreases go on.
+    fn freeze<'a>(&'a self, _state: &MutexGuard<'_, State>) -> Frozen<'a> {
+        self.freeze.0.store(true, Ordering::SeqCst);
+        Frozen {
+            flag: &self.freeze.0,
+        }
+    }
+
+    /// The shards of the first `in_use` slots, then the overflow shard.
+    fn shards_in_use(&self, in_use: usize) -> impl Iterator<Item = &Shard> {
+        self.shards[..in_use]
+            .iter()
+            .chain(std::iter::once(&self.overflow))
+    }
+
+    /// A consistent snapshot, increases frozen: every shard read stably, then found unchanged
+    /// by a second pass, so all the readings held together at an instant between the passes.
+    ///
+    /// Increases in flight are waited out and later ones are frozen, so only deallocations can
+    /// make the passes disagree: each disagreement means one more deallocation completed, and
+    /// with allocations held back there are only as many of those as live allocations (plus
+    /// frees of memory that was not counted), so this ends. The slot bound is read after the
+    /// freeze and again after the second pass: a thread that claimed a slot in between (and may
+    /// have freed through it, unseen) forces another round.
+    fn snapshot(&self, _frozen: &Frozen<'_>) -> Snapshot {
+        let mut snapshot = Snapshot {
+            readings: [Reading::default(); SLOTS + 1],
+            in_use: 0,
+        };
+        let mut spins = 0u32;
+        loop {
+            // After the freeze: a thread whose first increase could slip past the freeze raised
+            // the bound before it (see `slots`).
+            let in_use = slots::bound();
+            for (slot, shard) in snapshot.readings.iter_mut().zip(self.shards_in_use(in_use)) {
+                *slot = shard.read();
+            }
+            snapshot.in_use = in_use;
+            let agree = self
+                .shards_in_use(in_use)
+                .zip(snapshot.readings())
+                .all(|(shard, r)| shard.unchanged_since(r.seq));
+            if agree && slots::bound() == in_use {
+                return snapshot;
+            }
+            backoff(&mut spins);
+        }
     }
 
     /// Counts a successful allocation of `bytes` bytes (call after the upstream allocated).
-    /// Lock-free.
+    /// Lock-free unless it may raise the peak (see the module docs).
     #[inline]
     pub fn record_allocation(&self, bytes: usize) {
-        self.bytes.add(to_i64(bytes));
-        self.allocations.add(1);
+        let bytes = to_i64(bytes);
+        let slot = slots::current();
+        if let Some(i) = slot {
+            if self.shard(Some(i)).try_add(&self.freeze.0, bytes) {
+                return;
+            }
+        }
+        self.record_allocation_locked(slot, bytes);
     }
 
     /// Counts a deallocation of `bytes` bytes (call before the upstream frees, as RMM does to
-    /// avoid an ABA race on reused addresses). Lock-free.
+    /// avoid an ABA race on reused addresses). Lock-free and wait-free (no read-modify-write
+    /// instruction) for threads holding a slot.
     #[inline]
     pub fn record_deallocation(&self, bytes: usize) {
-        self.bytes.sub(to_i64(bytes));
-        self.allocations.sub(1);
+        let bytes = to_i64(bytes);
+        match slots::current() {
+            Some(i) => self.shard(Some(i)).sub(bytes),
+            None => self.record_deallocation_locked(bytes),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn record_allocation_locked(&self, slot: Option<usize>, bytes: i64) {
+        let mut state = self.state();
+        // Under the lock no scan runs and nobody else writes this shard.
+        let shard = self.shard(slot);
+        if shard.bytes.fits(bytes) && shard.allocations.fits(1) {
+            shard.bytes.add(bytes);
+            shard.allocations.add(1);
+            return;
+        }
+        let frozen = self.freeze(&state);
+        // Applied now but, for everyone else, taking effect at the snapshot's instant: nobody
+        // reads this shard before the snapshot, and this call has not returned.
+        shard.bytes.add(bytes);
+        shard.allocations.add(1);
+        let snapshot = self.snapshot(&frozen);
+        // Index of the requester among the snapshot's shards (the overflow shard comes last).
+        // This thread claimed its slot before, so the slot is below the bound.
+        let requester = slot.map_or(snapshot.in_use, |i| i % SLOTS);
+        let state = &mut *state;
+        self.raise_and_share(
+            &frozen,
+            &snapshot,
+            requester,
+            Stat::Bytes,
+            &mut state.bytes_peak,
+        );
+        self.raise_and_share(
+            &frozen,
+            &snapshot,
+            requester,
+            Stat::Allocations,
+            &mut state.allocations_peak,
+        );
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn record_deallocation_locked(&self, bytes: i64) {
+        let _state = self.state();
+        self.overflow.bytes.sub(bytes);
+        self.overflow.allocations.sub(1);
+    }
+
+    /// With increases frozen: raises `peak` to the snapshot's sum of one statistic if above,
+    /// then shares the room below it out as new limits. The values can only have dropped since
+    /// the snapshot, so limits at or above the snapshot's values still cover them.
+    fn raise_and_share(
+        &self,
+        _frozen: &Frozen<'_>,
+        snapshot: &Snapshot,
+        requester: usize,
+        stat: Stat,
+        peak: &mut i64,
+    ) {
+        let mut values = [0i64; SLOTS + 1];
+        let mut limits = [0i64; SLOTS + 1];
+        let n = snapshot.readings().len();
+        let mut sum = 0i64;
+        for ((value, limit), (shard, reading)) in values
+            .iter_mut()
+            .zip(limits.iter_mut())
+            .zip(self.shards_in_use(snapshot.in_use).zip(snapshot.readings()))
+        {
+            *value = stat.reading(reading).0;
+            *limit = stat.of(shard).limit.load(Ordering::Relaxed);
+            sum = sum.wrapping_add(*value);
+        }
+        *peak = (*peak).max(sum);
+        share_slack(&values[..n], &mut limits[..n], requester, *peak);
+        for (shard, &limit) in self.shards_in_use(snapshot.in_use).zip(&limits[..n]) {
+            stat.of(shard).limit.store(limit, Ordering::Relaxed);
+        }
+    }
+
+    /// A consistent snapshot's sums, taken under the lock.
+    fn sums(&self, state: &MutexGuard<'_, State>) -> (Sums, Sums) {
+        let frozen = self.freeze(state);
+        self.snapshot(&frozen).sums()
+    }
+
+    /// The top frame's counters, from one consistent snapshot.
+    fn read(&self) -> (Counter, Counter) {
+        let state = self.state();
+        let (bytes, allocations) = self.sums(&state);
+        let top = state.frames.last().copied().unwrap_or_default();
+        (
+            frame_counter(bytes, state.bytes_peak, &top.bytes),
+            frame_counter(allocations, state.allocations_peak, &top.allocations),
+        )
     }
 
     /// The top frame's bytes counter.
     #[doc(alias = "get_bytes_counter")]
     pub fn bytes(&self) -> Counter {
-        let frames = self.frames();
-        let top = frames.last().copied().unwrap_or_default();
-        self.bytes.read(&top.bytes)
+        self.read().0
     }
 
     /// The top frame's allocation-count counter.
     #[doc(alias = "get_allocations_counter")]
     pub fn allocations(&self) -> Counter {
-        let frames = self.frames();
-        let top = frames.last().copied().unwrap_or_default();
-        self.allocations.read(&top.allocations)
+        self.read().1
     }
 
-    /// The top frame's `(bytes, allocations)` counters, read under one lock.
+    /// The top frame's `(bytes, allocations)` counters, read together (one consistent
+    /// snapshot).
     pub fn counters(&self) -> (Counter, Counter) {
-        let frames = self.frames();
-        let top = frames.last().copied().unwrap_or_default();
-        (
-            self.bytes.read(&top.bytes),
-            self.allocations.read(&top.allocations),
-        )
+        self.read()
     }
 
     /// Number of frames on the stack (1 when nothing was pushed).
     pub fn depth(&self) -> usize {
-        self.frames().len()
+        self.state().frames.len()
     }
 
     /// Pushes a fresh pair of zero counters, which the readers report from now on; returns the
     /// `(bytes, allocations)` counters of the previous top frame as they stood.
     pub fn push_counters(&self) -> (Counter, Counter) {
-        let mut frames = self.frames();
-        let Some(parent) = frames.last_mut() else {
+        let mut state = self.state();
+        let (bytes, allocations) = {
+            let frozen = self.freeze(&state);
+            let snapshot = self.snapshot(&frozen);
+            // The new frame's peak starts at the current value, so no room is left below it:
+            // every shard's limit drops to its value in the snapshot (at or above its value
+            // now, as only decreases went on).
+            for (shard, reading) in self.shards_in_use(snapshot.in_use).zip(snapshot.readings()) {
+                for stat in [Stat::Bytes, Stat::Allocations] {
+                    let value = stat.reading(reading).0;
+                    stat.of(shard).limit.store(value, Ordering::Relaxed);
+                }
+            }
+            snapshot.sums()
+        };
+        let state = &mut *state;
+        let Some(parent) = state.frames.last_mut() else {
             // Unreachable: the stack is never empty. Re-seed rather than panic.
-            frames.push(Frame::default());
+            state.frames.push(Frame::default());
             return (Counter::default(), Counter::default());
         };
-        let (bytes_base, bytes) = self.bytes.push(&mut parent.bytes);
-        let (allocations_base, allocations) = self.allocations.push(&mut parent.allocations);
-        frames.push(Frame {
-            bytes: bytes_base,
-            allocations: allocations_base,
+        let snapshot = (
+            frame_counter(bytes, state.bytes_peak, &parent.bytes),
+            frame_counter(allocations, state.allocations_peak, &parent.allocations),
+        );
+        parent.bytes.saved_peak = state.bytes_peak;
+        parent.allocations.saved_peak = state.allocations_peak;
+        state.bytes_peak = bytes.value;
+        state.allocations_peak = allocations.value;
+        state.frames.push(Frame {
+            bytes: FrameBase {
+                value: bytes.value,
+                total: bytes.total,
+                saved_peak: bytes.value,
+            },
+            allocations: FrameBase {
+                value: allocations.value,
+                total: allocations.total,
+                saved_peak: allocations.value,
+            },
         });
-        (bytes, allocations)
+        snapshot
     }
 
     /// Pops the top frame and merges it into the one below with RMM's rule
@@ -284,17 +544,23 @@ impl StatisticsCounters {
     /// [`StatsError::PopLastFrame`] when only the base frame is left (RMM throws
     /// `std::out_of_range`).
     pub fn pop_counters(&self) -> Result<(Counter, Counter), StatsError> {
-        let mut frames = self.frames();
-        if frames.len() < 2 {
+        let mut state = self.state();
+        if state.frames.len() < 2 {
             return Err(StatsError::PopLastFrame);
         }
-        let child = frames.pop().unwrap_or_default();
-        let parent = frames.last().copied().unwrap_or_default();
-        let bytes = self.bytes.pop(&child.bytes, &parent.bytes);
-        let allocations = self
-            .allocations
-            .pop(&child.allocations, &parent.allocations);
-        Ok((bytes, allocations))
+        let (bytes, allocations) = self.sums(&state);
+        let state = &mut *state;
+        let child = state.frames.pop().unwrap_or_default();
+        let parent = state.frames.last().copied().unwrap_or_default();
+        let popped = (
+            frame_counter(bytes, state.bytes_peak, &child.bytes),
+            frame_counter(allocations, state.allocations_peak, &child.allocations),
+        );
+        // The parent's running peak continues through the child's life. It only rises, so the
+        // limits stay within it.
+        state.bytes_peak = state.bytes_peak.max(parent.bytes.saved_peak);
+        state.allocations_peak = state.allocations_peak.max(parent.allocations.saved_peak);
+        Ok(popped)
     }
 }
 
@@ -302,6 +568,7 @@ impl StatisticsCounters {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
 
     const TEN_MIB: usize = 10 << 20;
@@ -572,5 +839,203 @@ mod tests {
         assert_eq!(allocs.total, 1 + (THREADS * PAIRS) as i64);
         assert!(bytes.peak >= 1064 && bytes.peak <= 1000 + 64 * THREADS as i64);
         assert!(allocs.peak >= 2 && allocs.peak <= 1 + THREADS as i64);
+    }
+
+    #[test]
+    fn threads_taking_turns_keep_the_peak_exact() {
+        // Every thread has its own shard: A's room from its first allocation must not hide the
+        // second thread's allocation when A allocates again.
+        use std::sync::mpsc::channel;
+        let s = Arc::new(StatisticsCounters::new());
+        let (to_b, b_inbox) = channel::<()>();
+        let (to_a, a_inbox) = channel::<()>();
+        let b = {
+            let s = Arc::clone(&s);
+            std::thread::spawn(move || {
+                b_inbox.recv().unwrap();
+                s.record_allocation(10); // held while A allocates again
+                to_a.send(()).unwrap();
+                b_inbox.recv().unwrap();
+                s.record_deallocation(10);
+            })
+        };
+        s.record_allocation(10);
+        s.record_deallocation(10);
+        to_b.send(()).unwrap();
+        a_inbox.recv().unwrap();
+        s.record_allocation(10);
+        assert_eq!(s.bytes(), Counter::new(20, 20, 30));
+        to_b.send(()).unwrap();
+        b.join().unwrap();
+        s.record_deallocation(10);
+        assert_eq!(s.bytes(), Counter::new(0, 20, 30));
+        assert_eq!(s.allocations(), Counter::new(0, 2, 3));
+    }
+
+    #[test]
+    fn concurrent_peak_is_exact() {
+        // Each thread churns below its share, then holds exactly `HOLD` allocations while all
+        // the others do too, then churns again: the largest value ever reached is
+        // THREADS * HOLD, at the barrier, and nothing may be reported above or below it.
+        const THREADS: usize = 4;
+        const HOLD: usize = 5;
+        let s = Arc::new(StatisticsCounters::new());
+        let barrier = Arc::new(std::sync::Barrier::new(THREADS));
+        let workers: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let (s, barrier) = (Arc::clone(&s), Arc::clone(&barrier));
+                std::thread::spawn(move || {
+                    let churn = |s: &StatisticsCounters| {
+                        for i in 0..5000 {
+                            let n = 1 + i % HOLD;
+                            for _ in 0..n {
+                                s.record_allocation(100);
+                            }
+                            for _ in 0..n {
+                                s.record_deallocation(100);
+                            }
+                        }
+                    };
+                    // At most HOLD each before and after, so never more than THREADS * HOLD.
+                    churn(&s);
+                    for _ in 0..HOLD {
+                        s.record_allocation(100);
+                    }
+                    barrier.wait();
+                    barrier.wait();
+                    for _ in 0..HOLD {
+                        s.record_deallocation(100);
+                    }
+                    churn(&s);
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        let (bytes, allocations) = s.counters();
+        let n = (THREADS * HOLD) as i64;
+        assert_eq!(allocations.value, 0);
+        assert_eq!(allocations.peak, n);
+        assert_eq!(bytes.peak, 100 * n);
+        assert_eq!(bytes.value, 0);
+        let per_thread: i64 = (0..5000).map(|i| 1 + i % HOLD as i64).sum::<i64>() * 2 + HOLD as i64;
+        assert_eq!(allocations.total, per_thread * THREADS as i64);
+    }
+
+    #[test]
+    fn more_threads_than_slots_are_counted_exactly() {
+        const THREADS: usize = slots::SLOTS + 8;
+        let s = Arc::new(StatisticsCounters::new());
+        let barrier = Arc::new(std::sync::Barrier::new(THREADS));
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (s, barrier) = (Arc::clone(&s), Arc::clone(&barrier));
+                std::thread::spawn(move || {
+                    for _ in 0..100 {
+                        s.record_allocation(t);
+                        s.record_deallocation(t);
+                    }
+                    s.record_allocation(t);
+                    // All alive and holding one at once: some found every slot taken.
+                    barrier.wait();
+                    barrier.wait();
+                    s.record_deallocation(t);
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        let (bytes, allocations) = s.counters();
+        let sizes: i64 = (0..THREADS as i64).sum();
+        assert_eq!(
+            allocations,
+            Counter::new(0, THREADS as i64, 101 * THREADS as i64)
+        );
+        assert_eq!(bytes, Counter::new(0, sizes, 101 * sizes));
+    }
+
+    #[test]
+    fn concurrent_readings_are_consistent_snapshots() {
+        // Snapshots are linearizable: totals and (within a frame) peaks never go back, every
+        // peak covers its value, and with each worker holding at most two allocations of
+        // 8 bytes, bytes are always 8 times the count.
+        const THREADS: usize = 3;
+        let s = Arc::new(StatisticsCounters::new());
+        let done = Arc::new(AtomicBool::new(false));
+        let workers: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let s = Arc::clone(&s);
+                std::thread::spawn(move || {
+                    for _ in 0..20_000 {
+                        s.record_allocation(8);
+                        s.record_allocation(8);
+                        s.record_deallocation(8);
+                        s.record_deallocation(8);
+                    }
+                })
+            })
+            .collect();
+        let reader = {
+            let (s, done) = (Arc::clone(&s), Arc::clone(&done));
+            std::thread::spawn(move || {
+                let mut last = (Counter::default(), Counter::default());
+                let mut readings = 0;
+                while !done.load(Ordering::Acquire) || readings == 0 {
+                    let (b, a) = s.counters();
+                    assert_eq!(b.value, 8 * a.value, "{b:?} {a:?}");
+                    assert_eq!(b.total, 8 * a.total, "{b:?} {a:?}");
+                    assert!(a.value >= 0 && a.value <= 2 * THREADS as i64, "{a:?}");
+                    assert!(a.peak >= a.value && a.peak <= 2 * THREADS as i64, "{a:?}");
+                    assert!(
+                        a.total >= last.1.total && a.peak >= last.1.peak,
+                        "{a:?} {last:?}"
+                    );
+                    assert!(b.peak >= last.0.peak);
+                    last = (b, a);
+                    readings += 1;
+                }
+            })
+        };
+        for w in workers {
+            w.join().unwrap();
+        }
+        done.store(true, Ordering::Release);
+        reader.join().unwrap();
+        let (b, a) = s.counters();
+        assert_eq!((b.value, a.value), (0, 0));
+        assert_eq!(a.total, (THREADS * 40_000) as i64);
+        assert!(a.peak >= 2);
+    }
+
+    #[test]
+    fn frees_on_another_thread_are_counted() {
+        // A producer allocates, a consumer frees what it is handed: the shards go apart (one
+        // positive, one negative) while the sums stay right.
+        use std::sync::mpsc::sync_channel;
+        let s = Arc::new(StatisticsCounters::new());
+        let (tx, rx) = sync_channel::<usize>(4);
+        let consumer = {
+            let s = Arc::clone(&s);
+            std::thread::spawn(move || {
+                while let Ok(size) = rx.recv() {
+                    s.record_deallocation(size);
+                }
+            })
+        };
+        for i in 0..10_000usize {
+            s.record_allocation(1 + i % 3);
+            tx.send(1 + i % 3).unwrap();
+        }
+        drop(tx);
+        consumer.join().unwrap();
+        let (b, a) = s.counters();
+        assert_eq!(a.value, 0);
+        assert_eq!(b.value, 0);
+        assert_eq!(a.total, 10_000);
+        // At most the channel's 4, one being received and one just sent are live.
+        assert!(a.peak >= 1 && a.peak <= 6, "{a:?}");
+        assert!(b.peak >= 1 && b.peak <= 18, "{b:?}");
     }
 }

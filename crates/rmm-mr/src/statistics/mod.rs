@@ -1,9 +1,13 @@
 //! The pure half of RMM's `statistics_resource_adaptor`: byte and allocation counters with
-//! nested push/pop frames and a lock-free recording path. See [`StatisticsCounters`].
+//! nested push/pop frames, sharded per thread with a lock-free recording path and an exact
+//! peak. See [`StatisticsCounters`].
 
 pub mod adaptor;
+mod budget;
 mod counter;
 mod counters;
+mod shard;
+pub(crate) mod slots;
 
 pub use adaptor::StatisticsResourceAdaptor;
 pub use counter::Counter;
