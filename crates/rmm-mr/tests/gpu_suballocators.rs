@@ -115,10 +115,22 @@ fn take_on_b_and_check(
     b: CudaStreamView<'_>,
 ) -> Result<(), Failed> {
     let q = r.allocate(b, BYTES, 256)?;
-    ensure(
-        q == p,
-        format!("expected the freed block {p} to be stolen, got {q}"),
-    )?;
+    if q != p {
+        // SAFETY: `q` came from `r` on `b` and was not used.
+        unsafe { r.deallocate(b, q, BYTES, 256)? };
+        return Err(format!("expected the freed block {p} to be stolen, got {q}").into());
+    }
+    check_b_wins(r, q, a_done, b)
+}
+
+/// Writes pattern B on `b` into `q` (the block stream A freed behind a stall), waits for both
+/// streams' work, checks that B's bytes won and frees `q`.
+fn check_b_wins(
+    r: &dyn DeviceMemoryResource,
+    q: DevicePtr,
+    a_done: &CudaEvent,
+    b: CudaStreamView<'_>,
+) -> Result<(), Failed> {
     memset(q, PATTERN_B, WORDS, b)?;
     b.synchronize()?;
     a_done.synchronize()?;
@@ -133,28 +145,55 @@ fn take_on_b_and_check(
     checked
 }
 
-/// Uses `r` once on a throw-away stream, so the resource has seen a stream key already and the
-/// stream that follows records events at free time.
+/// Takes `BYTES` on `b` once: the block A freed on an ordinary stream is covered by no event
+/// yet, so B must not get it (its owner is asked to record instead). Returns B's block.
+fn first_try_is_not_p(
+    r: &dyn DeviceMemoryResource,
+    p: DevicePtr,
+    b: CudaStreamView<'_>,
+) -> Result<DevicePtr, Failed> {
+    let q = r.allocate(b, BYTES, 256)?;
+    if q == p {
+        b.synchronize()?;
+        // SAFETY: `q` came from `r` on `b`; `b` was synchronized.
+        unsafe { r.deallocate(b, q, BYTES, 256)? };
+        return Err(format!(
+            "stream B got {p}, freed on stream A with no event recorded after the free"
+        )
+        .into());
+    }
+    Ok(q)
+}
+
+/// Uses `r` once on the legacy stream, so the resource has seen a stream key already (stream A
+/// is then the second: its frees follow the lazy event rule from the start). The block goes
+/// back to the legacy list, from which A takes it (events recorded at steal time).
 fn warm_up(r: &dyn DeviceMemoryResource, bytes: usize) -> Result<(), Failed> {
-    let c = CudaStream::non_blocking()?;
-    let x = r.allocate(c.view(), bytes, 256)?;
-    // SAFETY: `x` came from `r` on `c`.
-    unsafe { r.deallocate(c.view(), x, bytes, 256)? };
-    c.synchronize()?;
+    let legacy = CudaStreamView::legacy();
+    let x = r.allocate(legacy, bytes, 256)?;
+    // SAFETY: `x` came from `r` on the legacy stream.
+    unsafe { r.deallocate(legacy, x, bytes, 256)? };
+    legacy.synchronize()?;
     Ok(())
 }
 
 /// Which variant of the cross-stream check to run.
 #[derive(Debug, Clone, Copy)]
 enum Steal {
-    /// The resource already knew a stream: the free records an event.
+    /// The resource already knew a stream when A frees. B's first try must not get A's block;
+    /// A's next allocation answers B's request by recording its event; B then steals the block
+    /// and waits on the event.
     Eager,
-    /// The first stream is the only one the resource has seen when the second appears.
+    /// A is the only stream the resource has seen when B appears; then as `Eager`.
     FirstToSecondStream,
-    /// Like `Eager`, and stream A is destroyed before B takes the block.
+    /// Like `Eager`, and stream A is destroyed before B asks: A never answers, so a later try
+    /// of B synchronizes the device and takes the block.
     DestroyedStream,
-    /// Like `FirstToSecondStream`, and stream A is destroyed before B takes the block.
+    /// Like `FirstToSecondStream`, and stream A is destroyed before B asks.
     DestroyedSoleStream,
+    /// The resource cannot grow (a limiting upstream): B's first try synchronizes the device
+    /// and takes A's block instead of failing.
+    Exhausted,
     /// A is the legacy default stream (events recorded at steal time).
     Legacy,
     /// A is another thread's per-thread default stream (events recorded at steal time).
@@ -163,6 +202,7 @@ enum Steal {
 
 fn steal_check(r: &dyn DeviceMemoryResource, variant: Steal) -> Result<(), Failed> {
     let b = CudaStream::non_blocking()?;
+    let b = b.view();
     match variant {
         Steal::Eager | Steal::FirstToSecondStream => {
             if matches!(variant, Steal::Eager) {
@@ -170,7 +210,21 @@ fn steal_check(r: &dyn DeviceMemoryResource, variant: Steal) -> Result<(), Faile
             }
             let a = CudaStream::non_blocking()?;
             let (p, done) = free_behind_a_stall(r, a.view())?;
-            take_on_b_and_check(r, p, &done, b.view())
+            let q1 = first_try_is_not_p(r, p, b)?;
+            // A's owner answers at its next operation: it takes the block back (the best fit
+            // in its own list), which records its event, and frees it again (recording, as
+            // a thief asked for this stream's blocks). A's write behind the stall is pending.
+            let again = r.allocate(a.view(), BYTES, 256)?;
+            // SAFETY: `again` came from `r` on `a`; no work was queued with it.
+            unsafe { r.deallocate(a.view(), again, BYTES, 256)? };
+            let result = if again == p {
+                take_on_b_and_check(r, p, &done, b)
+            } else {
+                Err(format!("A's own block {p} was not reused by A (got {again})").into())
+            };
+            // SAFETY: `q1` came from `r` on `b`; nothing used it.
+            unsafe { r.deallocate(b, q1, BYTES, 256)? };
+            result
         }
         Steal::DestroyedStream | Steal::DestroyedSoleStream => {
             if matches!(variant, Steal::DestroyedStream) {
@@ -179,11 +233,35 @@ fn steal_check(r: &dyn DeviceMemoryResource, variant: Steal) -> Result<(), Faile
             let a = CudaStream::non_blocking()?;
             let (p, done) = free_behind_a_stall(r, a.view())?;
             drop(a);
-            take_on_b_and_check(r, p, &done, b.view())
+            let mut others = vec![first_try_is_not_p(r, p, b)?];
+            let mut result = Err(Failed::from(format!(
+                "the destroyed stream's block {p} was never taken"
+            )));
+            for _ in 0..3 {
+                // Longer than the owner's grace period: the next try synchronizes.
+                std::thread::sleep(Duration::from_millis(20));
+                let q = r.allocate(b, BYTES, 256)?;
+                if q == p {
+                    result = check_b_wins(r, q, &done, b);
+                    break;
+                }
+                others.push(q);
+            }
+            for q in others {
+                // SAFETY: each came from `r` on `b`; nothing used them.
+                unsafe { r.deallocate(b, q, BYTES, 256)? };
+            }
+            result
+        }
+        Steal::Exhausted => {
+            warm_up(r, 256)?;
+            let a = CudaStream::non_blocking()?;
+            let (p, done) = free_behind_a_stall(r, a.view())?;
+            take_on_b_and_check(r, p, &done, b)
         }
         Steal::Legacy => {
             let (p, done) = free_behind_a_stall(r, CudaStreamView::legacy())?;
-            take_on_b_and_check(r, p, &done, b.view())
+            take_on_b_and_check(r, p, &done, b)
         }
         Steal::OtherThreadsPerThread => {
             let (tx, rx) = mpsc::channel();
@@ -203,7 +281,7 @@ fn steal_check(r: &dyn DeviceMemoryResource, variant: Steal) -> Result<(), Faile
                     }
                 });
                 let result = match rx.recv() {
-                    Ok(Ok((p, done))) => take_on_b_and_check(r, p, &done, b.view()),
+                    Ok(Ok((p, done))) => take_on_b_and_check(r, p, &done, b),
                     Ok(Err(e)) => Err(e.into()),
                     Err(e) => Err(e.to_string().into()),
                 };
@@ -386,7 +464,14 @@ fn deleted_stream(up: Upstream) -> Result<(), Failed> {
         p
     };
     let s = CudaStreamView::default();
+    // The block was freed with no event (the pool had seen one stream) on a stream that is
+    // gone: the first try asks its owner and grows; once the owner's grace period is over, a
+    // try synchronizes the device and reuses the block.
+    let grown = pool.allocate(s, size, 256)?;
+    std::thread::sleep(Duration::from_millis(20));
     let p = pool.allocate(s, size, 256)?;
+    // SAFETY: `grown` came from `pool` on `s`; nothing used it.
+    unsafe { pool.deallocate(s, grown, size, 256)? };
     ensure(p == first, "the destroyed stream's block was not reused")?;
     memset(p, 9, size / 4, s)?;
     expect_words(p, 9, size / 4, s)?;
@@ -429,15 +514,25 @@ fn pool_size(up: Upstream) -> Result<(), Failed> {
 
 // ----- memory contents -----
 
+/// The upstream of a steal check: for [`Steal::Exhausted`], capped so that the resource cannot
+/// grow after stream A's block and the warm-up block.
+fn steal_upstream(up: Upstream, variant: Steal) -> Result<SharedResource, Failed> {
+    let upstream = up.make()?;
+    Ok(match variant {
+        Steal::Exhausted => shared(LimitingResourceAdaptor::new(upstream, BYTES + 256)),
+        _ => upstream,
+    })
+}
+
 fn pool_steal(up: Upstream, variant: Steal) -> Result<(), Failed> {
-    let pool = PoolMemoryResource::new(up.make()?, 0, None)?;
+    let pool = PoolMemoryResource::new(steal_upstream(up, variant)?, 0, None)?;
     steal_check(&pool, variant)?;
     ensure(pool.outstanding_allocations() == 0, "allocations left")
 }
 
 fn fixed_size_steal(up: Upstream, variant: Steal) -> Result<(), Failed> {
     // One block per chunk, so the only free block is the one freed on stream A.
-    let fixed = FixedSizeMemoryResource::with_block_size(up.make()?, BYTES, 1)?;
+    let fixed = FixedSizeMemoryResource::with_block_size(steal_upstream(up, variant)?, BYTES, 1)?;
     steal_check(&fixed, variant)?;
     ensure(fixed.outstanding_allocations() == 0, "allocations left")
 }
@@ -509,6 +604,7 @@ fn main() {
         ("first_to_second_stream", Steal::FirstToSecondStream),
         ("destroyed_stream", Steal::DestroyedStream),
         ("destroyed_sole_stream", Steal::DestroyedSoleStream),
+        ("exhausted", Steal::Exhausted),
         ("legacy", Steal::Legacy),
         ("other_threads_per_thread", Steal::OtherThreadsPerThread),
     ];

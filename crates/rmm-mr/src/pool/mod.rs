@@ -6,6 +6,8 @@
 //!   where RMM's address-ordered `std::list` is linear).
 //! - [`growth`]: the pool growth policy (`size_to_grow`, the halving retry, the size checks and
 //!   the out-of-memory messages).
+//! - `event_policy`: when an ordinary stream's list records its event and what a thief may do
+//!   with it (the lazy rule shared with the fixed-size resource).
 //!
 //! Addresses there are plain `u64` and sizes `usize`. The CUDA-aware part:
 //!
@@ -16,6 +18,7 @@
 //!   pool's record of handed-out blocks is a sharded map (`handed`).
 
 mod append_only;
+pub(crate) mod event_policy;
 pub mod free_list;
 pub mod growth;
 mod handed;

@@ -181,21 +181,26 @@ impl<U: DeviceMemoryResource> Drop for Pool<U> {
 /// - **Locks**: each stream's free list has its own lock, the list registry is read-mostly (and
 ///   a per-thread cache keeps the same-stream path off it), growth has its own lock, and the
 ///   map of handed-out blocks is sharded. The same-stream path takes no global lock; its only
-///   CUDA calls are `cuStreamGetId` for an ordinary stream and, once the pool has seen a
-///   second stream, the event record of a free on an ordinary stream (none at all on the
-///   legacy or per-thread default stream). Lock order: chunk set → registry → one list; no
-///   thread holds two list locks.
+///   CUDA call is `cuStreamGetId` for an ordinary stream (none at all on the legacy or
+///   per-thread default stream), plus an event record in the cases below. Lock order: chunk
+///   set → registry → one list; no thread holds two list locks.
 /// - **O(log n)** best fit and coalescing ([`CoalescingFreeList`]).
-/// - **Lazy events**: while the pool has seen a single stream key, no other stream can take a
-///   block, so no event is recorded. When a second key appears, frees on ordinary streams
-///   record from then on (RMM's behaviour), and blocks freed before that on an ordinary stream
-///   are made safe once, by a device synchronization (`cuCtxSynchronize`) done by their first
-///   thief: the stream may already be destroyed, and an event recorded on the legacy stream
-///   would not cover a non-blocking one. The legacy and per-thread default streams never die,
-///   so their events are recorded at steal time instead (on the legacy stream, which waits for
-///   every blocking stream, per-thread ones included). The event of a list is also re-recorded
-///   after a merge or a growth puts blocks in it, which closes a window RMM leaves open (a
-///   thief of merged blocks waiting on an event older than the merge).
+/// - **Lazy events** (RMM records one at every free, about 180 ns, serialized by the driver
+///   across threads): while the pool has seen a single stream key, no other stream can take a
+///   block, so nothing is recorded. After that, a free on an ordinary stream records only when
+///   another stream has recently taken this stream's blocks or asked for them. A thief that
+///   finds blocks no event covers does not take them: it asks their stream's owner, whose next
+///   allocation or free records the event, and meanwhile looks elsewhere (other streams, then
+///   growth). A request left unanswered for 2 ms (an idle or destroyed stream) makes the next
+///   thief synchronize the device (`cuCtxSynchronize`) and take the blocks, and a pool that
+///   cannot grow synchronizes once and takes every such block rather than report
+///   out-of-memory. So a thief never uses a block before the work queued before its free has
+///   completed, as in RMM, but it may grow the pool once where RMM would have taken a block
+///   (see `event_policy` in the sources for the state machine and its model test). The legacy
+///   and per-thread default streams never die, so their events are recorded at steal time (on
+///   the legacy stream, which waits for every blocking stream, per-thread ones included). Blocks
+///   a merge or a growth puts in a list count as freed there, which closes a window RMM leaves
+///   open (a thief of merged blocks waiting on an event older than the merge).
 /// - **Wrong frees are errors**: a free of an unknown pointer, a double free or a size mismatch
 ///   is [`MrError::InvalidFree`] (RMM corrupts its lists or aborts).
 /// - [`release_unused`](Self::release_unused) gives wholly free chunks back to the upstream

@@ -29,19 +29,22 @@
 //!   stream too (it may wait for more than needed, never for less). Stealing is rare; freeing
 //!   is not.
 //! - **Ordinary streams** may be destroyed at any time after a free, and nothing may ever be
-//!   called on a stale handle, so their event must be recorded while the freeing caller
-//!   vouches for the stream: at free time. But while the pool has seen only ONE key, nobody
-//!   can steal, so no event is recorded at all. When a second key first appears the pool turns
-//!   *eager* (every later free on an ordinary stream records, as in RMM) and the first key's
-//!   list, if ordinary, is marked `needs_device_sync`: its blocks were freed without an event,
-//!   on a stream that may be gone, so the first thief synchronizes the device
-//!   (`cuCtxSynchronize`, which also covers non-blocking streams, unlike a legacy-stream
-//!   event) once, before taking anything from it.
+//!   called on a stale handle, so only the owner (a caller freeing or allocating on the
+//!   stream, which vouches for it) records. While the pool has seen only ONE key nobody can
+//!   steal, so nothing is recorded at all; when a second key first appears the pool turns
+//!   *eager* and the first key's list, if ordinary, counts as unrecorded. From then on each
+//!   ordinary list follows [`EventPolicy`]: frees record nothing until a thief asks (or takes
+//!   blocks), the owner answers at its next operation and then records at every free for a
+//!   while, and a request the owner leaves unanswered (an idle or destroyed stream) makes a
+//!   later thief synchronize the device (`cuCtxSynchronize`, which also covers non-blocking
+//!   streams, unlike a legacy-stream event).
 //! - When blocks enter a list without a free (a merge of other lists, a new upstream chunk
-//!   allocated on the stream), an eager ordinary list re-records its event after them, so a
-//!   later thief also waits for what they depended on (the waits of the merge, a stream-ordered
-//!   upstream allocation). RMM does not, which leaves a window where a thief of merged blocks
-//!   waits on an event older than the merge.
+//!   allocated on the stream), they count as a free: a later thief also waits for what they
+//!   depended on (the waits of the merge, a stream-ordered upstream allocation). RMM does not,
+//!   which leaves a window where a thief of merged blocks waits on an event older than the
+//!   merge.
+//! - A failed record marks the list `needs_device_sync`: its next thief synchronizes the
+//!   device instead of waiting on the event.
 //!
 //! Events are created lazily (first record) with timing disabled and live as long as their list,
 //! which lives as long as the pool: a list is never removed, so a block freed on a stream that
@@ -50,9 +53,12 @@
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
 
 use rmm_stream::{CudaEvent, CudaStreamView};
 use rmm_sys::{CudaResult, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
+
+use crate::pool::event_policy::{EventPolicy, StealAction};
 
 /// Which free list a stream's blocks go to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -125,6 +131,7 @@ impl<L> StreamList<L> {
                 blocks,
                 event: None,
                 needs_device_sync: false,
+                policy: EventPolicy::default(),
             }),
         }
     }
@@ -147,8 +154,10 @@ pub(crate) struct ListState<L> {
     pub(crate) blocks: L,
     /// Created on the first record; `Some` means it was recorded at least once.
     event: Option<CudaEvent>,
-    /// Blocks may have been freed without an event: a thief synchronizes the device first.
+    /// A record failed: a thief synchronizes the device first.
     pub(crate) needs_device_sync: bool,
+    /// When an ordinary stream's list records (see [`EventPolicy`]).
+    policy: EventPolicy,
 }
 
 impl<L> ListState<L> {
@@ -162,15 +171,42 @@ impl<L> ListState<L> {
             .ok_or(rmm_sys::CudaError::DriverNotFound)
     }
 
-    /// Records the list's event on `stream` when the rule asks for it: an ordinary stream of an
-    /// eager pool. A failure is absorbed by marking the list `needs_device_sync` (a thief then
-    /// synchronizes the device instead of waiting on the event), so the blocks stay safe.
+    /// Blocks entered the list on `stream` (a free, a merge, a new chunk): records the list's
+    /// event when the rule asks for it (an ordinary stream of an eager pool whose
+    /// [`EventPolicy`] says so), else marks the list unrecorded.
     #[inline]
     pub(crate) fn publish(&mut self, key: StreamKey, stream: CudaStreamView<'_>, eager: bool) {
         if key.is_special() || !eager {
             return;
         }
-        self.record(stream);
+        if self.policy.on_enter() {
+            self.record(stream);
+        }
+    }
+
+    /// The owner allocates from the list on `stream`: answers a thief's request to record.
+    #[inline]
+    pub(crate) fn serve(&mut self, key: StreamKey, stream: CudaStreamView<'_>) {
+        if !key.is_special() && self.policy.on_owner_allocate() {
+            self.record(stream);
+        }
+    }
+
+    /// The pool turned eager: this list's blocks were freed without an event.
+    pub(crate) fn mark_unrecorded(&mut self) {
+        self.policy.mark_unrecorded();
+    }
+
+    /// Whether some blocks of an ordinary stream's list are covered by no event (a thief would
+    /// have to ask for them or synchronize the device).
+    pub(crate) fn is_unrecorded(&self) -> bool {
+        self.policy.is_unrecorded()
+    }
+
+    /// The device was synchronized after every block now in the list entered it.
+    pub(crate) fn synchronized(&mut self) {
+        self.policy.synchronized();
+        self.needs_device_sync = false;
     }
 
     /// Records the event on `stream`, or marks the list `needs_device_sync` when that fails.
@@ -186,33 +222,42 @@ impl<L> ListState<L> {
     }
 
     /// Makes `thief` wait for all work that may still use this list's free blocks (see the
-    /// [module documentation](self)).
+    /// [module documentation](self)). `Ok(false)`: not now (an ordinary stream's list with
+    /// blocks no event covers; its owner has been asked to record), look elsewhere.
     pub(crate) fn prepare_steal(
         &mut self,
         key: StreamKey,
         thief: CudaStreamView<'_>,
-    ) -> CudaResult<()> {
+    ) -> CudaResult<bool> {
         if self.needs_device_sync {
             device_synchronize()?;
-            self.needs_device_sync = false;
-            return Ok(());
+            self.synchronized();
+            return Ok(true);
         }
         let on = match key {
             StreamKey::Legacy => CudaStreamView::legacy(),
             StreamKey::PerThread(owner) if owner == thread_number() => CudaStreamView::per_thread(),
             StreamKey::PerThread(_) => CudaStreamView::legacy(),
             StreamKey::Stream(_) => {
-                // Recorded at every free since the pool turned eager; blocks freed before
-                // that are covered by `needs_device_sync`. Never recorded: nothing to wait on.
-                return match &self.event {
-                    Some(ev) => ev.wait(thief),
-                    None => Ok(()),
+                return match self.policy.on_steal(Instant::now()) {
+                    StealAction::Ask => Ok(false),
+                    StealAction::SyncDevice => {
+                        device_synchronize()?;
+                        self.synchronized();
+                        Ok(true)
+                    }
+                    // Covered: recorded after every block that entered, or never needed.
+                    StealAction::WaitEvent => match &self.event {
+                        Some(ev) => ev.wait(thief).map(|()| true),
+                        None => Ok(true),
+                    },
                 };
             }
         };
         let ev = self.event()?;
         ev.record(on)?;
-        ev.wait(thief)
+        ev.wait(thief)?;
+        Ok(true)
     }
 }
 
@@ -345,18 +390,26 @@ mod tests {
     fn publish_is_lazy() {
         let list = StreamList::new(StreamKey::Stream(3), ());
         let mut g = list.lock();
-        // Not eager: nothing recorded, no CUDA call.
+        // Not eager: nothing recorded, no CUDA call, nothing marked.
         g.publish(list.key(), CudaStreamView::legacy(), false);
-        assert!(g.event.is_none() && !g.needs_device_sync);
+        assert!(g.event.is_none() && !g.needs_device_sync && !g.is_unrecorded());
         // Special keys never record at publish time.
         g.publish(StreamKey::Legacy, CudaStreamView::legacy(), true);
         g.publish(StreamKey::PerThread(1), CudaStreamView::legacy(), true);
-        assert!(g.event.is_none() && !g.needs_device_sync);
+        assert!(g.event.is_none() && !g.needs_device_sync && !g.is_unrecorded());
+        // Eager and ordinary, no thief yet: nothing recorded, the list is unrecorded.
+        g.publish(list.key(), CudaStreamView::legacy(), true);
+        assert!(g.event.is_none() && !g.needs_device_sync && g.is_unrecorded());
+        // A thief asks (no CUDA call), and cannot take yet.
+        assert!(!g
+            .prepare_steal(list.key(), CudaStreamView::legacy())
+            .unwrap());
+        assert!(g.event.is_none() && g.policy.is_wanted());
         if !rmm_sys::is_driver_present() {
-            // Eager and ordinary: the record fails without a driver, and the list falls back
-            // to a device synchronization by its next thief.
+            // The owner's next free answers; the record fails without a driver, and the list
+            // falls back to a device synchronization by its next thief.
             g.publish(list.key(), CudaStreamView::legacy(), true);
-            assert!(g.event.is_none() && g.needs_device_sync);
+            assert!(g.event.is_none() && g.needs_device_sync && !g.policy.is_wanted());
         }
     }
 }

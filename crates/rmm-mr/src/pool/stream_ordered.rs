@@ -263,12 +263,12 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 // From now on blocks can change streams. Frees on ordinary streams record
                 // (checked under each list's lock, so a free that already holds the first
                 // list's lock finishes before the mark below, and one that comes later sees
-                // `eager`). Blocks the first list got without an event need a device
-                // synchronization by their first thief.
+                // `eager`). Blocks the first list got without an event count as unrecorded:
+                // a thief asks its owner to record, or synchronizes the device.
                 self.eager.store(true, Ordering::SeqCst);
                 if let Some(first) = reg.first_user.take().and_then(|i| self.lists.get(i)) {
                     if !first.key().is_special() {
-                        first.lock().needs_device_sync = true;
+                        first.lock().mark_unrecorded();
                     }
                 }
             }
@@ -295,6 +295,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     ) -> MrResult<DevicePtr> {
         let own = self.list_for(stream)?;
         let mut st = own.lock();
+        st.serve(own.key(), stream);
         let (addr, tag) = match st.blocks.take(size) {
             Some(block) => block,
             None => {
@@ -330,20 +331,29 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             let Some((addr, tag)) = st.blocks.take(size) else {
                 continue;
             };
-            if let Err(e) = st.prepare_steal(victim.key(), stream) {
-                let _ = st.blocks.put(addr, size, tag);
-                return Err(e.into());
+            match st.prepare_steal(victim.key(), stream) {
+                Ok(true) => return Ok(Some((addr, tag))),
+                Ok(false) => {
+                    // Not covered yet (its owner has been asked to record): look elsewhere.
+                    if let Err(e) = st.blocks.put(addr, size, tag) {
+                        log::error!("rmm: could not put back {addr:#x}: {e}");
+                    }
+                }
+                Err(e) => {
+                    if let Err(e2) = st.blocks.put(addr, size, tag) {
+                        log::error!("rmm: could not put back {addr:#x}: {e2}");
+                    }
+                    return Err(e.into());
+                }
             }
-            return Ok(Some((addr, tag)));
         }
         // Merge whole lists into this one, retrying after each.
         for victim in &others {
             let mut moved = {
                 let mut st = victim.lock();
-                if st.blocks.is_empty() {
+                if st.blocks.is_empty() || !st.prepare_steal(victim.key(), stream)? {
                     continue;
                 }
-                st.prepare_steal(victim.key(), stream)?;
                 std::mem::replace(&mut st.blocks, self.empty.clone())
             };
             let mut st = own.lock();
@@ -387,7 +397,18 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             return Ok(block);
         }
         let (ptr, chunk_size) = {
-            let (ptr, chunk_size) = expand(self.pool_size())?;
+            let (ptr, chunk_size) = match expand(self.pool_size()) {
+                Ok(chunk) => chunk,
+                Err(e) if e.is_out_of_memory() => {
+                    // Rather than report out-of-memory while blocks wait for an owner that may
+                    // never record, synchronize once and take them all.
+                    return match self.reclaim_unrecorded(own, stream, size)? {
+                        Some(block) => Ok(block),
+                        None => Err(e),
+                    };
+                }
+                Err(e) => return Err(e),
+            };
             chunks.insert(ptr.addr(), chunk_size);
             self.pool_size.fetch_add(chunk_size, Ordering::Relaxed);
             (ptr, chunk_size)
@@ -408,6 +429,59 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         drop(st);
         drop(chunks);
         block
+    }
+
+    /// Moves the blocks of every other list that an event does not cover into `own` after one
+    /// device synchronization (which covers them all), then takes `size` bytes from `own`.
+    /// Called with the growth lock held, when the resource cannot grow.
+    #[cold]
+    fn reclaim_unrecorded(
+        &self,
+        own: &StreamList<L>,
+        stream: CudaStreamView<'_>,
+        size: usize,
+    ) -> MrResult<Option<(u64, L::Tag)>> {
+        let mut moved = Vec::new();
+        for victim in self.lists().filter(|l| !std::ptr::eq(*l, own)) {
+            let mut st = victim.lock();
+            if (st.is_unrecorded() || st.needs_device_sync) && !st.blocks.is_empty() {
+                moved.push((
+                    victim,
+                    std::mem::replace(&mut st.blocks, self.empty.clone()),
+                ));
+            }
+        }
+        if moved.is_empty() {
+            return Ok(None);
+        }
+        // Every moved block entered its list before this point, so once the device has
+        // finished the work queued so far no stream uses it.
+        if let Err(e) = settle(device_synchronize().map_err(MrError::from)) {
+            // Not proven safe: every block goes back where it came from, still unrecorded.
+            for (victim, mut blocks) in moved {
+                if let Err(e2) = victim.lock().blocks.absorb(&mut blocks) {
+                    log::error!("rmm: free blocks lost while reclaiming stream lists: {e2}");
+                }
+            }
+            return Err(e);
+        }
+        let mut rejected = Vec::new();
+        let mut st = own.lock();
+        st.publish(own.key(), stream, self.is_eager());
+        for (victim, mut blocks) in moved {
+            if let Err(e) = st.blocks.absorb(&mut blocks) {
+                log::error!("rmm: inconsistent free lists while reclaiming: {e}");
+                rejected.push((victim, blocks));
+            }
+        }
+        let block = st.blocks.take(size);
+        drop(st);
+        for (victim, mut blocks) in rejected {
+            if let Err(e) = victim.lock().blocks.absorb(&mut blocks) {
+                log::error!("rmm: free blocks lost while reclaiming stream lists: {e}");
+            }
+        }
+        Ok(block)
     }
 
     /// Returns a block on `stream`.
