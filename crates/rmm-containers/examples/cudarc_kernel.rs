@@ -1,11 +1,13 @@
 //! Launches a kernel through cudarc on an rmm-rs [`DeviceUvector`]: the vector lives on a
 //! cudarc stream, is passed to the kernel as `&mut v`, and is read back both with rmm-rs and
 //! with cudarc's own copy. The kernel is hand-written PTX (`add_one.ptx`: `data[i] += 1`), so
-//! no NVRTC is needed. Without a GPU it prints one line and exits successfully.
+//! no NVRTC is needed. Without a GPU it says so in one line and exits with status 1, like the
+//! other examples (a run that did nothing must not look like a success).
 //!
 //! Run with `cargo run -p rmm-containers --features cudarc --example cudarc_kernel`.
 
 use std::error::Error;
+use std::process::ExitCode;
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
@@ -14,12 +16,22 @@ use rmm_containers::DeviceUvector;
 
 const ADD_ONE_PTX: &str = include_str!("add_one.ptx");
 
-fn main() -> Result<(), Box<dyn Error>> {
+fn main() -> ExitCode {
     // cudarc panics without a driver; ask rmm-rs first.
     if let Some(why) = rmm_sys::gpu_unavailable_reason() {
-        println!("cudarc_kernel: skipped, no usable GPU: {why}");
-        return Ok(());
+        eprintln!("cudarc_kernel: no GPU available: {why}");
+        return ExitCode::FAILURE;
     }
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cudarc_kernel failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), Box<dyn Error>> {
     let device = rmm_sys::current_device()?;
 
     // Keep freed memory in the pool cudarc allocates from (its default threshold is 0).

@@ -248,6 +248,26 @@ fn buffer_resources_and_streams(mr: SharedResource) -> Outcome {
     done()
 }
 
+fn buffer_on_a_stream_pool_stream(mr: SharedResource) -> Outcome {
+    let pool = rmm_stream::CudaStreamPool::new(2, rmm_stream::StreamFlags::NonBlocking)?;
+    let src = pattern(Lcg(9).size(), 3);
+    let b = DeviceBuffer::from_host(&src, pool.get_shared_stream(), Some(mr))?;
+    ensure(
+        b.stream() == pool.get_stream_by_id(0),
+        "not the pool's stream",
+    )?;
+    // The buffer keeps its stream alive after the pool is gone, and frees on it when dropped.
+    drop(pool);
+    let s = b.buffer_stream().clone();
+    ensure(
+        b.to_vec(s.view())? == src,
+        "contents after the pool was dropped",
+    )?;
+    drop(b);
+    s.view().synchronize()?;
+    done()
+}
+
 fn buffer_host_round_trip(mr: SharedResource) -> Outcome {
     let s = CudaStreamView::default();
     let src = pattern(Lcg(2).size(), 7);
@@ -1050,9 +1070,10 @@ fn main() {
     let args = Arguments::from_args();
     let mut trials = Vec::new();
     for s in SUBJECTS {
-        let cases: [(&str, Body); 9] = [
+        let cases: [(&str, Body); 10] = [
             ("EmptyBuffer", buffer_empty),
             ("ResourcesAndStreams", buffer_resources_and_streams),
+            ("StreamPoolStream", buffer_on_a_stream_pool_stream),
             ("HostRoundTrip", buffer_host_round_trip),
             ("CopyFromRawPointers", buffer_copy_from_device_pointer),
             ("CopyFromNullptr", buffer_copy_from_null),

@@ -197,6 +197,20 @@ pub fn shared<R: DeviceMemoryResource>(resource: R) -> SharedResource {
 
 /// Recovers the concrete resource behind a (possibly shared, type-erased) resource, or `None`
 /// for another type (RMM's `resource_cast`).
+///
+/// `T` must be the exact type, type parameters included: adaptors and sub-allocators are
+/// generic over their upstream, and `PoolMemoryResource` alone means
+/// `PoolMemoryResource<SharedResource>`, so a pool built over a concrete upstream is found with
+/// `resource_cast::<PoolMemoryResource<CudaMemoryResource>>`. (Rust's `Any` cannot match "a
+/// pool over any upstream"; a C++ `dynamic_cast` has the same limit with templates.)
+///
+/// ```
+/// use rmm_mr::{resource_cast, shared, testing::HostMockResource, PoolMemoryResource};
+///
+/// let erased = shared(PoolMemoryResource::new(HostMockResource::new(), 0, None).unwrap());
+/// assert!(resource_cast::<PoolMemoryResource<HostMockResource>>(&*erased).is_some());
+/// assert!(resource_cast::<PoolMemoryResource>(&*erased).is_none());
+/// ```
 #[doc(alias = "rmm::mr::resource_cast")]
 pub fn resource_cast<T: DeviceMemoryResource>(resource: &dyn DeviceMemoryResource) -> Option<&T> {
     resource.as_any().downcast_ref::<T>()

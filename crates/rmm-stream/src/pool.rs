@@ -1,16 +1,24 @@
 //! A fixed set of streams handed out round-robin.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use crate::error::StreamError;
 use crate::stream::{CudaStream, StreamFlags};
 use crate::view::CudaStreamView;
 
 /// A pool of streams handed out round-robin (RMM's `cuda_stream_pool`). Thread-safe.
+///
+/// [`get_stream`](Self::get_stream) lends a view that borrows the pool, as RMM's does (there it
+/// can dangle once the pool is gone; here the borrow checker forbids that).
+/// [`get_shared_stream`](Self::get_shared_stream) hands out shared ownership of the same
+/// stream instead, for holders that must outlive the borrow, such as containers
+/// (`DeviceBuffer::new(n, pool.get_shared_stream())`): the stream is destroyed when the pool
+/// and the last such handle are gone.
 #[doc(alias = "rmm::cuda_stream_pool")]
 #[derive(Debug)]
 pub struct CudaStreamPool {
-    streams: Vec<CudaStream>,
+    streams: Vec<Arc<CudaStream>>,
     next: AtomicUsize,
 }
 
@@ -26,7 +34,7 @@ impl CudaStreamPool {
             ));
         }
         let streams = (0..size)
-            .map(|_| CudaStream::new(flags))
+            .map(|_| CudaStream::new(flags).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             streams,
@@ -51,6 +59,20 @@ impl CudaStreamPool {
     #[must_use]
     pub fn get_stream_by_id(&self, id: usize) -> CudaStreamView<'_> {
         self.streams[id % self.streams.len()].view()
+    }
+
+    /// The next stream, round-robin, as shared ownership (the same stream
+    /// [`get_stream`](Self::get_stream) would have lent; both draw from one counter).
+    #[must_use]
+    pub fn get_shared_stream(&self) -> Arc<CudaStream> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        self.get_shared_stream_by_id(i)
+    }
+
+    /// The stream at `id % pool_size()`, as shared ownership.
+    #[must_use]
+    pub fn get_shared_stream_by_id(&self, id: usize) -> Arc<CudaStream> {
+        Arc::clone(&self.streams[id % self.streams.len()])
     }
 
     /// Number of streams.

@@ -177,6 +177,26 @@ fn per_thread_streams_differ_between_threads() -> Result<(), Failed> {
     )
 }
 
+fn pool_shared_streams_outlive_the_pool() -> Result<(), Failed> {
+    let pool = CudaStreamPool::new(2, StreamFlags::NonBlocking)?;
+    let a = pool.get_shared_stream_by_id(1);
+    ensure(
+        a.view() == pool.get_stream_by_id(3),
+        "the shared stream is not the pool's stream at that index",
+    )?;
+    // One counter for both kinds of hand-out.
+    let first = pool.get_stream();
+    let second = pool.get_shared_stream();
+    ensure(first != second.view(), "round robin skipped a turn")?;
+    let id = a.view().id()?;
+    drop(pool);
+    // The pool is gone; the shared stream is still a live stream.
+    ensure(a.view().id()? == id, "the stream changed identity")?;
+    stall(a.view(), std::time::Duration::from_millis(10))?;
+    a.synchronize()?;
+    ensure(a.view().is_idle()?, "work still pending after synchronize")
+}
+
 fn main() {
     let args = Arguments::from_args();
     let trials = vec![
@@ -186,6 +206,10 @@ fn main() {
         gpu(
             "pool_round_robin_from_threads",
             pool_round_robin_from_threads,
+        ),
+        gpu(
+            "pool_shared_streams_outlive_the_pool",
+            pool_shared_streams_outlive_the_pool,
         ),
         gpu("event_orders_two_streams", event_orders_two_streams),
         gpu("event_timing", event_timing),
