@@ -51,8 +51,7 @@ impl CudaStreamPool {
     /// same stream once the pool wraps).
     #[must_use]
     pub fn get_stream(&self) -> CudaStreamView<'_> {
-        let i = self.next.fetch_add(1, Ordering::Relaxed);
-        self.get_stream_by_id(i)
+        self.get_stream_by_id(self.next_id())
     }
 
     /// The stream at `id % pool_size()`.
@@ -65,14 +64,18 @@ impl CudaStreamPool {
     /// [`get_stream`](Self::get_stream) would have lent; both draw from one counter).
     #[must_use]
     pub fn get_shared_stream(&self) -> Arc<CudaStream> {
-        let i = self.next.fetch_add(1, Ordering::Relaxed);
-        self.get_shared_stream_by_id(i)
+        self.get_shared_stream_by_id(self.next_id())
     }
 
     /// The stream at `id % pool_size()`, as shared ownership.
     #[must_use]
     pub fn get_shared_stream_by_id(&self, id: usize) -> Arc<CudaStream> {
         Arc::clone(&self.streams[id % self.streams.len()])
+    }
+
+    /// The round-robin counter's next value (shared by both kinds of hand-out).
+    fn next_id(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Number of streams.

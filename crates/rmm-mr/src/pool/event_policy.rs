@@ -61,6 +61,9 @@ pub(crate) enum StealAction {
 /// The lazy-recording state of one ordinary stream's list (see the [module docs](self)).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct EventPolicy {
+    /// A record failed: the event may miss some blocks' work, so the next thief synchronizes
+    /// the device whatever else the state says.
+    record_failed: bool,
     /// Blocks entered the list after its event was last recorded.
     unrecorded: bool,
     /// When a thief found the list unrecorded and asked the owner to record.
@@ -102,8 +105,16 @@ impl EventPolicy {
         true
     }
 
+    /// A record the policy asked for failed.
+    pub(crate) fn record_failed(&mut self) {
+        self.record_failed = true;
+    }
+
     /// A thief (another stream) wants blocks of this list at `now`.
     pub(crate) fn on_steal(&mut self, now: Instant) -> StealAction {
+        if self.record_failed {
+            return StealAction::SyncDevice;
+        }
         if !self.unrecorded {
             // Someone takes this stream's blocks: keep them covered for a while.
             self.recording_left = RECORD_RUN;
@@ -122,6 +133,7 @@ impl EventPolicy {
     /// The device was synchronized after every block now in the list entered it: they are all
     /// safe for any stream.
     pub(crate) fn synchronized(&mut self) {
+        self.record_failed = false;
         self.unrecorded = false;
         self.wanted_since = None;
         self.recording_left = RECORD_RUN;
@@ -133,9 +145,16 @@ impl EventPolicy {
         self.unrecorded = true;
     }
 
-    /// Whether some blocks are not covered by the event.
-    pub(crate) fn is_unrecorded(&self) -> bool {
-        self.unrecorded
+    /// Whether some blocks are not covered by the event (never recorded after them, or the
+    /// record failed): only a device synchronization makes them safe for another stream now.
+    pub(crate) fn is_uncovered(&self) -> bool {
+        self.unrecorded || self.record_failed
+    }
+
+    /// Whether a record failed since the last synchronization.
+    #[cfg(test)]
+    pub(crate) fn is_record_failed(&self) -> bool {
+        self.record_failed
     }
 
     /// Whether a thief's request is open.
@@ -156,7 +175,7 @@ mod tests {
             assert!(!p.on_enter(), "a lazy list recorded");
             assert!(!p.on_owner_allocate());
         }
-        assert!(p.is_unrecorded() && !p.is_wanted());
+        assert!(p.unrecorded && !p.is_wanted());
     }
 
     #[test]
@@ -170,10 +189,10 @@ mod tests {
         );
         for i in 0..RECORD_RUN {
             assert!(p.on_enter(), "free {i} of the run did not record");
-            assert!(!p.is_unrecorded());
+            assert!(!p.unrecorded);
         }
         assert!(!p.on_enter(), "the run did not end");
-        assert!(p.is_unrecorded());
+        assert!(p.unrecorded);
     }
 
     #[test]
@@ -186,7 +205,7 @@ mod tests {
         // A second thief within the grace period asks again; nothing else changes.
         assert_eq!(p.on_steal(t + OWNER_GRACE / 2), StealAction::Ask);
         assert!(p.on_enter(), "the owner's free did not answer the request");
-        assert!(!p.is_unrecorded() && !p.is_wanted());
+        assert!(!p.unrecorded && !p.is_wanted());
         assert_eq!(p.on_steal(t), StealAction::WaitEvent);
         // Recording now: the next frees keep the list covered.
         assert!(p.on_enter());
@@ -214,7 +233,7 @@ mod tests {
         // Until a thief reports the synchronization, the answer stays.
         assert_eq!(p.on_steal(t + OWNER_GRACE * 2), StealAction::SyncDevice);
         p.synchronized();
-        assert!(!p.is_unrecorded() && !p.is_wanted());
+        assert!(!p.unrecorded && !p.is_wanted());
         assert_eq!(p.on_steal(t + OWNER_GRACE * 3), StealAction::WaitEvent);
     }
 
@@ -225,6 +244,20 @@ mod tests {
         let t = Instant::now() + Duration::from_secs(1);
         assert_eq!(p.on_steal(t), StealAction::Ask);
         assert_eq!(p.on_steal(t - Duration::from_millis(500)), StealAction::Ask);
+    }
+
+    #[test]
+    fn a_failed_record_makes_the_next_thief_synchronize() {
+        let mut p = EventPolicy::default();
+        let t = Instant::now();
+        assert_eq!(p.on_steal(t), StealAction::WaitEvent);
+        assert!(p.on_enter(), "the run after a steal records");
+        p.record_failed();
+        assert!(p.is_uncovered());
+        assert_eq!(p.on_steal(t), StealAction::SyncDevice);
+        p.synchronized();
+        assert!(!p.is_uncovered());
+        assert_eq!(p.on_steal(t), StealAction::WaitEvent);
     }
 
     #[test]
@@ -279,7 +312,7 @@ mod tests {
                         }
                     }
                 }
-                assert_eq!(p.is_unrecorded(), uncovered, "{seq:?}");
+                assert_eq!(p.unrecorded, uncovered, "{seq:?}");
             }
         }
     }

@@ -43,8 +43,8 @@
 //!   depended on (the waits of the merge, a stream-ordered upstream allocation). RMM does not,
 //!   which leaves a window where a thief of merged blocks waits on an event older than the
 //!   merge.
-//! - A failed record marks the list `needs_device_sync`: its next thief synchronizes the
-//!   device instead of waiting on the event.
+//! - After a failed record the list's next thief synchronizes the device instead of waiting
+//!   on the event.
 //!
 //! Events are created lazily (first record) with timing disabled and live as long as their list,
 //! which lives as long as the pool: a list is never removed, so a block freed on a stream that
@@ -130,7 +130,6 @@ impl<L> StreamList<L> {
             state: Mutex::new(ListState {
                 blocks,
                 event: None,
-                needs_device_sync: false,
                 policy: EventPolicy::default(),
             }),
         }
@@ -154,9 +153,8 @@ pub(crate) struct ListState<L> {
     pub(crate) blocks: L,
     /// Created on the first record; `Some` means it was recorded at least once.
     event: Option<CudaEvent>,
-    /// A record failed: a thief synchronizes the device first.
-    pub(crate) needs_device_sync: bool,
-    /// When an ordinary stream's list records (see [`EventPolicy`]).
+    /// When an ordinary stream's list records, and what a thief must do first (see
+    /// [`EventPolicy`]).
     policy: EventPolicy,
 }
 
@@ -199,17 +197,12 @@ impl<L> ListState<L> {
 
     /// Whether some blocks of an ordinary stream's list are covered by no event (a thief would
     /// have to ask for them or synchronize the device).
-    pub(crate) fn is_unrecorded(&self) -> bool {
-        self.policy.is_unrecorded()
+    pub(crate) fn is_uncovered(&self) -> bool {
+        self.policy.is_uncovered()
     }
 
-    /// The device was synchronized after every block now in the list entered it.
-    pub(crate) fn synchronized(&mut self) {
-        self.policy.synchronized();
-        self.needs_device_sync = false;
-    }
-
-    /// Records the event on `stream`, or marks the list `needs_device_sync` when that fails.
+    /// Records the event on `stream`; when that fails the policy makes the next thief
+    /// synchronize the device instead of waiting on the event.
     #[cold]
     fn record(&mut self, stream: CudaStreamView<'_>) {
         if let Err(e) = self.event().and_then(|ev| ev.record(stream)) {
@@ -217,7 +210,7 @@ impl<L> ListState<L> {
                 "rmm: could not record a pool event on stream {stream} ({e}); the next thief \
                  of its blocks will synchronize the device instead"
             );
-            self.needs_device_sync = true;
+            self.policy.record_failed();
         }
     }
 
@@ -229,11 +222,6 @@ impl<L> ListState<L> {
         key: StreamKey,
         thief: CudaStreamView<'_>,
     ) -> CudaResult<bool> {
-        if self.needs_device_sync {
-            device_synchronize()?;
-            self.synchronized();
-            return Ok(true);
-        }
         let on = match key {
             StreamKey::Legacy => CudaStreamView::legacy(),
             StreamKey::PerThread(owner) if owner == thread_number() => CudaStreamView::per_thread(),
@@ -243,7 +231,7 @@ impl<L> ListState<L> {
                     StealAction::Ask => Ok(false),
                     StealAction::SyncDevice => {
                         device_synchronize()?;
-                        self.synchronized();
+                        self.policy.synchronized();
                         Ok(true)
                     }
                     // Covered: recorded after every block that entered, or never needed.
@@ -392,14 +380,14 @@ mod tests {
         let mut g = list.lock();
         // Not eager: nothing recorded, no CUDA call, nothing marked.
         g.publish(list.key(), CudaStreamView::legacy(), false);
-        assert!(g.event.is_none() && !g.needs_device_sync && !g.is_unrecorded());
+        assert!(g.event.is_none() && !g.policy.is_record_failed() && !g.is_uncovered());
         // Special keys never record at publish time.
         g.publish(StreamKey::Legacy, CudaStreamView::legacy(), true);
         g.publish(StreamKey::PerThread(1), CudaStreamView::legacy(), true);
-        assert!(g.event.is_none() && !g.needs_device_sync && !g.is_unrecorded());
+        assert!(g.event.is_none() && !g.policy.is_record_failed() && !g.is_uncovered());
         // Eager and ordinary, no thief yet: nothing recorded, the list is unrecorded.
         g.publish(list.key(), CudaStreamView::legacy(), true);
-        assert!(g.event.is_none() && !g.needs_device_sync && g.is_unrecorded());
+        assert!(g.event.is_none() && !g.policy.is_record_failed() && g.is_uncovered());
         // A thief asks (no CUDA call), and cannot take yet.
         assert!(!g
             .prepare_steal(list.key(), CudaStreamView::legacy())
@@ -409,7 +397,7 @@ mod tests {
             // The owner's next free answers; the record fails without a driver, and the list
             // falls back to a device synchronization by its next thief.
             g.publish(list.key(), CudaStreamView::legacy(), true);
-            assert!(g.event.is_none() && g.needs_device_sync && !g.policy.is_wanted());
+            assert!(g.event.is_none() && g.policy.is_record_failed() && !g.policy.is_wanted());
         }
     }
 }

@@ -131,6 +131,13 @@ fn settle(r: MrResult<()>) -> MrResult<()> {
     }
 }
 
+/// Puts blocks moved out of `list` (for a merge or a reclaim that did not happen) back in it.
+fn restore<L: FreeBlocks>(list: &StreamList<L>, mut blocks: L) {
+    if let Err(e) = list.lock().blocks.absorb(&mut blocks) {
+        log::error!("rmm: free blocks lost while moving them between stream lists: {e}");
+    }
+}
+
 /// The stream-ordered core: per-stream free lists, the lazy event rule, the record of
 /// handed-out blocks (inside the lists' type) and the set of upstream chunks. See the
 /// [module documentation](self).
@@ -331,21 +338,15 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             let Some((addr, tag)) = st.blocks.take(size) else {
                 continue;
             };
-            match st.prepare_steal(victim.key(), stream) {
-                Ok(true) => return Ok(Some((addr, tag))),
-                Ok(false) => {
-                    // Not covered yet (its owner has been asked to record): look elsewhere.
-                    if let Err(e) = st.blocks.put(addr, size, tag) {
-                        log::error!("rmm: could not put back {addr:#x}: {e}");
-                    }
-                }
-                Err(e) => {
-                    if let Err(e2) = st.blocks.put(addr, size, tag) {
-                        log::error!("rmm: could not put back {addr:#x}: {e2}");
-                    }
-                    return Err(e.into());
-                }
+            let ready = st.prepare_steal(victim.key(), stream);
+            if matches!(ready, Ok(true)) {
+                return Ok(Some((addr, tag)));
             }
+            if let Err(e) = st.blocks.put(addr, size, tag) {
+                log::error!("rmm: could not put back {addr:#x}: {e}");
+            }
+            // `Ok(false)`: not covered yet (its owner has been asked to record), look elsewhere.
+            ready?;
         }
         // Merge whole lists into this one, retrying after each.
         for victim in &others {
@@ -360,9 +361,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             st.publish(own.key(), stream, self.is_eager());
             if let Err(e) = st.blocks.absorb(&mut moved) {
                 drop(st);
-                if let Err(e2) = victim.lock().blocks.absorb(&mut moved) {
-                    log::error!("rmm: free blocks lost while merging stream lists: {e2}");
-                }
+                restore(victim, moved);
                 return Err(MrError::bad_alloc(format!(
                     "inconsistent free lists while merging: {e}"
                 )));
@@ -444,7 +443,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         let mut moved = Vec::new();
         for victim in self.lists().filter(|l| !std::ptr::eq(*l, own)) {
             let mut st = victim.lock();
-            if (st.is_unrecorded() || st.needs_device_sync) && !st.blocks.is_empty() {
+            if st.is_uncovered() && !st.blocks.is_empty() {
                 moved.push((
                     victim,
                     std::mem::replace(&mut st.blocks, self.empty.clone()),
@@ -458,10 +457,8 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         // finished the work queued so far no stream uses it.
         if let Err(e) = settle(device_synchronize().map_err(MrError::from)) {
             // Not proven safe: every block goes back where it came from, still unrecorded.
-            for (victim, mut blocks) in moved {
-                if let Err(e2) = victim.lock().blocks.absorb(&mut blocks) {
-                    log::error!("rmm: free blocks lost while reclaiming stream lists: {e2}");
-                }
+            for (victim, blocks) in moved {
+                restore(victim, blocks);
             }
             return Err(e);
         }
@@ -476,10 +473,8 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         }
         let block = st.blocks.take(size);
         drop(st);
-        for (victim, mut blocks) in rejected {
-            if let Err(e) = victim.lock().blocks.absorb(&mut blocks) {
-                log::error!("rmm: free blocks lost while reclaiming stream lists: {e}");
-            }
+        for (victim, blocks) in rejected {
+            restore(victim, blocks);
         }
         Ok(block)
     }

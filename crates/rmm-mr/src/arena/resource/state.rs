@@ -263,14 +263,7 @@ impl<U: DeviceMemoryResource> State<U> {
             }
             return Ok(self.allocate_large(size));
         }
-        loop {
-            let cell = self.arena(key);
-            let mut slot = cell.lock();
-            if cell.is_retired() {
-                drop(slot);
-                thread_cache::forget(self.serial, key);
-                continue;
-            }
+        self.with_own_arena(key, |cell, slot| {
             // Blocks freed here from other streams are reusable once this stream waited.
             slot.wait_fences(stream, &self.events)?;
             // The hot path: only this arena's lock.
@@ -279,16 +272,13 @@ impl<U: DeviceMemoryResource> State<U> {
             }
             let done = self.pending.take_completed(REAP_BATCH);
             let mut global = self.lock_global();
-            let mut held = Held {
-                cell: &cell,
-                slot: &mut slot,
-            };
+            let mut held = Held { cell, slot };
             if self.release(&mut global, done, Some(&mut held)) > 0 {
                 if let Some(addr) = held.slot.arena.allocate_local(size) {
                     return Ok(Some(addr));
                 }
             }
-            if global.lend(size, &cell, held.slot) {
+            if global.lend(size, cell, held.slot) {
                 return Ok(held.slot.arena.allocate_local(size));
             }
             drop(global);
@@ -303,10 +293,29 @@ impl<U: DeviceMemoryResource> State<U> {
                     return Ok(Some(addr));
                 }
             }
-            if global.lend(size, &cell, held.slot) {
+            if global.lend(size, cell, held.slot) {
                 return Ok(held.slot.arena.allocate_local(size));
             }
-            return Ok(None);
+            Ok(None)
+        })
+    }
+
+    /// Runs `f` on the calling stream's (or thread's) arena, locked (created if need be); an
+    /// arena retired before the lock was taken is forgotten and looked up again.
+    fn with_own_arena<R>(
+        self: &Arc<Self>,
+        key: ArenaKey,
+        f: impl FnOnce(&Arc<ArenaCell>, &mut ArenaSlot) -> R,
+    ) -> R {
+        loop {
+            let cell = self.arena(key);
+            let mut slot = cell.lock();
+            if cell.is_retired() {
+                drop(slot);
+                thread_cache::forget(self.serial, key);
+                continue;
+            }
+            return f(&cell, &mut slot);
         }
     }
 
@@ -517,14 +526,7 @@ impl<U: DeviceMemoryResource> State<U> {
         addr: u64,
         size: usize,
     ) -> Result<bool, ArenaError> {
-        loop {
-            let cell = self.arena(key);
-            let mut slot = cell.lock();
-            if cell.is_retired() {
-                drop(slot);
-                thread_cache::forget(self.serial, key);
-                continue;
-            }
+        self.with_own_arena(key, |cell, slot| {
             if slot.arena.deallocate(addr, size)? {
                 return Ok(true);
             }
@@ -532,8 +534,8 @@ impl<U: DeviceMemoryResource> State<U> {
             if room <= SUPERBLOCK_MIN_SIZE {
                 return Ok(false);
             }
-            return Ok(self.lock_global().keep(addr, size, room, &cell, &mut slot));
-        }
+            Ok(self.lock_global().keep(addr, size, room, cell, slot))
+        })
     }
 
     /// A free of a block that is not in the freeing stream's own arena: find its superblock
