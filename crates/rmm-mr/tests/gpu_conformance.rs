@@ -84,10 +84,13 @@ fn subjects() -> Vec<Subject> {
                 },
             )))
         }),
+        // 2 GiB: the multithreaded cases hold up to 4 x 100 random allocations of up to 5 MiB
+        // at once (1,070 MiB with their seeds), so a 1 GiB limit made them fail whenever the
+        // four threads overlapped fully.
         Subject::new("limiting", || {
             Ok(arc(LimitingResourceAdaptor::new(
                 CudaMemoryResource::new(),
-                GIB,
+                2 * GIB,
             )))
         }),
         Subject::new("limiting_over_shared_async", || {
