@@ -148,19 +148,19 @@ fn recording(upstream: SharedResource) -> (SharedResource, Log) {
     let (la, ld) = (Arc::clone(&log), Arc::clone(&log));
     let (ua, ud) = (Arc::clone(&upstream), upstream);
     let device = || rmm_sys::current_device().map(|d| d.value()).unwrap_or(-99);
-    let mr = CallbackMemoryResource::new(
-        move |bytes, stream| {
-            let p = ua.allocate(stream, bytes, 256)?;
-            la.lock().unwrap().push(Event {
-                free: false,
-                ptr: p.addr(),
-                bytes,
-                stream: stream.value() as usize,
-                device: device(),
-            });
-            Ok(p)
-        },
-        move |ptr, bytes, stream| {
+    let alloc = move |bytes: usize, stream: rmm_stream::CudaStreamView<'_>| {
+        let p = ua.allocate(stream, bytes, 256)?;
+        la.lock().unwrap().push(Event {
+            free: false,
+            ptr: p.addr(),
+            bytes,
+            stream: stream.value() as usize,
+            device: device(),
+        });
+        Ok(p)
+    };
+    let free =
+        move |ptr: rmm_sys::DevicePtr, bytes: usize, stream: rmm_stream::CudaStreamView<'_>| {
             ld.lock().unwrap().push(Event {
                 free: true,
                 ptr: ptr.addr(),
@@ -170,8 +170,9 @@ fn recording(upstream: SharedResource) -> (SharedResource, Log) {
             });
             // SAFETY: the containers free what they allocated through this resource.
             unsafe { ud.deallocate(stream, ptr, bytes, 256) }
-        },
-    );
+        };
+    // SAFETY: the closures forward to `upstream`, a resource that keeps the contract.
+    let mr = unsafe { CallbackMemoryResource::new(alloc, free) };
     (Arc::new(mr), log)
 }
 
@@ -794,16 +795,17 @@ fn default_resource_replaced_while_alive() -> Outcome {
 
 fn drop_errors_are_recorded() -> Outcome {
     let cuda = CudaMemoryResource::new();
-    let mr = CallbackMemoryResource::new(
-        move |bytes, s| cuda.allocate(s, bytes, 256),
-        move |ptr, bytes, s| {
-            // SAFETY: frees what the allocation closure returned.
-            unsafe { cuda.deallocate(s, ptr, bytes, 256)? };
-            Err(MrError::invalid_argument(
-                "test resource refuses to free (gpu_containers)",
-            ))
-        },
-    );
+    let alloc = move |bytes: usize, s: rmm_stream::CudaStreamView<'_>| cuda.allocate(s, bytes, 256);
+    let free = move |ptr: rmm_sys::DevicePtr, bytes: usize, s: rmm_stream::CudaStreamView<'_>| {
+        // SAFETY: frees what the allocation closure returned.
+        unsafe { cuda.deallocate(s, ptr, bytes, 256)? };
+        Err(MrError::invalid_argument(
+            "test resource refuses to free (gpu_containers)",
+        ))
+    };
+    // SAFETY: the closures forward to a CUDA resource, which keeps the contract.
+    let mr = unsafe { CallbackMemoryResource::new(alloc, free) };
+
     let _ = take_drop_errors();
     let b = DeviceBuffer::new_in(1024, CudaStreamView::default(), Arc::new(mr))?;
     drop(b);

@@ -41,7 +41,9 @@ thread_local! {
 #[derive(Debug, Default)]
 struct NullUpstream;
 
-impl DeviceMemoryResource for NullUpstream {
+// SAFETY: a benchmark double handing out fake addresses. That breaks the promise of valid
+// memory, which is sound only because this benchmark never touches the memory.
+unsafe impl DeviceMemoryResource for NullUpstream {
     #[inline]
     fn allocate(
         &self,

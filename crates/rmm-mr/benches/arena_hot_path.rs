@@ -179,7 +179,9 @@ impl Replayer for Resource {
 #[derive(Debug, Clone, Copy)]
 struct NullUpstream;
 
-impl DeviceMemoryResource for NullUpstream {
+// SAFETY: a benchmark double handing out fake addresses. That breaks the promise of valid
+// memory, which is sound only because this benchmark never touches the memory.
+unsafe impl DeviceMemoryResource for NullUpstream {
     fn allocate(&self, _: CudaStreamView<'_>, _: usize, _: usize) -> MrResult<DevicePtr> {
         Ok(DevicePtr::from_raw(BASE))
     }

@@ -53,7 +53,9 @@ impl NullUpstream {
     }
 }
 
-impl DeviceMemoryResource for NullUpstream {
+// SAFETY: a benchmark double handing out fake addresses. That breaks the promise of valid
+// memory, which is sound only because this benchmark never touches the memory.
+unsafe impl DeviceMemoryResource for NullUpstream {
     fn allocate(
         &self,
         _stream: CudaStreamView<'_>,

@@ -139,7 +139,10 @@ impl<U: DeviceMemoryResource> fmt::Debug for AlignedResourceAdaptor<U> {
     }
 }
 
-impl<U: DeviceMemoryResource> DeviceMemoryResource for AlignedResourceAdaptor<U> {
+// SAFETY: every pointer handed out is the upstream's (bound by this trait's contract), or an
+// offset into an over-allocation from it that leaves at least the bytes asked for before its
+// end; it goes back to the upstream only when it is freed here.
+unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for AlignedResourceAdaptor<U> {
     fn allocate(
         &self,
         stream: CudaStreamView<'_>,
@@ -279,7 +282,9 @@ mod tests {
         }
     }
 
-    impl DeviceMemoryResource for Scripted {
+    // SAFETY: a test double handing out scripted fake addresses. That breaks the promise of valid
+    // memory, which is sound only because these tests never touch the memory.
+    unsafe impl DeviceMemoryResource for Scripted {
         fn allocate(
             &self,
             _stream: CudaStreamView<'_>,

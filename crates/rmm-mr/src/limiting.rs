@@ -237,7 +237,10 @@ impl<U: DeviceMemoryResource> fmt::Debug for LimitingResourceAdaptor<U> {
     }
 }
 
-impl<U: DeviceMemoryResource> DeviceMemoryResource for LimitingResourceAdaptor<U> {
+// SAFETY: every pointer handed out is one the upstream (itself bound by this trait's
+// contract) handed out, for at least the bytes asked for here, and it goes back to the
+// upstream only when it is freed here.
+unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for LimitingResourceAdaptor<U> {
     fn allocate(
         &self,
         stream: CudaStreamView<'_>,

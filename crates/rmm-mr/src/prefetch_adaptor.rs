@@ -83,7 +83,10 @@ fn prefetch_to_current_device(
     }
 }
 
-impl<U: DeviceMemoryResource> DeviceMemoryResource for PrefetchResourceAdaptor<U> {
+// SAFETY: every pointer handed out is one the upstream (itself bound by this trait's
+// contract) handed out, for at least the bytes asked for here, and it goes back to the
+// upstream only when it is freed here.
+unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for PrefetchResourceAdaptor<U> {
     fn allocate(
         &self,
         stream: CudaStreamView<'_>,

@@ -54,10 +54,52 @@ impl ResourceProperties {
 ///   [`SharedResource`] (`Arc<dyn DeviceMemoryResource>`), which is itself a resource.
 /// - A resource must be used while the device that was current at its construction is current
 ///   (containers switch devices for you).
+///
+/// # Safety
+/// The trait is `unsafe` to implement because safe code trusts what `allocate` returns:
+/// [`DeviceBuffer`](../rmm_containers/struct.DeviceBuffer.html) and the other containers copy
+/// `bytes` bytes into it with no further check. An implementation promises that a non-null
+/// pointer returned by `allocate(stream, bytes, alignment)`:
+/// - starts a region of at least `bytes` bytes that is valid for reads and writes on the
+///   device (or on the host, or both, exactly as [`properties`](Self::properties) says);
+/// - is aligned to at least 256 bytes, and to `alignment` when that is larger (or the call
+///   failed with a typed error instead);
+/// - overlaps no other allocation of this resource (or of an equal one) that has not been
+///   deallocated, and no memory the resource or anyone else uses;
+/// - stays valid until it is passed to `deallocate`, or until the resource and every clone
+///   of it (and every resource that owns it) are dropped, whichever comes first;
+/// - may be used on `stream` at once: no work still queued before the allocation touches it.
+///
+/// Adaptors and sub-allocators keep these promises by building only on their upstream's.
+/// RMM's C++ concept makes the same promises implicitly; here a resource written by a user says
+/// `unsafe impl` and so takes them on explicitly. Wrapping closures needs no `unsafe impl` but an
+/// `unsafe` call of [`CallbackMemoryResource::new`](crate::CallbackMemoryResource::new), which
+/// carries the same contract.
+///
+/// ```compile_fail,E0200
+/// # use rmm_mr::{DeviceMemoryResource, MrResult};
+/// # use rmm_stream::CudaStreamView;
+/// # use rmm_sys::DevicePtr;
+/// #[derive(Debug)]
+/// struct Liar;
+/// // Safe code cannot promise valid memory: this does not compile without `unsafe impl`.
+/// impl DeviceMemoryResource for Liar {
+///     fn allocate(&self, _: CudaStreamView<'_>, _: usize, _: usize) -> MrResult<DevicePtr> {
+///         Ok(DevicePtr::from_raw(0x1000))
+///     }
+///     unsafe fn deallocate(
+///         &self, _: CudaStreamView<'_>, _: DevicePtr, _: usize, _: usize,
+///     ) -> MrResult<()> {
+///         Ok(())
+///     }
+///     fn is_equal(&self, _: &dyn DeviceMemoryResource) -> bool { false }
+///     fn as_any(&self) -> &dyn std::any::Any { self }
+/// }
+/// ```
 #[doc(alias = "rmm::mr::device_memory_resource")]
 #[doc(alias = "rmm::device_async_resource_ref")]
 #[doc(alias = "cuda::mr::resource")]
-pub trait DeviceMemoryResource: Any + Send + Sync + fmt::Debug {
+pub unsafe trait DeviceMemoryResource: Any + Send + Sync + fmt::Debug {
     /// Allocates `bytes` (aligned to `alignment`, a power of two) ordered on `stream`.
     fn allocate(
         &self,
@@ -134,7 +176,9 @@ pub trait DeviceMemoryResource: Any + Send + Sync + fmt::Debug {
 /// cheap and clones compare equal; whatever holds one keeps the resource alive.
 pub type SharedResource = Arc<dyn DeviceMemoryResource>;
 
-impl<T: DeviceMemoryResource + ?Sized> DeviceMemoryResource for Arc<T> {
+// SAFETY: forwards every call to the resource it points to, which keeps the contract; the
+// `Arc` keeps that resource alive as long as the handle.
+unsafe impl<T: DeviceMemoryResource + ?Sized> DeviceMemoryResource for Arc<T> {
     #[inline]
     fn allocate(
         &self,

@@ -81,7 +81,10 @@ impl HostMockResource {
     }
 }
 
-impl DeviceMemoryResource for HostMockResource {
+// SAFETY: host memory from the global allocator, at least 256-byte aligned and `bytes` long,
+// live until it is freed here or the last clone of the mock is dropped; `properties` says it is
+// host memory only, so containers (which need device memory) refuse it.
+unsafe impl DeviceMemoryResource for HostMockResource {
     fn allocate(
         &self,
         _stream: CudaStreamView<'_>,

@@ -71,7 +71,10 @@ impl<U: DeviceMemoryResource> fmt::Debug for ThreadSafeResourceAdaptor<U> {
     }
 }
 
-impl<U: DeviceMemoryResource> DeviceMemoryResource for ThreadSafeResourceAdaptor<U> {
+// SAFETY: every pointer handed out is one the upstream (itself bound by this trait's
+// contract) handed out, for at least the bytes asked for here, and it goes back to the
+// upstream only when it is freed here.
+unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for ThreadSafeResourceAdaptor<U> {
     fn allocate(
         &self,
         stream: CudaStreamView<'_>,
@@ -143,7 +146,8 @@ mod tests {
         }
     }
 
-    impl DeviceMemoryResource for OverlapDetector {
+    // SAFETY: a test double that forwards to a `HostMockResource`, which keeps the contract.
+    unsafe impl DeviceMemoryResource for OverlapDetector {
         fn allocate(
             &self,
             stream: CudaStreamView<'_>,

@@ -75,14 +75,18 @@ fn subjects() -> Vec<Subject> {
         .without_mt(),
         Subject::new("callback", || {
             let up = CudaMemoryResource::new();
-            Ok(arc(CallbackMemoryResource::new(
-                move |bytes, stream| up.allocate(stream, bytes, 256),
-                move |ptr, bytes, stream| {
-                    // SAFETY: the callback resource hands back only what its allocate callback
-                    // returned, with the same size.
-                    unsafe { up.deallocate(stream, ptr, bytes, 256) }
-                },
-            )))
+            let alloc = move |bytes: usize, stream: rmm_stream::CudaStreamView<'_>| {
+                up.allocate(stream, bytes, 256)
+            };
+            let free = move |ptr: rmm_sys::DevicePtr,
+                             bytes: usize,
+                             stream: rmm_stream::CudaStreamView<'_>| {
+                // SAFETY: the callback resource hands back only what its allocate callback
+                // returned, with the same size.
+                unsafe { up.deallocate(stream, ptr, bytes, 256) }
+            };
+            // SAFETY: the closures forward to a CUDA resource, which keeps the contract.
+            Ok(arc(unsafe { CallbackMemoryResource::new(alloc, free) }))
         }),
         // 2 GiB: the multithreaded cases hold up to 4 x 100 random allocations of up to 5 MiB
         // at once (1,070 MiB with their seeds), so a 1 GiB limit made them fail whenever the

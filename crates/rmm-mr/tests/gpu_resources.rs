@@ -352,14 +352,19 @@ fn limiting_cases() -> Result<Completion, Failed> {
 
 fn callback_shared_ownership() -> Result<Completion, Failed> {
     let up = CudaMemoryResource::new();
-    let cb = CallbackMemoryResource::new(
-        move |b, s| up.allocate(s, b, 256),
-        // SAFETY: only pointers from the allocate callback come back.
-        move |p, b, s| unsafe { up.deallocate(s, p, b, 256) },
-    );
+    let alloc = move |b: usize, s: rmm_stream::CudaStreamView<'_>| up.allocate(s, b, 256);
+    // SAFETY: only pointers from the allocate callback come back.
+    let free = move |p: rmm_sys::DevicePtr, b: usize, s: rmm_stream::CudaStreamView<'_>| unsafe {
+        up.deallocate(s, p, b, 256)
+    };
+    // SAFETY: the closures forward to a CUDA resource, which keeps the contract.
+    let cb = unsafe { CallbackMemoryResource::new(alloc, free) };
     let copy = cb.clone();
     ensure(cb.is_equal(&copy), "copy unequal")?;
-    let other = CallbackMemoryResource::new(|_, _| Ok(rmm_sys::DevicePtr::NULL), |_, _, _| Ok(()));
+    // SAFETY: null is always a valid answer.
+    let other = unsafe {
+        CallbackMemoryResource::new(|_, _| Ok(rmm_sys::DevicePtr::NULL), |_, _, _| Ok(()))
+    };
     ensure(!cb.is_equal(&other), "fresh instance equal")?;
     let p = cb.allocate_sync(MIB, 256)?;
     drop(cb);

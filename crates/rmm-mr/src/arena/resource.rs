@@ -208,7 +208,10 @@ impl<U: DeviceMemoryResource> fmt::Debug for ArenaMemoryResource<U> {
     }
 }
 
-impl<U: DeviceMemoryResource> DeviceMemoryResource for ArenaMemoryResource<U> {
+// SAFETY: blocks are disjoint, 256-byte aligned sub-ranges of chunks the upstream (bound by
+// this trait's contract) handed out and this resource holds until it is dropped; a block is
+// handed out again only after it was freed, ordered after the freeing stream's work.
+unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for ArenaMemoryResource<U> {
     /// Allocates `bytes` for `stream`; `alignment` is ignored (blocks are 256-aligned).
     fn allocate(
         &self,

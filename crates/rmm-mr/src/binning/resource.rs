@@ -222,7 +222,9 @@ impl<U: DeviceMemoryResource> fmt::Debug for BinningMemoryResource<U> {
     }
 }
 
-impl<U: DeviceMemoryResource> DeviceMemoryResource for BinningMemoryResource<U> {
+// SAFETY: every pointer comes from one of the bins or the fallback upstream (each bound by
+// this trait's contract) and goes back to the one that handed it out when it is freed here.
+unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for BinningMemoryResource<U> {
     fn allocate(
         &self,
         stream: CudaStreamView<'_>,

@@ -263,7 +263,10 @@ impl<U: DeviceMemoryResource> fmt::Debug for FixedSizeMemoryResource<U> {
     }
 }
 
-impl<U: DeviceMemoryResource> DeviceMemoryResource for FixedSizeMemoryResource<U> {
+// SAFETY: blocks are disjoint, 256-byte aligned sub-ranges of chunks the upstream (bound by
+// this trait's contract) handed out and this resource holds until it is dropped; a block is
+// handed out again only after it was freed, ordered after the freeing stream's work.
+unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for FixedSizeMemoryResource<U> {
     fn allocate(
         &self,
         stream: CudaStreamView<'_>,

@@ -242,7 +242,10 @@ impl<U: DeviceMemoryResource> fmt::Debug for LoggingResourceAdaptor<U> {
     }
 }
 
-impl<U: DeviceMemoryResource> DeviceMemoryResource for LoggingResourceAdaptor<U> {
+// SAFETY: every pointer handed out is one the upstream (itself bound by this trait's
+// contract) handed out, for at least the bytes asked for here, and it goes back to the
+// upstream only when it is freed here.
+unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for LoggingResourceAdaptor<U> {
     fn allocate(
         &self,
         stream: CudaStreamView<'_>,
@@ -615,7 +618,8 @@ mod tests {
         checked: Arc<AtomicUsize>,
     }
 
-    impl DeviceMemoryResource for FreeRowFirst {
+    // SAFETY: a test double that forwards to a `HostMockResource`, which keeps the contract.
+    unsafe impl DeviceMemoryResource for FreeRowFirst {
         fn allocate(
             &self,
             stream: CudaStreamView<'_>,

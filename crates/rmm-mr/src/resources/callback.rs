@@ -33,7 +33,22 @@ pub struct CallbackMemoryResource {
 
 impl CallbackMemoryResource {
     /// A resource calling `allocate` and `deallocate`.
-    pub fn new<A, D>(allocate: A, deallocate: D) -> Self
+    ///
+    /// # Safety
+    /// Containers and sub-allocators trust the pointers `allocate` returns, so the closures
+    /// must keep the [`DeviceMemoryResource`] contract (its "Safety" section): `allocate(bytes,
+    /// stream)` returns null or a 256-byte aligned region of at least `bytes` bytes, accessible
+    /// on the device, usable on `stream`, overlapping no other live allocation, and valid until
+    /// `deallocate` is called with it (or the resource is dropped). A closure that returns, for
+    /// example, the address of a small host object lets safe code write past it.
+    ///
+    /// ```compile_fail,E0133
+    /// use rmm_mr::CallbackMemoryResource;
+    /// use rmm_sys::DevicePtr;
+    /// // Building it is a promise about the closures, so it needs `unsafe`.
+    /// let mr = CallbackMemoryResource::new(|_, _| Ok(DevicePtr::NULL), |_, _, _| Ok(()));
+    /// ```
+    pub unsafe fn new<A, D>(allocate: A, deallocate: D) -> Self
     where
         A: Fn(usize, CudaStreamView<'_>) -> MrResult<DevicePtr> + Send + Sync + 'static,
         D: Fn(DevicePtr, usize, CudaStreamView<'_>) -> MrResult<()> + Send + Sync + 'static,
@@ -53,7 +68,9 @@ impl fmt::Debug for CallbackMemoryResource {
     }
 }
 
-impl DeviceMemoryResource for CallbackMemoryResource {
+// SAFETY: `CallbackMemoryResource::new` is `unsafe`: its caller promised that the closures keep
+// this trait's contract.
+unsafe impl DeviceMemoryResource for CallbackMemoryResource {
     fn allocate(
         &self,
         stream: CudaStreamView<'_>,

@@ -64,7 +64,10 @@ pub(crate) fn base_deallocate(
     free(ptr).map_err(|e| free_error(e, ptr, bytes))
 }
 
-impl DeviceMemoryResource for CudaMemoryResource {
+// SAFETY: every pointer comes from the driver's allocator, which returns a fresh,
+// 256-byte aligned region of at least the bytes asked for, accessible as `properties` says,
+// until it is freed here.
+unsafe impl DeviceMemoryResource for CudaMemoryResource {
     fn allocate(
         &self,
         _stream: CudaStreamView<'_>,

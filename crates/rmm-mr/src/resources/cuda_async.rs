@@ -207,7 +207,10 @@ impl CudaAsyncMemoryResource {
     }
 }
 
-impl DeviceMemoryResource for CudaAsyncMemoryResource {
+// SAFETY: every pointer comes from the driver's allocator, which returns a fresh,
+// 256-byte aligned region of at least the bytes asked for, accessible as `properties` says,
+// until it is freed here.
+unsafe impl DeviceMemoryResource for CudaAsyncMemoryResource {
     #[inline]
     fn allocate(
         &self,

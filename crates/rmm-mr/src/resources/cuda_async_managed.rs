@@ -52,7 +52,10 @@ impl CudaAsyncManagedMemoryResource {
     }
 }
 
-impl DeviceMemoryResource for CudaAsyncManagedMemoryResource {
+// SAFETY: every pointer comes from the driver's allocator, which returns a fresh,
+// 256-byte aligned region of at least the bytes asked for, accessible as `properties` says,
+// until it is freed here.
+unsafe impl DeviceMemoryResource for CudaAsyncManagedMemoryResource {
     fn allocate(
         &self,
         stream: CudaStreamView<'_>,

@@ -50,7 +50,10 @@ impl CudaAsyncViewMemoryResource {
     }
 }
 
-impl DeviceMemoryResource for CudaAsyncViewMemoryResource {
+// SAFETY: every pointer comes from the driver's allocator, which returns a fresh,
+// 256-byte aligned region of at least the bytes asked for, accessible as `properties` says,
+// until it is freed here.
+unsafe impl DeviceMemoryResource for CudaAsyncViewMemoryResource {
     fn allocate(
         &self,
         stream: CudaStreamView<'_>,

@@ -24,7 +24,10 @@ impl ManagedMemoryResource {
     }
 }
 
-impl DeviceMemoryResource for ManagedMemoryResource {
+// SAFETY: every pointer comes from the driver's allocator, which returns a fresh,
+// 256-byte aligned region of at least the bytes asked for, accessible as `properties` says,
+// until it is freed here.
+unsafe impl DeviceMemoryResource for ManagedMemoryResource {
     fn allocate(
         &self,
         _stream: CudaStreamView<'_>,

@@ -26,7 +26,10 @@ impl PinnedHostMemoryResource {
     }
 }
 
-impl DeviceMemoryResource for PinnedHostMemoryResource {
+// SAFETY: every pointer comes from the driver's allocator, which returns a fresh,
+// 256-byte aligned region of at least the bytes asked for, accessible as `properties` says,
+// until it is freed here.
+unsafe impl DeviceMemoryResource for PinnedHostMemoryResource {
     fn allocate(
         &self,
         _stream: CudaStreamView<'_>,

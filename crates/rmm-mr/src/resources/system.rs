@@ -120,7 +120,10 @@ impl SystemMemoryResource {
     }
 }
 
-impl DeviceMemoryResource for SystemMemoryResource {
+// SAFETY: every pointer comes from the host's allocator (aligned allocation of at least the
+// bytes asked for, at least 256-byte aligned), device-accessible through the device's
+// pageable-memory access, which construction checked; it is freed only here.
+unsafe impl DeviceMemoryResource for SystemMemoryResource {
     fn allocate(
         &self,
         _stream: CudaStreamView<'_>,
@@ -189,7 +192,10 @@ impl SamHeadroomMemoryResource {
     }
 }
 
-impl DeviceMemoryResource for SamHeadroomMemoryResource {
+// SAFETY: every pointer comes from the host's allocator (aligned allocation of at least the
+// bytes asked for, at least 256-byte aligned), device-accessible through the device's
+// pageable-memory access, which construction checked; it is freed only here.
+unsafe impl DeviceMemoryResource for SamHeadroomMemoryResource {
     fn allocate(
         &self,
         _stream: CudaStreamView<'_>,

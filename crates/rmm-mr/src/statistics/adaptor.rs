@@ -122,7 +122,10 @@ impl<U: DeviceMemoryResource> fmt::Debug for StatisticsResourceAdaptor<U> {
     }
 }
 
-impl<U: DeviceMemoryResource> DeviceMemoryResource for StatisticsResourceAdaptor<U> {
+// SAFETY: every pointer handed out is one the upstream (itself bound by this trait's
+// contract) handed out, for at least the bytes asked for here, and it goes back to the
+// upstream only when it is freed here.
+unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for StatisticsResourceAdaptor<U> {
     #[inline]
     fn allocate(
         &self,
@@ -211,7 +214,8 @@ mod tests {
         }
     }
 
-    impl DeviceMemoryResource for Hooked {
+    // SAFETY: a test double that forwards to a `HostMockResource`, which keeps the contract.
+    unsafe impl DeviceMemoryResource for Hooked {
         fn allocate(
             &self,
             stream: CudaStreamView<'_>,

@@ -155,7 +155,10 @@ impl<U: DeviceMemoryResource> fmt::Debug for TrackingResourceAdaptor<U> {
     }
 }
 
-impl<U: DeviceMemoryResource> DeviceMemoryResource for TrackingResourceAdaptor<U> {
+// SAFETY: every pointer handed out is one the upstream (itself bound by this trait's
+// contract) handed out, for at least the bytes asked for here, and it goes back to the
+// upstream only when it is freed here.
+unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for TrackingResourceAdaptor<U> {
     fn allocate(
         &self,
         stream: CudaStreamView<'_>,
@@ -264,7 +267,8 @@ mod tests {
         }
     }
 
-    impl DeviceMemoryResource for Hooked {
+    // SAFETY: a test double that forwards to a `HostMockResource`, which keeps the contract.
+    unsafe impl DeviceMemoryResource for Hooked {
         fn allocate(
             &self,
             stream: CudaStreamView<'_>,
