@@ -1,5 +1,5 @@
 //! The rmm-rs workspace's task runner: `cargo xtask ci`, `cargo xtask gpu bundle`,
-//! `cargo xtask gpu run`. See CONTRIBUTING.md and docs/gpu-testing.md.
+//! `cargo xtask gpu run`, `cargo xtask miri`. See CONTRIBUTING.md and docs/gpu-testing.md.
 
 mod artifacts;
 mod bundle;
@@ -7,6 +7,7 @@ mod cargo;
 mod ci;
 mod gpu;
 mod layers;
+mod miri;
 mod runner;
 
 use std::process::ExitCode;
@@ -19,6 +20,8 @@ commands:
   ci [--skip STEP]...       what CI runs: fmt, layers, clippy, test, doc (stops at the first failure)
   gpu bundle [--out DIR]    build GPU test/bench/example binaries into DIR (default gpu-bundle/)
   gpu run [ARGS...]         run gpu-bundle/run.sh ARGS on this (GPU) machine
+  miri [--cases N] [--no-doc]
+                            pure cores' unit tests under Miri, compile-fail doctests (nightly)
   help                      this text";
 
 fn main() -> ExitCode {
@@ -26,6 +29,7 @@ fn main() -> ExitCode {
     let result = match args.split_first() {
         Some((cmd, rest)) if cmd == "ci" => ci::run(rest).map(|()| 0),
         Some((cmd, rest)) if cmd == "gpu" => gpu::run(rest),
+        Some((cmd, rest)) if cmd == "miri" => miri::run(rest),
         Some((cmd, _)) if matches!(cmd.as_str(), "help" | "-h" | "--help") => {
             println!("{USAGE}");
             Ok(0)

@@ -26,6 +26,30 @@ const PER_THREAD: usize = 0x2;
 /// Handle 0 means "the default stream", whose meaning is the process's
 /// [`DefaultStreamMode`]; [`CudaStreamView::as_raw`] resolves it to the handle the driver
 /// needs.
+///
+/// A view that would outlive its stream does not compile:
+///
+/// ```compile_fail,E0597
+/// use rmm_stream::{CudaStream, CudaStreamView};
+///
+/// let view: CudaStreamView<'static>;
+/// {
+///     let stream = CudaStream::non_blocking().unwrap();
+///     view = stream.view(); // `stream` does not live long enough
+/// }
+/// let _ = view.synchronize();
+/// ```
+///
+/// Nor does one kept after its stream was dropped:
+///
+/// ```compile_fail,E0505
+/// use rmm_stream::CudaStream;
+///
+/// let stream = CudaStream::non_blocking().unwrap();
+/// let view = stream.view();
+/// drop(stream); // cannot move out of `stream` while it is borrowed
+/// let _ = view.synchronize();
+/// ```
 #[doc(alias = "rmm::cuda_stream_view")]
 #[derive(Clone, Copy)]
 pub struct CudaStreamView<'a> {

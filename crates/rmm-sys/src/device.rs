@@ -3,6 +3,7 @@
 
 use std::ffi::c_int;
 use std::fmt;
+use std::marker::PhantomData;
 
 use cudarc::driver::sys;
 
@@ -59,27 +60,37 @@ pub fn set_current_device(device: DeviceId) -> CudaResult<()> {
 }
 
 /// Makes a device current for a scope and restores the previous one on drop (RMM's
-/// `cuda_set_device_raii`). A negative id, or the device already current, changes nothing.
+/// `cuda_set_device_raii`). A negative id, or the device already current, changes nothing. The
+/// guard is not `Send`: dropped on another thread it would change that thread's device.
 #[doc(alias = "rmm::cuda_set_device_raii")]
 #[derive(Debug)]
 #[must_use = "the previous device is restored when the guard drops"]
 pub struct DeviceGuard {
     previous: Option<DeviceId>,
+    /// The guard restores the device of the thread that made it: it must not move to another.
+    _not_send: PhantomData<*const ()>,
 }
 
 impl DeviceGuard {
     /// Makes `device` current until the guard drops.
     pub fn new(device: DeviceId) -> CudaResult<Self> {
         if device.0 < 0 {
-            return Ok(Self { previous: None });
+            return Ok(Self {
+                previous: None,
+                _not_send: PhantomData,
+            });
         }
         let previous = current_device()?;
         if previous == device {
-            return Ok(Self { previous: None });
+            return Ok(Self {
+                previous: None,
+                _not_send: PhantomData,
+            });
         }
         set_current_device(device)?;
         Ok(Self {
             previous: Some(previous),
+            _not_send: PhantomData,
         })
     }
 }
