@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 use cudarc::driver::sys;
 
 use crate::device::{AllocationHandleType, DeviceId};
-use crate::driver::{ensure_current_context, resolve};
+use crate::driver::{context_api, ensure_current_context, resolve};
 use crate::error::{check, CudaResult};
 use crate::memory::{MemLocation, RawMemLocation};
 use crate::ptr::DevicePtr;
@@ -40,7 +40,7 @@ impl MemPoolHandle {
 /// bytes), so one definition serves every binding cudarc may have picked.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct RawPoolProps {
+pub(crate) struct RawPoolProps {
     alloc_type: u32,
     handle_types: u32,
     location: RawMemLocation,
@@ -62,7 +62,7 @@ pub fn mem_pool_create(
     device: DeviceId,
     handle_type: AllocationHandleType,
 ) -> CudaResult<MemPoolHandle> {
-    ensure_current_context()?;
+    let api = context_api()?;
     let props = RawPoolProps {
         alloc_type: ALLOCATION_TYPE_PINNED,
         handle_types: handle_type as u32,
@@ -76,10 +76,7 @@ pub fn mem_pool_create(
     // SAFETY: `RawPoolProps` has the ABI of `CUmemPoolProps` (size asserted above, fields in
     // header order); the call reads it and writes one handle.
     check("cuMemPoolCreate", unsafe {
-        sys::cuMemPoolCreate(
-            &mut pool,
-            (&props as *const RawPoolProps).cast::<sys::CUmemPoolProps>(),
-        )
+        (api.cuMemPoolCreate)(&mut pool, &props)
     })?;
     Ok(MemPoolHandle::from_raw(pool))
 }
@@ -89,10 +86,10 @@ pub fn mem_pool_create(
 /// # Safety
 /// `pool` came from [`mem_pool_create`] and is not used afterwards.
 pub unsafe fn mem_pool_destroy(pool: MemPoolHandle) -> CudaResult<()> {
-    ensure_current_context()?;
+    let api = context_api()?;
     // SAFETY: the caller's contract.
     check("cuMemPoolDestroy", unsafe {
-        sys::cuMemPoolDestroy(pool.as_raw())
+        (api.cuMemPoolDestroy)(pool.as_raw())
     })
 }
 
@@ -126,12 +123,12 @@ impl MemPoolAttribute {
 
 /// `cuMemPoolGetAttribute` for a 64-bit attribute.
 pub fn mem_pool_get_attribute(pool: MemPoolHandle, attr: MemPoolAttribute) -> CudaResult<u64> {
-    ensure_current_context()?;
+    let api = context_api()?;
     let mut v: u64 = 0;
     // SAFETY: every attribute of `MemPoolAttribute` is a cuuint64_t; an invalid pool is reported
     // as an error code.
     check("cuMemPoolGetAttribute", unsafe {
-        sys::cuMemPoolGetAttribute(pool.as_raw(), attr.raw(), (&mut v as *mut u64).cast())
+        (api.cuMemPoolGetAttribute)(pool.as_raw(), attr.raw(), (&mut v as *mut u64).cast())
     })?;
     Ok(v)
 }
@@ -142,20 +139,20 @@ pub fn mem_pool_set_attribute(
     attr: MemPoolAttribute,
     value: u64,
 ) -> CudaResult<()> {
-    ensure_current_context()?;
+    let api = context_api()?;
     let mut v = value;
     // SAFETY: as `mem_pool_get_attribute`; the driver only reads the value.
     check("cuMemPoolSetAttribute", unsafe {
-        sys::cuMemPoolSetAttribute(pool.as_raw(), attr.raw(), (&mut v as *mut u64).cast())
+        (api.cuMemPoolSetAttribute)(pool.as_raw(), attr.raw(), (&mut v as *mut u64).cast())
     })
 }
 
 /// `cuMemPoolTrimTo`: releases unused pool memory down to `min_bytes_to_keep`.
 pub fn mem_pool_trim_to(pool: MemPoolHandle, min_bytes_to_keep: usize) -> CudaResult<()> {
-    ensure_current_context()?;
+    let api = context_api()?;
     // SAFETY: an invalid pool is reported as an error code.
     check("cuMemPoolTrimTo", unsafe {
-        sys::cuMemPoolTrimTo(pool.as_raw(), min_bytes_to_keep)
+        (api.cuMemPoolTrimTo)(pool.as_raw(), min_bytes_to_keep)
     })
 }
 
@@ -168,11 +165,11 @@ pub unsafe fn mem_alloc_from_pool_async(
     pool: MemPoolHandle,
     stream: sys::CUstream,
 ) -> CudaResult<DevicePtr> {
-    ensure_current_context()?;
+    let api = context_api()?;
     let mut p: sys::CUdeviceptr = 0;
     // SAFETY: the caller's contract; writes one address.
     check("cuMemAllocFromPoolAsync", unsafe {
-        sys::cuMemAllocFromPoolAsync(&mut p, bytes, pool.as_raw(), stream)
+        (api.cuMemAllocFromPoolAsync)(&mut p, bytes, pool.as_raw(), stream)
     })?;
     Ok(DevicePtr::from_raw(p))
 }
@@ -182,11 +179,11 @@ pub unsafe fn mem_alloc_from_pool_async(
 /// # Safety
 /// `stream` is a valid stream handle.
 pub unsafe fn mem_alloc_async(bytes: usize, stream: sys::CUstream) -> CudaResult<DevicePtr> {
-    ensure_current_context()?;
+    let api = context_api()?;
     let mut p: sys::CUdeviceptr = 0;
     // SAFETY: the caller's contract; writes one address.
     check("cuMemAllocAsync", unsafe {
-        sys::cuMemAllocAsync(&mut p, bytes, stream)
+        (api.cuMemAllocAsync)(&mut p, bytes, stream)
     })?;
     Ok(DevicePtr::from_raw(p))
 }
@@ -197,20 +194,20 @@ pub unsafe fn mem_alloc_async(bytes: usize, stream: sys::CUstream) -> CudaResult
 /// `ptr` came from a stream-ordered allocation, was not freed, and work that uses it is
 /// ordered before this point of `stream`.
 pub unsafe fn mem_free_async(ptr: DevicePtr, stream: sys::CUstream) -> CudaResult<()> {
-    ensure_current_context()?;
+    let api = context_api()?;
     // SAFETY: the caller's contract.
     check("cuMemFreeAsync", unsafe {
-        sys::cuMemFreeAsync(ptr.addr(), stream)
+        (api.cuMemFreeAsync)(ptr.addr(), stream)
     })
 }
 
 /// `cuDeviceGetDefaultMemPool`: the device's default pool (release threshold 0 unless changed).
 pub fn device_default_mem_pool(device: DeviceId) -> CudaResult<MemPoolHandle> {
-    crate::driver::init()?;
+    let api = crate::driver::api()?;
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
     // SAFETY: the driver is initialized; writes one handle.
     check("cuDeviceGetDefaultMemPool", unsafe {
-        sys::cuDeviceGetDefaultMemPool(&mut pool, device.0)
+        (api.cuDeviceGetDefaultMemPool)(&mut pool, device.0)
     })?;
     Ok(MemPoolHandle::from_raw(pool))
 }
@@ -218,11 +215,11 @@ pub fn device_default_mem_pool(device: DeviceId) -> CudaResult<MemPoolHandle> {
 /// `cuDeviceGetMemPool`: the device's current pool (what `cuMemAllocAsync` allocates from,
 /// and so what cudarc, candle and cubecl use).
 pub fn device_current_mem_pool(device: DeviceId) -> CudaResult<MemPoolHandle> {
-    crate::driver::init()?;
+    let api = crate::driver::api()?;
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
     // SAFETY: the driver is initialized; writes one handle.
     check("cuDeviceGetMemPool", unsafe {
-        sys::cuDeviceGetMemPool(&mut pool, device.0)
+        (api.cuDeviceGetMemPool)(&mut pool, device.0)
     })?;
     Ok(MemPoolHandle::from_raw(pool))
 }
@@ -250,12 +247,8 @@ pub fn default_managed_mem_pool(device: DeviceId) -> CudaResult<MemPoolHandle> {
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
     let mut location: RawMemLocation = MemLocation::Device(device.0).into();
     // SAFETY: a context is current; the call reads the location and writes one handle.
-    let r = unsafe { f(&mut pool, &mut location, ALLOCATION_TYPE_MANAGED) };
-    if r != 0 {
-        return Err(crate::error::CudaError::from_raw_code(
-            "cuMemGetDefaultMemPool",
-            r,
-        ));
-    }
+    check("cuMemGetDefaultMemPool", unsafe {
+        f(&mut pool, &mut location, ALLOCATION_TYPE_MANAGED)
+    })?;
     Ok(MemPoolHandle::from_raw(pool))
 }
