@@ -23,9 +23,10 @@
 //!   ones (`cuMemGetDefaultMemPool`, CUDA 13's `cuMemPrefetchAsync`) are resolved with
 //!   `cuGetProcAddress` after a version check and fail with
 //!   [`CudaError::EntryPointUnavailable`] on an older driver.
-//! - **Safety**: functions that free memory, destroy handles or write through addresses are
-//!   `unsafe fn`s whose contracts say what the caller vouches for; every `unsafe` block carries
-//!   a `// SAFETY:` comment.
+//! - **Safety**: functions that free memory, destroy handles, write through addresses or take
+//!   a raw handle the caller must keep alive (streams, events, memory pools) are `unsafe fn`s
+//!   whose contracts say what the caller vouches for; every `unsafe` block carries a
+//!   `// SAFETY:` comment.
 
 #![doc(html_root_url = "https://docs.rs/rmm-sys/0.1.0")]
 

@@ -13,6 +13,14 @@ use crate::ptr::DevicePtr;
 use crate::version::DriverVersion;
 
 /// A memory pool handle (`CUmemoryPool`), kept as an address so it is `Send + Sync`.
+///
+/// Plain data: it does not own the pool or keep it alive, and a copy outlives the pool it
+/// names. So every function that hands it to the driver is `unsafe` and asks for a **live**
+/// pool: one created by [`mem_pool_create`] and not yet passed to [`mem_pool_destroy`], a
+/// device's default pool ([`device_default_mem_pool`], [`default_managed_mem_pool`]: the driver
+/// never destroys those), or a pool whose owner keeps it alive for the duration of the call.
+/// Safe code gets a live pool from a type that owns or shares it, such as rmm-mr's
+/// `CudaAsyncMemoryResource`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MemPoolHandle(usize);
 
@@ -57,7 +65,8 @@ const ALLOCATION_TYPE_PINNED: u32 = 1;
 /// `CU_MEM_ALLOCATION_TYPE_MANAGED` (CUDA 13).
 const ALLOCATION_TYPE_MANAGED: u32 = 2;
 
-/// `cuMemPoolCreate`: a new pool of pinned device memory on `device`.
+/// `cuMemPoolCreate`: a new pool of pinned device memory on `device`. The caller owns it: it
+/// stays live until passed to [`mem_pool_destroy`], which nothing does for it.
 pub fn mem_pool_create(
     device: DeviceId,
     handle_type: AllocationHandleType,
@@ -122,11 +131,27 @@ impl MemPoolAttribute {
 }
 
 /// `cuMemPoolGetAttribute` for a 64-bit attribute.
-pub fn mem_pool_get_attribute(pool: MemPoolHandle, attr: MemPoolAttribute) -> CudaResult<u64> {
+///
+/// # Safety
+/// `pool` is a live pool (see [`MemPoolHandle`]): it was not destroyed, and is not destroyed
+/// while this call runs. The handle of a destroyed pool may be dangling, or stand for another
+/// pool, in the driver.
+///
+/// Safe code cannot pass any handle it likes:
+///
+/// ```compile_fail,E0133
+/// use rmm_sys::{mempool, MemPoolAttribute, MemPoolHandle};
+/// let dangling = MemPoolHandle::from_raw(8 as rmm_sys::ffi::CUmemoryPool);
+/// let _ = mempool::mem_pool_get_attribute(dangling, MemPoolAttribute::UsedMemCurrent);
+/// ```
+pub unsafe fn mem_pool_get_attribute(
+    pool: MemPoolHandle,
+    attr: MemPoolAttribute,
+) -> CudaResult<u64> {
     let api = context_api()?;
     let mut v: u64 = 0;
-    // SAFETY: every attribute of `MemPoolAttribute` is a cuuint64_t; an invalid pool is reported
-    // as an error code.
+    // SAFETY: the pool is live (caller); every attribute of `MemPoolAttribute` is a
+    // cuuint64_t, which the call writes.
     check("cuMemPoolGetAttribute", unsafe {
         (api.cuMemPoolGetAttribute)(pool.as_raw(), attr.raw(), (&mut v as *mut u64).cast())
     })?;
@@ -134,7 +159,16 @@ pub fn mem_pool_get_attribute(pool: MemPoolHandle, attr: MemPoolAttribute) -> Cu
 }
 
 /// `cuMemPoolSetAttribute` for a 64-bit attribute.
-pub fn mem_pool_set_attribute(
+///
+/// # Safety
+/// As [`mem_pool_get_attribute`]: `pool` is a live pool.
+///
+/// ```compile_fail,E0133
+/// use rmm_sys::{mempool, MemPoolAttribute, MemPoolHandle};
+/// let dangling = MemPoolHandle::from_raw(8 as rmm_sys::ffi::CUmemoryPool);
+/// let _ = mempool::mem_pool_set_attribute(dangling, MemPoolAttribute::ReleaseThreshold, 0);
+/// ```
+pub unsafe fn mem_pool_set_attribute(
     pool: MemPoolHandle,
     attr: MemPoolAttribute,
     value: u64,
@@ -148,9 +182,18 @@ pub fn mem_pool_set_attribute(
 }
 
 /// `cuMemPoolTrimTo`: releases unused pool memory down to `min_bytes_to_keep`.
-pub fn mem_pool_trim_to(pool: MemPoolHandle, min_bytes_to_keep: usize) -> CudaResult<()> {
+///
+/// # Safety
+/// As [`mem_pool_get_attribute`]: `pool` is a live pool.
+///
+/// ```compile_fail,E0133
+/// use rmm_sys::{mempool, MemPoolHandle};
+/// let dangling = MemPoolHandle::from_raw(8 as rmm_sys::ffi::CUmemoryPool);
+/// let _ = mempool::mem_pool_trim_to(dangling, 0);
+/// ```
+pub unsafe fn mem_pool_trim_to(pool: MemPoolHandle, min_bytes_to_keep: usize) -> CudaResult<()> {
     let api = context_api()?;
-    // SAFETY: an invalid pool is reported as an error code.
+    // SAFETY: the pool is live (caller).
     check("cuMemPoolTrimTo", unsafe {
         (api.cuMemPoolTrimTo)(pool.as_raw(), min_bytes_to_keep)
     })
@@ -202,6 +245,8 @@ pub unsafe fn mem_free_async(ptr: DevicePtr, stream: sys::CUstream) -> CudaResul
 }
 
 /// `cuDeviceGetDefaultMemPool`: the device's default pool (release threshold 0 unless changed).
+/// The driver never destroys a default pool (`cuMemPoolDestroy` refuses one), so the handle is
+/// live for the process.
 pub fn device_default_mem_pool(device: DeviceId) -> CudaResult<MemPoolHandle> {
     let api = crate::driver::api()?;
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
@@ -214,6 +259,11 @@ pub fn device_default_mem_pool(device: DeviceId) -> CudaResult<MemPoolHandle> {
 
 /// `cuDeviceGetMemPool`: the device's current pool (what `cuMemAllocAsync` allocates from,
 /// and so what cudarc, candle and cubecl use).
+///
+/// The device's default pool unless other code made its own pool current with
+/// `cuDeviceSetMemPool`; that code may destroy its pool later (the default one becomes current
+/// again), so the handle is live only as long as that owner keeps it: compare it with
+/// [`device_default_mem_pool`] to know.
 pub fn device_current_mem_pool(device: DeviceId) -> CudaResult<MemPoolHandle> {
     let api = crate::driver::api()?;
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
@@ -227,8 +277,8 @@ pub fn device_current_mem_pool(device: DeviceId) -> CudaResult<MemPoolHandle> {
 type GetDefaultMemPool =
     unsafe extern "C" fn(*mut sys::CUmemoryPool, *mut RawMemLocation, u32) -> u32;
 
-/// `cuMemGetDefaultMemPool` (CUDA 13.0): the default **managed** pool of `device`. An error
-/// naming CUDA 13.0 on older drivers.
+/// `cuMemGetDefaultMemPool` (CUDA 13.0): the default **managed** pool of `device` (never
+/// destroyed, so live for the process). An error naming CUDA 13.0 on older drivers.
 pub fn default_managed_mem_pool(device: DeviceId) -> CudaResult<MemPoolHandle> {
     ensure_current_context()?;
     static F: OnceLock<CudaResult<GetDefaultMemPool>> = OnceLock::new();

@@ -145,14 +145,15 @@ fn newer_entry_points_resolve() -> Result<(), Failed> {
 fn pool_roundtrip_and_attributes() -> Result<(), Failed> {
     use rmm_sys::MemPoolAttribute as A;
     let pool = mempool::mem_pool_create(DeviceId(0), rmm_sys::AllocationHandleType::None)?;
-    mempool::mem_pool_set_attribute(pool, A::ReleaseThreshold, u64::MAX)?;
-    ensure(
-        mempool::mem_pool_get_attribute(pool, A::ReleaseThreshold)? == u64::MAX,
-        "threshold not read back",
-    )?;
     let s = rmm_sys::CU_STREAM_LEGACY;
-    // SAFETY: the legacy stream is valid; the pool is live; the pointer is freed once.
+    // SAFETY: the pool was created above and is destroyed last; the legacy stream is valid; the
+    // pointer is freed once.
     unsafe {
+        mempool::mem_pool_set_attribute(pool, A::ReleaseThreshold, u64::MAX)?;
+        ensure(
+            mempool::mem_pool_get_attribute(pool, A::ReleaseThreshold)? == u64::MAX,
+            "threshold not read back",
+        )?;
         let p = mempool::mem_alloc_from_pool_async(1 << 20, pool, s)?;
         memory::memset_d32_async(p, 0xdead_beef, (1 << 20) / 4, s)?;
         let mut host = vec![0u8; 16];
