@@ -56,7 +56,13 @@ fn subjects() -> Vec<Subject> {
         Subject::new("cuda_async", || Ok(arc(CudaAsyncMemoryResource::new()?)))
             .unsupported_when(no_pools),
         Subject::new("cuda_async_view", || {
-            Ok(arc(CudaAsyncViewMemoryResource::current_device_pool()?))
+            Ok(arc(CudaAsyncViewMemoryResource::default_device_pool()?))
+        })
+        .unsupported_when(no_pools),
+        // A view whose owning resource value is dropped at once: the view's shared ownership
+        // alone keeps the pool alive through the whole suite.
+        Subject::new("cuda_async_view_of_dropped_owner", || {
+            Ok(arc(CudaAsyncMemoryResource::new()?.view()))
         })
         .unsupported_when(no_pools),
         Subject::new("cuda_async_managed", || {

@@ -208,35 +208,117 @@ fn async_posix_fd_handles() -> Result<Completion, Failed> {
 // --- cuda_async_view ---------------------------------------------------------------------------
 
 fn async_view_does_not_own_the_pool() -> Result<Completion, Failed> {
+    // SAFETY: a null handle is refused before it is used.
+    let null = unsafe {
+        CudaAsyncViewMemoryResource::new(rmm_sys::MemPoolHandle::from_raw(std::ptr::null_mut()))
+    };
     ensure(
-        matches!(
-            CudaAsyncViewMemoryResource::new(
-                rmm_sys::MemPoolHandle::from_raw(std::ptr::null_mut())
-            ),
-            Err(MrError::InvalidArgument(_))
-        ),
+        matches!(null, Err(MrError::InvalidArgument(_))),
         "null pool accepted",
     )?;
     let pool =
         rmm_sys::mempool::mem_pool_create(rmm_sys::current_device()?, AllocationHandleType::None)?;
     {
-        let view = CudaAsyncViewMemoryResource::new(pool)?;
+        // SAFETY: the pool was created above and is destroyed only after both views are gone.
+        let (view, other) = unsafe {
+            (
+                CudaAsyncViewMemoryResource::new(pool)?,
+                CudaAsyncViewMemoryResource::new(pool)?,
+            )
+        };
         let p = view.allocate_sync(MIB, 256)?;
         ensure(view.statistics()?.used_current >= MIB as u64, "view stats")?;
         // SAFETY: `p` came from `view`.
         unsafe { view.deallocate_sync(p, MIB, 256)? };
-        ensure(
-            view.is_equal(&CudaAsyncViewMemoryResource::new(pool)?),
-            "views of one pool unequal",
-        )?;
+        ensure(view.is_equal(&other), "views of one pool unequal")?;
     }
-    // The view is gone; the pool is still ours to destroy.
+    // The views are gone; the pool is still ours to destroy.
     // SAFETY: the pool was created above and nothing uses it.
     unsafe { rmm_sys::mempool::mem_pool_destroy(pool)? };
-    let default = CudaAsyncViewMemoryResource::current_device_pool()?;
+    let default = CudaAsyncViewMemoryResource::default_device_pool()?;
     let p = default.allocate_sync(4 * MIB, 256)?;
     // SAFETY: `p` came from `default`.
     unsafe { default.deallocate_sync(p, 4 * MIB, 256)? };
+    // Nothing in this process replaced the device's current pool, so it is the default one.
+    // SAFETY: the current pool is the device's default pool (checked just below, before any
+    // allocation), which the driver never destroys.
+    let current = unsafe { CudaAsyncViewMemoryResource::current_device_pool()? };
+    ensure(
+        current.is_equal(&default) && current.pool_handle() == default.pool_handle(),
+        "the current pool is not the default pool",
+    )?;
+    done()
+}
+
+/// A view made with the safe constructor shares ownership of the pool: it keeps allocating,
+/// reading statistics and freeing after the owning resource value is dropped, and the pool is
+/// destroyed (its memory given back to the device) once the last view is dropped.
+fn async_view_keeps_the_owner_alive() -> Result<Completion, Failed> {
+    const RESERVE: usize = 512 * MIB;
+    let mr = CudaAsyncMemoryResource::with_options(CudaAsyncOptions {
+        release_threshold: Some(u64::MAX),
+        ..CudaAsyncOptions::default()
+    })?;
+    let pool = mr.pool_handle();
+    let view = mr.view();
+    let same = CudaAsyncViewMemoryResource::of(&mr);
+    ensure(
+        view.pool_handle() == pool && same.pool_handle() == pool,
+        "a view of the resource views another pool",
+    )?;
+    ensure(view.is_equal(&same), "two views of one pool unequal")?;
+    // Memory from the owner, freed through the view after the owner is gone.
+    let p = mr.allocate_sync(MIB, 256)?;
+    drop(mr);
+    drop(same);
+
+    let q = view.allocate_sync(RESERVE, 256)?;
+    let stream = CudaStream::non_blocking()?;
+    // SAFETY: `q` is `RESERVE` bytes the view just handed out; written and read on `stream`.
+    unsafe {
+        memory::memset_d32_async(q, 0x1234_5678, RESERVE / 4, stream.value())?;
+        let mut back = [0u8; 8];
+        memory::copy_to_host_sync(&mut back, q, stream.value())?;
+        ensure(
+            back == [0x1234_5678u32.to_ne_bytes(), 0x1234_5678u32.to_ne_bytes()].concat()[..],
+            "memory from the view does not hold what was written",
+        )?;
+    }
+    let stats = view.statistics()?;
+    ensure(
+        stats.used_current >= (RESERVE + MIB) as u64,
+        format!("used {} after the owner was dropped", stats.used_current),
+    )?;
+    // SAFETY: `q` came from the view and `p` from the resource whose pool the view shares;
+    // the work on `stream` using `q` has completed (synchronized copy).
+    unsafe {
+        view.deallocate_sync(q, RESERVE, 256)?;
+        view.deallocate_sync(p, MIB, 256)?;
+    }
+    let stats = view.statistics()?;
+    ensure(
+        stats.used_current == 0 && stats.reserved_current >= RESERVE as u64,
+        format!("after the frees: {stats:?} (threshold u64::MAX keeps memory reserved)"),
+    )?;
+
+    // A clone shares the ownership too.
+    let clone = view.clone();
+    drop(view);
+    let r = clone.allocate_sync(MIB, 256)?;
+    // SAFETY: `r` came from `clone`.
+    unsafe { clone.deallocate_sync(r, MIB, 256)? };
+    rmm_sys::device_synchronize()?;
+
+    // Dropping the last owner destroys the pool, which gives its reserved memory back.
+    let (free_before, _) = rmm_sys::available_device_memory()?;
+    drop(clone);
+    let (free_after, _) = rmm_sys::available_device_memory()?;
+    ensure(
+        free_after >= free_before + RESERVE / 2,
+        format!(
+            "dropping the last view did not release the pool: free {free_before} -> {free_after}"
+        ),
+    )?;
     done()
 }
 
@@ -416,6 +498,10 @@ fn main() {
         gpu(
             "cuda_async_view::does_not_own_the_pool",
             async_view_does_not_own_the_pool,
+        ),
+        gpu(
+            "cuda_async_view::keeps_the_owner_alive",
+            async_view_keeps_the_owner_alive,
         ),
         gpu("cuda_async_managed::allocations_are_managed", async_managed),
         gpu(

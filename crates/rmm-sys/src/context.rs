@@ -41,23 +41,28 @@ pub fn primary_context(device: i32) -> CudaResult<PrimaryContext> {
 }
 
 fn retain(device: i32) -> CudaResult<PrimaryContext> {
+    let api = crate::driver::api()?;
     let mut dev: sys::CUdevice = 0;
     // SAFETY: the driver is initialized; writes one device handle.
-    check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut dev, device) })?;
+    check("cuDeviceGet", unsafe {
+        (api.cuDeviceGet)(&mut dev, device)
+    })?;
     let mut ctx: sys::CUcontext = std::ptr::null_mut();
     // SAFETY: `dev` is a valid device; writes one context handle. The retain is never released:
     // the context lives as long as the process, like the runtime's.
     check("cuDevicePrimaryCtxRetain", unsafe {
-        sys::cuDevicePrimaryCtxRetain(&mut ctx, dev)
+        (api.cuDevicePrimaryCtxRetain)(&mut ctx, dev)
     })?;
     Ok(PrimaryContext(ctx as usize))
 }
 
 pub(crate) fn raw_device_count() -> CudaResult<i32> {
-    crate::driver::init()?;
+    let api = crate::driver::api()?;
     let mut n = 0;
     // SAFETY: the driver is initialized; writes one int.
-    check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut n) })?;
+    check("cuDeviceGetCount", unsafe {
+        (api.cuDeviceGetCount)(&mut n)
+    })?;
     Ok(n)
 }
 
@@ -73,9 +78,10 @@ pub(crate) fn invalid_device(device: i32) -> CudaError {
 /// Makes `device`'s primary context current on the calling thread (`cudaSetDevice`).
 pub(crate) fn make_current(device: DeviceId) -> CudaResult<()> {
     let ctx = primary_context(device.0)?;
+    let api = crate::driver::api()?;
     // SAFETY: `ctx` is a retained primary context that lives for the process.
     check("cuCtxSetCurrent", unsafe {
-        sys::cuCtxSetCurrent(ctx.as_raw())
+        (api.cuCtxSetCurrent)(ctx.as_raw())
     })?;
     crate::driver::mark_context_current();
     Ok(())

@@ -8,7 +8,7 @@ use std::marker::PhantomData;
 use cudarc::driver::sys;
 
 use crate::align::{align_down, ALLOCATION_ALIGNMENT};
-use crate::driver::ensure_current_context;
+use crate::driver::context_api;
 use crate::error::{check, CudaResult};
 
 /// A CUDA device ordinal (RMM's `cuda_device_id`).
@@ -46,10 +46,10 @@ pub fn device_count() -> CudaResult<usize> {
 /// device 0 for a thread that has none yet.
 #[doc(alias = "rmm::get_current_cuda_device")]
 pub fn current_device() -> CudaResult<DeviceId> {
-    ensure_current_context()?;
+    let api = context_api()?;
     let mut dev: sys::CUdevice = 0;
     // SAFETY: a context is current on this thread; writes one device handle.
-    check("cuCtxGetDevice", unsafe { sys::cuCtxGetDevice(&mut dev) })?;
+    check("cuCtxGetDevice", unsafe { (api.cuCtxGetDevice)(&mut dev) })?;
     Ok(DeviceId(dev))
 }
 
@@ -108,19 +108,19 @@ impl Drop for DeviceGuard {
 /// Blocks until all work of the current context has completed, on every stream (non-blocking
 /// ones included): `cuCtxSynchronize`, the driver's `cudaDeviceSynchronize`.
 pub fn device_synchronize() -> CudaResult<()> {
-    ensure_current_context()?;
+    let api = context_api()?;
     // SAFETY: a context is current; the call takes no arguments.
-    check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+    check("cuCtxSynchronize", unsafe { (api.cuCtxSynchronize)() })
 }
 
 /// Free and total memory of the current device in bytes (`cudaMemGetInfo`).
 #[doc(alias = "rmm::available_device_memory")]
 pub fn available_device_memory() -> CudaResult<(usize, usize)> {
-    ensure_current_context()?;
+    let api = context_api()?;
     let (mut free, mut total) = (0usize, 0usize);
     // SAFETY: a context is current; writes two sizes.
     check("cuMemGetInfo", unsafe {
-        sys::cuMemGetInfo_v2(&mut free, &mut total)
+        (api.cuMemGetInfo_v2)(&mut free, &mut total)
     })?;
     Ok((free, total))
 }
@@ -144,11 +144,11 @@ pub fn percent_of(bytes: usize, percent: u32) -> usize {
 
 /// The name the driver reports for `device` (e.g. `NVIDIA H100 80GB HBM3`).
 pub fn device_name(device: DeviceId) -> CudaResult<String> {
-    crate::driver::init()?;
+    let api = crate::driver::api()?;
     let mut buf = [0 as std::ffi::c_char; 256];
     // SAFETY: the driver is initialized; the call writes at most `len` bytes, NUL-terminated.
     check("cuDeviceGetName", unsafe {
-        sys::cuDeviceGetName(buf.as_mut_ptr(), buf.len() as c_int, device.0)
+        (api.cuDeviceGetName)(buf.as_mut_ptr(), buf.len() as c_int, device.0)
     })?;
     // SAFETY: the buffer is NUL-terminated by the driver (and zero-initialized).
     let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
@@ -157,12 +157,12 @@ pub fn device_name(device: DeviceId) -> CudaResult<String> {
 
 /// Reads an integer device attribute.
 pub fn device_attribute(device: DeviceId, attribute: sys::CUdevice_attribute) -> CudaResult<i32> {
-    crate::driver::init()?;
+    let api = crate::driver::api()?;
     let mut v: c_int = 0;
     // SAFETY: the driver is initialized; writes one int. An invalid device is reported as an
     // error code.
     check("cuDeviceGetAttribute", unsafe {
-        sys::cuDeviceGetAttribute(&mut v, attribute, device.0)
+        (api.cuDeviceGetAttribute)(&mut v, attribute, device.0)
     })?;
     Ok(v)
 }

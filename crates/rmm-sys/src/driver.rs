@@ -4,21 +4,27 @@
 //! Every wrapper in this crate calls [`ensure_current_context`] (directly or through
 //! [`init`]) before its first driver call, so that:
 //! - without a driver, the result is `Err(CudaError::DriverNotFound)` and nothing panics
-//!   (cudarc itself panics when `libcuda` is missing);
+//!   (cudarc's own functions panic when `libcuda` is missing; rmm-sys never calls them, it
+//!   loads the library and its entry points itself, see `entry.rs`);
 //! - a thread with no current context gets device 0's primary context, as the CUDA runtime
 //!   does, instead of failing with `CUDA_ERROR_INVALID_CONTEXT`.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use cudarc::driver::sys;
 
+use crate::entry::{self, Api};
 use crate::error::{check, CudaError, CudaResult};
 use crate::version::DriverVersion;
 
-static LOADED: AtomicBool = AtomicBool::new(false);
-static INIT: OnceLock<CudaResult<DriverVersion>> = OnceLock::new();
+/// The initialized driver: its version and the entry points rmm-sys calls.
+struct State {
+    version: DriverVersion,
+    api: Api,
+}
+
+static STATE: OnceLock<CudaResult<State>> = OnceLock::new();
 
 thread_local! {
     /// Whether this thread is known to have a current context.
@@ -28,9 +34,7 @@ thread_local! {
 /// Whether `libcuda` can be loaded on this machine. Does not initialize the driver.
 #[must_use]
 pub fn is_driver_present() -> bool {
-    // SAFETY: `is_culib_present` only tries to open the library by its candidate names with
-    // libloading and drops the handle; it has no preconditions.
-    unsafe { sys::is_culib_present() }
+    entry::driver().is_some()
 }
 
 /// Why rmm-rs cannot use a GPU here, or `None` when a driver and at least one device are
@@ -45,32 +49,44 @@ pub fn gpu_unavailable_reason() -> Option<String> {
     }
 }
 
-/// Whether the driver library is loaded (the gate passed its first step).
-pub(crate) fn is_loaded() -> bool {
-    LOADED.load(Ordering::Acquire)
-}
-
 /// Loads and initializes the driver once per process and returns its CUDA version.
 ///
 /// Fails with [`CudaError::DriverNotFound`] when no driver is installed, with the `cuInit`
 /// error when the driver cannot initialize (for example `CUDA_ERROR_NO_DEVICE`), and with
 /// [`CudaError::DriverTooOld`] below CUDA 12.0. Every later call returns the same result.
 pub fn init() -> CudaResult<DriverVersion> {
-    INIT.get_or_init(initialize).clone()
+    state().map(|s| s.version)
 }
 
-fn initialize() -> CudaResult<DriverVersion> {
-    if !is_driver_present() {
-        return Err(CudaError::DriverNotFound);
+fn state() -> CudaResult<&'static State> {
+    match STATE.get_or_init(initialize) {
+        Ok(state) => Ok(state),
+        Err(e) => Err(e.clone()),
     }
-    LOADED.store(true, Ordering::Release);
-    // SAFETY: the library is present, so cudarc's loader resolves `cuInit` without panicking;
-    // flags must be 0.
-    check("cuInit", unsafe { sys::cuInit(0) })?;
+}
+
+/// The driver's entry points, after [`init`] succeeded (which it runs on first use).
+#[inline]
+pub(crate) fn api() -> CudaResult<&'static Api> {
+    state().map(|s| &s.api)
+}
+
+/// The driver's entry points, with a context current on the calling thread
+/// ([`ensure_current_context`]).
+#[inline]
+pub(crate) fn context_api() -> CudaResult<&'static Api> {
+    ensure_current_context()?;
+    api()
+}
+
+fn initialize() -> CudaResult<State> {
+    let driver = entry::driver().ok_or(CudaError::DriverNotFound)?;
+    // SAFETY: `cuInit` of the loaded driver; flags must be 0.
+    check("cuInit", unsafe { (driver.boot.cuInit)(0) })?;
     let mut version = 0;
     // SAFETY: the driver is initialized; the call writes one int.
     check("cuDriverGetVersion", unsafe {
-        sys::cuDriverGetVersion(&mut version)
+        (driver.boot.cuDriverGetVersion)(&mut version)
     })?;
     let found = DriverVersion(version);
     if found < DriverVersion::MINIMUM {
@@ -79,7 +95,19 @@ fn initialize() -> CudaResult<DriverVersion> {
             required: DriverVersion::MINIMUM,
         });
     }
-    Ok(found)
+    // Every symbol of the table exists from CUDA 12.0 on, so a missing one is a driver that
+    // claims a version it does not implement.
+    let api = driver
+        .load_api()
+        .map_err(|symbol| CudaError::EntryPointUnavailable {
+            symbol,
+            required: DriverVersion::MINIMUM,
+            found,
+        })?;
+    Ok(State {
+        version: found,
+        api,
+    })
 }
 
 /// The installed driver's CUDA version.
@@ -102,16 +130,18 @@ pub fn ensure_current_context() -> CudaResult<()> {
 
 #[cold]
 fn ensure_current_context_slow() -> CudaResult<()> {
-    init()?;
+    let api = api()?;
     let mut ctx: sys::CUcontext = std::ptr::null_mut();
     // SAFETY: the driver is initialized; the call writes one handle.
-    check("cuCtxGetCurrent", unsafe { sys::cuCtxGetCurrent(&mut ctx) })?;
+    check("cuCtxGetCurrent", unsafe {
+        (api.cuCtxGetCurrent)(&mut ctx)
+    })?;
     if ctx.is_null() {
         let primary = crate::context::primary_context(0)?;
         // SAFETY: `primary` is a retained primary context of device 0, kept alive for the
         // process by `primary_context`.
         check("cuCtxSetCurrent", unsafe {
-            sys::cuCtxSetCurrent(primary.as_raw())
+            (api.cuCtxSetCurrent)(primary.as_raw())
         })?;
     }
     mark_context_current();
@@ -123,6 +153,9 @@ pub(crate) fn mark_context_current() {
     HAS_CONTEXT.with(|c| c.set(true));
 }
 
+/// `CU_GET_PROC_ADDRESS_DEFAULT`.
+const CU_GET_PROC_ADDRESS_DEFAULT: u64 = 0;
+
 /// Resolves a driver entry point newer than CUDA 12.0 through `cuGetProcAddress`, after checking
 /// the driver version. A missing one is an error naming the version it needs, never a panic.
 ///
@@ -133,7 +166,11 @@ pub(crate) unsafe fn resolve<F: Copy>(
     c_symbol: &'static std::ffi::CStr,
     required: DriverVersion,
 ) -> CudaResult<F> {
-    let found = init()?;
+    let State {
+        version: found,
+        api,
+    } = state()?;
+    let found = *found;
     if found < required {
         return Err(CudaError::EntryPointUnavailable {
             symbol,
@@ -147,22 +184,20 @@ pub(crate) unsafe fn resolve<F: Copy>(
         "resolve() needs a function-pointer type"
     );
     let mut pfn: *mut std::ffi::c_void = std::ptr::null_mut();
-    let mut status = sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS;
+    // `CUdriverProcAddressQueryResult`, read as an integer (0 is `CU_GET_PROC_ADDRESS_SUCCESS`).
+    let mut status: u32 = 0;
     // SAFETY: the driver is initialized; `c_symbol` is NUL-terminated; the call writes a function
     // pointer and a status. `cuGetProcAddress_v2` exists in every driver from CUDA 12.0.
     let r = unsafe {
-        sys::cuGetProcAddress_v2(
+        (api.cuGetProcAddress_v2)(
             c_symbol.as_ptr(),
             &mut pfn,
             required.0,
-            sys::CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_DEFAULT as u64,
+            CU_GET_PROC_ADDRESS_DEFAULT,
             &mut status,
         )
     };
-    if r != sys::CUresult::CUDA_SUCCESS
-        || status != sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS
-        || pfn.is_null()
-    {
+    if r != 0 || status != 0 || pfn.is_null() {
         return Err(CudaError::EntryPointUnavailable {
             symbol,
             required,

@@ -5,6 +5,7 @@ use std::fmt;
 
 use cudarc::driver::sys;
 
+use crate::entry::RawResult;
 use crate::version::DriverVersion;
 
 /// A `CUresult` code as the driver returned it (`CUDA_ERROR_OUT_OF_MEMORY` is 2).
@@ -34,6 +35,27 @@ impl ResultCode {
     pub const NOT_READY: Self = Self(600);
     /// `CUDA_ERROR_NOT_SUPPORTED`.
     pub const NOT_SUPPORTED: Self = Self(801);
+
+    /// The name of the codes this type has a constant for (`CUDA_ERROR_OUT_OF_MEMORY` for 2),
+    /// `None` for every other value. Only a fallback: with a driver loaded, errors are named by
+    /// the driver's `cuGetErrorName`.
+    #[must_use]
+    pub const fn known_name(self) -> Option<&'static str> {
+        Some(match self.0 {
+            0 => "CUDA_SUCCESS",
+            1 => "CUDA_ERROR_INVALID_VALUE",
+            2 => "CUDA_ERROR_OUT_OF_MEMORY",
+            3 => "CUDA_ERROR_NOT_INITIALIZED",
+            100 => "CUDA_ERROR_NO_DEVICE",
+            101 => "CUDA_ERROR_INVALID_DEVICE",
+            201 => "CUDA_ERROR_INVALID_CONTEXT",
+            400 => "CUDA_ERROR_INVALID_HANDLE",
+            500 => "CUDA_ERROR_NOT_FOUND",
+            600 => "CUDA_ERROR_NOT_READY",
+            801 => "CUDA_ERROR_NOT_SUPPORTED",
+            _ => return None,
+        })
+    }
 }
 
 /// Every failure of the driver layer. No driver is an error value, never a panic.
@@ -72,13 +94,15 @@ pub enum CudaError {
 }
 
 impl CudaError {
-    /// Builds the error for a failed driver call, looking up the code's name and description.
+    /// Builds the error for a failed driver call from cudarc's `CUresult` enum (for code that
+    /// called cudarc itself), looking up the code's name and description.
     pub fn from_result(call: &'static str, result: sys::CUresult) -> Self {
         Self::from_code(call, result as u32, Some(result))
     }
 
-    /// Builds the error for a raw `CUresult` value returned through a function pointer that
-    /// rmm-sys resolved itself (the value need not be one cudarc's enum knows).
+    /// Builds the error for a `CUresult` read as the integer the driver returned, which is how
+    /// rmm-sys reads every result. The value need not be one cudarc's enum lists: an unknown
+    /// code is kept as its number (named `CUresult(<code>)` unless the driver knows it).
     pub fn from_raw_code(call: &'static str, code: u32) -> Self {
         Self::from_code(call, code, None)
     }
@@ -153,35 +177,23 @@ impl std::error::Error for CudaError {}
 /// The `Result` of this layer.
 pub type CudaResult<T> = Result<T, CudaError>;
 
-type ErrorText = unsafe extern "C" fn(u32, *mut *const std::ffi::c_char) -> u32;
-
-/// Name and description of a result code: from the driver when it is loaded, else the
-/// binding's enumerator name.
+/// Name and description of a result code: from the driver when it is loaded (its
+/// `cuGetErrorName` / `cuGetErrorString`, which fail for a code they do not know), else the
+/// binding's enumerator name, else the name rmm-sys knows, else `CUresult(<code>)`.
 fn describe(code: ResultCode, known: Option<sys::CUresult>) -> (String, String) {
-    let fallback = match known {
-        Some(r) => format!("{r:?}"),
-        None => format!("CUresult({})", code.0),
+    let fallback = match (known, code.known_name()) {
+        (Some(r), _) => format!("{r:?}"),
+        (None, Some(name)) => name.to_owned(),
+        (None, None) => format!("CUresult({})", code.0),
     };
-    if !crate::driver::is_loaded() {
+    let Some(driver) = crate::entry::loaded() else {
         return (fallback, String::new());
-    }
-    // SAFETY: the library is loaded (checked above), so `culib` does not panic; the two symbols
-    // have the signature `CUresult f(CUresult, const char**)` in every CUDA version, and taking
-    // the code as a plain u32 accepts values cudarc's enum does not list.
-    let lib = unsafe { sys::culib() };
-    // SAFETY: as above.
-    let name_fn = unsafe { lib.get::<ErrorText>(b"cuGetErrorName\0") }
-        .ok()
-        .map(|s| *s);
-    // SAFETY: as above.
-    let desc_fn = unsafe { lib.get::<ErrorText>(b"cuGetErrorString\0") }
-        .ok()
-        .map(|s| *s);
-    let call = |f: Option<ErrorText>| {
-        let f = f?;
+    };
+    let text = |f: unsafe extern "C" fn(u32, *mut *const std::ffi::c_char) -> u32| {
         let mut p: *const std::ffi::c_char = std::ptr::null();
-        // SAFETY: the call only writes a pointer to a static NUL-terminated string owned by the
-        // driver, or returns an error code for an unknown value.
+        // SAFETY: the function takes the code as a plain integer (any value: an unknown one is
+        // an error return, not undefined behaviour) and only writes a pointer to a static
+        // NUL-terminated string owned by the driver.
         let ok = unsafe { f(code.0, &mut p) };
         if ok == 0 && !p.is_null() {
             // SAFETY: on success the driver returned a pointer to a static NUL-terminated string.
@@ -191,18 +203,20 @@ fn describe(code: ResultCode, known: Option<sys::CUresult>) -> (String, String) 
         }
     };
     (
-        call(name_fn).unwrap_or(fallback),
-        call(desc_fn).unwrap_or_default(),
+        text(driver.boot.cuGetErrorName).unwrap_or(fallback),
+        text(driver.boot.cuGetErrorString).unwrap_or_default(),
     )
 }
 
-/// Turns a `CUresult` into a `Result`, naming the call on failure.
+/// Turns a `CUresult`, read as the integer the driver returned, into a `Result`, naming the
+/// call on failure. Any value is accepted: a code newer than the bindings becomes a
+/// [`CudaError::Call`] carrying the number.
 #[inline]
-pub(crate) fn check(call: &'static str, result: sys::CUresult) -> CudaResult<()> {
-    if result == sys::CUresult::CUDA_SUCCESS {
+pub(crate) fn check(call: &'static str, result: RawResult) -> CudaResult<()> {
+    if result == ResultCode::SUCCESS.0 {
         Ok(())
     } else {
-        Err(CudaError::from_result(call, result))
+        Err(CudaError::from_raw_code(call, result))
     }
 }
 
@@ -251,5 +265,75 @@ mod tests {
             !CudaError::from_result("cuInit", sys::CUresult::CUDA_ERROR_INVALID_VALUE)
                 .is_no_device()
         );
+    }
+
+    /// A code no binding lists (a newer driver's) is an error value carrying its number: it
+    /// goes through integers only, never through cudarc's `CUresult` enum, where it would be
+    /// undefined behaviour.
+    #[test]
+    fn unknown_codes_are_errors_carrying_the_number() {
+        const UNKNOWN: u32 = 987_654;
+        let e = CudaError::from_raw_code("cuFuture", UNKNOWN);
+        assert_eq!(e.code(), Some(ResultCode(UNKNOWN)));
+        assert!(!e.is_out_of_memory() && !e.is_no_device());
+        let s = e.to_string();
+        assert!(s.contains("cuFuture"), "{s}");
+        if crate::entry::loaded().is_none() {
+            assert!(s.contains("CUresult(987654)"), "{s}");
+        }
+
+        let e = check("cuFuture", UNKNOWN).unwrap_err();
+        assert_eq!(e.code(), Some(ResultCode(UNKNOWN)));
+        match e {
+            CudaError::Call { call, code, .. } => {
+                assert_eq!(call, "cuFuture");
+                assert_eq!(code.0, UNKNOWN);
+            }
+            other => panic!("not a call error: {other:?}"),
+        }
+        // The largest values too (a C enum read as u32 may hold anything).
+        assert_eq!(
+            check("cuFuture", u32::MAX).unwrap_err().code(),
+            Some(ResultCode(u32::MAX))
+        );
+    }
+
+    #[test]
+    fn check_maps_known_codes() {
+        assert_eq!(check("cuMemAlloc", 0), Ok(()));
+        let oom = check("cuMemAlloc", 2).unwrap_err();
+        assert!(oom.is_out_of_memory());
+        assert!(
+            oom.to_string().contains("CUDA_ERROR_OUT_OF_MEMORY"),
+            "{oom}"
+        );
+        assert!(check("cuInit", 100).unwrap_err().is_no_device());
+        assert_eq!(
+            check("cuMemAlloc", 1).unwrap_err().code(),
+            Some(ResultCode::INVALID_VALUE)
+        );
+    }
+
+    #[test]
+    fn known_names_match_the_bindings() {
+        for r in [
+            sys::CUresult::CUDA_SUCCESS,
+            sys::CUresult::CUDA_ERROR_INVALID_VALUE,
+            sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+            sys::CUresult::CUDA_ERROR_NOT_INITIALIZED,
+            sys::CUresult::CUDA_ERROR_NO_DEVICE,
+            sys::CUresult::CUDA_ERROR_INVALID_DEVICE,
+            sys::CUresult::CUDA_ERROR_INVALID_CONTEXT,
+            sys::CUresult::CUDA_ERROR_INVALID_HANDLE,
+            sys::CUresult::CUDA_ERROR_NOT_FOUND,
+            sys::CUresult::CUDA_ERROR_NOT_READY,
+            sys::CUresult::CUDA_ERROR_NOT_SUPPORTED,
+        ] {
+            assert_eq!(
+                ResultCode(r as u32).known_name(),
+                Some(format!("{r:?}").as_str())
+            );
+        }
+        assert_eq!(ResultCode(987_654).known_name(), None);
     }
 }

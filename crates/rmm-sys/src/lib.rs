@@ -1,9 +1,15 @@
 //! # rmm-sys: the raw layer of rmm-rs
 //!
 //! **Contract.** This crate is the only one in rmm-rs that declares or calls foreign functions.
-//! It talks to the CUDA **driver** API through [`cudarc::driver::sys`], loaded dynamically, so
-//! it builds without a CUDA toolkit and runs on any machine: without a driver every entry point
-//! returns [`CudaError::DriverNotFound`] and nothing panics.
+//! It talks to the CUDA **driver** API, loading `libcuda` at run time, so it builds without a
+//! CUDA toolkit and runs on any machine: without a driver every entry point returns
+//! [`CudaError::DriverNotFound`] and nothing panics.
+//!
+//! - **Results are integers.** rmm-sys looks up each driver entry point it calls itself and
+//!   declares it as returning a plain `u32`, not cudarc's `CUresult` enum: a newer driver may
+//!   return a code the bindings do not list, which in a Rust enum would be undefined behaviour.
+//!   Every code, known or not, becomes a [`CudaError::Call`] carrying the number. cudarc's
+//!   [`sys`](cudarc::driver::sys) types serve for handles and plain data.
 //!
 //! - **Stream ordering** is the caller's: the wrappers here enqueue exactly the driver call they
 //!   name on the stream they are given and never synchronize unless their name says so.
@@ -12,14 +18,15 @@
 //!   driver API would fail with `CUDA_ERROR_INVALID_CONTEXT`). [`set_current_device`] retains
 //!   a device's primary context and makes it current (`cudaSetDevice`), so rmm-rs shares contexts
 //!   with runtime-API code (PyTorch, CuPy, C++ RMM) and with cudarc.
-//! - **Driver versions**: CUDA 12.0 drivers and newer. cudarc generates its bindings per CUDA
-//!   version and a user's build may pick any of them, so only entry points present in every
-//!   version from 12.0 on are called through cudarc; newer ones (`cuMemGetDefaultMemPool`, CUDA
-//!   13's `cuMemPrefetchAsync`) are resolved with `cuGetProcAddress` after a version check and
-//!   fail with [`CudaError::EntryPointUnavailable`] on an older driver.
-//! - **Safety**: functions that free memory, destroy handles or write through addresses are
-//!   `unsafe fn`s whose contracts say what the caller vouches for; every `unsafe` block carries
-//!   a `// SAFETY:` comment.
+//! - **Driver versions**: CUDA 12.0 drivers and newer. Entry points present in every version
+//!   from 12.0 on are looked up by their exported names when the driver is initialized; newer
+//!   ones (`cuMemGetDefaultMemPool`, CUDA 13's `cuMemPrefetchAsync`) are resolved with
+//!   `cuGetProcAddress` after a version check and fail with
+//!   [`CudaError::EntryPointUnavailable`] on an older driver.
+//! - **Safety**: functions that free memory, destroy handles, write through addresses or take
+//!   a raw handle the caller must keep alive (streams, events, memory pools) are `unsafe fn`s
+//!   whose contracts say what the caller vouches for; every `unsafe` block carries a
+//!   `// SAFETY:` comment.
 
 #![doc(html_root_url = "https://docs.rs/rmm-sys/0.1.0")]
 
@@ -27,6 +34,7 @@ pub mod align;
 mod context;
 pub mod device;
 pub mod driver;
+mod entry;
 pub mod error;
 pub mod memory;
 pub mod mempool;
@@ -34,7 +42,13 @@ pub mod ptr;
 pub mod stream;
 pub mod version;
 
-/// The raw driver bindings, for code that needs an entry point rmm-sys does not wrap.
+/// cudarc's raw driver bindings: the handle and data types rmm-sys's signatures use
+/// (`CUstream`, `CUevent`, `CUdeviceptr`, ...), and entry points rmm-sys does not wrap.
+///
+/// Beware that cudarc declares every function here as returning its `CUresult` enum, which is
+/// undefined behaviour if the installed driver returns a code newer than the bindings; rmm-sys
+/// itself never calls them (it reads every result as an integer), and its wrappers are the
+/// safer way to the same calls.
 pub use cudarc::driver::sys as ffi;
 
 pub use align::{

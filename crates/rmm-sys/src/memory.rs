@@ -1,5 +1,6 @@
 //! Thin wrappers over the driver's memory calls. Each makes sure the calling thread has a
-//! context, converts the `CUresult`, and nothing else: no policy lives here.
+//! context, converts the `CUresult` (read as an integer), and nothing else: no policy lives
+//! here.
 //!
 //! Functions that free memory or write through an address are `unsafe`: the caller vouches that
 //! the address came from the matching allocation call and that no pending work still uses it.
@@ -9,8 +10,8 @@ use std::sync::OnceLock;
 
 use cudarc::driver::sys;
 
-use crate::driver::{ensure_current_context, resolve};
-use crate::error::{check, CudaResult};
+use crate::driver::{context_api, ensure_current_context, resolve};
+use crate::error::{check, CudaResult, ResultCode};
 use crate::ptr::DevicePtr;
 use crate::version::DriverVersion;
 
@@ -19,10 +20,10 @@ const CU_MEM_ATTACH_GLOBAL: u32 = 0x1;
 
 /// `cuMemAlloc`: `bytes` of device memory on the current device (synchronous).
 pub fn mem_alloc(bytes: usize) -> CudaResult<DevicePtr> {
-    ensure_current_context()?;
+    let api = context_api()?;
     let mut p: sys::CUdeviceptr = 0;
     // SAFETY: a context is current; the call writes one address.
-    check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut p, bytes) })?;
+    check("cuMemAlloc", unsafe { (api.cuMemAlloc_v2)(&mut p, bytes) })?;
     Ok(DevicePtr::from_raw(p))
 }
 
@@ -32,29 +33,29 @@ pub fn mem_alloc(bytes: usize) -> CudaResult<DevicePtr> {
 /// `ptr` came from [`mem_alloc`] or [`mem_alloc_managed`], was not freed, and no pending
 /// device work uses it.
 pub unsafe fn mem_free(ptr: DevicePtr) -> CudaResult<()> {
-    ensure_current_context()?;
+    let api = context_api()?;
     // SAFETY: the caller's contract.
-    check("cuMemFree", unsafe { sys::cuMemFree_v2(ptr.addr()) })
+    check("cuMemFree", unsafe { (api.cuMemFree_v2)(ptr.addr()) })
 }
 
 /// `cuMemAllocManaged(.., CU_MEM_ATTACH_GLOBAL)`: managed (unified) memory.
 pub fn mem_alloc_managed(bytes: usize) -> CudaResult<DevicePtr> {
-    ensure_current_context()?;
+    let api = context_api()?;
     let mut p: sys::CUdeviceptr = 0;
     // SAFETY: a context is current; the call writes one address.
     check("cuMemAllocManaged", unsafe {
-        sys::cuMemAllocManaged(&mut p, bytes, CU_MEM_ATTACH_GLOBAL)
+        (api.cuMemAllocManaged)(&mut p, bytes, CU_MEM_ATTACH_GLOBAL)
     })?;
     Ok(DevicePtr::from_raw(p))
 }
 
 /// `cuMemHostAlloc(.., 0)`: page-locked host memory, accessible from the device.
 pub fn mem_host_alloc(bytes: usize) -> CudaResult<DevicePtr> {
-    ensure_current_context()?;
+    let api = context_api()?;
     let mut p: *mut c_void = std::ptr::null_mut();
     // SAFETY: a context is current; the call writes one host pointer.
     check("cuMemHostAlloc", unsafe {
-        sys::cuMemHostAlloc(&mut p, bytes, 0)
+        (api.cuMemHostAlloc)(&mut p, bytes, 0)
     })?;
     Ok(DevicePtr::from_host_ptr(p))
 }
@@ -64,10 +65,10 @@ pub fn mem_host_alloc(bytes: usize) -> CudaResult<DevicePtr> {
 /// # Safety
 /// `ptr` came from [`mem_host_alloc`], was not freed, and no pending work uses it.
 pub unsafe fn mem_free_host(ptr: DevicePtr) -> CudaResult<()> {
-    ensure_current_context()?;
+    let api = context_api()?;
     // SAFETY: the caller's contract.
     check("cuMemFreeHost", unsafe {
-        sys::cuMemFreeHost(ptr.as_host_ptr())
+        (api.cuMemFreeHost)(ptr.as_host_ptr())
     })
 }
 
@@ -82,10 +83,10 @@ pub unsafe fn memset_d32_async(
     count: usize,
     stream: sys::CUstream,
 ) -> CudaResult<()> {
-    ensure_current_context()?;
+    let api = context_api()?;
     // SAFETY: the caller's contract.
     check("cuMemsetD32Async", unsafe {
-        sys::cuMemsetD32Async(ptr.addr(), value, count, stream)
+        (api.cuMemsetD32Async)(ptr.addr(), value, count, stream)
     })
 }
 
@@ -99,10 +100,10 @@ pub unsafe fn memset_d8_async(
     count: usize,
     stream: sys::CUstream,
 ) -> CudaResult<()> {
-    ensure_current_context()?;
+    let api = context_api()?;
     // SAFETY: the caller's contract.
     check("cuMemsetD8Async", unsafe {
-        sys::cuMemsetD8Async(ptr.addr(), value, count, stream)
+        (api.cuMemsetD8Async)(ptr.addr(), value, count, stream)
     })
 }
 
@@ -118,10 +119,10 @@ pub unsafe fn memcpy_async(
     bytes: usize,
     stream: sys::CUstream,
 ) -> CudaResult<()> {
-    ensure_current_context()?;
+    let api = context_api()?;
     // SAFETY: the caller's contract.
     check("cuMemcpyAsync", unsafe {
-        sys::cuMemcpyAsync(dst.addr(), src.addr(), bytes, stream)
+        (api.cuMemcpyAsync)(dst.addr(), src.addr(), bytes, stream)
     })
 }
 
@@ -180,17 +181,17 @@ pub unsafe fn copy_to_host_sync(
 /// Whether `ptr` is managed memory (`CU_POINTER_ATTRIBUTE_IS_MANAGED`). Addresses the driver
 /// does not know (system memory) are not managed.
 pub fn pointer_is_managed(ptr: DevicePtr) -> CudaResult<bool> {
-    ensure_current_context()?;
+    let api = context_api()?;
     let mut v: u32 = 0;
     // SAFETY: a context is current; the attribute is written as an unsigned int.
     let r = unsafe {
-        sys::cuPointerGetAttribute(
+        (api.cuPointerGetAttribute)(
             (&mut v as *mut u32).cast(),
             sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED,
             ptr.addr(),
         )
     };
-    if r == sys::CUresult::CUDA_ERROR_INVALID_VALUE {
+    if r == ResultCode::INVALID_VALUE.0 {
         return Ok(false);
     }
     check("cuPointerGetAttribute", r)?;
@@ -232,14 +233,6 @@ type PrefetchV2 =
 type PrefetchV1 = unsafe extern "C" fn(sys::CUdeviceptr, usize, i32, sys::CUstream) -> u32;
 type AdviseV1 = unsafe extern "C" fn(sys::CUdeviceptr, usize, u32, i32) -> u32;
 
-fn code(call: &'static str, r: u32) -> CudaResult<()> {
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(crate::error::CudaError::from_raw_code(call, r))
-    }
-}
-
 /// `cuMemPrefetchAsync`: migrates managed memory to `location` on `stream`. Uses CUDA 13's ABI
 /// (`cuMemPrefetchAsync_v2` with a `CUmemLocation`) where the driver has it, the legacy one on
 /// 12.x drivers. The caller decides what to do with `CUDA_ERROR_INVALID_VALUE` (memory that is
@@ -268,7 +261,7 @@ pub unsafe fn mem_prefetch_async(
             })
             .clone()?;
         // SAFETY: `stream` is valid (caller); prefetching never changes memory contents.
-        code("cuMemPrefetchAsync", unsafe {
+        check("cuMemPrefetchAsync", unsafe {
             f(ptr.addr(), bytes, location.into(), 0, stream)
         })
     } else {
@@ -288,7 +281,7 @@ pub unsafe fn mem_prefetch_async(
             MemLocation::Host => CU_DEVICE_CPU,
         };
         // SAFETY: as above.
-        code("cuMemPrefetchAsync", unsafe {
+        check("cuMemPrefetchAsync", unsafe {
             f(ptr.addr(), bytes, dev, stream)
         })
     }
@@ -318,5 +311,5 @@ pub unsafe fn mem_advise(
         MemLocation::Host => CU_DEVICE_CPU,
     };
     // SAFETY: the caller's contract; advice does not change contents.
-    code("cuMemAdvise", unsafe { f(ptr.addr(), bytes, advice, dev) })
+    check("cuMemAdvise", unsafe { f(ptr.addr(), bytes, advice, dev) })
 }

@@ -6,13 +6,21 @@ use std::sync::OnceLock;
 use cudarc::driver::sys;
 
 use crate::device::{AllocationHandleType, DeviceId};
-use crate::driver::{ensure_current_context, resolve};
+use crate::driver::{context_api, ensure_current_context, resolve};
 use crate::error::{check, CudaResult};
 use crate::memory::{MemLocation, RawMemLocation};
 use crate::ptr::DevicePtr;
 use crate::version::DriverVersion;
 
 /// A memory pool handle (`CUmemoryPool`), kept as an address so it is `Send + Sync`.
+///
+/// Plain data: it does not own the pool or keep it alive, and a copy outlives the pool it
+/// names. So every function that hands it to the driver is `unsafe` and asks for a **live**
+/// pool: one created by [`mem_pool_create`] and not yet passed to [`mem_pool_destroy`], a
+/// device's default pool ([`device_default_mem_pool`], [`default_managed_mem_pool`]: the driver
+/// never destroys those), or a pool whose owner keeps it alive for the duration of the call.
+/// Safe code gets a live pool from a type that owns or shares it, such as rmm-mr's
+/// `CudaAsyncMemoryResource`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MemPoolHandle(usize);
 
@@ -40,7 +48,7 @@ impl MemPoolHandle {
 /// bytes), so one definition serves every binding cudarc may have picked.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct RawPoolProps {
+pub(crate) struct RawPoolProps {
     alloc_type: u32,
     handle_types: u32,
     location: RawMemLocation,
@@ -57,12 +65,13 @@ const ALLOCATION_TYPE_PINNED: u32 = 1;
 /// `CU_MEM_ALLOCATION_TYPE_MANAGED` (CUDA 13).
 const ALLOCATION_TYPE_MANAGED: u32 = 2;
 
-/// `cuMemPoolCreate`: a new pool of pinned device memory on `device`.
+/// `cuMemPoolCreate`: a new pool of pinned device memory on `device`. The caller owns it: it
+/// stays live until passed to [`mem_pool_destroy`], which nothing does for it.
 pub fn mem_pool_create(
     device: DeviceId,
     handle_type: AllocationHandleType,
 ) -> CudaResult<MemPoolHandle> {
-    ensure_current_context()?;
+    let api = context_api()?;
     let props = RawPoolProps {
         alloc_type: ALLOCATION_TYPE_PINNED,
         handle_types: handle_type as u32,
@@ -76,10 +85,7 @@ pub fn mem_pool_create(
     // SAFETY: `RawPoolProps` has the ABI of `CUmemPoolProps` (size asserted above, fields in
     // header order); the call reads it and writes one handle.
     check("cuMemPoolCreate", unsafe {
-        sys::cuMemPoolCreate(
-            &mut pool,
-            (&props as *const RawPoolProps).cast::<sys::CUmemPoolProps>(),
-        )
+        (api.cuMemPoolCreate)(&mut pool, &props)
     })?;
     Ok(MemPoolHandle::from_raw(pool))
 }
@@ -89,10 +95,10 @@ pub fn mem_pool_create(
 /// # Safety
 /// `pool` came from [`mem_pool_create`] and is not used afterwards.
 pub unsafe fn mem_pool_destroy(pool: MemPoolHandle) -> CudaResult<()> {
-    ensure_current_context()?;
+    let api = context_api()?;
     // SAFETY: the caller's contract.
     check("cuMemPoolDestroy", unsafe {
-        sys::cuMemPoolDestroy(pool.as_raw())
+        (api.cuMemPoolDestroy)(pool.as_raw())
     })
 }
 
@@ -125,37 +131,71 @@ impl MemPoolAttribute {
 }
 
 /// `cuMemPoolGetAttribute` for a 64-bit attribute.
-pub fn mem_pool_get_attribute(pool: MemPoolHandle, attr: MemPoolAttribute) -> CudaResult<u64> {
-    ensure_current_context()?;
+///
+/// # Safety
+/// `pool` is a live pool (see [`MemPoolHandle`]): it was not destroyed, and is not destroyed
+/// while this call runs. The handle of a destroyed pool may be dangling, or stand for another
+/// pool, in the driver.
+///
+/// Safe code cannot pass any handle it likes:
+///
+/// ```compile_fail,E0133
+/// use rmm_sys::{mempool, MemPoolAttribute, MemPoolHandle};
+/// let dangling = MemPoolHandle::from_raw(8 as rmm_sys::ffi::CUmemoryPool);
+/// let _ = mempool::mem_pool_get_attribute(dangling, MemPoolAttribute::UsedMemCurrent);
+/// ```
+pub unsafe fn mem_pool_get_attribute(
+    pool: MemPoolHandle,
+    attr: MemPoolAttribute,
+) -> CudaResult<u64> {
+    let api = context_api()?;
     let mut v: u64 = 0;
-    // SAFETY: every attribute of `MemPoolAttribute` is a cuuint64_t; an invalid pool is reported
-    // as an error code.
+    // SAFETY: the pool is live (caller); every attribute of `MemPoolAttribute` is a
+    // cuuint64_t, which the call writes.
     check("cuMemPoolGetAttribute", unsafe {
-        sys::cuMemPoolGetAttribute(pool.as_raw(), attr.raw(), (&mut v as *mut u64).cast())
+        (api.cuMemPoolGetAttribute)(pool.as_raw(), attr.raw(), (&mut v as *mut u64).cast())
     })?;
     Ok(v)
 }
 
 /// `cuMemPoolSetAttribute` for a 64-bit attribute.
-pub fn mem_pool_set_attribute(
+///
+/// # Safety
+/// As [`mem_pool_get_attribute`]: `pool` is a live pool.
+///
+/// ```compile_fail,E0133
+/// use rmm_sys::{mempool, MemPoolAttribute, MemPoolHandle};
+/// let dangling = MemPoolHandle::from_raw(8 as rmm_sys::ffi::CUmemoryPool);
+/// let _ = mempool::mem_pool_set_attribute(dangling, MemPoolAttribute::ReleaseThreshold, 0);
+/// ```
+pub unsafe fn mem_pool_set_attribute(
     pool: MemPoolHandle,
     attr: MemPoolAttribute,
     value: u64,
 ) -> CudaResult<()> {
-    ensure_current_context()?;
+    let api = context_api()?;
     let mut v = value;
     // SAFETY: as `mem_pool_get_attribute`; the driver only reads the value.
     check("cuMemPoolSetAttribute", unsafe {
-        sys::cuMemPoolSetAttribute(pool.as_raw(), attr.raw(), (&mut v as *mut u64).cast())
+        (api.cuMemPoolSetAttribute)(pool.as_raw(), attr.raw(), (&mut v as *mut u64).cast())
     })
 }
 
 /// `cuMemPoolTrimTo`: releases unused pool memory down to `min_bytes_to_keep`.
-pub fn mem_pool_trim_to(pool: MemPoolHandle, min_bytes_to_keep: usize) -> CudaResult<()> {
-    ensure_current_context()?;
-    // SAFETY: an invalid pool is reported as an error code.
+///
+/// # Safety
+/// As [`mem_pool_get_attribute`]: `pool` is a live pool.
+///
+/// ```compile_fail,E0133
+/// use rmm_sys::{mempool, MemPoolHandle};
+/// let dangling = MemPoolHandle::from_raw(8 as rmm_sys::ffi::CUmemoryPool);
+/// let _ = mempool::mem_pool_trim_to(dangling, 0);
+/// ```
+pub unsafe fn mem_pool_trim_to(pool: MemPoolHandle, min_bytes_to_keep: usize) -> CudaResult<()> {
+    let api = context_api()?;
+    // SAFETY: the pool is live (caller).
     check("cuMemPoolTrimTo", unsafe {
-        sys::cuMemPoolTrimTo(pool.as_raw(), min_bytes_to_keep)
+        (api.cuMemPoolTrimTo)(pool.as_raw(), min_bytes_to_keep)
     })
 }
 
@@ -168,11 +208,11 @@ pub unsafe fn mem_alloc_from_pool_async(
     pool: MemPoolHandle,
     stream: sys::CUstream,
 ) -> CudaResult<DevicePtr> {
-    ensure_current_context()?;
+    let api = context_api()?;
     let mut p: sys::CUdeviceptr = 0;
     // SAFETY: the caller's contract; writes one address.
     check("cuMemAllocFromPoolAsync", unsafe {
-        sys::cuMemAllocFromPoolAsync(&mut p, bytes, pool.as_raw(), stream)
+        (api.cuMemAllocFromPoolAsync)(&mut p, bytes, pool.as_raw(), stream)
     })?;
     Ok(DevicePtr::from_raw(p))
 }
@@ -182,11 +222,11 @@ pub unsafe fn mem_alloc_from_pool_async(
 /// # Safety
 /// `stream` is a valid stream handle.
 pub unsafe fn mem_alloc_async(bytes: usize, stream: sys::CUstream) -> CudaResult<DevicePtr> {
-    ensure_current_context()?;
+    let api = context_api()?;
     let mut p: sys::CUdeviceptr = 0;
     // SAFETY: the caller's contract; writes one address.
     check("cuMemAllocAsync", unsafe {
-        sys::cuMemAllocAsync(&mut p, bytes, stream)
+        (api.cuMemAllocAsync)(&mut p, bytes, stream)
     })?;
     Ok(DevicePtr::from_raw(p))
 }
@@ -197,32 +237,39 @@ pub unsafe fn mem_alloc_async(bytes: usize, stream: sys::CUstream) -> CudaResult
 /// `ptr` came from a stream-ordered allocation, was not freed, and work that uses it is
 /// ordered before this point of `stream`.
 pub unsafe fn mem_free_async(ptr: DevicePtr, stream: sys::CUstream) -> CudaResult<()> {
-    ensure_current_context()?;
+    let api = context_api()?;
     // SAFETY: the caller's contract.
     check("cuMemFreeAsync", unsafe {
-        sys::cuMemFreeAsync(ptr.addr(), stream)
+        (api.cuMemFreeAsync)(ptr.addr(), stream)
     })
 }
 
 /// `cuDeviceGetDefaultMemPool`: the device's default pool (release threshold 0 unless changed).
+/// The driver never destroys a default pool (`cuMemPoolDestroy` refuses one), so the handle is
+/// live for the process.
 pub fn device_default_mem_pool(device: DeviceId) -> CudaResult<MemPoolHandle> {
-    crate::driver::init()?;
+    let api = crate::driver::api()?;
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
     // SAFETY: the driver is initialized; writes one handle.
     check("cuDeviceGetDefaultMemPool", unsafe {
-        sys::cuDeviceGetDefaultMemPool(&mut pool, device.0)
+        (api.cuDeviceGetDefaultMemPool)(&mut pool, device.0)
     })?;
     Ok(MemPoolHandle::from_raw(pool))
 }
 
 /// `cuDeviceGetMemPool`: the device's current pool (what `cuMemAllocAsync` allocates from,
 /// and so what cudarc, candle and cubecl use).
+///
+/// The device's default pool unless other code made its own pool current with
+/// `cuDeviceSetMemPool`; that code may destroy its pool later (the default one becomes current
+/// again), so the handle is live only as long as that owner keeps it: compare it with
+/// [`device_default_mem_pool`] to know.
 pub fn device_current_mem_pool(device: DeviceId) -> CudaResult<MemPoolHandle> {
-    crate::driver::init()?;
+    let api = crate::driver::api()?;
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
     // SAFETY: the driver is initialized; writes one handle.
     check("cuDeviceGetMemPool", unsafe {
-        sys::cuDeviceGetMemPool(&mut pool, device.0)
+        (api.cuDeviceGetMemPool)(&mut pool, device.0)
     })?;
     Ok(MemPoolHandle::from_raw(pool))
 }
@@ -230,8 +277,8 @@ pub fn device_current_mem_pool(device: DeviceId) -> CudaResult<MemPoolHandle> {
 type GetDefaultMemPool =
     unsafe extern "C" fn(*mut sys::CUmemoryPool, *mut RawMemLocation, u32) -> u32;
 
-/// `cuMemGetDefaultMemPool` (CUDA 13.0): the default **managed** pool of `device`. An error
-/// naming CUDA 13.0 on older drivers.
+/// `cuMemGetDefaultMemPool` (CUDA 13.0): the default **managed** pool of `device` (never
+/// destroyed, so live for the process). An error naming CUDA 13.0 on older drivers.
 pub fn default_managed_mem_pool(device: DeviceId) -> CudaResult<MemPoolHandle> {
     ensure_current_context()?;
     static F: OnceLock<CudaResult<GetDefaultMemPool>> = OnceLock::new();
@@ -250,12 +297,8 @@ pub fn default_managed_mem_pool(device: DeviceId) -> CudaResult<MemPoolHandle> {
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
     let mut location: RawMemLocation = MemLocation::Device(device.0).into();
     // SAFETY: a context is current; the call reads the location and writes one handle.
-    let r = unsafe { f(&mut pool, &mut location, ALLOCATION_TYPE_MANAGED) };
-    if r != 0 {
-        return Err(crate::error::CudaError::from_raw_code(
-            "cuMemGetDefaultMemPool",
-            r,
-        ));
-    }
+    check("cuMemGetDefaultMemPool", unsafe {
+        f(&mut pool, &mut location, ALLOCATION_TYPE_MANAGED)
+    })?;
     Ok(MemPoolHandle::from_raw(pool))
 }

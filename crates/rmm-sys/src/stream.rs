@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 
 use cudarc::driver::sys;
 
-use crate::driver::{ensure_current_context, resolve};
+use crate::driver::{context_api, ensure_current_context, resolve};
 use crate::error::{check, CudaResult, ResultCode};
 use crate::version::DriverVersion;
 
@@ -25,11 +25,11 @@ pub const CU_EVENT_DISABLE_TIMING: u32 = 0x2;
 
 /// `cuStreamCreate`.
 pub fn stream_create(flags: u32) -> CudaResult<sys::CUstream> {
-    ensure_current_context()?;
+    let api = context_api()?;
     let mut s: sys::CUstream = std::ptr::null_mut();
     // SAFETY: a context is current; writes one handle.
     check("cuStreamCreate", unsafe {
-        sys::cuStreamCreate(&mut s, flags)
+        (api.cuStreamCreate)(&mut s, flags)
     })?;
     Ok(s)
 }
@@ -39,10 +39,10 @@ pub fn stream_create(flags: u32) -> CudaResult<sys::CUstream> {
 /// # Safety
 /// `stream` came from [`stream_create`] and is not used afterwards.
 pub unsafe fn stream_destroy(stream: sys::CUstream) -> CudaResult<()> {
-    ensure_current_context()?;
+    let api = context_api()?;
     // SAFETY: the caller's contract.
     check("cuStreamDestroy", unsafe {
-        sys::cuStreamDestroy_v2(stream)
+        (api.cuStreamDestroy_v2)(stream)
     })
 }
 
@@ -52,10 +52,10 @@ pub unsafe fn stream_destroy(stream: sys::CUstream) -> CudaResult<()> {
 /// `stream` is a live stream handle or one of the special handles (0, [`CU_STREAM_LEGACY`],
 /// [`CU_STREAM_PER_THREAD`]).
 pub unsafe fn stream_synchronize(stream: sys::CUstream) -> CudaResult<()> {
-    ensure_current_context()?;
+    let api = context_api()?;
     // SAFETY: a context is current; the handle is valid (caller).
     check("cuStreamSynchronize", unsafe {
-        sys::cuStreamSynchronize(stream)
+        (api.cuStreamSynchronize)(stream)
     })
 }
 
@@ -66,10 +66,10 @@ pub unsafe fn stream_synchronize(stream: sys::CUstream) -> CudaResult<()> {
 /// `stream` is a live stream handle or one of the special handles (0, [`CU_STREAM_LEGACY`],
 /// [`CU_STREAM_PER_THREAD`]).
 pub unsafe fn stream_query(stream: sys::CUstream) -> CudaResult<bool> {
-    ensure_current_context()?;
+    let api = context_api()?;
     // SAFETY: a context is current; the handle is valid (caller).
-    let r = unsafe { sys::cuStreamQuery(stream) };
-    if r as u32 == ResultCode::NOT_READY.0 {
+    let r = unsafe { (api.cuStreamQuery)(stream) };
+    if r == ResultCode::NOT_READY.0 {
         return Ok(false);
     }
     check("cuStreamQuery", r)?;
@@ -83,11 +83,11 @@ pub unsafe fn stream_query(stream: sys::CUstream) -> CudaResult<bool> {
 /// `stream` is a live stream handle or one of the special handles (0, [`CU_STREAM_LEGACY`],
 /// [`CU_STREAM_PER_THREAD`]).
 pub unsafe fn stream_get_id(stream: sys::CUstream) -> CudaResult<u64> {
-    ensure_current_context()?;
+    let api = context_api()?;
     let mut id: std::ffi::c_ulonglong = 0;
     // SAFETY: a context is current; the handle is valid (caller); writes one integer.
     check("cuStreamGetId", unsafe {
-        sys::cuStreamGetId(stream, &mut id)
+        (api.cuStreamGetId)(stream, &mut id)
     })?;
     Ok(id)
 }
@@ -97,10 +97,10 @@ pub unsafe fn stream_get_id(stream: sys::CUstream) -> CudaResult<u64> {
 /// # Safety
 /// `stream` is a live or special stream handle and `event` a live event handle.
 pub unsafe fn stream_wait_event(stream: sys::CUstream, event: sys::CUevent) -> CudaResult<()> {
-    ensure_current_context()?;
+    let api = context_api()?;
     // SAFETY: a context is current; the handles are valid (caller).
     check("cuStreamWaitEvent", unsafe {
-        sys::cuStreamWaitEvent(stream, event, 0)
+        (api.cuStreamWaitEvent)(stream, event, 0)
     })
 }
 
@@ -114,20 +114,20 @@ pub unsafe fn launch_host_func(
     f: unsafe extern "C" fn(*mut c_void),
     data: *mut c_void,
 ) -> CudaResult<()> {
-    ensure_current_context()?;
+    let api = context_api()?;
     // SAFETY: the caller's contract.
     check("cuLaunchHostFunc", unsafe {
-        sys::cuLaunchHostFunc(stream, Some(f), data)
+        (api.cuLaunchHostFunc)(stream, Some(f), data)
     })
 }
 
 /// `cuEventCreate`.
 pub fn event_create(flags: u32) -> CudaResult<sys::CUevent> {
-    ensure_current_context()?;
+    let api = context_api()?;
     let mut e: sys::CUevent = std::ptr::null_mut();
     // SAFETY: a context is current; writes one handle.
     check("cuEventCreate", unsafe {
-        sys::cuEventCreate(&mut e, flags)
+        (api.cuEventCreate)(&mut e, flags)
     })?;
     Ok(e)
 }
@@ -137,9 +137,9 @@ pub fn event_create(flags: u32) -> CudaResult<sys::CUevent> {
 /// # Safety
 /// `event` came from [`event_create`] and is not used afterwards.
 pub unsafe fn event_destroy(event: sys::CUevent) -> CudaResult<()> {
-    ensure_current_context()?;
+    let api = context_api()?;
     // SAFETY: the caller's contract.
-    check("cuEventDestroy", unsafe { sys::cuEventDestroy_v2(event) })
+    check("cuEventDestroy", unsafe { (api.cuEventDestroy_v2)(event) })
 }
 
 /// `cuEventRecord`.
@@ -147,10 +147,10 @@ pub unsafe fn event_destroy(event: sys::CUevent) -> CudaResult<()> {
 /// # Safety
 /// `event` is a live event handle and `stream` a live or special stream handle.
 pub unsafe fn event_record(event: sys::CUevent, stream: sys::CUstream) -> CudaResult<()> {
-    ensure_current_context()?;
+    let api = context_api()?;
     // SAFETY: a context is current; the handles are valid (caller).
     check("cuEventRecord", unsafe {
-        sys::cuEventRecord(event, stream)
+        (api.cuEventRecord)(event, stream)
     })
 }
 
@@ -159,10 +159,10 @@ pub unsafe fn event_record(event: sys::CUevent, stream: sys::CUstream) -> CudaRe
 /// # Safety
 /// `event` is a live event handle (from [`event_create`], not destroyed).
 pub unsafe fn event_synchronize(event: sys::CUevent) -> CudaResult<()> {
-    ensure_current_context()?;
+    let api = context_api()?;
     // SAFETY: a context is current; the handle is valid (caller).
     check("cuEventSynchronize", unsafe {
-        sys::cuEventSynchronize(event)
+        (api.cuEventSynchronize)(event)
     })
 }
 
@@ -171,10 +171,10 @@ pub unsafe fn event_synchronize(event: sys::CUevent) -> CudaResult<()> {
 /// # Safety
 /// `event` is a live event handle (from [`event_create`], not destroyed).
 pub unsafe fn event_query(event: sys::CUevent) -> CudaResult<bool> {
-    ensure_current_context()?;
+    let api = context_api()?;
     // SAFETY: a context is current; the handle is valid (caller).
-    let r = unsafe { sys::cuEventQuery(event) };
-    if r as u32 == ResultCode::NOT_READY.0 {
+    let r = unsafe { (api.cuEventQuery)(event) };
+    if r == ResultCode::NOT_READY.0 {
         return Ok(false);
     }
     check("cuEventQuery", r)?;
@@ -203,12 +203,6 @@ pub unsafe fn event_elapsed_time(start: sys::CUevent, end: sys::CUevent) -> Cuda
         .clone()?;
     let mut ms = 0f32;
     // SAFETY: a context is current; the handles are valid (caller); writes one float.
-    let r = unsafe { f(&mut ms, start, end) };
-    if r != 0 {
-        return Err(crate::error::CudaError::from_raw_code(
-            "cuEventElapsedTime",
-            r,
-        ));
-    }
+    check("cuEventElapsedTime", unsafe { f(&mut ms, start, end) })?;
     Ok(ms)
 }

@@ -145,14 +145,15 @@ fn newer_entry_points_resolve() -> Result<(), Failed> {
 fn pool_roundtrip_and_attributes() -> Result<(), Failed> {
     use rmm_sys::MemPoolAttribute as A;
     let pool = mempool::mem_pool_create(DeviceId(0), rmm_sys::AllocationHandleType::None)?;
-    mempool::mem_pool_set_attribute(pool, A::ReleaseThreshold, u64::MAX)?;
-    ensure(
-        mempool::mem_pool_get_attribute(pool, A::ReleaseThreshold)? == u64::MAX,
-        "threshold not read back",
-    )?;
     let s = rmm_sys::CU_STREAM_LEGACY;
-    // SAFETY: the legacy stream is valid; the pool is live; the pointer is freed once.
+    // SAFETY: the pool was created above and is destroyed last; the legacy stream is valid; the
+    // pointer is freed once.
     unsafe {
+        mempool::mem_pool_set_attribute(pool, A::ReleaseThreshold, u64::MAX)?;
+        ensure(
+            mempool::mem_pool_get_attribute(pool, A::ReleaseThreshold)? == u64::MAX,
+            "threshold not read back",
+        )?;
         let p = mempool::mem_alloc_from_pool_async(1 << 20, pool, s)?;
         memory::memset_d32_async(p, 0xdead_beef, (1 << 20) / 4, s)?;
         let mut host = vec![0u8; 16];
@@ -198,6 +199,81 @@ fn pinned_host_roundtrip() -> Result<(), Failed> {
     Ok(())
 }
 
+/// Driver results are read as integers end to end: wrapped calls succeed, a call that fails
+/// with a known code names it (through the driver's `cuGetErrorName` of the integer), and an
+/// unknown code is an error carrying its number, whatever the driver says of it.
+fn integer_results_end_to_end() -> Result<(), Failed> {
+    // Successes through the integer path.
+    let device = rmm_sys::current_device()?;
+    ensure(device.value() >= 0, format!("current device {device}"))?;
+    let (free, total) = rmm_sys::available_device_memory()?;
+    ensure(
+        free <= total && total > 0,
+        format!("free {free} total {total}"),
+    )?;
+    let stream = rmm_sys::stream::stream_create(rmm_sys::stream::CU_STREAM_NON_BLOCKING)?;
+    let event = rmm_sys::stream::event_create(rmm_sys::stream::CU_EVENT_DISABLE_TIMING)?;
+    // SAFETY: `stream` and `event` were created above and are destroyed last.
+    unsafe {
+        rmm_sys::stream::event_record(event, stream)?;
+        rmm_sys::stream::stream_synchronize(stream)?;
+        ensure(
+            rmm_sys::stream::stream_query(stream)?,
+            "idle stream not complete",
+        )?;
+        ensure(
+            rmm_sys::stream::event_query(event)?,
+            "event of a synchronized stream not complete",
+        )?;
+        ensure(
+            rmm_sys::stream::stream_get_id(stream)?
+                != rmm_sys::stream::stream_get_id(rmm_sys::CU_STREAM_LEGACY)?,
+            "a new stream has the legacy stream's id",
+        )?;
+        rmm_sys::stream::event_destroy(event)?;
+        rmm_sys::stream::stream_destroy(stream)?;
+    }
+
+    // A known failure: cuMemAlloc of 0 bytes is CUDA_ERROR_INVALID_VALUE.
+    let e = memory::mem_alloc(0).expect_err("cuMemAlloc(0) succeeded");
+    ensure(
+        e.code() == Some(rmm_sys::ResultCode::INVALID_VALUE),
+        format!("cuMemAlloc(0): expected CUDA_ERROR_INVALID_VALUE (1), got {e:?}"),
+    )?;
+    match &e {
+        CudaError::Call {
+            call,
+            name,
+            description,
+            ..
+        } => {
+            ensure(*call == "cuMemAlloc", format!("call {call}"))?;
+            ensure(
+                name == "CUDA_ERROR_INVALID_VALUE",
+                format!("the driver's name of code 1 is {name:?}"),
+            )?;
+            ensure(!description.is_empty(), "no description from the driver")?;
+        }
+        other => return Err(format!("not a call error: {other:?}").into()),
+    }
+    // Another known failure, on a call that takes a device ordinal.
+    let n = rmm_sys::device_count()? as i32;
+    let e = rmm_sys::device_name(DeviceId(n)).expect_err("an out-of-range device has a name");
+    ensure(
+        e.code().is_some_and(|c| c.0 != 0),
+        format!("out-of-range device: {e:?}"),
+    )?;
+
+    // An unknown code, described with the driver loaded: cuGetErrorName refuses it, and the
+    // error still carries the number.
+    let e = CudaError::from_raw_code("cuFuture", 987_654);
+    ensure(
+        e.code() == Some(rmm_sys::ResultCode(987_654)),
+        format!("{e:?}"),
+    )?;
+    ensure(e.to_string().contains("987654"), e.to_string())
+}
+
 fn main() {
     let args = Arguments::from_args();
     let trials = vec![
@@ -216,6 +292,7 @@ fn main() {
             pool_roundtrip_and_attributes,
         ),
         gpu("pinned_host_roundtrip", pinned_host_roundtrip),
+        gpu("integer_results_end_to_end", integer_results_end_to_end),
     ];
     libtest_mimic::run(&args, trials).exit();
 }

@@ -59,7 +59,7 @@ pub use rmm_sys::{
     available_device_memory, current_device, device_count, percent_of_free_device_memory,
     set_current_device, CudaError, DeviceGuard, DeviceId, DevicePtr, ALLOCATION_ALIGNMENT,
 };
-pub use size::ByteSize;
+pub use size::{ByteSize, ParseByteSizeError};
 /// The names most programs need.
 pub mod prelude {
     pub use crate::{reinitialize, ReinitializeOptions};

@@ -40,13 +40,13 @@ impl IntoByteSize for u64 {
 
 impl IntoByteSize for &str {
     fn into_byte_size(self) -> MrResult<ByteSize> {
-        self.parse()
+        Ok(self.parse::<ByteSize>()?)
     }
 }
 
 impl IntoByteSize for String {
     fn into_byte_size(self) -> MrResult<ByteSize> {
-        self.parse()
+        Ok(self.parse::<ByteSize>()?)
     }
 }
 

@@ -10,6 +10,10 @@ use rmm_mr::MrError;
 /// `"512MiB"`, `"1.5GB"`, `"64k"`. Binary units (`KiB`, `MiB`, `GiB`, `TiB`, and the one-letter
 /// `k`, `m`, `g`, `t`) are powers of 1024; decimal units (`KB`, `MB`, `GB`, `TB`) powers of
 /// 1000. Case-insensitive; fractions are rounded down to whole bytes.
+///
+/// Parsing fails with [`ParseByteSizeError::Invalid`] for what is not a size and with
+/// [`ParseByteSizeError::Overflow`] for a size beyond `usize::MAX` bytes, however many digits
+/// it has; both convert into [`MrError::InvalidArgument`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ByteSize(pub usize);
 
@@ -28,19 +32,73 @@ impl From<usize> for ByteSize {
 }
 
 impl TryFrom<&str> for ByteSize {
-    type Error = MrError;
+    type Error = ParseByteSizeError;
 
-    fn try_from(s: &str) -> Result<Self, MrError> {
+    fn try_from(s: &str) -> Result<Self, ParseByteSizeError> {
         s.parse()
     }
 }
 
-impl FromStr for ByteSize {
-    type Err = MrError;
+/// Why a string is not a [`ByteSize`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ParseByteSizeError {
+    /// The string is not a number with an optional unit.
+    Invalid {
+        /// The string given.
+        input: String,
+    },
+    /// The size is a number, but more bytes than `usize` holds on this platform (e.g.
+    /// `99999999999999999999 GiB`, or a number of 40 digits).
+    Overflow {
+        /// The string given.
+        input: String,
+    },
+}
 
-    fn from_str(s: &str) -> Result<Self, MrError> {
-        let bad = || {
-            MrError::invalid_argument(format!("`{s}` is not a size (try `1GiB` or `1073741824`)"))
+impl fmt::Display for ParseByteSizeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Invalid { input } => {
+                write!(f, "`{input}` is not a size (try `1GiB` or `1073741824`)")
+            }
+            Self::Overflow { input } => write!(
+                f,
+                "`{input}` is more bytes than this platform can address (at most {} bytes)",
+                usize::MAX
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ParseByteSizeError {}
+
+impl From<ParseByteSizeError> for MrError {
+    /// Either kind is a bad argument ([`MrError::InvalidArgument`]), with the message.
+    fn from(e: ParseByteSizeError) -> Self {
+        MrError::invalid_argument(e.to_string())
+    }
+}
+
+/// `digits` (ASCII digits only) as a number, `None` when it does not fit in `u128`.
+fn parse_digits(digits: &str) -> Option<u128> {
+    digits.bytes().try_fold(0u128, |n, d| {
+        n.checked_mul(10)?.checked_add(u128::from(d - b'0'))
+    })
+}
+
+impl FromStr for ByteSize {
+    type Err = ParseByteSizeError;
+
+    /// Parses with checked arithmetic throughout: a number too large for `usize` (however
+    /// many digits, whatever its unit) is [`ParseByteSizeError::Overflow`], never a panic or a
+    /// wrapped-around size.
+    fn from_str(s: &str) -> Result<Self, ParseByteSizeError> {
+        let bad = || ParseByteSizeError::Invalid {
+            input: s.to_owned(),
+        };
+        let overflow = || ParseByteSizeError::Overflow {
+            input: s.to_owned(),
         };
         let t = s.trim();
         let split = t
@@ -62,22 +120,23 @@ impl FromStr for ByteSize {
             "tb" => 1_000_000_000_000,
             _ => return Err(bad()),
         };
+        // `num` holds ASCII digits and dots only.
         let (int, frac) = num.split_once('.').unwrap_or((num, ""));
         if frac.contains('.') || (int.is_empty() && frac.is_empty()) {
             return Err(bad());
         }
-        let whole: u128 = if int.is_empty() {
-            0
-        } else {
-            int.parse().map_err(|_| bad())?
-        };
-        let mut bytes = whole.checked_mul(multiplier).ok_or_else(bad)?;
+        let whole = parse_digits(int).ok_or_else(overflow)?;
+        let mut bytes = whole.checked_mul(multiplier).ok_or_else(overflow)?;
         if !frac.is_empty() {
-            let digits = frac.len().min(18) as u32;
-            let f: u128 = frac[..digits as usize].parse().map_err(|_| bad())?;
-            bytes += f * multiplier / 10u128.pow(digits);
+            // 18 digits are exact for every unit (the fraction of a byte they drop is below
+            // 10^-18 * 2^40, and a fraction that makes a whole byte ends within 10 digits).
+            let digits = frac.len().min(18);
+            let f = parse_digits(&frac[..digits]).ok_or_else(bad)?;
+            // f < 10^18 and multiplier <= 2^40, so the product fits in u128; the sum may not.
+            let part = f * multiplier / 10u128.pow(digits as u32);
+            bytes = bytes.checked_add(part).ok_or_else(overflow)?;
         }
-        usize::try_from(bytes).map(ByteSize).map_err(|_| bad())
+        usize::try_from(bytes).map(ByteSize).map_err(|_| overflow())
     }
 }
 
@@ -111,13 +170,72 @@ mod tests {
             "12 parsecs",
             "-1",
             "1e9",
-            "99999999999999999999TiB",
+            "1..5GiB",
+            ".",
+            "1 G i B",
         ] {
             assert!(
-                matches!(p(bad), Err(MrError::InvalidArgument(_))),
+                matches!(p(bad), Err(ParseByteSizeError::Invalid { .. })),
                 "{bad:?} parsed"
             );
+            let e: MrError = p(bad).unwrap_err().into();
+            assert!(matches!(e, MrError::InvalidArgument(_)), "{e}");
         }
+    }
+
+    /// Very long numbers and huge units are a typed overflow error, never a panic (debug) or a
+    /// wrapped-around size (release).
+    #[test]
+    fn overflow_is_a_typed_error() {
+        let p = |s: &str| s.parse::<ByteSize>();
+        let forty_digits = "1234567890123456789012345678901234567890";
+        assert_eq!(forty_digits.len(), 40);
+        let too_big = [
+            forty_digits.to_owned(),
+            format!("{forty_digits}GiB"),
+            format!("{forty_digits}.5"),
+            "99999999999999999999 GiB".to_owned(),
+            "99999999999999999999TiB".to_owned(),
+            // u128::MAX / 1000 whole kilobytes plus a fraction: the product fits in u128, the
+            // sum with the fraction does not (this panicked in debug builds).
+            "340282366920938463463374607431768211.999KB".to_owned(),
+            format!("{}0", u128::MAX),
+            format!("{}", u128::MAX),
+            format!("{}1", usize::MAX),
+            format!("{}", usize::MAX as u128 + 1),
+        ];
+        for s in &too_big {
+            match p(s) {
+                Err(ParseByteSizeError::Overflow { input }) => assert_eq!(&input, s),
+                other => panic!("{s:?} gave {other:?}"),
+            }
+            let e: MrError = p(s).unwrap_err().into();
+            assert!(e.to_string().contains("more bytes than"), "{e}");
+        }
+        // The largest size still parses; leading zeros do not count as size.
+        assert_eq!(p(&usize::MAX.to_string()), Ok(ByteSize(usize::MAX)));
+        assert_eq!(p(&format!("{}{}", "0".repeat(60), 42)), Ok(ByteSize(42)));
+    }
+
+    /// At the edge of a 64-bit `usize`: a fraction that brings the size to `usize::MAX` parses,
+    /// one byte more overflows.
+    #[cfg(target_pointer_width = "64")]
+    #[test]
+    fn the_largest_sizes() {
+        let p = |s: &str| s.parse::<ByteSize>();
+        // (2^24 - 1) TiB + 0.999999999999999999 TiB = 2^64 - 1 bytes.
+        assert_eq!(
+            p("16777215.999999999999999999999TiB"),
+            Ok(ByteSize(usize::MAX))
+        );
+        assert!(matches!(
+            p("16777216TiB"),
+            Err(ParseByteSizeError::Overflow { .. })
+        ));
+        assert!(matches!(
+            p("18446744073709551616"),
+            Err(ParseByteSizeError::Overflow { .. })
+        ));
     }
 
     #[test]

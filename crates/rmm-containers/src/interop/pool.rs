@@ -32,11 +32,19 @@ fn check_device(device: DeviceId) -> MrResult<()> {
 pub fn device_pool_state(device: DeviceId) -> MrResult<DevicePoolState> {
     check_device(device)?;
     let pool = device_current_mem_pool(device)?;
+    let get = |attr| {
+        // SAFETY: the device's current pool, just read from the driver, is live: the default
+        // pool is never destroyed, and a pool that other code made current with
+        // `cuDeviceSetMemPool` is that code's to keep alive while it is current; rmm-rs
+        // assumes it is not destroyed during these few calls (rmm-rs never destroys a pool it
+        // did not create).
+        unsafe { mem_pool_get_attribute(pool, attr) }
+    };
     Ok(DevicePoolState {
         pool,
-        release_threshold: mem_pool_get_attribute(pool, MemPoolAttribute::ReleaseThreshold)?,
-        reserved_current: mem_pool_get_attribute(pool, MemPoolAttribute::ReservedMemCurrent)?,
-        used_current: mem_pool_get_attribute(pool, MemPoolAttribute::UsedMemCurrent)?,
+        release_threshold: get(MemPoolAttribute::ReleaseThreshold)?,
+        reserved_current: get(MemPoolAttribute::ReservedMemCurrent)?,
+        used_current: get(MemPoolAttribute::UsedMemCurrent)?,
     })
 }
 
@@ -58,9 +66,12 @@ pub fn configure_device_default_pool(
 ) -> MrResult<DevicePoolState> {
     check_device(device)?;
     let pool = device_current_mem_pool(device)?;
-    mem_pool_set_attribute(pool, MemPoolAttribute::ReleaseThreshold, release_threshold)?;
-    if let Some(keep) = trim_to {
-        mem_pool_trim_to(pool, keep)?;
+    // SAFETY: as in `device_pool_state`: the device's current pool is live.
+    unsafe {
+        mem_pool_set_attribute(pool, MemPoolAttribute::ReleaseThreshold, release_threshold)?;
+        if let Some(keep) = trim_to {
+            mem_pool_trim_to(pool, keep)?;
+        }
     }
     device_pool_state(device)
 }

@@ -13,6 +13,7 @@ use rmm_sys::{
 use crate::error::{MrError, MrResult};
 use crate::resource::{check_base_alignment, same_shared_state, DeviceMemoryResource};
 use crate::resources::cuda::free_error;
+use crate::resources::CudaAsyncViewMemoryResource;
 
 /// Options of [`CudaAsyncMemoryResource`] (RMM's constructor parameters).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -42,18 +43,28 @@ pub struct PoolStatistics {
 }
 
 /// Reads a pool's statistics.
-pub(crate) fn pool_statistics(pool: MemPoolHandle) -> MrResult<PoolStatistics> {
+///
+/// # Safety
+/// `pool` is a live pool (see [`MemPoolHandle`]).
+pub(crate) unsafe fn pool_statistics(pool: MemPoolHandle) -> MrResult<PoolStatistics> {
     use MemPoolAttribute as A;
+    let get = |attr| {
+        // SAFETY: the caller's contract.
+        unsafe { mempool::mem_pool_get_attribute(pool, attr) }
+    };
     Ok(PoolStatistics {
-        reserved_current: mempool::mem_pool_get_attribute(pool, A::ReservedMemCurrent)?,
-        reserved_high: mempool::mem_pool_get_attribute(pool, A::ReservedMemHigh)?,
-        used_current: mempool::mem_pool_get_attribute(pool, A::UsedMemCurrent)?,
-        used_high: mempool::mem_pool_get_attribute(pool, A::UsedMemHigh)?,
+        reserved_current: get(A::ReservedMemCurrent)?,
+        reserved_high: get(A::ReservedMemHigh)?,
+        used_current: get(A::UsedMemCurrent)?,
+        used_high: get(A::UsedMemHigh)?,
     })
 }
 
-/// `cuMemAllocFromPoolAsync` on `pool`, `cuMemFreeAsync` on the caller's stream.
-pub(crate) fn pool_allocate(
+/// `cuMemAllocFromPoolAsync` on `pool` (on the caller's stream).
+///
+/// # Safety
+/// `pool` is a live pool (see [`MemPoolHandle`]).
+pub(crate) unsafe fn pool_allocate(
     pool: MemPoolHandle,
     stream: CudaStreamView<'_>,
     bytes: usize,
@@ -63,12 +74,15 @@ pub(crate) fn pool_allocate(
     if bytes == 0 {
         return Ok(DevicePtr::NULL);
     }
-    // SAFETY: the view's handle is valid (its invariant) and the pool is live (the caller holds
-    // it).
+    // SAFETY: the view's handle is valid (its invariant) and the pool is live (the caller's
+    // contract).
     unsafe { mempool::mem_alloc_from_pool_async(bytes, pool, stream.as_raw()) }
         .map_err(|e| MrError::from_allocation(e, bytes))
 }
 
+/// `cuMemFreeAsync` on the caller's stream (the pool's handle is not needed, so this works
+/// after the pool was destroyed, which the driver allows).
+///
 /// # Safety
 /// As [`DeviceMemoryResource::deallocate`].
 pub(crate) unsafe fn pool_deallocate(
@@ -93,8 +107,12 @@ pub(crate) fn require_memory_pools(device: DeviceId) -> MrResult<DeviceCapabilit
     Ok(caps)
 }
 
+/// A pool this crate created, destroyed when the last owner drops it: shared by the clones of a
+/// [`CudaAsyncMemoryResource`] and the views made from them
+/// ([`CudaAsyncViewMemoryResource::of`]).
 #[derive(Debug)]
-struct OwnedPool {
+pub(crate) struct OwnedPool {
+    /// Invariant: live until this value drops.
     pool: MemPoolHandle,
     device: DeviceId,
 }
@@ -116,7 +134,8 @@ impl Drop for OwnedPool {
 /// caller's stream. Cross-stream reuse and release are the driver's. Copies share the pool and
 /// compare equal; two resources own two pools and are unequal.
 ///
-/// Beyond RMM: [`trim_to`](Self::trim_to) and live [`statistics`](Self::statistics).
+/// Beyond RMM: [`trim_to`](Self::trim_to), live [`statistics`](Self::statistics), and
+/// [`view`](Self::view), a [`CudaAsyncViewMemoryResource`] sharing ownership of the pool.
 #[doc(alias = "rmm::mr::cuda_async_memory_resource")]
 #[derive(Debug, Clone)]
 pub struct CudaAsyncMemoryResource {
@@ -148,14 +167,11 @@ impl CudaAsyncMemoryResource {
         let this = Self {
             inner: Arc::new(OwnedPool { pool, device }),
         };
-        mempool::mem_pool_set_attribute(
-            pool,
-            MemPoolAttribute::ReleaseThreshold,
-            options.release_threshold.unwrap_or(u64::MAX),
-        )?;
+        this.set_release_threshold(options.release_threshold.unwrap_or(u64::MAX))?;
         if let Some(initial) = options.initial_pool_size.filter(|&n| n > 0) {
             let stream = CudaStreamView::legacy();
-            let p = pool_allocate(pool, stream, initial, 256)?;
+            // SAFETY: `this` owns the pool, so it is live.
+            let p = unsafe { pool_allocate(pool, stream, initial, 256)? };
             // SAFETY: `p` was just allocated on this stream and never used.
             unsafe { pool_deallocate(stream, p, initial)? };
             stream.synchronize()?;
@@ -163,10 +179,24 @@ impl CudaAsyncMemoryResource {
         Ok(this)
     }
 
-    /// The driver pool (`cudaMemPool_t`).
+    /// The driver pool (`cudaMemPool_t`). The handle does not keep the pool alive: it is
+    /// live while this resource, a clone of it or a [`view`](Self::view) of it exists.
     #[must_use]
     pub fn pool_handle(&self) -> MemPoolHandle {
         self.inner.pool
+    }
+
+    /// A [`CudaAsyncViewMemoryResource`] of this resource's pool that shares its ownership, so
+    /// the view keeps the pool alive after this resource is dropped
+    /// ([`CudaAsyncViewMemoryResource::of`]).
+    #[must_use]
+    pub fn view(&self) -> CudaAsyncViewMemoryResource {
+        CudaAsyncViewMemoryResource::of(self)
+    }
+
+    /// The shared owner of the pool, for views.
+    pub(crate) fn owned_pool(&self) -> &Arc<OwnedPool> {
+        &self.inner
     }
 
     /// The device the pool lives on.
@@ -177,33 +207,35 @@ impl CudaAsyncMemoryResource {
 
     /// The pool's release threshold.
     pub fn release_threshold(&self) -> MrResult<u64> {
-        Ok(mempool::mem_pool_get_attribute(
-            self.inner.pool,
-            MemPoolAttribute::ReleaseThreshold,
-        )?)
+        // SAFETY: `self` owns the pool, so it is live.
+        Ok(unsafe {
+            mempool::mem_pool_get_attribute(self.inner.pool, MemPoolAttribute::ReleaseThreshold)
+        }?)
     }
 
     /// Sets the pool's release threshold.
     pub fn set_release_threshold(&self, bytes: u64) -> MrResult<()> {
-        Ok(mempool::mem_pool_set_attribute(
-            self.inner.pool,
-            MemPoolAttribute::ReleaseThreshold,
-            bytes,
-        )?)
+        // SAFETY: `self` owns the pool, so it is live.
+        Ok(unsafe {
+            mempool::mem_pool_set_attribute(
+                self.inner.pool,
+                MemPoolAttribute::ReleaseThreshold,
+                bytes,
+            )
+        }?)
     }
 
     /// Releases unused pool memory to the driver until at most `min_bytes_to_keep` stay
     /// reserved (`cuMemPoolTrimTo`); memory freed on streams with pending work stays.
     pub fn trim_to(&self, min_bytes_to_keep: usize) -> MrResult<()> {
-        Ok(mempool::mem_pool_trim_to(
-            self.inner.pool,
-            min_bytes_to_keep,
-        )?)
+        // SAFETY: `self` owns the pool, so it is live.
+        Ok(unsafe { mempool::mem_pool_trim_to(self.inner.pool, min_bytes_to_keep) }?)
     }
 
     /// Reserved and used bytes of the pool, current and high watermarks.
     pub fn statistics(&self) -> MrResult<PoolStatistics> {
-        pool_statistics(self.inner.pool)
+        // SAFETY: `self` owns the pool, so it is live.
+        unsafe { pool_statistics(self.inner.pool) }
     }
 }
 
@@ -218,7 +250,8 @@ unsafe impl DeviceMemoryResource for CudaAsyncMemoryResource {
         bytes: usize,
         alignment: usize,
     ) -> MrResult<DevicePtr> {
-        pool_allocate(self.inner.pool, stream, bytes, alignment)
+        // SAFETY: `self` owns the pool, so it is live.
+        unsafe { pool_allocate(self.inner.pool, stream, bytes, alignment) }
     }
 
     #[inline]

@@ -17,6 +17,7 @@ use crate::resources::cuda_async::{
 #[doc(alias = "rmm::mr::cuda_async_managed_memory_resource")]
 #[derive(Debug, Clone, Copy)]
 pub struct CudaAsyncManagedMemoryResource {
+    /// The device's default managed pool, which the driver never destroys.
     pool: MemPoolHandle,
 }
 
@@ -48,7 +49,8 @@ impl CudaAsyncManagedMemoryResource {
 
     /// Reserved and used bytes of the pool.
     pub fn statistics(&self) -> MrResult<PoolStatistics> {
-        pool_statistics(self.pool)
+        // SAFETY: a default pool is never destroyed, so it is live.
+        unsafe { pool_statistics(self.pool) }
     }
 }
 
@@ -62,7 +64,8 @@ unsafe impl DeviceMemoryResource for CudaAsyncManagedMemoryResource {
         bytes: usize,
         alignment: usize,
     ) -> MrResult<DevicePtr> {
-        pool_allocate(self.pool, stream, bytes, alignment)
+        // SAFETY: a default pool is never destroyed, so it is live.
+        unsafe { pool_allocate(self.pool, stream, bytes, alignment) }
     }
 
     unsafe fn deallocate(

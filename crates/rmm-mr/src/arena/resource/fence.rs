@@ -4,8 +4,7 @@
 use std::sync::Mutex;
 
 use rmm_stream::{CudaEvent, CudaStreamView};
-use rmm_sys::ffi::CUresult;
-use rmm_sys::{CudaError, CudaResult};
+use rmm_sys::CudaResult;
 
 use super::lock;
 
@@ -63,13 +62,7 @@ impl EventPool {
 /// Blocks until all work on the current device has completed (`cuCtxSynchronize`, the driver
 /// API's `cudaDeviceSynchronize`).
 pub(super) fn device_synchronize() -> CudaResult<()> {
-    rmm_sys::ensure_current_context()?;
-    // SAFETY: the driver is loaded and initialized and a context is current (checked just
-    // above); the call takes no arguments.
-    let result = unsafe { rmm_sys::ffi::cuCtxSynchronize() };
-    if result == CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(CudaError::from_result("cuCtxSynchronize", result))
-    }
+    // rmm-sys's wrapper reads the result as an integer (cudarc's `CUresult` enum would be
+    // undefined behaviour for a code newer than its bindings).
+    rmm_sys::device_synchronize()
 }
