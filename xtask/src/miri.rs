@@ -41,6 +41,10 @@ pub(crate) const SUITES: &[(&str, &[&str])] = &[
     ("rmm-rs", &["size::"]),
 ];
 
+/// Tests left out under Miri (substrings of their names): the multi-threaded stress tests, which
+/// take hours when interpreted and whose interleavings belong to a model checker, not to Miri.
+pub(crate) const SKIPS: &[&str] = &["concurrent", "thread", "churning"];
+
 /// The packages whose doctests hold `compile_fail` proofs; nightly rustdoc checks that each
 /// fails with the error code it names (stable only checks that it fails).
 const COMPILE_FAIL_PACKAGES: &[&str] = &["rmm-stream", "rmm-mr", "rmm-sys", "rmm-containers"];
@@ -132,7 +136,11 @@ pub(crate) fn run(args: &[String]) -> Result<i32, Error> {
     for (package, filters) in SUITES {
         println!("==> [miri] {package}: {}", filters.join(" "));
         let mut cmd = nightly(["miri", "test", "-p", package, "--lib", "--"]);
-        cmd.args(*filters)
+        cmd.args(*filters);
+        for skip in SKIPS {
+            cmd.args(["--skip", skip]);
+        }
+        cmd
             // proptest persists failures next to the sources, which Miri's isolation forbids.
             .env("MIRIFLAGS", "-Zmiri-disable-isolation")
             .env("PROPTEST_CASES", options.cases.to_string());

@@ -32,7 +32,7 @@ use rmm::sys::{
     CudaError, DeviceGuard, DeviceId, DevicePtr, DriverVersion, MemLocation, PrimaryContext,
     ResultCode,
 };
-use rmm::{ByteSize, ReinitializeOptions};
+use rmm::{ByteSize, ParseByteSizeError, ReinitializeOptions};
 
 // Resources and adaptors: shared across threads by contract (the trait requires both).
 assert_impl_all!(SharedResource: Send, Sync);
@@ -98,6 +98,7 @@ assert_impl_all!(StatsError: Send, Sync);
 assert_impl_all!(TrackingError: Send, Sync);
 assert_impl_all!(TrackingErrorRecord: Send, Sync);
 assert_impl_all!(DebugLogError: Send, Sync);
+assert_impl_all!(ParseByteSizeError: Send, Sync, std::error::Error);
 
 // Streams and events: CUDA streams and events may be used from any thread.
 assert_impl_all!(CudaStream: Send, Sync);
