@@ -17,6 +17,19 @@ pub(crate) const STEPS: &[(&str, &str)] = &[
         "doc",
         "RUSTDOCFLAGS='-D warnings' cargo doc --workspace --no-deps --all-features",
     ),
+    (
+        "package",
+        "cargo package (with verification) of the five library crates",
+    ),
+];
+
+/// The crates published to crates.io, lowest layer first: what the `package` step packages.
+pub(crate) const PUBLISHED: &[&str] = &[
+    "rmm-sys",
+    "rmm-stream",
+    "rmm-mr",
+    "rmm-containers",
+    "rmm-rs",
 ];
 
 /// Parses `ci` arguments (`--skip STEP`, repeatable) and runs the steps.
@@ -76,6 +89,16 @@ fn run_step(name: &str) -> Result<(), Error> {
             let mut cmd: Command =
                 cargo::cargo(["doc", "--workspace", "--no-deps", "--all-features"]);
             cmd.env("RUSTDOCFLAGS", "-D warnings");
+            cargo::run_status(&mut cmd)
+        }
+        "package" => {
+            // Packaged together, so that each verifies against the others' packages (a local
+            // registry) rather than crates.io. `--allow-dirty`: the step checks what would be
+            // published, not whether the work tree is committed.
+            let mut cmd = cargo::cargo(["package", "--allow-dirty"]);
+            for name in PUBLISHED {
+                cmd.args(["-p", name]);
+            }
             cargo::run_status(&mut cmd)
         }
         other => Err(format!("no such step `{other}`")),

@@ -13,26 +13,26 @@
 //! 7. [`multiple_devices`]: the per-device registry, device guards and containers.
 //! 8. [`coming_from_rmm`]: RMM's C++ and Python names, and what rmm-rs does differently.
 
-#[doc = include_str!("../../../docs/guide/01-introduction.md")]
+#[doc = include_str!("../guide/01-introduction.md")]
 pub mod introduction {}
 
-#[doc = include_str!("../../../docs/guide/02-choosing-a-memory-resource.md")]
+#[doc = include_str!("../guide/02-choosing-a-memory-resource.md")]
 pub mod choosing_a_memory_resource {}
 
-#[doc = include_str!("../../../docs/guide/03-stream-ordered-allocation.md")]
+#[doc = include_str!("../guide/03-stream-ordered-allocation.md")]
 pub mod stream_ordered_allocation {}
 
-#[doc = include_str!("../../../docs/guide/04-pool-allocators.md")]
+#[doc = include_str!("../guide/04-pool-allocators.md")]
 pub mod pool_allocators {}
 
-#[doc = include_str!("../../../docs/guide/05-managed-memory.md")]
+#[doc = include_str!("../guide/05-managed-memory.md")]
 pub mod managed_memory {}
 
-#[doc = include_str!("../../../docs/guide/06-logging-and-profiling.md")]
+#[doc = include_str!("../guide/06-logging-and-profiling.md")]
 pub mod logging_and_profiling {}
 
-#[doc = include_str!("../../../docs/guide/07-multiple-devices.md")]
+#[doc = include_str!("../guide/07-multiple-devices.md")]
 pub mod multiple_devices {}
 
-#[doc = include_str!("../../../docs/guide/08-coming-from-rmm.md")]
+#[doc = include_str!("../guide/08-coming-from-rmm.md")]
 pub mod coming_from_rmm {}
