@@ -1536,6 +1536,35 @@ mod with_cudarc {
         done()
     }
 
+    /// A vector on a foreign `'static` stream (here a leaked rmm-rs stream, whose view is
+    /// `'static` without `unsafe`): cudarc sees that very stream, no panic.
+    pub(super) fn foreign_static_stream() -> Outcome {
+        let leaked: &'static CudaStream = Box::leak(Box::new(CudaStream::non_blocking()?));
+        let host: Vec<u32> = (0..1000).collect();
+        let v = DeviceUvector::from_slice(&host, leaked.view(), None)?;
+        ensure(
+            v.buffer_stream().is_static(),
+            "the vector does not hold a 'static view",
+        )?;
+        let s = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            Arc::clone(DeviceSlice::stream(&v))
+        }))
+        .map_err(|_| "DeviceSlice::stream panicked for a vector on a foreign 'static stream")?;
+        ensure(
+            std::ptr::eq(s.cu_stream(), leaked.value()),
+            format!(
+                "DeviceSlice::stream is {:p}, not the vector's stream {:p}",
+                s.cu_stream(),
+                leaked.value()
+            ),
+        )?;
+        ensure(
+            s.clone_dtoh(&v)? == host,
+            "cudarc read on the vector's stream",
+        )?;
+        done()
+    }
+
     pub(super) fn kernel() -> Outcome {
         let ctx = cudarc_context(rmm_sys::current_device()?)?;
         let stream = ctx.new_stream()?;
@@ -1640,6 +1669,10 @@ fn main() {
             with_cudarc::stream_conversions,
         ));
         trials.push(gpu("interop::cudarc::Kernel", with_cudarc::kernel));
+        trials.push(gpu(
+            "interop::cudarc::ForeignStaticStream",
+            with_cudarc::foreign_static_stream,
+        ));
     }
     libtest_mimic::run(&args, trials).exit();
 }

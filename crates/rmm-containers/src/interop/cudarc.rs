@@ -159,21 +159,26 @@ impl<T: Pod> DeviceSlice<T> for DeviceUvector<T> {
     }
 
     /// The vector's stream as a cudarc stream: the `Arc` itself for a vector on a cudarc
-    /// stream, a wrapper of the special stream for a vector on one. For a vector on an owned
+    /// stream, a wrapper of the stream for a vector on a `'static` one (a special stream, or a
+    /// foreign stream whose creator promised never to destroy it). For a vector on an owned
     /// rmm-rs stream, cudarc's stream could be cloned past that stream's life, so this is the
     /// device's legacy default stream instead (cudarc uses it to find the context; ordering is
     /// done by `device_ptr`/`device_ptr_mut`).
     ///
     /// # Panics
     /// If cudarc cannot create its context for the vector's device, which a vector created on
-    /// that device rules out in practice.
+    /// that device rules out in practice (cudarc's trait has no way to return an error).
     fn stream(&self) -> &Arc<CudaStream> {
         if let Some(s) = self.buffer_stream().as_cudarc() {
             return s;
         }
         self.cudarc_stream.get_or_init(|| {
             let made = match self.buffer_stream().as_static() {
-                Some(view) => static_stream_for_cudarc(view, self.device()),
+                // SAFETY: a `'static` view names a special stream (valid in every context,
+                // forever) or a stream that `CudaStreamView::from_raw`'s caller promised stays
+                // alive for `'static`; the vector already uses it with its device's primary
+                // context current, the context cudarc's wrapper binds.
+                Some(view) => unsafe { wrap_stream_for_cudarc(view, self.device()) },
                 None => cudarc_context(self.device()).map(|ctx| ctx.default_stream()),
             };
             made.unwrap_or_else(|e| {
