@@ -9,7 +9,7 @@ use rmm_sys::{DeviceGuard, DeviceId, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::drop_errors::record_drop_error;
 use crate::layout::{check_alignment, check_fits};
-use crate::raw;
+use crate::raw::{self, StreamOn};
 use crate::stream::BufferStream;
 
 /// An untyped, **uninitialized**, stream-ordered allocation of device memory (RMM's
@@ -31,11 +31,34 @@ use crate::stream::BufferStream;
 /// - **No implicit `Clone`**: a deep copy needs a stream and a resource,
 ///   [`try_clone_on`](Self::try_clone_on).
 ///
-/// # Stream ordering
-/// As in RMM, the memory may be used on the buffer's stream at once; using it on another stream
-/// needs an explicit dependency (an event, or a synchronize). Copies with a `stream` argument
-/// are ordered on that stream. Host-side copies ([`copy_to_host`](Self::copy_to_host),
-/// [`from_host`](Self::from_host), ...) wait for their copy to complete.
+/// # Stream ordering: which stream orders what
+/// The memory may be used on the buffer's stream at once. A method given another stream `B`
+/// (a copy, an element access, [`try_clone_on`](Self::try_clone_on), or a call that records `B`
+/// as the buffer's stream) orders that for you, with an event and no host wait:
+/// - work it enqueues on `B` that touches the buffer's bytes waits for the work queued so far
+///   on the buffer's stream `A`, so `B` never reads bytes `A` is still writing, nor writes
+///   bytes `A` still reads;
+/// - when the buffer stays on `A` and the work on `B` may still be running on return (an
+///   asynchronous write, the read of a deep copy), `A` waits for it, so the buffer's later work
+///   on `A`, its free included, cannot reuse bytes `B` still uses. Calls that wait on the host
+///   ([`copy_to_host`](Self::copy_to_host), [`copy_from_host`](Self::copy_from_host), ...)
+///   need no such wait;
+/// - [`set_stream`](Self::set_stream), [`resize`](Self::resize), [`reserve`](Self::reserve) and
+///   [`shrink_to_fit`](Self::shrink_to_fit) make `B` wait for `A` before recording it, so a
+///   reallocation (which copies and frees on `B`), later work and the final free on `B` come
+///   after `A`'s work.
+///
+/// On the buffer's own stream (the same handle, or the default stream and the stream it means
+/// in the process's mode) nothing extra happens, and an empty range touches no stream. If an
+/// event cannot be made, the host synchronizes the stream that was to be waited for instead.
+///
+/// RMM leaves all of this to the caller (its `device_buffer` copies, resizes and frees on
+/// whatever stream it is given). rmm-rs does it because these methods are safe: without it, a
+/// safe call could read bytes another stream is still writing, or let the buffer's free hand
+/// its bytes to a new allocation while another stream still uses them. Work the caller
+/// enqueues itself on raw [`data`](Self::data) pointers (kernels) is still the caller's to
+/// order, as in RMM, and so is work across threads on the per-thread default stream (its
+/// handle names the calling thread's stream, so it counts as one stream here).
 ///
 /// Calls that take `&mut self` and a `CudaStreamView` cannot borrow the view from the buffer
 /// itself; to use the buffer's own stream there, clone its handle first:
@@ -185,17 +208,30 @@ impl DeviceBuffer {
     /// [`size`](Self::size), the alignment is kept, the resource is the given one (not this
     /// buffer's), and the new buffer belongs to the current device. The copy is ordered on
     /// `stream` and not waited for.
+    ///
+    /// On another stream than this buffer's, the copy first waits for the work queued on this
+    /// buffer's stream, and this buffer's stream then waits for the copy, so this buffer's
+    /// later work and its free come after the copy has read it (see "Stream ordering").
     pub fn try_clone_on(
         &self,
         stream: impl Into<BufferStream>,
         mr: Option<SharedResource>,
     ) -> MrResult<Self> {
         let copy = Self::with_alignment(self.size, self.alignment, stream, mr)?;
+        if self.size == 0 {
+            return Ok(copy);
+        }
+        // On error `copy` drops and frees its allocation on its own stream, after anything
+        // enqueued there.
+        raw::order_after(copy.own_stream(), self.own_stream())?;
         copy.with_device(|c| {
             // SAFETY: `c.data()` holds `self.size` fresh bytes; `self.data` holds at least
-            // `self.size` bytes and is borrowed for the call.
+            // `self.size` bytes and is borrowed for the call; its pending work on its own
+            // stream is ordered before the copy (above), its later work and free after it
+            // (below).
             unsafe { raw::copy_async(c.data(), self.data(), self.size, c.stream.view()) }
         })?;
+        raw::order_after(self.own_stream(), copy.own_stream())?;
         Ok(copy)
     }
 
@@ -227,6 +263,23 @@ impl DeviceBuffer {
     fn with_device<R>(&self, f: impl FnOnce(&Self) -> MrResult<R>) -> MrResult<R> {
         let _guard = DeviceGuard::new(self.device)?;
         f(self)
+    }
+
+    /// The buffer's stream, on the buffer's device.
+    fn own_stream(&self) -> StreamOn<'_> {
+        StreamOn::new(self.device, self.stream.view())
+    }
+
+    /// Makes work about to be enqueued on `stream` (on this buffer's device) wait for the work
+    /// queued so far on the buffer's stream. Nothing happens on the buffer's own stream.
+    fn order_use_on(&self, stream: CudaStreamView<'_>) -> MrResult<()> {
+        raw::order_after(StreamOn::new(self.device, stream), self.own_stream())
+    }
+
+    /// Makes the work enqueued from now on on the buffer's stream (its free included) wait for
+    /// the work queued so far on `stream`. Nothing happens on the buffer's own stream.
+    fn order_own_after(&self, stream: CudaStreamView<'_>) -> MrResult<()> {
+        raw::order_after(self.own_stream(), StreamOn::new(self.device, stream))
     }
 
     /// The address of the first byte (null when the capacity is 0).
@@ -277,10 +330,23 @@ impl DeviceBuffer {
         &self.stream
     }
 
-    /// Records `stream` as the stream later frees (and reallocations) use. The caller makes
-    /// sure work on the old stream that uses the memory is ordered before work on the new one.
-    pub fn set_stream(&mut self, stream: impl Into<BufferStream>) {
-        self.stream = stream.into();
+    /// Records `stream` as the stream later frees (and reallocations) use.
+    ///
+    /// The new stream first waits (an event, no host wait) for the work queued so far on the
+    /// old one, so the buffer's later work and its free on the new stream come after it. Work
+    /// the caller enqueues on the old stream afterwards is the caller's to order. (RMM's
+    /// `set_stream` only stores the stream and leaves this to the caller.)
+    ///
+    /// # Errors
+    /// A failed event and fallback synchronization (see "Stream ordering"); the stream is then
+    /// unchanged.
+    pub fn set_stream(&mut self, stream: impl Into<BufferStream>) -> MrResult<()> {
+        let stream = stream.into();
+        if self.capacity > 0 {
+            self.order_use_on(stream.view())?;
+        }
+        self.stream = stream;
+        Ok(())
     }
 
     /// The resource the memory came from (and will be freed into).
@@ -296,13 +362,14 @@ impl DeviceBuffer {
     }
 
     /// Makes the capacity at least `new_capacity` bytes, keeping the contents. Smaller is a
-    /// no-op. Records `stream`; a reallocation is ordered on it.
+    /// no-op. Records `stream` as [`set_stream`](Self::set_stream) does (ordered after the old
+    /// stream's work); a reallocation is ordered on it.
     pub fn reserve(
         &mut self,
         new_capacity: usize,
         stream: impl Into<BufferStream>,
     ) -> MrResult<()> {
-        self.set_stream(stream);
+        self.set_stream(stream)?;
         if new_capacity > self.capacity {
             self.reallocate(new_capacity)?;
         }
@@ -311,9 +378,11 @@ impl DeviceBuffer {
 
     /// Sets the size to `new_size` bytes. Within the capacity only the size changes (no
     /// allocation; new bytes are uninitialized). Beyond it, a new allocation of exactly
-    /// `new_size` bytes receives the contents and the old one is freed. Records `stream`.
+    /// `new_size` bytes receives the contents and the old one is freed, both on `stream`.
+    /// Records `stream` as [`set_stream`](Self::set_stream) does (ordered after the old
+    /// stream's work).
     pub fn resize(&mut self, new_size: usize, stream: impl Into<BufferStream>) -> MrResult<()> {
-        self.set_stream(stream);
+        self.set_stream(stream)?;
         if new_size > self.capacity {
             self.reallocate(new_size)?;
         }
@@ -322,9 +391,9 @@ impl DeviceBuffer {
     }
 
     /// Reallocates to exactly [`size`](Self::size) bytes if the capacity differs (a size of 0
-    /// frees the memory). Records `stream`.
+    /// frees the memory). Records `stream` as [`set_stream`](Self::set_stream) does.
     pub fn shrink_to_fit(&mut self, stream: impl Into<BufferStream>) -> MrResult<()> {
-        self.set_stream(stream);
+        self.set_stream(stream)?;
         if self.size != self.capacity {
             self.reallocate(self.size)?;
         }
@@ -372,38 +441,54 @@ impl DeviceBuffer {
         Ok(())
     }
 
-    /// Copies `src` to the start of the buffer on `stream` and waits for the copy.
+    /// Copies `src` to the start of the buffer on `stream` and waits for the copy. On another
+    /// stream than the buffer's, the copy comes after the work queued on the buffer's stream.
     ///
     /// # Errors
     /// `src` longer than [`size`](Self::size): [`MrError::OutOfRange`].
     pub fn copy_from_host(&mut self, src: &[u8], stream: CudaStreamView<'_>) -> MrResult<()> {
         check_fits(src.len(), self.size, "a host source")?;
+        if src.is_empty() {
+            return Ok(());
+        }
         self.with_device(|b| {
-            // SAFETY: the buffer holds at least `src.len()` bytes and is borrowed exclusively.
+            b.order_use_on(stream)?;
+            // SAFETY: the buffer holds at least `src.len()` bytes and is borrowed exclusively;
+            // its stream's pending work is ordered before the copy, which is waited for.
             unsafe { raw::copy_from_host_sync(b.data(), src, stream) }
         })
     }
 
-    /// Copies the first `dst.len()` bytes of the buffer into `dst` on `stream` and waits.
+    /// Copies the first `dst.len()` bytes of the buffer into `dst` on `stream` and waits. On
+    /// another stream than the buffer's, the copy comes after the work queued on the buffer's
+    /// stream.
     ///
     /// # Errors
     /// `dst` longer than [`size`](Self::size): [`MrError::OutOfRange`].
     pub fn copy_to_host(&self, dst: &mut [u8], stream: CudaStreamView<'_>) -> MrResult<()> {
         check_fits(dst.len(), self.size, "a host destination")?;
+        if dst.is_empty() {
+            return Ok(());
+        }
         self.with_device(|b| {
-            // SAFETY: the buffer holds at least `dst.len()` bytes.
+            b.order_use_on(stream)?;
+            // SAFETY: the buffer holds at least `dst.len()` bytes; its stream's pending work is
+            // ordered before the copy, which is waited for.
             unsafe { raw::copy_to_host_sync(dst, b.data(), stream) }
         })
     }
 
-    /// The contents, copied to the host on `stream` (waits for the copy).
+    /// The contents, copied to the host on `stream` (waits for the copy; ordered as
+    /// [`copy_to_host`](Self::copy_to_host)).
     pub fn to_vec(&self, stream: CudaStreamView<'_>) -> MrResult<Vec<u8>> {
         let mut out = vec![0u8; self.size];
         self.copy_to_host(&mut out, stream)?;
         Ok(out)
     }
 
-    /// Zeroes the first `bytes` bytes on `stream` (crate-internal, for typed containers).
+    /// Zeroes `bytes` bytes at byte `offset` on `stream` without waiting (crate-internal, for
+    /// typed containers). On another stream, the memset waits for the buffer's stream, and the
+    /// buffer's stream then waits for the memset.
     pub(crate) fn zero_range_async(
         &mut self,
         offset: usize,
@@ -413,14 +498,21 @@ impl DeviceBuffer {
         debug_assert!(offset
             .checked_add(bytes)
             .is_some_and(|end| end <= self.size));
+        if bytes == 0 {
+            return Ok(());
+        }
         let dst = self.offset_ptr(offset);
-        self.with_device(|_| {
-            // SAFETY: `[offset, offset + bytes)` lies within the buffer (callers check indices).
-            unsafe { raw::zero_async(dst, bytes, stream) }
+        self.with_device(|b| {
+            b.order_use_on(stream)?;
+            // SAFETY: `[offset, offset + bytes)` lies within the buffer (callers check
+            // indices); the buffer's stream is ordered around the memset.
+            unsafe { raw::zero_async(dst, bytes, stream) }?;
+            b.order_own_after(stream)
         })
     }
 
-    /// Writes one value at byte `offset` on `stream` without waiting (crate-internal).
+    /// Writes one value at byte `offset` on `stream` without waiting (crate-internal). Ordered
+    /// as [`zero_range_async`](Self::zero_range_async).
     pub(crate) fn write_value_async<T: bytemuck::Pod>(
         &mut self,
         offset: usize,
@@ -431,14 +523,17 @@ impl DeviceBuffer {
             .checked_add(mem::size_of::<T>())
             .is_some_and(|end| end <= self.size));
         let dst = self.offset_ptr(offset);
-        self.with_device(|_| {
-            // SAFETY: the value's bytes lie within the buffer (callers check indices).
-            unsafe { raw::copy_value_async(dst, value, stream) }
+        self.with_device(|b| {
+            b.order_use_on(stream)?;
+            // SAFETY: the value's bytes lie within the buffer (callers check indices); the
+            // buffer's stream is ordered around the copy.
+            unsafe { raw::copy_value_async(dst, value, stream) }?;
+            b.order_own_after(stream)
         })
     }
 
     /// Reads `dst.len()` bytes at byte `offset` into `dst` on `stream` and waits
-    /// (crate-internal).
+    /// (crate-internal). On another stream, the copy waits for the buffer's stream.
     pub(crate) fn read_at(
         &self,
         offset: usize,
@@ -448,9 +543,14 @@ impl DeviceBuffer {
         debug_assert!(offset
             .checked_add(dst.len())
             .is_some_and(|end| end <= self.size));
+        if dst.is_empty() {
+            return Ok(());
+        }
         let src = self.offset_ptr(offset);
-        self.with_device(|_| {
-            // SAFETY: the range lies within the buffer (callers check indices).
+        self.with_device(|b| {
+            b.order_use_on(stream)?;
+            // SAFETY: the range lies within the buffer (callers check indices); the buffer's
+            // stream's pending work is ordered before the copy, which is waited for.
             unsafe { raw::copy_to_host_sync(dst, src, stream) }
         })
     }
@@ -525,6 +625,7 @@ pub(crate) mod tests {
 
     use super::*;
     use crate::drop_errors::take_drop_errors;
+    use crate::raw::orderings;
     use rmm_mr::{DeviceMemoryResource, MrError, SharedResource};
     use std::any::Any;
     use std::collections::HashMap;
@@ -832,6 +933,75 @@ pub(crate) mod tests {
                 .any(|e| e.to_string().contains("recorder refuses this free")),
             "{errors:?}"
         );
+    }
+
+    /// A foreign stream handle: the unit tests' orderings are recorded, never given to the
+    /// driver (see `raw::orderings`).
+    fn foreign(handle: usize) -> BufferStream {
+        // SAFETY: the handle is never used with the driver in these tests.
+        BufferStream::from(unsafe { CudaStreamView::from_raw(handle as _) })
+    }
+
+    #[test]
+    fn recording_another_stream_orders_it_after_the_old_one() {
+        let _ = orderings::take();
+        let rec = Recorder::default();
+        let mut b = buffer(&rec, 1000, 256);
+        // The buffer's own stream: no ordering at all.
+        b.set_stream(BufferStream::default()).unwrap();
+        b.resize(500, BufferStream::default()).unwrap();
+        b.reserve(10, BufferStream::default()).unwrap();
+        assert_eq!(orderings::take(), vec![]);
+        // Another stream waits for the old one before it is recorded.
+        b.set_stream(foreign(0x1000)).unwrap();
+        assert_eq!(orderings::take(), vec![(0x1000, 0)]);
+        assert_eq!(b.stream(), foreign(0x1000).view());
+        b.set_stream(foreign(0x1000)).unwrap();
+        assert_eq!(orderings::take(), vec![]);
+        b.resize(0, foreign(0x2000)).unwrap();
+        assert_eq!(orderings::take(), vec![(0x2000, 0x1000)]);
+        // A reallocation (of nothing to copy) on a third stream: ordered first, then all of it
+        // (allocation, copy, free of the old block) on that stream.
+        b.reserve(4096, foreign(0x3000)).unwrap();
+        assert_eq!(orderings::take(), vec![(0x3000, 0x2000)]);
+        assert_eq!(
+            rec.calls()[1..],
+            [
+                Call::Alloc {
+                    bytes: 4096,
+                    alignment: 256,
+                    stream: 0x3000
+                },
+                Call::Free {
+                    ptr: 1 << 12,
+                    bytes: 1000,
+                    alignment: 256,
+                    stream: 0x3000
+                }
+            ]
+        );
+        b.shrink_to_fit(foreign(0x4000)).unwrap();
+        assert_eq!(orderings::take(), vec![(0x4000, 0x3000)]);
+        assert_eq!(b.capacity(), 0);
+        // Without memory there is nothing to order.
+        b.set_stream(foreign(0x5000)).unwrap();
+        b.resize(0, BufferStream::legacy()).unwrap();
+        assert_eq!(orderings::take(), vec![]);
+        drop(b);
+        assert_eq!(rec.live(), 0);
+    }
+
+    #[test]
+    fn empty_ranges_order_nothing() {
+        let _ = orderings::take();
+        let rec = Recorder::default();
+        let mut b = buffer(&rec, 64, 256);
+        let other = foreign(0x1000);
+        b.copy_from_host(&[], other.view()).unwrap();
+        b.copy_to_host(&mut [], other.view()).unwrap();
+        b.zero_range_async(0, 0, other.view()).unwrap();
+        b.read_at(8, &mut [], other.view()).unwrap();
+        assert_eq!(orderings::take(), vec![]);
     }
 
     #[test]

@@ -13,8 +13,16 @@
 //!   ownership of its stream (or is a `'static` special stream), so, unlike RMM's stored
 //!   `cuda_stream_view`, it can never free on a destroyed stream. Pass
 //!   `CudaStreamView::default()`, an `Arc<CudaStream>`, or (feature `cudarc`) a cudarc stream.
-//!   Stream ordering is RMM's: memory is usable on the container's stream at once; other
-//!   streams need explicit synchronization.
+//! - **Stream ordering: which stream orders what.** Memory is usable on the container's stream
+//!   at once. A method given another stream orders itself: its work on that stream waits for
+//!   the work queued on the container's stream (an event, no host wait), and, where that work
+//!   may still run on return while the container stays on its stream, the container's stream
+//!   waits for it, so no stream reads or reuses bytes another is still writing, and the free
+//!   comes last. `set_stream`, `resize`, `reserve` and `shrink_to_fit` make the new stream wait
+//!   for the old one before recording it. The container's own stream costs nothing extra. RMM
+//!   leaves this ordering to the caller; rmm-rs does it because these methods are safe (see
+//!   [`DeviceBuffer`]'s "Stream ordering"). Work the caller enqueues on raw pointers (kernels)
+//!   is still the caller's to order.
 //! - **Devices**: each container records the device current at its construction and makes it
 //!   current around every allocation, copy and free (also in `Drop`).
 //! - **Errors** are [`rmm_mr::MrError`] values; argument errors (alignment, length overflow,

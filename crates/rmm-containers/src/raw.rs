@@ -1,5 +1,6 @@
-//! The few raw calls the containers make: allocation and free through a resource, and copies and
-//! memsets through rmm-sys. Each `unsafe` call lives here, behind a contract stated once.
+//! The few raw calls the containers make: allocation and free through a resource, copies and
+//! memsets through rmm-sys, and the event that orders one stream after another. Each `unsafe`
+//! call lives here, behind a contract stated once.
 //!
 //! Callers (the containers) guarantee what the contracts below require by construction: a
 //! container's `(data, capacity, alignment)` is exactly what its resource handed out, no range
@@ -9,7 +10,7 @@
 
 use rmm_mr::{DeviceMemoryResource, MrResult};
 use rmm_stream::CudaStreamView;
-use rmm_sys::{memory, DevicePtr};
+use rmm_sys::{memory, DeviceId, DevicePtr, CU_STREAM_LEGACY};
 
 use crate::drop_errors::record_drop_error;
 
@@ -148,4 +149,166 @@ pub(crate) unsafe fn zero_async(
     // SAFETY: the caller's contract.
     unsafe { memory::memset_d8_async(dst, 0, bytes, stream.as_raw()) }?;
     Ok(())
+}
+
+/// A stream together with the device whose context resolves its handle: the special handles
+/// (default, legacy, per-thread) name a different stream in each device's context.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StreamOn<'a> {
+    pub(crate) device: DeviceId,
+    pub(crate) view: CudaStreamView<'a>,
+}
+
+impl<'a> StreamOn<'a> {
+    pub(crate) fn new(device: DeviceId, view: CudaStreamView<'a>) -> Self {
+        Self { device, view }
+    }
+
+    /// Whether both name the same stream. Equal handles on one device are (the hot path: no
+    /// driver call, no mode lookup); otherwise the handles are compared as the driver reads
+    /// them, so the default stream is the legacy stream in legacy mode and the per-thread
+    /// stream in per-thread mode.
+    ///
+    /// The per-thread default stream is the calling thread's: its handle counts as one stream
+    /// here, so ordering two threads' per-thread streams stays the caller's business.
+    pub(crate) fn is_same(&self, other: &StreamOn<'_>) -> bool {
+        self.device == other.device
+            && (self.view == other.view
+                || canonical(self.view.as_raw()) == canonical(other.view.as_raw()))
+    }
+}
+
+/// The handle the driver sees, with the legacy stream's two spellings (0 and
+/// `CU_STREAM_LEGACY`) made one.
+pub(crate) fn canonical(raw: rmm_sys::ffi::CUstream) -> usize {
+    if raw.is_null() {
+        CU_STREAM_LEGACY as usize
+    } else {
+        raw as usize
+    }
+}
+
+/// Makes the work enqueued on `waiter` from now on wait for the work queued so far on
+/// `signaller`: an event recorded on `signaller` (with its device current) and waited on by
+/// `waiter` (with its device current). The host does not block. When both name the same
+/// stream nothing happens, without a driver call.
+///
+/// If the event cannot be created, recorded or waited on, the host synchronizes `signaller`
+/// instead (which orders everything queued on it before anything enqueued later anywhere);
+/// only when that fails too is the event's error returned.
+pub(crate) fn order_after(waiter: StreamOn<'_>, signaller: StreamOn<'_>) -> MrResult<()> {
+    if waiter.is_same(&signaller) {
+        return Ok(());
+    }
+    wait_for_event(waiter, signaller)
+}
+
+#[cfg(not(test))]
+fn wait_for_event(waiter: StreamOn<'_>, signaller: StreamOn<'_>) -> MrResult<()> {
+    let waited = (|| -> MrResult<()> {
+        let event = {
+            let _guard = rmm_sys::DeviceGuard::new(signaller.device)?;
+            let event = rmm_stream::CudaEvent::new()?;
+            event.record(signaller.view)?;
+            event
+        };
+        let _guard = rmm_sys::DeviceGuard::new(waiter.device)?;
+        event.wait(waiter.view)?;
+        // The event may be destroyed at once: a wait already enqueued keeps its record.
+        Ok(())
+    })();
+    if let Err(e) = waited {
+        log::warn!(
+            "rmm: ordering stream {} after stream {} with an event failed ({e}); \
+             synchronizing stream {} instead",
+            waiter.view,
+            signaller.view,
+            signaller.view
+        );
+        let synced = rmm_sys::DeviceGuard::new(signaller.device)
+            .and_then(|_guard| signaller.view.synchronize());
+        if synced.is_err() {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Unit tests have no GPU: they record the orderings the containers ask for instead.
+#[cfg(test)]
+fn wait_for_event(waiter: StreamOn<'_>, signaller: StreamOn<'_>) -> MrResult<()> {
+    orderings::record(
+        waiter.view.value() as usize,
+        signaller.view.value() as usize,
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod orderings {
+    //! The orderings the current test thread asked for, as `(waiter, signaller)` handles.
+
+    use std::cell::RefCell;
+
+    thread_local! {
+        static SEEN: RefCell<Vec<(usize, usize)>> = const { RefCell::new(Vec::new()) };
+    }
+
+    pub(crate) fn record(waiter: usize, signaller: usize) {
+        SEEN.with(|s| s.borrow_mut().push((waiter, signaller)));
+    }
+
+    /// Returns and forgets what this thread recorded.
+    pub(crate) fn take() -> Vec<(usize, usize)> {
+        SEEN.with(|s| std::mem::take(&mut *s.borrow_mut()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rmm_stream::{default_stream_mode, DefaultStreamMode};
+    use rmm_sys::CU_STREAM_PER_THREAD;
+
+    fn on(device: i32, handle: usize) -> StreamOn<'static> {
+        // SAFETY: the handles are only compared, never given to the driver.
+        StreamOn::new(DeviceId(device), unsafe {
+            CudaStreamView::from_raw(handle as _)
+        })
+    }
+
+    #[test]
+    fn both_spellings_of_the_legacy_stream_are_one() {
+        assert_eq!(canonical(std::ptr::null_mut()), 1);
+        assert_eq!(canonical(CU_STREAM_LEGACY), 1);
+        assert_eq!(canonical(CU_STREAM_PER_THREAD), 2);
+        assert_eq!(canonical(0x1234 as _), 0x1234);
+    }
+
+    #[test]
+    fn the_default_stream_is_the_stream_its_mode_names() {
+        let legacy_mode = default_stream_mode() == DefaultStreamMode::Legacy;
+        assert_eq!(on(0, 0).is_same(&on(0, 1)), legacy_mode);
+        assert_eq!(on(0, 0).is_same(&on(0, 2)), !legacy_mode);
+        assert!(!on(0, 1).is_same(&on(0, 2)));
+        assert!(on(0, 0x1234).is_same(&on(0, 0x1234)));
+        assert!(!on(0, 0x1234).is_same(&on(0, 0x1235)));
+    }
+
+    #[test]
+    fn special_handles_on_two_devices_are_two_streams() {
+        assert!(!on(0, 1).is_same(&on(1, 1)));
+        assert!(!on(0, 0).is_same(&on(1, 0)));
+    }
+
+    #[test]
+    fn the_same_stream_records_no_ordering() {
+        let _ = orderings::take();
+        order_after(on(0, 7), on(0, 7)).unwrap();
+        order_after(on(0, 1), on(0, 1)).unwrap();
+        assert_eq!(orderings::take(), vec![]);
+        order_after(on(0, 7), on(0, 8)).unwrap();
+        order_after(on(1, 1), on(0, 1)).unwrap();
+        assert_eq!(orderings::take(), vec![(7, 8), (1, 1)]);
+    }
 }

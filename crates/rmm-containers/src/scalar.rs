@@ -13,7 +13,9 @@ use crate::uvector::DeviceUvector;
 /// One `T` in device memory (RMM's `device_scalar`): a [`DeviceUvector`] of length 1.
 ///
 /// Over-aligned `T` (alignment above 256) fail with the base resource's
-/// [`MrError::BadAlloc`](rmm_mr::MrError::BadAlloc).
+/// [`MrError::BadAlloc`](rmm_mr::MrError::BadAlloc). Methods given another stream than the
+/// scalar's are ordered against it as
+/// [`DeviceBuffer`'s are](crate::DeviceBuffer#stream-ordering-which-stream-orders-what).
 #[doc(alias = "rmm::device_scalar")]
 pub struct DeviceScalar<T: Pod> {
     vector: DeviceUvector<T>,
@@ -92,9 +94,10 @@ impl<T: Pod> DeviceScalar<T> {
         self.vector.buffer_stream()
     }
 
-    /// Records `stream` for the later free.
-    pub fn set_stream(&mut self, stream: impl Into<BufferStream>) {
-        self.vector.set_stream(stream);
+    /// Records `stream` for the later free, after making it wait for the work queued on the
+    /// old stream; see [`DeviceBuffer::set_stream`](crate::DeviceBuffer::set_stream).
+    pub fn set_stream(&mut self, stream: impl Into<BufferStream>) -> MrResult<()> {
+        self.vector.set_stream(stream)
     }
 
     /// The resource the memory came from.

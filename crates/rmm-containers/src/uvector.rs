@@ -20,7 +20,11 @@ use crate::stream::BufferStream;
 /// uninitialized elements is allowed, and elements are copied bytewise (`-0.0` stays `-0.0`).
 /// Zero-sized `T` are rejected at compile time.
 ///
-/// Everything [`DeviceBuffer`] says about resources, streams, devices and `Drop` holds here.
+/// Everything [`DeviceBuffer`] says about resources, streams, devices and `Drop` holds here,
+/// including its [stream ordering](DeviceBuffer#stream-ordering-which-stream-orders-what): a
+/// method given another stream than the vector's (element access, copies, `try_clone_on`,
+/// `resize`, `reserve`, `set_stream`, ...) orders its work after the work queued on the
+/// vector's stream, and the vector's stream after any of that work still running on return.
 ///
 /// # Errors
 /// - `len * size_of::<T>()` overflowing `usize`: [`MrError::InvalidArgument`] (in `new`,
@@ -170,7 +174,9 @@ impl<T: Pod> DeviceUvector<T> {
     }
 
     /// Writes `value` to element `index` on `stream` without waiting for the device. The value
-    /// is staged by the driver before the call returns, so `value` may be changed at once.
+    /// is staged by the driver before the call returns, so `value` may be changed at once. On
+    /// another stream than the vector's, the write waits for the vector's stream, and the
+    /// vector's stream then waits for the write.
     pub fn set_element_async(
         &mut self,
         index: usize,
@@ -231,7 +237,7 @@ impl<T: Pod> DeviceUvector<T> {
     }
 
     /// Makes room for at least `new_capacity` elements, keeping the contents. Records
-    /// `stream`.
+    /// `stream` as [`set_stream`](Self::set_stream) does.
     pub fn reserve(
         &mut self,
         new_capacity: usize,
@@ -244,14 +250,16 @@ impl<T: Pod> DeviceUvector<T> {
 
     /// Sets the length to `new_len`, keeping the first `min(len, new_len)` elements; new
     /// elements are uninitialized. Within the capacity nothing is allocated (resizing to 0
-    /// keeps the capacity until [`shrink_to_fit`](Self::shrink_to_fit)). Records `stream`.
+    /// keeps the capacity until [`shrink_to_fit`](Self::shrink_to_fit)). Records `stream` as
+    /// [`set_stream`](Self::set_stream) does.
     pub fn resize(&mut self, new_len: usize, stream: impl Into<BufferStream>) -> MrResult<()> {
         let bytes = bytes_for::<T>(new_len)?;
         self.stream_changed();
         self.buffer.resize(bytes, stream)
     }
 
-    /// Reallocates to exactly the length if the capacity differs. Records `stream`.
+    /// Reallocates to exactly the length if the capacity differs. Records `stream` as
+    /// [`set_stream`](Self::set_stream) does.
     pub fn shrink_to_fit(&mut self, stream: impl Into<BufferStream>) -> MrResult<()> {
         self.stream_changed();
         self.buffer.shrink_to_fit(stream)
@@ -300,10 +308,11 @@ impl<T: Pod> DeviceUvector<T> {
         self.buffer.buffer_stream()
     }
 
-    /// Records `stream` for later frees and reallocations.
-    pub fn set_stream(&mut self, stream: impl Into<BufferStream>) {
+    /// Records `stream` for later frees and reallocations, after making it wait for the work
+    /// queued on the old stream; see [`DeviceBuffer::set_stream`].
+    pub fn set_stream(&mut self, stream: impl Into<BufferStream>) -> MrResult<()> {
         self.stream_changed();
-        self.buffer.set_stream(stream);
+        self.buffer.set_stream(stream)
     }
 
     /// The resource the memory came from.

@@ -1,12 +1,14 @@
 //! GPU tests of the containers: RMM's `device_buffer`, `device_uvector`, `device_scalar` and
 //! container multi-device tests (section 3.3 of the reference), run for several resources,
-//! plus the default-resource replacement, the drop-error record, the pool helper and (feature
+//! plus the default-resource replacement, the drop-error record, the pool helper, the ordering
+//! of methods given another stream than the container's (`cross_stream::*`) and (feature
 //! `cudarc`) cudarc interop. Without a GPU every trial reports itself ignored, with the reason;
 //! multi-device trials need 2 GPUs. GPU tests change process-wide state (current device,
 //! current resource), so the runner uses one test thread.
 
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytemuck::Pod;
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
@@ -15,7 +17,7 @@ use rmm_containers::{take_drop_errors, BufferStream, DeviceBuffer, DeviceScalar,
 use rmm_mr::{
     reset_current_device_resource, set_current_device_resource, CallbackMemoryResource,
     CudaAsyncMemoryResource, CudaMemoryResource, DeviceMemoryResource, ManagedMemoryResource,
-    MrError, MrResult, SharedResource,
+    MrError, MrResult, PoolMemoryResource, SharedResource,
 };
 use rmm_stream::{CudaStream, CudaStreamView};
 use rmm_sys::{DeviceCapabilities, DeviceId, DevicePtr};
@@ -436,7 +438,7 @@ fn buffer_stream_recording(mr: SharedResource) -> Outcome {
     let handle = stream.value() as usize;
     let n = Lcg(6).size();
     let mut b = DeviceBuffer::new_in(n, CudaStreamView::default(), rec)?;
-    b.set_stream(&stream);
+    b.set_stream(&stream)?;
     ensure(b.stream() == stream.view(), "set_stream")?;
     b.resize(n / 2, BufferStream::legacy())?;
     ensure(
@@ -640,7 +642,7 @@ fn uvector_elements<T: Pod>(mr: SharedResource) -> Outcome {
     let stream = Arc::new(CudaStream::non_blocking()?);
     let mut w = DeviceUvector::<T>::new_in(10, &stream, mr)?;
     ensure(w.stream() == stream.view(), "stream")?;
-    w.set_stream(CudaStreamView::legacy());
+    w.set_stream(CudaStreamView::legacy())?;
     ensure(w.stream() == CudaStreamView::legacy(), "set_stream")?;
     done()
 }
@@ -750,8 +752,495 @@ fn scalar_suite<T: Pod + Debug>(mr: SharedResource) -> Outcome {
     let mut d = DeviceScalar::with_value(x, &stream, Some(mr))?;
     ensure(d.stream() == stream.view(), "stream")?;
     ensure(same(&[d.value(stream.view())?], &[x]), "value on a stream")?;
-    d.set_stream(CudaStreamView::legacy());
+    d.set_stream(CudaStreamView::legacy())?;
     ensure(d.stream() == CudaStreamView::legacy(), "set_stream")?;
+    done()
+}
+
+// --- foreign streams: methods given another stream than the container's ---------------------
+//
+// Stream A (the container's) is stalled by a host function with a write queued behind the
+// stall; the method under test then runs on stream B. Without the ordering the containers add,
+// B's work runs at once, while A's write is still pending, and the bytes checked afterwards are
+// the wrong ones. The checks compare every byte; no timing is asserted (the stall only makes a
+// missing ordering certain to show).
+
+/// How long a stream is stalled so that work queued behind the stall is still pending while
+/// the test enqueues work on the other stream.
+const STALL: Duration = Duration::from_millis(150);
+/// The size of the containers these trials use.
+const CROSS_BYTES: usize = 1 << 20;
+
+/// Queues a memset of `bytes` bytes at `ptr` to `byte` on `s` (no stall).
+fn fill_now(ptr: DevicePtr, bytes: usize, byte: u8, s: &BufferStream) -> Result<(), Failed> {
+    // SAFETY: the callers pass the memory of a live container holding at least `bytes` bytes,
+    // which it frees on `s` after this memset or on a stream the containers order after `s`.
+    unsafe { rmm_sys::memory::memset_d8_async(ptr, byte, bytes, s.view().as_raw())? };
+    Ok(())
+}
+
+/// Stalls `s`, then queues behind the stall a memset of `bytes` bytes at `ptr` to `byte`.
+fn fill_behind_stall(
+    ptr: DevicePtr,
+    bytes: usize,
+    byte: u8,
+    s: &BufferStream,
+) -> Result<(), Failed> {
+    rmm_stream::stall(s.view(), STALL)?;
+    fill_now(ptr, bytes, byte, s)
+}
+
+/// `got == want`, naming the first differing byte.
+fn expect_bytes(got: &[u8], want: &[u8], what: &str) -> Result<(), Failed> {
+    if got.len() != want.len() {
+        return Err(format!("{what}: {} bytes, expected {}", got.len(), want.len()).into());
+    }
+    match got.iter().zip(want).position(|(g, w)| g != w) {
+        None => Ok(()),
+        Some(i) => Err(format!(
+            "{what}: byte {i} of {} is {:#04x}, expected {:#04x}",
+            got.len(),
+            got[i],
+            want[i]
+        )
+        .into()),
+    }
+}
+
+fn expect_words(got: &[u32], want: &[u32], what: &str) -> Result<(), Failed> {
+    expect_bytes(bytemuck::cast_slice(got), bytemuck::cast_slice(want), what)
+}
+
+fn word(byte: u8) -> u32 {
+    u32::from_ne_bytes([byte; 4])
+}
+
+/// Which stream one side of a cross-stream trial uses.
+#[derive(Clone, Copy, Debug)]
+enum Side {
+    /// A new non-blocking stream (no implicit synchronization with any other).
+    Owned,
+    /// Handle 0: the legacy or the per-thread default stream, by the process's mode.
+    Default,
+    Legacy,
+    PerThread,
+}
+
+impl Side {
+    fn make(self) -> MrResult<BufferStream> {
+        Ok(match self {
+            Side::Owned => BufferStream::shared(Arc::new(CudaStream::non_blocking()?)),
+            Side::Default => BufferStream::default_stream(),
+            Side::Legacy => BufferStream::legacy(),
+            Side::PerThread => BufferStream::per_thread(),
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Side::Owned => "owned",
+            Side::Default => "default",
+            Side::Legacy => "legacy",
+            Side::PerThread => "per_thread",
+        }
+    }
+}
+
+/// (A, B) pairs: one side is always a non-blocking stream, so the pair never synchronizes
+/// implicitly (the legacy stream does with blocking streams, the per-thread one with legacy).
+const PAIRS: [(Side, Side); 6] = [
+    (Side::Owned, Side::Owned),
+    (Side::Owned, Side::Legacy),
+    (Side::Owned, Side::PerThread),
+    (Side::Default, Side::Owned),
+    (Side::Legacy, Side::Owned),
+    (Side::PerThread, Side::Owned),
+];
+
+/// A cross-stream test body: a resource, the container's stream A and the other stream B.
+type CrossBody = fn(SharedResource, BufferStream, BufferStream) -> Outcome;
+
+fn cross_trial(s: Subject, (a, b): (Side, Side), case: &str, body: CrossBody) -> Trial {
+    gpu(
+        format!(
+            "cross_stream::{}::{}_to_{}::{case}",
+            s.name,
+            a.name(),
+            b.name()
+        ),
+        move || {
+            if let Some(why) = (s.unsupported)() {
+                return Ok(Completion::ignored_with(format!("unsupported here: {why}")));
+            }
+            body((s.make)()?, a.make()?, b.make()?)
+        },
+    )
+}
+
+const CROSS_CASES: [(&str, CrossBody); 11] = [
+    ("CopyToHost", cross_copy_to_host),
+    ("CopyFromHost", cross_copy_from_host),
+    ("TryCloneOn", cross_try_clone_on),
+    ("ResizeLarger", cross_resize_larger),
+    ("ResizeWithinCapacity", cross_resize_within_capacity),
+    ("Reserve", cross_reserve),
+    ("ShrinkToFit", cross_shrink_to_fit),
+    ("SetStream", cross_set_stream),
+    ("UvectorElements", cross_uvector_elements),
+    ("UvectorBulk", cross_uvector_bulk),
+    ("Scalar", cross_scalar),
+];
+
+fn cross_copy_to_host(mr: SharedResource, a: BufferStream, b: BufferStream) -> Outcome {
+    let n = CROSS_BYTES;
+    let buf = DeviceBuffer::from_host(&pattern(n, 3), &a, Some(mr))?;
+    fill_behind_stall(buf.data(), n, 0xa1, &a)?;
+    expect_bytes(
+        &buf.to_vec(b.view())?,
+        &vec![0xa1; n],
+        "to_vec on B while A's write was pending",
+    )?;
+    fill_behind_stall(buf.data(), n, 0xa2, &a)?;
+    let mut head = vec![0u8; 1000];
+    buf.copy_to_host(&mut head, b.view())?;
+    expect_bytes(
+        &head,
+        &[0xa2; 1000],
+        "copy_to_host on B while A's write was pending",
+    )?;
+    done()
+}
+
+fn cross_copy_from_host(mr: SharedResource, a: BufferStream, b: BufferStream) -> Outcome {
+    let n = CROSS_BYTES;
+    let mut buf = DeviceBuffer::from_host(&pattern(n, 3), &a, Some(mr))?;
+    fill_behind_stall(buf.data(), n, 0xa1, &a)?;
+    let new = pattern(n / 2, 9);
+    buf.copy_from_host(&new, b.view())?;
+    let mut want = vec![0xa1; n];
+    want[..n / 2].copy_from_slice(&new);
+    expect_bytes(
+        &buf.to_vec(a.view())?,
+        &want,
+        "copy_from_host on B ordered after A's pending write",
+    )?;
+    done()
+}
+
+fn cross_try_clone_on(mr: SharedResource, a: BufferStream, b: BufferStream) -> Outcome {
+    let n = CROSS_BYTES;
+    let buf = DeviceBuffer::from_host(&pattern(n, 3), &a, Some(Arc::clone(&mr)))?;
+    // The copy on B waits for A's pending write.
+    fill_behind_stall(buf.data(), n, 0xa1, &a)?;
+    let copy = buf.try_clone_on(&b, Some(Arc::clone(&mr)))?;
+    ensure(copy.stream() == b.view(), "the copy is not on B")?;
+    expect_bytes(
+        &copy.to_vec(b.view())?,
+        &vec![0xa1; n],
+        "copy on B of a buffer A was still writing",
+    )?;
+    // A's later work waits for the copy on B.
+    rmm_stream::stall(b.view(), STALL)?;
+    let second = buf.try_clone_on(&b, Some(mr))?;
+    fill_now(buf.data(), n, 0xa2, &a)?;
+    expect_bytes(
+        &second.to_vec(b.view())?,
+        &vec![0xa1; n],
+        "A overwrote the source before the copy on B read it",
+    )?;
+    expect_bytes(&buf.to_vec(a.view())?, &vec![0xa2; n], "A's own write")?;
+    done()
+}
+
+fn cross_resize_larger(mr: SharedResource, a: BufferStream, b: BufferStream) -> Outcome {
+    let n = CROSS_BYTES;
+    let mut buf = DeviceBuffer::from_host(&pattern(n, 3), &a, Some(mr))?;
+    fill_behind_stall(buf.data(), n, 0xa1, &a)?;
+    buf.resize(2 * n, &b)?;
+    ensure(
+        buf.stream() == b.view() && buf.capacity() == 2 * n,
+        "resize did not record B or reallocate",
+    )?;
+    expect_bytes(
+        &buf.to_vec(b.view())?[..n],
+        &vec![0xa1; n],
+        "reallocation on B copied before A's pending write",
+    )?;
+    done()
+}
+
+fn cross_resize_within_capacity(mr: SharedResource, a: BufferStream, b: BufferStream) -> Outcome {
+    let n = CROSS_BYTES;
+    let mut buf = DeviceBuffer::from_host(&pattern(n, 3), &a, Some(mr))?;
+    let p = buf.data();
+    fill_behind_stall(p, n, 0xa1, &a)?;
+    buf.resize(n / 2, &b)?;
+    ensure(
+        buf.stream() == b.view() && buf.data() == p && buf.capacity() == n,
+        "resize within the capacity reallocated or did not record B",
+    )?;
+    expect_bytes(
+        &buf.to_vec(b.view())?,
+        &vec![0xa1; n / 2],
+        "B recorded before A's pending write",
+    )?;
+    done()
+}
+
+fn cross_reserve(mr: SharedResource, a: BufferStream, b: BufferStream) -> Outcome {
+    let n = CROSS_BYTES;
+    let mut buf = DeviceBuffer::from_host(&pattern(n, 3), &a, Some(mr))?;
+    fill_behind_stall(buf.data(), n, 0xa1, &a)?;
+    buf.reserve(3 * n, &b)?;
+    ensure(
+        buf.stream() == b.view() && buf.capacity() == 3 * n && buf.size() == n,
+        "reserve did not record B or reallocate",
+    )?;
+    expect_bytes(
+        &buf.to_vec(b.view())?,
+        &vec![0xa1; n],
+        "reallocation on B copied before A's pending write",
+    )?;
+    done()
+}
+
+fn cross_shrink_to_fit(mr: SharedResource, a: BufferStream, b: BufferStream) -> Outcome {
+    let n = CROSS_BYTES;
+    let mut buf = DeviceBuffer::from_host(&pattern(n, 3), &a, Some(mr))?;
+    buf.resize(n / 2, &a)?;
+    fill_behind_stall(buf.data(), n / 2, 0xa1, &a)?;
+    buf.shrink_to_fit(&b)?;
+    ensure(
+        buf.stream() == b.view() && buf.capacity() == n / 2,
+        "shrink_to_fit did not record B or reallocate",
+    )?;
+    expect_bytes(
+        &buf.to_vec(b.view())?,
+        &vec![0xa1; n / 2],
+        "reallocation on B copied before A's pending write",
+    )?;
+    done()
+}
+
+fn cross_set_stream(mr: SharedResource, a: BufferStream, b: BufferStream) -> Outcome {
+    let n = CROSS_BYTES;
+    let mut buf = DeviceBuffer::from_host(&pattern(n, 3), &a, Some(mr))?;
+    fill_behind_stall(buf.data(), n, 0xa1, &a)?;
+    buf.set_stream(&b)?;
+    ensure(buf.stream() == b.view(), "set_stream did not record B")?;
+    expect_bytes(
+        &buf.to_vec(b.view())?,
+        &vec![0xa1; n],
+        "B recorded before A's pending write",
+    )?;
+    done()
+}
+
+fn cross_uvector_elements(mr: SharedResource, a: BufferStream, b: BufferStream) -> Outcome {
+    let n = CROSS_BYTES / 4;
+    let host: Vec<u32> = (0..n as u32).collect();
+    let mut v = DeviceUvector::from_slice(&host, &a, Some(mr))?;
+    // Reads on B wait for A's pending write.
+    for (k, byte) in [0xb0u8, 0xb1, 0xb2].into_iter().enumerate() {
+        fill_behind_stall(v.data(), CROSS_BYTES, byte, &a)?;
+        let (i, got) = match k {
+            0 => (0, v.front_element(b.view())?),
+            1 => (n / 2, v.element(n / 2, b.view())?),
+            _ => (n - 1, v.back_element(b.view())?),
+        };
+        ensure(
+            got == word(byte),
+            format!(
+                "element {i} read on B is {got:#x}, expected A's pending {:#x}",
+                word(byte)
+            ),
+        )?;
+    }
+    // A synchronous write on B comes after A's pending write.
+    fill_behind_stall(v.data(), CROSS_BYTES, 0xc0, &a)?;
+    v.set_element(7, 0xdead_beef, b.view())?;
+    let mut want = vec![word(0xc0); n];
+    want[7] = 0xdead_beef;
+    expect_words(&v.to_vec(a.view())?, &want, "set_element on B")?;
+    // Asynchronous writes on B come after A's pending write ...
+    fill_behind_stall(v.data(), CROSS_BYTES, 0xc1, &a)?;
+    v.set_element_async(8, &0x0bad_f00d, b.view())?;
+    v.set_element_to_zero_async(9, b.view())?;
+    b.view().synchronize()?;
+    let mut want = vec![word(0xc1); n];
+    want[8] = 0x0bad_f00d;
+    want[9] = 0;
+    expect_words(&v.to_vec(a.view())?, &want, "asynchronous writes on B")?;
+    // ... and A's later work comes after them.
+    rmm_stream::stall(b.view(), STALL)?;
+    v.set_element_async(10, &0x1234_5678, b.view())?;
+    want[10] = 0x1234_5678;
+    expect_words(
+        &v.to_vec(a.view())?,
+        &want,
+        "A read before set_element_async on B landed",
+    )?;
+    rmm_stream::stall(b.view(), STALL)?;
+    v.set_element_to_zero_async(11, b.view())?;
+    want[11] = 0;
+    expect_words(
+        &v.to_vec(a.view())?,
+        &want,
+        "A read before set_element_to_zero_async on B landed",
+    )?;
+    done()
+}
+
+fn cross_uvector_bulk(mr: SharedResource, a: BufferStream, b: BufferStream) -> Outcome {
+    let n = CROSS_BYTES / 4;
+    let host: Vec<u32> = (0..n as u32).collect();
+    let mut v = DeviceUvector::from_slice(&host, &a, Some(Arc::clone(&mr)))?;
+    fill_behind_stall(v.data(), CROSS_BYTES, 0xd0, &a)?;
+    let mut out = vec![0u32; n];
+    v.copy_to_host(&mut out, b.view())?;
+    expect_words(&out, &vec![word(0xd0); n], "copy_to_host on B")?;
+
+    fill_behind_stall(v.data(), CROSS_BYTES, 0xd1, &a)?;
+    let new: Vec<u32> = (0..n as u32 / 2).map(|i| !i).collect();
+    v.copy_from_host(&new, b.view())?;
+    let mut want = vec![word(0xd1); n];
+    want[..n / 2].copy_from_slice(&new);
+    expect_words(&v.to_vec(a.view())?, &want, "copy_from_host on B")?;
+
+    fill_behind_stall(v.data(), CROSS_BYTES, 0xd2, &a)?;
+    let c = v.try_clone_on(&b, Some(mr))?;
+    expect_words(&c.to_vec(b.view())?, &vec![word(0xd2); n], "try_clone_on B")?;
+
+    fill_behind_stall(v.data(), CROSS_BYTES, 0xd3, &a)?;
+    v.resize(2 * n, &b)?;
+    ensure(v.stream() == b.view() && v.len() == 2 * n, "resize on B")?;
+    expect_words(
+        &v.to_vec(b.view())?[..n],
+        &vec![word(0xd3); n],
+        "resize on B",
+    )?;
+    done()
+}
+
+fn cross_scalar(mr: SharedResource, a: BufferStream, b: BufferStream) -> Outcome {
+    let dword = |byte: u8| u64::from_ne_bytes([byte; 8]);
+    let mut s = DeviceScalar::with_value(5u64, &a, Some(Arc::clone(&mr)))?;
+    fill_behind_stall(s.data(), 8, 0xe0, &a)?;
+    let got = s.value(b.view())?;
+    ensure(
+        got == dword(0xe0),
+        format!("value on B is {got:#x}, expected A's pending write"),
+    )?;
+    fill_behind_stall(s.data(), 8, 0xe1, &a)?;
+    s.set_value_async(&9, b.view())?;
+    b.view().synchronize()?;
+    ensure(
+        s.value(a.view())? == 9,
+        "set_value_async on B before A's pending write",
+    )?;
+    rmm_stream::stall(b.view(), STALL)?;
+    s.set_value_async(&10, b.view())?;
+    ensure(
+        s.value(a.view())? == 10,
+        "A read before set_value_async on B landed",
+    )?;
+    rmm_stream::stall(b.view(), STALL)?;
+    s.set_value_to_zero_async(b.view())?;
+    ensure(
+        s.value(a.view())? == 0,
+        "A read before set_value_to_zero_async on B landed",
+    )?;
+    fill_behind_stall(s.data(), 8, 0xe2, &a)?;
+    let t = s.try_clone_on(&b, Some(mr))?;
+    ensure(
+        t.value(b.view())? == dword(0xe2),
+        "try_clone_on B before A's pending write",
+    )?;
+    fill_behind_stall(s.data(), 8, 0xe3, &a)?;
+    s.set_stream(&b)?;
+    ensure(
+        s.value(b.view())? == dword(0xe3),
+        "set_stream recorded B before A's pending write",
+    )?;
+    done()
+}
+
+/// A pool over cuda whose first chunk is exactly `CROSS_BYTES` (without a maximum it then
+/// grows by the request, or the pool size if larger), so the blocks these trials free are the
+/// only ones a later allocation of that size can get.
+fn exact_pool() -> MrResult<SharedResource> {
+    Ok(Arc::new(PoolMemoryResource::new(
+        CudaMemoryResource::new(),
+        CROSS_BYTES,
+        None,
+    )?))
+}
+
+fn pool_trial(
+    pair: (Side, Side),
+    case: &str,
+    body: fn(BufferStream, BufferStream) -> Outcome,
+) -> Trial {
+    let (a, b) = pair;
+    gpu(
+        format!("cross_stream::pool::{}_to_{}::{case}", a.name(), b.name()),
+        move || body(a.make()?, b.make()?),
+    )
+}
+
+/// A deep copy on B reads the source; the source is then freed on A and its block handed out
+/// again on A and overwritten there: A must not get there before the copy on B has read it.
+fn pool_source_freed_on_a_after_clone(a: BufferStream, b: BufferStream) -> Outcome {
+    let n = CROSS_BYTES;
+    let pool = exact_pool()?;
+    let src = DeviceBuffer::from_host(&pattern(n, 5), &a, Some(Arc::clone(&pool)))?;
+    let old = src.data();
+    rmm_stream::stall(b.view(), STALL)?;
+    let copy = src.try_clone_on(&b, Some(Arc::clone(&pool)))?;
+    drop(src); // freed on A
+    let reuse = DeviceBuffer::new_in(n, &a, Arc::clone(&pool))?;
+    ensure(
+        reuse.data() == old,
+        format!(
+            "the pool handed out {} on A, not the freed block {old}: the trial checks nothing",
+            reuse.data()
+        ),
+    )?;
+    fill_now(reuse.data(), n, 0xee, &a)?;
+    expect_bytes(
+        &copy.to_vec(b.view())?,
+        &pattern(n, 5),
+        "the source's block was reused on A before the copy on B read it",
+    )?;
+    a.view().synchronize()?;
+    done()
+}
+
+/// A resize on B copies the old block on B and frees it; a new allocation on A that gets the
+/// old block and overwrites it must not get there before B's copy has read it.
+fn pool_old_block_after_resize(a: BufferStream, b: BufferStream) -> Outcome {
+    let n = CROSS_BYTES;
+    let pool = exact_pool()?;
+    let mut x = DeviceBuffer::from_host(&pattern(n, 6), &a, Some(Arc::clone(&pool)))?;
+    let old = x.data().addr();
+    rmm_stream::stall(b.view(), STALL)?;
+    x.resize(2 * n, &b)?;
+    let reuse = DeviceBuffer::new_in(n, &a, Arc::clone(&pool))?;
+    let at = reuse.data().addr();
+    ensure(
+        at < old + n as u64 && old < at + n as u64,
+        format!(
+            "the pool handed out {} on A, not the old block {old:#x}: the trial checks nothing",
+            reuse.data()
+        ),
+    )?;
+    fill_now(reuse.data(), n, 0xee, &a)?;
+    expect_bytes(
+        &x.to_vec(b.view())?[..n],
+        &pattern(n, 6),
+        "the old block was reused on A before the reallocation's copy on B read it",
+    )?;
+    a.view().synchronize()?;
     done()
 }
 
@@ -1047,6 +1536,35 @@ mod with_cudarc {
         done()
     }
 
+    /// A vector on a foreign `'static` stream (here a leaked rmm-rs stream, whose view is
+    /// `'static` without `unsafe`): cudarc sees that very stream, no panic.
+    pub(super) fn foreign_static_stream() -> Outcome {
+        let leaked: &'static CudaStream = Box::leak(Box::new(CudaStream::non_blocking()?));
+        let host: Vec<u32> = (0..1000).collect();
+        let v = DeviceUvector::from_slice(&host, leaked.view(), None)?;
+        ensure(
+            v.buffer_stream().is_static(),
+            "the vector does not hold a 'static view",
+        )?;
+        let s = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            Arc::clone(DeviceSlice::stream(&v))
+        }))
+        .map_err(|_| "DeviceSlice::stream panicked for a vector on a foreign 'static stream")?;
+        ensure(
+            std::ptr::eq(s.cu_stream(), leaked.value()),
+            format!(
+                "DeviceSlice::stream is {:p}, not the vector's stream {:p}",
+                s.cu_stream(),
+                leaked.value()
+            ),
+        )?;
+        ensure(
+            s.clone_dtoh(&v)? == host,
+            "cudarc read on the vector's stream",
+        )?;
+        done()
+    }
+
     pub(super) fn kernel() -> Outcome {
         let ctx = cudarc_context(rmm_sys::current_device()?)?;
         let stream = ctx.new_stream()?;
@@ -1102,6 +1620,31 @@ fn main() {
         }
         scalars!(u8, i8, i16, i32, i64, f32, f64);
     }
+    for s in SUBJECTS {
+        // Every pair of stream kinds on cuda; the other resources with two owned streams.
+        let pairs: &[(Side, Side)] = if s.name == "cuda" {
+            &PAIRS
+        } else {
+            &PAIRS[..1]
+        };
+        for &pair in pairs {
+            for (case, body) in CROSS_CASES {
+                trials.push(cross_trial(s, pair, case, body));
+            }
+        }
+    }
+    for pair in PAIRS {
+        trials.push(pool_trial(
+            pair,
+            "SourceFreedOnAAfterClone",
+            pool_source_freed_on_a_after_clone,
+        ));
+        trials.push(pool_trial(
+            pair,
+            "OldBlockAfterResize",
+            pool_old_block_after_resize,
+        ));
+    }
     trials.push(gpu("device_uvector::NegativeZero", negative_zero));
     trials.push(gpu("device_uvector::Overflow", uvector_overflow));
     trials.push(gpu("containers::ElementAlignment", alignment_of_elements));
@@ -1126,6 +1669,10 @@ fn main() {
             with_cudarc::stream_conversions,
         ));
         trials.push(gpu("interop::cudarc::Kernel", with_cudarc::kernel));
+        trials.push(gpu(
+            "interop::cudarc::ForeignStaticStream",
+            with_cudarc::foreign_static_stream,
+        ));
     }
     libtest_mimic::run(&args, trials).exit();
 }

@@ -16,10 +16,11 @@
 //! # Device memory
 //! [`DeviceUvector<T>`] implements cudarc's `DeviceSlice<T>`, `DevicePtr<T>` and
 //! `DevicePtrMut<T>` (so cudarc's copies accept it) and `PushKernelArg` for `&v` and `&mut v`
-//! (so it can be a kernel argument). Ordering follows RMM's rule: work on the vector's own
-//! stream needs nothing; `device_ptr(stream)` / `device_ptr_mut(stream)` with another stream
-//! make that stream wait for the vector's stream first and synchronize it when the returned
-//! guard drops (so later work on the vector's stream, including its free, comes after).
+//! (so it can be a kernel argument). Ordering follows the containers' rule: work on the
+//! vector's own stream needs nothing; `device_ptr(stream)` / `device_ptr_mut(stream)` with
+//! another stream make that stream wait for the vector's stream first (an event, as the
+//! containers' own methods do) and synchronize it when the returned guard drops (so later work
+//! on the vector's stream, including its free, comes after).
 //! Kernel arguments cannot add such waits (cudarc keeps them private): launch on the vector's
 //! stream, or order the streams yourself.
 
@@ -32,9 +33,10 @@ use cudarc::driver::{
     PushKernelArg, SyncOnDrop,
 };
 use rmm_mr::{MrError, MrResult};
-use rmm_stream::{CudaEvent, CudaStreamView};
-use rmm_sys::{CudaError, DeviceGuard, DeviceId, CU_STREAM_LEGACY};
+use rmm_stream::CudaStreamView;
+use rmm_sys::{CudaError, DeviceGuard, DeviceId};
 
+use crate::raw::{self, StreamOn};
 use crate::stream::BufferStream;
 use crate::uvector::DeviceUvector;
 
@@ -131,48 +133,23 @@ impl From<&Arc<CudaStream>> for BufferStream {
     }
 }
 
-/// The handle the driver sees, with the legacy stream's two spellings (0 and
-/// `CU_STREAM_LEGACY`) made one.
-fn canonical(raw: rmm_sys::ffi::CUstream) -> usize {
-    if raw.is_null() {
-        CU_STREAM_LEGACY as usize
-    } else {
-        raw as usize
-    }
-}
-
 impl<T: Pod> DeviceUvector<T> {
-    /// Makes `other` wait for the work queued so far on this vector's stream (falls back to
-    /// synchronizing this vector's stream on the host).
-    fn order_before(&self, other: &CudaStream) {
-        let ours = self.stream();
-        if canonical(ours.as_raw()) == canonical(other.cu_stream()) {
-            return;
+    /// Makes `other` wait for the work queued so far on this vector's stream (the containers'
+    /// shared event helper, which falls back to synchronizing this vector's stream on the
+    /// host), and returns a guard that synchronizes `other` when it drops, so the vector's later
+    /// work and its free come after what cudarc enqueued on `other` meanwhile. Neither happens
+    /// when `other` is the vector's own stream.
+    fn cudarc_guard<'a>(&self, other: &'a CudaStream) -> SyncOnDrop<'a> {
+        let ours = StreamOn::new(self.device(), self.stream());
+        let device = i32::try_from(other.context().ordinal()).map_or(self.device(), DeviceId);
+        let theirs = StreamOn::new(device, cudarc_stream_view(other));
+        if theirs.is_same(&ours) {
+            return SyncOnDrop::Sync(None);
         }
-        let waited = (|| -> MrResult<()> {
-            let _guard = DeviceGuard::new(self.device())?;
-            let event = CudaEvent::new()?;
-            event.record(ours)?;
-            // SAFETY: `other` is a live cudarc stream (borrowed); the event lives for the call
-            // (destroying an event that a stream waits on is allowed).
-            unsafe { rmm_sys::stream::stream_wait_event(other.cu_stream(), event.value()) }?;
-            Ok(())
-        })();
-        if let Err(e) = waited {
-            log::warn!("rmm: cross-stream wait failed ({e}); synchronizing the vector's stream");
-            if let Err(e) = ours.synchronize() {
-                log::error!("rmm: synchronizing the vector's stream failed: {e}");
-            }
+        if let Err(e) = raw::order_after(theirs, ours) {
+            log::error!("rmm: ordering a cudarc stream after the vector's stream failed: {e}");
         }
-    }
-
-    fn cudarc_guard<'a>(&self, stream: &'a CudaStream) -> SyncOnDrop<'a> {
-        if canonical(self.stream().as_raw()) == canonical(stream.cu_stream()) {
-            SyncOnDrop::Sync(None)
-        } else {
-            self.order_before(stream);
-            SyncOnDrop::Sync(Some(stream))
-        }
+        SyncOnDrop::Sync(Some(other))
     }
 }
 
@@ -182,21 +159,26 @@ impl<T: Pod> DeviceSlice<T> for DeviceUvector<T> {
     }
 
     /// The vector's stream as a cudarc stream: the `Arc` itself for a vector on a cudarc
-    /// stream, a wrapper of the special stream for a vector on one. For a vector on an owned
+    /// stream, a wrapper of the stream for a vector on a `'static` one (a special stream, or a
+    /// foreign stream whose creator promised never to destroy it). For a vector on an owned
     /// rmm-rs stream, cudarc's stream could be cloned past that stream's life, so this is the
     /// device's legacy default stream instead (cudarc uses it to find the context; ordering is
     /// done by `device_ptr`/`device_ptr_mut`).
     ///
     /// # Panics
     /// If cudarc cannot create its context for the vector's device, which a vector created on
-    /// that device rules out in practice.
+    /// that device rules out in practice (cudarc's trait has no way to return an error).
     fn stream(&self) -> &Arc<CudaStream> {
         if let Some(s) = self.buffer_stream().as_cudarc() {
             return s;
         }
         self.cudarc_stream.get_or_init(|| {
             let made = match self.buffer_stream().as_static() {
-                Some(view) => static_stream_for_cudarc(view, self.device()),
+                // SAFETY: a `'static` view names a special stream (valid in every context,
+                // forever) or a stream that `CudaStreamView::from_raw`'s caller promised stays
+                // alive for `'static`; the vector already uses it with its device's primary
+                // context current, the context cudarc's wrapper binds.
+                Some(view) => unsafe { wrap_stream_for_cudarc(view, self.device()) },
                 None => cudarc_context(self.device()).map(|ctx| ctx.default_stream()),
             };
             made.unwrap_or_else(|e| {
@@ -253,14 +235,6 @@ unsafe impl<'a, 'b: 'a, T: Pod> PushKernelArg<&'b mut DeviceUvector<T>> for Laun
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn both_spellings_of_the_legacy_stream_are_one() {
-        assert_eq!(canonical(std::ptr::null_mut()), 1);
-        assert_eq!(canonical(CU_STREAM_LEGACY), 1);
-        assert_eq!(canonical(rmm_sys::CU_STREAM_PER_THREAD), 2);
-        assert_eq!(canonical(0x1234 as _), 0x1234);
-    }
 
     #[test]
     fn only_special_streams_convert_safely() {
