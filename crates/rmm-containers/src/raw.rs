@@ -8,7 +8,7 @@
 //! a [`BufferStream`](crate::BufferStream), so it is alive) or one the caller passed in for
 //! the duration of the call.
 
-use rmm_mr::{DeviceMemoryResource, MrResult};
+use rmm_mr::{DeviceMemoryResource, MrError, MrResult};
 use rmm_stream::CudaStreamView;
 use rmm_sys::{memory, DeviceId, DevicePtr, CU_STREAM_LEGACY};
 
@@ -16,6 +16,12 @@ use crate::drop_errors::record_drop_error;
 
 /// Allocates through `mr`; zero bytes never reach the resource (RMM: a zero-size buffer holds
 /// `nullptr` and does not call its resource).
+///
+/// A resource whose memory the device cannot access (its
+/// [`properties`](DeviceMemoryResource::properties) say so: a host-only test resource, or
+/// simulated memory with addresses that may never be touched) is refused with
+/// [`MrError::InvalidArgument`]: the containers copy into their memory on the device, and the
+/// resource's contract promises access only where its properties say.
 pub(crate) fn allocate(
     mr: &dyn DeviceMemoryResource,
     stream: CudaStreamView<'_>,
@@ -24,6 +30,11 @@ pub(crate) fn allocate(
 ) -> MrResult<DevicePtr> {
     if bytes == 0 {
         return Ok(DevicePtr::NULL);
+    }
+    if !mr.properties().device_accessible {
+        return Err(MrError::invalid_argument(format!(
+            "containers need device-accessible memory, and {mr:?} says its memory is not"
+        )));
     }
     mr.allocate(stream, bytes, alignment)
 }
@@ -275,6 +286,26 @@ mod tests {
         StreamOn::new(DeviceId(device), unsafe {
             CudaStreamView::from_raw(handle as _)
         })
+    }
+
+    #[test]
+    fn memory_the_device_cannot_access_is_refused() {
+        let host_only = rmm_mr::testing::HostMockResource::new();
+        let r = allocate(&host_only, CudaStreamView::default(), 64, 256);
+        assert!(
+            matches!(r, Err(MrError::InvalidArgument(_))),
+            "a host-only resource must be refused: {r:?}"
+        );
+        assert_eq!(
+            host_only.allocation_calls(),
+            0,
+            "the resource was not asked"
+        );
+        // Zero bytes never reach any resource.
+        assert_eq!(
+            allocate(&host_only, CudaStreamView::default(), 0, 256).unwrap(),
+            DevicePtr::NULL
+        );
     }
 
     #[test]

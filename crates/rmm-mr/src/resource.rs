@@ -70,6 +70,10 @@ impl ResourceProperties {
 ///   of it (and every resource that owns it) are dropped, whichever comes first;
 /// - may be used on `stream` at once: no work still queued before the allocation touches it.
 ///
+/// A resource may promise no access at all (`properties()` with neither flag: simulated
+/// memory whose addresses are bookkeeping only); containers refuse a resource whose memory is
+/// not device-accessible, so they never copy into such addresses.
+///
 /// Adaptors and sub-allocators keep these promises by building only on their upstream's.
 /// RMM's C++ concept makes the same promises implicitly; here a resource written by a user says
 /// `unsafe impl` and so takes them on explicitly. Wrapping closures needs no `unsafe impl` but an
