@@ -1218,9 +1218,18 @@ fn pool_source_freed_on_a_after_clone(a: BufferStream, b: BufferStream) -> Outco
 
 /// A resize on B copies the old block on B and frees it; a new allocation on A that gets the
 /// old block and overwrites it must not get there before B's copy has read it.
+///
+/// The pool may hold exactly the buffer before and after the resize (`3n`), so the allocation
+/// on A cannot grow the pool and must take the block freed on B: without that bound the pool
+/// grows rather than take a block another stream freed moments ago, and the trial would check
+/// nothing.
 fn pool_old_block_after_resize(a: BufferStream, b: BufferStream) -> Outcome {
     let n = CROSS_BYTES;
-    let pool = exact_pool()?;
+    let pool: SharedResource = Arc::new(PoolMemoryResource::new(
+        CudaMemoryResource::new(),
+        n,
+        Some(3 * n),
+    )?);
     let mut x = DeviceBuffer::from_host(&pattern(n, 6), &a, Some(Arc::clone(&pool)))?;
     let old = x.data().addr();
     rmm_stream::stall(b.view(), STALL)?;
