@@ -1,15 +1,17 @@
 //! [`ArenaCell`]: one per-thread or per-stream arena of the resource, behind its own lock, and
 //! [`ArenaKey`], what selects it.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use rmm_stream::{CudaEvent, CudaStreamView};
 
+use super::global::AddrHash;
 use super::thread_cache::thread_serial;
 use super::{lock, EventPool};
-use crate::arena::LocalArena;
+use crate::arena::{ArenaError, LocalArena};
 use crate::error::MrResult;
 
 /// Which local arena a stream uses.
@@ -57,9 +59,51 @@ pub(super) struct ArenaSlot {
     /// Events recorded on other streams that freed blocks into this arena. The arena's own
     /// stream waits on all of them (device side) before this arena hands out any block.
     pub(super) fences: Vec<CudaEvent>,
+    /// Blocks of this arena's superblocks whose free is still queued in the resource's pending
+    /// queue (freed on another stream while the superblock was in the global arena, which then
+    /// lent it here). They stay allocated in the superblock until the queue releases them; a
+    /// caller's free of one is a double free.
+    pending: HashSet<u64, AddrHash>,
 }
 
 impl ArenaSlot {
+    /// A caller's free of `(addr, size)` in this arena ([`LocalArena::deallocate`]), refusing a
+    /// block whose earlier free is still pending.
+    pub(super) fn free(&mut self, addr: u64, size: usize) -> Result<bool, ArenaError> {
+        if !self.pending.is_empty() && self.pending.contains(&addr) {
+            return Err(ArenaError::DoubleFree { addr, size });
+        }
+        self.arena.deallocate(addr, size)
+    }
+
+    /// Records that the pending free of the live block at `addr` (in a superblock just lent to
+    /// this arena) is still queued.
+    pub(super) fn note_pending(&mut self, addr: u64) {
+        self.pending.insert(addr);
+    }
+
+    /// The pending queue's release of `(addr, size)`: the free the caller made earlier now takes
+    /// effect.
+    pub(super) fn release_pending(&mut self, addr: u64, size: usize) -> Result<bool, ArenaError> {
+        let freed = self.arena.deallocate(addr, size);
+        if matches!(freed, Ok(true)) {
+            self.pending.remove(&addr);
+        }
+        freed
+    }
+
+    /// Forgets the pending blocks of superblocks that went back to the global arena (whose
+    /// own records cover them there).
+    pub(super) fn forget_returned_pending(&mut self) {
+        let arena = &self.arena;
+        self.pending.retain(|&addr| arena.contains(addr));
+    }
+
+    /// How many blocks here wait for their pending free.
+    pub(super) fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
     /// Makes `stream` (this arena's stream) wait on every fence, then recycles them.
     pub(super) fn wait_fences(
         &mut self,

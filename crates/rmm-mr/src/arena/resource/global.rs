@@ -207,11 +207,11 @@ impl GlobalState {
         };
         match held {
             Some(held) if Arc::ptr_eq(held.cell, owner) => {
-                Some(held.slot.arena.deallocate(addr, size))
+                Some(held.slot.release_pending(addr, size))
             }
             _ => owner
                 .try_lock()
-                .map(|mut slot| slot.arena.deallocate(addr, size)),
+                .map(|mut slot| slot.release_pending(addr, size)),
         }
     }
 
@@ -226,9 +226,13 @@ impl GlobalState {
             return false;
         };
         // A partially used superblock is lent whole: its large blocks are now freed through
-        // the arena that holds it.
+        // the arena that holds it, and the arena must know which of its blocks already have a
+        // free queued (or it would take a second free of one as the first).
         for block in superblock.live_blocks() {
             self.large_live.remove(&block.addr);
+            if self.pending_addrs.contains(&block.addr) {
+                slot.note_pending(block.addr);
+            }
         }
         let addr = superblock.addr();
         match slot.arena.adopt(superblock) {
@@ -252,6 +256,7 @@ impl GlobalState {
         if let Err(e) = slot.arena.clean(&mut self.arena) {
             log::error!("arena: cleaning a local arena: {e}");
         }
+        slot.forget_returned_pending();
         self.forget_owners(slot, lent);
     }
 
@@ -317,5 +322,57 @@ impl GlobalState {
             true => Ok(()),
             false => Err(ArenaError::NotFound { addr, size }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::ArenaKey;
+    use super::*;
+
+    const MIB: usize = 1 << 20;
+    const BASE: u64 = 1 << 40;
+
+    /// A superblock the global arena holds (returned by a cleaned arena) with a live block
+    /// whose free is queued, lent to another local arena: a second free of that block there is
+    /// a double free, and the queue's release then frees it (what a GPU run of the resource's
+    /// model test found: the second free was taken as the first).
+    #[test]
+    fn a_lent_superblock_carries_its_pending_frees() {
+        let mut global = GlobalState::new(GlobalArena::new(BASE, 4 * MIB).unwrap());
+        let first = Arc::new(ArenaCell::new(ArenaKey::Legacy));
+        let (block, other) = {
+            let mut slot = first.lock();
+            let block = slot.arena.allocate(256, &mut global.arena).unwrap();
+            let other = slot.arena.allocate(512, &mut global.arena).unwrap();
+            global.owners.insert(block, Arc::clone(&first));
+            global.take_back(&mut slot);
+            (block, other)
+        };
+        // The block was freed on another stream: its free waits in the queue.
+        global.pending_addrs.insert(block);
+
+        let second = Arc::new(ArenaCell::new(ArenaKey::Stream(7)));
+        let mut slot = second.lock();
+        assert!(global.lend(256, &second, &mut slot));
+        assert!(
+            slot.arena.contains(block),
+            "the partly used superblock is lent"
+        );
+        assert_eq!(slot.pending_len(), 1);
+        assert_eq!(
+            slot.free(block, 256),
+            Err(ArenaError::DoubleFree {
+                addr: block,
+                size: 256
+            })
+        );
+        assert_eq!(slot.release_pending(block, 256), Ok(true));
+        assert_eq!(slot.pending_len(), 0);
+        assert!(matches!(
+            slot.free(block, 256),
+            Err(ArenaError::DoubleFree { .. })
+        ));
+        assert_eq!(slot.free(other, 512), Ok(true));
     }
 }

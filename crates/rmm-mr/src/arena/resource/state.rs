@@ -430,7 +430,7 @@ impl<U: DeviceMemoryResource> State<U> {
         if let Some(cell) = self.existing_arena(key) {
             let mut slot = cell.lock();
             if !cell.is_retired() {
-                match slot.arena.deallocate(addr, size) {
+                match slot.free(addr, size) {
                     Ok(true) => return Ok(()),
                     Ok(false) => {}
                     Err(e) => return Err(wrong_free(ptr, bytes, e)),
@@ -527,7 +527,7 @@ impl<U: DeviceMemoryResource> State<U> {
         size: usize,
     ) -> Result<bool, ArenaError> {
         self.with_own_arena(key, |cell, slot| {
-            if slot.arena.deallocate(addr, size)? {
+            if slot.free(addr, size)? {
                 return Ok(true);
             }
             let room = self.keep_limit.saturating_sub(slot.arena.kept_free_bytes());
@@ -599,7 +599,7 @@ impl<U: DeviceMemoryResource> State<U> {
                 // Cleaned meanwhile: look again.
                 continue;
             }
-            match slot.arena.deallocate(addr, size) {
+            match slot.free(addr, size) {
                 Ok(true) => {
                     if let Some(event) = fence.take() {
                         if owner.key() == key {
@@ -626,7 +626,7 @@ impl<U: DeviceMemoryResource> State<U> {
     /// RMM's memory dump: the global arena (superblocks, free memory, fragmentation), the frees
     /// waiting for their streams, and a summary line per local arena.
     pub(super) fn memory_dump(&self, failed_request: Option<usize>) -> String {
-        let locals: Vec<(ArenaKey, String, usize, usize, usize)> = read(&self.arenas)
+        let locals: Vec<(ArenaKey, String, usize, usize, usize, usize)> = read(&self.arenas)
             .values()
             .map(|cell| {
                 let slot = cell.lock();
@@ -636,6 +636,7 @@ impl<U: DeviceMemoryResource> State<U> {
                     slot.arena.kept_superblock_count(),
                     slot.arena.kept_free_bytes(),
                     slot.fences.len(),
+                    slot.pending_len(),
                 )
             })
             .collect();
@@ -649,11 +650,11 @@ impl<U: DeviceMemoryResource> State<U> {
             format_bytes(pending_bytes)
         );
         let _ = writeln!(out, "Local arenas: {}", locals.len());
-        for (key, stats, kept, kept_free, fences) in locals {
+        for (key, stats, kept, kept_free, fences, pending) in locals {
             let _ = writeln!(
                 out,
                 "  {key}: {stats}, {kept} kept for large requests ({} free), {fences} fence(s) \
-                 to wait for",
+                 to wait for, {pending} block(s) whose free waits for its stream",
                 format_bytes(kept_free)
             );
         }

@@ -809,89 +809,180 @@ fn stream_of(per_thread_stream: bool) -> CudaStreamView<'static> {
     }
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+/// `PROPTEST_CASES` when set (a GPU hunt for rare interleavings, or Miri), else `default`.
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
 
-    /// Model test: live allocations (address -> size) never overlap and stay inside the arena;
-    /// frees of live blocks succeed from either stream; wrong sizes and double frees are
-    /// reported and change nothing; out-of-memory only happens when the arena cannot hold the
-    /// request next to what is live; at the end everything is freed and the whole arena can
-    /// be allocated again.
-    #[test]
-    fn model(ops in proptest::collection::vec(op(), 1..120)) {
-        const SIZE: usize = 16 * MIB;
-        let (mock, mr) = arena(SIZE);
-        let start = base(&mr);
-        let mut live: BTreeMap<u64, usize> = BTreeMap::new();
-        let mut freed: Option<(DevicePtr, usize)> = None;
-        for op in ops {
-            match op {
-                Op::Alloc { bytes, per_thread } => {
-                    match mr.allocate(stream_of(per_thread), bytes, 256) {
-                        Ok(p) => {
-                            let rounded = bytes.div_ceil(256) * 256;
-                            prop_assert!(p.is_aligned(256));
-                            prop_assert!(p.addr() >= start);
-                            prop_assert!(p.addr() + rounded as u64 <= start + SIZE as u64);
-                            if let Some((&a, &s)) = live.range(..=p.addr()).next_back() {
-                                prop_assert!(a + s.div_ceil(256) as u64 * 256 <= p.addr(), "overlaps the previous block");
-                            }
-                            if let Some((&a, _)) = live.range(p.addr()..).next() {
-                                prop_assert!(p.addr() + rounded as u64 <= a, "overlaps the next block");
-                            }
-                            live.insert(p.addr(), bytes);
-                            let new_block = (p.addr(), p.addr() + rounded as u64);
-                            if freed.is_some_and(|(f, s)| {
-                                f.addr() < new_block.1 && new_block.0 < f.addr() + s as u64
-                            }) {
-                                freed = None;
-                            }
+/// Model test: live allocations (address -> size) never overlap and stay inside the arena;
+/// frees of live blocks succeed from either stream; wrong sizes and double frees are
+/// reported and change nothing; out-of-memory only happens when the arena cannot hold the
+/// request next to what is live; at the end everything is freed and the whole arena can
+/// be allocated again.
+fn run_model(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    const SIZE: usize = 16 * MIB;
+    let trace = std::env::var_os("RMM_ARENA_MODEL_TRACE").is_some();
+    let (mock, mr) = arena(SIZE);
+    let start = base(&mr);
+    let mut live: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut freed: Option<(DevicePtr, usize)> = None;
+    for op in ops {
+        if trace {
+            eprintln!("{op:?} freed={freed:?} live={live:?}\n{}", mr.memory_dump());
+        }
+        match op {
+            Op::Alloc { bytes, per_thread } => {
+                match mr.allocate(stream_of(per_thread), bytes, 256) {
+                    Ok(p) => {
+                        let rounded = bytes.div_ceil(256) * 256;
+                        prop_assert!(p.is_aligned(256));
+                        prop_assert!(p.addr() >= start);
+                        prop_assert!(p.addr() + rounded as u64 <= start + SIZE as u64);
+                        if let Some((&a, &s)) = live.range(..=p.addr()).next_back() {
+                            prop_assert!(
+                                a + s.div_ceil(256) as u64 * 256 <= p.addr(),
+                                "overlaps the previous block"
+                            );
                         }
-                        Err(e) => {
-                            prop_assert!(e.is_out_of_memory(), "{}", e);
-                            let used: usize = live.values().map(|s| s.div_ceil(256) * 256).sum();
-                            prop_assert!(used + bytes > SIZE / 4 || bytes > 16 * KIB,
-                                "out of memory with {} live and {} requested", used, bytes);
+                        if let Some((&a, _)) = live.range(p.addr()..).next() {
+                            prop_assert!(p.addr() + rounded as u64 <= a, "overlaps the next block");
+                        }
+                        live.insert(p.addr(), bytes);
+                        let new_block = (p.addr(), p.addr() + rounded as u64);
+                        if freed.is_some_and(|(f, s)| {
+                            f.addr() < new_block.1 && new_block.0 < f.addr() + s as u64
+                        }) {
+                            freed = None;
                         }
                     }
-                }
-                Op::Free { pick, per_thread } => {
-                    if let Some((&a, &s)) = live.iter().nth(pick % live.len().max(1)) {
-                        // SAFETY: a live block of `mr`, freed once.
-                        let r = unsafe { mr.deallocate(stream_of(per_thread), DevicePtr::from_raw(a), s, 256) };
-                        prop_assert!(r.is_ok(), "{:?}", r);
-                        live.remove(&a);
-                        freed = Some((DevicePtr::from_raw(a), s));
-                    }
-                }
-                Op::WrongSize { pick } => {
-                    if let Some((&a, &s)) = live.iter().nth(pick % live.len().max(1)) {
-                        let wrong = s.div_ceil(256) * 256 + 256;
-                        // SAFETY: a wrong free, which must be refused and change nothing.
-                        let r = unsafe { mr.deallocate(legacy(), DevicePtr::from_raw(a), wrong, 256) };
-                        prop_assert!(matches!(r, Err(MrError::InvalidFree { .. })), "{:?}", r);
-                    }
-                }
-                Op::DoubleFree => {
-                    if let Some((p, s)) = freed {
-                        // SAFETY: a double free, which must be refused and change nothing.
-                        let r = unsafe { mr.deallocate(legacy(), p, s, 256) };
+                    Err(e) => {
+                        prop_assert!(e.is_out_of_memory(), "{}", e);
+                        let used: usize = live.values().map(|s| s.div_ceil(256) * 256).sum();
                         prop_assert!(
-                            matches!(r, Err(MrError::InvalidFree { kind: InvalidFree::DoubleFree, .. })),
-                            "{:?}", r
+                            used + bytes > SIZE / 4 || bytes > 16 * KIB,
+                            "out of memory with {} live and {} requested",
+                            used,
+                            bytes
                         );
                     }
                 }
             }
+            Op::Free { pick, per_thread } => {
+                if let Some((&a, &s)) = live.iter().nth(pick % live.len().max(1)) {
+                    // SAFETY: a live block of `mr`, freed once.
+                    let r = unsafe {
+                        mr.deallocate(stream_of(per_thread), DevicePtr::from_raw(a), s, 256)
+                    };
+                    prop_assert!(r.is_ok(), "{:?}", r);
+                    live.remove(&a);
+                    freed = Some((DevicePtr::from_raw(a), s));
+                }
+            }
+            Op::WrongSize { pick } => {
+                if let Some((&a, &s)) = live.iter().nth(pick % live.len().max(1)) {
+                    let wrong = s.div_ceil(256) * 256 + 256;
+                    // SAFETY: a wrong free, which must be refused and change nothing.
+                    let r = unsafe { mr.deallocate(legacy(), DevicePtr::from_raw(a), wrong, 256) };
+                    prop_assert!(matches!(r, Err(MrError::InvalidFree { .. })), "{:?}", r);
+                }
+            }
+            Op::DoubleFree => {
+                if let Some((p, s)) = freed {
+                    // SAFETY: a double free, which must be refused and change nothing.
+                    let r = unsafe { mr.deallocate(legacy(), p, s, 256) };
+                    prop_assert!(
+                        matches!(
+                            r,
+                            Err(MrError::InvalidFree {
+                                kind: InvalidFree::DoubleFree,
+                                ..
+                            })
+                        ),
+                        "{:?}",
+                        r
+                    );
+                }
+            }
         }
-        for (a, s) in std::mem::take(&mut live) {
-            free(&mr, legacy(), DevicePtr::from_raw(a), s);
-        }
-        mr.inner.settle();
-        let whole = alloc(&mr, per_thread(), SIZE);
-        prop_assert_eq!(whole.addr(), start);
-        free(&mr, per_thread(), whole, SIZE);
-        drop(mr);
-        prop_assert_eq!(mock.live_allocations(), 0);
     }
+    for (a, s) in std::mem::take(&mut live) {
+        free(&mr, legacy(), DevicePtr::from_raw(a), s);
+    }
+    mr.inner.settle();
+    let whole = alloc(&mr, per_thread(), SIZE);
+    prop_assert_eq!(whole.addr(), start);
+    free(&mr, per_thread(), whole, SIZE);
+    drop(mr);
+    prop_assert_eq!(mock.live_allocations(), 0);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases(48)))]
+
+    /// [`run_model`] on random operation sequences.
+    #[test]
+    fn model(ops in proptest::collection::vec(op(), 1..120)) {
+        run_model(ops)?;
+    }
+}
+
+/// A sequence the model found on a GPU (where frees from another stream wait for an event):
+/// a double free of a block on the legacy stream, after its first free, was accepted.
+#[test]
+fn model_double_free_found_on_a_gpu() {
+    use Op::{Alloc as A, DoubleFree as D, Free as F};
+    let a = |bytes, per_thread| A { bytes, per_thread };
+    let f = |pick, per_thread| F { pick, per_thread };
+    let ops = vec![
+        a(1, true),
+        a(1048577, false),
+        f(3341313058320109835, false),
+        a(1219329, false),
+        a(1, false),
+        f(16570637951106246208, false),
+        a(966145, false),
+        a(1, false),
+        a(1, false),
+        a(48641, false),
+        a(32513, false),
+        a(1, false),
+        f(369126496883673, false),
+        a(1048577, true),
+        a(2320641, false),
+        a(1, false),
+        a(1, false),
+        a(1, true),
+        f(632611335645542, false),
+        a(1, false),
+        f(532708787239677398, false),
+        f(3852339775644502031, false),
+        a(2057729, false),
+        a(1, false),
+        f(652866533479058006, false),
+        a(356097, true),
+        a(38145, true),
+        a(1219585, false),
+        a(11521, true),
+        f(3351544876667835342, false),
+        f(446664211333105303, false),
+        a(1, false),
+        f(1780687434280468154, false),
+        f(10944033056462081, false),
+        a(3143937, false),
+        a(1884929, false),
+        a(641537, true),
+        a(641537, true),
+        a(1, true),
+        a(1129729, true),
+        f(4114349547073293750, false),
+        f(1856126316762278840, false),
+        f(3115761099647827184, false),
+        a(1, false),
+        D,
+    ];
+    run_model(ops).unwrap();
 }
