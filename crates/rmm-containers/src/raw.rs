@@ -191,7 +191,7 @@ impl<'a> StreamOn<'a> {
 
 /// The handle the driver sees, with the legacy stream's two spellings (0 and
 /// `CU_STREAM_LEGACY`) made one.
-pub(crate) fn canonical(raw: rmm_sys::ffi::CUstream) -> usize {
+pub(crate) fn canonical(raw: rmm_sys::raw::CUstream) -> usize {
     if raw.is_null() {
         CU_STREAM_LEGACY as usize
     } else {

@@ -1560,7 +1560,7 @@ mod with_cudarc {
         }))
         .map_err(|_| "DeviceSlice::stream panicked for a vector on a foreign 'static stream")?;
         ensure(
-            std::ptr::eq(s.cu_stream(), leaked.value()),
+            std::ptr::eq(s.cu_stream(), leaked.value().cast()),
             format!(
                 "DeviceSlice::stream is {:p}, not the vector's stream {:p}",
                 s.cu_stream(),

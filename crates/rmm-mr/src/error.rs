@@ -188,7 +188,6 @@ pub type MrResult<T> = Result<T, MrError>;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rmm_sys::ffi::CUresult;
 
     #[test]
     fn out_of_memory_message_has_rmm_shape() {
@@ -204,11 +203,11 @@ mod tests {
 
     #[test]
     fn allocation_failures_map_like_rmm_cuda_try_alloc() {
-        let oom = CudaError::from_result("cuMemAlloc", CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        let oom = CudaError::from_raw_code("cuMemAlloc", 2);
         let e = MrError::from_allocation(oom, 1 << 50);
         assert!(matches!(e, MrError::OutOfMemory { requested, .. } if requested == 1 << 50));
         assert!(e.to_string().contains("out_of_memory"));
-        let other = CudaError::from_result("cuMemAlloc", CUresult::CUDA_ERROR_INVALID_VALUE);
+        let other = CudaError::from_raw_code("cuMemAlloc", 1);
         let e = MrError::from_allocation(other, 8);
         assert!(matches!(
             e,

@@ -25,6 +25,7 @@
 pub mod aligned;
 pub mod arena;
 pub mod binning;
+#[cfg(feature = "debug-log")]
 pub mod debug_log;
 pub mod error;
 pub mod failure_callback;
@@ -38,6 +39,7 @@ pub mod registry;
 pub mod resource;
 pub mod resources;
 pub mod statistics;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod thread_safe;
 pub mod tracking;
@@ -45,6 +47,7 @@ pub mod tracking;
 pub use aligned::AlignedResourceAdaptor;
 pub use arena::ArenaMemoryResource;
 pub use binning::BinningMemoryResource;
+#[cfg(feature = "debug-log")]
 pub use debug_log::{init_debug_logging, set_debug_log_level};
 pub use error::{InvalidFree, MrError, MrResult};
 pub use failure_callback::FailureCallbackResourceAdaptor;
@@ -114,6 +117,7 @@ mod send_sync {
         assert_send_sync::<FailureCallbackResourceAdaptor<CudaMemoryResource>>();
         assert_send_sync::<PrefetchResourceAdaptor>();
         assert_send_sync::<PrefetchResourceAdaptor<CudaMemoryResource>>();
+        #[cfg(feature = "debug-log")]
         assert_send_sync::<debug_log::DebugLogError>();
     };
 }

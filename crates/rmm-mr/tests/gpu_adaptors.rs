@@ -489,7 +489,7 @@ fn failure_callback_retry_once() -> Result<Completion, Failed> {
 /// `cuMemRangeGetAttribute(LAST_PREFETCH_LOCATION)`: a device ordinal, or -2 (invalid) when the
 /// range was never prefetched.
 fn last_prefetch_location(p: DevicePtr, bytes: usize) -> Result<i32, Failed> {
-    use rmm_sys::ffi;
+    use cudarc::driver::sys as ffi;
     let mut location: i32 = 0;
     // SAFETY: writes one 4-byte value; `[p, p + bytes)` is a live managed range and a context
     // is current (the caller allocated it).

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use rmm_sys::ffi::CUevent;
+use rmm_sys::raw::CUevent;
 use rmm_sys::stream as raw;
 use rmm_sys::{CudaResult, DeviceId};
 

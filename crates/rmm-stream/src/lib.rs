@@ -19,6 +19,7 @@ pub mod error;
 pub mod event;
 pub mod mode;
 pub mod pool;
+#[cfg(feature = "testing")]
 pub mod stall;
 pub mod stream;
 pub mod view;
@@ -27,6 +28,7 @@ pub use error::StreamError;
 pub use event::CudaEvent;
 pub use mode::{default_stream_mode, set_default_stream_mode, DefaultStreamMode};
 pub use pool::CudaStreamPool;
+#[cfg(feature = "testing")]
 pub use stall::stall;
 pub use stream::{CudaStream, StreamFlags};
 pub use view::CudaStreamView;

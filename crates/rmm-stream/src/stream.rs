@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use rmm_sys::ffi::CUstream;
+use rmm_sys::raw::CUstream;
 use rmm_sys::stream as raw;
 use rmm_sys::{CudaResult, DeviceId};
 

@@ -4,7 +4,7 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
 
-use rmm_sys::ffi::CUstream;
+use rmm_sys::raw::CUstream;
 use rmm_sys::stream as raw;
 use rmm_sys::{CudaResult, CU_STREAM_PER_THREAD};
 

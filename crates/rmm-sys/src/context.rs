@@ -4,7 +4,7 @@
 
 use std::sync::OnceLock;
 
-use cudarc::driver::sys;
+use crate::raw;
 
 use crate::device::DeviceId;
 use crate::error::{check, CudaError, CudaResult, ResultCode};
@@ -16,8 +16,8 @@ pub struct PrimaryContext(usize);
 impl PrimaryContext {
     /// The raw `CUcontext`.
     #[must_use]
-    pub fn as_raw(self) -> sys::CUcontext {
-        self.0 as sys::CUcontext
+    pub fn as_raw(self) -> raw::CUcontext {
+        self.0 as raw::CUcontext
     }
 }
 
@@ -42,12 +42,12 @@ pub fn primary_context(device: i32) -> CudaResult<PrimaryContext> {
 
 fn retain(device: i32) -> CudaResult<PrimaryContext> {
     let api = crate::driver::api()?;
-    let mut dev: sys::CUdevice = 0;
+    let mut dev: raw::CUdevice = 0;
     // SAFETY: the driver is initialized; writes one device handle.
     check("cuDeviceGet", unsafe {
         (api.cuDeviceGet)(&mut dev, device)
     })?;
-    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    let mut ctx: raw::CUcontext = std::ptr::null_mut();
     // SAFETY: `dev` is a valid device; writes one context handle. The retain is never released:
     // the context lives as long as the process, like the runtime's.
     check("cuDevicePrimaryCtxRetain", unsafe {

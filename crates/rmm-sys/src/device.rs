@@ -5,6 +5,7 @@ use std::ffi::c_int;
 use std::fmt;
 use std::marker::PhantomData;
 
+use crate::raw;
 use cudarc::driver::sys;
 
 use crate::align::{align_down, ALLOCATION_ALIGNMENT};
@@ -27,6 +28,49 @@ impl DeviceId {
     pub fn current() -> CudaResult<Self> {
         current_device()
     }
+
+    /// The device's compute capability (9.0 for an H100).
+    pub fn compute_capability(self) -> CudaResult<ComputeCapability> {
+        use sys::CUdevice_attribute as A;
+        let major = device_attribute(self, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = device_attribute(self, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        Ok(ComputeCapability {
+            major: major.max(0) as u32,
+            minor: minor.max(0) as u32,
+        })
+    }
+
+    /// The name the driver reports for the device ([`device_name`]).
+    pub fn name(self) -> CudaResult<String> {
+        device_name(self)
+    }
+
+    /// The capability probes RMM's resources consult ([`DeviceCapabilities::probe`]).
+    pub fn capabilities(self) -> CudaResult<DeviceCapabilities> {
+        DeviceCapabilities::probe(self)
+    }
+
+    /// The device's total memory in bytes (`cuDeviceTotalMem`, read as the driver's attribute
+    /// table does not list it: through [`available_device_memory`] on this device).
+    pub fn total_memory(self) -> CudaResult<usize> {
+        let _guard = DeviceGuard::new(self)?;
+        Ok(available_device_memory()?.1)
+    }
+}
+
+/// A device's compute capability, `major.minor` (e.g. 9.0 for Hopper).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ComputeCapability {
+    /// The major version (the architecture generation).
+    pub major: u32,
+    /// The minor version.
+    pub minor: u32,
+}
+
+impl fmt::Display for ComputeCapability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
 }
 
 impl fmt::Display for DeviceId {
@@ -47,7 +91,7 @@ pub fn device_count() -> CudaResult<usize> {
 #[doc(alias = "rmm::get_current_cuda_device")]
 pub fn current_device() -> CudaResult<DeviceId> {
     let api = context_api()?;
-    let mut dev: sys::CUdevice = 0;
+    let mut dev: raw::CUdevice = 0;
     // SAFETY: a context is current on this thread; writes one device handle.
     check("cuCtxGetDevice", unsafe { (api.cuCtxGetDevice)(&mut dev) })?;
     Ok(DeviceId(dev))
@@ -156,7 +200,10 @@ pub fn device_name(device: DeviceId) -> CudaResult<String> {
 }
 
 /// Reads an integer device attribute.
-pub fn device_attribute(device: DeviceId, attribute: sys::CUdevice_attribute) -> CudaResult<i32> {
+pub(crate) fn device_attribute(
+    device: DeviceId,
+    attribute: sys::CUdevice_attribute,
+) -> CudaResult<i32> {
     let api = crate::driver::api()?;
     let mut v: c_int = 0;
     // SAFETY: the driver is initialized; writes one int. An invalid device is reported as an
@@ -232,6 +279,15 @@ impl DeviceCapabilities {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn compute_capability_orders_and_prints() {
+        let hopper = ComputeCapability { major: 9, minor: 0 };
+        let ampere = ComputeCapability { major: 8, minor: 6 };
+        assert!(ampere < hopper);
+        assert_eq!(hopper.to_string(), "9.0");
+        assert_eq!(ampere.to_string(), "8.6");
+    }
 
     #[test]
     fn percent_is_aligned_and_clamped() {

@@ -12,7 +12,7 @@
 use std::cell::Cell;
 use std::sync::OnceLock;
 
-use cudarc::driver::sys;
+use crate::raw;
 
 use crate::entry::{self, Api};
 use crate::error::{check, CudaError, CudaResult};
@@ -131,7 +131,7 @@ pub fn ensure_current_context() -> CudaResult<()> {
 #[cold]
 fn ensure_current_context_slow() -> CudaResult<()> {
     let api = api()?;
-    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    let mut ctx: raw::CUcontext = std::ptr::null_mut();
     // SAFETY: the driver is initialized; the call writes one handle.
     check("cuCtxGetCurrent", unsafe {
         (api.cuCtxGetCurrent)(&mut ctx)

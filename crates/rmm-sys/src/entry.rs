@@ -8,8 +8,8 @@
 //! through a function pointer whose result is a `u32`, which [`crate::error::check`] turns into a
 //! [`CudaError`](crate::CudaError) carrying the number, known or not. Out-parameters of enum type
 //! (`cuGetProcAddress`'s query status) are likewise read as integers. cudarc's `sys` types are
-//! still used for handles and plain data, and for enum *inputs* (rmm-sys only passes enumerators
-//! it names itself).
+//! still used for enum *inputs* (rmm-sys only passes enumerators it names itself); handles are
+//! rmm-sys's own ([`crate::raw`]), ABI-identical to the driver's.
 //!
 //! Each symbol is the one cudarc binds for the same function (the exported, explicitly
 //! versioned name, e.g. `cuMemAlloc_v2`), with the signature of `cuda.h` for that symbol; every
@@ -20,13 +20,11 @@
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 use std::sync::OnceLock;
 
-use cudarc::driver::sys::{
-    CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUhostFn, CUmemPool_attribute,
-    CUmemoryPool, CUpointer_attribute, CUstream,
-};
+use cudarc::driver::sys::{CUdevice_attribute, CUhostFn, CUmemPool_attribute, CUpointer_attribute};
 use libloading::Library;
 
 use crate::mempool::RawPoolProps;
+use crate::raw::{CUcontext, CUdevice, CUdeviceptr, CUevent, CUmemoryPool, CUstream};
 
 /// A `CUresult` as the driver returns it: a plain integer, so that a code newer than our
 /// bindings is a value, not undefined behaviour.

@@ -94,9 +94,10 @@ pub enum CudaError {
 }
 
 impl CudaError {
-    /// Builds the error for a failed driver call from cudarc's `CUresult` enum (for code that
-    /// called cudarc itself), looking up the code's name and description.
-    pub fn from_result(call: &'static str, result: sys::CUresult) -> Self {
+    /// Builds the error for a failed driver call from cudarc's `CUresult` enum, looking up the
+    /// code's name and description.
+    #[cfg(test)]
+    pub(crate) fn from_result(call: &'static str, result: sys::CUresult) -> Self {
         Self::from_code(call, result as u32, Some(result))
     }
 

@@ -39,17 +39,9 @@ pub mod error;
 pub mod memory;
 pub mod mempool;
 pub mod ptr;
+pub mod raw;
 pub mod stream;
 pub mod version;
-
-/// cudarc's raw driver bindings: the handle and data types rmm-sys's signatures use
-/// (`CUstream`, `CUevent`, `CUdeviceptr`, ...), and entry points rmm-sys does not wrap.
-///
-/// Beware that cudarc declares every function here as returning its `CUresult` enum, which is
-/// undefined behaviour if the installed driver returns a code newer than the bindings; rmm-sys
-/// itself never calls them (it reads every result as an integer), and its wrappers are the
-/// safer way to the same calls.
-pub use cudarc::driver::sys as ffi;
 
 pub use align::{
     align_down, align_up, checked_align_up, is_aligned, is_pow2, is_supported_alignment,
@@ -58,8 +50,8 @@ pub use align::{
 pub use context::{primary_context, PrimaryContext};
 pub use device::{
     available_device_memory, current_device, device_count, device_name, device_synchronize,
-    percent_of_free_device_memory, set_current_device, AllocationHandleType, DeviceCapabilities,
-    DeviceGuard, DeviceId,
+    percent_of_free_device_memory, set_current_device, AllocationHandleType, ComputeCapability,
+    DeviceCapabilities, DeviceGuard, DeviceId,
 };
 pub use driver::{
     driver_version, ensure_current_context, gpu_unavailable_reason, init, is_driver_present,

@@ -8,6 +8,7 @@
 use std::ffi::c_void;
 use std::sync::OnceLock;
 
+use crate::raw;
 use cudarc::driver::sys;
 
 use crate::driver::{context_api, ensure_current_context, resolve};
@@ -21,7 +22,7 @@ const CU_MEM_ATTACH_GLOBAL: u32 = 0x1;
 /// `cuMemAlloc`: `bytes` of device memory on the current device (synchronous).
 pub fn mem_alloc(bytes: usize) -> CudaResult<DevicePtr> {
     let api = context_api()?;
-    let mut p: sys::CUdeviceptr = 0;
+    let mut p: raw::CUdeviceptr = 0;
     // SAFETY: a context is current; the call writes one address.
     check("cuMemAlloc", unsafe { (api.cuMemAlloc_v2)(&mut p, bytes) })?;
     Ok(DevicePtr::from_raw(p))
@@ -41,7 +42,7 @@ pub unsafe fn mem_free(ptr: DevicePtr) -> CudaResult<()> {
 /// `cuMemAllocManaged(.., CU_MEM_ATTACH_GLOBAL)`: managed (unified) memory.
 pub fn mem_alloc_managed(bytes: usize) -> CudaResult<DevicePtr> {
     let api = context_api()?;
-    let mut p: sys::CUdeviceptr = 0;
+    let mut p: raw::CUdeviceptr = 0;
     // SAFETY: a context is current; the call writes one address.
     check("cuMemAllocManaged", unsafe {
         (api.cuMemAllocManaged)(&mut p, bytes, CU_MEM_ATTACH_GLOBAL)
@@ -81,7 +82,7 @@ pub unsafe fn memset_d32_async(
     ptr: DevicePtr,
     value: u32,
     count: usize,
-    stream: sys::CUstream,
+    stream: raw::CUstream,
 ) -> CudaResult<()> {
     let api = context_api()?;
     // SAFETY: the caller's contract.
@@ -98,7 +99,7 @@ pub unsafe fn memset_d8_async(
     ptr: DevicePtr,
     value: u8,
     count: usize,
-    stream: sys::CUstream,
+    stream: raw::CUstream,
 ) -> CudaResult<()> {
     let api = context_api()?;
     // SAFETY: the caller's contract.
@@ -117,7 +118,7 @@ pub unsafe fn memcpy_async(
     dst: DevicePtr,
     src: DevicePtr,
     bytes: usize,
-    stream: sys::CUstream,
+    stream: raw::CUstream,
 ) -> CudaResult<()> {
     let api = context_api()?;
     // SAFETY: the caller's contract.
@@ -134,7 +135,7 @@ pub unsafe fn memcpy_async(
 pub unsafe fn copy_to_device_sync(
     dst: DevicePtr,
     src: &[u8],
-    stream: sys::CUstream,
+    stream: raw::CUstream,
 ) -> CudaResult<()> {
     if src.is_empty() {
         return Ok(());
@@ -160,7 +161,7 @@ pub unsafe fn copy_to_device_sync(
 pub unsafe fn copy_to_host_sync(
     dst: &mut [u8],
     src: DevicePtr,
-    stream: sys::CUstream,
+    stream: raw::CUstream,
 ) -> CudaResult<()> {
     if dst.is_empty() {
         return Ok(());
@@ -229,9 +230,9 @@ impl From<MemLocation> for RawMemLocation {
 const CU_DEVICE_CPU: i32 = -1;
 
 type PrefetchV2 =
-    unsafe extern "C" fn(sys::CUdeviceptr, usize, RawMemLocation, u32, sys::CUstream) -> u32;
-type PrefetchV1 = unsafe extern "C" fn(sys::CUdeviceptr, usize, i32, sys::CUstream) -> u32;
-type AdviseV1 = unsafe extern "C" fn(sys::CUdeviceptr, usize, u32, i32) -> u32;
+    unsafe extern "C" fn(raw::CUdeviceptr, usize, RawMemLocation, u32, raw::CUstream) -> u32;
+type PrefetchV1 = unsafe extern "C" fn(raw::CUdeviceptr, usize, i32, raw::CUstream) -> u32;
+type AdviseV1 = unsafe extern "C" fn(raw::CUdeviceptr, usize, u32, i32) -> u32;
 
 /// `cuMemPrefetchAsync`: migrates managed memory to `location` on `stream`. Uses CUDA 13's ABI
 /// (`cuMemPrefetchAsync_v2` with a `CUmemLocation`) where the driver has it, the legacy one on
@@ -244,7 +245,7 @@ pub unsafe fn mem_prefetch_async(
     ptr: DevicePtr,
     bytes: usize,
     location: MemLocation,
-    stream: sys::CUstream,
+    stream: raw::CUstream,
 ) -> CudaResult<()> {
     ensure_current_context()?;
     let version = crate::driver::driver_version()?;

@@ -3,6 +3,7 @@
 use std::ffi::c_void;
 use std::sync::OnceLock;
 
+use crate::raw;
 use cudarc::driver::sys;
 
 use crate::device::{AllocationHandleType, DeviceId};
@@ -27,14 +28,14 @@ pub struct MemPoolHandle(usize);
 impl MemPoolHandle {
     /// Wraps a raw `CUmemoryPool`.
     #[must_use]
-    pub fn from_raw(pool: sys::CUmemoryPool) -> Self {
+    pub fn from_raw(pool: raw::CUmemoryPool) -> Self {
         Self(pool as usize)
     }
 
     /// The raw `CUmemoryPool`.
     #[must_use]
-    pub fn as_raw(self) -> sys::CUmemoryPool {
-        self.0 as sys::CUmemoryPool
+    pub fn as_raw(self) -> raw::CUmemoryPool {
+        self.0 as raw::CUmemoryPool
     }
 
     /// Whether this is the null handle.
@@ -81,7 +82,7 @@ pub fn mem_pool_create(
         usage: 0,
         reserved: [0; 54],
     };
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut pool: raw::CUmemoryPool = std::ptr::null_mut();
     // SAFETY: `RawPoolProps` has the ABI of `CUmemPoolProps` (size asserted above, fields in
     // header order); the call reads it and writes one handle.
     check("cuMemPoolCreate", unsafe {
@@ -141,7 +142,7 @@ impl MemPoolAttribute {
 ///
 /// ```compile_fail,E0133
 /// use rmm_sys::{mempool, MemPoolAttribute, MemPoolHandle};
-/// let dangling = MemPoolHandle::from_raw(8 as rmm_sys::ffi::CUmemoryPool);
+/// let dangling = MemPoolHandle::from_raw(8 as rmm_sys::raw::CUmemoryPool);
 /// let _ = mempool::mem_pool_get_attribute(dangling, MemPoolAttribute::UsedMemCurrent);
 /// ```
 pub unsafe fn mem_pool_get_attribute(
@@ -165,7 +166,7 @@ pub unsafe fn mem_pool_get_attribute(
 ///
 /// ```compile_fail,E0133
 /// use rmm_sys::{mempool, MemPoolAttribute, MemPoolHandle};
-/// let dangling = MemPoolHandle::from_raw(8 as rmm_sys::ffi::CUmemoryPool);
+/// let dangling = MemPoolHandle::from_raw(8 as rmm_sys::raw::CUmemoryPool);
 /// let _ = mempool::mem_pool_set_attribute(dangling, MemPoolAttribute::ReleaseThreshold, 0);
 /// ```
 pub unsafe fn mem_pool_set_attribute(
@@ -188,7 +189,7 @@ pub unsafe fn mem_pool_set_attribute(
 ///
 /// ```compile_fail,E0133
 /// use rmm_sys::{mempool, MemPoolHandle};
-/// let dangling = MemPoolHandle::from_raw(8 as rmm_sys::ffi::CUmemoryPool);
+/// let dangling = MemPoolHandle::from_raw(8 as rmm_sys::raw::CUmemoryPool);
 /// let _ = mempool::mem_pool_trim_to(dangling, 0);
 /// ```
 pub unsafe fn mem_pool_trim_to(pool: MemPoolHandle, min_bytes_to_keep: usize) -> CudaResult<()> {
@@ -206,10 +207,10 @@ pub unsafe fn mem_pool_trim_to(pool: MemPoolHandle, min_bytes_to_keep: usize) ->
 pub unsafe fn mem_alloc_from_pool_async(
     bytes: usize,
     pool: MemPoolHandle,
-    stream: sys::CUstream,
+    stream: raw::CUstream,
 ) -> CudaResult<DevicePtr> {
     let api = context_api()?;
-    let mut p: sys::CUdeviceptr = 0;
+    let mut p: raw::CUdeviceptr = 0;
     // SAFETY: the caller's contract; writes one address.
     check("cuMemAllocFromPoolAsync", unsafe {
         (api.cuMemAllocFromPoolAsync)(&mut p, bytes, pool.as_raw(), stream)
@@ -221,9 +222,9 @@ pub unsafe fn mem_alloc_from_pool_async(
 ///
 /// # Safety
 /// `stream` is a valid stream handle.
-pub unsafe fn mem_alloc_async(bytes: usize, stream: sys::CUstream) -> CudaResult<DevicePtr> {
+pub unsafe fn mem_alloc_async(bytes: usize, stream: raw::CUstream) -> CudaResult<DevicePtr> {
     let api = context_api()?;
-    let mut p: sys::CUdeviceptr = 0;
+    let mut p: raw::CUdeviceptr = 0;
     // SAFETY: the caller's contract; writes one address.
     check("cuMemAllocAsync", unsafe {
         (api.cuMemAllocAsync)(&mut p, bytes, stream)
@@ -236,7 +237,7 @@ pub unsafe fn mem_alloc_async(bytes: usize, stream: sys::CUstream) -> CudaResult
 /// # Safety
 /// `ptr` came from a stream-ordered allocation, was not freed, and work that uses it is
 /// ordered before this point of `stream`.
-pub unsafe fn mem_free_async(ptr: DevicePtr, stream: sys::CUstream) -> CudaResult<()> {
+pub unsafe fn mem_free_async(ptr: DevicePtr, stream: raw::CUstream) -> CudaResult<()> {
     let api = context_api()?;
     // SAFETY: the caller's contract.
     check("cuMemFreeAsync", unsafe {
@@ -249,7 +250,7 @@ pub unsafe fn mem_free_async(ptr: DevicePtr, stream: sys::CUstream) -> CudaResul
 /// live for the process.
 pub fn device_default_mem_pool(device: DeviceId) -> CudaResult<MemPoolHandle> {
     let api = crate::driver::api()?;
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut pool: raw::CUmemoryPool = std::ptr::null_mut();
     // SAFETY: the driver is initialized; writes one handle.
     check("cuDeviceGetDefaultMemPool", unsafe {
         (api.cuDeviceGetDefaultMemPool)(&mut pool, device.0)
@@ -266,7 +267,7 @@ pub fn device_default_mem_pool(device: DeviceId) -> CudaResult<MemPoolHandle> {
 /// [`device_default_mem_pool`] to know.
 pub fn device_current_mem_pool(device: DeviceId) -> CudaResult<MemPoolHandle> {
     let api = crate::driver::api()?;
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut pool: raw::CUmemoryPool = std::ptr::null_mut();
     // SAFETY: the driver is initialized; writes one handle.
     check("cuDeviceGetMemPool", unsafe {
         (api.cuDeviceGetMemPool)(&mut pool, device.0)
@@ -275,7 +276,7 @@ pub fn device_current_mem_pool(device: DeviceId) -> CudaResult<MemPoolHandle> {
 }
 
 type GetDefaultMemPool =
-    unsafe extern "C" fn(*mut sys::CUmemoryPool, *mut RawMemLocation, u32) -> u32;
+    unsafe extern "C" fn(*mut raw::CUmemoryPool, *mut RawMemLocation, u32) -> u32;
 
 /// `cuMemGetDefaultMemPool` (CUDA 13.0): the default **managed** pool of `device` (never
 /// destroyed, so live for the process). An error naming CUDA 13.0 on older drivers.
@@ -294,7 +295,7 @@ pub fn default_managed_mem_pool(device: DeviceId) -> CudaResult<MemPoolHandle> {
             }
         })
         .clone()?;
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut pool: raw::CUmemoryPool = std::ptr::null_mut();
     let mut location: RawMemLocation = MemLocation::Device(device.0).into();
     // SAFETY: a context is current; the call reads the location and writes one handle.
     check("cuMemGetDefaultMemPool", unsafe {

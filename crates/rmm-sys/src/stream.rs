@@ -4,7 +4,7 @@
 use std::ffi::c_void;
 use std::sync::OnceLock;
 
-use cudarc::driver::sys;
+use crate::raw;
 
 use crate::driver::{context_api, ensure_current_context, resolve};
 use crate::error::{check, CudaResult, ResultCode};
@@ -12,10 +12,10 @@ use crate::version::DriverVersion;
 
 /// `CU_STREAM_LEGACY`: the legacy default stream, which synchronizes with every blocking stream.
 /// (cudarc's bindings lack the macro.)
-pub const CU_STREAM_LEGACY: sys::CUstream = 0x1 as sys::CUstream;
+pub const CU_STREAM_LEGACY: raw::CUstream = 0x1 as raw::CUstream;
 
 /// `CU_STREAM_PER_THREAD`: the calling thread's per-thread default stream.
-pub const CU_STREAM_PER_THREAD: sys::CUstream = 0x2 as sys::CUstream;
+pub const CU_STREAM_PER_THREAD: raw::CUstream = 0x2 as raw::CUstream;
 
 /// `CU_STREAM_NON_BLOCKING`: a stream that does not synchronize with the legacy default stream.
 pub const CU_STREAM_NON_BLOCKING: u32 = 0x1;
@@ -24,9 +24,9 @@ pub const CU_STREAM_NON_BLOCKING: u32 = 0x1;
 pub const CU_EVENT_DISABLE_TIMING: u32 = 0x2;
 
 /// `cuStreamCreate`.
-pub fn stream_create(flags: u32) -> CudaResult<sys::CUstream> {
+pub fn stream_create(flags: u32) -> CudaResult<raw::CUstream> {
     let api = context_api()?;
-    let mut s: sys::CUstream = std::ptr::null_mut();
+    let mut s: raw::CUstream = std::ptr::null_mut();
     // SAFETY: a context is current; writes one handle.
     check("cuStreamCreate", unsafe {
         (api.cuStreamCreate)(&mut s, flags)
@@ -38,7 +38,7 @@ pub fn stream_create(flags: u32) -> CudaResult<sys::CUstream> {
 ///
 /// # Safety
 /// `stream` came from [`stream_create`] and is not used afterwards.
-pub unsafe fn stream_destroy(stream: sys::CUstream) -> CudaResult<()> {
+pub unsafe fn stream_destroy(stream: raw::CUstream) -> CudaResult<()> {
     let api = context_api()?;
     // SAFETY: the caller's contract.
     check("cuStreamDestroy", unsafe {
@@ -51,7 +51,7 @@ pub unsafe fn stream_destroy(stream: sys::CUstream) -> CudaResult<()> {
 /// # Safety
 /// `stream` is a live stream handle or one of the special handles (0, [`CU_STREAM_LEGACY`],
 /// [`CU_STREAM_PER_THREAD`]).
-pub unsafe fn stream_synchronize(stream: sys::CUstream) -> CudaResult<()> {
+pub unsafe fn stream_synchronize(stream: raw::CUstream) -> CudaResult<()> {
     let api = context_api()?;
     // SAFETY: a context is current; the handle is valid (caller).
     check("cuStreamSynchronize", unsafe {
@@ -65,7 +65,7 @@ pub unsafe fn stream_synchronize(stream: sys::CUstream) -> CudaResult<()> {
 /// # Safety
 /// `stream` is a live stream handle or one of the special handles (0, [`CU_STREAM_LEGACY`],
 /// [`CU_STREAM_PER_THREAD`]).
-pub unsafe fn stream_query(stream: sys::CUstream) -> CudaResult<bool> {
+pub unsafe fn stream_query(stream: raw::CUstream) -> CudaResult<bool> {
     let api = context_api()?;
     // SAFETY: a context is current; the handle is valid (caller).
     let r = unsafe { (api.cuStreamQuery)(stream) };
@@ -82,7 +82,7 @@ pub unsafe fn stream_query(stream: sys::CUstream) -> CudaResult<bool> {
 /// # Safety
 /// `stream` is a live stream handle or one of the special handles (0, [`CU_STREAM_LEGACY`],
 /// [`CU_STREAM_PER_THREAD`]).
-pub unsafe fn stream_get_id(stream: sys::CUstream) -> CudaResult<u64> {
+pub unsafe fn stream_get_id(stream: raw::CUstream) -> CudaResult<u64> {
     let api = context_api()?;
     let mut id: std::ffi::c_ulonglong = 0;
     // SAFETY: a context is current; the handle is valid (caller); writes one integer.
@@ -96,7 +96,7 @@ pub unsafe fn stream_get_id(stream: sys::CUstream) -> CudaResult<u64> {
 ///
 /// # Safety
 /// `stream` is a live or special stream handle and `event` a live event handle.
-pub unsafe fn stream_wait_event(stream: sys::CUstream, event: sys::CUevent) -> CudaResult<()> {
+pub unsafe fn stream_wait_event(stream: raw::CUstream, event: raw::CUevent) -> CudaResult<()> {
     let api = context_api()?;
     // SAFETY: a context is current; the handles are valid (caller).
     check("cuStreamWaitEvent", unsafe {
@@ -110,7 +110,7 @@ pub unsafe fn stream_wait_event(stream: sys::CUstream, event: sys::CUevent) -> C
 /// `f` may be called with `data` from another thread, once; `data` must stay valid until then.
 /// `f` must not call CUDA.
 pub unsafe fn launch_host_func(
-    stream: sys::CUstream,
+    stream: raw::CUstream,
     f: unsafe extern "C" fn(*mut c_void),
     data: *mut c_void,
 ) -> CudaResult<()> {
@@ -122,9 +122,9 @@ pub unsafe fn launch_host_func(
 }
 
 /// `cuEventCreate`.
-pub fn event_create(flags: u32) -> CudaResult<sys::CUevent> {
+pub fn event_create(flags: u32) -> CudaResult<raw::CUevent> {
     let api = context_api()?;
-    let mut e: sys::CUevent = std::ptr::null_mut();
+    let mut e: raw::CUevent = std::ptr::null_mut();
     // SAFETY: a context is current; writes one handle.
     check("cuEventCreate", unsafe {
         (api.cuEventCreate)(&mut e, flags)
@@ -136,7 +136,7 @@ pub fn event_create(flags: u32) -> CudaResult<sys::CUevent> {
 ///
 /// # Safety
 /// `event` came from [`event_create`] and is not used afterwards.
-pub unsafe fn event_destroy(event: sys::CUevent) -> CudaResult<()> {
+pub unsafe fn event_destroy(event: raw::CUevent) -> CudaResult<()> {
     let api = context_api()?;
     // SAFETY: the caller's contract.
     check("cuEventDestroy", unsafe { (api.cuEventDestroy_v2)(event) })
@@ -146,7 +146,7 @@ pub unsafe fn event_destroy(event: sys::CUevent) -> CudaResult<()> {
 ///
 /// # Safety
 /// `event` is a live event handle and `stream` a live or special stream handle.
-pub unsafe fn event_record(event: sys::CUevent, stream: sys::CUstream) -> CudaResult<()> {
+pub unsafe fn event_record(event: raw::CUevent, stream: raw::CUstream) -> CudaResult<()> {
     let api = context_api()?;
     // SAFETY: a context is current; the handles are valid (caller).
     check("cuEventRecord", unsafe {
@@ -158,7 +158,7 @@ pub unsafe fn event_record(event: sys::CUevent, stream: sys::CUstream) -> CudaRe
 ///
 /// # Safety
 /// `event` is a live event handle (from [`event_create`], not destroyed).
-pub unsafe fn event_synchronize(event: sys::CUevent) -> CudaResult<()> {
+pub unsafe fn event_synchronize(event: raw::CUevent) -> CudaResult<()> {
     let api = context_api()?;
     // SAFETY: a context is current; the handle is valid (caller).
     check("cuEventSynchronize", unsafe {
@@ -170,7 +170,7 @@ pub unsafe fn event_synchronize(event: sys::CUevent) -> CudaResult<()> {
 ///
 /// # Safety
 /// `event` is a live event handle (from [`event_create`], not destroyed).
-pub unsafe fn event_query(event: sys::CUevent) -> CudaResult<bool> {
+pub unsafe fn event_query(event: raw::CUevent) -> CudaResult<bool> {
     let api = context_api()?;
     // SAFETY: a context is current; the handle is valid (caller).
     let r = unsafe { (api.cuEventQuery)(event) };
@@ -181,13 +181,13 @@ pub unsafe fn event_query(event: sys::CUevent) -> CudaResult<bool> {
     Ok(true)
 }
 
-type ElapsedTime = unsafe extern "C" fn(*mut f32, sys::CUevent, sys::CUevent) -> u32;
+type ElapsedTime = unsafe extern "C" fn(*mut f32, raw::CUevent, raw::CUevent) -> u32;
 
 /// `cuEventElapsedTime`: milliseconds between two recorded events (both created with timing).
 ///
 /// # Safety
 /// `start` and `end` are live event handles.
-pub unsafe fn event_elapsed_time(start: sys::CUevent, end: sys::CUevent) -> CudaResult<f32> {
+pub unsafe fn event_elapsed_time(start: raw::CUevent, end: raw::CUevent) -> CudaResult<f32> {
     ensure_current_context()?;
     static F: OnceLock<CudaResult<ElapsedTime>> = OnceLock::new();
     // SAFETY: `ElapsedTime` is the ABI of `cuEventElapsedTime` since CUDA 2.0; 13.x exports it

@@ -105,6 +105,31 @@ fn capabilities() -> Result<(), Failed> {
     )
 }
 
+/// The typed accessors that replace raw attribute reads: compute capability, name, memory.
+fn device_accessors() -> Result<(), Failed> {
+    let dev = DeviceId(0);
+    let cc = dev.compute_capability()?;
+    ensure(
+        cc.major >= 7 && cc.minor < 10,
+        format!("implausible compute capability {cc}"),
+    )?;
+    let name = dev.name()?;
+    ensure(
+        name.contains("NVIDIA"),
+        format!("device name {name:?} does not name NVIDIA"),
+    )?;
+    let total = dev.total_memory()?;
+    let (_, total_here) = rmm_sys::available_device_memory()?;
+    ensure(
+        total == total_here && total > (1 << 30),
+        format!("total memory {total} vs cuMemGetInfo {total_here}"),
+    )?;
+    ensure(
+        dev.capabilities()? == DeviceCapabilities::probe(dev)?,
+        "capabilities differ between the accessor and the probe",
+    )
+}
+
 fn newer_entry_points_resolve() -> Result<(), Failed> {
     let v = rmm_sys::driver_version()?;
     let r = mempool::default_managed_mem_pool(DeviceId(0));
@@ -286,6 +311,7 @@ fn main() {
         gpu("memory_info", memory_info),
         gpu("out_of_memory_is_typed", out_of_memory_is_typed),
         gpu("capabilities", capabilities),
+        gpu("device_accessors", device_accessors),
         gpu("newer_entry_points_resolve", newer_entry_points_resolve),
         gpu(
             "pool_roundtrip_and_attributes",

@@ -31,34 +31,44 @@ pub use rmm_stream as stream;
 pub use rmm_sys as sys;
 
 /// The level type of the debug-logging functions (from the `log` facade).
+#[cfg(feature = "debug-log")]
 pub use log::LevelFilter;
 pub use reinitialize::{reinitialize, IntoByteSize, ReinitializeOptions};
 pub use rmm_containers::{
     take_drop_errors, BufferStream, DeviceBuffer, DeviceScalar, DeviceUvector,
 };
+#[cfg(feature = "debug-log")]
+pub use rmm_mr::debug_log::{
+    debug_log_level, flush_debug_log, init_debug_logging, init_debug_logging_with_level,
+    set_debug_log_level,
+};
 pub use rmm_mr::{
-    arena::ArenaOptions, current_device_resource, debug_log::debug_log_level,
-    debug_log::flush_debug_log, debug_log::init_debug_logging_with_level, init_debug_logging,
-    per_device_resource, prefetch, reset_current_device_resource, reset_per_device_resource,
-    resource_cast, set_current_device_resource, set_debug_log_level, set_per_device_resource,
-    shared, tracking::TrackingConfig, AlignedResourceAdaptor, ArenaMemoryResource,
-    BinningMemoryResource, CallbackMemoryResource, CudaAsyncManagedMemoryResource,
-    CudaAsyncMemoryResource, CudaAsyncOptions, CudaAsyncViewMemoryResource, CudaMemoryResource,
-    DeviceMemoryResource, FailureCallbackResourceAdaptor, FixedSizeMemoryResource, InvalidFree,
-    LimitingResourceAdaptor, LoggingResourceAdaptor, ManagedMemoryResource, MrError, MrResult,
-    PinnedHostMemoryResource, PoolMemoryResource, PoolStatistics, PrefetchResourceAdaptor,
-    PrefetchTarget, ResourceProperties, SamHeadroomMemoryResource, SharedResource,
-    StatisticsResourceAdaptor, SystemMemoryResource, ThreadSafeResourceAdaptor,
-    TrackingResourceAdaptor,
+    arena::ArenaOptions, current_device_resource, per_device_resource, prefetch,
+    reset_current_device_resource, reset_per_device_resource, resource_cast,
+    set_current_device_resource, set_per_device_resource, shared, tracking::TrackingConfig,
+    AlignedResourceAdaptor, ArenaMemoryResource, BinningMemoryResource, CallbackMemoryResource,
+    CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaAsyncOptions,
+    CudaAsyncViewMemoryResource, CudaMemoryResource, DeviceMemoryResource,
+    FailureCallbackResourceAdaptor, FixedSizeMemoryResource, InvalidFree, LimitingResourceAdaptor,
+    LoggingResourceAdaptor, ManagedMemoryResource, MrError, MrResult, PinnedHostMemoryResource,
+    PoolMemoryResource, PoolStatistics, PrefetchResourceAdaptor, PrefetchTarget,
+    ResourceProperties, SamHeadroomMemoryResource, SharedResource, StatisticsResourceAdaptor,
+    SystemMemoryResource, ThreadSafeResourceAdaptor, TrackingResourceAdaptor,
 };
 pub use rmm_stream::{
     default_stream_mode, set_default_stream_mode, CudaEvent, CudaStream, CudaStreamPool,
     CudaStreamView, DefaultStreamMode, StreamError, StreamFlags,
 };
 pub use rmm_sys::{
-    available_device_memory, current_device, device_count, percent_of_free_device_memory,
-    set_current_device, CudaError, DeviceGuard, DeviceId, DevicePtr, ALLOCATION_ALIGNMENT,
+    available_device_memory, current_device, device_count, device_name, device_synchronize,
+    driver_version, gpu_unavailable_reason, is_driver_present, percent_of_free_device_memory,
+    set_current_device, ComputeCapability, CudaError, DeviceCapabilities, DeviceGuard, DeviceId,
+    DevicePtr, DriverVersion, ALLOCATION_ALIGNMENT,
 };
+
+/// This crate's version (`CARGO_PKG_VERSION`), e.g. for bug reports next to
+/// [`driver_version`].
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 pub use size::{ByteSize, ParseByteSizeError};
 /// The names most programs need.
 pub mod prelude {

@@ -41,7 +41,7 @@ use crate::stream::BufferStream;
 use crate::uvector::DeviceUvector;
 
 fn driver_error(e: DriverError) -> MrError {
-    MrError::Cuda(CudaError::from_result("cudarc", e.0))
+    MrError::Cuda(CudaError::from_raw_code("cudarc", e.0 as u32))
 }
 
 /// cudarc's context for `device`'s primary context (the one rmm-rs uses), created once per
@@ -82,8 +82,9 @@ pub fn cudarc_stream_view(stream: &CudaStream) -> CudaStreamView<'_> {
     } else {
         // SAFETY: the handle names a stream that lives at least as long as `stream` is
         // borrowed (cudarc destroys owned streams on drop; borrowed wrappers carry their
-        // creator's promise that the stream outlives them).
-        unsafe { CudaStreamView::from_raw(raw) }
+        // creator's promise that the stream outlives them). The cast only renames the pointee
+        // type: both bindings declare the same opaque driver handle.
+        unsafe { CudaStreamView::from_raw(raw.cast()) }
     }
 }
 
@@ -117,8 +118,8 @@ pub unsafe fn wrap_stream_for_cudarc(
 ) -> MrResult<Arc<CudaStream>> {
     let ctx = cudarc_context(device)?;
     // SAFETY: the caller's contract; `as_raw` resolves the default stream to the handle the
-    // driver needs.
-    Ok(unsafe { ctx.wrap_borrowed_stream(view.as_raw()) })
+    // driver needs; the cast only renames the pointee type of the same opaque handle.
+    Ok(unsafe { ctx.wrap_borrowed_stream(view.as_raw().cast()) })
 }
 
 impl From<Arc<CudaStream>> for BufferStream {
@@ -195,7 +196,7 @@ impl<T: Pod> DevicePtr<T> for DeviceUvector<T> {
     fn device_ptr<'a>(
         &'a self,
         stream: &'a CudaStream,
-    ) -> (rmm_sys::ffi::CUdeviceptr, SyncOnDrop<'a>) {
+    ) -> (cudarc::driver::sys::CUdeviceptr, SyncOnDrop<'a>) {
         (self.data().addr(), self.cudarc_guard(stream))
     }
 }
@@ -204,7 +205,7 @@ impl<T: Pod> DevicePtrMut<T> for DeviceUvector<T> {
     fn device_ptr_mut<'a>(
         &'a mut self,
         stream: &'a CudaStream,
-    ) -> (rmm_sys::ffi::CUdeviceptr, SyncOnDrop<'a>) {
+    ) -> (cudarc::driver::sys::CUdeviceptr, SyncOnDrop<'a>) {
         (self.data().addr(), self.cudarc_guard(stream))
     }
 }

@@ -55,7 +55,7 @@ impl CudaAsyncViewMemoryResource {
     /// ```compile_fail,E0133
     /// use rmm_mr::CudaAsyncViewMemoryResource;
     /// use rmm_sys::MemPoolHandle;
-    /// let dangling = MemPoolHandle::from_raw(8 as rmm_sys::ffi::CUmemoryPool);
+    /// let dangling = MemPoolHandle::from_raw(8 as rmm_sys::raw::CUmemoryPool);
     /// let _view = CudaAsyncViewMemoryResource::new(dangling);
     /// ```
     pub unsafe fn new(pool: MemPoolHandle) -> MrResult<Self> {
