@@ -23,6 +23,7 @@
 //! no CUDA calls and are tested on machines without a GPU.
 
 pub mod aligned;
+mod alignment;
 pub mod arena;
 pub mod binning;
 pub mod debug_log;
@@ -43,6 +44,7 @@ pub mod thread_safe;
 pub mod tracking;
 
 pub use aligned::AlignedResourceAdaptor;
+pub use alignment::MAX_OVER_ALIGNMENT;
 pub use arena::ArenaMemoryResource;
 pub use binning::BinningMemoryResource;
 pub use debug_log::{init_debug_logging, set_debug_log_level};
