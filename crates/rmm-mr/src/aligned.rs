@@ -74,7 +74,9 @@ impl<U> Aligned<U> {
 /// the per-call one alone), and the same arithmetic serves it; `deallocate` must be given the
 /// same alignment. A per-call alignment above the larger of `A` and
 /// [`MAX_OVER_ALIGNMENT`], or one that is neither 0 nor a power of two, is
-/// [`MrError::BadAlloc`]. A pointer passed through from the upstream that is not
+/// [`MrError::BadAlloc`]; the upstream must be able to serve the over-allocation (an upstream
+/// that cannot, such as a fixed-size resource with smaller blocks, answers out-of-memory). A
+/// pointer passed through from the upstream that is not
 /// 256-aligned is given back and refused. Freeing a pointer that is not aligned as allocated
 /// and was not handed out shifted is reported as [`MrError::InvalidFree`] without calling the
 /// upstream. Copies share state and are equal.
