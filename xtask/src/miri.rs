@@ -12,6 +12,7 @@ pub(crate) const SUITES: &[(&str, &[&str])] = &[
     (
         "rmm-mr",
         &[
+            "alignment::tests::",
             "pool::free_list::",
             "pool::event_policy::",
             "pool::append_only::",

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use rmm_stream::CudaStreamView;
 use rmm_sys::{checked_align_up, is_pow2, DevicePtr, ALLOCATION_ALIGNMENT};
 
+use crate::alignment::{self, MAX_OVER_ALIGNMENT};
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::{
     same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
@@ -32,15 +33,30 @@ impl<U> Aligned<U> {
         self.shifted.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether a request of `bytes` goes to the upstream unchanged.
-    fn passes_through(&self, bytes: usize) -> bool {
-        bytes == 0 || self.alignment == ALLOCATION_ALIGNMENT || bytes < self.threshold
+    /// The largest per-call alignment honoured: the configured one or 2 MiB, the larger.
+    fn largest(&self) -> usize {
+        self.alignment.max(MAX_OVER_ALIGNMENT)
     }
 
-    /// What the upstream is asked for so that an `alignment`-aligned block of `bytes` fits:
-    /// `align_up(bytes, A) + (A - 256)` (the upstream's pointer is already 256-aligned).
-    fn upstream_size(&self, bytes: usize) -> Option<usize> {
-        checked_align_up(bytes, self.alignment)?.checked_add(self.alignment - ALLOCATION_ALIGNMENT)
+    /// The alignment a request of `bytes` with the (normalized) per-call `requested` alignment
+    /// gets: the larger of the two, the configured one only from the threshold on.
+    fn effective(&self, bytes: usize, requested: usize) -> usize {
+        if bytes < self.threshold {
+            requested
+        } else {
+            requested.max(self.alignment)
+        }
+    }
+
+    /// Whether a request of `bytes` aligned to `a` goes to the upstream unchanged.
+    fn passes_through(bytes: usize, a: usize) -> bool {
+        bytes == 0 || a == ALLOCATION_ALIGNMENT
+    }
+
+    /// What the upstream is asked for so that an `a`-aligned block of `bytes` fits:
+    /// `align_up(bytes, a) + (a - 256)` (the upstream's pointer is already 256-aligned).
+    fn upstream_size(bytes: usize, a: usize) -> Option<usize> {
+        checked_align_up(bytes, a)?.checked_add(a - ALLOCATION_ALIGNMENT)
     }
 }
 
@@ -51,12 +67,19 @@ impl<U> Aligned<U> {
 /// `align_up(bytes, A) + (A - 256)` bytes and returns the first `A`-aligned address inside; the
 /// aligned address is mapped back to the upstream's on deallocation, which recomputes the
 /// upstream size from `bytes`. Requests of 0 bytes, below the threshold, or when `A` is 256 go to
-/// the upstream unchanged. As in RMM, the per-call alignment argument is ignored (the configured
-/// one applies) and the upstream is asked for alignment 1.
+/// the upstream unchanged. As in RMM, the upstream is asked for alignment 1.
 ///
-/// Beyond RMM, freeing a pointer that is not `A`-aligned and was not handed out shifted is
-/// reported as [`MrError::InvalidFree`] without calling the upstream. Copies share state and
-/// are equal.
+/// Beyond RMM, which ignores the per-call alignment argument, that argument is honoured too
+/// (see the trait's "Alignment"): a request gets the larger of it and `A` (below the threshold,
+/// the per-call one alone), and the same arithmetic serves it; `deallocate` must be given the
+/// same alignment. A per-call alignment above the larger of `A` and
+/// [`MAX_OVER_ALIGNMENT`], or one that is neither 0 nor a power of two, is
+/// [`MrError::BadAlloc`]; the upstream must be able to serve the over-allocation (an upstream
+/// that cannot, such as a fixed-size resource with smaller blocks, answers out-of-memory). A
+/// pointer passed through from the upstream that is not
+/// 256-aligned is given back and refused. Freeing a pointer that is not aligned as allocated
+/// and was not handed out shifted is reported as [`MrError::InvalidFree`] without calling the
+/// upstream. Copies share state and are equal.
 #[doc(alias = "rmm::mr::aligned_resource_adaptor")]
 pub struct AlignedResourceAdaptor<U: DeviceMemoryResource = SharedResource> {
     inner: Arc<Aligned<U>>,
@@ -147,46 +170,61 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for AlignedResourceAda
         &self,
         stream: CudaStreamView<'_>,
         bytes: usize,
-        _alignment: usize,
+        alignment: usize,
     ) -> MrResult<DevicePtr> {
         let inner = &*self.inner;
-        if inner.passes_through(bytes) {
-            return inner.upstream.allocate(stream, bytes, UPSTREAM_ALIGNMENT);
+        let a = inner.effective(bytes, alignment::check(alignment, inner.largest())?);
+        if Aligned::<U>::passes_through(bytes, a) {
+            let pointer = inner.upstream.allocate(stream, bytes, UPSTREAM_ALIGNMENT)?;
+            if pointer.is_aligned(ALLOCATION_ALIGNMENT) {
+                return Ok(pointer);
+            }
+            // SAFETY: `pointer` was just allocated from the upstream with these arguments and
+            // was never handed out.
+            let _ = unsafe {
+                inner
+                    .upstream
+                    .deallocate(stream, pointer, bytes, UPSTREAM_ALIGNMENT)
+            };
+            return Err(alignment::misaligned_upstream(
+                pointer,
+                ALLOCATION_ALIGNMENT,
+                "aligned_resource_adaptor",
+            ));
         }
-        let size = inner.upstream_size(bytes).ok_or_else(|| {
+        let size = Aligned::<U>::upstream_size(bytes, a).ok_or_else(|| {
             MrError::out_of_memory(
                 bytes,
                 format!(
-                    "aligned_resource_adaptor cannot align {bytes} bytes to {} (size overflow)",
-                    inner.alignment
+                    "aligned_resource_adaptor cannot align {bytes} bytes to {a} (size overflow)"
                 ),
             )
         })?;
         let pointer = inner.upstream.allocate(stream, size, UPSTREAM_ALIGNMENT)?;
-        let slack = (inner.alignment - ALLOCATION_ALIGNMENT) as u64;
+        let slack = (a - ALLOCATION_ALIGNMENT) as u64;
         // The first aligned address, if the aligned block fits in what the upstream gave
         // (always so for the 256-aligned pointers every resource returns).
         let aligned = pointer
             .addr()
-            .checked_next_multiple_of(inner.alignment as u64)
-            .filter(|&a| a - pointer.addr() <= slack);
+            .checked_next_multiple_of(a as u64)
+            .filter(|&x| x - pointer.addr() <= slack)
+            .filter(|_| !pointer.is_null());
         let failure = match aligned {
-            Some(a) if a == pointer.addr() => return Ok(pointer),
-            Some(a) => match inner.shifted().entry(a) {
+            Some(x) if x == pointer.addr() => return Ok(pointer),
+            Some(x) => match inner.shifted().entry(x) {
                 Entry::Vacant(v) => {
                     v.insert(pointer.addr());
-                    return Ok(DevicePtr::from_raw(a));
+                    return Ok(DevicePtr::from_raw(x));
                 }
                 // The upstream handed out an address inside a live shifted allocation.
                 Entry::Occupied(_) => MrError::bad_alloc(format!(
                     "aligned_resource_adaptor: pointer is already tracked ({})",
-                    DevicePtr::from_raw(a)
+                    DevicePtr::from_raw(x)
                 )),
             },
             None => MrError::bad_alloc(format!(
                 "aligned_resource_adaptor: the upstream returned {pointer}, too misaligned to \
-                 hold a {}-aligned block",
-                inner.alignment
+                 hold a {a}-aligned block"
             )),
         };
         // SAFETY: `pointer` was just allocated from the upstream with these arguments and was
@@ -204,10 +242,15 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for AlignedResourceAda
         stream: CudaStreamView<'_>,
         ptr: DevicePtr,
         bytes: usize,
-        _alignment: usize,
+        alignment: usize,
     ) -> MrResult<()> {
         let inner = &*self.inner;
-        if inner.passes_through(bytes) {
+        // An alignment no allocation could have had is taken as the default.
+        let requested = alignment::normalized(alignment)
+            .filter(|&r| r <= inner.largest())
+            .unwrap_or(ALLOCATION_ALIGNMENT);
+        let a = inner.effective(bytes, requested);
+        if Aligned::<U>::passes_through(bytes, a) {
             // SAFETY: forwarded contract; the allocation passed through with the same size.
             return unsafe {
                 inner
@@ -220,12 +263,12 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for AlignedResourceAda
             bytes,
             kind: InvalidFree::UnknownPointer,
         };
-        let size = inner.upstream_size(bytes).ok_or_else(unknown)?;
+        let size = Aligned::<U>::upstream_size(bytes, a).ok_or_else(unknown)?;
         // Removed before the upstream frees, so a concurrent allocation that gets the same
         // address back cannot collide with this entry.
         let original = match inner.shifted().remove(&ptr.addr()) {
             Some(original) => DevicePtr::from_raw(original),
-            None if ptr.is_aligned(inner.alignment) => ptr,
+            None if ptr.is_aligned(a) => ptr,
             None => return Err(unknown()),
         };
         // SAFETY: forwarded contract: `original` and `size` are what the upstream handed out for
@@ -365,10 +408,10 @@ mod tests {
     fn default_alignment_and_below_threshold_pass_through() {
         let up = HostMockResource::new();
         let mr = AlignedResourceAdaptor::new(up.clone(), 256).unwrap();
-        let p = mr.allocate(s(), 1000, 4096).unwrap();
+        let p = mr.allocate(s(), 1000, 0).unwrap();
         assert_eq!(up.live_bytes(), 1000, "passed through unchanged");
         // SAFETY: `p` came from `mr`.
-        unsafe { mr.deallocate(s(), p, 1000, 4096).unwrap() };
+        unsafe { mr.deallocate(s(), p, 1000, 0).unwrap() };
 
         let mr = AlignedResourceAdaptor::with_threshold(up.clone(), 4096, 65536).unwrap();
         let p = mr.allocate(s(), 65535, 256).unwrap();
@@ -379,6 +422,82 @@ mod tests {
         // SAFETY: a 0-byte free of null.
         unsafe { mr.deallocate(s(), DevicePtr::NULL, 0, 256).unwrap() };
         assert_eq!(up.live_allocations(), 0);
+    }
+
+    #[test]
+    fn per_call_alignment_is_honoured_not_ignored() {
+        // RMM ignores it: a 4096-aligned request of a 256-aligned adaptor came back 256-aligned.
+        let up = Scripted::new(&[256, 0x10_0100]);
+        let mr = AlignedResourceAdaptor::new(Arc::clone(&up), 256).unwrap();
+        let p = mr.allocate(s(), 1000, 4096).unwrap();
+        assert_eq!(p.addr(), 4096);
+        // Below the threshold the per-call alignment still applies.
+        let mr2 = AlignedResourceAdaptor::with_threshold(Arc::clone(&up), 4096, 65536).unwrap();
+        let q = mr2.allocate(s(), 1000, 8192).unwrap();
+        assert_eq!(q.addr(), 0x10_2000);
+        // SAFETY: each came from its adaptor with these arguments.
+        unsafe {
+            mr.deallocate(s(), p, 1000, 4096).unwrap();
+            mr2.deallocate(s(), q, 1000, 8192).unwrap();
+        }
+        assert_eq!(
+            up.calls(),
+            vec![
+                ("allocate", 256, 4096 + 3840, 1),
+                ("allocate", 0x10_0100, 8192 + 7936, 1),
+                ("free", 256, 4096 + 3840, 1),
+                ("free", 0x10_0100, 8192 + 7936, 1),
+            ]
+        );
+        // The larger of the two applies from the threshold on.
+        let up = HostMockResource::new();
+        let mr = AlignedResourceAdaptor::new(up.clone(), 8192).unwrap();
+        for a in [0, 256, 4096, 16384] {
+            let p = mr.allocate(s(), 5000, a).unwrap();
+            assert!(p.is_aligned(a.max(8192)), "{a}: {p}");
+            // SAFETY: `p` came from `mr` with these arguments.
+            unsafe { mr.deallocate(s(), p, 5000, a).unwrap() };
+        }
+        assert_eq!(up.live_allocations(), 0);
+        assert!(mr.inner.shifted().is_empty());
+    }
+
+    #[test]
+    fn bad_and_too_large_per_call_alignments_are_refused_without_upstream_call() {
+        let up = HostMockResource::new();
+        let mr = AlignedResourceAdaptor::new(up.clone(), 4096).unwrap();
+        for bad in [3, 255, 768] {
+            let e = mr.allocate(s(), 1000, bad).unwrap_err();
+            assert!(matches!(e, MrError::BadAlloc { .. }), "{bad}: {e}");
+        }
+        let e = mr.allocate(s(), 1000, 1 << 40).unwrap_err();
+        assert!(matches!(e, MrError::BadAlloc { .. }), "{e}");
+        assert_eq!(
+            crate::alignment::largest_named(&e),
+            Some(MAX_OVER_ALIGNMENT)
+        );
+        // Built with more than 2 MiB, the configured alignment is the limit.
+        let big = AlignedResourceAdaptor::new(up.clone(), 1 << 22).unwrap();
+        let e = big.allocate(s(), 1000, 1 << 23).unwrap_err();
+        assert_eq!(crate::alignment::largest_named(&e), Some(1 << 22), "{e}");
+        assert_eq!(up.allocation_calls(), 0);
+        let p = big.allocate(s(), 1000, 1 << 22).unwrap();
+        assert!(p.is_aligned(1 << 22));
+        // SAFETY: `p` came from `big` with these arguments.
+        unsafe { big.deallocate(s(), p, 1000, 1 << 22).unwrap() };
+        assert_eq!(up.live_allocations(), 0);
+    }
+
+    #[test]
+    fn misaligned_pass_through_pointer_is_rejected_and_returned() {
+        let up = Scripted::new(&[0x1080]);
+        let mr = AlignedResourceAdaptor::new(Arc::clone(&up), 256).unwrap();
+        let e = mr.allocate(s(), 100, 256).unwrap_err();
+        assert!(matches!(e, MrError::BadAlloc { .. }), "{e}");
+        assert_eq!(
+            up.calls(),
+            vec![("allocate", 0x1080, 100, 1), ("free", 0x1080, 100, 1)]
+        );
     }
 
     #[test]

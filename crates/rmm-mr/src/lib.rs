@@ -23,6 +23,7 @@
 //! no CUDA calls and are tested on machines without a GPU.
 
 pub mod aligned;
+mod alignment;
 pub mod arena;
 pub mod binning;
 #[cfg(feature = "debug-log")]
@@ -45,6 +46,7 @@ pub mod thread_safe;
 pub mod tracking;
 
 pub use aligned::AlignedResourceAdaptor;
+pub use alignment::MAX_OVER_ALIGNMENT;
 pub use arena::ArenaMemoryResource;
 pub use binning::BinningMemoryResource;
 #[cfg(feature = "debug-log")]

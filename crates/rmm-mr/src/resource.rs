@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use rmm_stream::CudaStreamView;
-use rmm_sys::{is_supported_base_resource_alignment, DevicePtr, ALLOCATION_ALIGNMENT};
+use rmm_sys::{DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{MrError, MrResult};
 
@@ -54,6 +54,34 @@ impl ResourceProperties {
 ///   [`SharedResource`] (`Arc<dyn DeviceMemoryResource>`), which is itself a resource.
 /// - A resource must be used while the device that was current at its construction is current
 ///   (containers switch devices for you).
+///
+/// # Alignment
+/// The `alignment` argument is honoured or refused, never ignored:
+/// - `0` means the default, 256 bytes; every power of two up to 256 is met (every address is
+///   256-aligned).
+/// - An alignment that is not a power of two (3, 255, 768, ...) is [`MrError::BadAlloc`] from
+///   every resource and adaptor, before anything is allocated.
+/// - A power of two above 256 is either honoured (the address is a multiple of it) or refused
+///   with [`MrError::BadAlloc`] whose message names the largest alignment the resource honours
+///   (`"... (a power of two up to 256)."`). Refused requests allocate nothing, and the
+///   statistics, tracking and limiting adaptors do not count them.
+/// - `deallocate` must be given the allocation's alignment (an over-aligned allocation is
+///   found through it).
+///
+/// | resource | largest alignment honoured |
+/// |---|---|
+/// | base resources (CUDA, managed, pinned host, `cuda_async` and its views, system, SAM headroom) and [`CallbackMemoryResource`](crate::CallbackMemoryResource) | 256 |
+/// | [`PoolMemoryResource`](crate::PoolMemoryResource), [`ArenaMemoryResource`](crate::ArenaMemoryResource) | [`MAX_OVER_ALIGNMENT`](crate::MAX_OVER_ALIGNMENT) (2 MiB), by taking up to `alignment - 256` bytes more |
+/// | [`FixedSizeMemoryResource`](crate::FixedSizeMemoryResource) | 256 |
+/// | [`BinningMemoryResource`](crate::BinningMemoryResource) | 256 in its bins; requests above 256 go to its upstream, which honours or refuses them |
+/// | [`AlignedResourceAdaptor`](crate::AlignedResourceAdaptor) | the larger of its configured alignment and 2 MiB |
+/// | the other adaptors (limiting, logging, statistics, tracking, thread-safe, failure callback, prefetch) | their upstream's |
+/// | [`HostMockResource`](crate::testing::HostMockResource) | 2 MiB |
+///
+/// (RMM's pool, arena and fixed-size resources ignore the alignment argument and its aligned
+/// adaptor the per-call one; RMM's base resources refuse alignment 0.) Sub-allocators also
+/// check what their upstream returns: a null or misaligned chunk is given back and refused with
+/// [`MrError::BadAlloc`] rather than carved into misaligned blocks.
 ///
 /// # Safety
 /// The trait is `unsafe` to implement because safe code trusts what `allocate` returns:
@@ -104,7 +132,8 @@ impl ResourceProperties {
 #[doc(alias = "rmm::device_async_resource_ref")]
 #[doc(alias = "cuda::mr::resource")]
 pub unsafe trait DeviceMemoryResource: Any + Send + Sync + fmt::Debug {
-    /// Allocates `bytes` (aligned to `alignment`, a power of two) ordered on `stream`.
+    /// Allocates `bytes` aligned to `alignment` (0 for the default, 256, or a power of two:
+    /// see [Alignment](#alignment)), ordered on `stream`.
     fn allocate(
         &self,
         stream: CudaStreamView<'_>,
@@ -264,17 +293,11 @@ pub fn resource_cast<T: DeviceMemoryResource>(resource: &dyn DeviceMemoryResourc
     resource.as_any().downcast_ref::<T>()
 }
 
-/// Checks an alignment for a base resource: a power of two no larger than 256, else
-/// `bad_alloc` (RMM #2393).
-pub(crate) fn check_base_alignment(alignment: usize) -> MrResult<()> {
-    if is_supported_base_resource_alignment(alignment) {
-        Ok(())
-    } else {
-        Err(MrError::bad_alloc(format!(
-            "Requested alignment ({alignment}) is larger than this memory resource supports \
-             (a power of two up to {ALLOCATION_ALIGNMENT})."
-        )))
-    }
+/// Checks an alignment for a base resource: 0 (the default) or a power of two no larger than
+/// 256, else `bad_alloc` (RMM #2393; see [`crate::alignment`]).
+#[inline]
+pub(crate) fn check_base_alignment(alignment: usize) -> Result<(), MrError> {
+    crate::alignment::check(alignment, ALLOCATION_ALIGNMENT).map(|_| ())
 }
 
 /// Equality for resource types whose instances share state through an `Arc`: equal when

@@ -7,8 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rmm_stream::CudaStreamView;
-use rmm_sys::{is_pow2, DevicePtr, ALLOCATION_ALIGNMENT};
+use rmm_sys::DevicePtr;
 
+use crate::alignment::{self, MAX_OVER_ALIGNMENT};
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::{same_shared_state, DeviceMemoryResource, ResourceProperties};
 
@@ -25,6 +26,10 @@ struct Mock {
 /// out-of-memory failures. It makes no CUDA call, so adaptors and sub-allocators can be tested
 /// and benchmarked on a machine without a GPU. The memory is host memory: never hand it to a
 /// kernel. Copies share state and are equal.
+///
+/// Alignments follow the crate's rule: 0 is 256, every power of two up to
+/// [`MAX_OVER_ALIGNMENT`] (2 MiB) is honoured, a larger one or one that is not a power of two is
+/// [`MrError::BadAlloc`].
 ///
 /// Every free is checked against the live set: unknown pointers, double frees and size
 /// mismatches are [`MrError::InvalidFree`].
@@ -92,9 +97,7 @@ unsafe impl DeviceMemoryResource for HostMockResource {
         alignment: usize,
     ) -> MrResult<DevicePtr> {
         self.inner.last_alignment.store(alignment, Ordering::SeqCst);
-        if !is_pow2(alignment) {
-            return Err(MrError::bad_alloc(format!("invalid alignment {alignment}")));
-        }
+        let align = alignment::check(alignment, MAX_OVER_ALIGNMENT)?;
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
@@ -108,7 +111,6 @@ unsafe impl DeviceMemoryResource for HostMockResource {
         if fail {
             return Err(oom());
         }
-        let align = alignment.max(ALLOCATION_ALIGNMENT);
         let layout = Layout::from_size_align(bytes, align).map_err(|_| oom())?;
         // SAFETY: non-zero size.
         let p = unsafe { std::alloc::alloc(layout) };

@@ -12,14 +12,15 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use conformance::{ensure, trials, Subject, GIB, KIB, MIB};
+use conformance::{alignment_trials, ensure, trials, Subject, GIB, KIB, MIB};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use rmm_mr::logging::{parse_log, Action, MemoryEvent};
 use rmm_mr::testing::HostMockResource;
 use rmm_mr::{
-    AlignedResourceAdaptor, CudaAsyncMemoryResource, CudaMemoryResource, DeviceMemoryResource,
-    FailureCallbackResourceAdaptor, LimitingResourceAdaptor, LoggingResourceAdaptor,
-    ManagedMemoryResource, MrError, PrefetchResourceAdaptor, SharedResource,
+    AlignedResourceAdaptor, ArenaMemoryResource, BinningMemoryResource, CudaAsyncMemoryResource,
+    CudaMemoryResource, DeviceMemoryResource, FailureCallbackResourceAdaptor,
+    FixedSizeMemoryResource, LimitingResourceAdaptor, LoggingResourceAdaptor,
+    ManagedMemoryResource, MrError, PoolMemoryResource, PrefetchResourceAdaptor, SharedResource,
     StatisticsResourceAdaptor, ThreadSafeResourceAdaptor, TrackingResourceAdaptor,
 };
 use rmm_stream::{CudaStream, CudaStreamView};
@@ -156,6 +157,97 @@ fn subjects() -> Vec<Subject> {
         })
         .unsupported_when(no_pools),
     ]
+}
+
+/// Every adaptor over a sub-allocator (pool, arena, fixed-size, binning over cuda), for the
+/// alignment rows only: an adaptor honours what its upstream honours and refuses the rest.
+fn alignment_subjects() -> Vec<Subject> {
+    fn pool() -> Result<PoolMemoryResource<CudaMemoryResource>, MrError> {
+        PoolMemoryResource::new(CudaMemoryResource::new(), 0, None)
+    }
+    fn arena() -> Result<ArenaMemoryResource<CudaMemoryResource>, MrError> {
+        ArenaMemoryResource::new(CudaMemoryResource::new(), Some(GIB), false)
+    }
+    fn fixed() -> Result<FixedSizeMemoryResource<CudaMemoryResource>, MrError> {
+        FixedSizeMemoryResource::new(CudaMemoryResource::new())
+    }
+    fn binning() -> Result<BinningMemoryResource<CudaMemoryResource>, MrError> {
+        BinningMemoryResource::with_exponents(CudaMemoryResource::new(), 18, 22)
+    }
+    vec![
+        Subject::new("aligned_4096_over_pool", || {
+            Ok(arc(AlignedResourceAdaptor::new(pool()?, 4096)?))
+        }),
+        Subject::new("aligned_over_arena", || {
+            Ok(arc(AlignedResourceAdaptor::new(arena()?, 256)?))
+        }),
+        Subject::new("statistics_over_arena", || {
+            Ok(arc(StatisticsResourceAdaptor::new(arena()?)))
+        }),
+        Subject::new("tracking_over_fixed_size", || {
+            Ok(arc(TrackingResourceAdaptor::new(fixed()?, false)))
+        }),
+        Subject::new("limiting_over_binning", || {
+            Ok(arc(LimitingResourceAdaptor::new(binning()?, GIB)))
+        }),
+        Subject::new("logging_over_pool", || {
+            Ok(arc(LoggingResourceAdaptor::new(
+                pool()?,
+                scratch_file("alignment"),
+            )?))
+        }),
+        Subject::new("thread_safe_over_binning", || {
+            Ok(arc(ThreadSafeResourceAdaptor::new(binning()?)))
+        }),
+        Subject::new("failure_callback_over_fixed_size", || {
+            Ok(arc(FailureCallbackResourceAdaptor::new(fixed()?, |_| {
+                false
+            })))
+        }),
+        Subject::new("prefetch_over_pool", || {
+            Ok(arc(PrefetchResourceAdaptor::new(pool()?)))
+        }),
+    ]
+}
+
+/// Statistics, tracking and limiting adaptors do not count a request their upstream refuses
+/// for its alignment.
+fn refused_alignments_are_not_counted() -> Result<Completion, Failed> {
+    let stats = StatisticsResourceAdaptor::new(CudaMemoryResource::new());
+    let tracking = TrackingResourceAdaptor::new(
+        FixedSizeMemoryResource::new(CudaMemoryResource::new())?,
+        false,
+    );
+    let limiting = LimitingResourceAdaptor::new(CudaMemoryResource::new(), GIB);
+    let s = CudaStreamView::default();
+    for mr in [&stats as &dyn DeviceMemoryResource, &tracking, &limiting] {
+        for alignment in [3, 768, 4096, 1 << 40] {
+            let r = mr.allocate(s, KIB, alignment);
+            ensure(
+                matches!(r, Err(MrError::BadAlloc { .. })),
+                format!("alignment {alignment}: {r:?}, not BadAlloc"),
+            )?;
+        }
+    }
+    let (bytes, allocations) = stats.counters();
+    ensure(
+        (
+            bytes.value,
+            bytes.total,
+            allocations.value,
+            allocations.total,
+        ) == (0, 0, 0, 0),
+        format!("statistics counted refused requests: {bytes:?} {allocations:?}"),
+    )?;
+    ensure(
+        tracking.allocated_bytes() == 0 && tracking.outstanding_allocations().is_empty(),
+        "tracking counted refused requests",
+    )?;
+    ensure(
+        limiting.allocated_bytes() == 0,
+        "limiting counted refused requests",
+    )?;
+    done()
 }
 
 // --- cccl_adaptor_tests / adaptor_tests: value semantics over cuda ----------------------------
@@ -568,6 +660,7 @@ fn main() {
     std::env::set_var(rmm_mr::debug_log::DEBUG_LOG_FILE_ENV, env_debug_log_file());
 
     let mut all: Vec<Trial> = subjects().iter().flat_map(trials).collect();
+    all.extend(alignment_subjects().iter().flat_map(alignment_trials));
     all.extend(value_semantics_trials());
     all.extend([
         gpu(
@@ -575,6 +668,10 @@ fn main() {
             aligned_rejects_invalid_alignment,
         ),
         gpu("aligned::align_real_pointer", aligned_real_pointers),
+        gpu(
+            "alignment::refused_requests_are_not_counted",
+            refused_alignments_are_not_counted,
+        ),
         gpu("logger::filename_constructor", logger_filename_constructor),
         gpu("logger::multi_sink_constructor", logger_multi_sink),
         gpu("logger::allocate_failure", logger_allocate_failure),

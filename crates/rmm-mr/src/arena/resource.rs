@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, Rw
 use rmm_stream::CudaStreamView;
 use rmm_sys::DevicePtr;
 
+use crate::alignment::{self, OverAligned, MAX_OVER_ALIGNMENT};
 use crate::error::MrResult;
 use crate::resource::{
     same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
@@ -26,9 +27,12 @@ use cell::{ArenaCell, ArenaKey, ArenaSlot};
 use fence::EventPool;
 use state::State;
 
-/// The alignment of the upstream allocation (and of every block: the arena ignores the
-/// alignment argument, as RMM's does).
+/// The alignment of the upstream allocation (and of every block; larger alignments are served
+/// from larger blocks).
 const UPSTREAM_ALIGNMENT: usize = rmm_sys::ALLOCATION_ALIGNMENT;
+
+/// The name in messages.
+const NAME: &str = "arena_memory_resource";
 
 /// The `log` target of the memory dump written on allocation failure when
 /// [`ArenaOptions::dump_log_on_failure`] is set (RMM writes it to a logger named
@@ -76,8 +80,8 @@ pub struct ArenaOptions {
 ///   logging a memory dump when [`ArenaOptions::dump_log_on_failure`] is set (see
 ///   [`DUMP_LOG_TARGET`], [`memory_dump`](Self::memory_dump)).
 /// - `allocate(_, 0, _)` is the null pointer; `deallocate` of the null pointer or of 0 bytes
-///   is a no-op. Sizes are rounded up to 256 bytes (or to size classes); the alignment argument
-///   is ignored (every block is 256-aligned).
+///   is a no-op. Sizes are rounded up to 256 bytes (or to size classes); every block is
+///   256-aligned.
 /// - Clones share the arena and compare equal; separately built arenas are unequal.
 ///
 /// # Better than RMM
@@ -118,6 +122,10 @@ pub struct ArenaOptions {
 ///   any event other streams left in its arena) completed, so their new owner cannot overwrite
 ///   memory the thread's last work still reads. The guard holds the resource weakly: a thread
 ///   outliving the resource does nothing.
+/// - **Alignment is honoured or refused.** RMM ignores the alignment argument. Here an
+///   alignment above 256 is honoured up to [`MAX_OVER_ALIGNMENT`]
+///   by taking a block `alignment - 256` bytes larger, and refused above it (see the trait's
+///   "Alignment"); an upstream allocation that is not 256-aligned is given back and refused.
 /// - **No unbounded growth with short-lived streams**: defragmentation retires every local
 ///   arena (a stream's arena is recreated on its next use), so arenas of destroyed streams do
 ///   not pile up.
@@ -129,12 +137,15 @@ pub struct ArenaOptions {
 #[doc(alias = "rmm::mr::arena_memory_resource")]
 pub struct ArenaMemoryResource<U: DeviceMemoryResource = SharedResource> {
     inner: Arc<State<U>>,
+    /// Allocations made with an alignment above 256 (shared by the clones).
+    over_aligned: Arc<OverAligned>,
 }
 
 impl<U: DeviceMemoryResource> Clone for ArenaMemoryResource<U> {
     fn clone(&self) -> Self {
         Self {
             inner: Arc::clone(&self.inner),
+            over_aligned: Arc::clone(&self.over_aligned),
         }
     }
 }
@@ -161,6 +172,7 @@ impl<U: DeviceMemoryResource> ArenaMemoryResource<U> {
     pub fn with_options(upstream: U, options: ArenaOptions) -> MrResult<Self> {
         Ok(Self {
             inner: Arc::new(State::new(upstream, options)?),
+            over_aligned: Arc::default(),
         })
     }
 
@@ -212,13 +224,17 @@ impl<U: DeviceMemoryResource> fmt::Debug for ArenaMemoryResource<U> {
 // this trait's contract) handed out and this resource holds until it is dropped; a block is
 // handed out again only after it was freed, ordered after the freeing stream's work.
 unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for ArenaMemoryResource<U> {
-    /// Allocates `bytes` for `stream`; `alignment` is ignored (blocks are 256-aligned).
+    /// Allocates `bytes` for `stream`, aligned to `alignment` (see the type's documentation).
     fn allocate(
         &self,
         stream: CudaStreamView<'_>,
         bytes: usize,
-        _alignment: usize,
+        alignment: usize,
     ) -> MrResult<DevicePtr> {
+        let alignment = alignment::check(alignment, MAX_OVER_ALIGNMENT)?;
+        if alignment > UPSTREAM_ALIGNMENT {
+            return self.allocate_over_aligned(stream, bytes, alignment);
+        }
         self.inner.allocate(stream, bytes)
     }
 
@@ -227,8 +243,15 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for ArenaMemoryResourc
         stream: CudaStreamView<'_>,
         ptr: DevicePtr,
         bytes: usize,
-        _alignment: usize,
+        alignment: usize,
     ) -> MrResult<()> {
+        if let Some(alignment) = alignment::over_aligned(alignment, MAX_OVER_ALIGNMENT) {
+            return self
+                .over_aligned
+                .deallocate(ptr, bytes, alignment, |block, size| {
+                    self.inner.deallocate(stream, block, size)
+                });
+        }
         self.inner.deallocate(stream, ptr, bytes)
     }
 
@@ -242,6 +265,30 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for ArenaMemoryResourc
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+impl<U: DeviceMemoryResource> ArenaMemoryResource<U> {
+    /// `bytes` aligned to `alignment` (above 256), from a larger block.
+    #[cold]
+    fn allocate_over_aligned(
+        &self,
+        stream: CudaStreamView<'_>,
+        bytes: usize,
+        alignment: usize,
+    ) -> MrResult<DevicePtr> {
+        let give_back = |block, size| {
+            if let Err(e) = self.inner.deallocate(stream, block, size) {
+                log::error!("rmm: {NAME} could not take back block {block}: {e}");
+            }
+        };
+        self.over_aligned.allocate(
+            bytes,
+            alignment,
+            NAME,
+            |size| self.inner.allocate(stream, size),
+            give_back,
+        )
     }
 }
 

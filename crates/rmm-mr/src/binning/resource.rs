@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 
 use rmm_stream::CudaStreamView;
-use rmm_sys::DevicePtr;
+use rmm_sys::{DevicePtr, ALLOCATION_ALIGNMENT};
 
+use crate::alignment;
 use crate::binning::routes::BinRoutes;
 use crate::binning::table::{exponent_sizes, rounded_bin_size, BinTable, BinningError};
 use crate::error::{MrError, MrResult};
@@ -54,6 +55,25 @@ impl<U: DeviceMemoryResource> Binning<U> {
             None => Route::Upstream,
         }
     }
+
+    /// Calls `f` with the resource a request of `bytes` with this (normalized) `alignment`
+    /// goes to: the upstream for alignments above 256, else the bin or the upstream by size.
+    #[inline]
+    fn on_route<R>(
+        &self,
+        bytes: usize,
+        alignment: usize,
+        f: impl FnOnce(&dyn DeviceMemoryResource) -> R,
+    ) -> R {
+        if alignment > ALLOCATION_ALIGNMENT {
+            return f(&*self.upstream);
+        }
+        match self.route(bytes) {
+            Route::Bin(bin) => f(&**bin),
+            Route::Owned(bin) => f(&*bin),
+            Route::Upstream => f(&*self.upstream),
+        }
+    }
 }
 
 /// Why a bin could not be added.
@@ -87,6 +107,11 @@ impl From<AddBinError> for MrError {
 /// - Deallocation routes by `bytes` exactly as allocation did, so `bytes` must be the
 ///   allocation's. A request of 0 bytes goes to the smallest bin (which returns
 ///   [`DevicePtr::NULL`]), or to the upstream when there is none. The alignment is forwarded.
+/// - Beyond RMM: an alignment that is not a power of two (or 0, the default) is
+///   [`MrError::BadAlloc`]; a request with an alignment above 256 goes to the upstream whatever
+///   its size (fixed-size bins hand out 256-aligned blocks only), which honours or refuses it,
+///   and so does its deallocation. A pointer that is not aligned as asked is given back to the
+///   resource it came from and refused.
 /// - Beyond RMM: [`add_bin`](Self::add_bin) is thread-safe. Adding a bin takes a lock and
 ///   publishes a new immutable version of the routes; allocation and deallocation read the
 ///   current version without any lock (beyond 64 bins, through a reader-writer lock). Adding a
@@ -231,11 +256,22 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for BinningMemoryResou
         bytes: usize,
         alignment: usize,
     ) -> MrResult<DevicePtr> {
-        match self.inner.route(bytes) {
-            Route::Bin(bin) => bin.allocate(stream, bytes, alignment),
-            Route::Owned(bin) => bin.allocate(stream, bytes, alignment),
-            Route::Upstream => self.inner.upstream.allocate(stream, bytes, alignment),
-        }
+        let required = alignment::check_valid(alignment)?;
+        self.inner.on_route(bytes, required, |mr| {
+            let ptr = mr.allocate(stream, bytes, alignment)?;
+            if ptr.is_aligned(required) {
+                return Ok(ptr);
+            }
+            // SAFETY: `ptr` was just allocated from `mr` with these arguments, never handed out.
+            if let Err(e) = unsafe { mr.deallocate(stream, ptr, bytes, alignment) } {
+                log::error!("rmm: binning_memory_resource could not give {ptr} back: {e}");
+            }
+            Err(alignment::misaligned_upstream(
+                ptr,
+                required,
+                "binning_memory_resource",
+            ))
+        })
     }
 
     unsafe fn deallocate(
@@ -245,18 +281,13 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for BinningMemoryResou
         bytes: usize,
         alignment: usize,
     ) -> MrResult<()> {
-        match self.inner.route(bytes) {
-            // SAFETY: the trait's contract; `bytes` routes to the resource that allocated.
-            Route::Bin(bin) => unsafe { bin.deallocate(stream, ptr, bytes, alignment) },
-            // SAFETY: as above.
-            Route::Owned(bin) => unsafe { bin.deallocate(stream, ptr, bytes, alignment) },
-            // SAFETY: as above.
-            Route::Upstream => unsafe {
-                self.inner
-                    .upstream
-                    .deallocate(stream, ptr, bytes, alignment)
-            },
-        }
+        // An alignment no allocation could have had routes by size, as a default one.
+        let required = alignment::normalized(alignment).unwrap_or(ALLOCATION_ALIGNMENT);
+        self.inner.on_route(bytes, required, |mr| {
+            // SAFETY: the trait's contract; `bytes` and `alignment` route to the resource that
+            // allocated.
+            unsafe { mr.deallocate(stream, ptr, bytes, alignment) }
+        })
     }
 
     fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {

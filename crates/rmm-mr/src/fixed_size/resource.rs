@@ -8,6 +8,7 @@ use std::sync::Arc;
 use rmm_stream::CudaStreamView;
 use rmm_sys::{align_up, DevicePtr, ALLOCATION_ALIGNMENT};
 
+use crate::alignment;
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::fixed_size::block_table::{BlockLedger, BlockTable};
 use crate::fixed_size::free_list::{rounded_block_size, FixedSizeError};
@@ -144,6 +145,9 @@ impl<U: DeviceMemoryResource> Drop for FixedSize<U> {
     }
 }
 
+/// The name in messages.
+const NAME: &str = "fixed_size_memory_resource";
+
 /// Hands out blocks of one size from chunks of its upstream (RMM's
 /// `fixed_size_memory_resource`), with the same per-stream free lists, stealing, merging and
 /// events as [`PoolMemoryResource`](crate::PoolMemoryResource) (the two share one
@@ -151,8 +155,10 @@ impl<U: DeviceMemoryResource> Drop for FixedSize<U> {
 ///
 /// - The block size is rounded up to 256; any request up to it takes one whole block, O(1)
 ///   (a FIFO list per stream); a larger request is out-of-memory `"Maximum allocation size
-///   exceeded (failed to allocate X)"`. `allocate(_, 0, _)` is [`DevicePtr::NULL`]; the
-///   alignment argument is ignored (blocks are 256-aligned).
+///   exceeded (failed to allocate X)"`. `allocate(_, 0, _)` is [`DevicePtr::NULL`]. Blocks are
+///   256-aligned: beyond RMM (which ignores the alignment argument), a larger alignment is
+///   refused with [`MrError::BadAlloc`] naming 256, and an upstream chunk that is not
+///   256-aligned is given back and refused.
 /// - Construction takes one chunk of `block_size * blocks_to_preallocate` bytes on the legacy
 ///   stream; when every block is in use, another whole chunk is taken on the requesting stream
 ///   (an upstream failure is passed on). Dropping the resource returns every chunk.
@@ -217,10 +223,13 @@ impl<U: DeviceMemoryResource> FixedSizeMemoryResource<U> {
             chunk_size,
             upstream,
         };
+        let stream = CudaStreamView::legacy();
+        let ptr = fixed
+            .upstream
+            .allocate(stream, chunk_size, ALLOCATION_ALIGNMENT)?;
+        // SAFETY: the upstream just handed out this chunk on `stream` for `chunk_size` bytes.
         let ptr =
-            fixed
-                .upstream
-                .allocate(CudaStreamView::legacy(), chunk_size, ALLOCATION_ALIGNMENT)?;
+            unsafe { alignment::accept_chunk(&fixed.upstream, stream, ptr, chunk_size, NAME)? };
         fixed.core.add_initial_chunk(ptr, chunk_size)?;
         Ok(Self {
             inner: Arc::new(fixed),
@@ -271,8 +280,9 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for FixedSizeMemoryRes
         &self,
         stream: CudaStreamView<'_>,
         bytes: usize,
-        _alignment: usize,
+        alignment: usize,
     ) -> MrResult<DevicePtr> {
+        alignment::check(alignment, ALLOCATION_ALIGNMENT)?;
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
@@ -289,10 +299,14 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for FixedSizeMemoryRes
         // `block_size` is a multiple of 256, so this cannot overflow past it.
         let size = align_up(bytes, ALLOCATION_ALIGNMENT);
         inner.core.allocate(stream, size, |_| {
+            let size = inner.chunk_size;
             let chunk = inner
                 .upstream
-                .allocate(stream, inner.chunk_size, ALLOCATION_ALIGNMENT)?;
-            Ok((chunk, inner.chunk_size))
+                .allocate(stream, size, ALLOCATION_ALIGNMENT)?;
+            // SAFETY: the upstream just handed out this chunk on `stream` for `size` bytes.
+            let chunk =
+                unsafe { alignment::accept_chunk(&inner.upstream, stream, chunk, size, NAME)? };
+            Ok((chunk, size))
         })
     }
 
@@ -395,7 +409,7 @@ mod tests {
         );
         let mut blocks: Vec<DevicePtr> = [1, 256, 1000, 1024]
             .iter()
-            .map(|&b| r.allocate(s(), b, 4096).unwrap())
+            .map(|&b| r.allocate(s(), b, 0).unwrap())
             .collect();
         let mut addrs: Vec<u64> = blocks.iter().map(|b| b.addr()).collect();
         addrs.sort_unstable();

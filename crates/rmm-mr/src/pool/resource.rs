@@ -7,6 +7,7 @@ use std::sync::Arc;
 use rmm_stream::CudaStreamView;
 use rmm_sys::{checked_align_up, DevicePtr, ALLOCATION_ALIGNMENT};
 
+use crate::alignment::{self, OverAligned, MAX_OVER_ALIGNMENT};
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::pool::free_list::{Block, CoalescingFreeList};
 use crate::pool::growth::{format_bytes, try_to_expand, PoolSizes};
@@ -86,6 +87,8 @@ struct Pool<U: DeviceMemoryResource> {
     core: StreamOrdered<PoolBlocks>,
     sizes: PoolSizes,
     upstream: U,
+    /// Allocations made with an alignment above 256.
+    over_aligned: OverAligned,
 }
 
 impl<U: DeviceMemoryResource> Pool<U> {
@@ -134,7 +137,9 @@ fn grow<U: DeviceMemoryResource>(
             })
     });
     match (grown, last) {
-        (Ok(g), _) => Ok((g.chunk, g.size)),
+        // SAFETY: the upstream just handed out this chunk on `stream` for `g.size` bytes.
+        (Ok(g), _) => unsafe { alignment::accept_chunk(upstream, stream, g.chunk, g.size, NAME) }
+            .map(|chunk| (chunk, g.size)),
         (Err(_), Some(e)) if e.is_no_device() => Err(e),
         (Err(oom), _) => {
             log::error!("rmm: pool_memory_resource: {oom}");
@@ -150,6 +155,9 @@ impl<U: DeviceMemoryResource> Drop for Pool<U> {
     }
 }
 
+/// The name in messages.
+const NAME: &str = "pool_memory_resource";
+
 /// A coalescing best-fit sub-allocator with per-stream free lists (RMM's
 /// `pool_memory_resource`). It takes large chunks from its upstream and carves allocations out
 /// of them, stream-ordered: memory freed on one stream is reused on another only after that
@@ -162,8 +170,10 @@ impl<U: DeviceMemoryResource> Drop for Pool<U> {
 ///   initial size is one upstream chunk of exactly that size, obtained on the legacy stream
 ///   (failure: out-of-memory).
 /// - `allocate(_, 0, _)` is [`DevicePtr::NULL`] and touches nothing; sizes are rounded up to
-///   256; the alignment argument is ignored (every block is 256-aligned, a larger alignment is
-///   not honoured: use an aligned adaptor).
+///   256. Beyond RMM (which ignores the alignment argument), an alignment above 256 is
+///   honoured up to [`MAX_OVER_ALIGNMENT`] by taking a block
+///   `alignment - 256` bytes larger, and refused above it (see the trait's "Alignment"); an
+///   upstream chunk that is not 256-aligned is given back and refused.
 /// - A request is served from this stream's list (best fit, ties to the lowest address), else by
 ///   stealing one block from another stream's list, else by merging other lists into this one,
 ///   else by growing: without a maximum the pool at least doubles; with one, it takes half the
@@ -243,6 +253,7 @@ impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
             core: StreamOrdered::new(PoolBlocks::default()),
             sizes,
             upstream,
+            over_aligned: OverAligned::default(),
         };
         if initial_pool_size > 0 {
             let (ptr, size) = grow(
@@ -318,8 +329,52 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for PoolMemoryResource
         &self,
         stream: CudaStreamView<'_>,
         bytes: usize,
-        _alignment: usize,
+        alignment: usize,
     ) -> MrResult<DevicePtr> {
+        let alignment = alignment::check(alignment, MAX_OVER_ALIGNMENT)?;
+        if alignment > ALLOCATION_ALIGNMENT {
+            return self.allocate_over_aligned(stream, bytes, alignment);
+        }
+        self.allocate_block(stream, bytes)
+    }
+
+    unsafe fn deallocate(
+        &self,
+        stream: CudaStreamView<'_>,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+    ) -> MrResult<()> {
+        if let Some(alignment) = alignment::over_aligned(alignment, MAX_OVER_ALIGNMENT) {
+            return self
+                .inner
+                .over_aligned
+                .deallocate(ptr, bytes, alignment, |block, size| {
+                    // SAFETY: the trait's contract, for the block the allocation lies in.
+                    unsafe { self.inner.core.deallocate(stream, block, size) }
+                });
+        }
+        // SAFETY: the trait's contract.
+        unsafe { self.inner.core.deallocate(stream, ptr, bytes) }
+    }
+
+    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
+        same_shared_state::<Self, _>(other, &self.inner, |o| &o.inner)
+    }
+
+    fn properties(&self) -> ResourceProperties {
+        self.inner.upstream.properties()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
+    /// A block of `bytes` (rounded up to 256) on `stream`.
+    #[inline]
+    fn allocate_block(&self, stream: CudaStreamView<'_>, bytes: usize) -> MrResult<DevicePtr> {
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
@@ -338,27 +393,27 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for PoolMemoryResource
         })
     }
 
-    unsafe fn deallocate(
+    /// `bytes` aligned to `alignment` (above 256), from a larger block.
+    #[cold]
+    fn allocate_over_aligned(
         &self,
         stream: CudaStreamView<'_>,
-        ptr: DevicePtr,
         bytes: usize,
-        _alignment: usize,
-    ) -> MrResult<()> {
-        // SAFETY: the trait's contract.
-        unsafe { self.inner.core.deallocate(stream, ptr, bytes) }
-    }
-
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        same_shared_state::<Self, _>(other, &self.inner, |o| &o.inner)
-    }
-
-    fn properties(&self) -> ResourceProperties {
-        self.inner.upstream.properties()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
+        alignment: usize,
+    ) -> MrResult<DevicePtr> {
+        let give_back = |block, size| {
+            // SAFETY: the block was just allocated here on `stream` and never handed out.
+            if let Err(e) = unsafe { self.inner.core.deallocate(stream, block, size) } {
+                log::error!("rmm: {NAME} could not take back block {block}: {e}");
+            }
+        };
+        self.inner.over_aligned.allocate(
+            bytes,
+            alignment,
+            NAME,
+            |size| self.allocate_block(stream, size),
+            give_back,
+        )
     }
 }
 
@@ -473,11 +528,11 @@ mod tests {
     }
 
     #[test]
-    fn rounds_to_256_reuses_freed_blocks_and_ignores_alignment() {
+    fn rounds_to_256_and_reuses_freed_blocks() {
         let (p, mock) = pool(4096, None);
         let a = p.allocate(s(), 1, 256).unwrap();
-        let b = p.allocate(s(), 1, 4096).unwrap();
-        let c = p.allocate(s(), 300, 3).unwrap();
+        let b = p.allocate(s(), 1, 0).unwrap();
+        let c = p.allocate(s(), 300, 64).unwrap();
         assert!(a.is_aligned(256) && b.is_aligned(256) && c.is_aligned(256));
         assert_eq!(b.addr(), a.addr() + 256);
         assert_eq!(c.addr(), b.addr() + 256);

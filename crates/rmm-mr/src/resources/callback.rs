@@ -5,8 +5,9 @@ use std::fmt;
 use std::sync::Arc;
 
 use rmm_stream::CudaStreamView;
-use rmm_sys::DevicePtr;
+use rmm_sys::{DevicePtr, ALLOCATION_ALIGNMENT};
 
+use crate::alignment;
 use crate::error::MrResult;
 use crate::resource::{same_shared_state, DeviceMemoryResource};
 
@@ -23,8 +24,13 @@ struct Callbacks {
 
 /// A resource that delegates to user closures (RMM's `callback_memory_resource`, with closures
 /// in place of C function pointers plus `void*` arguments, so captured state lives exactly as
-/// long as the resource). The alignment argument is not passed on. Copies share the closures
-/// and are equal; separately built resources are not.
+/// long as the resource). The alignment argument is not passed on: the closures promise 256
+/// bytes, so 0 and powers of two up to 256 are accepted and anything else is
+/// [`MrError::BadAlloc`](crate::MrError::BadAlloc) before the closure is called (RMM ignores
+/// the argument). A non-null pointer the allocation closure returns that is not 256-byte
+/// aligned goes back to the deallocation closure at once and the allocation fails with
+/// [`MrError::BadAlloc`](crate::MrError::BadAlloc). Copies share the closures and are equal;
+/// separately built resources are not.
 #[doc(alias = "rmm::mr::callback_memory_resource")]
 #[derive(Clone)]
 pub struct CallbackMemoryResource {
@@ -75,9 +81,21 @@ unsafe impl DeviceMemoryResource for CallbackMemoryResource {
         &self,
         stream: CudaStreamView<'_>,
         bytes: usize,
-        _alignment: usize,
+        alignment: usize,
     ) -> MrResult<DevicePtr> {
-        (self.inner.allocate)(bytes, stream)
+        alignment::check(alignment, ALLOCATION_ALIGNMENT)?;
+        let ptr = (self.inner.allocate)(bytes, stream)?;
+        if ptr.is_aligned(ALLOCATION_ALIGNMENT) {
+            return Ok(ptr);
+        }
+        if let Err(e) = (self.inner.deallocate)(ptr, bytes, stream) {
+            log::error!("rmm: callback_memory_resource could not give {ptr} back: {e}");
+        }
+        Err(alignment::misaligned_upstream(
+            ptr,
+            ALLOCATION_ALIGNMENT,
+            "callback_memory_resource",
+        ))
     }
 
     unsafe fn deallocate(

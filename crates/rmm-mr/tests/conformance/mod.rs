@@ -7,6 +7,8 @@
 
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
+pub mod alignment;
+
 use std::sync::mpsc;
 use std::sync::Arc;
 
@@ -102,7 +104,26 @@ pub fn trial(prefix: &str, subject: &Subject, case: &str, body: Body) -> Trial {
     })
 }
 
-/// Every case of the suites the subject runs (5 basic, 9 allocation, 15 multithreaded).
+/// The alignment rows (the trait's "Alignment" rule), which every subject runs.
+const ALIGNMENT_CASES: [(&str, Body); 3] = [
+    ("alignment_zero_is_default", alignment_zero_is_default),
+    ("alignment_not_pow2_is_error", alignment_not_pow2_is_error),
+    (
+        "alignment_large_honoured_or_refused",
+        alignment_large_honoured_or_refused,
+    ),
+];
+
+/// Only the alignment rows, for subjects that need no more.
+pub fn alignment_trials(subject: &Subject) -> Vec<Trial> {
+    ALIGNMENT_CASES
+        .into_iter()
+        .map(|(case, body)| trial("conformance", subject, case, body))
+        .collect()
+}
+
+/// Every case of the suites the subject runs (5 basic, 9 allocation, 15 multithreaded) and the
+/// 3 alignment rows.
 pub fn trials(subject: &Subject) -> Vec<Trial> {
     let mut cases: Vec<(&str, Body)> = vec![
         (
@@ -182,6 +203,7 @@ pub fn trials(subject: &Subject) -> Vec<Trial> {
             ),
         ]);
     }
+    cases.extend(ALIGNMENT_CASES);
     cases
         .into_iter()
         .map(|(case, body)| trial("conformance", subject, case, body))
@@ -643,6 +665,39 @@ fn alloc_free_threads_different_stream(s: &Subject) -> Result<(), Failed> {
     let a = CudaStream::with_default_flags()?;
     let b = CudaStream::with_default_flags()?;
     producer_consumer(&*s.make()?, a.view(), b.view())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Alignment rows (the checks live in `alignment`, shared with the CPU test over host memory)
+
+/// Runs `check` with the synchronous API and on an owned stream.
+fn on_sync_and_stream(
+    s: &Subject,
+    check: impl Fn(&dyn DeviceMemoryResource, alignment::How<'_>) -> Result<(), String>,
+) -> Result<(), Failed> {
+    let mr = s.make()?;
+    let stream = CudaStream::with_default_flags()?;
+    check(&*mr, alignment::How::Sync).map_err(|e| format!("synchronous API: {e}"))?;
+    check(&*mr, alignment::How::Stream(stream.view())).map_err(|e| format!("on a stream: {e}"))?;
+    stream.synchronize()?;
+    Ok(())
+}
+
+fn alignment_zero_is_default(s: &Subject) -> Result<(), Failed> {
+    on_sync_and_stream(s, alignment::zero_is_default)
+}
+
+fn alignment_not_pow2_is_error(s: &Subject) -> Result<(), Failed> {
+    on_sync_and_stream(s, alignment::not_pow2_is_error)
+}
+
+fn alignment_large_honoured_or_refused(s: &Subject) -> Result<(), Failed> {
+    on_sync_and_stream(s, |mr, how| {
+        for bytes in [1000, 300 * KIB] {
+            alignment::large_honoured_or_refused(mr, how, bytes)?;
+        }
+        Ok(())
+    })
 }
 
 /// Keeps a device current for a scope in helpers that need one.

@@ -96,7 +96,13 @@ impl<U: DeviceMemoryResource> State<U> {
             // No device: nothing to synchronize with (a host-memory upstream in tests).
             upstream.allocate(CudaStreamView::default(), size, UPSTREAM_ALIGNMENT)?
         };
-        let arena = match GlobalArena::new(base.addr(), size) {
+        let arena = match crate::alignment::check_chunk(base, super::NAME).and_then(|()| {
+            GlobalArena::new(base.addr(), size).map_err(|e| {
+                MrError::invalid_argument(format!(
+                    "the upstream allocation cannot hold an arena: {e}"
+                ))
+            })
+        }) {
             Ok(arena) => arena,
             Err(e) => {
                 // SAFETY: `base` was just allocated from `upstream` with these arguments and
@@ -105,9 +111,7 @@ impl<U: DeviceMemoryResource> State<U> {
                 if let Err(free_error) = freed {
                     log::error!("arena: returning the upstream allocation failed: {free_error}");
                 }
-                return Err(MrError::invalid_argument(format!(
-                    "the upstream allocation cannot hold an arena: {e}"
-                )));
+                return Err(e);
             }
         };
         Ok(Self {
