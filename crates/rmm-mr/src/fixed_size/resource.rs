@@ -9,6 +9,7 @@ use rmm_stream::CudaStreamView;
 use rmm_sys::{align_up, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::alignment;
+use crate::cross_thread::Origin;
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::fixed_size::block_table::{BlockLedger, BlockTable};
 use crate::fixed_size::free_list::{rounded_block_size, FixedSizeError};
@@ -99,31 +100,33 @@ impl FreeBlocks for FixedBlocks {
     }
 
     #[inline]
-    fn hand_out(&mut self, addr: u64, size: usize, _tag: ()) -> Result<(), String> {
-        let mut r = self.table.hand_out(addr, size);
+    fn hand_out(&mut self, addr: u64, size: usize, _tag: (), origin: Origin) -> Result<(), String> {
+        let origin = origin.to_word();
+        let mut r = self.table.hand_out_tagged(addr, size, origin);
         if let Err(FixedSizeError::UnknownAddress { .. }) = r {
             self.refresh();
-            r = self.table.hand_out(addr, size);
+            r = self.table.hand_out_tagged(addr, size, origin);
         }
         r.map_err(|e| e.to_string())
     }
 
     #[inline]
-    fn take_back(&mut self, addr: u64, size: usize) -> Result<(), Option<InvalidFree>> {
-        let mut r = self.table.take_back(addr, size);
+    fn take_back(&mut self, addr: u64, size: usize) -> Result<((), Origin), Option<InvalidFree>> {
+        let mut r = self.table.take_back_tagged(addr, size);
         if let Err(FixedSizeError::UnknownAddress { .. }) = r {
             self.refresh();
-            r = self.table.take_back(addr, size);
+            r = self.table.take_back_tagged(addr, size);
         }
-        r.map_err(|e| {
-            Some(match e {
-                FixedSizeError::DoubleFree { .. } => InvalidFree::DoubleFree,
-                FixedSizeError::SizeMismatch { allocated, .. } => {
-                    InvalidFree::SizeMismatch { allocated }
-                }
-                _ => InvalidFree::UnknownPointer,
+        r.map(|origin| ((), Origin::from_word(origin)))
+            .map_err(|e| {
+                Some(match e {
+                    FixedSizeError::DoubleFree { .. } => InvalidFree::DoubleFree,
+                    FixedSizeError::SizeMismatch { allocated, .. } => {
+                        InvalidFree::SizeMismatch { allocated }
+                    }
+                    _ => InvalidFree::UnknownPointer,
+                })
             })
-        })
     }
 
     fn handed_out(&self) -> (usize, usize) {

@@ -8,6 +8,7 @@ use rmm_stream::CudaStreamView;
 use rmm_sys::{checked_align_up, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::alignment::{self, OverAligned, MAX_OVER_ALIGNMENT};
+use crate::cross_thread::Origin;
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::pool::free_list::{Block, CoalescingFreeList};
 use crate::pool::growth::{format_bytes, try_to_expand, PoolSizes};
@@ -22,8 +23,9 @@ use crate::resource::{
 #[derive(Debug, Clone, Default)]
 struct PoolBlocks {
     free: CoalescingFreeList,
-    /// Tagged with whether the block starts an upstream chunk.
-    handed: Arc<HandedMap<bool>>,
+    /// Tagged with whether the block starts an upstream chunk and who allocated it (an
+    /// [`Origin`] as a word).
+    handed: Arc<HandedMap<(bool, u64)>>,
 }
 
 impl FreeBlocks for PoolBlocks {
@@ -64,17 +66,24 @@ impl FreeBlocks for PoolBlocks {
         self.free.remove_chunk(addr, size)
     }
 
-    fn hand_out(&mut self, addr: u64, size: usize, is_head: bool) -> Result<(), String> {
-        if self.handed.record(addr, size, is_head) {
+    fn hand_out(
+        &mut self,
+        addr: u64,
+        size: usize,
+        is_head: bool,
+        origin: Origin,
+    ) -> Result<(), String> {
+        if self.handed.record(addr, size, (is_head, origin.to_word())) {
             Ok(())
         } else {
             Err(format!("block {addr:#x} was already handed out"))
         }
     }
 
-    fn take_back(&mut self, addr: u64, size: usize) -> Result<bool, Option<InvalidFree>> {
+    fn take_back(&mut self, addr: u64, size: usize) -> Result<(bool, Origin), Option<InvalidFree>> {
         self.handed
             .release(addr, size)
+            .map(|(is_head, origin)| (is_head, Origin::from_word(origin)))
             .map_err(|allocated| allocated.map(|allocated| InvalidFree::SizeMismatch { allocated }))
     }
 

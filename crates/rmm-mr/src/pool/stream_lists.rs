@@ -58,6 +58,7 @@ use std::time::Instant;
 use rmm_stream::{CudaEvent, CudaStreamView};
 use rmm_sys::{CudaResult, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
 
+use crate::cross_thread::Origin;
 use crate::pool::event_policy::{EventPolicy, StealAction};
 
 /// Which free list a stream's blocks go to.
@@ -91,6 +92,24 @@ impl StreamKey {
     /// event recording is deferred to steal time).
     pub(crate) fn is_special(self) -> bool {
         !matches!(self, Self::Stream(_))
+    }
+
+    /// The thread whose per-thread default stream this is, if it is one.
+    #[inline]
+    pub(crate) fn per_thread(self) -> Option<u64> {
+        match self {
+            Self::PerThread(t) => Some(t),
+            Self::Legacy | Self::Stream(_) => None,
+        }
+    }
+
+    /// The [`Origin`] of a block allocated on this stream.
+    #[inline]
+    pub(crate) fn origin(self) -> Origin {
+        match self {
+            Self::PerThread(t) => Origin::Thread(t),
+            Self::Legacy | Self::Stream(_) => Origin::Shared,
+        }
     }
 }
 
