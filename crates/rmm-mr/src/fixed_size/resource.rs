@@ -365,6 +365,40 @@ mod tests {
     }
 
     #[test]
+    fn a_per_thread_block_freed_on_another_thread_goes_to_the_legacy_list() {
+        use crate::pool::stream_lists::{thread_number, StreamKey};
+        let pt = CudaStreamView::per_thread();
+        // One block per chunk: once the legacy stream holds the first, the per-thread stream
+        // grows a chunk into its own list (no steal, so no CUDA call).
+        let (r, _mock) = fixed(1024, 1);
+        let first = r.allocate(s(), 1024, 256).unwrap();
+        let a = r.allocate(pt, 1000, 256).unwrap();
+        let b = r.allocate(pt, 1000, 256).unwrap();
+        let holder = |ptr: DevicePtr| r.inner.core.list_holding(ptr.addr());
+        // SAFETY: `b` came from `r`, freed once.
+        unsafe { r.deallocate(pt, b, 1000, 256).unwrap() };
+        assert_eq!(holder(b), Some(StreamKey::PerThread(thread_number())));
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                // SAFETY: `a` and `first` came from `r`, freed once each.
+                unsafe {
+                    r.deallocate(pt, a, 1000, 256).unwrap();
+                    r.deallocate(pt, first, 1024, 256).unwrap();
+                }
+                // Allocated on the legacy stream: freed where the caller says.
+                assert_eq!(holder(first), Some(StreamKey::PerThread(thread_number())));
+            });
+        });
+        // Allocated on this thread's per-thread stream, freed on another's: the legacy list.
+        assert_eq!(holder(a), Some(StreamKey::Legacy));
+        assert_eq!(r.outstanding_allocations(), 0);
+        // The legacy stream takes it from its own list.
+        assert_eq!(r.allocate(s(), 1024, 256).unwrap(), a);
+        // SAFETY: `a` came from `r` again.
+        unsafe { r.deallocate(s(), a, 1024, 256).unwrap() };
+    }
+
+    #[test]
     fn construction_preallocates_one_chunk() {
         let (r, mock) = fixed(1000, 4);
         assert_eq!(r.block_size(), 1024);

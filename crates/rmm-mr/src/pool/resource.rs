@@ -779,6 +779,64 @@ mod tests {
     }
 
     #[test]
+    fn a_per_thread_block_freed_on_another_thread_goes_to_the_legacy_list() {
+        use crate::pool::stream_lists::{thread_number, StreamKey};
+        // The pool grows on this thread's per-thread stream (no CUDA call), so every block
+        // starts in this thread's list.
+        let (p, _mock) = pool(0, None);
+        let pt = CudaStreamView::per_thread();
+        let here = StreamKey::PerThread(thread_number());
+        let a = p.allocate(pt, 1000, 256).unwrap();
+        let b = p.allocate(pt, 1000, 256).unwrap();
+        let c = p.allocate(s(), 1000, 256).unwrap();
+        let holder = |ptr: DevicePtr| p.inner.core.list_holding(ptr.addr());
+        // Freed on the allocating thread: back to its own list.
+        // SAFETY: `b` came from `p`, freed once.
+        unsafe { p.deallocate(pt, b, 1000, 256).unwrap() };
+        assert_eq!(holder(b), Some(here));
+        // Freed on another thread's per-thread stream: that thread's stream does not wait for
+        // this one's work, so the block goes to the legacy list, not to the freeing thread's.
+        // A block allocated on the legacy stream is freed where the caller says.
+        let there = std::thread::scope(|sc| {
+            sc.spawn(|| {
+                // SAFETY: `a` and `c` came from `p`, freed once.
+                unsafe {
+                    p.deallocate(pt, a, 1000, 256).unwrap();
+                    p.deallocate(pt, c, 1000, 256).unwrap();
+                }
+                StreamKey::PerThread(thread_number())
+            })
+            .join()
+            .unwrap()
+        });
+        assert_ne!(there, here);
+        assert_eq!(holder(a), Some(StreamKey::Legacy));
+        assert_eq!(holder(c), Some(there));
+        assert_eq!(p.outstanding_allocations(), 0);
+        // A second free of `a`, from either thread, is still a double free.
+        // SAFETY: wrong frees the pool detects.
+        unsafe {
+            assert_eq!(
+                invalid_free_kind(p.deallocate(pt, a, 1000, 256)),
+                InvalidFree::DoubleFree
+            );
+            std::thread::scope(|sc| {
+                sc.spawn(|| {
+                    assert_eq!(
+                        invalid_free_kind(p.deallocate(pt, a, 1000, 256)),
+                        InvalidFree::DoubleFree
+                    );
+                });
+            });
+        }
+        // The legacy stream reuses the block (its own list, ordered after every blocking
+        // stream's earlier work) without any CUDA call.
+        assert_eq!(p.allocate(s(), 1000, 256).unwrap(), a);
+        // SAFETY: `a` came from `p` again.
+        unsafe { p.deallocate(s(), a, 1000, 256).unwrap() };
+    }
+
+    #[test]
     fn release_unused_returns_wholly_free_chunks() {
         let (p, mock) = pool(0, None);
         let a = p.allocate(s(), 1024, 256).unwrap();
