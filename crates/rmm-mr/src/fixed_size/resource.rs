@@ -166,7 +166,10 @@ const NAME: &str = "fixed_size_memory_resource";
 ///   stream; when every block is in use, another whole chunk is taken on the requesting stream
 ///   (an upstream failure is passed on). Dropping the resource returns every chunk.
 /// - Beyond RMM: wrong frees are [`MrError::InvalidFree`]; the resource is `Send + Sync` with
-///   one lock per stream list rather than one mutex.
+///   one lock per stream list rather than one mutex; a block allocated on one thread's
+///   per-thread default stream and freed on another thread's goes to the legacy stream's list,
+///   not the freeing thread's, so it is not reused before the allocating thread's work is done
+///   (as in the pool, whose notes say more; RMM reuses it on the freeing thread at once).
 /// - Copies share state and are equal; two resources are unequal.
 #[doc(alias = "rmm::mr::fixed_size_memory_resource")]
 pub struct FixedSizeMemoryResource<U: DeviceMemoryResource = SharedResource> {

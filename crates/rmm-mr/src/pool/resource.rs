@@ -228,6 +228,18 @@ const NAME: &str = "pool_memory_resource";
 ///   that ever used it, as RMM's events do.
 /// - A per-thread default stream has one list per host thread *per pool* (RMM shares its
 ///   per-thread events between pools).
+/// - **Frees from another thread.** [`CudaStreamView::per_thread()`] (and the default stream in
+///   per-thread mode) names a different stream on every host thread, and buffers are `Send`.
+///   The pool remembers which thread allocated a block on its per-thread default stream; a
+///   free of that block on *another* thread's per-thread stream puts it on the legacy stream's
+///   list instead of the freeing thread's, so it is reused only after the work of both threads
+///   (the legacy stream's allocations are ordered after every blocking stream's earlier work,
+///   and a thief waits on an event recorded on the legacy stream). RMM files such a free under
+///   the freeing thread's per-thread event, where that thread can reuse the block at once while
+///   the allocating thread's work on it may still run. A free on the allocating thread costs
+///   one comparison more. Work queued on a third thread's per-thread stream (a buffer used
+///   there and sent back) is not covered: the free orders only the allocating and the freeing
+///   thread's streams.
 #[doc(alias = "rmm::mr::pool_memory_resource")]
 pub struct PoolMemoryResource<U: DeviceMemoryResource = SharedResource> {
     inner: Arc<Pool<U>>,

@@ -14,6 +14,10 @@
 //! The two special keys need no CUDA call to compute; only an ordinary stream costs one
 //! (`cuStreamGetId`).
 //!
+//! A block's key at allocation is remembered with it ([`StreamKey::origin`]): a free on one
+//! thread's per-thread stream of a block another thread allocated on its own goes to the legacy
+//! list, not to the freeing thread's ([`crate::cross_thread`]).
+//!
 //! # Events (the lazy rule)
 //!
 //! A block in list `K` may have pending work on `K`'s stream; a thief (another stream `T`)
