@@ -656,31 +656,41 @@ fn blocks_of_a_moved_superblock_are_foreign_to_their_new_arena() {
     // This thread's arena takes the first 1 MiB superblock.
     let p = alloc(&mr, per_thread(), 256 * KIB);
     assert_eq!(p.addr(), base(&mr));
-    std::thread::scope(|sc| {
-        sc.spawn(|| {
-            // Larger than any free superblock: defragmentation gives the superblock holding `p`
-            // back to the global arena, and the request still fails.
-            let r = mr.allocate(per_thread(), 3 * MIB / 2, 256);
-            assert!(r.is_err_and(|e| e.is_out_of_memory()));
-            assert_eq!(snapshot(&mr).foreign, 0);
-            // The first fitting superblock is the partially used one: this thread's arena
-            // gets it, with `p` still live in it.
-            let q = alloc(&mr, per_thread(), 256 * KIB);
-            assert_eq!(q.addr(), p.addr() + 256 * KIB as u64);
-            assert_eq!(snapshot(&mr).foreign, 1);
-            // Freed here, on this thread's per-thread stream: no longer foreign.
-            free(&mr, per_thread(), p, 256 * KIB);
-            assert_eq!(snapshot(&mr).foreign, 0);
-            let again = alloc(&mr, per_thread(), 256 * KIB);
-            assert_eq!(again, p, "first fit in this thread's arena");
-            free(&mr, per_thread(), again, 256 * KIB);
-            free(&mr, per_thread(), q, 256 * KIB);
-        });
-    });
-    // Foreign records leave with their superblock (the exited thread's arena went back).
+    let worker = mr.clone();
+    // Joined (not scoped), so the thread's exit, which returns its arena, is over.
+    let q = std::thread::spawn(move || {
+        let mr = worker;
+        // Larger than any free superblock: defragmentation gives the superblock holding `p`
+        // back to the global arena, and the request still fails.
+        let r = mr.allocate(per_thread(), 3 * MIB / 2, 256);
+        assert!(r.is_err_and(|e| e.is_out_of_memory()));
+        assert_eq!(snapshot(&mr).foreign, 0);
+        // The first fitting superblock is the partially used one: this thread's arena gets
+        // it, with `p` still live in it.
+        let q = alloc(&mr, per_thread(), 256 * KIB);
+        assert_eq!(q.addr(), p.addr() + 256 * KIB as u64);
+        assert_eq!(snapshot(&mr).foreign, 1);
+        // Freed here, on this thread's per-thread stream: no longer foreign.
+        free(&mr, per_thread(), p, 256 * KIB);
+        assert_eq!(snapshot(&mr).foreign, 0);
+        let again = alloc(&mr, per_thread(), 256 * KIB);
+        assert_eq!(again, p, "first fit in this thread's arena");
+        free(&mr, per_thread(), again, 256 * KIB);
+        // `q` stays live: the superblock goes back to the global arena at thread exit.
+        q
+    })
+    .join()
+    .unwrap();
     let s = snapshot(&mr);
-    assert_eq!((s.foreign, s.arenas), (0, 0));
-    assert!(s.fully_coalesced, "{s:?}");
+    assert_eq!((s.foreign, s.arenas), (0, 0), "{s:?}");
+    // This thread's arena now takes the superblock with `q` live in it: foreign here, until
+    // `q` is freed, here on another stream (the legacy one, whose free is the caller's word).
+    let r = alloc(&mr, per_thread(), 256 * KIB);
+    assert_eq!(r, p);
+    assert_eq!(snapshot(&mr).foreign, 1);
+    free(&mr, legacy(), q, 256 * KIB);
+    assert_eq!(snapshot(&mr).foreign, 0);
+    free(&mr, per_thread(), r, 256 * KIB);
 }
 
 #[test]
