@@ -19,6 +19,7 @@ pub(crate) const SUITES: &[(&str, &[&str])] = &[
             "pool::handed::",
             "pool::growth::",
             "fixed_size::block_table::",
+            "cross_thread::",
             "binning::table::",
             "binning::routes::",
             "arena::block::",

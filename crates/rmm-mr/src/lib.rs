@@ -26,6 +26,7 @@ pub mod aligned;
 mod alignment;
 pub mod arena;
 pub mod binning;
+mod cross_thread;
 #[cfg(feature = "debug-log")]
 pub mod debug_log;
 pub mod error;

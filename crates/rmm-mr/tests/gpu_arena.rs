@@ -1,7 +1,11 @@
 //! GPU tests of the arena resource: RMM's `arena_mr_tests.cpp` resource cases, plus
 //! memory-contents tests of the stream-ordering guarantees (a block freed on one stream and
-//! reused by another must not be overwritten by the first stream's late work) and a 16-thread
-//! stress with content checks. Without a GPU every trial reports itself ignored, with the reason.
+//! reused by another must not be overwritten by the first stream's late work), of cross-thread
+//! frees on the per-thread default stream (`cross_thread_free/...`, see `cross_thread/mod.rs`)
+//! and a 16-thread stress with content checks. Without a GPU every trial reports itself
+//! ignored, with the reason.
+
+mod cross_thread;
 
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
@@ -28,6 +32,25 @@ fn gpu(name: &str, f: fn() -> Result<(), Failed>) -> Trial {
             let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
             f().map(|()| Completion::Completed)
         }
+    })
+}
+
+/// A trial on `stream` (a name of the per-thread default stream): ignored, with the reason,
+/// without a GPU or in the default-stream mode where that name means the legacy stream.
+fn gpu_pt(
+    name: String,
+    stream: cross_thread::PtStream,
+    f: impl FnOnce() -> Result<(), Failed> + Send + 'static,
+) -> Trial {
+    Trial::ignorable_test(name, move || {
+        if let Some(why) = rmm_sys::gpu_unavailable_reason() {
+            return Ok(Completion::ignored_with(format!("needs a CUDA GPU: {why}")));
+        }
+        if let Some(why) = stream.unavailable() {
+            return Ok(Completion::ignored_with(why));
+        }
+        let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
+        f().map(|()| Completion::Completed)
     })
 }
 
@@ -312,6 +335,96 @@ fn thread_exit_returns_superblocks() -> Result<(), Failed> {
     )
 }
 
+// --- cross-thread frees on the per-thread default stream --------------------------------------
+//
+// Thread 1 allocates on its per-thread stream and queues work behind a stall; thread 2 frees
+// the block on its own per-thread stream and reallocates the same size (see
+// `cross_thread/mod.rs`). Each case puts the block where a free used to make it reusable by
+// thread 2 at once.
+
+/// Where thread 1's block is when thread 2 frees it.
+#[derive(Debug, Clone, Copy)]
+enum ArenaCrossThread {
+    /// A large block of the global arena: thread 2's arena would keep its superblock and
+    /// reuse it for its next large request.
+    Large,
+    /// A small block whose superblock moved to thread 2's arena (defragmentation gave it back
+    /// to the global arena, partially used, and thread 2's arena then took it): it would be
+    /// freed into thread 2's arena with no fence, and reused first fit.
+    MovedSuperblock,
+    /// A small block whose superblock is back in the global arena (defragmentation): it would
+    /// be a pending free behind an event on thread 2's idle stream, released at once, its
+    /// superblock coalesced and lent to thread 2's arena.
+    GlobalSuperblock,
+}
+
+impl ArenaCrossThread {
+    const ALL: [Self; 3] = [Self::Large, Self::MovedSuperblock, Self::GlobalSuperblock];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Large => "large",
+            Self::MovedSuperblock => "moved_superblock",
+            Self::GlobalSuperblock => "global_superblock",
+        }
+    }
+}
+
+fn arena_cross_thread_free(
+    case: ArenaCrossThread,
+    stream: cross_thread::PtStream,
+    pending: cross_thread::Pending,
+) -> Result<(), Failed> {
+    use cross_thread::Reuse;
+    let small = 256 * KIB;
+    // Defragmentation, asked for by thread 2 before thread 1 queues its work: a large request
+    // no superblock can serve fails after the device is synchronized and every local arena,
+    // thread 1's with its live block at the arena's start, went back to the global arena.
+    let defragment = |mr: &Arena| -> Result<(), Failed> {
+        match mr.allocate(stream.view(), 3 * MIB / 2, 256) {
+            Err(e) if e.is_out_of_memory() => Ok(()),
+            Err(e) => Err(e.into()),
+            Ok(p) => {
+                free(mr, stream.view(), p, 3 * MIB / 2)?;
+                Err("setup: 1.5 MiB fit in a 2 MiB arena holding a live block".into())
+            }
+        }
+    };
+    match case {
+        ArenaCrossThread::Large => {
+            let mr = arena(64 * MIB)?;
+            cross_thread::run(&mr, 4 * MIB, stream, pending, Reuse::Any, &|_| {
+                Ok(Vec::new())
+            })
+        }
+        ArenaCrossThread::MovedSuperblock => {
+            let mr = arena(2 * MIB)?;
+            cross_thread::run(&mr, small, stream, pending, Reuse::Same, &|p| {
+                defragment(&mr)?;
+                // The first fitting superblock is the partially used one: thread 2's arena
+                // takes it whole, thread 1's block still live in it.
+                let q = mr.allocate(stream.view(), small, 256)?;
+                let expected = p.checked_add(small).ok_or("address overflow")?;
+                if q != expected {
+                    free(&mr, stream.view(), q, small)?;
+                    return Err(format!(
+                        "setup: thread 2 got {q}, expected {expected} in thread 1's superblock"
+                    )
+                    .into());
+                }
+                Ok(vec![(q, small)])
+            })
+        }
+        ArenaCrossThread::GlobalSuperblock => {
+            let mr = arena(2 * MIB)?;
+            cross_thread::run(&mr, small, stream, pending, Reuse::Any, &|_| {
+                defragment(&mr)?;
+                Ok(Vec::new())
+            })
+        }
+    }
+}
+
 // --- 16 threads -------------------------------------------------------------------------------
 
 struct Rng(u64);
@@ -412,7 +525,7 @@ const GIB: usize = 1 << 30;
 
 fn main() {
     let args = Arguments::from_args();
-    let trials = vec![
+    let mut trials = vec![
         gpu(
             "arena::size_smaller_than_superblock",
             size_smaller_than_superblock,
@@ -448,5 +561,21 @@ fn main() {
         ),
         gpu("arena::sixteen_threads_random", sixteen_threads_random),
     ];
+    for case in ArenaCrossThread::ALL {
+        for stream in cross_thread::PtStream::ALL {
+            for pending in cross_thread::Pending::ALL {
+                trials.push(gpu_pt(
+                    format!(
+                        "cross_thread_free/arena/{}/{}/{}",
+                        case.name(),
+                        stream.name(),
+                        pending.name()
+                    ),
+                    stream,
+                    move || arena_cross_thread_free(case, stream, pending),
+                ));
+            }
+        }
+    }
     libtest_mimic::run(&args, trials).exit();
 }

@@ -1,9 +1,13 @@
 //! GPU tests of the pool, fixed-size and binning resources: RMM's pool cases over the CUDA and
 //! the driver-pool upstreams, and memory-contents tests of cross-stream reuse (a block freed on
 //! a stalled stream and taken by another must not be written by the second before the first's
-//! pending work is done). Without a GPU every trial reports itself ignored, with the reason.
+//! pending work is done) and of cross-thread frees on the per-thread default stream
+//! (`cross_thread_free/...`, see `cross_thread/mod.rs`). Without a GPU every trial reports
+//! itself ignored, with the reason.
 //! Runs in both `RMM_DEFAULT_STREAM` modes in the GPU bundle; trials run one at a time (some
 //! take most of the device memory).
+
+mod cross_thread;
 
 use std::sync::mpsc;
 use std::time::Duration;
@@ -21,6 +25,24 @@ fn gpu(name: String, f: impl FnOnce() -> Result<(), Failed> + Send + 'static) ->
     Trial::ignorable_test(name, move || match rmm_sys::gpu_unavailable_reason() {
         Some(why) => Ok(Completion::ignored_with(format!("needs a CUDA GPU: {why}"))),
         None => f().map(|()| Completion::Completed),
+    })
+}
+
+/// A trial on `stream` (a name of the per-thread default stream): ignored, with the reason,
+/// without a GPU or in the default-stream mode where that name means the legacy stream.
+fn gpu_pt(
+    name: String,
+    stream: cross_thread::PtStream,
+    f: impl FnOnce() -> Result<(), Failed> + Send + 'static,
+) -> Trial {
+    Trial::ignorable_test(name, move || {
+        if let Some(why) = rmm_sys::gpu_unavailable_reason() {
+            return Ok(Completion::ignored_with(format!("needs a CUDA GPU: {why}")));
+        }
+        if let Some(why) = stream.unavailable() {
+            return Ok(Completion::ignored_with(why));
+        }
+        f().map(|()| Completion::Completed)
     })
 }
 
@@ -579,6 +601,82 @@ fn binning_contents(up: Upstream) -> Result<(), Failed> {
     sixteen_threads(&binning, 1 << 20)
 }
 
+// ----- cross-thread frees on the per-thread default stream -----
+
+/// The resources of the cross-thread trials. Each holds exactly one free block of `BYTES`
+/// after thread 2's free, so thread 2's allocation must be that block: it reaches thread 2
+/// through the legacy stream's list, behind an event that waits for thread 1's work.
+#[derive(Debug, Clone, Copy)]
+enum CrossThreadSubject {
+    Pool,
+    FixedSize,
+    /// A binning resource whose bin for `BYTES` is a fixed-size resource.
+    BinningFixed,
+    /// A binning resource whose bin for `BYTES` is a pool.
+    BinningPool,
+}
+
+impl CrossThreadSubject {
+    const ALL: [Self; 4] = [
+        Self::Pool,
+        Self::FixedSize,
+        Self::BinningFixed,
+        Self::BinningPool,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Pool => "pool",
+            Self::FixedSize => "fixed_size",
+            Self::BinningFixed => "binning_fixed_size_bin",
+            Self::BinningPool => "binning_pool_bin",
+        }
+    }
+}
+
+/// Thread 1 allocates on its per-thread stream and queues work behind a stall, thread 2 frees
+/// the block on its own and reallocates it (see `cross_thread/mod.rs`).
+fn cross_thread_free(
+    up: Upstream,
+    subject: CrossThreadSubject,
+    stream: cross_thread::PtStream,
+    pending: cross_thread::Pending,
+) -> Result<(), Failed> {
+    let run = |r: &dyn DeviceMemoryResource| {
+        cross_thread::run(
+            r,
+            BYTES,
+            stream,
+            pending,
+            cross_thread::Reuse::Same,
+            &|_| Ok(Vec::new()),
+        )
+    };
+    // One block per chunk, so the only free block is the one thread 2 freed.
+    let fixed = |upstream| FixedSizeMemoryResource::with_block_size(upstream, BYTES, 1);
+    match subject {
+        CrossThreadSubject::Pool => {
+            let pool = PoolMemoryResource::new(up.make()?, 0, None)?;
+            run(&pool)?;
+            ensure(pool.outstanding_allocations() == 0, "allocations left")
+        }
+        CrossThreadSubject::FixedSize => {
+            let fixed = fixed(up.make()?)?;
+            run(&fixed)?;
+            ensure(fixed.outstanding_allocations() == 0, "allocations left")
+        }
+        CrossThreadSubject::BinningFixed | CrossThreadSubject::BinningPool => {
+            let bin = match subject {
+                CrossThreadSubject::BinningFixed => shared(fixed(up.make()?)?),
+                _ => shared(PoolMemoryResource::new(up.make()?, 0, None)?),
+            };
+            let binning = BinningMemoryResource::new(up.make()?);
+            binning.add_bin(BYTES, Some(bin))?;
+            run(&binning)
+        }
+    }
+}
+
 /// One of RMM's pool cases, run over an upstream.
 type Case = fn(Upstream) -> Result<(), Failed>;
 
@@ -632,6 +730,22 @@ fn main() {
         trials.push(gpu(format!("binning/{u}/contents"), move || {
             binning_contents(up)
         }));
+        for subject in CrossThreadSubject::ALL {
+            for stream in cross_thread::PtStream::ALL {
+                for pending in cross_thread::Pending::ALL {
+                    trials.push(gpu_pt(
+                        format!(
+                            "cross_thread_free/{}/{u}/{}/{}",
+                            subject.name(),
+                            stream.name(),
+                            pending.name()
+                        ),
+                        stream,
+                        move || cross_thread_free(up, subject, stream, pending),
+                    ));
+                }
+            }
+        }
     }
     libtest_mimic::run(&args, trials).exit();
 }

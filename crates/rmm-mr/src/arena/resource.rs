@@ -126,6 +126,21 @@ pub struct ArenaOptions {
 ///   alignment above 256 is honoured up to [`MAX_OVER_ALIGNMENT`]
 ///   by taking a block `alignment - 256` bytes larger, and refused above it (see the trait's
 ///   "Alignment"); an upstream allocation that is not 256-aligned is given back and refused.
+/// - **Frees from another thread.** The per-thread default stream is a different stream on
+///   every host thread, and buffers are `Send`. A block one thread allocated on its per-thread
+///   stream and another thread frees on its own is never made reusable by the freeing thread's
+///   stream alone: a small block goes back to the allocating thread's arena with a fence (as
+///   any cross-arena free), and where the block would otherwise become reusable at once or
+///   after the freeing stream only — a large block (which the freeing thread's arena would
+///   keep), a block whose superblock moved to the freeing thread's arena or back to the global
+///   arena after a defragmentation — the free waits for an event recorded on the legacy
+///   stream, which completes after the earlier work of every blocking stream, every thread's
+///   per-thread stream included. For this, large allocations remember who made them, and an
+///   arena remembers the blocks that were already live when a superblock joined it (none in
+///   the common case: the hot path checks that the set is empty). RMM synchronizes only the
+///   freeing thread's stream before freeing a large block to the global arena, and frees a
+///   block of a moved superblock where it is, so the block can be reused while the allocating
+///   thread's work still runs.
 /// - **No unbounded growth with short-lived streams**: defragmentation retires every local
 ///   arena (a stream's arena is recreated on its next use), so arenas of destroyed streams do
 ///   not pile up.

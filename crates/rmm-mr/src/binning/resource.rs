@@ -118,6 +118,11 @@ impl From<AddBinError> for MrError {
 ///   bin changes where *later* requests in its size range go, deallocations included, so bins
 ///   for a size range must be added before memory of that range is allocated (RMM's rule too).
 /// - Copies share the bins and are equal; two resources are unequal.
+/// - A block freed on another thread's per-thread default stream than the one it was
+///   allocated on is ordered as its bin orders it: the fixed-size and pool resources put it on
+///   the legacy stream's list (see [`PoolMemoryResource`](crate::PoolMemoryResource)); the
+///   upstream, for requests above every bin, decides for itself (a driver pool does not order
+///   it, see [`CudaAsyncMemoryResource`](crate::CudaAsyncMemoryResource)).
 #[doc(alias = "rmm::mr::binning_memory_resource")]
 pub struct BinningMemoryResource<U: DeviceMemoryResource = SharedResource> {
     inner: Arc<Binning<U>>,

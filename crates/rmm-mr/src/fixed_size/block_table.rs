@@ -14,7 +14,9 @@
 //! - a size mismatch is a slot holding another size ([`FixedSizeError::SizeMismatch`]);
 //!
 //! with no hashing and no lock: the slots are atomics, so lists on different streams, each
-//! under its own lock, share them.
+//! under its own lock, share them. Each slot also keeps a word recorded at hand-out
+//! ([`BlockTable::hand_out_tagged`]): the resource records there who allocated the block, for
+//! frees made on another thread's per-thread default stream.
 //!
 //! The chunks a resource knows only grow while it lives (a fixed-size resource returns its chunks
 //! when dropped). So readers use an immutable, address-ordered [`BlockTable`] snapshot and
@@ -24,22 +26,30 @@
 //! Pure bookkeeping: no CUDA calls; addresses are `u64`, sizes `usize`.
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::fixed_size::free_list::{Chunk, FixedSizeError};
 
-/// One chunk's slots: for each block, the size it was handed out with, or 0.
+/// One block's slot: the size it was handed out with (0: not handed out) and the word the
+/// hand-out recorded with it (one cache line holds both).
+#[derive(Default)]
+struct Slot {
+    size: AtomicUsize,
+    tag: AtomicU64,
+}
+
+/// One chunk's slots: for each block, the size it was handed out with, or 0, and a tag.
 pub struct ChunkBlocks {
     chunk: Chunk,
-    sizes: Box<[AtomicUsize]>,
+    slots: Box<[Slot]>,
 }
 
 impl ChunkBlocks {
     fn new(chunk: Chunk) -> Self {
         Self {
             chunk,
-            sizes: (0..chunk.count()).map(|_| AtomicUsize::new(0)).collect(),
+            slots: (0..chunk.count()).map(|_| Slot::default()).collect(),
         }
     }
 
@@ -53,16 +63,16 @@ impl ChunkBlocks {
     /// index is out of range).
     #[must_use]
     pub fn handed_size(&self, index: usize) -> Option<usize> {
-        let size = self.sizes.get(index)?.load(Ordering::Acquire);
+        let size = self.slots.get(index)?.size.load(Ordering::Acquire);
         (size != 0).then_some(size)
     }
 
     /// Number of blocks handed out and the sum of their sizes.
     #[must_use]
     pub fn handed_out(&self) -> (usize, usize) {
-        self.sizes
+        self.slots
             .iter()
-            .map(|s| s.load(Ordering::Acquire))
+            .map(|s| s.size.load(Ordering::Acquire))
             .filter(|&s| s != 0)
             .fold((0, 0), |(n, bytes), s| (n + 1, bytes + s))
     }
@@ -165,6 +175,18 @@ impl BlockTable {
     /// [`FixedSizeError::SizeMismatch`] (it means "not handed out").
     #[inline]
     pub fn hand_out(&self, addr: u64, size: usize) -> Result<(), FixedSizeError> {
+        self.hand_out_tagged(addr, size, 0)
+    }
+
+    /// As [`hand_out`](Self::hand_out), and records `tag` with the block, for
+    /// [`take_back_tagged`](Self::take_back_tagged) to return (the resource records who
+    /// allocated the block). A plain store too.
+    ///
+    /// # Errors
+    ///
+    /// As [`hand_out`](Self::hand_out); the slot and its tag are unchanged on error.
+    #[inline]
+    pub fn hand_out_tagged(&self, addr: u64, size: usize, tag: u64) -> Result<(), FixedSizeError> {
         let (blocks, index) = self.locate(addr)?;
         if size == 0 {
             return Err(FixedSizeError::SizeMismatch {
@@ -173,11 +195,13 @@ impl BlockTable {
                 freed: 0,
             });
         }
-        let slot = &blocks.sizes[index];
-        if slot.load(Ordering::Acquire) != 0 {
+        let slot = &blocks.slots[index];
+        if slot.size.load(Ordering::Acquire) != 0 {
             return Err(FixedSizeError::HandedOutTwice { addr });
         }
-        slot.store(size, Ordering::Release);
+        // Published by the size's release store below.
+        slot.tag.store(tag, Ordering::Relaxed);
+        slot.size.store(size, Ordering::Release);
         Ok(())
     }
 
@@ -191,10 +215,31 @@ impl BlockTable {
     /// slot is unchanged on error.
     #[inline]
     pub fn take_back(&self, addr: u64, size: usize) -> Result<(), FixedSizeError> {
+        self.take_back_tagged(addr, size).map(|_| ())
+    }
+
+    /// As [`take_back`](Self::take_back), and returns the tag the block was handed out with
+    /// ([`hand_out_tagged`](Self::hand_out_tagged); 0 after [`hand_out`](Self::hand_out)).
+    ///
+    /// The tag is read after the slot is cleared: it is the one of the hand-out taken back as
+    /// long as nobody hands the block out again before this returns, which holds when, as in
+    /// the resource, a block is handed out only from a free list and the caller puts it there
+    /// only afterwards.
+    ///
+    /// # Errors
+    ///
+    /// As [`take_back`](Self::take_back).
+    #[inline]
+    pub fn take_back_tagged(&self, addr: u64, size: usize) -> Result<u64, FixedSizeError> {
         let (blocks, index) = self.locate(addr)?;
-        let slot = &blocks.sizes[index];
-        match slot.compare_exchange(size, 0, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) if size != 0 => Ok(()),
+        let slot = &blocks.slots[index];
+        match slot
+            .size
+            .compare_exchange(size, 0, Ordering::AcqRel, Ordering::Acquire)
+        {
+            // The acquire half of the exchange saw the hand-out's release store of the size,
+            // which came after its store of the tag.
+            Ok(_) if size != 0 => Ok(slot.tag.load(Ordering::Relaxed)),
             Ok(_) | Err(0) => Err(FixedSizeError::DoubleFree { addr }),
             Err(allocated) => Err(FixedSizeError::SizeMismatch {
                 addr,
@@ -451,6 +496,37 @@ mod tests {
     }
 
     #[test]
+    fn tags_come_back_with_the_block() {
+        let ledger = BlockLedger::new(512).unwrap();
+        ledger.add_chunk(0, 4).unwrap();
+        let t = ledger.table();
+        t.hand_out_tagged(0, 256, 7).unwrap();
+        t.hand_out_tagged(512, 512, u64::MAX).unwrap();
+        // A refused hand-out leaves the first tag.
+        assert_eq!(
+            t.hand_out_tagged(0, 256, 9),
+            Err(FixedSizeError::HandedOutTwice { addr: 0 })
+        );
+        // A refused take-back leaves the block and its tag.
+        assert!(matches!(
+            t.take_back_tagged(0, 512),
+            Err(FixedSizeError::SizeMismatch { .. })
+        ));
+        assert_eq!(t.take_back_tagged(0, 256), Ok(7));
+        assert_eq!(t.take_back_tagged(512, 512), Ok(u64::MAX));
+        assert_eq!(
+            t.take_back_tagged(0, 256),
+            Err(FixedSizeError::DoubleFree { addr: 0 })
+        );
+        // An untagged hand-out overwrites an old tag with 0.
+        t.hand_out(0, 256).unwrap();
+        assert_eq!(t.take_back_tagged(0, 256), Ok(0));
+        t.hand_out_tagged(1024, 256, 3).unwrap();
+        t.take_back(1024, 256).unwrap();
+        assert_eq!(ledger.handed_out(), (0, 0));
+    }
+
+    #[test]
     fn concurrent_frees_of_one_block_succeed_once() {
         let ledger = BlockLedger::new(256).unwrap();
         ledger.add_chunk(0, 64).unwrap();
@@ -498,7 +574,7 @@ mod tests {
             // A reader whose snapshot lags: refreshed only on an unknown address.
             let mut stale = ledger.table();
             let mut blocks: Vec<u64> = Vec::new();
-            let mut model: HashMap<u64, usize> = HashMap::new();
+            let mut model: HashMap<u64, (usize, u64)> = HashMap::new();
             let mut next = 1u64 << 30;
             for op in ops {
                 match op {
@@ -512,30 +588,32 @@ mod tests {
                     }
                     Op::HandOut(i, size) if !blocks.is_empty() => {
                         let addr = blocks[i % blocks.len()];
-                        let mut r = stale.hand_out(addr, size);
+                        // A tag that differs between hand-outs of one block.
+                        let tag = i as u64;
+                        let mut r = stale.hand_out_tagged(addr, size, tag);
                         if matches!(r, Err(FixedSizeError::UnknownAddress { .. })) {
                             stale = ledger.table();
-                            r = stale.hand_out(addr, size);
+                            r = stale.hand_out_tagged(addr, size, tag);
                         }
                         match model.get(&addr) {
                             Some(_) => prop_assert_eq!(r, Err(FixedSizeError::HandedOutTwice { addr })),
                             None => {
                                 prop_assert_eq!(r, Ok(()));
-                                model.insert(addr, size);
+                                model.insert(addr, (size, tag));
                             }
                         }
                     }
                     Op::TakeBack(i, size) if !blocks.is_empty() => {
                         let addr = blocks[i % blocks.len()];
-                        let r = ledger.table().take_back(addr, size);
+                        let r = ledger.table().take_back_tagged(addr, size);
                         match model.get(&addr).copied() {
                             None => prop_assert_eq!(r, Err(FixedSizeError::DoubleFree { addr })),
-                            Some(allocated) if allocated != size => prop_assert_eq!(
+                            Some((allocated, _)) if allocated != size => prop_assert_eq!(
                                 r,
                                 Err(FixedSizeError::SizeMismatch { addr, allocated, freed: size })
                             ),
-                            Some(_) => {
-                                prop_assert_eq!(r, Ok(()));
+                            Some((_, tag)) => {
+                                prop_assert_eq!(r, Ok(tag));
                                 model.remove(&addr);
                             }
                         }
@@ -551,7 +629,7 @@ mod tests {
                                 Err(FixedSizeError::UnknownAddress { .. } | FixedSizeError::Misaligned { .. })
                             );
                             prop_assert!(bad, "{:?} for a stray address", r);
-                        } else if model.get(&addr) == Some(&256) {
+                        } else if model.get(&addr).map(|&(size, _)| size) == Some(256) {
                             prop_assert_eq!(r, Ok(()));
                             model.remove(&addr);
                         } else {
@@ -560,7 +638,7 @@ mod tests {
                     }
                     _ => {}
                 }
-                let bytes: usize = model.values().sum();
+                let bytes: usize = model.values().map(|&(size, _)| size).sum();
                 prop_assert_eq!(ledger.handed_out(), (model.len(), bytes));
             }
         }

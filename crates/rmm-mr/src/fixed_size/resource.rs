@@ -9,6 +9,7 @@ use rmm_stream::CudaStreamView;
 use rmm_sys::{align_up, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::alignment;
+use crate::cross_thread::Origin;
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::fixed_size::block_table::{BlockLedger, BlockTable};
 use crate::fixed_size::free_list::{rounded_block_size, FixedSizeError};
@@ -99,31 +100,33 @@ impl FreeBlocks for FixedBlocks {
     }
 
     #[inline]
-    fn hand_out(&mut self, addr: u64, size: usize, _tag: ()) -> Result<(), String> {
-        let mut r = self.table.hand_out(addr, size);
+    fn hand_out(&mut self, addr: u64, size: usize, _tag: (), origin: Origin) -> Result<(), String> {
+        let origin = origin.to_word();
+        let mut r = self.table.hand_out_tagged(addr, size, origin);
         if let Err(FixedSizeError::UnknownAddress { .. }) = r {
             self.refresh();
-            r = self.table.hand_out(addr, size);
+            r = self.table.hand_out_tagged(addr, size, origin);
         }
         r.map_err(|e| e.to_string())
     }
 
     #[inline]
-    fn take_back(&mut self, addr: u64, size: usize) -> Result<(), Option<InvalidFree>> {
-        let mut r = self.table.take_back(addr, size);
+    fn take_back(&mut self, addr: u64, size: usize) -> Result<((), Origin), Option<InvalidFree>> {
+        let mut r = self.table.take_back_tagged(addr, size);
         if let Err(FixedSizeError::UnknownAddress { .. }) = r {
             self.refresh();
-            r = self.table.take_back(addr, size);
+            r = self.table.take_back_tagged(addr, size);
         }
-        r.map_err(|e| {
-            Some(match e {
-                FixedSizeError::DoubleFree { .. } => InvalidFree::DoubleFree,
-                FixedSizeError::SizeMismatch { allocated, .. } => {
-                    InvalidFree::SizeMismatch { allocated }
-                }
-                _ => InvalidFree::UnknownPointer,
+        r.map(|origin| ((), Origin::from_word(origin)))
+            .map_err(|e| {
+                Some(match e {
+                    FixedSizeError::DoubleFree { .. } => InvalidFree::DoubleFree,
+                    FixedSizeError::SizeMismatch { allocated, .. } => {
+                        InvalidFree::SizeMismatch { allocated }
+                    }
+                    _ => InvalidFree::UnknownPointer,
+                })
             })
-        })
     }
 
     fn handed_out(&self) -> (usize, usize) {
@@ -163,7 +166,10 @@ const NAME: &str = "fixed_size_memory_resource";
 ///   stream; when every block is in use, another whole chunk is taken on the requesting stream
 ///   (an upstream failure is passed on). Dropping the resource returns every chunk.
 /// - Beyond RMM: wrong frees are [`MrError::InvalidFree`]; the resource is `Send + Sync` with
-///   one lock per stream list rather than one mutex.
+///   one lock per stream list rather than one mutex; a block allocated on one thread's
+///   per-thread default stream and freed on another thread's goes to the legacy stream's list,
+///   not the freeing thread's, so it is not reused before the allocating thread's work is done
+///   (as in the pool, whose notes say more; RMM reuses it on the freeing thread at once).
 /// - Copies share state and are equal; two resources are unequal.
 #[doc(alias = "rmm::mr::fixed_size_memory_resource")]
 pub struct FixedSizeMemoryResource<U: DeviceMemoryResource = SharedResource> {
@@ -359,6 +365,40 @@ mod tests {
             Err(MrError::InvalidFree { kind, .. }) => kind,
             other => panic!("expected an invalid free, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_per_thread_block_freed_on_another_thread_goes_to_the_legacy_list() {
+        use crate::pool::stream_lists::{thread_number, StreamKey};
+        let pt = CudaStreamView::per_thread();
+        // One block per chunk: once the legacy stream holds the first, the per-thread stream
+        // grows a chunk into its own list (no steal, so no CUDA call).
+        let (r, _mock) = fixed(1024, 1);
+        let first = r.allocate(s(), 1024, 256).unwrap();
+        let a = r.allocate(pt, 1000, 256).unwrap();
+        let b = r.allocate(pt, 1000, 256).unwrap();
+        let holder = |ptr: DevicePtr| r.inner.core.list_holding(ptr.addr());
+        // SAFETY: `b` came from `r`, freed once.
+        unsafe { r.deallocate(pt, b, 1000, 256).unwrap() };
+        assert_eq!(holder(b), Some(StreamKey::PerThread(thread_number())));
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                // SAFETY: `a` and `first` came from `r`, freed once each.
+                unsafe {
+                    r.deallocate(pt, a, 1000, 256).unwrap();
+                    r.deallocate(pt, first, 1024, 256).unwrap();
+                }
+                // Allocated on the legacy stream: freed where the caller says.
+                assert_eq!(holder(first), Some(StreamKey::PerThread(thread_number())));
+            });
+        });
+        // Allocated on this thread's per-thread stream, freed on another's: the legacy list.
+        assert_eq!(holder(a), Some(StreamKey::Legacy));
+        assert_eq!(r.outstanding_allocations(), 0);
+        // The legacy stream takes it from its own list.
+        assert_eq!(r.allocate(s(), 1024, 256).unwrap(), a);
+        // SAFETY: `a` came from `r` again.
+        unsafe { r.deallocate(s(), a, 1024, 256).unwrap() };
     }
 
     #[test]

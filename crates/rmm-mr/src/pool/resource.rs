@@ -8,6 +8,7 @@ use rmm_stream::CudaStreamView;
 use rmm_sys::{checked_align_up, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::alignment::{self, OverAligned, MAX_OVER_ALIGNMENT};
+use crate::cross_thread::Origin;
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::pool::free_list::{Block, CoalescingFreeList};
 use crate::pool::growth::{format_bytes, try_to_expand, PoolSizes};
@@ -22,8 +23,9 @@ use crate::resource::{
 #[derive(Debug, Clone, Default)]
 struct PoolBlocks {
     free: CoalescingFreeList,
-    /// Tagged with whether the block starts an upstream chunk.
-    handed: Arc<HandedMap<bool>>,
+    /// Tagged with whether the block starts an upstream chunk and who allocated it (an
+    /// [`Origin`] as a word).
+    handed: Arc<HandedMap<(bool, u64)>>,
 }
 
 impl FreeBlocks for PoolBlocks {
@@ -64,17 +66,24 @@ impl FreeBlocks for PoolBlocks {
         self.free.remove_chunk(addr, size)
     }
 
-    fn hand_out(&mut self, addr: u64, size: usize, is_head: bool) -> Result<(), String> {
-        if self.handed.record(addr, size, is_head) {
+    fn hand_out(
+        &mut self,
+        addr: u64,
+        size: usize,
+        is_head: bool,
+        origin: Origin,
+    ) -> Result<(), String> {
+        if self.handed.record(addr, size, (is_head, origin.to_word())) {
             Ok(())
         } else {
             Err(format!("block {addr:#x} was already handed out"))
         }
     }
 
-    fn take_back(&mut self, addr: u64, size: usize) -> Result<bool, Option<InvalidFree>> {
+    fn take_back(&mut self, addr: u64, size: usize) -> Result<(bool, Origin), Option<InvalidFree>> {
         self.handed
             .release(addr, size)
+            .map(|(is_head, origin)| (is_head, Origin::from_word(origin)))
             .map_err(|allocated| allocated.map(|allocated| InvalidFree::SizeMismatch { allocated }))
     }
 
@@ -219,6 +228,18 @@ const NAME: &str = "pool_memory_resource";
 ///   that ever used it, as RMM's events do.
 /// - A per-thread default stream has one list per host thread *per pool* (RMM shares its
 ///   per-thread events between pools).
+/// - **Frees from another thread.** [`CudaStreamView::per_thread()`] (and the default stream in
+///   per-thread mode) names a different stream on every host thread, and buffers are `Send`.
+///   The pool remembers which thread allocated a block on its per-thread default stream; a
+///   free of that block on *another* thread's per-thread stream puts it on the legacy stream's
+///   list instead of the freeing thread's, so it is reused only after the work of both threads
+///   (the legacy stream's allocations are ordered after every blocking stream's earlier work,
+///   and a thief waits on an event recorded on the legacy stream). RMM files such a free under
+///   the freeing thread's per-thread event, where that thread can reuse the block at once while
+///   the allocating thread's work on it may still run. A free on the allocating thread costs
+///   one comparison more. Work queued on a third thread's per-thread stream (a buffer used
+///   there and sent back) is not covered: the free orders only the allocating and the freeing
+///   thread's streams.
 #[doc(alias = "rmm::mr::pool_memory_resource")]
 pub struct PoolMemoryResource<U: DeviceMemoryResource = SharedResource> {
     inner: Arc<Pool<U>>,
@@ -767,6 +788,64 @@ mod tests {
         });
         assert_eq!(pools[0].inner.core.list_count(), 3);
         assert!(pools.iter().all(|p| p.outstanding_allocations() == 0));
+    }
+
+    #[test]
+    fn a_per_thread_block_freed_on_another_thread_goes_to_the_legacy_list() {
+        use crate::pool::stream_lists::{thread_number, StreamKey};
+        // The pool grows on this thread's per-thread stream (no CUDA call), so every block
+        // starts in this thread's list.
+        let (p, _mock) = pool(0, None);
+        let pt = CudaStreamView::per_thread();
+        let here = StreamKey::PerThread(thread_number());
+        let a = p.allocate(pt, 1000, 256).unwrap();
+        let b = p.allocate(pt, 1000, 256).unwrap();
+        let c = p.allocate(s(), 1000, 256).unwrap();
+        let holder = |ptr: DevicePtr| p.inner.core.list_holding(ptr.addr());
+        // Freed on the allocating thread: back to its own list.
+        // SAFETY: `b` came from `p`, freed once.
+        unsafe { p.deallocate(pt, b, 1000, 256).unwrap() };
+        assert_eq!(holder(b), Some(here));
+        // Freed on another thread's per-thread stream: that thread's stream does not wait for
+        // this one's work, so the block goes to the legacy list, not to the freeing thread's.
+        // A block allocated on the legacy stream is freed where the caller says.
+        let there = std::thread::scope(|sc| {
+            sc.spawn(|| {
+                // SAFETY: `a` and `c` came from `p`, freed once.
+                unsafe {
+                    p.deallocate(pt, a, 1000, 256).unwrap();
+                    p.deallocate(pt, c, 1000, 256).unwrap();
+                }
+                StreamKey::PerThread(thread_number())
+            })
+            .join()
+            .unwrap()
+        });
+        assert_ne!(there, here);
+        assert_eq!(holder(a), Some(StreamKey::Legacy));
+        assert_eq!(holder(c), Some(there));
+        assert_eq!(p.outstanding_allocations(), 0);
+        // A second free of `a`, from either thread, is still a double free.
+        // SAFETY: wrong frees the pool detects.
+        unsafe {
+            assert_eq!(
+                invalid_free_kind(p.deallocate(pt, a, 1000, 256)),
+                InvalidFree::DoubleFree
+            );
+            std::thread::scope(|sc| {
+                sc.spawn(|| {
+                    assert_eq!(
+                        invalid_free_kind(p.deallocate(pt, a, 1000, 256)),
+                        InvalidFree::DoubleFree
+                    );
+                });
+            });
+        }
+        // The legacy stream reuses the block (its own list, ordered after every blocking
+        // stream's earlier work) without any CUDA call.
+        assert_eq!(p.allocate(s(), 1000, 256).unwrap(), a);
+        // SAFETY: `a` came from `p` again.
+        unsafe { p.deallocate(s(), a, 1000, 256).unwrap() };
     }
 
     #[test]

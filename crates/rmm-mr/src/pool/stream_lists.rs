@@ -14,6 +14,10 @@
 //! The two special keys need no CUDA call to compute; only an ordinary stream costs one
 //! (`cuStreamGetId`).
 //!
+//! A block's key at allocation is remembered with it ([`StreamKey::origin`]): a free on one
+//! thread's per-thread stream of a block another thread allocated on its own goes to the legacy
+//! list, not to the freeing thread's ([`crate::cross_thread`]).
+//!
 //! # Events (the lazy rule)
 //!
 //! A block in list `K` may have pending work on `K`'s stream; a thief (another stream `T`)
@@ -58,6 +62,7 @@ use std::time::Instant;
 use rmm_stream::{CudaEvent, CudaStreamView};
 use rmm_sys::{CudaResult, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
 
+use crate::cross_thread::Origin;
 use crate::pool::event_policy::{EventPolicy, StealAction};
 
 /// Which free list a stream's blocks go to.
@@ -91,6 +96,24 @@ impl StreamKey {
     /// event recording is deferred to steal time).
     pub(crate) fn is_special(self) -> bool {
         !matches!(self, Self::Stream(_))
+    }
+
+    /// The thread whose per-thread default stream this is, if it is one.
+    #[inline]
+    pub(crate) fn per_thread(self) -> Option<u64> {
+        match self {
+            Self::PerThread(t) => Some(t),
+            Self::Legacy | Self::Stream(_) => None,
+        }
+    }
+
+    /// The [`Origin`] of a block allocated on this stream.
+    #[inline]
+    pub(crate) fn origin(self) -> Origin {
+        match self {
+            Self::PerThread(t) => Origin::Thread(t),
+            Self::Legacy | Self::Stream(_) => Origin::Shared,
+        }
     }
 }
 

@@ -18,6 +18,9 @@
 //! `deallocate(stream, ptr, bytes)` takes the block back from the record (which rejects
 //! unknown pointers, double frees — on one stream or two — and size mismatches), records the
 //! list's event when the lazy rule asks for it, and returns the block to this stream's list.
+//! The record also says who allocated the block: a block allocated on another thread's
+//! per-thread default stream, freed on this thread's, goes to the legacy list instead
+//! ([`crate::cross_thread`]).
 //!
 //! # Lists
 //!
@@ -53,6 +56,7 @@ use std::sync::{Mutex, PoisonError};
 use rmm_stream::CudaStreamView;
 use rmm_sys::{checked_align_up, DeviceGuard, DeviceId, DevicePtr, ALLOCATION_ALIGNMENT};
 
+use crate::cross_thread::{needs_legacy_order, Origin};
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::pool::append_only::AppendOnlyVec;
 use crate::pool::stream_lists::{
@@ -93,16 +97,27 @@ pub(crate) trait FreeBlocks: Clone + Send + 'static {
 
     /// Records in the resource-wide record (shared by every list of the resource) that the
     /// block at `addr`, just taken from one of its lists for a request of `size` bytes, is
-    /// handed out. An error means it already was (an internal inconsistency, logged).
-    fn hand_out(&mut self, addr: u64, size: usize, tag: Self::Tag) -> Result<(), String>;
+    /// handed out, allocated by `origin` (the cross-thread rule, [`crate::cross_thread`]). An
+    /// error means it already was (an internal inconsistency, logged).
+    fn hand_out(
+        &mut self,
+        addr: u64,
+        size: usize,
+        tag: Self::Tag,
+        origin: Origin,
+    ) -> Result<(), String>;
 
     /// Checks in the resource-wide record that the block at `addr` is handed out with `size`
-    /// bytes (rounded), forgets it and returns its tag. Of two concurrent calls for one block,
-    /// at most one succeeds. On error nothing changes, and the error says why the free is
-    /// wrong, or is `None` for "not handed out" (the core then asks the lists whether `addr`
-    /// is free: a double free, or else an unknown pointer). A `size` of `usize::MAX` (never a
-    /// recorded size) only classifies.
-    fn take_back(&mut self, addr: u64, size: usize) -> Result<Self::Tag, Option<InvalidFree>>;
+    /// bytes (rounded), forgets it and returns its tag and origin. Of two concurrent calls for
+    /// one block, at most one succeeds. On error nothing changes, and the error says why the
+    /// free is wrong, or is `None` for "not handed out" (the core then asks the lists whether
+    /// `addr` is free: a double free, or else an unknown pointer). A `size` of `usize::MAX`
+    /// (never a recorded size) only classifies.
+    fn take_back(
+        &mut self,
+        addr: u64,
+        size: usize,
+    ) -> Result<(Self::Tag, Origin), Option<InvalidFree>>;
 
     /// Number of blocks handed out by the resource and the sum of their sizes.
     fn handed_out(&self) -> (usize, usize);
@@ -312,7 +327,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 block
             }
         };
-        let recorded = st.blocks.hand_out(addr, size, tag);
+        let recorded = st.blocks.hand_out(addr, size, tag, own.key().origin());
         drop(st);
         if let Err(e) = recorded {
             log::error!("rmm: stream-ordered resource handed out {addr:#x} twice: {e}");
@@ -498,13 +513,17 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         let size = checked_align_up(bytes, ALLOCATION_ALIGNMENT).unwrap_or(usize::MAX);
         let own = self.list_for(stream)?;
         let mut st = own.lock();
-        let tag = match st.blocks.take_back(addr, size) {
-            Ok(tag) => tag,
+        let (tag, origin) = match st.blocks.take_back(addr, size) {
+            Ok(taken) => taken,
             Err(kind) => {
                 drop(st);
                 return Err(self.invalid_free(ptr, bytes, kind));
             }
         };
+        if needs_legacy_order(own.key().per_thread(), origin, false) {
+            drop(st);
+            return self.free_on_legacy(ptr, bytes, size, tag);
+        }
         st.publish(own.key(), stream, self.is_eager());
         st.blocks
             .put(addr, size, tag)
@@ -513,6 +532,52 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 bytes,
                 kind: InvalidFree::DoubleFree,
             })
+    }
+
+    /// A free on this thread's per-thread default stream of a block another thread allocated on
+    /// its own (see [`crate::cross_thread`]): the block goes to the legacy stream's list, not to
+    /// this thread's, so no stream reuses it before the work of both threads is done. The
+    /// legacy stream's own allocations are ordered after every blocking stream's earlier work
+    /// (per-thread default streams included), and a thief of the legacy list waits on an event
+    /// recorded on the legacy stream at steal time.
+    ///
+    /// The block is in no list between the record's take-back and this put (as during a
+    /// merge): a concurrent second free of it is then reported as an unknown pointer rather
+    /// than a double free, and [`release_unused`](Self::release_unused) sees its chunk as in
+    /// use. Both are errors or conservative.
+    #[cold]
+    #[inline(never)]
+    fn free_on_legacy(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        size: usize,
+        tag: L::Tag,
+    ) -> MrResult<()> {
+        if !self.legacy_used.load(Ordering::Acquire) {
+            // Counts the legacy stream as a user (it may turn the resource eager); cannot fail
+            // for the legacy key.
+            if let Err(e) = self.register(StreamKey::Legacy) {
+                log::warn!("rmm: registering the legacy stream list failed: {e}");
+            }
+        }
+        let mut st = self.legacy.lock();
+        st.publish(StreamKey::Legacy, CudaStreamView::legacy(), self.is_eager());
+        st.blocks
+            .put(ptr.addr(), size, tag)
+            .map_err(|_| MrError::InvalidFree {
+                ptr,
+                bytes,
+                kind: InvalidFree::DoubleFree,
+            })
+    }
+
+    /// The free list holding `addr` as a free block, by key (tests).
+    #[cfg(test)]
+    pub(crate) fn list_holding(&self, addr: u64) -> Option<StreamKey> {
+        self.lists()
+            .find(|l| l.lock().blocks.holds(addr))
+            .map(StreamList::key)
     }
 
     /// The error for a free the record rejected; `kind` is the record's verdict, or `None` for

@@ -136,6 +136,18 @@ impl Drop for OwnedPool {
 ///
 /// Beyond RMM: [`trim_to`](Self::trim_to), live [`statistics`](Self::statistics), and
 /// [`view`](Self::view), a [`CudaAsyncViewMemoryResource`] sharing ownership of the pool.
+///
+/// # Frees from another thread on the per-thread default stream
+///
+/// The driver orders a free only after the freeing stream. A block allocated on one thread's
+/// per-thread default stream and freed on another thread's (a `Send` buffer on
+/// [`CudaStreamView::per_thread()`], or on the default stream in per-thread mode, dropped on
+/// another thread) is reusable by the freeing thread's stream at once, while the allocating
+/// thread's work on it may still run, as with RMM. This resource keeps no record of who
+/// allocated a block (that would cost a shared map on every call), so it does not correct
+/// this, unlike the sub-allocators ([`PoolMemoryResource`](crate::PoolMemoryResource) and the
+/// others order such a free behind the legacy stream). Synchronize the allocating thread's
+/// stream, or use an ordinary stream, before sending such a buffer to another thread.
 #[doc(alias = "rmm::mr::cuda_async_memory_resource")]
 #[derive(Debug, Clone)]
 pub struct CudaAsyncMemoryResource {

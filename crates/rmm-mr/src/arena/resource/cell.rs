@@ -12,6 +12,7 @@ use super::global::AddrHash;
 use super::thread_cache::thread_serial;
 use super::{lock, EventPool};
 use crate::arena::{ArenaError, LocalArena};
+use crate::cross_thread::Origin;
 use crate::error::MrResult;
 
 /// Which local arena a stream uses.
@@ -39,6 +40,25 @@ impl ArenaKey {
             Ok(Self::Stream(stream.id()?))
         }
     }
+
+    /// The thread whose per-thread default stream this is, if it is one.
+    #[inline]
+    pub(super) fn thread(self) -> Option<u64> {
+        match self {
+            Self::Thread(serial) => Some(serial),
+            Self::Legacy | Self::Stream(_) => None,
+        }
+    }
+
+    /// The [`Origin`] of a block allocated by this key's arena (or by the global arena for
+    /// this key's stream).
+    #[inline]
+    pub(super) fn origin(self) -> Origin {
+        match self {
+            Self::Thread(serial) => Origin::Thread(serial),
+            Self::Legacy | Self::Stream(_) => Origin::Shared,
+        }
+    }
 }
 
 impl fmt::Display for ArenaKey {
@@ -56,14 +76,21 @@ impl fmt::Display for ArenaKey {
 pub(super) struct ArenaSlot {
     /// The superblocks and their blocks.
     pub(super) arena: LocalArena,
-    /// Events recorded on other streams that freed blocks into this arena. The arena's own
-    /// stream waits on all of them (device side) before this arena hands out any block.
+    /// Events recorded on other streams that freed blocks into this arena (or on the legacy
+    /// stream, for a block another thread allocated). The arena's own stream waits on all of
+    /// them (device side) before this arena hands out any block.
     pub(super) fences: Vec<CudaEvent>,
     /// Blocks of this arena's superblocks whose free is still queued in the resource's pending
     /// queue (freed on another stream while the superblock was in the global arena, which then
     /// lent it here). They stay allocated in the superblock until the queue releases them; a
     /// caller's free of one is a double free.
     pending: HashSet<u64, AddrHash>,
+    /// Blocks that were already handed out when their superblock joined this arena (a
+    /// partially used superblock lent after defragmentation or a thread exit): another arena's
+    /// stream allocated them, so their [`Origin`] is unknown here. A superset (an entry may
+    /// outlive its block, which only makes a later free of that address more careful); empty
+    /// in the common case, so the hot path only checks `is_empty`.
+    foreign: HashSet<u64, AddrHash>,
 }
 
 impl ArenaSlot {
@@ -88,6 +115,7 @@ impl ArenaSlot {
         let freed = self.arena.deallocate(addr, size);
         if matches!(freed, Ok(true)) {
             self.pending.remove(&addr);
+            self.forget_foreign(addr);
         }
         freed
     }
@@ -102,6 +130,43 @@ impl ArenaSlot {
     /// How many blocks here wait for their pending free.
     pub(super) fn pending_len(&self) -> usize {
         self.pending.len()
+    }
+
+    /// Records that the blocks at `addrs`, live in a superblock just joining this arena, were
+    /// allocated elsewhere.
+    pub(super) fn adopt_foreign(&mut self, addrs: impl IntoIterator<Item = u64>) {
+        self.foreign.extend(addrs);
+    }
+
+    /// The [`Origin`] of the live block at `addr` of this arena, whose key is `key`: the key's
+    /// own, unless the block was live when its superblock arrived.
+    #[inline]
+    pub(super) fn origin(&self, key: ArenaKey, addr: u64) -> Origin {
+        if !self.foreign.is_empty() && self.foreign.contains(&addr) {
+            Origin::Unknown
+        } else {
+            key.origin()
+        }
+    }
+
+    /// The block at `addr` was freed into this arena (or its superblock left it).
+    #[inline]
+    pub(super) fn forget_foreign(&mut self, addr: u64) {
+        if !self.foreign.is_empty() {
+            self.foreign.remove(&addr);
+        }
+    }
+
+    /// Forgets the foreign blocks whose superblock is no longer in this arena.
+    pub(super) fn prune_foreign(&mut self) {
+        let arena = &self.arena;
+        self.foreign.retain(|&addr| arena.contains(addr));
+    }
+
+    /// Number of blocks recorded as allocated elsewhere.
+    #[cfg(test)]
+    pub(super) fn foreign_count(&self) -> usize {
+        self.foreign.len()
     }
 
     /// Makes `stream` (this arena's stream) wait on every fence, then recycles them.

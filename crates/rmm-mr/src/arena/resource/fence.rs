@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use rmm_stream::{CudaEvent, CudaStreamView};
 use rmm_sys::CudaResult;
 
-use super::lock;
+use super::{lock, ArenaKey};
 
 /// Events kept for reuse; beyond this many, returned events are destroyed.
 const MAX_POOLED_EVENTS: usize = 1024;
@@ -55,6 +55,30 @@ impl EventPool {
                 self.give(event);
                 Err(e)
             }
+        }
+    }
+}
+
+/// How one free is ordered: the key of the freeing stream and the event the block's next user
+/// must wait for, recorded on the freeing stream, or on the legacy default stream for a free
+/// across threads ([`crate::cross_thread`]). Without a device there is never an event.
+#[derive(Debug)]
+pub(super) struct FreeFence {
+    /// The freeing stream's key.
+    pub(super) freeing: ArenaKey,
+    /// The event, once recorded.
+    pub(super) event: Option<CudaEvent>,
+    /// Whether `event` is (or, without a device, would be) recorded on the legacy stream.
+    pub(super) on_legacy: bool,
+}
+
+impl FreeFence {
+    /// No event yet, for a free on the stream with key `freeing`.
+    pub(super) fn new(freeing: ArenaKey) -> Self {
+        Self {
+            freeing,
+            event: None,
+            on_legacy: false,
         }
     }
 }

@@ -11,6 +11,7 @@ use rmm_stream::CudaEvent;
 
 use super::{lock, ArenaCell, ArenaSlot, EventPool};
 use crate::arena::{ArenaError, GlobalArena, Superblock, SuperblockLocation};
+use crate::cross_thread::{needs_legacy_order, Origin};
 
 /// Hashing for maps keyed by device address (SipHash, the default, costs more than the lookup
 /// itself here; addresses are not attacker-chosen keys): the SplitMix64 finaliser.
@@ -119,8 +120,9 @@ pub(super) struct GlobalState {
     /// Lent superblock address -> the arena holding it (RMM searches every arena instead).
     pub(super) owners: AddrMap<Arc<ArenaCell>>,
     /// Live large (> 1 MiB) allocations made by the global arena whose superblock it still
-    /// holds: address -> rounded size (O(1) checks of large frees).
-    pub(super) large_live: AddrMap<usize>,
+    /// holds: address -> rounded size (O(1) checks of large frees) and who allocated it (for
+    /// frees from another thread's per-thread default stream).
+    pub(super) large_live: AddrMap<(usize, Origin)>,
     /// Addresses of the frees waiting for their stream (a second free of one is a double free).
     pub(super) pending_addrs: HashSet<u64, AddrHash>,
 }
@@ -226,18 +228,21 @@ impl GlobalState {
             return false;
         };
         // A partially used superblock is lent whole: its large blocks are now freed through
-        // the arena that holds it, and the arena must know which of its blocks already have a
-        // free queued (or it would take a second free of one as the first).
-        for block in superblock.live_blocks() {
-            self.large_live.remove(&block.addr);
-            if self.pending_addrs.contains(&block.addr) {
-                slot.note_pending(block.addr);
+        // the arena that holds it, the arena must know which of its blocks already have a
+        // free queued (or it would take a second free of one as the first), and its live
+        // blocks were allocated by other streams.
+        let live: Vec<u64> = superblock.live_blocks().map(|block| block.addr).collect();
+        for &addr in &live {
+            self.large_live.remove(&addr);
+            if self.pending_addrs.contains(&addr) {
+                slot.note_pending(addr);
             }
         }
         let addr = superblock.addr();
         match slot.arena.adopt(superblock) {
             Ok(()) => {
                 self.owners.insert(addr, Arc::clone(cell));
+                slot.adopt_foreign(live);
                 true
             }
             Err(rejected) => {
@@ -257,6 +262,7 @@ impl GlobalState {
             log::error!("arena: cleaning a local arena: {e}");
         }
         slot.forget_returned_pending();
+        slot.prune_foreign();
         self.forget_owners(slot, lent);
     }
 
@@ -282,7 +288,9 @@ impl GlobalState {
     /// the only block of its superblock, and that superblock fits in the `room` the arena may
     /// still keep, the block is freed and the superblock, now empty, goes to the arena (which
     /// reuses it for its stream's large requests at once: work queued later on the freeing
-    /// stream runs after the work that used the block). Returns whether it did.
+    /// stream runs after the work that used the block). Returns whether it did. A block
+    /// another thread allocated on its per-thread default stream, freed on this thread's, is
+    /// not kept: the freeing stream does not wait for the allocating thread's work.
     pub(super) fn keep(
         &mut self,
         addr: u64,
@@ -291,8 +299,10 @@ impl GlobalState {
         cell: &Arc<ArenaCell>,
         slot: &mut ArenaSlot,
     ) -> bool {
-        if self.large_live.get(&addr) != Some(&size) {
-            return false;
+        match self.large_live.get(&addr) {
+            Some(&(live, origin))
+                if live == size && !needs_legacy_order(cell.key().thread(), origin, false) => {}
+            _ => return false,
         }
         let Some(superblock) = self.arena.reclaim(addr, size, room) else {
             return false;

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, Weak};
 use rmm_stream::{CudaEvent, CudaStreamView};
 use rmm_sys::DevicePtr;
 
+use super::fence::FreeFence;
 use super::global::{GlobalState, Held, PendingFree, PendingQueue};
 use super::thread_cache::{self, ThreadExit};
 use super::{fence, lock, read, write, ArenaCell, ArenaKey, ArenaOptions, ArenaSlot, EventPool};
@@ -17,6 +18,7 @@ use crate::arena::{
     align_down, align_to_size_class, align_up, ArenaError, Block, GlobalArena, SuperblockLocation,
     SUPERBLOCK_MIN_SIZE,
 };
+use crate::cross_thread::{needs_legacy_order, Origin};
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
 
@@ -265,7 +267,7 @@ impl<U: DeviceMemoryResource> State<U> {
             if let Some(addr) = self.allocate_kept(stream, key, size)? {
                 return Ok(Some(addr));
             }
-            return Ok(self.allocate_large(size));
+            return Ok(self.allocate_large(size, key.origin()));
         }
         self.with_own_arena(key, |cell, slot| {
             // Blocks freed here from other streams are reusable once this stream waited.
@@ -356,8 +358,9 @@ impl<U: DeviceMemoryResource> State<U> {
         Ok(slot.arena.allocate_kept(size))
     }
 
-    /// A large (> 1 MiB) request, served by the global arena.
-    fn allocate_large(&self, size: usize) -> Option<u64> {
+    /// A large (> 1 MiB) request, served by the global arena, for a stream whose blocks have
+    /// this `origin`.
+    fn allocate_large(&self, size: usize, origin: Origin) -> Option<u64> {
         let done = self.pending.take_completed(REAP_BATCH);
         let mut global = self.lock_global();
         self.release(&mut global, done, None);
@@ -371,7 +374,7 @@ impl<U: DeviceMemoryResource> State<U> {
             }
         }
         if let Some(addr) = addr {
-            global.large_live.insert(addr, size);
+            global.large_live.insert(addr, (size, origin));
         }
         addr
     }
@@ -430,19 +433,16 @@ impl<U: DeviceMemoryResource> State<U> {
         if GlobalArena::handles(size) {
             return self.free_large(stream, key, ptr, bytes, size);
         }
+        let mut fence = FreeFence::new(key);
         // The hot path: the block is in this stream's (or thread's) own arena.
         if let Some(cell) = self.existing_arena(key) {
             let mut slot = cell.lock();
-            if !cell.is_retired() {
-                match slot.free(addr, size) {
-                    Ok(true) => return Ok(()),
-                    Ok(false) => {}
-                    Err(e) => return Err(wrong_free(ptr, bytes, e)),
-                }
+            if !cell.is_retired() && self.free_into(key, &mut slot, ptr, bytes, size, &mut fence)? {
+                return Ok(());
             }
         }
-        let fence = self.fence(stream)?;
-        self.free_elsewhere(key, ptr, bytes, size, fence)
+        self.fence_on_freeing_stream(stream, &mut fence)?;
+        self.free_elsewhere(ptr, bytes, size, fence)
     }
 
     /// An event recorded on `stream` now, or `None` without a device.
@@ -453,10 +453,84 @@ impl<U: DeviceMemoryResource> State<U> {
         Ok(Some(self.events.record(stream)?))
     }
 
+    /// Records `fence` on the freeing `stream`, unless it is already on the legacy stream
+    /// (which covers the freeing stream too).
+    fn fence_on_freeing_stream(
+        &self,
+        stream: CudaStreamView<'_>,
+        fence: &mut FreeFence,
+    ) -> MrResult<()> {
+        if !fence.on_legacy && fence.event.is_none() {
+            fence.event = self.fence(stream)?;
+        }
+        Ok(())
+    }
+
+    /// Makes `fence` an event recorded on the legacy default stream (once): it completes when
+    /// all work queued so far on every blocking stream has completed, every thread's
+    /// per-thread default stream included, so it covers both the freeing thread's work and
+    /// the allocating thread's (see [`crate::cross_thread`]).
+    #[cold]
+    #[inline(never)]
+    fn order_behind_legacy(&self, fence: &mut FreeFence) -> MrResult<()> {
+        if !fence.on_legacy {
+            let event = self.fence(CudaStreamView::legacy())?;
+            self.events
+                .give_opt(std::mem::replace(&mut fence.event, event));
+            fence.on_legacy = true;
+        }
+        Ok(())
+    }
+
+    /// Frees the block at `ptr` (`bytes` as the caller gave them, `size` rounded) into `slot`,
+    /// the locked arena of `holder`, for a free ordered behind `fence` (the freeing stream's
+    /// key, and an event on that stream if the caller recorded one). `Ok(false)`: the block is
+    /// not in this arena; nothing changed but, possibly, `fence`, which stays the caller's.
+    ///
+    /// The block becomes reusable by `holder`'s stream once that stream has waited on the
+    /// fence (pushed to the arena's fences), or at once when `holder` is the freeing stream
+    /// itself. A block allocated on another thread's per-thread default stream (or one whose
+    /// origin is unknown here) freed on this thread's per-thread stream is first ordered behind
+    /// the legacy stream ([`crate::cross_thread`]), unless it goes back to its allocating
+    /// thread's own arena, whose stream orders that thread's work anyway.
+    #[inline]
+    fn free_into(
+        &self,
+        holder: ArenaKey,
+        slot: &mut ArenaSlot,
+        ptr: DevicePtr,
+        bytes: usize,
+        size: usize,
+        fence: &mut FreeFence,
+    ) -> MrResult<bool> {
+        let addr = ptr.addr();
+        let origin = slot.origin(holder, addr);
+        if needs_legacy_order(fence.freeing.thread(), origin, origin == holder.origin()) {
+            self.order_behind_legacy(fence)?;
+        }
+        match slot.free(addr, size) {
+            Ok(true) => {}
+            Ok(false) => return Ok(false),
+            Err(e) => return Err(wrong_free(ptr, bytes, e)),
+        }
+        slot.forget_foreign(addr);
+        if let Some(event) = fence.event.take() {
+            if holder == fence.freeing && !fence.on_legacy {
+                // The freeing stream's own arena: its later work follows the free already.
+                self.events.give(event);
+            } else {
+                slot.fences.push(event);
+            }
+        }
+        Ok(true)
+    }
+
     /// A large free, without blocking the host: first the stream's own part
     /// ([`free_large_here`](Self::free_large_here): its arena frees or keeps the block at once);
     /// otherwise the block becomes reusable once the work queued on `stream` so far has
-    /// completed (a pending free, with an event recorded outside the global lock).
+    /// completed (a pending free, with an event recorded outside the global lock). A block
+    /// another thread allocated on its per-thread default stream, freed on this thread's, waits
+    /// for an event on the legacy stream instead ([`crate::cross_thread`]).
     fn free_large(
         self: &Arc<Self>,
         stream: CudaStreamView<'_>,
@@ -466,100 +540,114 @@ impl<U: DeviceMemoryResource> State<U> {
         size: usize,
     ) -> MrResult<()> {
         let addr = ptr.addr();
-        match self.free_large_here(key, addr, size) {
-            Ok(true) => return Ok(()),
-            Ok(false) => {}
-            Err(e) => return Err(wrong_free(ptr, bytes, e)),
+        let mut fence = FreeFence::new(key);
+        if self.free_large_here(ptr, bytes, size, &mut fence)? {
+            return Ok(());
         }
-        let fence = self.fence(stream)?;
-        // This free may queue one: look at the oldest ones too, so that the queue stays short
-        // even when allocations are served by kept superblocks and never reap it.
-        let done = self.pending.take_completed(REAP_BATCH);
-        let mut global = self.lock_global();
-        self.release(&mut global, done, None);
-        match global.large_live.get(&addr).copied() {
-            Some(live) if live == size => {
-                global.large_live.remove(&addr);
-                match fence {
-                    Some(event) => {
-                        global.push_pending(&self.pending, addr, size, event);
-                        Ok(())
+        self.fence_on_freeing_stream(stream, &mut fence)?;
+        loop {
+            // This free may queue one: look at the oldest ones too, so that the queue stays
+            // short even when allocations are served by kept superblocks and never reap it.
+            let done = self.pending.take_completed(REAP_BATCH);
+            let mut global = self.lock_global();
+            self.release(&mut global, done, None);
+            return match global.large_live.get(&addr).copied() {
+                Some((live, origin)) if live == size => {
+                    if !fence.on_legacy && needs_legacy_order(key.thread(), origin, false) {
+                        // Recorded outside the global lock; then look again.
+                        drop(global);
+                        self.order_behind_legacy(&mut fence)?;
+                        continue;
                     }
-                    None => match global.arena.deallocate(addr, size) {
-                        Ok(true) => Ok(()),
-                        Ok(false) => {
-                            drop(global);
-                            self.free_elsewhere(key, ptr, bytes, size, None)
+                    global.large_live.remove(&addr);
+                    match fence.event.take() {
+                        Some(event) => {
+                            global.push_pending(&self.pending, addr, size, event);
+                            Ok(())
                         }
-                        Err(e) => {
-                            // Cannot happen (the block is live); keep the records consistent.
-                            global.large_live.insert(addr, size);
-                            Err(wrong_free(ptr, bytes, e))
-                        }
-                    },
+                        None => match global.arena.deallocate(addr, size) {
+                            Ok(true) => Ok(()),
+                            Ok(false) => {
+                                drop(global);
+                                self.free_elsewhere(ptr, bytes, size, fence)
+                            }
+                            Err(e) => {
+                                // Cannot happen (the block is live); keep the records
+                                // consistent.
+                                global.large_live.insert(addr, (live, origin));
+                                Err(wrong_free(ptr, bytes, e))
+                            }
+                        },
+                    }
                 }
-            }
-            Some(allocated) => {
-                drop(global);
-                self.events.give_opt(fence);
-                Err(wrong_free(
-                    ptr,
-                    bytes,
-                    ArenaError::SizeMismatch {
-                        addr,
-                        size: bytes,
-                        allocated,
-                    },
-                ))
-            }
-            // Not a live large allocation: a double free, or a wrong size for a small one.
-            None => {
-                drop(global);
-                self.free_elsewhere(key, ptr, bytes, size, fence)
-            }
+                Some((allocated, _)) => {
+                    drop(global);
+                    self.events.give_opt(fence.event.take());
+                    Err(wrong_free(
+                        ptr,
+                        bytes,
+                        ArenaError::SizeMismatch {
+                            addr,
+                            size: bytes,
+                            allocated,
+                        },
+                    ))
+                }
+                // Not a live large allocation: a double free, or a wrong size for a small one.
+                None => {
+                    drop(global);
+                    self.free_elsewhere(ptr, bytes, size, fence)
+                }
+            };
         }
     }
 
-    /// The freeing stream's own part of a large free, without any event: the block is in one of
-    /// its arena's superblocks (freed there at once, as small frees are), or it is the only
-    /// block of a superblock the global arena holds and the arena may keep that superblock for
-    /// its stream ([`GlobalState::keep`]). `Ok(false)`: neither.
+    /// The freeing stream's own part of a large free, without any event of the freeing stream:
+    /// the block is in one of its arena's superblocks (freed there at once, as small frees
+    /// are, see [`free_into`](Self::free_into)), or it is the only block of a superblock the
+    /// global arena holds and the arena may keep that superblock for its stream
+    /// ([`GlobalState::keep`]). `Ok(false)`: neither.
     fn free_large_here(
         self: &Arc<Self>,
-        key: ArenaKey,
-        addr: u64,
+        ptr: DevicePtr,
+        bytes: usize,
         size: usize,
-    ) -> Result<bool, ArenaError> {
+        fence: &mut FreeFence,
+    ) -> MrResult<bool> {
+        let key = fence.freeing;
         self.with_own_arena(key, |cell, slot| {
-            if slot.free(addr, size)? {
+            if self.free_into(key, slot, ptr, bytes, size, fence)? {
                 return Ok(true);
             }
             let room = self.keep_limit.saturating_sub(slot.arena.kept_free_bytes());
             if room <= SUPERBLOCK_MIN_SIZE {
                 return Ok(false);
             }
-            Ok(self.lock_global().keep(addr, size, room, cell, slot))
+            Ok(self.lock_global().keep(ptr.addr(), size, room, cell, slot))
         })
     }
 
     /// A free of a block that is not in the freeing stream's own arena: find its superblock
     /// through the global arena and the owner table (no scan of the arenas), then
-    /// * in a local arena: free it there; if that arena belongs to another stream, it gets the
-    ///   fence and its stream waits on it before reusing anything;
-    /// * in the global arena: queue it as a pending free until the fence completes.
+    /// * in a local arena: free it there ([`free_into`](Self::free_into)); if that arena
+    ///   belongs to another stream, it gets the fence and its stream waits on it before
+    ///   reusing anything;
+    /// * in the global arena: queue it as a pending free until the fence completes. Such a
+    ///   block was allocated by a stream whose arena has since given its superblock back, so
+    ///   on a per-thread default stream the fence is recorded on the legacy stream
+    ///   ([`crate::cross_thread`]).
     ///
-    /// Without a device (`fence` is `None`) the block is freed at once.
+    /// Without a device (no event) the block is freed at once.
     fn free_elsewhere(
         &self,
-        key: ArenaKey,
         ptr: DevicePtr,
         bytes: usize,
         size: usize,
-        mut fence: Option<CudaEvent>,
+        mut fence: FreeFence,
     ) -> MrResult<()> {
         let addr = ptr.addr();
-        let fail = |fence: &mut Option<CudaEvent>, error: ArenaError| {
-            self.events.give_opt(fence.take());
+        let fail = |fence: &mut FreeFence, error: ArenaError| {
+            self.events.give_opt(fence.event.take());
             Err(wrong_free(ptr, bytes, error))
         };
         loop {
@@ -578,7 +666,18 @@ impl<U: DeviceMemoryResource> State<U> {
                         drop(global);
                         return fail(&mut fence, e);
                     }
-                    match fence.take() {
+                    if !fence.on_legacy
+                        && needs_legacy_order(fence.freeing.thread(), Origin::Unknown, false)
+                    {
+                        // Recorded outside the global lock; then look again.
+                        drop(global);
+                        if let Err(e) = self.order_behind_legacy(&mut fence) {
+                            self.events.give_opt(fence.event.take());
+                            return Err(e);
+                        }
+                        continue;
+                    }
+                    match fence.event.take() {
                         Some(event) => global.push_pending(&self.pending, addr, size, event),
                         None => {
                             if let Err(e) = global.arena.deallocate(addr, size) {
@@ -603,23 +702,14 @@ impl<U: DeviceMemoryResource> State<U> {
                 // Cleaned meanwhile: look again.
                 continue;
             }
-            match slot.free(addr, size) {
-                Ok(true) => {
-                    if let Some(event) = fence.take() {
-                        if owner.key() == key {
-                            // Moved into the freeing stream's own arena meanwhile.
-                            self.events.give(event);
-                        } else {
-                            slot.fences.push(event);
-                        }
-                    }
-                    return Ok(());
-                }
+            match self.free_into(owner.key(), &mut slot, ptr, bytes, size, &mut fence) {
+                Ok(true) => return Ok(()),
                 // Moved meanwhile: look again.
                 Ok(false) => continue,
                 Err(e) => {
                     drop(slot);
-                    return fail(&mut fence, e);
+                    self.events.give_opt(fence.event.take());
+                    return Err(e);
                 }
             }
         }
@@ -694,9 +784,14 @@ impl<U: DeviceMemoryResource> State<U> {
     /// Counters for tests.
     #[cfg(test)]
     pub(super) fn snapshot(&self) -> Snapshot {
-        let arenas = read(&self.arenas).len();
+        let (arenas, foreign) = {
+            let map = read(&self.arenas);
+            let foreign = map.values().map(|c| c.lock().foreign_count()).sum();
+            (map.len(), foreign)
+        };
         let global = self.lock_global();
         Snapshot {
+            foreign,
             held_superblocks: global.arena.superblock_count(),
             lent_superblocks: global.arena.lent_superblock_count(),
             fully_coalesced: global.arena.is_fully_coalesced(),
@@ -717,6 +812,8 @@ pub(super) struct Snapshot {
     pub(super) arenas: usize,
     pub(super) pending: usize,
     pub(super) large_live: usize,
+    /// Blocks recorded, over all local arenas, as allocated by another arena's stream.
+    pub(super) foreign: usize,
 }
 
 impl<U: DeviceMemoryResource> ThreadExit for State<U> {

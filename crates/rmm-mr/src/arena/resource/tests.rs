@@ -612,6 +612,87 @@ fn per_thread_to_stream_free() {
     helper.join().unwrap();
 }
 
+/// A large block this thread allocated on its per-thread stream and another thread frees on
+/// its own is not kept by the freeing thread's arena: that thread's stream does not wait for
+/// this thread's work (with a GPU the block waits for an event on the legacy stream; without
+/// one it goes straight back to the global arena). A free on the allocating thread keeps it.
+#[test]
+fn large_blocks_freed_on_another_threads_per_thread_stream_are_not_kept() {
+    let (_mock, mr) = arena(256 * MIB);
+    let big = alloc(&mr, per_thread(), 3 * MIB);
+    std::thread::scope(|sc| {
+        sc.spawn(|| free(&mr, per_thread(), big, 3 * MIB));
+    });
+    mr.inner.settle();
+    let s = snapshot(&mr);
+    assert_eq!(
+        (s.large_live, s.pending, s.lent_superblocks),
+        (0, 0, 0),
+        "kept by the freeing thread's arena: {s:?}"
+    );
+    assert!(s.fully_coalesced);
+    // Freed on the allocating thread: kept, as before.
+    let again = alloc(&mr, per_thread(), 3 * MIB);
+    assert_eq!(again, big);
+    free(&mr, per_thread(), again, 3 * MIB);
+    assert_eq!(snapshot(&mr).lent_superblocks, 1);
+    // A large block allocated on the legacy stream and freed on another thread's per-thread
+    // stream: the caller chose that stream, so that thread's arena keeps it.
+    let shared = alloc(&mr, legacy(), 5 * MIB);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            free(&mr, per_thread(), shared, 5 * MIB);
+            assert_eq!(snapshot(&mr).lent_superblocks, 2);
+        });
+    });
+}
+
+/// Blocks that were live when their superblock joined an arena (after a defragmentation) are
+/// recorded as allocated elsewhere until they are freed; with a GPU, a free of one on the
+/// holding thread's per-thread stream waits for an event on the legacy stream.
+#[test]
+fn blocks_of_a_moved_superblock_are_foreign_to_their_new_arena() {
+    let (_mock, mr) = arena(2 * MIB);
+    // This thread's arena takes the first 1 MiB superblock.
+    let p = alloc(&mr, per_thread(), 256 * KIB);
+    assert_eq!(p.addr(), base(&mr));
+    let worker = mr.clone();
+    // Joined (not scoped), so the thread's exit, which returns its arena, is over.
+    let q = std::thread::spawn(move || {
+        let mr = worker;
+        // Larger than any free superblock: defragmentation gives the superblock holding `p`
+        // back to the global arena, and the request still fails.
+        let r = mr.allocate(per_thread(), 3 * MIB / 2, 256);
+        assert!(r.is_err_and(|e| e.is_out_of_memory()));
+        assert_eq!(snapshot(&mr).foreign, 0);
+        // The first fitting superblock is the partially used one: this thread's arena gets
+        // it, with `p` still live in it.
+        let q = alloc(&mr, per_thread(), 256 * KIB);
+        assert_eq!(q.addr(), p.addr() + 256 * KIB as u64);
+        assert_eq!(snapshot(&mr).foreign, 1);
+        // Freed here, on this thread's per-thread stream: no longer foreign.
+        free(&mr, per_thread(), p, 256 * KIB);
+        assert_eq!(snapshot(&mr).foreign, 0);
+        let again = alloc(&mr, per_thread(), 256 * KIB);
+        assert_eq!(again, p, "first fit in this thread's arena");
+        free(&mr, per_thread(), again, 256 * KIB);
+        // `q` stays live: the superblock goes back to the global arena at thread exit.
+        q
+    })
+    .join()
+    .unwrap();
+    let s = snapshot(&mr);
+    assert_eq!((s.foreign, s.arenas), (0, 0), "{s:?}");
+    // This thread's arena now takes the superblock with `q` live in it: foreign here, until
+    // `q` is freed, here on another stream (the legacy one, whose free is the caller's word).
+    let r = alloc(&mr, per_thread(), 256 * KIB);
+    assert_eq!(r, p);
+    assert_eq!(snapshot(&mr).foreign, 1);
+    free(&mr, legacy(), q, 256 * KIB);
+    assert_eq!(snapshot(&mr).foreign, 0);
+    free(&mr, per_thread(), r, 256 * KIB);
+}
+
 #[test]
 fn blocks_freed_from_another_arena_go_back_to_their_arena() {
     let (_mock, mr) = arena(4 * MIB);
