@@ -1,4 +1,5 @@
-//! A host-memory resource for tests and benchmarks on machines without a GPU.
+//! A host-memory resource for tests and benchmarks on machines without a GPU, and an upstream
+//! that fails on demand ([`FaultyResource`]).
 
 use std::alloc::Layout;
 use std::any::Any;
@@ -12,6 +13,10 @@ use rmm_sys::DevicePtr;
 use crate::alignment::{self, MAX_OVER_ALIGNMENT};
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::{same_shared_state, DeviceMemoryResource, ResourceProperties};
+
+mod faulty;
+
+pub use faulty::{FaultKind, FaultyResource};
 
 #[derive(Debug, Default)]
 struct Mock {
