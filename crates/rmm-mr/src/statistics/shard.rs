@@ -36,12 +36,6 @@ impl ShardStat {
         self.value.load(Ordering::Relaxed)
     }
 
-    /// Adds `amount` to the value and the total (the shard's only writer).
-    #[inline]
-    pub(super) fn add(&self, amount: i64) {
-        self.raise(amount, true);
-    }
-
     /// Adds `amount` to the value, and to the total when `total` (the shard's only writer).
     #[inline]
     pub(super) fn raise(&self, amount: i64, total: bool) {
@@ -218,7 +212,7 @@ mod tests {
     fn overflowing_addition_never_fits() {
         let s = ShardStat::default();
         s.limit.store(i64::MAX, Ordering::Relaxed);
-        s.add(i64::MAX);
+        s.raise(i64::MAX, true);
         assert!(!s.fits(1));
         assert!(s.fits(0));
     }
