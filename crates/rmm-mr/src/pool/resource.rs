@@ -36,6 +36,10 @@ impl FreeBlocks for PoolBlocks {
         self.free.allocate(size).map(|b| (b.addr, b.is_head))
     }
 
+    fn fits(&self, size: usize) -> bool {
+        self.free.largest().is_some_and(|b| b.size >= size)
+    }
+
     fn put(&mut self, addr: u64, size: usize, is_head: bool) -> Result<(), String> {
         self.free
             .insert(Block::new(addr, size, is_head))
@@ -89,6 +93,11 @@ impl FreeBlocks for PoolBlocks {
 
     fn handed_out(&self) -> (usize, usize) {
         self.handed.totals()
+    }
+
+    #[cfg(test)]
+    fn free_blocks(&self) -> Vec<(u64, usize)> {
+        self.free.iter().map(|b| (b.addr, b.size)).collect()
     }
 }
 
@@ -409,9 +418,10 @@ impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
             )
         })?;
         let pool = &*self.inner;
-        pool.core.allocate(stream, size, |pool_size| {
-            pool.expand(stream, bytes, size, pool_size)
-        })
+        pool.core
+            .allocate(stream, size, &pool.upstream, |pool_size| {
+                pool.expand(stream, bytes, size, pool_size)
+            })
     }
 
     /// `bytes` aligned to `alignment` (above 256), from a larger block.
