@@ -157,6 +157,7 @@ pub(crate) struct CoreState {
     pub(crate) handed_out: (usize, usize),
 }
 
+
 /// Which stream keys have lists, and who used the resource first.
 #[derive(Default)]
 struct Registry {
@@ -711,17 +712,35 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         }
         let mut released = 0;
         let mut first_error = None;
-        for (_, addr, size) in taken {
-            chunks.remove(&addr);
-            self.pool_size.fetch_sub(size, Ordering::Relaxed);
-            released += size;
+        let stream = CudaStreamView::default();
+        for (list, addr, size) in taken {
             // SAFETY: the chunk came from `upstream` with this size, is wholly free (no block of
             // it is handed out) and the device was synchronized, so no work uses it.
             let r = unsafe {
-                upstream.deallocate_sync(DevicePtr::from_raw(addr), size, ALLOCATION_ALIGNMENT)
+                upstream.deallocate(
+                    stream,
+                    DevicePtr::from_raw(addr),
+                    size,
+                    ALLOCATION_ALIGNMENT,
+                )
             };
-            if let Err(e) = settle(r) {
+            if let Err(e) = r {
+                // Still the pool's: back where it was.
+                if let Err(e) = list.lock().blocks.add_chunk(addr, size) {
+                    log::error!("rmm: could not return chunk {addr:#x} to its list: {e}");
+                }
                 first_error.get_or_insert(e);
+                continue;
+            }
+            chunks.remove(&addr);
+            self.pool_size.fetch_sub(size, Ordering::Relaxed);
+            released += size;
+        }
+        if released > 0 {
+            // The chunks are released; waiting for a stream-ordered upstream to finish freeing
+            // them can fail without making them the pool's again.
+            if let Err(e) = settle(stream.synchronize().map_err(MrError::from)) {
+                log::warn!("rmm: synchronizing after releasing {released} bytes failed: {e}");
             }
         }
         first_error.map_or(Ok(released), Err)
