@@ -152,6 +152,14 @@ impl<U: DeviceMemoryResource> AlignedResourceAdaptor<U> {
     }
 }
 
+impl<U: DeviceMemoryResource> AlignedResourceAdaptor<U> {
+    /// Number of live allocations handed out shifted (tests).
+    #[cfg(test)]
+    pub(crate) fn shifted_count(&self) -> usize {
+        self.inner.shifted().len()
+    }
+}
+
 impl<U: DeviceMemoryResource> fmt::Debug for AlignedResourceAdaptor<U> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AlignedResourceAdaptor")

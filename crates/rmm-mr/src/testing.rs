@@ -84,6 +84,15 @@ impl HostMockResource {
         live.values().map(|&(b, _)| b).sum()
     }
 
+    /// Every allocation not yet freed, `(address, bytes)`, by address.
+    #[must_use]
+    pub fn live(&self) -> Vec<(u64, usize)> {
+        let live = self.inner.live.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all: Vec<(u64, usize)> = live.iter().map(|(&a, &(b, _))| (a, b)).collect();
+        all.sort_unstable();
+        all
+    }
+
     /// The alignment argument of the last allocation.
     #[must_use]
     pub fn last_alignment(&self) -> usize {

@@ -270,6 +270,12 @@ impl<U: DeviceMemoryResource> FixedSizeMemoryResource<U> {
         self.inner.core.pool_size()
     }
 
+    /// Everything the resource's core keeps (tests).
+    #[cfg(test)]
+    pub(crate) fn core_state(&self) -> crate::pool::stream_ordered::CoreState {
+        self.inner.core.state()
+    }
+
     /// Number of blocks handed out and not yet freed.
     #[must_use]
     pub fn outstanding_allocations(&self) -> usize {

@@ -157,6 +157,52 @@ pub(crate) struct CoreState {
     pub(crate) handed_out: (usize, usize),
 }
 
+#[cfg(test)]
+impl CoreState {
+    /// The free memory as merged address ranges `[start, end)`, whichever lists hold it.
+    pub(crate) fn free_ranges(&self) -> Vec<(u64, u64)> {
+        let mut blocks: Vec<(u64, u64)> = self
+            .lists
+            .iter()
+            .flat_map(|(_, blocks)| blocks.iter().map(|&(a, s)| (a, a + s as u64)))
+            .collect();
+        blocks.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::new();
+        for (start, end) in blocks {
+            match merged.last_mut() {
+                Some(last) if last.1 == start => last.1 = end,
+                _ => merged.push((start, end)),
+            }
+        }
+        merged
+    }
+
+    /// What a failed call must leave as it was: the free memory (a failed allocation may have
+    /// merged stream lists, as RMM's does, so not which list holds it), the chunks, the pool
+    /// size and the handed-out blocks.
+    pub(crate) fn memory(&self) -> CoreMemory {
+        CoreMemory {
+            free: self.free_ranges(),
+            chunks: self.chunks.clone(),
+            pool_size: self.pool_size,
+            handed_out: self.handed_out,
+        }
+    }
+}
+
+/// [`CoreState::memory`].
+#[cfg(test)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CoreMemory {
+    /// [`CoreState::free_ranges`].
+    pub(crate) free: Vec<(u64, u64)>,
+    /// The upstream chunks, by address.
+    pub(crate) chunks: Vec<(u64, usize)>,
+    /// The sum of the chunks.
+    pub(crate) pool_size: usize,
+    /// Blocks handed out and their bytes.
+    pub(crate) handed_out: (usize, usize),
+}
 
 /// Which stream keys have lists, and who used the resource first.
 #[derive(Default)]
