@@ -33,7 +33,7 @@ use crate::{
     TrackingResourceAdaptor,
 };
 
-type Faulty = FaultyResource<HostMockResource>;
+pub(crate) type Faulty = FaultyResource<HostMockResource>;
 
 /// Workloads per component, and steps per workload.
 const SEEDS: u64 = 24;
@@ -69,7 +69,7 @@ impl Rng {
 
 /// A fault for one step.
 #[derive(Debug, Clone, Copy)]
-enum Injection {
+pub(crate) enum Injection {
     /// The upstream fails `times` allocations after letting `skip` through.
     UpstreamAlloc {
         skip: usize,
@@ -117,15 +117,15 @@ enum Op {
 
 /// A live allocation of the workload.
 #[derive(Debug, Clone, Copy)]
-struct Live {
-    ptr: DevicePtr,
-    bytes: usize,
-    alignment: usize,
+pub(crate) struct Live {
+    pub(crate) ptr: DevicePtr,
+    pub(crate) bytes: usize,
+    pub(crate) alignment: usize,
 }
 
 /// The streams a workload uses: the legacy and per-thread default streams and two ordinary
 /// (simulated) ones.
-fn streams() -> [CudaStreamView<'static>; 4] {
+pub(crate) fn streams() -> [CudaStreamView<'static>; 4] {
     [
         CudaStreamView::legacy(),
         CudaStreamView::per_thread(),
@@ -135,40 +135,40 @@ fn streams() -> [CudaStreamView<'static>; 4] {
 }
 
 /// A check of a component's bookkeeping against the live allocations.
-type Check<'a> = Box<dyn Fn(&[Live]) -> Result<(), String> + 'a>;
+pub(crate) type Check<'a> = Box<dyn Fn(&[Live]) -> Result<(), String> + 'a>;
 
 /// A component under test, as the harness sees it.
-struct Subject<'a> {
-    name: &'static str,
-    mr: &'a dyn DeviceMemoryResource,
-    faulty: &'a Faulty,
-    mock: &'a HostMockResource,
+pub(crate) struct Subject<'a> {
+    pub(crate) name: &'static str,
+    pub(crate) mr: &'a dyn DeviceMemoryResource,
+    pub(crate) faulty: &'a Faulty,
+    pub(crate) mock: &'a HostMockResource,
     /// The component's bookkeeping, compared before and after each failed call.
-    state: Box<dyn Fn() -> String + 'a>,
+    pub(crate) state: Box<dyn Fn() -> String + 'a>,
     /// Checks the bookkeeping against the live allocations after each successful call.
-    check: Check<'a>,
+    pub(crate) check: Check<'a>,
     /// The faults that reach this component.
-    faults: Vec<Injection>,
+    pub(crate) faults: Vec<Injection>,
     /// Largest request.
-    max_bytes: usize,
+    pub(crate) max_bytes: usize,
     /// Alignments to ask for.
-    alignments: &'a [usize],
+    pub(crate) alignments: &'a [usize],
     /// How many of [`streams`] to use (1: the legacy stream only).
-    stream_count: usize,
+    pub(crate) stream_count: usize,
     /// Whether a free with a wrong size still frees (the tracking adaptor frees the allocated
     /// size and reports the mismatch).
-    mismatch_frees: bool,
+    pub(crate) mismatch_frees: bool,
     /// Maintenance, if any.
-    maintain: Option<Box<dyn Fn() -> MrResult<()> + 'a>>,
+    pub(crate) maintain: Option<Box<dyn Fn() -> MrResult<()> + 'a>>,
     /// Percent of the steps that are maintenance (a quarter as many more free everything).
-    maintenance: usize,
+    pub(crate) maintenance: usize,
     /// The panicking writer's switch and panic count, for the logging adaptor.
-    writer: Option<PanicSwitch>,
+    pub(crate) writer: Option<PanicSwitch>,
 }
 
 /// What the runs of one component added up to.
 #[derive(Debug, Default, Clone)]
-struct Tally {
+pub(crate) struct Tally {
     steps: usize,
     injected: usize,
     survived: usize,
@@ -190,7 +190,7 @@ impl Injection {
     }
 }
 
-fn upstream_faults(kinds: &[FaultKind]) -> Vec<Injection> {
+pub(crate) fn upstream_faults(kinds: &[FaultKind]) -> Vec<Injection> {
     let mut all = Vec::new();
     for &kind in kinds {
         for skip in 0..2 {
@@ -203,7 +203,7 @@ fn upstream_faults(kinds: &[FaultKind]) -> Vec<Injection> {
     all
 }
 
-fn driver_faults(calls: &[DriverCall]) -> Vec<Injection> {
+pub(crate) fn driver_faults(calls: &[DriverCall]) -> Vec<Injection> {
     let mut all = Vec::new();
     for &call in calls {
         for n in 0..3 {
@@ -214,7 +214,7 @@ fn driver_faults(calls: &[DriverCall]) -> Vec<Injection> {
 }
 
 /// The stream-related calls the stream-ordered resources make.
-const STREAM_CALLS: [DriverCall; 5] = [
+pub(crate) const STREAM_CALLS: [DriverCall; 5] = [
     DriverCall::EventCreate,
     DriverCall::EventRecord,
     DriverCall::StreamWait,
@@ -468,7 +468,7 @@ fn run(subject: &Subject<'_>, seed: u64, tally: &mut Tally) {
 
 /// Runs every seed of a component built by `make`, checks that nothing leaked once it is
 /// dropped, and prints the tally.
-fn sweep<R>(
+pub(crate) fn sweep<R>(
     name: &'static str,
     make: impl Fn(&Faulty) -> MrResult<R>,
     subject: impl for<'a> Fn(&'a R, &'a Faulty, &'a HostMockResource) -> Subject<'a>,
@@ -518,7 +518,7 @@ fn live_count(mock: &HostMockResource, live: &[Live]) -> Result<(), String> {
     }
 }
 
-fn expect<T: PartialEq + Debug>(what: &str, got: T, want: T) -> Result<(), String> {
+pub(crate) fn expect<T: PartialEq + Debug>(what: &str, got: T, want: T) -> Result<(), String> {
     if got == want {
         Ok(())
     } else {
@@ -665,9 +665,9 @@ fn tracking() {
 
 /// A log writer that panics while armed.
 #[derive(Clone, Default)]
-struct PanicSwitch {
-    armed: Arc<AtomicBool>,
-    panics: Arc<AtomicUsize>,
+pub(crate) struct PanicSwitch {
+    pub(crate) armed: Arc<AtomicBool>,
+    pub(crate) panics: Arc<AtomicUsize>,
 }
 
 impl Write for PanicSwitch {
@@ -704,7 +704,7 @@ fn logging() {
 
 /// The faults of a stream-ordered sub-allocator: its upstream's (which it maps to its own
 /// errors whatever their kind, so two kinds do) and the stream calls'.
-fn sub_allocator_faults() -> Vec<Injection> {
+pub(crate) fn sub_allocator_faults() -> Vec<Injection> {
     let mut faults = upstream_faults(&[FaultKind::OutOfMemory, FaultKind::Cuda]);
     faults.extend(driver_faults(&STREAM_CALLS));
     faults
