@@ -13,10 +13,9 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rmm::ByteSize;
 
 use crate::plan::Workload;
-use crate::plot::{self, Format, Panel};
-use crate::replay::replay;
-use crate::summary::Summary;
-use crate::target::{self, DeviceStreams, Memory, ResourceKind};
+use crate::plot::{self, Format};
+use crate::run::{replay_log, Report, RunError};
+use crate::target::{self, BuildError, Memory, ResourceKind};
 use crate::LogError;
 
 /// Exit status of a replay that ran out of memory or that the resource failed.
@@ -168,20 +167,20 @@ fn run(args: &Args) -> Result<(), Failure> {
         if i > 0 {
             let _ = writeln!(stdout.lock());
         }
-        let outcome = replay_one(path, workload, args.resource, memory)?;
-        let _ = write!(stdout.lock(), "{}", outcome.summary);
-        if let Some(message) = outcome.summary.failure_message() {
+        let report = replay_one(path, workload, args.resource, memory)?;
+        let _ = write!(stdout.lock(), "{}", report.summary);
+        if let Some(message) = report.summary.failure_message() {
             eprintln!("rmm-replay: {message}");
             failed = true;
         }
-        if let Some(e) = outcome.cleanup_error {
+        if let Some(e) = report.replay.cleanup_error {
             eprintln!(
                 "rmm-replay: {}: returning what was still allocated after the replay failed: {e}",
                 path.display()
             );
             failed = true;
         }
-        panels.push(outcome.panel);
+        panels.push(report.panel);
     }
     if let Some(plot_path) = &args.plot {
         plot::draw(plot_path, &panels).map_err(|e| Failure::new(EXIT_FAILED, e.to_string()))?;
@@ -221,37 +220,13 @@ fn style(verb: &str, counts: &str) -> ProgressStyle {
     .progress_chars("=> ")
 }
 
-struct Outcome {
-    summary: Summary,
-    panel: Panel,
-    cleanup_error: Option<rmm::mr::MrError>,
-}
-
 fn replay_one(
     path: &Path,
     workload: &Workload,
     kind: ResourceKind,
     memory: Memory,
-) -> Result<Outcome, Failure> {
+) -> Result<Report, Failure> {
     let name = path.display().to_string();
-    let target = target::build(kind, memory, workload).map_err(|e| {
-        let status = match &e {
-            target::BuildError::CannotSimulate(_) => EXIT_BAD_INPUT,
-            target::BuildError::Resource { .. } => EXIT_FAILED,
-        };
-        Failure::new(status, format!("{name}: {e}"))
-    })?;
-    let device_streams;
-    let streams = match memory {
-        Memory::Simulated(_) => target::simulated_streams(workload),
-        Memory::Device => {
-            device_streams = DeviceStreams::new(workload).map_err(|e| {
-                Failure::new(EXIT_FAILED, format!("{name}: cannot create a stream: {e}"))
-            })?;
-            device_streams.views()
-        }
-    };
-
     let progress = AtomicUsize::new(0);
     let done = AtomicBool::new(false);
     let show_bar = workload.steps.len() >= BAR_STEPS && io::stderr().is_terminal();
@@ -272,44 +247,16 @@ fn replay_one(
                 bar.finish_and_clear();
             });
         }
-        let result = replay(
-            workload,
-            &*target.resource,
-            &streams,
-            &|| target.reserved(),
-            &progress,
-        );
+        let result = replay_log(&name, workload, kind, memory, &progress);
         done.store(true, Ordering::Release);
         result
     });
-    let r = result.map_err(|e| Failure::new(EXIT_FAILED, format!("{name}: {e}")))?;
-
-    let ran = r.steps_run();
-    let in_use = &workload.in_use[..ran];
-    let reserved: Vec<u64> = if target.reserved_is_in_use() {
-        in_use.to_vec()
-    } else {
-        r.reserved.clone()
-    };
-    let summary = Summary::new(
-        name.clone(),
-        target.description.clone(),
-        workload,
-        &r,
-        &reserved,
-        target.reserved_high(),
-    );
-    let panel = Panel {
-        title: format!("{name}: {}", kind.name()),
-        in_use: in_use.to_vec(),
-        reserved,
-        capacity: target.capacity,
-        failed_at: r.failure.as_ref().map(|f| (f.step, f.at.line)),
-    };
-    Ok(Outcome {
-        summary,
-        panel,
-        cleanup_error: r.cleanup_error,
+    result.map_err(|e| {
+        let status = match &e {
+            RunError::Build(BuildError::CannotSimulate(_)) => EXIT_BAD_INPUT,
+            _ => EXIT_FAILED,
+        };
+        Failure::new(status, format!("{name}: {e}"))
     })
 }
 

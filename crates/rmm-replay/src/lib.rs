@@ -19,6 +19,8 @@
 //! 4. [`replay::replay`]: the replay itself;
 //! 5. [`Summary`] and [`plot::draw`]: the numbers and the picture.
 //!
+//! [`replay_log`] does 3 to 5 for one log, as the tool does.
+//!
 //! ```
 //! use std::sync::atomic::AtomicUsize;
 //! use rmm_replay::{read_log_str, replay, target, Summary, Workload};
@@ -41,6 +43,7 @@ pub mod cli;
 pub mod plan;
 pub mod plot;
 pub mod replay;
+pub mod run;
 pub mod summary;
 pub mod target;
 
@@ -51,6 +54,7 @@ use rmm::mr::logging::{parse_log_lines, CsvError, MemoryEvent};
 
 pub use plan::{PlanError, Workload};
 pub use replay::{replay, Replay, ReplayError};
+pub use run::{replay_log, Report, RunError};
 pub use summary::{Peaks, Summary};
 pub use target::{Memory, ResourceKind, Target};
 
@@ -66,6 +70,12 @@ pub enum LogError {
 impl fmt::Display for LogError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            // The header's errors carry no line: it is the first.
+            LogError::Csv(
+                e @ (CsvError::MissingHeader
+                | CsvError::MissingColumn { .. }
+                | CsvError::DuplicateColumn { .. }),
+            ) => write!(f, "line 1: {e}"),
             LogError::Csv(e) => e.fmt(f),
             LogError::Plan(e) => e.fmt(f),
         }
