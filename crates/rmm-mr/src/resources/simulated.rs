@@ -52,21 +52,23 @@ struct Simulated {
 ///
 /// ```
 /// use rmm_mr::{DeviceMemoryResource, PoolMemoryResource, SimulatedMemoryResource};
+/// use rmm_stream::CudaStreamView;
 ///
-/// // Does a pool of at most 1 GiB hold 3 x 300 MiB? Answered without a GPU.
+/// // Does a pool of at most 1 GiB hold 3 x 300 MiB? Answered without a GPU (on the legacy
+/// // default stream, which the pool serves without any CUDA call).
 /// let gpu = SimulatedMemoryResource::new(1 << 30).unwrap();
 /// let pool = PoolMemoryResource::new(gpu.clone(), 0, Some(1 << 30)).unwrap();
-/// let a = pool.allocate_sync(300 << 20, 256).unwrap();
-/// let b = pool.allocate_sync(300 << 20, 256).unwrap();
-/// let c = pool.allocate_sync(300 << 20, 256).unwrap();
-/// assert!(pool.allocate_sync(300 << 20, 256).unwrap_err().is_out_of_memory());
-/// assert!(gpu.used() <= 1 << 30);
-/// # // SAFETY: allocated above with these sizes; simulated memory is never used.
-/// # unsafe {
-/// #     pool.deallocate_sync(a, 300 << 20, 256).unwrap();
-/// #     pool.deallocate_sync(b, 300 << 20, 256).unwrap();
-/// #     pool.deallocate_sync(c, 300 << 20, 256).unwrap();
-/// # }
+/// let s = CudaStreamView::legacy();
+/// let a = pool.allocate(s, 300 << 20, 256).unwrap(); // the pool takes 512 MiB (half its maximum)
+/// let b = pool.allocate(s, 300 << 20, 256).unwrap(); // 212 MiB free there: it takes 300 MiB more
+/// assert_eq!(gpu.used(), 812 << 20);
+/// // No: no chunk has 300 MiB free, and only 212 MiB are left to take.
+/// assert!(pool.allocate(s, 300 << 20, 256).unwrap_err().is_out_of_memory());
+/// // SAFETY: allocated above with these sizes; simulated memory is never used.
+/// unsafe {
+///     pool.deallocate(s, a, 300 << 20, 256).unwrap();
+///     pool.deallocate(s, b, 300 << 20, 256).unwrap();
+/// }
 /// ```
 #[doc(alias = "rmm::mr::simulated_memory_resource")]
 #[derive(Clone)]
