@@ -214,7 +214,7 @@ fn read(path: &Path) -> Result<Workload, LogError> {
 
 fn style(verb: &str, counts: &str) -> ProgressStyle {
     ProgressStyle::with_template(&format!(
-        "{verb} {{msg}} [{{bar:40}}] {counts} ({{eta}} left)"
+        "{verb} {{msg}} [{{wide_bar}}] {counts} ({{eta}} left)"
     ))
     .unwrap_or_else(|_| ProgressStyle::default_bar())
     .progress_chars("=> ")

@@ -20,6 +20,10 @@ use crate::plan::{Op, Step, Workload};
 /// The alignment every replayed allocation asks for (RMM's replay asks for 256).
 pub const ALIGNMENT: usize = 256;
 
+/// How many times a replay thread checks for its turn before it parks, when it spins at all
+/// (see `Shared::spin`).
+const SPINS: u32 = 256;
+
 /// A step the resource failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StepFailure {
@@ -88,6 +92,10 @@ struct Shared<'a> {
     streams: &'a [CudaStreamView<'a>],
     reserved: &'a (dyn Fn() -> u64 + Sync),
     progress: &'a AtomicUsize,
+    /// Whether waiting threads spin before they park: only when the machine has at least
+    /// twice as many cores as there are replay threads (spinning threads that share cores
+    /// with the thread whose turn it is slow everything down).
+    spin: bool,
     /// The next step to run.
     next: AtomicUsize,
     /// Set when a step failed (or a thread could not start): everyone leaves.
@@ -133,6 +141,8 @@ pub fn replay(
         streams,
         reserved,
         progress,
+        spin: thread::available_parallelism()
+            .is_ok_and(|cores| workload.threads.len().saturating_mul(2) <= cores.get()),
         next: AtomicUsize::new(0),
         stop: AtomicBool::new(false),
         threads: OnceLock::new(),
@@ -248,7 +258,10 @@ impl Shared<'_> {
         };
         for &index in &self.workload.thread_steps[me] {
             let index = index as usize;
-            // Wait for the steps before this one, on every thread.
+            // Wait for the steps before this one, on every thread: where every replay thread
+            // has cores to spare, spin a little first (a hand-over between running threads
+            // takes well under a microsecond, a wake-up several); then sleep until unparked.
+            let mut spins = if self.spin { 0 } else { SPINS };
             loop {
                 if self.stop.load(Ordering::Acquire) {
                     return;
@@ -256,7 +269,12 @@ impl Shared<'_> {
                 if self.next.load(Ordering::Acquire) == index {
                     break;
                 }
-                thread::park();
+                if spins < SPINS {
+                    spins += 1;
+                    std::hint::spin_loop();
+                } else {
+                    thread::park();
+                }
             }
             let step = self.workload.steps[index];
             if let Err(error) = self.run_step(step) {

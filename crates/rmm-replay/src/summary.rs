@@ -172,8 +172,10 @@ impl fmt::Display for Summary {
             f,
             "log rows",
             format!(
-                "{} ({} threads, {} streams)",
-                self.rows, self.threads, self.streams
+                "{} ({}, {})",
+                self.rows,
+                count(self.threads, "thread"),
+                count(self.streams, "stream")
             ),
         )?;
         let partial = if self.allocations == self.allocations_in_log {
@@ -230,9 +232,8 @@ impl fmt::Display for Summary {
                 f,
                 "never freed in the log",
                 format!(
-                    "{} allocation{}, {} (freed after the replay)",
-                    self.leaked.0,
-                    if self.leaked.0 == 1 { "" } else { "s" },
+                    "{}, {} (freed after the replay)",
+                    count(self.leaked.0, "allocation"),
                     format_bytes(self.leaked.1)
                 ),
             )?;
@@ -242,6 +243,15 @@ impl fmt::Display for Summary {
             row(f, "FAILED", message)?;
         }
         Ok(())
+    }
+}
+
+/// `"1 thread"`, `"3 threads"`.
+fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
     }
 }
 
