@@ -111,7 +111,8 @@ impl Workload {
                         }));
                     }
                     live.insert(e.pointer, (slot, line));
-                    in_use += e.size as u64;
+                    // Saturating: a log of absurd sizes must not overflow (the resource refuses them).
+                    in_use = in_use.saturating_add(e.size as u64);
                     Op::Allocate { slot, size: e.size }
                 }
                 Action::Free => {
@@ -129,7 +130,7 @@ impl Workload {
                         }));
                     }
                     live.remove(&e.pointer);
-                    in_use -= e.size as u64;
+                    in_use = in_use.saturating_sub(e.size as u64);
                     Op::Free { slot, size: e.size }
                 }
             };
@@ -177,10 +178,9 @@ impl Workload {
     /// Bytes of the allocations the log never frees.
     #[must_use]
     pub fn leaked_bytes(&self) -> u64 {
-        self.leaked
-            .iter()
-            .map(|&s| self.slots[s as usize].0 as u64)
-            .sum()
+        self.leaked.iter().fold(0u64, |sum, &s| {
+            sum.saturating_add(self.slots[s as usize].0 as u64)
+        })
     }
 
     /// The largest request of the log (0 for a log without allocations).
@@ -262,6 +262,7 @@ impl std::error::Error for PlanError {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use rmm::mr::logging::parse_log_lines;
 
     fn plan(body: &str) -> Result<Workload, PlanError> {
@@ -390,6 +391,101 @@ mod tests {
             e.to_string(),
             "line 2: a successful allocation of 64 bytes at (nil)"
         );
+    }
+
+    #[test]
+    fn absurd_sizes_do_not_overflow() {
+        let w = plan(&format!(
+            "1,00:00:00.000001,allocate,0x100,{max},0\n\
+             1,00:00:00.000002,allocate,0x200,{max},0\n\
+             1,00:00:00.000003,free,0x100,{max},0\n",
+            max = usize::MAX
+        ))
+        .unwrap();
+        assert_eq!(w.in_use, [u64::MAX, u64::MAX, u64::MAX - usize::MAX as u64]);
+        assert_eq!(w.leaked_bytes(), usize::MAX as u64);
+    }
+
+    /// A random log of `threads` threads and two streams, each thread allocating and freeing
+    /// its own and others' pointers (a pointer reused after its free), with failures.
+    fn arb_log() -> impl Strategy<Value = Vec<(u64, u8, usize, u64)>> {
+        // (thread, action: 0 allocate / 1 free the oldest live / 2 failure, size, stream)
+        proptest::collection::vec((1u64..5, 0u8..3, 1usize..1 << 20, 0u64..3), 0..200)
+    }
+
+    proptest! {
+        #[test]
+        fn the_plan_matches_a_model_of_the_log(rows in arb_log()) {
+            let mut text = String::new();
+            let mut live: std::collections::VecDeque<(u64, usize)> = Default::default();
+            let mut free_pointers: Vec<u64> = Vec::new();
+            let mut next_pointer = 0x1000u64;
+            let mut model_in_use = Vec::new();
+            let mut in_use = 0u64;
+            let (mut failures, mut replayed_rows) = (0, Vec::new());
+            for (i, &(thread, action, size, stream)) in rows.iter().enumerate() {
+                let line = i + 2;
+                let t = format!("00:00:00.{:06}", i);
+                match action {
+                    0 => {
+                        let p = free_pointers.pop().unwrap_or_else(|| {
+                            next_pointer += 0x100000;
+                            next_pointer
+                        });
+                        live.push_back((p, size));
+                        in_use += size as u64;
+                        text += &format!("{thread},{t},allocate,{p:#x},{size},{stream:#x}\n");
+                        model_in_use.push(in_use);
+                        replayed_rows.push((line, thread));
+                    }
+                    1 if !live.is_empty() => {
+                        let (p, size) = live.pop_front().unwrap();
+                        free_pointers.push(p);
+                        in_use -= size as u64;
+                        text += &format!("{thread},{t},free,{p:#x},{size},{stream:#x}\n");
+                        model_in_use.push(in_use);
+                        replayed_rows.push((line, thread));
+                    }
+                    _ => {
+                        failures += 1;
+                        text += &format!("{thread},{t},allocate failure,(nil),{size},0\n");
+                    }
+                }
+            }
+            let w = plan(&text).unwrap();
+            prop_assert_eq!(w.rows, rows.len());
+            prop_assert_eq!(w.failures, failures);
+            prop_assert_eq!(&w.in_use, &model_in_use);
+            prop_assert_eq!(w.leaked.len(), live.len());
+            prop_assert_eq!(w.leaked_bytes(), live.iter().map(|&(_, s)| s as u64).sum::<u64>());
+            // Steps in file order, each on its logged thread.
+            let got: Vec<(usize, u64)> =
+                w.steps.iter().map(|s| (s.line, w.threads[s.thread as usize])).collect();
+            prop_assert_eq!(got, replayed_rows);
+            // Each thread's steps partition the steps, increasing.
+            let mut all: Vec<u32> = w.thread_steps.iter().flatten().copied().collect();
+            prop_assert!(w.thread_steps.iter().all(|s| s.windows(2).all(|p| p[0] < p[1])));
+            all.sort_unstable();
+            prop_assert_eq!(all, (0..w.steps.len() as u32).collect::<Vec<_>>());
+            // Every free follows its own allocation, with its size, and frees it once.
+            let mut allocated = vec![false; w.slots.len()];
+            for step in &w.steps {
+                match step.op {
+                    Op::Allocate { slot, size } => {
+                        prop_assert!(!allocated[slot as usize]);
+                        prop_assert_eq!(w.slots[slot as usize].0, size);
+                        allocated[slot as usize] = true;
+                    }
+                    Op::Free { slot, size } => {
+                        prop_assert!(allocated[slot as usize]);
+                        prop_assert_eq!(w.slots[slot as usize].0, size);
+                        allocated[slot as usize] = false;
+                    }
+                }
+            }
+            let still: Vec<u32> = (0..w.slots.len() as u32).filter(|&s| allocated[s as usize]).collect();
+            prop_assert_eq!(&still, &w.leaked);
+        }
     }
 
     #[test]
