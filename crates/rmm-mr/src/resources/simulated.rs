@@ -37,8 +37,9 @@ struct Simulated {
 ///
 /// - `allocate` hands out the next `bytes` (rounded up to 256) of a fake address range that
 ///   starts at 2^62, a range no real host or device allocation can have; past `size` bytes it
-///   fails with [`MrError::OutOfMemory`] ("Simulated memory size exceeded"). The alignment must
-///   be a power of two up to 256, as for every base resource (every address is 256-aligned).
+///   fails with [`MrError::OutOfMemory`] ("Simulated memory size exceeded"). The alignment is
+///   0 (the default) or a power of two up to 256, as for every base resource (every address
+///   is 256-aligned).
 /// - `deallocate` accepts any address it handed out and **never reuses memory**, as RMM's:
 ///   it models a device for resources that take memory from their upstream and keep it
 ///   (pool, arena, fixed-size, binning). It is not a resource to replay a workload on directly.
@@ -274,6 +275,10 @@ mod tests {
     fn zero_bytes_bad_alignments_and_sizes() {
         let mr = SimulatedMemoryResource::new(MIB).unwrap();
         assert_eq!(mr.allocate(s(), 0, 256).unwrap(), DevicePtr::NULL);
+        assert!(
+            mr.allocate(s(), 8, 0).unwrap().is_aligned(256),
+            "0 is the default"
+        );
         assert!(matches!(
             mr.allocate(s(), 8, 512),
             Err(MrError::BadAlloc { .. })
@@ -282,7 +287,7 @@ mod tests {
             mr.allocate(s(), 8, 3),
             Err(MrError::BadAlloc { .. })
         ));
-        assert_eq!(mr.used(), 0);
+        assert_eq!(mr.used(), 256);
         assert!(matches!(
             SimulatedMemoryResource::new(usize::MAX),
             Err(MrError::InvalidArgument(_))
