@@ -41,6 +41,7 @@ pub(crate) const SUITES: &[(&str, &[&str])] = &[
         ],
     ),
     ("rmm-rs", &["size::"]),
+    ("rmm-replay", &["plan::", "summary::"]),
 ];
 
 /// Tests left out under Miri (substrings of their names): the multi-threaded stress tests, which
