@@ -859,3 +859,31 @@ fn binning() {
         },
     );
 }
+
+/// A bin whose first chunk the upstream refuses is not added, and a binning resource whose
+/// construction fails halfway gives back the bins it had made.
+#[test]
+fn binning_add_bin() {
+    for kind in FaultKind::ALL {
+        let mock = HostMockResource::new();
+        let faulty = FaultyResource::new(mock.clone());
+        faulty.fail_allocations(1, 1, kind);
+        let e = BinningMemoryResource::with_exponents(faulty.clone(), 8, 10).unwrap_err();
+        assert!(kind.matches(&e), "{kind:?}: {e}");
+        assert_eq!(mock.live(), Vec::new(), "{kind:?}: a bin's chunk leaked");
+
+        let mr = BinningMemoryResource::with_exponents(faulty.clone(), 8, 9).unwrap();
+        let before = (mr.bin_sizes(), mock.live());
+        faulty.fail_next_allocation(kind);
+        assert!(mr.add_bin(1024, None).is_err());
+        assert_eq!((mr.bin_sizes(), mock.live()), before, "{kind:?}");
+        assert!(
+            mr.bin_for(1024).is_none(),
+            "{kind:?}: a route to a missing bin"
+        );
+        mr.add_bin(1024, None).unwrap();
+        assert_eq!(mr.bin_sizes(), vec![256, 512, 1024]);
+        drop(mr);
+        assert_eq!(mock.live(), Vec::new());
+    }
+}
