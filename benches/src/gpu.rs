@@ -7,8 +7,7 @@ use std::ffi::{c_void, CString};
 
 use rmm_mr::{
     ArenaMemoryResource, BinningMemoryResource, CudaAsyncMemoryResource, CudaMemoryResource,
-    MrError, MrResult, PoolMemoryResource, SharedResource,
-    StatisticsResourceAdaptor,
+    MrError, MrResult, PoolMemoryResource, SharedResource, StatisticsResourceAdaptor,
 };
 use rmm_sys::DevicePtr;
 
@@ -130,7 +129,9 @@ pub fn build(spec: Spec) -> MrResult<Built> {
         } => {
             let pool = PoolMemoryResource::new(stats.clone(), pool_initial, None)?;
             Built {
-                mr: rmm_mr::shared(BinningMemoryResource::with_exponents(pool, min_exp, max_exp)?),
+                mr: rmm_mr::shared(BinningMemoryResource::with_exponents(
+                    pool, min_exp, max_exp,
+                )?),
                 peak: peak_of(stats),
             }
         }
@@ -152,7 +153,13 @@ pub struct Cell {
 /// `trace` `warmup` times untimed and `reps` times timed on `threads` threads (each its own
 /// copy on its own stream, started together); a pass costs the slowest thread's wall time /
 /// (operations x threads). The resource is dropped before the streams.
-pub fn measure(spec: Spec, trace: &Trace, threads: usize, warmup: usize, reps: usize) -> MrResult<Cell> {
+pub fn measure(
+    spec: Spec,
+    trace: &Trace,
+    threads: usize,
+    warmup: usize,
+    reps: usize,
+) -> MrResult<Cell> {
     let streams = crate::streams(threads)?;
     let built = build(spec)?;
     let ops = (trace.ops.len() * threads).max(1) as f64;
@@ -229,7 +236,9 @@ impl SpinKernel {
     /// Loads the kernel into the current device's primary context.
     pub fn load() -> MrResult<Self> {
         rmm_sys::ensure_current_context()?;
-        let driver = |e: cudarc::driver::DriverError| MrError::bad_alloc(format!("loading the spin kernel: {e:?}"));
+        let driver = |e: cudarc::driver::DriverError| {
+            MrError::bad_alloc(format!("loading the spin kernel: {e:?}"))
+        };
         let image = CString::new(SPIN_PTX).map_err(|e| MrError::bad_alloc(e.to_string()))?;
         // SAFETY: `image` is a NUL-terminated PTX text that outlives the call, and a context
         // is current on this thread (above).

@@ -7,6 +7,7 @@
 //! the peer driver `examples/peer.rs`; `cargo xtask gpu bundle` builds them and `run.sh bench`
 //! / `run.sh peer` run them on the GPU machine. See `docs/performance.md`.
 
+pub mod args;
 pub mod gpu;
 pub mod peer;
 pub mod sizing;
@@ -127,7 +128,12 @@ impl Trace {
     /// (the live bytes then never exceed `max_usage`, and the callers size `max_usage` to fit
     /// the device).
     #[must_use]
-    pub fn rmm_random(num_allocations: usize, max_size: usize, max_usage: usize, seed: u64) -> Self {
+    pub fn rmm_random(
+        num_allocations: usize,
+        max_size: usize,
+        max_usage: usize,
+        seed: u64,
+    ) -> Self {
         const ALLOCATION_PROBABILITY: usize = 73; // percent
         let max_size = max_size.min(max_usage).max(1);
         let mut rng = Rng::new(seed);
@@ -297,6 +303,32 @@ pub fn replay_threads(
         worst = worst.max(r?);
     }
     Ok(worst)
+}
+
+/// What a benchmark body returns.
+pub type BenchResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Runs a benchmark binary's body: without a GPU it prints one line and exits successfully (a
+/// benchmark, not a test); otherwise it prints the device, runs `body`, prints the elapsed
+/// time and exits with status 1 when `body` failed.
+pub fn bench_main(name: &str, body: impl FnOnce(&args::Args) -> BenchResult) {
+    let args = args::Args::from_env();
+    if let Some(why) = rmm_sys::gpu_unavailable_reason() {
+        println!("{name}: skipped ({why})");
+        return;
+    }
+    let start = Instant::now();
+    let result = gpu::describe_device()
+        .map_err(Into::into)
+        .and_then(|device| {
+            println!("# rmm-rs {name}\n\ndevice: {device}");
+            body(&args)
+        });
+    println!("\n{name}: {:.1} s", start.elapsed().as_secs_f64());
+    if let Err(e) = result {
+        eprintln!("{name} failed: {e}");
+        std::process::exit(1);
+    }
 }
 
 /// The median of `samples` (which it sorts).

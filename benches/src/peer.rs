@@ -46,6 +46,7 @@
 use std::fmt;
 use std::io::{self, BufRead, Write};
 
+use crate::sizing::{live_count_within, DeviceMemory, MIB};
 use crate::table::{mib, num, ratio, Table};
 use crate::{Op, Trace};
 
@@ -53,7 +54,8 @@ use crate::{Op, Trace};
 pub const PLAN_MAGIC: &str = "rmm-peer-plan 1";
 
 /// The header line of a results file.
-pub const RESULTS_HEADER: &str = "side\tworkload\tresource\tthreads\tns_per_op\tpeak_reserved\tstatus";
+pub const RESULTS_HEADER: &str =
+    "side\tworkload\tresource\tthreads\tns_per_op\tpeak_reserved\tstatus";
 
 /// A resource both sides build the same way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,7 +163,10 @@ fn err(line: usize, message: impl Into<String>) -> PeerError {
 /// Writes `plan` in the plan format.
 pub fn write_plan(plan: &PeerPlan, w: &mut impl Write) -> io::Result<()> {
     writeln!(w, "{PLAN_MAGIC}")?;
-    writeln!(w, "# written by rmm-rs benches/examples/peer.rs; read by benches/peer/rmm_peer.cpp")?;
+    writeln!(
+        w,
+        "# written by rmm-rs benches/examples/peer.rs; read by benches/peer/rmm_peer.cpp"
+    )?;
     writeln!(w, "reps {}", plan.reps)?;
     writeln!(w, "warmup {}", plan.warmup)?;
     let threads: Vec<String> = plan.threads.iter().map(usize::to_string).collect();
@@ -189,7 +194,11 @@ pub fn write_plan(plan: &PeerPlan, w: &mut impl Write) -> io::Result<()> {
     Ok(())
 }
 
-fn parse_num<T: std::str::FromStr>(line: usize, field: Option<&str>, what: &str) -> Result<T, PeerError> {
+fn parse_num<T: std::str::FromStr>(
+    line: usize,
+    field: Option<&str>,
+    what: &str,
+) -> Result<T, PeerError> {
     let field = field.ok_or_else(|| err(line, format!("missing {what}")))?;
     field
         .parse()
@@ -258,7 +267,10 @@ pub fn read_plan(r: impl BufRead) -> Result<PeerPlan, PeerError> {
                     },
                     Some("async") => PeerResource::Async,
                     other => {
-                        return Err(err(n, format!("unknown resource `{}`", other.unwrap_or(""))))
+                        return Err(err(
+                            n,
+                            format!("unknown resource `{}`", other.unwrap_or("")),
+                        ))
                     }
                 };
                 plan.resources.push(r);
@@ -275,7 +287,10 @@ pub fn read_plan(r: impl BufRead) -> Result<PeerPlan, PeerError> {
                 let mut live = vec![false; slots];
                 for _ in 0..count {
                     let (m, l) = next()?.ok_or_else(|| {
-                        err(0, format!("workload {name} ends before its {count} operations"))
+                        err(
+                            0,
+                            format!("workload {name} ends before its {count} operations"),
+                        )
                     })?;
                     let mut g = l.split(' ');
                     let kind = g.next();
@@ -297,7 +312,12 @@ pub fn read_plan(r: impl BufRead) -> Result<PeerPlan, PeerError> {
                             }
                             ops.push(Op::Free { slot });
                         }
-                        _ => return Err(err(m, format!("expected `a SLOT SIZE` or `f SLOT`, found `{l}`"))),
+                        _ => {
+                            return Err(err(
+                                m,
+                                format!("expected `a SLOT SIZE` or `f SLOT`, found `{l}`"),
+                            ))
+                        }
                     }
                     if g.next().is_some() {
                         return Err(err(m, format!("extra fields in `{l}`")));
@@ -305,7 +325,12 @@ pub fn read_plan(r: impl BufRead) -> Result<PeerPlan, PeerError> {
                 }
                 match next()? {
                     Some((_, l)) if l == "end" => {}
-                    Some((m, l)) => return Err(err(m, format!("expected `end` after workload {name}, found `{l}`"))),
+                    Some((m, l)) => {
+                        return Err(err(
+                            m,
+                            format!("expected `end` after workload {name}, found `{l}`"),
+                        ))
+                    }
                     None => return Err(err(0, format!("missing `end` after workload {name}"))),
                 }
                 if live.iter().any(|&l| l) {
@@ -327,6 +352,91 @@ pub fn read_plan(r: impl BufRead) -> Result<PeerPlan, PeerError> {
         return Err(err(0, "reps must be at least 1"));
     }
     Ok(plan)
+}
+
+/// The knobs of [`standard_plan`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanOptions {
+    /// Operations per thread in each workload (the RMM sequences make `ops / 2` allocations).
+    pub ops: usize,
+    /// Timed passes per cell.
+    pub reps: usize,
+    /// Untimed passes per cell.
+    pub warmup: usize,
+    /// Thread counts.
+    pub threads: Vec<usize>,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        Self {
+            ops: 20_000,
+            reps: 3,
+            warmup: 1,
+            threads: vec![1, 4, 16],
+        }
+    }
+}
+
+/// The comparison's workloads and resources, sized from the device's memory:
+///
+/// - `a`, `b`: `gpu_alloc`'s traces (a) 1 B-4 MiB with about 1,000 live and (b) 1 B-64 KiB
+///   with about 2,000 live ([`Trace::random`]), fewer live where the largest thread count's
+///   copies would not fit in half the free memory;
+/// - `r1`, `r64`: RMM's `random_allocations` sequence ([`Trace::rmm_random`]) with `ops / 2`
+///   allocations up to 1 MiB and up to 64 MiB, `max_usage` the device's live budget divided
+///   by the largest thread count;
+/// - resources `pool` (initial size 0), `arena` (90 % of the free memory), `binning` (bins
+///   256 KiB..4 MiB over a pool of initial size 0), `async` (the driver's pool).
+#[must_use]
+pub fn standard_plan(options: &PlanOptions, mem: &DeviceMemory) -> PeerPlan {
+    let ops = options.ops;
+    let max_t = options.threads.iter().copied().max().unwrap_or(1);
+    // Every thread replays its own copy: the live bytes of `max_t` copies must fit.
+    let budget = mem.free / 2;
+    let live_a = live_count_within(1000, 4 * MIB, max_t, budget);
+    let live_b = live_count_within(2000, 64 << 10, max_t, budget);
+    let usage = mem.live_budget() / max_t;
+    let rmm = |name: &str, max: usize, seed: u64| PeerWorkload {
+        name: name.into(),
+        description: format!(
+            "RMM random_allocations: {} allocations up to {}, max_usage {} MiB per thread",
+            ops / 2,
+            crate::table::size_name(max),
+            usage / MIB
+        ),
+        trace: Trace::rmm_random(ops / 2, max, usage, seed),
+    };
+    PeerPlan {
+        reps: options.reps,
+        warmup: options.warmup,
+        threads: options.threads.clone(),
+        resources: vec![
+            PeerResource::Pool { initial: 0 },
+            PeerResource::Arena {
+                bytes: mem.arena_bytes(),
+            },
+            PeerResource::Binning {
+                min_exp: 18,
+                max_exp: 22,
+            },
+            PeerResource::Async,
+        ],
+        workloads: vec![
+            PeerWorkload {
+                name: "a".into(),
+                description: format!("gpu_alloc trace (a): 1 B-4 MiB, ~{live_a} live"),
+                trace: Trace::random(ops, 1, 4 * MIB, live_a, 0xbe_2c4),
+            },
+            PeerWorkload {
+                name: "b".into(),
+                description: format!("gpu_alloc trace (b): 1 B-64 KiB, ~{live_b} live"),
+                trace: Trace::random(ops, 1, 64 << 10, live_b, 0xbe_2c5),
+            },
+            rmm("r1", MIB, 0x5eed_0001),
+            rmm("r64", 64 * MIB, 0x5eed_0040),
+        ],
+    }
 }
 
 /// One measured cell, as both sides write it.
@@ -355,7 +465,13 @@ impl CellResult {
         let status: String = self
             .status
             .chars()
-            .map(|c| if c == '\t' || c == '\n' || c == '\r' { ' ' } else { c })
+            .map(|c| {
+                if c == '\t' || c == '\n' || c == '\r' {
+                    ' '
+                } else {
+                    c
+                }
+            })
             .collect();
         format!(
             "{}\t{}\t{}\t{}\t{}\t{}\t{}",
@@ -394,12 +510,17 @@ pub fn read_results(text: &str) -> Result<Results, PeerError> {
         }
         let f: Vec<&str> = line.split('\t').collect();
         if f.len() != 7 {
-            return Err(err(n, format!("expected 7 tab-separated fields, found {}", f.len())));
+            return Err(err(
+                n,
+                format!("expected 7 tab-separated fields, found {}", f.len()),
+            ));
         }
         fn opt(s: &str) -> Option<&str> {
             (s != "-").then_some(s)
         }
-        let ns_per_op = opt(f[4]).map(|v| parse_num::<f64>(n, Some(v), "ns_per_op")).transpose()?;
+        let ns_per_op = opt(f[4])
+            .map(|v| parse_num::<f64>(n, Some(v), "ns_per_op"))
+            .transpose()?;
         let peak_reserved = opt(f[5])
             .map(|v| parse_num::<u64>(n, Some(v), "peak_reserved"))
             .transpose()?;
@@ -437,7 +558,9 @@ pub fn report(ours: &[CellResult], theirs: &[CellResult]) -> Report {
     let find = |cells: &[CellResult], c: &CellResult| {
         cells
             .iter()
-            .find(|t| t.workload == c.workload && t.resource == c.resource && t.threads == c.threads)
+            .find(|t| {
+                t.workload == c.workload && t.resource == c.resource && t.threads == c.threads
+            })
             .cloned()
     };
     let mut threads: Vec<usize> = ours.iter().chain(theirs).map(|c| c.threads).collect();
@@ -587,22 +710,39 @@ mod tests {
         };
         assert_eq!(bad("rmm-peer-plan 1", "rmm-peer-plan 2").line, 1);
         let e = bad("reps 3", "reps three");
-        assert_eq!((e.line, e.message.as_str()), (3, "reps `three` is not a number"));
-        assert!(bad("resource async", "resource cuda").message.contains("unknown resource `cuda`"));
-        assert!(bad("threads 1 4 16", "threads 1 0").message.contains("at least 1"));
+        assert_eq!(
+            (e.line, e.message.as_str()),
+            (3, "reps `three` is not a number")
+        );
+        assert!(bad("resource async", "resource cuda")
+            .message
+            .contains("unknown resource `cuda`"));
+        assert!(bad("threads 1 4 16", "threads 1 0")
+            .message
+            .contains("at least 1"));
         // The first operation of workload a: change its kind, its slot, or drop the end.
-        let first_op = good.lines().position(|l| l.starts_with("workload a")).unwrap() + 1;
+        let first_op = good
+            .lines()
+            .position(|l| l.starts_with("workload a"))
+            .unwrap()
+            + 1;
         let op_line = good.lines().nth(first_op).unwrap().to_owned();
         let e = bad(&format!("\n{op_line}\n"), "\nx 0\n");
         assert_eq!(e.line, first_op + 1);
         assert!(e.message.contains("expected `a SLOT SIZE`"), "{e}");
         let e = bad(&format!("\n{op_line}\n"), "\nf 0\n");
         assert!(e.message.contains("free of empty slot 0"), "{e}");
-        let e = bad(&format!("\n{op_line}\n"), &format!("\n{op_line}\na 999999 1\n"));
+        let e = bad(
+            &format!("\n{op_line}\n"),
+            &format!("\n{op_line}\na 999999 1\n"),
+        );
         assert!(e.message.contains("out of range"), "{e}");
         let e = read_plan(good.trim_end().trim_end_matches("end").as_bytes()).unwrap_err();
         assert!(e.message.contains("missing `end`"), "{e}");
-        assert!(read_plan("".as_bytes()).unwrap_err().message.contains("empty"));
+        assert!(read_plan("".as_bytes())
+            .unwrap_err()
+            .message
+            .contains("empty"));
         let e = read_plan("rmm-peer-plan 1\nreps 1\n".as_bytes()).unwrap_err();
         assert_eq!(e.line, 0);
         assert!(e.to_string().starts_with("at the end of the file"));
@@ -615,6 +755,39 @@ mod tests {
         assert!(e.message.contains("leaves allocations live"), "{e}");
     }
 
+    #[test]
+    fn the_standard_plan_fits_an_h100_and_a_16_gb_gpu() {
+        let h100 = DeviceMemory {
+            free: 80_500 * MIB,
+            total: 81_559 * MIB,
+        };
+        let plan = standard_plan(&PlanOptions::default(), &h100);
+        assert_eq!(plan.threads, vec![1, 4, 16]);
+        let names: Vec<&str> = plan.workloads.iter().map(|w| w.name.as_str()).collect();
+        assert_eq!(names, ["a", "b", "r1", "r64"]);
+        assert!(plan.workloads[0].description.contains("~1000 live"));
+        for w in &plan.workloads {
+            let peak = w.trace.peak_bytes() * 16;
+            assert!(peak < h100.free / 2, "{}: {peak}", w.name);
+            assert!(w.trace.ops.len() <= 20_000 + 10, "{}", w.trace.ops.len());
+        }
+        assert!(plan.resources.contains(&PeerResource::Arena {
+            bytes: h100.arena_bytes()
+        }));
+        // It survives its own file format.
+        let back = read_plan(text(&plan).as_bytes()).unwrap();
+        assert_eq!(back, plan);
+
+        let small = DeviceMemory {
+            free: 15 << 30,
+            total: 16 << 30,
+        };
+        let plan = standard_plan(&PlanOptions::default(), &small);
+        for w in &plan.workloads {
+            assert!(w.trace.peak_bytes() * 16 < small.free / 2, "{}", w.name);
+        }
+    }
+
     fn cell(side: &str, w: &str, r: &str, t: usize, ns: Option<f64>) -> CellResult {
         CellResult {
             side: side.into(),
@@ -623,7 +796,11 @@ mod tests {
             threads: t,
             ns_per_op: ns,
             peak_reserved: ns.map(|_| 3 << 20),
-            status: if ns.is_some() { "ok".into() } else { "error: out of memory\tx".into() },
+            status: if ns.is_some() {
+                "ok".into()
+            } else {
+                "error: out of memory\tx".into()
+            },
         }
     }
 
@@ -665,12 +842,26 @@ mod tests {
         let r = report(&ours, &theirs);
         assert_eq!((r.compared, r.failed), (2, 2));
         let summary = r.summary.render();
-        assert!(summary.contains("| workload | resource | 1 thr. | 4 thr. | 16 thr. |"), "{summary}");
-        assert!(summary.contains("| a | pool | 0.25 |  | 0.025 |"), "{summary}");
+        assert!(
+            summary.contains("| workload | resource | 1 thr. | 4 thr. | 16 thr. |"),
+            "{summary}"
+        );
+        assert!(
+            summary.contains("| a | pool | 0.25 |  | 0.025 |"),
+            "{summary}"
+        );
         assert!(summary.contains("| a | arena | n/a |  |  |"), "{summary}");
         let detail = r.detail.render();
-        assert!(detail.contains("| a | pool | 1 | 400 | 1600 | 0.25 | 3 MiB | 3 MiB |  |"), "{detail}");
+        assert!(
+            detail.contains("| a | pool | 1 | 400 | 1600 | 0.25 | 3 MiB | 3 MiB |  |"),
+            "{detail}"
+        );
         assert!(detail.contains("rmm-rs: error: out of memory"), "{detail}");
-        assert!(detail.contains("| b | async | 4 | failed | 900 | n/a | n/a | 3 MiB | rmm-rs: no result |"), "{detail}");
+        assert!(
+            detail.contains(
+                "| b | async | 4 | failed | 900 | n/a | n/a | 3 MiB | rmm-rs: no result |"
+            ),
+            "{detail}"
+        );
     }
 }
