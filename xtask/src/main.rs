@@ -1,10 +1,12 @@
 //! The rmm-rs workspace's task runner: `cargo xtask ci`, `cargo xtask gpu bundle`,
-//! `cargo xtask gpu run`, `cargo xtask gpu bench`, `cargo xtask miri`. See CONTRIBUTING.md and docs/gpu-testing.md.
+//! `cargo xtask gpu run`, `cargo xtask gpu bench`, `cargo xtask miri`, `cargo xtask fuzz`. See
+//! CONTRIBUTING.md and docs/gpu-testing.md.
 
 mod artifacts;
 mod bundle;
 mod cargo;
 mod ci;
+mod fuzz;
 mod gpu;
 mod layers;
 mod miri;
@@ -28,6 +30,8 @@ commands:
                             --peer, the comparison with RMM C++ (run.sh peer ARGS) here
   miri [--cases N] [--no-doc]
                             pure cores' unit tests under Miri, compile-fail doctests (nightly)
+  fuzz [TARGET] [--time SECS]
+                            cargo-fuzz targets, SECS (60) each, from fuzz/corpus (nightly)
   help                      this text";
 
 fn main() -> ExitCode {
@@ -36,6 +40,7 @@ fn main() -> ExitCode {
         Some((cmd, rest)) if cmd == "ci" => ci::run(rest).map(|()| 0),
         Some((cmd, rest)) if cmd == "gpu" => gpu::run(rest),
         Some((cmd, rest)) if cmd == "miri" => miri::run(rest),
+        Some((cmd, rest)) if cmd == "fuzz" => fuzz::run(rest),
         Some((cmd, _)) if matches!(cmd.as_str(), "help" | "-h" | "--help") => {
             println!("{USAGE}");
             Ok(0)

@@ -41,6 +41,7 @@ pub(crate) const SUITES: &[(&str, &[&str])] = &[
         ],
     ),
     ("rmm-rs", &["size::"]),
+    ("rmm-replay", &["plan::", "summary::"]),
 ];
 
 /// Tests left out under Miri (substrings of their names): the multi-threaded stress tests, which
@@ -84,13 +85,13 @@ fn parse(args: &[String]) -> Result<Options, Error> {
 }
 
 /// Whether `rustup toolchain list` shows a nightly toolchain.
-fn has_nightly() -> Result<bool, Error> {
+pub(crate) fn has_nightly() -> Result<bool, Error> {
     let out = cargo::run_stdout(Command::new("rustup").args(["toolchain", "list"]))?;
     Ok(out.lines().any(|l| l.starts_with("nightly")))
 }
 
 /// A command run with the nightly toolchain at the workspace root.
-fn nightly<I, S>(args: I) -> Command
+pub(crate) fn nightly<I, S>(args: I) -> Command
 where
     I: IntoIterator<Item = S>,
     S: AsRef<std::ffi::OsStr>,

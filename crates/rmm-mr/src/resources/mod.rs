@@ -7,6 +7,7 @@ pub mod cuda_async_managed;
 pub mod cuda_async_view;
 pub mod managed;
 pub mod pinned_host;
+pub mod simulated;
 pub mod system;
 
 pub use callback::CallbackMemoryResource;
@@ -16,4 +17,5 @@ pub use cuda_async_managed::CudaAsyncManagedMemoryResource;
 pub use cuda_async_view::CudaAsyncViewMemoryResource;
 pub use managed::ManagedMemoryResource;
 pub use pinned_host::PinnedHostMemoryResource;
+pub use simulated::SimulatedMemoryResource;
 pub use system::{SamHeadroomMemoryResource, SystemMemoryResource};
