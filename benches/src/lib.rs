@@ -179,6 +179,42 @@ impl Trace {
         }
     }
 
+    /// The trace as a memory-event log in RMM's CSV format (what `LoggingResourceAdaptor`
+    /// writes): `threads` threads, each doing its own copy of the trace on its own stream,
+    /// interleaved operation by operation, with made-up addresses (distinct per thread and
+    /// slot) and times. The replay benchmark replays it like a recorded log.
+    #[must_use]
+    pub fn to_rmm_log(&self, threads: usize) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
+        let mut sizes = vec![vec![0usize; self.slots]; threads];
+        let mut row = 0u64;
+        for op in &self.ops {
+            for (t, sizes) in sizes.iter_mut().enumerate() {
+                row += 1;
+                let (action, slot, size) = match *op {
+                    Op::Alloc { slot, size } => {
+                        sizes[slot as usize] = size;
+                        ("allocate", slot, size)
+                    }
+                    Op::Free { slot } => ("free", slot, sizes[slot as usize]),
+                };
+                // 1 TiB apart per thread, 128 MiB per slot: never two live blocks at one address.
+                let addr = 0x7f00_0000_0000u64 + ((t as u64) << 40) + (u64::from(slot) << 27);
+                let _ = writeln!(
+                    out,
+                    "{},00:{:02}:{:02}.{:06},{action},{addr:#x},{size},{:#x}",
+                    t + 1,
+                    (row / 60_000_000) % 60,
+                    (row / 1_000_000) % 60,
+                    row % 1_000_000,
+                    0x1000 + t
+                );
+            }
+        }
+        out
+    }
+
     /// The number of allocations in the trace.
     #[must_use]
     pub fn allocations(&self) -> usize {
@@ -418,6 +454,26 @@ mod tests {
         assert!(t.largest() <= 1000 * MIB);
         assert!(check(&t).0 <= 1000 * MIB);
         assert!(Trace::rmm_random(0, MIB, MIB, 1).ops.is_empty());
+    }
+
+    #[test]
+    fn rmm_logs_replay_as_the_trace() {
+        let t = Trace::random(500, 1, 64 << 10, 20, 9);
+        let log = t.to_rmm_log(3);
+        assert!(log.starts_with(
+            "Thread,Time,Action,Pointer,Size,Stream\n1,00:00:00.000001,allocate,0x7f"
+        ));
+        let w = rmm_replay::load(log.as_bytes()).unwrap();
+        assert_eq!(w.steps.len(), 3 * t.ops.len());
+        assert_eq!((w.threads.len(), w.streams.len()), (3, 3));
+        assert_eq!((w.failures, w.unmatched_frees, w.leaked.len()), (0, 0, 0));
+        assert_eq!(w.allocations(), 3 * t.allocations());
+        // Interleaved copies: the peak in use is at most three times the trace's own.
+        let peak = w.in_use.iter().copied().max().unwrap_or(0);
+        assert!(
+            peak > t.peak_bytes() as u64 && peak <= 3 * t.peak_bytes() as u64,
+            "{peak}"
+        );
     }
 
     #[test]
