@@ -28,8 +28,7 @@
 #   RMM_GPU_NVIDIA_LIB  driver library folder put first on LD_LIBRARY_PATH when it exists
 #                       (default /usr/local/nvidia/lib64)
 #   RMM_BENCH_FILTER    `bench` runs only the bench binaries whose name matches this glob
-#                       (e.g. 'rmm-benches--*', the GPU benchmarks without the CPU criterion
-#                       ones; default: all)
+#                       (e.g. '*--random_allocations'; default: all)
 #   NVCC                the compiler `peer` uses (default: nvcc on PATH, else
 #                       /usr/local/cuda/bin/nvcc)
 #

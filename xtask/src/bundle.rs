@@ -55,7 +55,9 @@ impl Entry {
 /// Builds everything and writes the bundle to `out`; with `with_peer`, also `out/peer/` (the
 /// RMM C++ driver and the librmm wheels, see [`peer`]).
 pub(crate) fn build(out: &Path, with_peer: bool) -> Result<(), Error> {
-    let packages = artifacts::bundle_packages(&cargo::metadata()?)?;
+    let metadata = cargo::metadata()?;
+    let packages = artifacts::bundle_packages(&metadata)?;
+    let benches_left_out = artifacts::benches_left_out(&metadata)?;
     let common = ["--workspace", "--all-features", "--profile", "gpu"];
     let json = "--message-format=json";
 
@@ -79,7 +81,8 @@ pub(crate) fn build(out: &Path, with_peer: bool) -> Result<(), Error> {
         (&benches, Kind::Bench),
         (&examples, Kind::Example),
     ] {
-        let selected = artifacts::select(messages, kind, &packages);
+        let mut selected = artifacts::select(messages, kind, &packages);
+        selected.retain(|a| a.kind != Kind::Bench || !benches_left_out.contains(&a.package));
         entries.extend(copy_all(out, &selected)?);
     }
     entries.sort_by(|a, b| (a.kind, &a.path).cmp(&(b.kind, &b.path)));

@@ -32,19 +32,12 @@ pub(crate) fn run(args: &[String]) -> Result<i32, Error> {
                 runner::run(&dir, &args, &[])
             } else {
                 let args: Vec<String> = std::iter::once("bench".to_owned()).chain(rest).collect();
-                // The GPU benchmarks only, unless the caller chose otherwise.
-                let filter =
-                    std::env::var("RMM_BENCH_FILTER").unwrap_or_else(|_| GPU_BENCHES.to_owned());
-                runner::run(&dir, &args, &[("RMM_BENCH_FILTER", filter.as_str())])
+                runner::run(&dir, &args, &[])
             }
         }
         _ => Err(USAGE.into()),
     }
 }
-
-/// The bench binaries `gpu bench` runs by default: the GPU benchmarks of `benches/`, not the
-/// CPU criterion benchmarks of the library crates.
-pub(crate) const GPU_BENCHES: &str = "rmm-benches--*";
 
 /// `gpu bench`'s arguments: whether `--peer` is among them, and the others in order.
 fn bench_args(args: &[String]) -> (bool, Vec<String>) {
