@@ -30,7 +30,7 @@
 #   RMM_BENCH_FILTER    `bench` runs only the bench binaries whose name matches this glob
 #                       (e.g. '*--random_allocations'; default: all)
 #   NVCC                the compiler `peer` uses (default: nvcc on PATH, else
-#                       /usr/local/cuda/bin/nvcc)
+#                       /usr/local/cuda/bin/nvcc or /usr/local/cuda-*/bin/nvcc)
 #
 # Logs stay in logs/ beside this script: <mode>--<binary>.log, bench--<name>.log,
 # example--<name>.log, peer-*.log, summary.txt.
@@ -279,9 +279,14 @@ find_nvcc() {
     echo "$NVCC"
   elif command -v nvcc >/dev/null 2>&1; then
     command -v nvcc
-  elif [[ -x /usr/local/cuda/bin/nvcc ]]; then
-    echo /usr/local/cuda/bin/nvcc
   else
+    local c
+    for c in /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc; do
+      if [[ -x $c ]]; then
+        echo "$c"
+        return 0
+      fi
+    done
     return 1
   fi
 }
