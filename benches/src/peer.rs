@@ -582,7 +582,8 @@ pub fn report(ours: &[CellResult], theirs: &[CellResult]) -> Report {
             "note",
         ],
         2,
-    );
+    )
+    .text_columns(&[8]);
     let (mut compared, mut failed) = (0, 0);
     // Keys (workload, resource) in first-seen order, ours first, then any only RMM has.
     let mut keys: Vec<(String, String)> = Vec::new();

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 pub struct Table {
     headers: Vec<String>,
     left: usize,
+    text: Vec<usize>,
     rows: Vec<Vec<String>>,
 }
 
@@ -18,8 +19,16 @@ impl Table {
         Self {
             headers: headers.iter().map(|h| h.as_ref().to_owned()).collect(),
             left,
+            text: Vec::new(),
             rows: Vec::new(),
         }
+    }
+
+    /// Makes these further columns text (left-aligned) too.
+    #[must_use]
+    pub fn text_columns(mut self, columns: &[usize]) -> Self {
+        self.text.extend_from_slice(columns);
+        self
     }
 
     /// Adds a row; missing cells are left empty, extra cells are dropped.
@@ -48,7 +57,14 @@ impl Table {
         let line = |cells: &[String]| format!("| {} |\n", cells.join(" | "));
         out.push_str(&line(&self.headers));
         let rule: Vec<String> = (0..self.headers.len())
-            .map(|i| if i < self.left { "---" } else { "---:" }.to_owned())
+            .map(|i| {
+                if i < self.left || self.text.contains(&i) {
+                    "---"
+                } else {
+                    "---:"
+                }
+                .to_owned()
+            })
             .collect();
         out.push_str(&format!("|{}|\n", rule.join("|")));
         for row in &self.rows {
@@ -123,6 +139,8 @@ mod tests {
 
     #[test]
     fn renders_markdown_with_alignment() {
+        let t = Table::new(&["a", "b", "c"], 1).text_columns(&[2]);
+        assert!(t.render().starts_with("| a | b | c |\n|---|---:|---|\n"));
         let mut t = Table::new(&["resource", "ns", "ratio"], 1);
         assert!(t.is_empty());
         t.row(["pool", "408", "0.34"]);
