@@ -18,6 +18,9 @@
 //! `deallocate(stream, ptr, bytes)` takes the block back from the record (which rejects
 //! unknown pointers, double frees — on one stream or two — and size mismatches), records the
 //! list's event when the lazy rule asks for it, and returns the block to this stream's list.
+//! The record also says who allocated the block: a block allocated on another thread's
+//! per-thread default stream, freed on this thread's, goes to the legacy list instead
+//! ([`crate::cross_thread`]).
 //!
 //! # Failures
 //!
@@ -27,9 +30,6 @@
 //! (still allocated: the free fails and may be retried); a block the record already holds as
 //! handed out (an inconsistency) is not handed out again: the allocation fails, and the block
 //! stays out of every list until its recorded owner frees it.
-//! The record also says who allocated the block: a block allocated on another thread's
-//! per-thread default stream, freed on this thread's, goes to the legacy list instead
-//! ([`crate::cross_thread`]).
 //!
 //! # Lists
 //!
