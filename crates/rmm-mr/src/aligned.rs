@@ -79,7 +79,8 @@ impl<U> Aligned<U> {
 /// pointer passed through from the upstream that is not
 /// 256-aligned is given back and refused. Freeing a pointer that is not aligned as allocated
 /// and was not handed out shifted is reported as [`MrError::InvalidFree`] without calling the
-/// upstream. Copies share state and are equal.
+/// upstream. A free the upstream refuses leaves the allocation live and its record in place,
+/// so it can be freed again. Copies share state and are equal.
 #[doc(alias = "rmm::mr::aligned_resource_adaptor")]
 pub struct AlignedResourceAdaptor<U: DeviceMemoryResource = SharedResource> {
     inner: Arc<Aligned<U>>,
@@ -148,6 +149,14 @@ impl<U: DeviceMemoryResource> AlignedResourceAdaptor<U> {
     #[must_use]
     pub fn alignment_threshold(&self) -> usize {
         self.inner.threshold
+    }
+}
+
+impl<U: DeviceMemoryResource> AlignedResourceAdaptor<U> {
+    /// Number of live allocations handed out shifted (tests).
+    #[cfg(test)]
+    pub(crate) fn shifted_count(&self) -> usize {
+        self.inner.shifted().len()
     }
 }
 
@@ -266,18 +275,23 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for AlignedResourceAda
         let size = Aligned::<U>::upstream_size(bytes, a).ok_or_else(unknown)?;
         // Removed before the upstream frees, so a concurrent allocation that gets the same
         // address back cannot collide with this entry.
-        let original = match inner.shifted().remove(&ptr.addr()) {
-            Some(original) => DevicePtr::from_raw(original),
-            None if ptr.is_aligned(a) => ptr,
+        let (original, was_shifted) = match inner.shifted().remove(&ptr.addr()) {
+            Some(original) => (DevicePtr::from_raw(original), true),
+            None if ptr.is_aligned(a) => (ptr, false),
             None => return Err(unknown()),
         };
         // SAFETY: forwarded contract: `original` and `size` are what the upstream handed out for
         // this allocation.
-        unsafe {
+        let freed = unsafe {
             inner
                 .upstream
                 .deallocate(stream, original, size, UPSTREAM_ALIGNMENT)
+        };
+        if freed.is_err() && was_shifted {
+            // Not freed: the allocation is live, and a retried free must find its entry.
+            inner.shifted().insert(ptr.addr(), original.addr());
         }
+        freed
     }
 
     fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
@@ -657,6 +671,32 @@ mod tests {
         // SAFETY: `p` came from a copy of `mr`, which shares its state.
         unsafe { mr.deallocate(s(), p, 5000, 256).unwrap() };
         assert_eq!(up.live_allocations(), 0);
+    }
+
+    #[test]
+    fn a_free_the_upstream_refuses_keeps_the_shifted_entry() {
+        use crate::testing::{FaultKind, FaultyResource};
+        let up = HostMockResource::new();
+        let faulty = FaultyResource::new(up.clone());
+        let mr = AlignedResourceAdaptor::new(faulty.clone(), 1 << 16).unwrap();
+        let ptrs: Vec<DevicePtr> = (0..16)
+            .map(|_| mr.allocate(s(), 5000, 256).unwrap())
+            .collect();
+        let shifted = mr.inner.shifted().len();
+        assert!(shifted > 0, "no allocation was shifted");
+        for &p in &ptrs {
+            faulty.fail_next_deallocation(FaultKind::Cuda);
+            // SAFETY: `p` came from `mr`; the free fails and `p` stays allocated.
+            let e = unsafe { mr.deallocate(s(), p, 5000, 256) }.unwrap_err();
+            assert!(FaultKind::Cuda.matches(&e), "{e}");
+            assert_eq!(mr.inner.shifted().len(), shifted);
+        }
+        for p in ptrs {
+            // SAFETY: every pointer came from `mr` and is still allocated.
+            unsafe { mr.deallocate(s(), p, 5000, 256).unwrap() };
+        }
+        assert_eq!(up.live_allocations(), 0);
+        assert!(mr.inner.shifted().is_empty());
     }
 
     #[test]

@@ -31,6 +31,8 @@ mod cross_thread;
 pub mod debug_log;
 pub mod error;
 pub mod failure_callback;
+#[cfg(test)]
+mod fault_tests;
 pub mod fixed_size;
 pub mod limiting;
 pub mod logging;

@@ -1,4 +1,5 @@
-//! A host-memory resource for tests and benchmarks on machines without a GPU.
+//! A host-memory resource for tests and benchmarks on machines without a GPU, and an upstream
+//! that fails on demand ([`FaultyResource`]).
 
 use std::alloc::Layout;
 use std::any::Any;
@@ -12,6 +13,10 @@ use rmm_sys::DevicePtr;
 use crate::alignment::{self, MAX_OVER_ALIGNMENT};
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::{same_shared_state, DeviceMemoryResource, ResourceProperties};
+
+mod faulty;
+
+pub use faulty::{FaultKind, FaultyResource};
 
 #[derive(Debug, Default)]
 struct Mock {
@@ -77,6 +82,15 @@ impl HostMockResource {
     pub fn live_bytes(&self) -> usize {
         let live = self.inner.live.lock().unwrap_or_else(|e| e.into_inner());
         live.values().map(|&(b, _)| b).sum()
+    }
+
+    /// Every allocation not yet freed, `(address, bytes)`, by address.
+    #[must_use]
+    pub fn live(&self) -> Vec<(u64, usize)> {
+        let live = self.inner.live.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all: Vec<(u64, usize)> = live.iter().map(|(&a, &(b, _))| (a, b)).collect();
+        all.sort_unstable();
+        all
     }
 
     /// The alignment argument of the last allocation.

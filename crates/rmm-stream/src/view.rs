@@ -162,6 +162,20 @@ impl<'a> CudaStreamView<'a> {
     }
 }
 
+#[cfg(feature = "testing")]
+impl CudaStreamView<'static> {
+    /// Fake stream number `n` of rmm-sys's simulated driver ([`rmm_sys::fault`], feature
+    /// `testing`): an ordinary stream for the code above (it has an id, events record on it and
+    /// streams wait on it) that no driver call ever receives. For tests without a GPU; never
+    /// for real device work.
+    #[must_use]
+    pub fn simulated(n: u32) -> Self {
+        // SAFETY: a fake handle is never passed to the driver (every rmm-sys wrapper answers it
+        // itself), so there is nothing that could be destroyed under the view.
+        unsafe { Self::from_raw(rmm_sys::fault::fake_stream(n)) }
+    }
+}
+
 impl PartialEq for CudaStreamView<'_> {
     fn eq(&self, other: &Self) -> bool {
         self.handle == other.handle

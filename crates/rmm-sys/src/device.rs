@@ -90,6 +90,7 @@ pub fn device_count() -> CudaResult<usize> {
 /// device 0 for a thread that has none yet.
 #[doc(alias = "rmm::get_current_cuda_device")]
 pub fn current_device() -> CudaResult<DeviceId> {
+    fault_point!(CurrentDevice, "cuCtxGetDevice" => Ok(DeviceId(0)));
     let api = context_api()?;
     let mut dev: raw::CUdevice = 0;
     // SAFETY: a context is current on this thread; writes one device handle.
@@ -152,6 +153,7 @@ impl Drop for DeviceGuard {
 /// Blocks until all work of the current context has completed, on every stream (non-blocking
 /// ones included): `cuCtxSynchronize`, the driver's `cudaDeviceSynchronize`.
 pub fn device_synchronize() -> CudaResult<()> {
+    fault_point!(Synchronize, "cuCtxSynchronize" => Ok(()));
     let api = context_api()?;
     // SAFETY: a context is current; the call takes no arguments.
     check("cuCtxSynchronize", unsafe { (api.cuCtxSynchronize)() })

@@ -30,12 +30,45 @@
 
 #![doc(html_root_url = "https://docs.rs/rmm-sys/0.1.0")]
 
+/// A fault point at the top of a driver wrapper: with the `testing` feature it asks [`fault`]
+/// whether this call fails (then returns the error) or is simulated (then returns the value
+/// after `=>`); without the feature it is nothing. The expressions after the name are the
+/// call's stream and event handles (fake ones are always simulated).
+#[cfg(feature = "testing")]
+macro_rules! fault_point {
+    ($call:ident, $name:literal $(, $handle:expr)* => $simulated:expr) => {
+        match $crate::fault::intercept(
+            $crate::fault::DriverCall::$call,
+            $name,
+            &[$($handle as usize),*],
+        ) {
+            $crate::fault::Intercept::Fail(e) => return Err(e),
+            $crate::fault::Intercept::Simulate => return $simulated,
+            $crate::fault::Intercept::Driver => {}
+        }
+    };
+    ($call:ident, $name:literal) => {
+        if let $crate::fault::Intercept::Fail(e) =
+            $crate::fault::intercept($crate::fault::DriverCall::$call, $name, &[])
+        {
+            return Err(e);
+        }
+    };
+}
+
+#[cfg(not(feature = "testing"))]
+macro_rules! fault_point {
+    ($($tokens:tt)*) => {};
+}
+
 pub mod align;
 mod context;
 pub mod device;
 pub mod driver;
 mod entry;
 pub mod error;
+#[cfg(feature = "testing")]
+pub mod fault;
 pub mod memory;
 pub mod mempool;
 pub mod ptr;

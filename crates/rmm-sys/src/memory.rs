@@ -21,6 +21,7 @@ const CU_MEM_ATTACH_GLOBAL: u32 = 0x1;
 
 /// `cuMemAlloc`: `bytes` of device memory on the current device (synchronous).
 pub fn mem_alloc(bytes: usize) -> CudaResult<DevicePtr> {
+    fault_point!(Allocate, "cuMemAlloc");
     let api = context_api()?;
     let mut p: raw::CUdeviceptr = 0;
     // SAFETY: a context is current; the call writes one address.
@@ -34,6 +35,7 @@ pub fn mem_alloc(bytes: usize) -> CudaResult<DevicePtr> {
 /// `ptr` came from [`mem_alloc`] or [`mem_alloc_managed`], was not freed, and no pending
 /// device work uses it.
 pub unsafe fn mem_free(ptr: DevicePtr) -> CudaResult<()> {
+    fault_point!(Free, "cuMemFree");
     let api = context_api()?;
     // SAFETY: the caller's contract.
     check("cuMemFree", unsafe { (api.cuMemFree_v2)(ptr.addr()) })
@@ -41,6 +43,7 @@ pub unsafe fn mem_free(ptr: DevicePtr) -> CudaResult<()> {
 
 /// `cuMemAllocManaged(.., CU_MEM_ATTACH_GLOBAL)`: managed (unified) memory.
 pub fn mem_alloc_managed(bytes: usize) -> CudaResult<DevicePtr> {
+    fault_point!(Allocate, "cuMemAllocManaged");
     let api = context_api()?;
     let mut p: raw::CUdeviceptr = 0;
     // SAFETY: a context is current; the call writes one address.
@@ -52,6 +55,7 @@ pub fn mem_alloc_managed(bytes: usize) -> CudaResult<DevicePtr> {
 
 /// `cuMemHostAlloc(.., 0)`: page-locked host memory, accessible from the device.
 pub fn mem_host_alloc(bytes: usize) -> CudaResult<DevicePtr> {
+    fault_point!(Allocate, "cuMemHostAlloc");
     let api = context_api()?;
     let mut p: *mut c_void = std::ptr::null_mut();
     // SAFETY: a context is current; the call writes one host pointer.
@@ -66,6 +70,7 @@ pub fn mem_host_alloc(bytes: usize) -> CudaResult<DevicePtr> {
 /// # Safety
 /// `ptr` came from [`mem_host_alloc`], was not freed, and no pending work uses it.
 pub unsafe fn mem_free_host(ptr: DevicePtr) -> CudaResult<()> {
+    fault_point!(Free, "cuMemFreeHost");
     let api = context_api()?;
     // SAFETY: the caller's contract.
     check("cuMemFreeHost", unsafe {
@@ -84,6 +89,7 @@ pub unsafe fn memset_d32_async(
     count: usize,
     stream: raw::CUstream,
 ) -> CudaResult<()> {
+    fault_point!(Copy, "cuMemsetD32Async", stream => Ok(()));
     let api = context_api()?;
     // SAFETY: the caller's contract.
     check("cuMemsetD32Async", unsafe {
@@ -101,6 +107,7 @@ pub unsafe fn memset_d8_async(
     count: usize,
     stream: raw::CUstream,
 ) -> CudaResult<()> {
+    fault_point!(Copy, "cuMemsetD8Async", stream => Ok(()));
     let api = context_api()?;
     // SAFETY: the caller's contract.
     check("cuMemsetD8Async", unsafe {
@@ -120,6 +127,7 @@ pub unsafe fn memcpy_async(
     bytes: usize,
     stream: raw::CUstream,
 ) -> CudaResult<()> {
+    fault_point!(Copy, "cuMemcpyAsync", stream => Ok(()));
     let api = context_api()?;
     // SAFETY: the caller's contract.
     check("cuMemcpyAsync", unsafe {
@@ -247,6 +255,7 @@ pub unsafe fn mem_prefetch_async(
     location: MemLocation,
     stream: raw::CUstream,
 ) -> CudaResult<()> {
+    fault_point!(Prefetch, "cuMemPrefetchAsync", stream => Ok(()));
     ensure_current_context()?;
     let version = crate::driver::driver_version()?;
     if version >= DriverVersion::CUDA_13_0 {

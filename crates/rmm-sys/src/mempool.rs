@@ -209,6 +209,10 @@ pub unsafe fn mem_alloc_from_pool_async(
     pool: MemPoolHandle,
     stream: raw::CUstream,
 ) -> CudaResult<DevicePtr> {
+    fault_point!(
+        Allocate, "cuMemAllocFromPoolAsync", stream
+        => Err(crate::fault::unsimulated("cuMemAllocFromPoolAsync"))
+    );
     let api = context_api()?;
     let mut p: raw::CUdeviceptr = 0;
     // SAFETY: the caller's contract; writes one address.
@@ -223,6 +227,10 @@ pub unsafe fn mem_alloc_from_pool_async(
 /// # Safety
 /// `stream` is a valid stream handle.
 pub unsafe fn mem_alloc_async(bytes: usize, stream: raw::CUstream) -> CudaResult<DevicePtr> {
+    fault_point!(
+        Allocate, "cuMemAllocAsync", stream
+        => Err(crate::fault::unsimulated("cuMemAllocAsync"))
+    );
     let api = context_api()?;
     let mut p: raw::CUdeviceptr = 0;
     // SAFETY: the caller's contract; writes one address.
@@ -238,6 +246,7 @@ pub unsafe fn mem_alloc_async(bytes: usize, stream: raw::CUstream) -> CudaResult
 /// `ptr` came from a stream-ordered allocation, was not freed, and work that uses it is
 /// ordered before this point of `stream`.
 pub unsafe fn mem_free_async(ptr: DevicePtr, stream: raw::CUstream) -> CudaResult<()> {
+    fault_point!(Free, "cuMemFreeAsync", stream => Ok(()));
     let api = context_api()?;
     // SAFETY: the caller's contract.
     check("cuMemFreeAsync", unsafe {

@@ -52,6 +52,7 @@ pub unsafe fn stream_destroy(stream: raw::CUstream) -> CudaResult<()> {
 /// `stream` is a live stream handle or one of the special handles (0, [`CU_STREAM_LEGACY`],
 /// [`CU_STREAM_PER_THREAD`]).
 pub unsafe fn stream_synchronize(stream: raw::CUstream) -> CudaResult<()> {
+    fault_point!(Synchronize, "cuStreamSynchronize", stream => Ok(()));
     let api = context_api()?;
     // SAFETY: a context is current; the handle is valid (caller).
     check("cuStreamSynchronize", unsafe {
@@ -66,6 +67,7 @@ pub unsafe fn stream_synchronize(stream: raw::CUstream) -> CudaResult<()> {
 /// `stream` is a live stream handle or one of the special handles (0, [`CU_STREAM_LEGACY`],
 /// [`CU_STREAM_PER_THREAD`]).
 pub unsafe fn stream_query(stream: raw::CUstream) -> CudaResult<bool> {
+    fault_point!(Query, "cuStreamQuery", stream => Ok(true));
     let api = context_api()?;
     // SAFETY: a context is current; the handle is valid (caller).
     let r = unsafe { (api.cuStreamQuery)(stream) };
@@ -83,6 +85,10 @@ pub unsafe fn stream_query(stream: raw::CUstream) -> CudaResult<bool> {
 /// `stream` is a live stream handle or one of the special handles (0, [`CU_STREAM_LEGACY`],
 /// [`CU_STREAM_PER_THREAD`]).
 pub unsafe fn stream_get_id(stream: raw::CUstream) -> CudaResult<u64> {
+    fault_point!(
+        StreamId, "cuStreamGetId", stream
+        => Ok(crate::fault::fake_stream_id(stream as usize))
+    );
     let api = context_api()?;
     let mut id: std::ffi::c_ulonglong = 0;
     // SAFETY: a context is current; the handle is valid (caller); writes one integer.
@@ -97,6 +103,7 @@ pub unsafe fn stream_get_id(stream: raw::CUstream) -> CudaResult<u64> {
 /// # Safety
 /// `stream` is a live or special stream handle and `event` a live event handle.
 pub unsafe fn stream_wait_event(stream: raw::CUstream, event: raw::CUevent) -> CudaResult<()> {
+    fault_point!(StreamWait, "cuStreamWaitEvent", stream, event => Ok(()));
     let api = context_api()?;
     // SAFETY: a context is current; the handles are valid (caller).
     check("cuStreamWaitEvent", unsafe {
@@ -123,6 +130,7 @@ pub unsafe fn launch_host_func(
 
 /// `cuEventCreate`.
 pub fn event_create(flags: u32) -> CudaResult<raw::CUevent> {
+    fault_point!(EventCreate, "cuEventCreate" => Ok(crate::fault::fake_event()));
     let api = context_api()?;
     let mut e: raw::CUevent = std::ptr::null_mut();
     // SAFETY: a context is current; writes one handle.
@@ -137,6 +145,10 @@ pub fn event_create(flags: u32) -> CudaResult<raw::CUevent> {
 /// # Safety
 /// `event` came from [`event_create`] and is not used afterwards.
 pub unsafe fn event_destroy(event: raw::CUevent) -> CudaResult<()> {
+    #[cfg(feature = "testing")]
+    if crate::fault::is_fake(event as usize) {
+        return Ok(());
+    }
     let api = context_api()?;
     // SAFETY: the caller's contract.
     check("cuEventDestroy", unsafe { (api.cuEventDestroy_v2)(event) })
@@ -147,6 +159,7 @@ pub unsafe fn event_destroy(event: raw::CUevent) -> CudaResult<()> {
 /// # Safety
 /// `event` is a live event handle and `stream` a live or special stream handle.
 pub unsafe fn event_record(event: raw::CUevent, stream: raw::CUstream) -> CudaResult<()> {
+    fault_point!(EventRecord, "cuEventRecord", event, stream => Ok(()));
     let api = context_api()?;
     // SAFETY: a context is current; the handles are valid (caller).
     check("cuEventRecord", unsafe {
@@ -159,6 +172,7 @@ pub unsafe fn event_record(event: raw::CUevent, stream: raw::CUstream) -> CudaRe
 /// # Safety
 /// `event` is a live event handle (from [`event_create`], not destroyed).
 pub unsafe fn event_synchronize(event: raw::CUevent) -> CudaResult<()> {
+    fault_point!(Synchronize, "cuEventSynchronize", event => Ok(()));
     let api = context_api()?;
     // SAFETY: a context is current; the handle is valid (caller).
     check("cuEventSynchronize", unsafe {
@@ -171,6 +185,7 @@ pub unsafe fn event_synchronize(event: raw::CUevent) -> CudaResult<()> {
 /// # Safety
 /// `event` is a live event handle (from [`event_create`], not destroyed).
 pub unsafe fn event_query(event: raw::CUevent) -> CudaResult<bool> {
+    fault_point!(Query, "cuEventQuery", event => Ok(true));
     let api = context_api()?;
     // SAFETY: a context is current; the handle is valid (caller).
     let r = unsafe { (api.cuEventQuery)(event) };

@@ -9,6 +9,8 @@ mod state;
 mod thread_cache;
 
 #[cfg(test)]
+mod fault_tests;
+#[cfg(test)]
 mod tests;
 
 use std::any::Any;

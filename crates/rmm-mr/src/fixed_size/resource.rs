@@ -60,6 +60,10 @@ impl FreeBlocks for FixedBlocks {
         self.free.pop_front().map(|addr| (addr, ()))
     }
 
+    fn fits(&self, _size: usize) -> bool {
+        !self.free.is_empty()
+    }
+
     fn put(&mut self, addr: u64, _size: usize, _tag: ()) -> Result<(), String> {
         // Only blocks the ledger just took back, or blocks just taken from a list, come here.
         self.free.push_back(addr);
@@ -131,6 +135,12 @@ impl FreeBlocks for FixedBlocks {
 
     fn handed_out(&self) -> (usize, usize) {
         self.ledger.handed_out()
+    }
+
+    #[cfg(test)]
+    fn free_blocks(&self) -> Vec<(u64, usize)> {
+        let size = self.ledger.block_size();
+        self.free.iter().map(|&addr| (addr, size)).collect()
     }
 }
 
@@ -260,6 +270,12 @@ impl<U: DeviceMemoryResource> FixedSizeMemoryResource<U> {
         self.inner.core.pool_size()
     }
 
+    /// Everything the resource's core keeps (tests).
+    #[cfg(test)]
+    pub(crate) fn core_state(&self) -> crate::pool::stream_ordered::CoreState {
+        self.inner.core.state()
+    }
+
     /// Number of blocks handed out and not yet freed.
     #[must_use]
     pub fn outstanding_allocations(&self) -> usize {
@@ -304,7 +320,7 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for FixedSizeMemoryRes
         }
         // `block_size` is a multiple of 256, so this cannot overflow past it.
         let size = align_up(bytes, ALLOCATION_ALIGNMENT);
-        inner.core.allocate(stream, size, |_| {
+        inner.core.allocate(stream, size, &inner.upstream, |_| {
             let size = inner.chunk_size;
             let chunk = inner
                 .upstream

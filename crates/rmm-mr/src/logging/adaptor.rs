@@ -40,10 +40,14 @@ struct Logging<U> {
 impl<U> Logging<U> {
     /// Formats `event` (outside any lock) and writes the row to every sink, holding each
     /// sink's lock only for the write (and the flush with `auto_flush`).
+    ///
+    /// A writer that panics counts as a failed write: the panic is caught here, so it can
+    /// neither lose an allocation the upstream already made nor stop a free from reaching the
+    /// upstream (its message is still printed by the panic hook).
     fn log(&self, event: &MemoryEvent) {
         let line = EventLine::new(event);
         for sink in self.sinks.iter() {
-            let result = {
+            let write = || {
                 let mut w = lock(sink);
                 let written = w.write_all(line.as_bytes());
                 if self.auto_flush {
@@ -52,6 +56,10 @@ impl<U> Logging<U> {
                     written
                 }
             };
+            // Unwind safety: after a panic the sink's lock is poisoned, which `lock` accepts;
+            // the writer is the caller's and is used again as it is (a row may be torn).
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(write))
+                .unwrap_or_else(|_| Err(io::Error::other("the writer panicked")));
             if let Err(e) = result {
                 self.write_failed(&e);
             }
@@ -100,7 +108,9 @@ fn stream_value(stream: CudaStreamView<'_>) -> u64 {
 /// Differences from RMM: the `Thread` column is [`current_thread_number`] and the `Time` column
 /// UTC unless a UTC offset is given to the [builder](LoggingResourceAdaptorBuilder) (RMM's
 /// replay parser ignores both); a failing sink never fails an allocation (errors are counted in
-/// [`write_errors`](Self::write_errors), the first one logged with [`log::error!`]).
+/// [`write_errors`](Self::write_errors), the first one logged with [`log::error!`]), and a
+/// writer that panics is a failing sink: the panic is caught and counted, the allocation
+/// returned (or the free forwarded) as if the row had been written, so nothing leaks.
 ///
 /// Concurrency: each row is formatted on the caller's stack before any lock is taken; each
 /// sink's lock is held only for one `write_all` (plus the flush with `auto_flush`). File sinks
@@ -766,6 +776,52 @@ mod tests {
             2,
             "other sinks still log"
         );
+    }
+
+    /// A writer that panics at every write while armed.
+    #[derive(Clone, Default)]
+    struct Panics(Arc<std::sync::atomic::AtomicBool>);
+
+    impl Write for Panics {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            assert!(!self.0.load(Ordering::SeqCst), "injected writer panic");
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_panicking_writer_neither_leaks_nor_fails_calls() {
+        let mock = HostMockResource::new();
+        let panics = Panics::default();
+        let good = SharedBuf::default();
+        let mr = LoggingResourceAdaptor::builder(mock.clone())
+            .writer(panics.clone())
+            .writer(good.clone())
+            .build()
+            .unwrap();
+        panics.0.store(true, Ordering::SeqCst);
+        // The upstream allocated before the row is written: the pointer must come back.
+        let p = mr.allocate(s(), 100, 256).unwrap();
+        assert_eq!(mock.live_allocations(), 1);
+        // The free's row is written before the upstream frees: the free must still happen.
+        // SAFETY: `p` came from `mr`.
+        unsafe { mr.deallocate(s(), p, 100, 256).unwrap() };
+        assert_eq!(mock.live_allocations(), 0);
+        assert_eq!(mr.write_errors(), 2);
+        assert_eq!(
+            parse_log_str(&good.text()).unwrap().len(),
+            2,
+            "the other sink"
+        );
+        // The panicking sink is usable again once it stops panicking.
+        panics.0.store(false, Ordering::SeqCst);
+        let q = mr.allocate(s(), 100, 256).unwrap();
+        // SAFETY: `q` came from `mr`.
+        unsafe { mr.deallocate(s(), q, 100, 256).unwrap() };
+        assert_eq!((mr.write_errors(), mock.live_allocations()), (2, 0));
     }
 
     #[test]

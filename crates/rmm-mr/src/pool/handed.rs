@@ -53,9 +53,15 @@ impl<T> Default for HandedMap<T> {
 
 impl<T: Copy> HandedMap<T> {
     /// Records `addr` as handed out with `size` and `tag`; `false` when it already was (the
-    /// record is replaced).
+    /// record is kept as it was).
     pub(crate) fn record(&self, addr: u64, size: usize, tag: T) -> bool {
-        self.map.insert(addr, Handed { size, tag }).is_none()
+        match self.map.entry(addr) {
+            dashmap::Entry::Occupied(_) => false,
+            dashmap::Entry::Vacant(slot) => {
+                slot.insert(Handed { size, tag });
+                true
+            }
+        }
     }
 
     /// Forgets `addr` if it is handed out with `size` and returns its tag; otherwise
@@ -92,7 +98,8 @@ mod tests {
         assert_eq!(m.release(0x1000, 512), Ok(true));
         assert_eq!(m.release(0x1000, 512), Err(None));
         assert!(!m.record(0x2000, 1024, true), "a second record is reported");
-        assert_eq!(m.totals(), (1, 1024));
+        assert_eq!(m.totals(), (1, 256), "and the first one kept");
+        assert_eq!(m.release(0x2000, 256), Ok(false));
     }
 
     #[test]

@@ -36,6 +36,10 @@ impl FreeBlocks for PoolBlocks {
         self.free.allocate(size).map(|b| (b.addr, b.is_head))
     }
 
+    fn fits(&self, size: usize) -> bool {
+        self.free.largest().is_some_and(|b| b.size >= size)
+    }
+
     fn put(&mut self, addr: u64, size: usize, is_head: bool) -> Result<(), String> {
         self.free
             .insert(Block::new(addr, size, is_head))
@@ -89,6 +93,11 @@ impl FreeBlocks for PoolBlocks {
 
     fn handed_out(&self) -> (usize, usize) {
         self.handed.totals()
+    }
+
+    #[cfg(test)]
+    fn free_blocks(&self) -> Vec<(u64, usize)> {
+        self.free.iter().map(|b| (b.addr, b.size)).collect()
     }
 }
 
@@ -311,6 +320,12 @@ impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
         &self.inner.upstream
     }
 
+    /// Everything the pool's core keeps (tests).
+    #[cfg(test)]
+    pub(crate) fn core_state(&self) -> crate::pool::stream_ordered::CoreState {
+        self.inner.core.state()
+    }
+
     /// Number of allocations handed out and not yet freed.
     #[must_use]
     pub fn outstanding_allocations(&self) -> usize {
@@ -325,7 +340,7 @@ impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
     /// # Errors
     ///
     /// A failed synchronization (nothing is released) or the first failed upstream
-    /// deallocation.
+    /// deallocation (the chunks the upstream refused stay in the pool, the others are released).
     pub fn release_unused(&self) -> MrResult<usize> {
         self.inner.core.release_unused(&self.inner.upstream)
     }
@@ -409,9 +424,10 @@ impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
             )
         })?;
         let pool = &*self.inner;
-        pool.core.allocate(stream, size, |pool_size| {
-            pool.expand(stream, bytes, size, pool_size)
-        })
+        pool.core
+            .allocate(stream, size, &pool.upstream, |pool_size| {
+                pool.expand(stream, bytes, size, pool_size)
+            })
     }
 
     /// `bytes` aligned to `alignment` (above 256), from a larger block.
@@ -842,10 +858,16 @@ mod tests {
             });
         }
         // The legacy stream reuses the block (its own list, ordered after every blocking
-        // stream's earlier work) without any CUDA call.
-        assert_eq!(p.allocate(s(), 1000, 256).unwrap(), a);
-        // SAFETY: `a` came from `p` again.
-        unsafe { p.deallocate(s(), a, 1000, 256).unwrap() };
+        // stream's earlier work) without any CUDA call. Its list also holds the rest of `c`'s
+        // chunk, as large as `a`: which of the two comes first depends on their addresses.
+        let x = p.allocate(s(), 1000, 256).unwrap();
+        let y = p.allocate(s(), 1000, 256).unwrap();
+        assert!(x == a || y == a, "{x} {y} {a}");
+        // SAFETY: both came from `p`.
+        unsafe {
+            p.deallocate(s(), x, 1000, 256).unwrap();
+            p.deallocate(s(), y, 1000, 256).unwrap();
+        }
     }
 
     #[test]
@@ -880,6 +902,34 @@ mod tests {
         assert_eq!(p.pool_size(), 512);
         // SAFETY: `d` came from `p`.
         unsafe { p.deallocate(s(), d, 512, 256).unwrap() };
+    }
+
+    #[test]
+    fn a_chunk_the_upstream_refuses_to_take_back_stays_in_the_pool() {
+        use crate::testing::{FaultKind, FaultyResource};
+        let mock = HostMockResource::new();
+        let faulty = FaultyResource::new(mock.clone());
+        let p = PoolMemoryResource::new(faulty.clone(), 0, None).unwrap();
+        let a = p.allocate(s(), 1024, 256).unwrap();
+        let b = p.allocate(s(), 2048, 256).unwrap();
+        // SAFETY: both came from `p`.
+        unsafe {
+            p.deallocate(s(), a, 1024, 256).unwrap();
+            p.deallocate(s(), b, 2048, 256).unwrap();
+        }
+        let before = p.core_state();
+        faulty.fail_next_deallocation(FaultKind::Cuda);
+        let e = p.release_unused().unwrap_err();
+        assert!(FaultKind::Cuda.matches(&e), "{e}");
+        // The refused chunk is still the pool's (and the mock's); the other one is released.
+        assert_eq!(p.pool_size(), mock.live_bytes());
+        assert_eq!(mock.live_allocations(), 1);
+        assert_eq!(p.core_state().chunks.len(), 1);
+        assert_ne!(p.core_state(), before);
+        let left = p.pool_size();
+        assert!(left == 1024 || left == 2048, "{left}");
+        assert_eq!(p.release_unused().unwrap(), left);
+        assert_eq!((p.pool_size(), mock.live_allocations()), (0, 0));
     }
 
     #[test]

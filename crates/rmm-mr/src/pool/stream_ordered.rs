@@ -22,6 +22,15 @@
 //! per-thread default stream, freed on this thread's, goes to the legacy list instead
 //! ([`crate::cross_thread`]).
 //!
+//! # Failures
+//!
+//! A failed call leaves the core as it was: a failed steal (the stream cannot wait on the
+//! victim's event) takes nothing; a failed growth adds no chunk (a chunk the list refuses goes
+//! back to the upstream); a block that cannot return to a list stays recorded as handed out
+//! (still allocated: the free fails and may be retried); a block the record already holds as
+//! handed out (an inconsistency) is not handed out again: the allocation fails, and the block
+//! stays out of every list until its recorded owner frees it.
+//!
 //! # Lists
 //!
 //! The legacy list is a field; every other list lives in an append-only vector and is never
@@ -75,10 +84,15 @@ pub(crate) trait FreeBlocks: Clone + Send + 'static {
     /// and returns its address; any remainder stays in the list. `None` when nothing fits.
     fn take(&mut self, size: usize) -> Option<(u64, Self::Tag)>;
 
-    /// Returns a block handed out by [`take`](Self::take) with this `size` and `tag`.
+    /// Whether [`take`](Self::take) would find a block for `size` bytes (the list is left as
+    /// it is).
+    fn fits(&self, size: usize) -> bool;
+
+    /// Returns a block handed out by [`take`](Self::take) with this `size` and `tag`. On error
+    /// the list is unchanged.
     fn put(&mut self, addr: u64, size: usize, tag: Self::Tag) -> Result<(), String>;
 
-    /// Adds a whole, fresh upstream chunk.
+    /// Adds a whole, fresh upstream chunk. On error the list is unchanged.
     fn add_chunk(&mut self, addr: u64, size: usize) -> Result<(), String>;
 
     /// Moves every block of `other` into `self`. On error nothing is lost: every block is in
@@ -98,7 +112,9 @@ pub(crate) trait FreeBlocks: Clone + Send + 'static {
     /// Records in the resource-wide record (shared by every list of the resource) that the
     /// block at `addr`, just taken from one of its lists for a request of `size` bytes, is
     /// handed out, allocated by `origin` (the cross-thread rule, [`crate::cross_thread`]). An
-    /// error means it already was (an internal inconsistency, logged).
+    /// error means it already was (an internal inconsistency); the record is then unchanged.
+    /// Also puts back what [`take_back`](Self::take_back) removed when the block cannot return
+    /// to a list.
     fn hand_out(
         &mut self,
         addr: u64,
@@ -121,6 +137,71 @@ pub(crate) trait FreeBlocks: Clone + Send + 'static {
 
     /// Number of blocks handed out by the resource and the sum of their sizes.
     fn handed_out(&self) -> (usize, usize);
+
+    /// The free blocks of this list, `(address, size)`, in the list's order (tests).
+    #[cfg(test)]
+    fn free_blocks(&self) -> Vec<(u64, usize)>;
+}
+
+/// Everything a core keeps, for tests that check a failed call changed nothing.
+#[cfg(test)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CoreState {
+    /// The free blocks of every list that holds some, by stream key, legacy list first.
+    pub(crate) lists: Vec<(StreamKey, Vec<(u64, usize)>)>,
+    /// The upstream chunks, by address.
+    pub(crate) chunks: Vec<(u64, usize)>,
+    /// The sum of the chunks.
+    pub(crate) pool_size: usize,
+    /// Blocks handed out and their bytes.
+    pub(crate) handed_out: (usize, usize),
+}
+
+#[cfg(test)]
+impl CoreState {
+    /// The free memory as merged address ranges `[start, end)`, whichever lists hold it.
+    pub(crate) fn free_ranges(&self) -> Vec<(u64, u64)> {
+        let mut blocks: Vec<(u64, u64)> = self
+            .lists
+            .iter()
+            .flat_map(|(_, blocks)| blocks.iter().map(|&(a, s)| (a, a + s as u64)))
+            .collect();
+        blocks.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::new();
+        for (start, end) in blocks {
+            match merged.last_mut() {
+                Some(last) if last.1 == start => last.1 = end,
+                _ => merged.push((start, end)),
+            }
+        }
+        merged
+    }
+
+    /// What a failed call must leave as it was: the free memory (a failed allocation may have
+    /// merged stream lists, as RMM's does, so not which list holds it), the chunks, the pool
+    /// size and the handed-out blocks.
+    pub(crate) fn memory(&self) -> CoreMemory {
+        CoreMemory {
+            free: self.free_ranges(),
+            chunks: self.chunks.clone(),
+            pool_size: self.pool_size,
+            handed_out: self.handed_out,
+        }
+    }
+}
+
+/// [`CoreState::memory`].
+#[cfg(test)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CoreMemory {
+    /// [`CoreState::free_ranges`].
+    pub(crate) free: Vec<(u64, u64)>,
+    /// The upstream chunks, by address.
+    pub(crate) chunks: Vec<(u64, usize)>,
+    /// The sum of the chunks.
+    pub(crate) pool_size: usize,
+    /// Blocks handed out and their bytes.
+    pub(crate) handed_out: (usize, usize),
 }
 
 /// Which stream keys have lists, and who used the resource first.
@@ -151,6 +232,29 @@ fn restore<L: FreeBlocks>(list: &StreamList<L>, mut blocks: L) {
     if let Err(e) = list.lock().blocks.absorb(&mut blocks) {
         log::error!("rmm: free blocks lost while moving them between stream lists: {e}");
     }
+}
+
+/// The error of a free whose block cannot return to a free list (it overlaps a free block:
+/// an inconsistency), after recording the block as handed out again: it is still allocated, and
+/// neither lost nor free twice.
+#[cold]
+fn kept_allocated<L: FreeBlocks>(
+    blocks: &mut L,
+    ptr: DevicePtr,
+    size: usize,
+    tag: L::Tag,
+    origin: Origin,
+    why: &str,
+) -> MrError {
+    let addr = ptr.addr();
+    if let Err(e) = blocks.hand_out(addr, size, tag, origin) {
+        log::error!("rmm: block {addr:#x} is in no free list and not recorded: {e}");
+    }
+    log::error!("rmm: block {addr:#x} cannot return to its free list: {why}");
+    MrError::invalid_argument(format!(
+        "inconsistent stream-ordered resource: block {addr:#x} ({size} bytes) cannot return to \
+         its free list ({why}); it stays allocated"
+    ))
 }
 
 /// The stream-ordered core: per-stream free lists, the lazy event rule, the record of
@@ -306,13 +410,14 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     }
 
     /// Allocates a block of `size` bytes (a multiple of 256 the resource accepts) on `stream`;
-    /// `expand(pool_size)` obtains a new upstream chunk on `stream` (called with the growth
-    /// lock held) and returns it with its size.
+    /// `expand(pool_size)` obtains a new upstream chunk from `upstream` on `stream` (called
+    /// with the growth lock held) and returns it with its size.
     #[inline]
     pub(crate) fn allocate(
         &self,
         stream: CudaStreamView<'_>,
         size: usize,
+        upstream: &dyn DeviceMemoryResource,
         expand: impl FnOnce(usize) -> MrResult<(DevicePtr, usize)>,
     ) -> MrResult<DevicePtr> {
         let own = self.list_for(stream)?;
@@ -322,7 +427,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             Some(block) => block,
             None => {
                 drop(st);
-                let block = self.allocate_slow(own, stream, size, expand)?;
+                let block = self.allocate_slow(own, stream, size, upstream, expand)?;
                 st = own.lock();
                 block
             }
@@ -330,7 +435,15 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         let recorded = st.blocks.hand_out(addr, size, tag, own.key().origin());
         drop(st);
         if let Err(e) = recorded {
-            log::error!("rmm: stream-ordered resource handed out {addr:#x} twice: {e}");
+            // Handing it out again would give two owners the same memory. It stays out of
+            // every list; its recorded owner's free returns it.
+            log::error!(
+                "rmm: stream-ordered resource: free block {addr:#x} is recorded as handed out: {e}"
+            );
+            return Err(MrError::bad_alloc(format!(
+                "inconsistent stream-ordered resource: free block {addr:#x} is recorded as \
+                 handed out ({e})"
+            )));
         }
         if !self.used.load(Ordering::Relaxed) {
             self.used.store(true, Ordering::Relaxed);
@@ -350,18 +463,17 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         // Steal one block; the remainder stays with its stream.
         for victim in &others {
             let mut st = victim.lock();
-            let Some((addr, tag)) = st.blocks.take(size) else {
+            // Nothing is taken before the stream waits, so a failed wait takes nothing.
+            if !st.blocks.fits(size) {
                 continue;
-            };
-            let ready = st.prepare_steal(victim.key(), stream);
-            if matches!(ready, Ok(true)) {
-                return Ok(Some((addr, tag)));
-            }
-            if let Err(e) = st.blocks.put(addr, size, tag) {
-                log::error!("rmm: could not put back {addr:#x}: {e}");
             }
             // `Ok(false)`: not covered yet (its owner has been asked to record), look elsewhere.
-            ready?;
+            if !st.prepare_steal(victim.key(), stream)? {
+                continue;
+            }
+            if let Some(block) = st.blocks.take(size) {
+                return Ok(Some(block));
+            }
         }
         // Merge whole lists into this one, retrying after each.
         for victim in &others {
@@ -394,6 +506,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         own: &StreamList<L>,
         stream: CudaStreamView<'_>,
         size: usize,
+        upstream: &dyn DeviceMemoryResource,
         expand: impl FnOnce(usize) -> MrResult<(DevicePtr, usize)>,
     ) -> MrResult<(u64, L::Tag)> {
         if let Some(block) = self.take_from_others(own, stream, size)? {
@@ -432,9 +545,22 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         // The chunk may still be in flight on `stream` (a stream-ordered upstream): its rest
         // must not be stolen before that, so the event is recorded after it.
         st.publish(own.key(), stream, self.is_eager());
-        st.blocks
-            .add_chunk(ptr.addr(), chunk_size)
-            .map_err(|e| MrError::bad_alloc(format!("new upstream chunk rejected: {e}")))?;
+        if let Err(e) = st.blocks.add_chunk(ptr.addr(), chunk_size) {
+            // Not the pool's: the chunk goes back, and the growth never happened.
+            drop(st);
+            chunks.remove(&ptr.addr());
+            self.pool_size.fetch_sub(chunk_size, Ordering::Relaxed);
+            drop(chunks);
+            // SAFETY: the upstream just handed out this chunk on `stream` for `chunk_size`
+            // bytes, and none of it was handed out.
+            let r = unsafe { upstream.deallocate(stream, ptr, chunk_size, ALLOCATION_ALIGNMENT) };
+            if let Err(e) = r {
+                log::error!("rmm: could not give a refused chunk {ptr} back: {e}");
+            }
+            return Err(MrError::bad_alloc(format!(
+                "new upstream chunk rejected: {e}"
+            )));
+        }
         let block = st.blocks.take(size).ok_or_else(|| {
             MrError::bad_alloc(format!(
                 "a new upstream chunk of {chunk_size} bytes cannot serve {size} bytes"
@@ -522,16 +648,14 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         };
         if needs_legacy_order(own.key().per_thread(), origin, false) {
             drop(st);
-            return self.free_on_legacy(ptr, bytes, size, tag);
+            return self.free_on_legacy(ptr, size, tag, origin);
         }
+        if let Err(e) = st.blocks.put(addr, size, tag) {
+            return Err(kept_allocated(&mut st.blocks, ptr, size, tag, origin, &e));
+        }
+        // Under the same lock: no thief sees the block before the event covers it.
         st.publish(own.key(), stream, self.is_eager());
-        st.blocks
-            .put(addr, size, tag)
-            .map_err(|_| MrError::InvalidFree {
-                ptr,
-                bytes,
-                kind: InvalidFree::DoubleFree,
-            })
+        Ok(())
     }
 
     /// A free on this thread's per-thread default stream of a block another thread allocated on
@@ -550,9 +674,9 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     fn free_on_legacy(
         &self,
         ptr: DevicePtr,
-        bytes: usize,
         size: usize,
         tag: L::Tag,
+        origin: Origin,
     ) -> MrResult<()> {
         if !self.legacy_used.load(Ordering::Acquire) {
             // Counts the legacy stream as a user (it may turn the resource eager); cannot fail
@@ -562,14 +686,27 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             }
         }
         let mut st = self.legacy.lock();
+        if let Err(e) = st.blocks.put(ptr.addr(), size, tag) {
+            return Err(kept_allocated(&mut st.blocks, ptr, size, tag, origin, &e));
+        }
         st.publish(StreamKey::Legacy, CudaStreamView::legacy(), self.is_eager());
-        st.blocks
-            .put(ptr.addr(), size, tag)
-            .map_err(|_| MrError::InvalidFree {
-                ptr,
-                bytes,
-                kind: InvalidFree::DoubleFree,
-            })
+        Ok(())
+    }
+
+    /// Everything the core keeps (tests).
+    #[cfg(test)]
+    pub(crate) fn state(&self) -> CoreState {
+        let lists = self
+            .lists()
+            .map(|l| (l.key(), l.lock().blocks.free_blocks()))
+            .filter(|(_, blocks)| !blocks.is_empty())
+            .collect();
+        CoreState {
+            lists,
+            chunks: self.lock_chunks().iter().map(|(&a, &s)| (a, s)).collect(),
+            pool_size: self.pool_size(),
+            handed_out: self.empty.handed_out(),
+        }
     }
 
     /// The free list holding `addr` as a free block, by key (tests).
@@ -621,17 +758,35 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         }
         let mut released = 0;
         let mut first_error = None;
-        for (_, addr, size) in taken {
-            chunks.remove(&addr);
-            self.pool_size.fetch_sub(size, Ordering::Relaxed);
-            released += size;
+        let stream = CudaStreamView::default();
+        for (list, addr, size) in taken {
             // SAFETY: the chunk came from `upstream` with this size, is wholly free (no block of
             // it is handed out) and the device was synchronized, so no work uses it.
             let r = unsafe {
-                upstream.deallocate_sync(DevicePtr::from_raw(addr), size, ALLOCATION_ALIGNMENT)
+                upstream.deallocate(
+                    stream,
+                    DevicePtr::from_raw(addr),
+                    size,
+                    ALLOCATION_ALIGNMENT,
+                )
             };
-            if let Err(e) = settle(r) {
+            if let Err(e) = r {
+                // Still the pool's: back where it was.
+                if let Err(e) = list.lock().blocks.add_chunk(addr, size) {
+                    log::error!("rmm: could not return chunk {addr:#x} to its list: {e}");
+                }
                 first_error.get_or_insert(e);
+                continue;
+            }
+            chunks.remove(&addr);
+            self.pool_size.fetch_sub(size, Ordering::Relaxed);
+            released += size;
+        }
+        if released > 0 {
+            // The chunks are released; waiting for a stream-ordered upstream to finish freeing
+            // them can fail without making them the pool's again.
+            if let Err(e) = settle(stream.synchronize().map_err(MrError::from)) {
+                log::warn!("rmm: synchronizing after releasing {released} bytes failed: {e}");
             }
         }
         first_error.map_or(Ok(released), Err)
@@ -680,5 +835,278 @@ impl<L: FreeBlocks> fmt::Debug for StreamOrdered<L> {
             .field("lists", &self.list_count())
             .field("eager", &self.is_eager())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod fault_tests {
+    //! The core's rollback, driven through a model free list whose operations can be made to
+    //! fail, and through rmm-sys's simulated driver for the stream calls.
+
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use rmm_stream::CudaStreamView;
+    use rmm_sys::fault::{self, DriverCall, Fault, FaultScope};
+    use rmm_sys::DevicePtr;
+
+    use super::{FreeBlocks, Origin, StreamKey, StreamOrdered};
+    use crate::error::{InvalidFree, MrError, MrResult};
+    use crate::resource::DeviceMemoryResource;
+    use crate::testing::HostMockResource;
+
+    /// Every block has this size; requests are at most this.
+    const BLOCK: usize = 256;
+    /// Chunks hold this many blocks.
+    const CHUNK: usize = 4 * BLOCK;
+
+    /// Failures to inject, shared by every list of a core.
+    #[derive(Debug, Default)]
+    struct Switches {
+        puts: AtomicUsize,
+        add_chunks: AtomicUsize,
+    }
+
+    fn fires(n: &AtomicUsize) -> bool {
+        n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| v.checked_sub(1))
+            .is_ok()
+    }
+
+    /// A FIFO of equal blocks with a shared record, as simple as can be.
+    #[derive(Debug, Clone, Default)]
+    struct ModelBlocks {
+        free: Vec<u64>,
+        record: Arc<Mutex<BTreeMap<u64, (usize, u64)>>>,
+        switches: Arc<Switches>,
+    }
+
+    impl FreeBlocks for ModelBlocks {
+        type Tag = ();
+
+        fn take(&mut self, size: usize) -> Option<(u64, ())> {
+            (size <= BLOCK && !self.free.is_empty()).then(|| (self.free.remove(0), ()))
+        }
+
+        fn fits(&self, size: usize) -> bool {
+            size <= BLOCK && !self.free.is_empty()
+        }
+
+        fn put(&mut self, addr: u64, _size: usize, _tag: ()) -> Result<(), String> {
+            if fires(&self.switches.puts) || self.free.contains(&addr) {
+                return Err(format!("{addr:#x} overlaps a free block"));
+            }
+            self.free.push(addr);
+            Ok(())
+        }
+
+        fn add_chunk(&mut self, addr: u64, size: usize) -> Result<(), String> {
+            if fires(&self.switches.add_chunks) {
+                return Err(format!("chunk {addr:#x} overlaps another"));
+            }
+            self.free
+                .extend((0..size / BLOCK).map(|i| addr + (i * BLOCK) as u64));
+            Ok(())
+        }
+
+        fn absorb(&mut self, other: &mut Self) -> Result<(), String> {
+            self.free.append(&mut other.free);
+            Ok(())
+        }
+
+        fn is_empty(&self) -> bool {
+            self.free.is_empty()
+        }
+
+        fn holds(&self, addr: u64) -> bool {
+            self.free.contains(&addr)
+        }
+
+        fn remove_chunk(&mut self, _addr: u64, _size: usize) -> bool {
+            false
+        }
+
+        fn hand_out(
+            &mut self,
+            addr: u64,
+            size: usize,
+            _: (),
+            origin: Origin,
+        ) -> Result<(), String> {
+            let mut record = self.record.lock().unwrap();
+            if record.contains_key(&addr) {
+                return Err(format!("{addr:#x} is handed out already"));
+            }
+            record.insert(addr, (size, origin.to_word()));
+            Ok(())
+        }
+
+        fn take_back(
+            &mut self,
+            addr: u64,
+            size: usize,
+        ) -> Result<((), Origin), Option<InvalidFree>> {
+            let mut record = self.record.lock().unwrap();
+            match record.get(&addr).copied() {
+                Some((s, origin)) if s == size => {
+                    record.remove(&addr);
+                    Ok(((), Origin::from_word(origin)))
+                }
+                Some((allocated, _)) => Err(Some(InvalidFree::SizeMismatch { allocated })),
+                None => Err(None),
+            }
+        }
+
+        fn handed_out(&self) -> (usize, usize) {
+            let record = self.record.lock().unwrap();
+            (record.len(), record.values().map(|&(s, _)| s).sum())
+        }
+
+        fn free_blocks(&self) -> Vec<(u64, usize)> {
+            self.free.iter().map(|&a| (a, BLOCK)).collect()
+        }
+    }
+
+    /// A core over a host mock with one chunk in the legacy list.
+    fn core() -> (StreamOrdered<ModelBlocks>, HostMockResource, Arc<Switches>) {
+        let blocks = ModelBlocks::default();
+        let switches = Arc::clone(&blocks.switches);
+        let core = StreamOrdered::new(blocks);
+        let mock = HostMockResource::new();
+        let chunk = mock.allocate(CudaStreamView::legacy(), CHUNK, 256).unwrap();
+        core.add_initial_chunk(chunk, CHUNK).unwrap();
+        (core, mock, switches)
+    }
+
+    fn allocate(
+        core: &StreamOrdered<ModelBlocks>,
+        mock: &HostMockResource,
+        stream: CudaStreamView<'_>,
+    ) -> MrResult<DevicePtr> {
+        core.allocate(stream, BLOCK, mock, |_| {
+            mock.allocate(stream, CHUNK, 256).map(|p| (p, CHUNK))
+        })
+    }
+
+    fn drop_core(core: StreamOrdered<ModelBlocks>, mock: &HostMockResource) {
+        core.release_all(mock, "model");
+        assert_eq!(mock.live_allocations(), 0, "a chunk leaked");
+    }
+
+    #[test]
+    fn a_free_whose_block_cannot_return_stays_allocated() {
+        let (core, mock, switches) = core();
+        let s = CudaStreamView::legacy();
+        let a = allocate(&core, &mock, s).unwrap();
+        let before = core.state();
+        switches.puts.store(1, Ordering::SeqCst);
+        // SAFETY: `a` came from `core`; the free fails and `a` stays allocated.
+        let e = unsafe { core.deallocate(s, a, BLOCK) }.unwrap_err();
+        assert!(matches!(e, MrError::InvalidArgument(_)), "{e}");
+        assert_eq!(core.state(), before, "the block was lost");
+        // SAFETY: `a` is still allocated.
+        unsafe { core.deallocate(s, a, BLOCK).unwrap() };
+        assert_eq!(core.list_holding(a.addr()), Some(StreamKey::Legacy));
+        assert_eq!(core.outstanding(), 0);
+        drop_core(core, &mock);
+    }
+
+    #[test]
+    fn a_cross_thread_free_whose_block_cannot_return_stays_allocated() {
+        let (core, mock, switches) = core();
+        let pt = CudaStreamView::per_thread();
+        // Blocks handed out on this thread's per-thread stream come from its own chunk.
+        let a = allocate(&core, &mock, pt).unwrap_or_else(|e| {
+            // Stealing from the legacy list records an event: needs a GPU or the simulation.
+            let _sim = FaultScope::simulated();
+            allocate(&core, &mock, pt).unwrap_or_else(|_| panic!("{e}"))
+        });
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                let before = core.state();
+                switches.puts.store(1, Ordering::SeqCst);
+                // SAFETY: `a` came from `core`; freed on another thread's per-thread stream,
+                // it goes to the legacy list, which refuses it once.
+                let e = unsafe { core.deallocate(pt, a, BLOCK) }.unwrap_err();
+                assert!(matches!(e, MrError::InvalidArgument(_)), "{e}");
+                assert_eq!(core.state(), before);
+                // SAFETY: `a` is still allocated.
+                unsafe { core.deallocate(pt, a, BLOCK).unwrap() };
+            });
+        });
+        assert_eq!(core.list_holding(a.addr()), Some(StreamKey::Legacy));
+        drop_core(core, &mock);
+    }
+
+    #[test]
+    fn a_block_recorded_as_handed_out_is_not_handed_out_again() {
+        let (core, mock, _) = core();
+        let s = CudaStreamView::legacy();
+        let a = allocate(&core, &mock, s).unwrap();
+        // An inconsistency: `a` is free in the list while the record holds it.
+        core.legacy.lock().blocks.free.insert(0, a.addr());
+        let record_before = core.state().handed_out;
+        let e = allocate(&core, &mock, s).unwrap_err();
+        assert!(matches!(e, MrError::BadAlloc { .. }), "{e}");
+        assert_eq!(core.state().handed_out, record_before, "the record changed");
+        assert_eq!(core.list_holding(a.addr()), None);
+        // Its owner's free returns it, and it is handed out again normally.
+        // SAFETY: `a` came from `core`.
+        unsafe { core.deallocate(s, a, BLOCK).unwrap() };
+        let b = allocate(&core, &mock, s).unwrap();
+        assert_ne!(b, a, "FIFO order: the other blocks come first");
+        // SAFETY: `b` came from `core`.
+        unsafe { core.deallocate(s, b, BLOCK).unwrap() };
+        drop_core(core, &mock);
+    }
+
+    #[test]
+    fn a_chunk_the_list_refuses_goes_back_upstream() {
+        let (core, mock, switches) = core();
+        let s = CudaStreamView::legacy();
+        let held: Vec<DevicePtr> = (0..CHUNK / BLOCK)
+            .map(|_| allocate(&core, &mock, s).unwrap())
+            .collect();
+        let before = core.state();
+        switches.add_chunks.store(1, Ordering::SeqCst);
+        let e = allocate(&core, &mock, s).unwrap_err();
+        assert!(matches!(e, MrError::BadAlloc { .. }), "{e}");
+        assert_eq!(core.state(), before, "the growth stayed");
+        assert_eq!(mock.live_allocations(), 1, "the refused chunk leaked");
+        let grown = allocate(&core, &mock, s).unwrap();
+        assert_eq!(core.pool_size(), 2 * CHUNK);
+        for p in held.into_iter().chain([grown]) {
+            // SAFETY: every block came from `core`.
+            unsafe { core.deallocate(s, p, BLOCK).unwrap() };
+        }
+        drop_core(core, &mock);
+    }
+
+    #[test]
+    fn a_steal_whose_wait_fails_takes_nothing() {
+        let _sim = FaultScope::simulated();
+        let (core, mock, switches) = core();
+        let pt = CudaStreamView::per_thread();
+        for call in [
+            DriverCall::EventCreate,
+            DriverCall::EventRecord,
+            DriverCall::StreamWait,
+        ] {
+            let before = core.state();
+            fault::inject(Fault::next(call));
+            // And the list would refuse a block put back: nothing may be taken at all.
+            switches.puts.store(1, Ordering::SeqCst);
+            let e = allocate(&core, &mock, pt).unwrap_err();
+            assert!(matches!(e, MrError::Cuda(_)), "{call:?}: {e}");
+            assert_eq!(fault::injected(call), 1, "{call:?}");
+            assert_eq!(core.state(), before, "{call:?}");
+            switches.puts.store(0, Ordering::SeqCst);
+        }
+        // Without faults the steal works, from the legacy list.
+        let a = allocate(&core, &mock, pt).unwrap();
+        assert_eq!(core.pool_size(), CHUNK, "grew instead of stealing");
+        // SAFETY: `a` came from `core`.
+        unsafe { core.deallocate(pt, a, BLOCK).unwrap() };
+        drop_core(core, &mock);
     }
 }

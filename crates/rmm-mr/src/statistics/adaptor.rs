@@ -33,8 +33,10 @@ struct Statistics<U> {
 /// every reading, the **peak included, stays exact under concurrency**: the counters are
 /// linearizable and the peak is exactly the largest value reached (see
 /// [`StatisticsCounters`] for the precise guarantee and what it costs). A free the upstream
-/// rejects (an [`MrError::InvalidFree`], a caller bug) stays counted as freed. Copies share
-/// the counters and are equal.
+/// refuses (a wrong free it detects, a driver error) is taken back, so the counters are as
+/// before the call (the value dips while the upstream decides, as for any free); memory freed
+/// here that was not allocated through the adaptor is still counted. Copies share the counters
+/// and are equal.
 #[doc(alias = "rmm::mr::statistics_resource_adaptor")]
 pub struct StatisticsResourceAdaptor<U: DeviceMemoryResource = SharedResource> {
     inner: Arc<Statistics<U>>,
@@ -148,11 +150,16 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for StatisticsResource
     ) -> MrResult<()> {
         self.inner.counters.record_deallocation(bytes);
         // SAFETY: forwarded contract.
-        unsafe {
+        let freed = unsafe {
             self.inner
                 .upstream
                 .deallocate(stream, ptr, bytes, alignment)
+        };
+        if freed.is_err() {
+            // Not freed: the memory is still allocated.
+            self.inner.counters.undo_deallocation(bytes);
         }
+        freed
     }
 
     fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
@@ -401,6 +408,56 @@ mod tests {
         let mr = StatisticsResourceAdaptor::new(up);
         assert!(mr.allocate(s(), 100, 256).unwrap_err().is_out_of_memory());
         assert_eq!(mr.counters(), (Counter::default(), Counter::default()));
+    }
+
+    #[test]
+    fn a_double_free_over_a_pool_leaves_the_counters_alone() {
+        use crate::PoolMemoryResource;
+        let mock = HostMockResource::new();
+        let pool = PoolMemoryResource::new(mock.clone(), 0, None).unwrap();
+        let mr = StatisticsResourceAdaptor::new(pool);
+        let s = CudaStreamView::legacy();
+        let p = mr.allocate(s, 1000, 256).unwrap();
+        // SAFETY: `p` came from `mr`; the second free is a wrong free the pool detects.
+        unsafe {
+            mr.deallocate(s, p, 1000, 256).unwrap();
+            let e = mr.deallocate(s, p, 1000, 256).unwrap_err();
+            assert!(matches!(e, MrError::InvalidFree { .. }), "{e}");
+        }
+        assert_eq!(mr.counters(), (c(0, 1000, 1000), c(0, 1, 1)));
+    }
+
+    #[test]
+    fn a_failed_upstream_free_is_undone() {
+        use crate::testing::{FaultKind, FaultyResource};
+        let mock = HostMockResource::new();
+        let faulty = FaultyResource::new(mock.clone());
+        let mr = StatisticsResourceAdaptor::new(faulty.clone());
+        let a = mr.allocate(s(), 300, 256).unwrap();
+        let b = mr.allocate(s(), 200, 256).unwrap();
+        let before = mr.counters();
+        for kind in FaultKind::ALL {
+            faulty.fail_next_deallocation(kind);
+            // SAFETY: `a` came from `mr`; the free fails and `a` stays allocated.
+            let e = unsafe { mr.deallocate(s(), a, 300, 256) }.unwrap_err();
+            assert!(kind.matches(&e), "{e}");
+            assert_eq!(mr.counters(), before, "{kind:?}");
+        }
+        // Also in a frame pushed since, and without disturbing the peak.
+        mr.push_counters();
+        faulty.fail_next_deallocation(FaultKind::Cuda);
+        // SAFETY: as above.
+        assert!(unsafe { mr.deallocate(s(), b, 200, 256) }.is_err());
+        assert_eq!(mr.counters(), (Counter::default(), Counter::default()));
+        mr.pop_counters().unwrap();
+        assert_eq!(mr.counters(), before);
+        // SAFETY: both came from `mr`, still allocated.
+        unsafe {
+            mr.deallocate(s(), a, 300, 256).unwrap();
+            mr.deallocate(s(), b, 200, 256).unwrap();
+        }
+        assert_eq!(mr.counters(), (c(0, 500, 500), c(0, 2, 2)));
+        assert_eq!(mock.live_allocations(), 0);
     }
 
     #[test]

@@ -372,22 +372,44 @@ impl StatisticsCounters {
         }
     }
 
+    /// Takes back a deallocation of `bytes` bytes recorded by
+    /// [`record_deallocation`](Self::record_deallocation) that the upstream then refused (the
+    /// memory is still allocated): the values go back up, the totals do not. It is an increase
+    /// like an allocation's (lock-free unless it may raise the peak), so the peak stays exact.
+    #[inline]
+    pub fn undo_deallocation(&self, bytes: usize) {
+        let bytes = to_i64(bytes);
+        let slot = slots::current();
+        if let Some(i) = slot {
+            if self.shard(Some(i)).try_raise(&self.freeze.0, bytes, false) {
+                return;
+            }
+        }
+        self.record_increase_locked(slot, bytes, false);
+    }
+
     #[cold]
     #[inline(never)]
     fn record_allocation_locked(&self, slot: Option<usize>, bytes: i64) {
+        self.record_increase_locked(slot, bytes, true);
+    }
+
+    /// An increase of the values by `bytes` and one allocation (and of the totals when
+    /// `total`) that may raise the peak.
+    fn record_increase_locked(&self, slot: Option<usize>, bytes: i64, total: bool) {
         let mut state = self.state();
         // Under the lock no scan runs and nobody else writes this shard.
         let shard = self.shard(slot);
         if shard.bytes.fits(bytes) && shard.allocations.fits(1) {
-            shard.bytes.add(bytes);
-            shard.allocations.add(1);
+            shard.bytes.raise(bytes, total);
+            shard.allocations.raise(1, total);
             return;
         }
         let frozen = self.freeze(&state);
         // Applied now but, for everyone else, taking effect at the snapshot's instant: nobody
         // reads this shard before the snapshot, and this call has not returned.
-        shard.bytes.add(bytes);
-        shard.allocations.add(1);
+        shard.bytes.raise(bytes, total);
+        shard.allocations.raise(1, total);
         let snapshot = self.snapshot(&frozen);
         // Index of the requester among the snapshot's shards (the overflow shard comes last).
         // This thread claimed its slot before, so the slot is below the bound.
@@ -602,6 +624,27 @@ mod tests {
         }
         assert_eq!(s.bytes(), Counter::new(0, 150 * MIB, 200 * MIB));
         assert_eq!(s.allocations(), Counter::new(0, 15, 20));
+    }
+
+    #[test]
+    fn an_undone_deallocation_restores_values_and_keeps_totals() {
+        let s = StatisticsCounters::new();
+        s.record_allocation(100);
+        s.record_deallocation(100);
+        s.record_allocation(50);
+        // The free of the 100 bytes is refused: they were live all along, so the peak the
+        // counters report must include them (150), and the totals must not count them twice.
+        s.undo_deallocation(100);
+        assert_eq!(s.bytes(), Counter::new(150, 150, 150));
+        assert_eq!(s.allocations(), Counter::new(2, 2, 2));
+        // From another thread (another shard) as well.
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                s.record_deallocation(150);
+                s.undo_deallocation(150);
+            });
+        });
+        assert_eq!(s.bytes(), Counter::new(150, 150, 150));
     }
 
     #[test]

@@ -36,14 +36,16 @@ impl ShardStat {
         self.value.load(Ordering::Relaxed)
     }
 
-    /// Adds `amount` to the value and the total (the shard's only writer).
+    /// Adds `amount` to the value, and to the total when `total` (the shard's only writer).
     #[inline]
-    pub(super) fn add(&self, amount: i64) {
+    pub(super) fn raise(&self, amount: i64, total: bool) {
         self.value
             .store(self.value().wrapping_add(amount), Ordering::Relaxed);
-        let total = self.total.load(Ordering::Relaxed);
-        self.total
-            .store(total.wrapping_add(amount), Ordering::Relaxed);
+        if total {
+            let total = self.total.load(Ordering::Relaxed);
+            self.total
+                .store(total.wrapping_add(amount), Ordering::Relaxed);
+        }
     }
 
     /// Subtracts `amount` from the value (the shard's only writer).
@@ -93,6 +95,13 @@ impl Shard {
     /// counters stay within their limits; returns whether it did.
     #[inline]
     pub(super) fn try_add(&self, freeze: &AtomicBool, bytes: i64) -> bool {
+        self.try_raise(freeze, bytes, true)
+    }
+
+    /// Owner only: as [`try_add`](Self::try_add), counting the totals too only when `total`
+    /// (without: the undoing of a deallocation).
+    #[inline]
+    pub(super) fn try_raise(&self, freeze: &AtomicBool, bytes: i64, total: bool) -> bool {
         let seq = self.seq.load(Ordering::Relaxed);
         self.seq.store(seq.wrapping_add(1), Ordering::SeqCst);
         // A freeze read as lowered is either one before any scan that could miss this update,
@@ -103,8 +112,8 @@ impl Shard {
             return false;
         }
         fence(Ordering::Release);
-        self.bytes.add(bytes);
-        self.allocations.add(1);
+        self.bytes.raise(bytes, total);
+        self.allocations.raise(1, total);
         self.seq.store(seq.wrapping_add(2), Ordering::Release);
         true
     }
@@ -203,7 +212,7 @@ mod tests {
     fn overflowing_addition_never_fits() {
         let s = ShardStat::default();
         s.limit.store(i64::MAX, Ordering::Relaxed);
-        s.add(i64::MAX);
+        s.raise(i64::MAX, true);
         assert!(!s.fits(1));
         assert!(s.fits(0));
     }

@@ -49,6 +49,11 @@ struct Tracking<U> {
 /// tracked") gets it back and the allocation fails with [`MrError::BadAlloc`]; the tracked entry
 /// is kept.
 ///
+/// When the upstream refuses a free it was given (a driver error, a wrong free it detects), the
+/// memory is still allocated: the entry goes back (with its stack) and the upstream's error is
+/// returned, so a retried free is tracked and forwarded like the first one. Only the error
+/// record keeps a size mismatch it detected.
+///
 /// The registry is sharded, so threads working on different allocations rarely contend.
 /// Copies share the registry and are equal.
 #[doc(alias = "rmm::mr::tracking_resource_adaptor")]
@@ -188,7 +193,8 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for TrackingResourceAd
         alignment: usize,
     ) -> MrResult<()> {
         let inner = &*self.inner;
-        let (forward, kind) = match inner.registry.record_deallocation(ptr.addr(), bytes) {
+        let (untracked, verdict) = inner.registry.untrack(ptr.addr(), bytes);
+        let (forward, kind) = match verdict {
             Ok(()) => (Some(bytes), None),
             Err(TrackingError::SizeMismatch { allocated, .. }) => (
                 Some(allocated),
@@ -207,8 +213,16 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for TrackingResourceAd
             // SAFETY: forwarded contract; on a size mismatch `size` is the size the upstream
             // actually handed out.
             let upstream = unsafe { inner.upstream.deallocate(stream, ptr, size, alignment) };
-            if kind.is_none() {
-                return upstream;
+            match upstream {
+                Err(e) if untracked.is_some() || kind.is_none() => {
+                    // Not freed: the allocation is live, and a retried free must find it.
+                    if let Some(untracked) = untracked {
+                        inner.registry.restore(untracked);
+                    }
+                    return Err(e);
+                }
+                Ok(()) if kind.is_none() => return Ok(()),
+                _ => {}
             }
         }
         match kind {
@@ -522,6 +536,74 @@ mod tests {
         let mr = TrackingResourceAdaptor::new(up, false);
         assert!(mr.allocate(s(), 10, 256).unwrap_err().is_out_of_memory());
         assert!(mr.outstanding_allocations().is_empty());
+    }
+
+    #[test]
+    fn a_free_the_upstream_refuses_keeps_its_record() {
+        use crate::testing::{FaultKind, FaultyResource};
+        let mock = HostMockResource::new();
+        let faulty = FaultyResource::new(mock.clone());
+        let mr = TrackingResourceAdaptor::new(faulty.clone(), true);
+        let a = mr.allocate(s(), 1000, 256).unwrap();
+        let b = mr.allocate(s(), 300, 256).unwrap();
+        let before = (
+            mr.registry().outstanding(),
+            mr.allocated_bytes(),
+            mr.error_count(),
+        );
+        let stacks = |mr: &TrackingResourceAdaptor<_>| {
+            mr.outstanding_allocations()
+                .iter()
+                .map(|o| o.stack.as_ref().map(Arc::as_ptr))
+                .collect::<Vec<_>>()
+        };
+        let stacks_before = stacks(&mr);
+        for kind in FaultKind::ALL {
+            faulty.fail_next_deallocation(kind);
+            // SAFETY: `a` came from `mr`; the free fails, `a` stays allocated.
+            let e = unsafe { mr.deallocate(s(), a, 1000, 256) }.unwrap_err();
+            assert!(kind.matches(&e), "{e}");
+            let now = (
+                mr.registry().outstanding(),
+                mr.allocated_bytes(),
+                mr.error_count(),
+            );
+            assert_eq!(now, before, "{kind:?}");
+            assert_eq!(
+                stacks(&mr),
+                stacks_before,
+                "{kind:?}: the stack was not kept"
+            );
+        }
+        // A size mismatch the upstream then refuses: the record is back too (the mismatch
+        // itself stays in the error record).
+        faulty.fail_next_deallocation(FaultKind::Cuda);
+        // SAFETY: a wrong size for `b`, whose free then fails.
+        let e = unsafe { mr.deallocate(s(), b, 200, 256) }.unwrap_err();
+        assert!(FaultKind::Cuda.matches(&e), "{e}");
+        assert_eq!(mr.registry().outstanding(), before.0);
+        assert_eq!(mr.error_count(), before.2 + 1);
+        // The retried frees reach the upstream: nothing leaks.
+        // SAFETY: both came from `mr` and are still allocated.
+        unsafe {
+            mr.deallocate(s(), a, 1000, 256).unwrap();
+            mr.deallocate(s(), b, 300, 256).unwrap();
+        }
+        assert_eq!(mock.live_allocations(), 0);
+        assert_eq!(mr.allocated_bytes(), 0);
+        // And a real double free is still told apart.
+        // SAFETY: a wrong free the adaptor detects and does not forward.
+        let e = unsafe { mr.deallocate(s(), a, 1000, 256) }.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                MrError::InvalidFree {
+                    kind: InvalidFree::DoubleFree,
+                    ..
+                }
+            ),
+            "{e}"
+        );
     }
 
     #[test]

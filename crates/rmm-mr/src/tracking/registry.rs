@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::error::{Addr, TrackingError, TrackingErrorRecord};
-use super::shard::{Entry, Shard};
+use super::shard::{Entry, RingUndo, Shard};
 
 /// Tuning of a [`TrackingRegistry`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +52,14 @@ pub struct OutstandingAllocation {
     pub size: usize,
     /// Where it was allocated, when stacks are captured.
     pub stack: Option<Arc<Backtrace>>,
+}
+
+/// An entry [`TrackingRegistry::untrack`] removed, to [restore](TrackingRegistry::restore).
+#[derive(Debug)]
+pub(crate) struct Untracked {
+    addr: u64,
+    entry: Entry,
+    ring: Option<RingUndo>,
 }
 
 /// A shard padded to its own cache lines so neighbouring locks do not false-share.
@@ -188,9 +196,31 @@ impl TrackingRegistry {
     ///
     /// The byte count is left alone in the last two cases.
     pub fn record_deallocation(&self, addr: u64, size: usize) -> Result<(), TrackingError> {
-        let (removed, result) = lock(self.shard(addr)).remove(addr, size);
+        let (removed, result) = self.untrack(addr, size);
         drop(removed); // outside the lock: may free a backtrace
-        result.map_err(|e| self.report_error(e))
+        result
+    }
+
+    /// [`record_deallocation`](Self::record_deallocation), returning what was removed so that
+    /// [`restore`](Self::restore) can put it back if the upstream refuses the free.
+    pub(crate) fn untrack(
+        &self,
+        addr: u64,
+        size: usize,
+    ) -> (Option<Untracked>, Result<(), TrackingError>) {
+        let (removed, result) = lock(self.shard(addr)).remove(addr, size);
+        let removed = removed.map(|(entry, ring)| Untracked { addr, entry, ring });
+        (removed, result.map_err(|e| self.report_error(e)))
+    }
+
+    /// Tracks an allocation again whose free the upstream refused (it is still allocated): the
+    /// registry is as before [`untrack`](Self::untrack), but for the errors it reported.
+    pub(crate) fn restore(&self, untracked: Untracked) {
+        let Untracked { addr, entry, ring } = untracked;
+        let result = lock(self.shard(addr)).restore(addr, entry, ring);
+        if let Err(e) = result {
+            self.report_error(e);
+        }
     }
 
     /// Logs `error`, appends it to the record and hands it back.

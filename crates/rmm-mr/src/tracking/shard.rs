@@ -16,10 +16,22 @@ pub(super) struct Entry {
 }
 
 /// An address freed recently, with the size it had.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Freed {
     addr: u64,
     size: usize,
+}
+
+/// A removed entry and what its removal did to the ring of recent frees.
+pub(super) type Removed = (Entry, Option<RingUndo>);
+
+/// What a removal did to the ring of recent frees, to undo it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RingUndo {
+    /// Where the free was remembered.
+    index: usize,
+    /// What that place held before (`None`: the ring grew).
+    previous: Option<Freed>,
 }
 
 /// A shard's state, guarded by the shard's mutex.
@@ -76,18 +88,18 @@ impl Shard {
         }
     }
 
-    /// Untracks `addr`. Returns the removed entry (to be dropped outside the lock) and the
-    /// verdict.
+    /// Untracks `addr`. Returns the removed entry (to be dropped outside the lock, or given to
+    /// [`restore`](Self::restore)) with what its removal did to the ring, and the verdict.
     pub(super) fn remove(
         &mut self,
         addr: u64,
         size: usize,
-    ) -> (Option<Entry>, Result<(), TrackingError>) {
+    ) -> (Option<Removed>, Result<(), TrackingError>) {
         match self.live.remove(&addr) {
             Some(entry) => {
                 // The entry was added to `bytes` on insert, so this cannot underflow.
                 self.bytes = self.bytes.wrapping_sub(entry.size);
-                self.remember_free(addr, entry.size);
+                let undo = self.remember_free(addr, entry.size);
                 let verdict = if entry.size == size {
                     Ok(())
                 } else {
@@ -97,7 +109,7 @@ impl Shard {
                         deallocated: size,
                     })
                 };
-                (Some(entry), verdict)
+                (Some((entry, undo)), verdict)
             }
             // 0-byte allocations are never tracked, so their frees are fine.
             None if size == 0 => (None, Ok(())),
@@ -115,19 +127,66 @@ impl Shard {
         }
     }
 
-    fn remember_free(&mut self, addr: u64, size: usize) {
+    fn remember_free(&mut self, addr: u64, size: usize) -> Option<RingUndo> {
         if self.recent_capacity == 0 {
-            return;
+            return None;
         }
+        let freed = Freed { addr, size };
         if self.recent.len() < self.recent_capacity {
             if self.recent.capacity() == 0 {
                 self.recent.reserve_exact(self.recent_capacity);
             }
-            self.recent.push(Freed { addr, size });
+            self.recent.push(freed);
+            Some(RingUndo {
+                index: self.recent.len() - 1,
+                previous: None,
+            })
         } else {
-            self.recent[self.recent_next] = Freed { addr, size };
-            self.recent_next = (self.recent_next + 1) % self.recent_capacity;
+            let index = self.recent_next;
+            let previous = std::mem::replace(&mut self.recent[index], freed);
+            self.recent_next = (index + 1) % self.recent_capacity;
+            Some(RingUndo {
+                index,
+                previous: Some(previous),
+            })
         }
+    }
+
+    /// Tracks `addr` again after its free failed upstream: the entry goes back, and so does the
+    /// ring of recent frees when nothing was remembered since (otherwise the ring keeps a
+    /// harmless record of a live address, consulted only once it is not live). An address
+    /// tracked meanwhile keeps its entry (it cannot be: the memory was never freed) and is
+    /// reported.
+    pub(super) fn restore(
+        &mut self,
+        addr: u64,
+        entry: Entry,
+        undo: Option<RingUndo>,
+    ) -> Result<(), TrackingError> {
+        if let Some(undo) = undo {
+            let ours = Freed {
+                addr,
+                size: entry.size,
+            };
+            let last = match undo.previous {
+                None => self.recent.len().checked_sub(1),
+                Some(_) => {
+                    Some((self.recent_next + self.recent_capacity - 1) % self.recent_capacity)
+                }
+            };
+            if last == Some(undo.index) && self.recent.get(undo.index) == Some(&ours) {
+                match undo.previous {
+                    None => {
+                        self.recent.pop();
+                    }
+                    Some(previous) => {
+                        self.recent[undo.index] = previous;
+                        self.recent_next = undo.index;
+                    }
+                }
+            }
+        }
+        self.insert(addr, entry)
     }
 
     /// The size of the most recent remembered free of `addr`, if any. Only runs on the error
@@ -216,6 +275,53 @@ mod tests {
         s.insert(7, entry(3)).unwrap();
         s.remove(7, 3).1.unwrap();
         assert_eq!(s.recently_freed(7), Some(3));
+    }
+
+    #[test]
+    fn restoring_undoes_the_ring_when_nothing_came_after() {
+        let ring = |s: &Shard| (s.recent.clone(), s.recent_next);
+        // Growing ring.
+        let mut s = Shard::new(2);
+        s.insert(0x100, entry(64)).unwrap();
+        s.insert(0x200, entry(32)).unwrap();
+        let before = ring(&s);
+        let (removed, verdict) = s.remove(0x100, 64);
+        assert!(verdict.is_ok());
+        let (e, undo) = removed.unwrap();
+        s.restore(0x100, e, undo).unwrap();
+        assert_eq!(ring(&s), before);
+        assert_eq!((s.len(), s.bytes()), (2, 96));
+        // Full ring: the overwritten record comes back.
+        for _ in 0..2 {
+            let (removed, _) = s.remove(0x200, 32);
+            let (e, _) = removed.unwrap();
+            s.insert(0x200, e).unwrap();
+        }
+        let before = ring(&s);
+        assert_eq!(before.0.len(), 2);
+        let (removed, _) = s.remove(0x100, 64);
+        let (e, undo) = removed.unwrap();
+        s.restore(0x100, e, undo).unwrap();
+        assert_eq!(ring(&s), before);
+        // A free remembered since: the stale record stays, and it is harmless.
+        let (removed, _) = s.remove(0x100, 64);
+        let (e, undo) = removed.unwrap();
+        s.remove(0x200, 32).0.unwrap();
+        s.restore(0x100, e, undo).unwrap();
+        assert_eq!(s.recently_freed(0x200), Some(32));
+        assert_eq!(s.live.get(&0x100).map(|e| e.size), Some(64));
+        // Restoring over a live entry keeps it and reports the duplicate.
+        s.insert(0x300, entry(8)).unwrap();
+        let (removed, _) = s.remove(0x300, 8);
+        let (e, undo) = removed.unwrap();
+        s.insert(0x300, entry(16)).unwrap();
+        assert!(matches!(
+            s.restore(0x300, e, undo),
+            Err(TrackingError::DuplicateAllocation {
+                tracked_size: 16,
+                ..
+            })
+        ));
     }
 
     #[test]

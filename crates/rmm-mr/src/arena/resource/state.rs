@@ -64,6 +64,16 @@ pub(super) struct State<U: DeviceMemoryResource> {
 /// [`GlobalState::keep`]): 1/64 of the arena, or up to 64 MiB (at most a quarter of the arena)
 /// in small arenas. Beyond that, large frees go back to the global arena after an event on the
 /// freeing stream, as without keeping.
+/// Whether the calling thread runs on rmm-sys's simulated driver (tests only): an arena built
+/// there then makes its stream calls (events, waits, synchronizations) as with a GPU, so tests
+/// can make them fail.
+fn simulated_driver() -> bool {
+    #[cfg(test)]
+    return rmm_sys::fault::is_simulating();
+    #[cfg(not(test))]
+    false
+}
+
 fn keep_limit(arena_size: usize) -> usize {
     (arena_size / 64).max((arena_size / 4).min(64 << 20))
 }
@@ -80,7 +90,7 @@ fn wrong_free(ptr: DevicePtr, bytes: usize, error: ArenaError) -> MrError {
 impl<U: DeviceMemoryResource> State<U> {
     /// Allocates the arena from `upstream` and sets up the bookkeeping.
     pub(super) fn new(upstream: U, options: ArenaOptions) -> MrResult<Self> {
-        let gpu = rmm_sys::init().is_ok();
+        let gpu = rmm_sys::init().is_ok() || simulated_driver();
         let requested = match options.arena_size {
             Some(size) => size,
             None => rmm_sys::percent_of_free_device_memory(50)?,
@@ -773,6 +783,27 @@ impl<U: DeviceMemoryResource> State<U> {
             let mut slot = cell.lock();
             self.lock_global().take_back_kept(&mut slot);
         }
+    }
+
+    /// The blocks handed out and not freed, `(address, size)` by address: the live blocks of
+    /// every superblock, but those whose free is pending (tests).
+    #[cfg(test)]
+    pub(super) fn live_blocks(&self) -> Vec<(u64, usize)> {
+        let cells: Vec<Arc<ArenaCell>> = read(&self.arenas).values().cloned().collect();
+        let mut live = Vec::new();
+        for cell in &cells {
+            let slot = cell.lock();
+            for sb in slot.arena.superblocks() {
+                live.extend(sb.live_blocks().map(|b| (b.addr, b.size)));
+            }
+        }
+        let global = self.lock_global();
+        for sb in global.arena.superblocks() {
+            live.extend(sb.live_blocks().map(|b| (b.addr, b.size)));
+        }
+        live.retain(|(addr, _)| !global.pending_addrs.contains(addr));
+        live.sort_unstable();
+        live
     }
 
     /// The arena's first address.

@@ -1,0 +1,889 @@
+//! Fault injection across the adaptors and sub-allocators (the arena has its own, in
+//! `arena/resource/fault_tests.rs`).
+//!
+//! Each component runs seeded random workloads on the host mock, under rmm-sys's simulated
+//! driver (so ordinary streams exist), while about half of the steps get a fault: the
+//! upstream's allocation or free fails ([`FaultyResource`], every error kind), a driver call of
+//! the simulated driver fails (event create, record and wait, synchronization, stream ids, the
+//! current device), a log writer panics; some steps are wrong frees. After every failed call the
+//! component's bookkeeping (statistics counters, tracking records, limiting's bytes, free lists,
+//! chunks and handed-out records, shifted entries) and the mock's live set must be exactly as
+//! before it; after every successful one they must match a model of the live allocations; at
+//! the end every allocation is freed and nothing is left in the mock.
+//!
+//! `cargo test -p rmm-mr --all-features --lib fault_tests -- --nocapture` prints, per
+//! component, the faults injected and survived (quoted in `docs/reliability.md`).
+
+use std::fmt::Debug;
+use std::io::{self, Write};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use rmm_stream::CudaStreamView;
+use rmm_sys::fault::{self, DriverCall, Fault, FaultScope};
+use rmm_sys::{align_up, DevicePtr};
+
+use crate::error::{InvalidFree, MrError, MrResult};
+use crate::resource::{resource_cast, DeviceMemoryResource};
+use crate::testing::{FaultKind, FaultyResource, HostMockResource};
+use crate::{
+    AlignedResourceAdaptor, BinningMemoryResource, FailureCallbackResourceAdaptor,
+    FixedSizeMemoryResource, LimitingResourceAdaptor, LoggingResourceAdaptor, PoolMemoryResource,
+    PrefetchResourceAdaptor, StatisticsResourceAdaptor, ThreadSafeResourceAdaptor,
+    TrackingResourceAdaptor,
+};
+
+pub(crate) type Faulty = FaultyResource<HostMockResource>;
+
+/// Workloads per component, and steps per workload.
+const SEEDS: u64 = 24;
+const STEPS: usize = 120;
+
+/// A small xorshift generator: the workloads are reproducible from their seed.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+
+    fn percent(&mut self, p: usize) -> bool {
+        self.below(100) < p
+    }
+
+    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len())]
+    }
+}
+
+/// A fault for one step.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Injection {
+    /// The upstream fails `times` allocations after letting `skip` through.
+    UpstreamAlloc {
+        skip: usize,
+        times: usize,
+        kind: FaultKind,
+    },
+    /// The upstream fails the next deallocation (the memory stays allocated).
+    UpstreamFree(FaultKind),
+    /// A driver call fails.
+    Driver(Fault),
+    /// The log writer panics.
+    WriterPanic,
+}
+
+/// What a step does.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Alloc {
+        bytes: usize,
+        alignment: usize,
+        stream: usize,
+    },
+    Free {
+        index: usize,
+        stream: usize,
+    },
+    /// A free of an address nothing allocated.
+    FreeUnknown,
+    /// A free of a live allocation with another size.
+    FreeWrongSize {
+        index: usize,
+    },
+    /// A second free of an address freed before (and not live again).
+    FreeTwice {
+        index: usize,
+    },
+    /// The component's own maintenance (the pool's `release_unused`).
+    Maintain,
+    /// Frees every live allocation (without faults), so that whole chunks become free.
+    FreeAll,
+    /// Nothing for a little longer than a stream's owner may take to answer a thief
+    /// (`OWNER_GRACE`), so that later thieves synchronize the device instead of asking.
+    Idle,
+}
+
+/// A live allocation of the workload.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Live {
+    pub(crate) ptr: DevicePtr,
+    pub(crate) bytes: usize,
+    pub(crate) alignment: usize,
+}
+
+/// The streams a workload uses: the legacy and per-thread default streams and two ordinary
+/// (simulated) ones.
+pub(crate) fn streams() -> [CudaStreamView<'static>; 4] {
+    [
+        CudaStreamView::legacy(),
+        CudaStreamView::per_thread(),
+        CudaStreamView::simulated(1),
+        CudaStreamView::simulated(2),
+    ]
+}
+
+/// A check of a component's bookkeeping against the live allocations.
+pub(crate) type Check<'a> = Box<dyn Fn(&[Live]) -> Result<(), String> + 'a>;
+
+/// A component under test, as the harness sees it.
+pub(crate) struct Subject<'a> {
+    pub(crate) name: &'static str,
+    pub(crate) mr: &'a dyn DeviceMemoryResource,
+    pub(crate) faulty: &'a Faulty,
+    pub(crate) mock: &'a HostMockResource,
+    /// The component's bookkeeping, compared before and after each failed call.
+    pub(crate) state: Box<dyn Fn() -> String + 'a>,
+    /// Checks the bookkeeping against the live allocations after each successful call.
+    pub(crate) check: Check<'a>,
+    /// The faults that reach this component.
+    pub(crate) faults: Vec<Injection>,
+    /// Largest request.
+    pub(crate) max_bytes: usize,
+    /// Alignments to ask for.
+    pub(crate) alignments: &'a [usize],
+    /// How many of [`streams`] to use (1: the legacy stream only).
+    pub(crate) stream_count: usize,
+    /// Whether a free with a wrong size still frees (the tracking adaptor frees the allocated
+    /// size and reports the mismatch).
+    pub(crate) mismatch_frees: bool,
+    /// Maintenance, if any.
+    pub(crate) maintain: Option<Box<dyn Fn() -> MrResult<()> + 'a>>,
+    /// Percent of the steps that are maintenance (a quarter as many more free everything).
+    pub(crate) maintenance: usize,
+    /// The panicking writer's switch and panic count, for the logging adaptor.
+    pub(crate) writer: Option<PanicSwitch>,
+}
+
+/// What the runs of one component added up to.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Tally {
+    steps: usize,
+    injected: usize,
+    survived: usize,
+    failed_calls: usize,
+    wrong_frees: usize,
+    /// Faults that fired, by what failed.
+    by_kind: std::collections::BTreeMap<String, usize>,
+}
+
+impl Injection {
+    /// What fails, for the tally.
+    fn label(self) -> String {
+        match self {
+            Injection::UpstreamAlloc { .. } => "upstream allocate".into(),
+            Injection::UpstreamFree(_) => "upstream free".into(),
+            Injection::Driver(f) => format!("{:?}", f.call),
+            Injection::WriterPanic => "writer panic".into(),
+        }
+    }
+}
+
+pub(crate) fn upstream_faults(kinds: &[FaultKind]) -> Vec<Injection> {
+    let mut all = Vec::new();
+    for &kind in kinds {
+        for skip in 0..2 {
+            for times in [1, 3] {
+                all.push(Injection::UpstreamAlloc { skip, times, kind });
+            }
+        }
+        all.push(Injection::UpstreamFree(kind));
+    }
+    all
+}
+
+pub(crate) fn driver_faults(calls: &[DriverCall]) -> Vec<Injection> {
+    let mut all = Vec::new();
+    for &call in calls {
+        for n in 0..3 {
+            all.push(Injection::Driver(Fault::nth(call, n)));
+        }
+    }
+    all
+}
+
+/// The stream-related calls the stream-ordered resources make.
+pub(crate) const STREAM_CALLS: [DriverCall; 5] = [
+    DriverCall::EventCreate,
+    DriverCall::EventRecord,
+    DriverCall::StreamWait,
+    DriverCall::Synchronize,
+    DriverCall::StreamId,
+];
+
+fn injected_so_far(subject: &Subject<'_>) -> usize {
+    let driver: u64 = DriverCall::ALL.iter().map(|&c| fault::injected(c)).sum();
+    subject.faulty.injected()
+        + driver as usize
+        + subject
+            .writer
+            .as_ref()
+            .map_or(0, |w| w.panics.load(Ordering::SeqCst))
+}
+
+fn arm(subject: &Subject<'_>, injection: Option<Injection>) {
+    match injection {
+        None => {}
+        Some(Injection::UpstreamAlloc { skip, times, kind }) => {
+            subject.faulty.fail_allocations(skip, times, kind);
+        }
+        Some(Injection::UpstreamFree(kind)) => subject.faulty.fail_next_deallocation(kind),
+        Some(Injection::Driver(f)) => fault::inject(f),
+        Some(Injection::WriterPanic) => {
+            if let Some(w) = &subject.writer {
+                w.armed.store(true, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+fn disarm(subject: &Subject<'_>) {
+    subject.faulty.disarm();
+    for call in DriverCall::ALL {
+        fault::disarm(call);
+    }
+    if let Some(w) = &subject.writer {
+        w.armed.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Added to a size to make it wrong: more than any rounding of any component here.
+const WRONG: usize = 1 << 16;
+
+/// An address no resource hands out (in the first megabyte, never mapped for user data).
+const UNKNOWN: u64 = 0x4_0000;
+
+/// Runs one seeded workload; panics on the first violation.
+fn run(subject: &Subject<'_>, seed: u64, tally: &mut Tally) {
+    let streams = streams();
+    let streams = &streams[..subject.stream_count];
+    let mut rng = Rng::new(seed);
+    let mut live: Vec<Live> = Vec::new();
+    let mut freed: Vec<Live> = Vec::new();
+    for step in 0..STEPS {
+        let maintenance = if subject.maintain.is_some() {
+            subject.maintenance
+        } else {
+            0
+        };
+        let roll = rng.below(100);
+        let op = match rng.below(100) {
+            _ if roll < maintenance => Op::Maintain,
+            _ if roll < maintenance + maintenance.div_ceil(4) => Op::FreeAll,
+            0..=44 if live.len() < 24 => Op::Alloc {
+                bytes: 1 + rng.below(subject.max_bytes),
+                alignment: rng.pick(subject.alignments),
+                stream: rng.below(streams.len()),
+            },
+            0..=79 if !live.is_empty() => Op::Free {
+                index: rng.below(live.len()),
+                stream: rng.below(streams.len()),
+            },
+            80..=83 => Op::FreeUnknown,
+            84..=87 if !live.is_empty() => Op::FreeWrongSize {
+                index: rng.below(live.len()),
+            },
+            88..=91 if !freed.is_empty() => Op::FreeTwice {
+                index: rng.below(freed.len()),
+            },
+            98..=99 if subject.stream_count > 1 => Op::Idle,
+            _ => Op::Alloc {
+                bytes: 1 + rng.below(subject.max_bytes),
+                alignment: rng.pick(subject.alignments),
+                stream: rng.below(streams.len()),
+            },
+        };
+        let faultable = !subject.faults.is_empty() && !matches!(op, Op::FreeAll);
+        let injection = (faultable && rng.percent(50)).then(|| rng.pick(&subject.faults));
+        let where_ = || {
+            format!(
+                "{} seed {seed} step {step}: {op:?} with {injection:?}",
+                subject.name
+            )
+        };
+        let before = ((subject.state)(), subject.mock.live());
+        let injected_before = injected_so_far(subject);
+        arm(subject, injection);
+        let result: MrResult<()> = match op {
+            Op::Alloc {
+                bytes,
+                alignment,
+                stream,
+            } => subject
+                .mr
+                .allocate(streams[stream], bytes, alignment)
+                .map(|ptr| {
+                    live.push(Live {
+                        ptr,
+                        bytes,
+                        alignment,
+                    })
+                }),
+            Op::Free { index, stream } => {
+                let l = live[index];
+                // SAFETY: `l` came from `mr` with these arguments and is live.
+                let r = unsafe {
+                    subject
+                        .mr
+                        .deallocate(streams[stream], l.ptr, l.bytes, l.alignment)
+                };
+                if r.is_ok() {
+                    freed.push(live.swap_remove(index));
+                }
+                r
+            }
+            Op::FreeUnknown => {
+                tally.wrong_frees += 1;
+                // SAFETY: a wrong free the component (or the mock) detects without touching
+                // memory.
+                unsafe {
+                    subject
+                        .mr
+                        .deallocate(streams[0], DevicePtr::from_raw(UNKNOWN), 256, 256)
+                }
+            }
+            Op::FreeWrongSize { index } => {
+                tally.wrong_frees += 1;
+                let l = live[index];
+                // SAFETY: a wrong free (the size) the component detects.
+                let r = unsafe {
+                    subject
+                        .mr
+                        .deallocate(streams[0], l.ptr, l.bytes + WRONG, l.alignment)
+                };
+                if subject.mismatch_frees
+                    && matches!(
+                        r,
+                        Err(MrError::InvalidFree {
+                            kind: InvalidFree::SizeMismatch { .. },
+                            ..
+                        })
+                    )
+                {
+                    // Documented: freed with the allocated size, and reported.
+                    live.swap_remove(index);
+                    disarm(subject);
+                    (subject.check)(&live).unwrap_or_else(|e| panic!("{}: {e}", where_()));
+                    continue;
+                }
+                r
+            }
+            Op::FreeTwice { index } => {
+                let l = freed[index];
+                // An address reused since (by a live allocation, by the block an over-aligned
+                // one lies in, or by the mock for an upstream's allocation) cannot be told from
+                // a right free: no resource can detect that double free.
+                let addr = l.ptr.addr();
+                let reused = live.iter().any(|x| {
+                    let start = x.ptr.addr().saturating_sub(x.alignment as u64);
+                    (start..=x.ptr.addr() + x.bytes as u64).contains(&addr)
+                }) || subject.mock.live().iter().any(|&(a, _)| a == addr);
+                if reused {
+                    disarm(subject);
+                    continue;
+                }
+                tally.wrong_frees += 1;
+                // SAFETY: a second free of an address no allocation starts at: detected.
+                unsafe {
+                    subject
+                        .mr
+                        .deallocate(streams[0], l.ptr, l.bytes, l.alignment)
+                }
+            }
+            Op::Maintain => subject.maintain.as_ref().map_or(Ok(()), |m| m()),
+            Op::FreeAll => {
+                for l in live.drain(..) {
+                    // SAFETY: `l` came from `mr` with these arguments and is live.
+                    unsafe {
+                        subject
+                            .mr
+                            .deallocate(streams[0], l.ptr, l.bytes, l.alignment)
+                    }
+                    .unwrap_or_else(|e| panic!("{}: {e}", where_()));
+                    freed.push(l);
+                }
+                Ok(())
+            }
+            Op::Idle => {
+                std::thread::sleep(std::time::Duration::from_millis(3));
+                Ok(())
+            }
+        };
+        disarm(subject);
+        let fired = injected_so_far(subject) > injected_before;
+        tally.steps += 1;
+        match result {
+            Err(e) if matches!(op, Op::Maintain) => {
+                // A batch: the chunks the upstream refused stay, the others are released.
+                tally.failed_calls += 1;
+                (subject.check)(&live)
+                    .unwrap_or_else(|c| panic!("{}: failed with `{e}`: {c}", where_()));
+            }
+            Err(e) => {
+                tally.failed_calls += 1;
+                let after = ((subject.state)(), subject.mock.live());
+                assert_eq!(
+                    after,
+                    before,
+                    "{}: failed with `{e}` and changed the bookkeeping",
+                    where_()
+                );
+            }
+            Ok(()) => {
+                if matches!(
+                    op,
+                    Op::FreeUnknown | Op::FreeTwice { .. } | Op::FreeWrongSize { .. }
+                ) {
+                    panic!("{}: a wrong free succeeded", where_());
+                }
+                (subject.check)(&live).unwrap_or_else(|e| panic!("{}: {e}", where_()));
+            }
+        }
+        if fired {
+            tally.injected += 1;
+            tally.survived += 1;
+            if let Some(i) = injection {
+                *tally.by_kind.entry(i.label()).or_default() += 1;
+            }
+        }
+    }
+    // Everything left is freed, without faults; it must all succeed.
+    for l in live.drain(..) {
+        // SAFETY: `l` came from `mr` with these arguments and is live.
+        unsafe {
+            subject
+                .mr
+                .deallocate(streams[0], l.ptr, l.bytes, l.alignment)
+        }
+        .unwrap_or_else(|e| panic!("{} seed {seed}: final free of {l:?}: {e}", subject.name));
+    }
+    (subject.check)(&[])
+        .unwrap_or_else(|e| panic!("{} seed {seed}: at the end: {e}", subject.name));
+}
+
+/// Runs every seed of a component built by `make`, checks that nothing leaked once it is
+/// dropped, and prints the tally.
+pub(crate) fn sweep<R>(
+    name: &'static str,
+    make: impl Fn(&Faulty) -> MrResult<R>,
+    subject: impl for<'a> Fn(&'a R, &'a Faulty, &'a HostMockResource) -> Subject<'a>,
+) -> Tally {
+    let _scope = FaultScope::simulated();
+    let mut tally = Tally::default();
+    let mut seeds = SEEDS;
+    let mut seed = 0;
+    while seed < seeds {
+        let mock = HostMockResource::new();
+        let faulty = FaultyResource::new(mock.clone());
+        let r = make(&faulty).unwrap_or_else(|e| panic!("{name}: {e}"));
+        {
+            let s = subject(&r, &faulty, &mock);
+            assert_eq!(s.name, name);
+            if s.stream_count > 1 || s.maintain.is_some() {
+                // Stream-ordered sub-allocators: most steps touch no upstream and no stream
+                // call, so more workloads.
+                seeds = 4 * SEEDS;
+            }
+            run(&s, seed, &mut tally);
+        }
+        drop(r);
+        assert_eq!(
+            mock.live(),
+            Vec::new(),
+            "{name} seed {seed}: leaked after drop"
+        );
+        seed += 1;
+    }
+    assert!(
+        tally.injected > SEEDS as usize,
+        "{name}: hardly any fault fired: {tally:?}"
+    );
+    assert!(tally.failed_calls > 0, "{name}: no call failed: {tally:?}");
+    println!(
+        "faults: {name}: {} steps, {} faults injected, {} survived, {} failed calls, {} wrong \
+         frees; {:?}",
+        tally.steps,
+        tally.injected,
+        tally.survived,
+        tally.failed_calls,
+        tally.wrong_frees,
+        tally.by_kind
+    );
+    tally
+}
+
+fn live_count(mock: &HostMockResource, live: &[Live]) -> Result<(), String> {
+    let n = mock.live_allocations();
+    if n == live.iter().filter(|l| l.bytes > 0).count() {
+        Ok(())
+    } else {
+        Err(format!("{n} allocations in the mock, {} live", live.len()))
+    }
+}
+
+pub(crate) fn expect<T: PartialEq + Debug>(what: &str, got: T, want: T) -> Result<(), String> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(format!("{what}: {got:?}, expected {want:?}"))
+    }
+}
+
+fn adaptor<'a>(
+    name: &'static str,
+    mr: &'a dyn DeviceMemoryResource,
+    faulty: &'a Faulty,
+    mock: &'a HostMockResource,
+) -> Subject<'a> {
+    Subject {
+        name,
+        mr,
+        faulty,
+        mock,
+        state: Box::new(String::new),
+        check: Box::new(move |live| live_count(mock, live)),
+        faults: upstream_faults(&FaultKind::ALL),
+        max_bytes: 20_000,
+        alignments: &[256],
+        stream_count: 1,
+        mismatch_frees: false,
+        maintain: None,
+        maintenance: 0,
+        writer: None,
+    }
+}
+
+#[test]
+fn aligned() {
+    sweep(
+        "aligned",
+        |f| AlignedResourceAdaptor::new(f.clone(), 4096),
+        |mr, faulty, mock| Subject {
+            state: Box::new(|| format!("{}", mr.shifted_count())),
+            alignments: &[256, 8192],
+            ..adaptor("aligned", mr, faulty, mock)
+        },
+    );
+}
+
+#[test]
+fn limiting() {
+    sweep(
+        "limiting",
+        |f| Ok(LimitingResourceAdaptor::new(f.clone(), 96 << 10)),
+        |mr, faulty, mock| Subject {
+            state: Box::new(|| format!("{}", mr.allocated_bytes())),
+            check: Box::new(move |live| {
+                live_count(mock, live)?;
+                let used: usize = live.iter().map(|l| align_up(l.bytes, 256)).sum();
+                expect("limiting's bytes", mr.allocated_bytes(), used)
+            }),
+            ..adaptor("limiting", mr, faulty, mock)
+        },
+    );
+}
+
+#[test]
+fn thread_safe() {
+    sweep(
+        "thread_safe",
+        |f| Ok(ThreadSafeResourceAdaptor::new(f.clone())),
+        |mr, faulty, mock| adaptor("thread_safe", mr, faulty, mock),
+    );
+}
+
+#[test]
+fn failure_callback() {
+    sweep(
+        "failure_callback",
+        |f| {
+            // Retries twice, then gives up, on out-of-memory and bad_alloc.
+            let calls = AtomicUsize::new(0);
+            Ok(FailureCallbackResourceAdaptor::with_filter(
+                f.clone(),
+                |e| matches!(e, MrError::OutOfMemory { .. } | MrError::BadAlloc { .. }),
+                move |_| calls.fetch_add(1, Ordering::Relaxed) % 3 != 2,
+            ))
+        },
+        |mr, faulty, mock| adaptor("failure_callback", mr, faulty, mock),
+    );
+}
+
+#[test]
+fn prefetch() {
+    sweep(
+        "prefetch",
+        |f| Ok(PrefetchResourceAdaptor::new(f.clone())),
+        |mr, faulty, mock| {
+            let mut faults = upstream_faults(&FaultKind::ALL);
+            faults.extend(driver_faults(&[DriverCall::CurrentDevice]));
+            Subject {
+                faults,
+                ..adaptor("prefetch", mr, faulty, mock)
+            }
+        },
+    );
+}
+
+#[test]
+fn statistics() {
+    sweep(
+        "statistics",
+        |f| Ok(StatisticsResourceAdaptor::new(f.clone())),
+        |mr, faulty, mock| Subject {
+            state: Box::new(|| format!("{:?}", mr.counters())),
+            check: Box::new(move |live| {
+                live_count(mock, live)?;
+                let (bytes, allocations) = mr.counters();
+                let sum: usize = live.iter().map(|l| l.bytes).sum();
+                expect("counted bytes", bytes.value, sum as i64)?;
+                expect("counted allocations", allocations.value, live.len() as i64)
+            }),
+            ..adaptor("statistics", mr, faulty, mock)
+        },
+    );
+}
+
+#[test]
+fn tracking() {
+    sweep(
+        "tracking",
+        |f| Ok(TrackingResourceAdaptor::new(f.clone(), false)),
+        |mr, faulty, mock| Subject {
+            state: Box::new(|| {
+                format!("{:?} {}", mr.registry().outstanding(), mr.allocated_bytes())
+            }),
+            check: Box::new(move |live| {
+                live_count(mock, live)?;
+                let mut want: Vec<(u64, usize)> =
+                    live.iter().map(|l| (l.ptr.addr(), l.bytes)).collect();
+                want.sort_unstable();
+                expect("tracked allocations", mr.registry().outstanding(), want)
+            }),
+            mismatch_frees: true,
+            ..adaptor("tracking", mr, faulty, mock)
+        },
+    );
+}
+
+/// A log writer that panics while armed.
+#[derive(Clone, Default)]
+pub(crate) struct PanicSwitch {
+    pub(crate) armed: Arc<AtomicBool>,
+    pub(crate) panics: Arc<AtomicUsize>,
+}
+
+impl Write for PanicSwitch {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.armed.load(Ordering::SeqCst) {
+            self.panics.fetch_add(1, Ordering::SeqCst);
+            panic!("injected log writer panic");
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn logging() {
+    let switch = PanicSwitch::default();
+    sweep(
+        "logging",
+        |f| LoggingResourceAdaptor::with_writer(f.clone(), switch.clone()),
+        |mr, faulty, mock| {
+            let mut faults = upstream_faults(&FaultKind::ALL);
+            faults.extend([Injection::WriterPanic; 4]);
+            Subject {
+                faults,
+                writer: Some(switch.clone()),
+                ..adaptor("logging", mr, faulty, mock)
+            }
+        },
+    );
+}
+
+/// The faults of a stream-ordered sub-allocator: its upstream's (which it maps to its own
+/// errors whatever their kind, so two kinds do) and the stream calls'.
+pub(crate) fn sub_allocator_faults() -> Vec<Injection> {
+    let mut faults = upstream_faults(&[FaultKind::OutOfMemory, FaultKind::Cuda]);
+    faults.extend(driver_faults(&STREAM_CALLS));
+    faults
+}
+
+fn pool_subject<'a>(
+    name: &'static str,
+    mr: &'a PoolMemoryResource<Faulty>,
+    faulty: &'a Faulty,
+    mock: &'a HostMockResource,
+    stream_count: usize,
+) -> Subject<'a> {
+    Subject {
+        name,
+        mr,
+        faulty,
+        mock,
+        state: Box::new(|| format!("{:?}", mr.core_state().memory())),
+        check: Box::new(move |live| {
+            let state = mr.core_state();
+            expect("handed out", state.handed_out.0, live.len())?;
+            expect("pool size", state.pool_size, mock.live_bytes())?;
+            expect("chunks", state.chunks.len(), mock.live_allocations())
+        }),
+        faults: sub_allocator_faults(),
+        max_bytes: 16 << 10,
+        alignments: &[256, 256, 4096],
+        stream_count,
+        mismatch_frees: false,
+        maintain: Some(Box::new(|| mr.release_unused().map(|_| ()))),
+        maintenance: 4,
+        writer: None,
+    }
+}
+
+#[test]
+fn pool() {
+    sweep(
+        "pool",
+        |f| PoolMemoryResource::new(f.clone(), 0, Some(128 << 10)),
+        |mr, faulty, mock| pool_subject("pool", mr, faulty, mock, 4),
+    );
+}
+
+/// On one stream whole chunks come free (blocks of one chunk spread over several streams'
+/// lists never do), so `release_unused` gives them back: its synchronization and its upstream
+/// frees fail too.
+#[test]
+fn pool_one_stream() {
+    sweep(
+        "pool_one_stream",
+        |f| PoolMemoryResource::new(f.clone(), 0, Some(128 << 10)),
+        |mr, faulty, mock| {
+            let mut faults = upstream_faults(&[FaultKind::OutOfMemory, FaultKind::Cuda]);
+            faults.extend(driver_faults(&[DriverCall::Synchronize]));
+            Subject {
+                faults,
+                maintenance: 16,
+                ..pool_subject("pool_one_stream", mr, faulty, mock, 1)
+            }
+        },
+    );
+}
+
+#[test]
+fn fixed_size() {
+    sweep(
+        "fixed_size",
+        |f| FixedSizeMemoryResource::with_block_size(f.clone(), 1024, 2),
+        |mr, faulty, mock| Subject {
+            name: "fixed_size",
+            mr,
+            faulty,
+            mock,
+            state: Box::new(|| format!("{:?}", mr.core_state().memory())),
+            check: Box::new(move |live| {
+                let state = mr.core_state();
+                expect("handed out", state.handed_out.0, live.len())?;
+                expect("pool size", state.pool_size, mock.live_bytes())
+            }),
+            faults: sub_allocator_faults(),
+            max_bytes: 1024,
+            alignments: &[256],
+            stream_count: 4,
+            mismatch_frees: false,
+            maintain: None,
+            maintenance: 0,
+            writer: None,
+        },
+    );
+}
+
+#[test]
+fn binning() {
+    type Bin = FixedSizeMemoryResource<Arc<Faulty>>;
+    sweep(
+        "binning",
+        |f| BinningMemoryResource::with_exponents(f.clone(), 8, 10),
+        |mr, faulty, mock| {
+            let bins = move || {
+                mr.bin_sizes()
+                    .into_iter()
+                    .map(|size| {
+                        let bin = mr.bin_for(size).expect("a bin per size");
+                        let bin = resource_cast::<Bin>(&*bin).expect("a fixed-size bin");
+                        (size, format!("{:?}", bin.core_state().memory()))
+                    })
+                    .collect::<Vec<_>>()
+            };
+            Subject {
+                name: "binning",
+                mr,
+                faulty,
+                mock,
+                state: Box::new(move || format!("{:?}", bins())),
+                check: Box::new(move |live| {
+                    let in_bins: usize = mr
+                        .bin_sizes()
+                        .into_iter()
+                        .map(|size| {
+                            let bin = mr.bin_for(size).expect("a bin per size");
+                            let bin = resource_cast::<Bin>(&*bin).expect("a fixed-size bin");
+                            bin.core_state().handed_out.0
+                        })
+                        .sum();
+                    let direct = live.iter().filter(|l| l.bytes > 1024).count();
+                    expect("handed out by the bins", in_bins, live.len() - direct)
+                }),
+                faults: sub_allocator_faults(),
+                max_bytes: 4096,
+                alignments: &[256],
+                stream_count: 4,
+                mismatch_frees: false,
+                maintain: None,
+                maintenance: 0,
+                writer: None,
+            }
+        },
+    );
+}
+
+/// A bin whose first chunk the upstream refuses is not added, and a binning resource whose
+/// construction fails halfway gives back the bins it had made.
+#[test]
+fn binning_add_bin() {
+    for kind in FaultKind::ALL {
+        let mock = HostMockResource::new();
+        let faulty = FaultyResource::new(mock.clone());
+        faulty.fail_allocations(1, 1, kind);
+        let e = BinningMemoryResource::with_exponents(faulty.clone(), 8, 10).unwrap_err();
+        assert!(kind.matches(&e), "{kind:?}: {e}");
+        assert_eq!(mock.live(), Vec::new(), "{kind:?}: a bin's chunk leaked");
+
+        let mr = BinningMemoryResource::with_exponents(faulty.clone(), 8, 9).unwrap();
+        let before = (mr.bin_sizes(), mock.live());
+        faulty.fail_next_allocation(kind);
+        assert!(mr.add_bin(1024, None).is_err());
+        assert_eq!((mr.bin_sizes(), mock.live()), before, "{kind:?}");
+        assert!(
+            mr.bin_for(1024).is_none(),
+            "{kind:?}: a route to a missing bin"
+        );
+        mr.add_bin(1024, None).unwrap();
+        assert_eq!(mr.bin_sizes(), vec![256, 512, 1024]);
+        drop(mr);
+        assert_eq!(mock.live(), Vec::new());
+    }
+}
