@@ -1,6 +1,8 @@
 //! The rmm-rs workspace's task runner: `cargo xtask ci`, `cargo xtask gpu bundle`,
-//! `cargo xtask gpu run`, `cargo xtask miri`. See CONTRIBUTING.md and docs/gpu-testing.md.
+//! `cargo xtask gpu run`, `cargo xtask miri`, `cargo xtask api-count`. See CONTRIBUTING.md and
+//! docs/gpu-testing.md.
 
+mod api_count;
 mod artifacts;
 mod bundle;
 mod cargo;
@@ -22,6 +24,8 @@ commands:
   gpu run [ARGS...]         run gpu-bundle/run.sh ARGS on this (GPU) machine
   miri [--cases N] [--no-doc]
                             pure cores' unit tests under Miri, compile-fail doctests (nightly)
+  api-count [--list] [--no-build] [PACKAGE]...
+                            public items of rmm-rs and rmm-mr (or PACKAGEs), by kind (nightly)
   help                      this text";
 
 fn main() -> ExitCode {
@@ -30,6 +34,7 @@ fn main() -> ExitCode {
         Some((cmd, rest)) if cmd == "ci" => ci::run(rest).map(|()| 0),
         Some((cmd, rest)) if cmd == "gpu" => gpu::run(rest),
         Some((cmd, rest)) if cmd == "miri" => miri::run(rest),
+        Some((cmd, rest)) if cmd == "api-count" => api_count::run(rest),
         Some((cmd, _)) if matches!(cmd.as_str(), "help" | "-h" | "--help") => {
             println!("{USAGE}");
             Ok(0)

@@ -90,7 +90,7 @@ fn has_nightly() -> Result<bool, Error> {
 }
 
 /// A command run with the nightly toolchain at the workspace root.
-fn nightly<I, S>(args: I) -> Command
+pub(crate) fn nightly<I, S>(args: I) -> Command
 where
     I: IntoIterator<Item = S>,
     S: AsRef<std::ffi::OsStr>,
