@@ -22,44 +22,36 @@
 //! Pure bookkeeping (free lists, bins, arenas, counters, the CSV log) lives in modules that make
 //! no CUDA calls and are tested on machines without a GPU.
 
-pub mod aligned;
-mod alignment;
+pub mod adaptors;
 pub mod arena;
 pub mod binning;
-mod cross_thread;
 #[cfg(feature = "debug-log")]
 pub mod debug_log;
 pub mod error;
-pub mod failure_callback;
 pub mod fixed_size;
-pub mod limiting;
-pub mod logging;
 pub mod pool;
 pub mod prefetch;
-pub mod prefetch_adaptor;
 pub mod registry;
 pub mod resource;
 pub mod resources;
-pub mod statistics;
+mod stream_ordered;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-pub mod thread_safe;
-pub mod tracking;
+mod util;
 
-pub use aligned::AlignedResourceAdaptor;
-pub use alignment::MAX_OVER_ALIGNMENT;
+pub use adaptors::{
+    AlignedResourceAdaptor, FailureCallbackResourceAdaptor, LimitingResourceAdaptor,
+    LoggingResourceAdaptor, PrefetchResourceAdaptor, StatisticsResourceAdaptor,
+    ThreadSafeResourceAdaptor, TrackingResourceAdaptor,
+};
 pub use arena::ArenaMemoryResource;
 pub use binning::BinningMemoryResource;
 #[cfg(feature = "debug-log")]
 pub use debug_log::{init_debug_logging, set_debug_log_level};
 pub use error::{InvalidFree, MrError, MrResult};
-pub use failure_callback::FailureCallbackResourceAdaptor;
 pub use fixed_size::FixedSizeMemoryResource;
-pub use limiting::LimitingResourceAdaptor;
-pub use logging::LoggingResourceAdaptor;
 pub use pool::PoolMemoryResource;
 pub use prefetch::{prefetch, PrefetchTarget};
-pub use prefetch_adaptor::PrefetchResourceAdaptor;
 pub use registry::{
     current_device_resource, per_device_resource, reset_current_device_resource,
     reset_per_device_resource, set_current_device_resource, set_per_device_resource,
@@ -72,9 +64,7 @@ pub use resources::{
     CudaAsyncOptions, CudaAsyncViewMemoryResource, CudaMemoryResource, ManagedMemoryResource,
     PinnedHostMemoryResource, PoolStatistics, SamHeadroomMemoryResource, SystemMemoryResource,
 };
-pub use statistics::StatisticsResourceAdaptor;
-pub use thread_safe::ThreadSafeResourceAdaptor;
-pub use tracking::TrackingResourceAdaptor;
+pub use util::alignment::MAX_OVER_ALIGNMENT;
 
 #[cfg(test)]
 mod send_sync {

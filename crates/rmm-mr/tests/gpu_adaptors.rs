@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use conformance::{alignment_trials, ensure, trials, Subject, GIB, KIB, MIB};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
-use rmm_mr::logging::{parse_log, Action, MemoryEvent};
+use rmm_mr::adaptors::logging::{parse_log, Action, MemoryEvent};
 use rmm_mr::testing::HostMockResource;
 use rmm_mr::{
     AlignedResourceAdaptor, ArenaMemoryResource, BinningMemoryResource, CudaAsyncMemoryResource,
@@ -656,7 +656,7 @@ fn main() {
         std::process::exit(2);
     }
     // Set while this process is still single-threaded.
-    std::env::set_var(rmm_mr::logging::LOG_FILE_ENV, env_log_file());
+    std::env::set_var(rmm_mr::adaptors::logging::LOG_FILE_ENV, env_log_file());
     std::env::set_var(rmm_mr::debug_log::DEBUG_LOG_FILE_ENV, env_debug_log_file());
 
     let mut all: Vec<Trial> = subjects().iter().flat_map(trials).collect();

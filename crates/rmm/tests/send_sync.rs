@@ -8,13 +8,17 @@ use static_assertions::{assert_impl_all, assert_not_impl_any};
 
 use rmm::containers::{BufferStream, DeviceBuffer, DeviceScalar, DeviceUvector};
 use rmm::mr::{
+    adaptors::logging::{
+        Action, CsvError, EventLine, EventTime, LoggingResourceAdaptorBuilder, MemoryEvent,
+    },
+    adaptors::statistics::StatsError,
+    adaptors::tracking::{
+        OutstandingAllocation, TrackingConfig, TrackingError, TrackingErrorRecord,
+    },
     arena::{ArenaError, ArenaOptions},
     binning::table::BinningError,
     debug_log::DebugLogError,
-    logging::{Action, CsvError, EventLine, EventTime, LoggingResourceAdaptorBuilder, MemoryEvent},
-    statistics::StatsError,
     testing::HostMockResource,
-    tracking::{OutstandingAllocation, TrackingConfig, TrackingError, TrackingErrorRecord},
     AlignedResourceAdaptor, ArenaMemoryResource, BinningMemoryResource, CallbackMemoryResource,
     CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaAsyncOptions,
     CudaAsyncViewMemoryResource, CudaMemoryResource, FailureCallbackResourceAdaptor,

@@ -18,11 +18,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, Rw
 use rmm_stream::CudaStreamView;
 use rmm_sys::DevicePtr;
 
-use crate::alignment::{self, OverAligned, MAX_OVER_ALIGNMENT};
 use crate::error::MrResult;
 use crate::resource::{
     same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
 };
+use crate::util::alignment::{self, OverAligned, MAX_OVER_ALIGNMENT};
 use cell::{ArenaCell, ArenaKey, ArenaSlot};
 use fence::EventPool;
 use state::State;

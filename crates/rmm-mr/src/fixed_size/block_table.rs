@@ -29,7 +29,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::fixed_size::free_list::{Chunk, FixedSizeError};
+use crate::fixed_size::chunk::{Chunk, FixedSizeError};
 
 /// One block's slot: the size it was handed out with (0: not handed out) and the word the
 /// hand-out recorded with it (one cache line holds both).

@@ -2,7 +2,7 @@
 //!
 //! Pure bookkeeping, no CUDA calls (addresses are plain `u64`, sizes `usize`):
 //!
-//! - [`free_list`]: the chunk and error types, and a standalone FIFO free list of equally sized
+//! - [`chunk`]: the chunk and error types, and a standalone FIFO free list of equally sized
 //!   blocks with double-free and bad-address detection (RMM's `fixed_size_free_list` with
 //!   checks), with the index of the upstream chunks its blocks come from.
 //! - [`block_table`]: the resource-wide ledger of which blocks are handed out (a slot per
@@ -13,7 +13,7 @@
 //! pool: per stream a plain FIFO of free addresses, plus the shared ledger.
 
 pub mod block_table;
-pub mod free_list;
+pub mod chunk;
 mod resource;
 
 pub use resource::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE};

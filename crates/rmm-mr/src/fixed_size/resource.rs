@@ -8,16 +8,16 @@ use std::sync::Arc;
 use rmm_stream::CudaStreamView;
 use rmm_sys::{align_up, DevicePtr, ALLOCATION_ALIGNMENT};
 
-use crate::alignment;
-use crate::cross_thread::Origin;
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::fixed_size::block_table::{BlockLedger, BlockTable};
-use crate::fixed_size::free_list::{rounded_block_size, FixedSizeError};
+use crate::fixed_size::chunk::{rounded_block_size, FixedSizeError};
 use crate::pool::growth::format_bytes;
-use crate::pool::stream_ordered::{FreeBlocks, StreamOrdered};
 use crate::resource::{
     same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
 };
+use crate::stream_ordered::core::{FreeBlocks, StreamOrdered};
+use crate::util::alignment;
+use crate::util::cross_thread::Origin;
 
 /// RMM's default block size: 1 MiB.
 pub const DEFAULT_BLOCK_SIZE: usize = 1 << 20;
@@ -369,7 +369,7 @@ mod tests {
 
     #[test]
     fn a_per_thread_block_freed_on_another_thread_goes_to_the_legacy_list() {
-        use crate::pool::stream_lists::{thread_number, StreamKey};
+        use crate::stream_ordered::stream_lists::{thread_number, StreamKey};
         let pt = CudaStreamView::per_thread();
         // One block per chunk: once the legacy stream holds the first, the per-thread stream
         // grows a chunk into its own list (no steal, so no CUDA call).

@@ -17,13 +17,8 @@
 //!   list cache, events and the lazy event rule; `append_only`: where the lists live). The
 //!   pool's record of handed-out blocks is a sharded map (`handed`).
 
-mod append_only;
-pub(crate) mod event_policy;
 pub mod free_list;
 pub mod growth;
-mod handed;
 mod resource;
-pub(crate) mod stream_lists;
-pub(crate) mod stream_ordered;
 
 pub use resource::PoolMemoryResource;

@@ -7,16 +7,16 @@ use std::sync::Arc;
 use rmm_stream::CudaStreamView;
 use rmm_sys::{checked_align_up, DevicePtr, ALLOCATION_ALIGNMENT};
 
-use crate::alignment::{self, OverAligned, MAX_OVER_ALIGNMENT};
-use crate::cross_thread::Origin;
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::pool::free_list::{Block, CoalescingFreeList};
 use crate::pool::growth::{format_bytes, try_to_expand, PoolSizes};
-use crate::pool::handed::HandedMap;
-use crate::pool::stream_ordered::{FreeBlocks, StreamOrdered};
 use crate::resource::{
     same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
 };
+use crate::stream_ordered::core::{FreeBlocks, StreamOrdered};
+use crate::stream_ordered::handed::HandedMap;
+use crate::util::alignment::{self, OverAligned, MAX_OVER_ALIGNMENT};
+use crate::util::cross_thread::Origin;
 
 /// One stream's free blocks, with the pool-wide map of handed-out blocks (shared by every
 /// list of the pool).
@@ -792,7 +792,7 @@ mod tests {
 
     #[test]
     fn a_per_thread_block_freed_on_another_thread_goes_to_the_legacy_list() {
-        use crate::pool::stream_lists::{thread_number, StreamKey};
+        use crate::stream_ordered::stream_lists::{thread_number, StreamKey};
         // The pool grows on this thread's per-thread stream (no CUDA call), so every block
         // starts in this thread's list.
         let (p, _mock) = pool(0, None);

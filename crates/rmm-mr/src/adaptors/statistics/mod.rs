@@ -7,7 +7,6 @@ mod budget;
 mod counter;
 mod counters;
 mod shard;
-pub(crate) mod slots;
 
 pub use adaptor::StatisticsResourceAdaptor;
 pub use counter::Counter;

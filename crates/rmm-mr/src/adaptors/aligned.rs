@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use rmm_stream::CudaStreamView;
 use rmm_sys::{checked_align_up, is_pow2, DevicePtr, ALLOCATION_ALIGNMENT};
 
-use crate::alignment::{self, MAX_OVER_ALIGNMENT};
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::{
     same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
 };
+use crate::util::alignment::{self, MAX_OVER_ALIGNMENT};
 
 /// The alignment argument given to the upstream: RMM asks for 1 (any), since every resource
 /// returns at least 256-byte aligned memory and the adaptor does the rest itself.
@@ -473,13 +473,17 @@ mod tests {
         let e = mr.allocate(s(), 1000, 1 << 40).unwrap_err();
         assert!(matches!(e, MrError::BadAlloc { .. }), "{e}");
         assert_eq!(
-            crate::alignment::largest_named(&e),
+            crate::util::alignment::largest_named(&e),
             Some(MAX_OVER_ALIGNMENT)
         );
         // Built with more than 2 MiB, the configured alignment is the limit.
         let big = AlignedResourceAdaptor::new(up.clone(), 1 << 22).unwrap();
         let e = big.allocate(s(), 1000, 1 << 23).unwrap_err();
-        assert_eq!(crate::alignment::largest_named(&e), Some(1 << 22), "{e}");
+        assert_eq!(
+            crate::util::alignment::largest_named(&e),
+            Some(1 << 22),
+            "{e}"
+        );
         assert_eq!(up.allocation_calls(), 0);
         let p = big.allocate(s(), 1000, 1 << 22).unwrap();
         assert!(p.is_aligned(1 << 22));

@@ -1,6 +1,6 @@
 //! When an ordinary stream's free list records its event, and what a thief may do with the
 //! list: the lazy rule of the stream-ordered sub-allocators as a pure state machine (no CUDA
-//! calls; [`ListState`](crate::pool::stream_lists::ListState) carries one per list and makes
+//! calls; [`ListState`](crate::stream_ordered::stream_lists::ListState) carries one per list and makes
 //! the calls it asks for).
 //!
 //! # Why

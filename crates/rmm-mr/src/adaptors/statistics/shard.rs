@@ -1,7 +1,7 @@
 //! [`Shard`]: one thread's share of the statistics counters, and the owner's half of the
 //! freeze handshake.
 //!
-//! The owner of a shard (the thread holding its [slot](super::slots)) updates it with plain
+//! The owner of a shard (the thread holding its [slot](crate::util::slots)) updates it with plain
 //! loads and stores, bracketed by a sequence number that is odd while an update is under way
 //! (a seqlock), so a reader can tell a stable reading from a torn or outdated one.
 //!

@@ -1,6 +1,6 @@
 //! Thread slots: each live thread that records statistics (or frees through a limiting
 //! adaptor) owns one of [`SLOTS`] indices, and with it the shard of that index in every
-//! [`StatisticsCounters`](super::StatisticsCounters) (and the release total of that index in
+//! [`StatisticsCounters`](crate::adaptors::statistics::StatisticsCounters) (and the release total of that index in
 //! every [`LimitingResourceAdaptor`](crate::LimitingResourceAdaptor)).
 //!
 //! A thread claims the lowest free slot the first time it needs one and gives it back when it

@@ -12,7 +12,7 @@ use crate::error::{MrError, MrResult};
 use crate::resource::{
     same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
 };
-use crate::statistics::slots::{self, SLOTS};
+use crate::util::slots::{self, SLOTS};
 
 /// A counter alone on its cache line (two lines, for the adjacent-line prefetcher): the
 /// reservation counter is written by every allocation, a release total by every free of one

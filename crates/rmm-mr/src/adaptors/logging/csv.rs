@@ -143,7 +143,7 @@ impl std::fmt::Debug for EventLine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::logging::{Action, EventTime};
+    use crate::adaptors::logging::{Action, EventTime};
 
     fn at(h: u32, m: u32, s: u32, us: u32) -> EventTime {
         EventTime::new(h, m, s, us).unwrap()

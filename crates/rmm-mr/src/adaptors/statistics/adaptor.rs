@@ -437,7 +437,7 @@ mod tests {
 
     #[test]
     fn composition_statistics_over_logging_over_limiting() {
-        use crate::logging::{parse_log_str, Action, LoggingResourceAdaptor};
+        use crate::adaptors::logging::{parse_log_str, Action, LoggingResourceAdaptor};
         use crate::resource::resource_cast;
         use crate::LimitingResourceAdaptor;
 

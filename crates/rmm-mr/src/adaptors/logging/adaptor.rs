@@ -298,7 +298,7 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for LoggingResourceAda
 /// Builds a [`LoggingResourceAdaptor`] with any number of sinks:
 ///
 /// ```no_run
-/// # use rmm_mr::{logging::LoggingResourceAdaptor, CudaMemoryResource};
+/// # use rmm_mr::{CudaMemoryResource, LoggingResourceAdaptor};
 /// let mr = LoggingResourceAdaptor::builder(CudaMemoryResource::new())
 ///     .file("rmm_log.csv")?
 ///     .writer(std::io::stderr())
@@ -390,7 +390,7 @@ impl<U: DeviceMemoryResource> LoggingResourceAdaptorBuilder<U> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::logging::{parse_log, parse_log_str, Action};
+    use crate::adaptors::logging::{parse_log, parse_log_str, Action};
     use crate::testing::HostMockResource;
     use std::sync::atomic::AtomicUsize;
 

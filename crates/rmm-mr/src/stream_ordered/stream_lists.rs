@@ -16,7 +16,7 @@
 //!
 //! A block's key at allocation is remembered with it ([`StreamKey::origin`]): a free on one
 //! thread's per-thread stream of a block another thread allocated on its own goes to the legacy
-//! list, not to the freeing thread's ([`crate::cross_thread`]).
+//! list, not to the freeing thread's ([`crate::util::cross_thread`]).
 //!
 //! # Events (the lazy rule)
 //!
@@ -62,8 +62,8 @@ use std::time::Instant;
 use rmm_stream::{CudaEvent, CudaStreamView};
 use rmm_sys::{CudaResult, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
 
-use crate::cross_thread::Origin;
-use crate::pool::event_policy::{EventPolicy, StealAction};
+use crate::stream_ordered::event_policy::{EventPolicy, StealAction};
+use crate::util::cross_thread::Origin;
 
 /// Which free list a stream's blocks go to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

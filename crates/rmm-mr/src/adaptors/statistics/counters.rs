@@ -67,7 +67,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use super::budget::share_slack;
 use super::counter::Counter;
 use super::shard::{backoff, Reading, Shard, ShardStat};
-use super::slots::{self, SLOTS};
+use crate::util::slots::{self, SLOTS};
 
 /// `pop_counters` was called with only the base frame on the stack.
 #[doc(alias = "std::out_of_range")]

@@ -6,7 +6,7 @@
 //! `allocate(stream, size)`:
 //! 1. best fit in this stream's own list;
 //! 2. **steal** a fitting block from another stream's list (the remainder stays there), after
-//!    making this stream wait for that list's pending work ([`ListState::prepare_steal`](crate::pool::stream_lists::ListState::prepare_steal));
+//!    making this stream wait for that list's pending work ([`ListState::prepare_steal`](crate::stream_ordered::stream_lists::ListState::prepare_steal));
 //! 3. **merge** other lists into this one, one at a time (waiting on each), retrying after each;
 //! 4. **grow**: ask the resource's `expand` for a new upstream chunk on this stream.
 //!
@@ -20,7 +20,7 @@
 //! list's event when the lazy rule asks for it, and returns the block to this stream's list.
 //! The record also says who allocated the block: a block allocated on another thread's
 //! per-thread default stream, freed on this thread's, goes to the legacy list instead
-//! ([`crate::cross_thread`]).
+//! ([`crate::util::cross_thread`]).
 //!
 //! # Lists
 //!
@@ -56,13 +56,13 @@ use std::sync::{Mutex, PoisonError};
 use rmm_stream::CudaStreamView;
 use rmm_sys::{checked_align_up, DeviceGuard, DeviceId, DevicePtr, ALLOCATION_ALIGNMENT};
 
-use crate::cross_thread::{needs_legacy_order, Origin};
 use crate::error::{InvalidFree, MrError, MrResult};
-use crate::pool::append_only::AppendOnlyVec;
-use crate::pool::stream_lists::{
+use crate::resource::DeviceMemoryResource;
+use crate::stream_ordered::append_only::AppendOnlyVec;
+use crate::stream_ordered::stream_lists::{
     cached_list_index, device_synchronize, remember_list_index, StreamKey, StreamList,
 };
-use crate::resource::DeviceMemoryResource;
+use crate::util::cross_thread::{needs_legacy_order, Origin};
 
 /// A free-list type the stream-ordered core can drive (RMM's `free_list` / the derived
 /// resource's `allocate_from_block` and `free_block`). Implementations are pure bookkeeping.
@@ -97,7 +97,7 @@ pub(crate) trait FreeBlocks: Clone + Send + 'static {
 
     /// Records in the resource-wide record (shared by every list of the resource) that the
     /// block at `addr`, just taken from one of its lists for a request of `size` bytes, is
-    /// handed out, allocated by `origin` (the cross-thread rule, [`crate::cross_thread`]). An
+    /// handed out, allocated by `origin` (the cross-thread rule, [`crate::util::cross_thread`]). An
     /// error means it already was (an internal inconsistency, logged).
     fn hand_out(
         &mut self,
@@ -535,7 +535,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     }
 
     /// A free on this thread's per-thread default stream of a block another thread allocated on
-    /// its own (see [`crate::cross_thread`]): the block goes to the legacy stream's list, not to
+    /// its own (see [`crate::util::cross_thread`]): the block goes to the legacy stream's list, not to
     /// this thread's, so no stream reuses it before the work of both threads is done. The
     /// legacy stream's own allocations are ordered after every blocking stream's earlier work
     /// (per-thread default streams included), and a thief of the legacy list waits on an event

@@ -312,7 +312,7 @@ fn parse_hex(text: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::logging::{write_event, write_header};
+    use crate::adaptors::logging::{write_event, write_header};
     use proptest::prelude::*;
 
     const RMM_LOG: &str = "Thread,Time,Action,Pointer,Size,Stream\n\
@@ -426,7 +426,7 @@ mod tests {
         }
     }
 
-    use crate::logging::HEADER;
+    use crate::adaptors::logging::HEADER;
 
     #[test]
     fn field_errors_name_line_and_column() {
