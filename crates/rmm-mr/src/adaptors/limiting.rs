@@ -5,6 +5,8 @@ use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use crossbeam_utils::CachePadded;
+
 use rmm_stream::CudaStreamView;
 use rmm_sys::{checked_align_up, is_pow2, DevicePtr, ALLOCATION_ALIGNMENT};
 
@@ -14,13 +16,11 @@ use crate::resource::{
 };
 use crate::util::slots::{self, SLOTS};
 
-/// A counter alone on its cache line (two lines, for the adjacent-line prefetcher): the
-/// reservation counter is written by every allocation, a release total by every free of one
-/// thread, and neither should invalidate what is only read (the limit, the upstream) or
+/// A counter alone on its cache line (two lines on x86-64, for the adjacent-line prefetcher):
+/// the reservation counter is written by every allocation, a release total by every free of
+/// one thread, and neither should invalidate what is only read (the limit, the upstream) or
 /// another thread's counter.
-#[derive(Debug, Default)]
-#[repr(align(128))]
-struct Padded(AtomicUsize);
+type Padded = CachePadded<AtomicUsize>;
 
 struct Limiting<U> {
     upstream: U,
@@ -83,7 +83,7 @@ impl<U> Limiting<U> {
     /// a compare-and-swap loop that never goes over.
     #[inline]
     fn reserve(&self, size: usize) -> bool {
-        let counter = &self.reserved.0;
+        let counter = &*self.reserved;
         if size <= self.fast_max {
             // Acquire: a free counted before this reservation completed its upstream free first.
             let before = counter.fetch_add(size, Ordering::Acquire);
@@ -103,7 +103,7 @@ impl<U> Limiting<U> {
 
     /// Gives back a reservation whose allocation failed upstream.
     fn unreserve(&self, size: usize) {
-        self.reserved.0.fetch_sub(size, Ordering::Release);
+        self.reserved.fetch_sub(size, Ordering::Release);
     }
 
     /// Counts a free of `size` bytes (after the upstream freed them): a plain store to this
@@ -113,7 +113,7 @@ impl<U> Limiting<U> {
     fn release(&self, size: usize) {
         match slots::current() {
             Some(slot) => {
-                let total = &self.released[slot % SLOTS].0;
+                let total = &*self.released[slot % SLOTS];
                 // Release: the collector sees the upstream free before it counts this one.
                 total.store(
                     total.load(Ordering::Relaxed).wrapping_add(size),
@@ -132,19 +132,19 @@ impl<U> Limiting<U> {
             .unwrap_or_else(PoisonError::into_inner);
         let mut freed = 0usize;
         for (seen, total) in collected.iter_mut().zip(&self.released[..slots::bound()]) {
-            let now = total.0.load(Ordering::Acquire);
+            let now = total.load(Ordering::Acquire);
             freed = freed.wrapping_add(now.wrapping_sub(*seen));
             *seen = now;
         }
         if freed != 0 {
-            self.reserved.0.fetch_sub(freed, Ordering::Release);
+            self.reserved.fetch_sub(freed, Ordering::Release);
         }
     }
 
     /// Bytes outstanding: the reservations less every release made so far.
     fn outstanding(&self) -> usize {
         self.collect();
-        self.reserved.0.load(Ordering::Relaxed)
+        self.reserved.load(Ordering::Relaxed)
     }
 }
 
@@ -408,7 +408,7 @@ mod tests {
     }
 
     fn reserved(l: &Limiting<()>) -> usize {
-        l.reserved.0.load(Ordering::Relaxed)
+        l.reserved.load(Ordering::Relaxed)
     }
 
     #[test]

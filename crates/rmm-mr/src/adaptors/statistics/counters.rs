@@ -64,6 +64,8 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use crossbeam_utils::CachePadded;
+
 use super::budget::share_slack;
 use super::counter::Counter;
 use super::shard::{backoff, Reading, Shard, ShardStat};
@@ -175,9 +177,7 @@ impl Stat {
 }
 
 /// The freeze flag, alone on its cache line: every allocation reads it, only scans write it.
-#[derive(Debug, Default)]
-#[repr(align(128))]
-struct FreezeFlag(AtomicBool);
+type FreezeFlag = CachePadded<AtomicBool>;
 
 /// Increases are frozen while this lives (its holder also holds the lock).
 struct Frozen<'a> {
@@ -227,9 +227,9 @@ impl Drop for Frozen<'_> {
 #[doc(alias = "rmm::mr::statistics_resource_adaptor")]
 pub struct StatisticsCounters {
     /// One shard per thread slot.
-    shards: Box<[Shard; SLOTS]>,
+    shards: Box<[CachePadded<Shard>; SLOTS]>,
     /// Shared by threads without a slot; written only under the lock.
-    overflow: Shard,
+    overflow: CachePadded<Shard>,
     freeze: FreezeFlag,
     state: Mutex<State>,
 }
@@ -271,8 +271,8 @@ impl StatisticsCounters {
     /// All counters zero, one frame.
     pub fn new() -> StatisticsCounters {
         StatisticsCounters {
-            shards: Box::new(std::array::from_fn(|_| Shard::default())),
-            overflow: Shard::default(),
+            shards: Box::new(std::array::from_fn(|_| CachePadded::default())),
+            overflow: CachePadded::default(),
             freeze: FreezeFlag::default(),
             state: Mutex::new(State {
                 frames: vec![Frame::default()],
@@ -299,17 +299,16 @@ impl StatisticsCounters {
     /// Stops lock-free increases until the returned guard is dropped; the lock (`_state`)
     /// must be held. Decreases go on.
     fn freeze<'a>(&'a self, _state: &MutexGuard<'_, State>) -> Frozen<'a> {
-        self.freeze.0.store(true, Ordering::SeqCst);
-        Frozen {
-            flag: &self.freeze.0,
-        }
+        self.freeze.store(true, Ordering::SeqCst);
+        Frozen { flag: &self.freeze }
     }
 
     /// The shards of the first `in_use` slots, then the overflow shard.
     fn shards_in_use(&self, in_use: usize) -> impl Iterator<Item = &Shard> {
         self.shards[..in_use]
             .iter()
-            .chain(std::iter::once(&self.overflow))
+            .map(|s| &**s)
+            .chain(std::iter::once(&*self.overflow))
     }
 
     /// A consistent snapshot, increases frozen: every shard read stably, then found unchanged
@@ -353,7 +352,7 @@ impl StatisticsCounters {
         let bytes = to_i64(bytes);
         let slot = slots::current();
         if let Some(i) = slot {
-            if self.shard(Some(i)).try_add(&self.freeze.0, bytes) {
+            if self.shard(Some(i)).try_add(&self.freeze, bytes) {
                 return;
             }
         }

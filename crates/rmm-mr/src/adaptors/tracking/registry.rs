@@ -6,6 +6,8 @@ use std::fmt::{self, Write as _};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use crossbeam_utils::CachePadded;
+
 use super::error::{Addr, TrackingError, TrackingErrorRecord};
 use super::shard::{Entry, Shard};
 
@@ -55,9 +57,7 @@ pub struct OutstandingAllocation {
 }
 
 /// A shard padded to its own cache lines so neighbouring locks do not false-share.
-#[repr(align(128))]
-#[derive(Debug)]
-struct Padded(Mutex<Shard>);
+type Padded = CachePadded<Mutex<Shard>>;
 
 /// The outstanding allocations of a tracking adaptor: address → size (and optionally the
 /// allocation's stack), their byte sum, and detection of wrong frees.
@@ -131,7 +131,7 @@ impl TrackingRegistry {
         let shard_shift = 64 - shards.trailing_zeros();
         TrackingRegistry {
             shards: (0..shards)
-                .map(|_| Padded(Mutex::new(Shard::new(config.recent_frees_per_shard))))
+                .map(|_| CachePadded::new(Mutex::new(Shard::new(config.recent_frees_per_shard))))
                 .collect(),
             shard_shift,
             capture_stacks: config.capture_stacks,
@@ -153,7 +153,7 @@ impl TrackingRegistry {
             .wrapping_mul(0x9e37_79b9_7f4a_7c15)
             .checked_shr(self.shard_shift)
             .unwrap_or(0) as usize;
-        &self.shards[index].0
+        &self.shards[index]
     }
 
     /// Tracks an allocation of `size` bytes at `addr` (call after the upstream allocated).
@@ -233,13 +233,13 @@ impl TrackingRegistry {
     pub fn allocated_bytes(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| lock(&s.0).bytes())
+            .map(|s| lock(s).bytes())
             .fold(0usize, usize::wrapping_add)
     }
 
     /// Number of live tracked allocations.
     pub fn outstanding_count(&self) -> usize {
-        self.shards.iter().map(|s| lock(&s.0).len()).sum()
+        self.shards.iter().map(|s| lock(s).len()).sum()
     }
 
     /// `(address, size)` of every live allocation, sorted by address. A copy: see the type docs
@@ -248,7 +248,7 @@ impl TrackingRegistry {
     pub fn outstanding(&self) -> Vec<(u64, usize)> {
         let mut out = Vec::new();
         for shard in self.shards.iter() {
-            out.extend(lock(&shard.0).entries().map(|(a, e)| (a, e.size)));
+            out.extend(lock(shard).entries().map(|(a, e)| (a, e.size)));
         }
         out.sort_unstable_by_key(|&(addr, _)| addr);
         out
@@ -259,7 +259,7 @@ impl TrackingRegistry {
         let mut out = Vec::new();
         for shard in self.shards.iter() {
             out.extend(
-                lock(&shard.0)
+                lock(shard)
                     .entries()
                     .map(|(addr, e)| OutstandingAllocation {
                         addr,
