@@ -65,6 +65,7 @@ pub use resources::{
     PinnedHostMemoryResource, PoolStatistics, SamHeadroomMemoryResource, SystemMemoryResource,
 };
 pub use util::alignment::MAX_OVER_ALIGNMENT;
+pub use util::format::format_bytes;
 
 #[cfg(test)]
 mod send_sync {

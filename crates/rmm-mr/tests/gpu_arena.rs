@@ -222,7 +222,7 @@ fn dump_log_on_failure() -> Result<(), Failed> {
     let e = mr.allocate_sync(8 * MIB, 256).unwrap_err();
     ensure(e.is_out_of_memory(), format!("{e}"))?;
     let dump = mr.memory_dump();
-    ensure(dump.contains("Arena size: 1.00 MiB"), dump)
+    ensure(dump.contains("Arena size: 1024.000000 KiB"), dump)
 }
 
 // --- stream ordering, checked through memory contents ----------------------------------------

@@ -11,13 +11,13 @@ use rmm_sys::{align_up, DevicePtr, ALLOCATION_ALIGNMENT};
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::fixed_size::block_table::{BlockLedger, BlockTable};
 use crate::fixed_size::chunk::{rounded_block_size, FixedSizeError};
-use crate::pool::growth::format_bytes;
 use crate::resource::{
     same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
 };
 use crate::stream_ordered::core::{FreeBlocks, StreamOrdered};
 use crate::util::alignment;
 use crate::util::cross_thread::Origin;
+use crate::util::format::format_bytes;
 
 /// RMM's default block size: 1 MiB.
 pub const DEFAULT_BLOCK_SIZE: usize = 1 << 20;

@@ -9,7 +9,7 @@ use rmm_sys::{checked_align_up, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::pool::free_list::{Block, CoalescingFreeList};
-use crate::pool::growth::{format_bytes, try_to_expand, PoolSizes};
+use crate::pool::growth::{try_to_expand, PoolSizes};
 use crate::resource::{
     same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
 };
@@ -17,6 +17,7 @@ use crate::stream_ordered::core::{FreeBlocks, StreamOrdered};
 use crate::stream_ordered::handed::HandedMap;
 use crate::util::alignment::{self, OverAligned, MAX_OVER_ALIGNMENT};
 use crate::util::cross_thread::Origin;
+use crate::util::format::format_bytes;
 
 /// One stream's free blocks, with the pool-wide map of handed-out blocks (shared by every
 /// list of the pool).

@@ -13,7 +13,6 @@ use super::global::{GlobalState, Held, PendingFree, PendingQueue};
 use super::thread_cache::{self, ThreadExit};
 use super::{fence, lock, read, write, ArenaCell, ArenaKey, ArenaOptions, ArenaSlot, EventPool};
 use super::{DUMP_LOG_TARGET, UPSTREAM_ALIGNMENT};
-use crate::arena::stats::format_bytes;
 use crate::arena::{
     align_down, align_to_size_class, align_up, ArenaError, Block, GlobalArena, SuperblockLocation,
     SUPERBLOCK_MIN_SIZE,
@@ -21,6 +20,7 @@ use crate::arena::{
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
 use crate::util::cross_thread::{needs_legacy_order, Origin};
+use crate::util::format::format_bytes;
 
 /// Pending frees looked at by every allocation that touches the global arena.
 const REAP_BATCH: usize = 2;
