@@ -869,8 +869,14 @@ mod tests {
         let s = acquire(&mut g, 256);
         let _large = g.allocate_large(MIN + MIN / 2);
         let dump = g.dump(Some(8 << 20));
-        assert!(dump.starts_with("Failed to allocate 8.000000 MiB\n"), "{dump}");
-        assert!(dump.contains("Arena size: 4.000000 MiB at 0x100000"), "{dump}");
+        assert!(
+            dump.starts_with("Failed to allocate 8.000000 MiB\n"),
+            "{dump}"
+        );
+        assert!(
+            dump.contains("Arena size: 4.000000 MiB at 0x100000"),
+            "{dump}"
+        );
         assert!(
             dump.contains("# superblocks: 2 held (1 empty), 1 lent (1024.000000 KiB)"),
             "{dump}"

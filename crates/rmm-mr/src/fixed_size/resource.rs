@@ -14,6 +14,7 @@ use crate::fixed_size::chunk::{rounded_block_size, FixedSizeError};
 use crate::resource::{
     same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
 };
+use crate::stream_ordered::accept_chunk;
 use crate::stream_ordered::core::{FreeBlocks, StreamOrdered};
 use crate::util::alignment;
 use crate::util::cross_thread::Origin;
@@ -234,8 +235,7 @@ impl<U: DeviceMemoryResource> FixedSizeMemoryResource<U> {
             .upstream
             .allocate(stream, chunk_size, ALLOCATION_ALIGNMENT)?;
         // SAFETY: the upstream just handed out this chunk on `stream` for `chunk_size` bytes.
-        let ptr =
-            unsafe { alignment::accept_chunk(&fixed.upstream, stream, ptr, chunk_size, NAME)? };
+        let ptr = unsafe { accept_chunk(&fixed.upstream, stream, ptr, chunk_size, NAME)? };
         fixed.core.add_initial_chunk(ptr, chunk_size)?;
         Ok(Self {
             inner: Arc::new(fixed),
@@ -310,8 +310,7 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for FixedSizeMemoryRes
                 .upstream
                 .allocate(stream, size, ALLOCATION_ALIGNMENT)?;
             // SAFETY: the upstream just handed out this chunk on `stream` for `size` bytes.
-            let chunk =
-                unsafe { alignment::accept_chunk(&inner.upstream, stream, chunk, size, NAME)? };
+            let chunk = unsafe { accept_chunk(&inner.upstream, stream, chunk, size, NAME)? };
             Ok((chunk, size))
         })
     }

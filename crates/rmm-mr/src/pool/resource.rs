@@ -13,6 +13,7 @@ use crate::pool::growth::{try_to_expand, PoolSizes};
 use crate::resource::{
     same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
 };
+use crate::stream_ordered::accept_chunk;
 use crate::stream_ordered::core::{FreeBlocks, StreamOrdered};
 use crate::stream_ordered::handed::HandedMap;
 use crate::util::alignment::{self, OverAligned, MAX_OVER_ALIGNMENT};
@@ -148,7 +149,7 @@ fn grow<U: DeviceMemoryResource>(
     });
     match (grown, last) {
         // SAFETY: the upstream just handed out this chunk on `stream` for `g.size` bytes.
-        (Ok(g), _) => unsafe { alignment::accept_chunk(upstream, stream, g.chunk, g.size, NAME) }
+        (Ok(g), _) => unsafe { accept_chunk(upstream, stream, g.chunk, g.size, NAME) }
             .map(|chunk| (chunk, g.size)),
         (Err(_), Some(e)) if e.is_no_device() => Err(e),
         (Err(oom), _) => {

@@ -23,11 +23,9 @@ use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use rmm_stream::CudaStreamView;
 use rmm_sys::{checked_align_up, is_pow2, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{InvalidFree, MrError, MrResult};
-use crate::resource::DeviceMemoryResource;
 
 /// The largest alignment the pool and arena resources honour (by over-allocating up to
 /// `alignment - 256` bytes per allocation), and the largest per-call alignment an
@@ -159,28 +157,6 @@ pub(crate) fn misaligned_upstream(ptr: DevicePtr, required: usize, who: &str) ->
         "{who}: the upstream resource returned {ptr}, which is not {required}-byte aligned; \
          refused"
     ))
-}
-
-/// [`check_chunk`] for a chunk `upstream` just allocated on `stream` with `size` bytes and
-/// alignment 256; a refused chunk goes back to `upstream` at once, so nothing leaks.
-///
-/// # Safety
-/// `chunk` was just returned by `upstream.allocate(stream, size, 256)` and not handed out.
-pub(crate) unsafe fn accept_chunk<U: DeviceMemoryResource + ?Sized>(
-    upstream: &U,
-    stream: CudaStreamView<'_>,
-    chunk: DevicePtr,
-    size: usize,
-    who: &str,
-) -> MrResult<DevicePtr> {
-    let Err(refused) = check_chunk(chunk, who) else {
-        return Ok(chunk);
-    };
-    // SAFETY: the caller's contract: the chunk is the upstream's, unused, with these arguments.
-    if let Err(e) = unsafe { upstream.deallocate(stream, chunk, size, ALLOCATION_ALIGNMENT) } {
-        log::error!("rmm: {who} could not give a refused upstream chunk back: {e}");
-    }
-    Err(refused)
 }
 
 /// The over-aligned allocations of a sub-allocator: each address handed out for an alignment

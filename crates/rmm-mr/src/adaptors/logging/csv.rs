@@ -4,7 +4,7 @@
 //!
 //! Formatting goes into a fixed stack buffer ([`EventLine`]): nothing is allocated per event.
 
-use std::io;
+use std::{fmt, io};
 
 use super::event::MemoryEvent;
 
@@ -140,6 +140,14 @@ impl std::fmt::Debug for EventLine {
     }
 }
 
+/// The CSV row ([`EventLine::row`]).
+impl fmt::Display for MemoryEvent {
+    /// The CSV row without its line terminator.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(EventLine::new(self).row())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -229,6 +237,16 @@ mod tests {
         assert_eq!(
             s,
             "Thread,Time,Action,Pointer,Size,Stream\n1,00:00:00.000000,free,0x100,5,0\n"
+        );
+    }
+
+    #[test]
+    fn display_is_the_row_without_newline() {
+        let t = EventTime::new(14, 3, 27, 512_345).unwrap();
+        let e = MemoryEvent::allocate(140_210_031_454_016, t, 0x7f3a_1c00_0000, 100, 0);
+        assert_eq!(
+            e.to_string(),
+            "140210031454016,14:03:27.512345,allocate,0x7f3a1c000000,100,0"
         );
     }
 }

@@ -2,7 +2,6 @@
 
 use std::fmt;
 
-use super::csv::EventLine;
 use super::event_time::EventTime;
 
 /// What a memory-event row records (the `Action` column).
@@ -106,13 +105,6 @@ impl MemoryEvent {
     }
 }
 
-impl fmt::Display for MemoryEvent {
-    /// The CSV row without its line terminator.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(EventLine::new(self).row())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,15 +133,5 @@ mod tests {
             (Action::AllocateFailure, 0, 2)
         );
         assert_eq!(MemoryEvent::free(1, t, 0x100, 8, 0).action, Action::Free);
-    }
-
-    #[test]
-    fn display_is_the_row_without_newline() {
-        let t = EventTime::new(14, 3, 27, 512_345).unwrap();
-        let e = MemoryEvent::allocate(140_210_031_454_016, t, 0x7f3a_1c00_0000, 100, 0);
-        assert_eq!(
-            e.to_string(),
-            "140210031454016,14:03:27.512345,allocate,0x7f3a1c000000,100,0"
-        );
     }
 }
