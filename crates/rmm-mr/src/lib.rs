@@ -17,7 +17,8 @@
 //!   failure; bad alignments and absurd sizes are typed errors; a wrong free the resource can
 //!   detect is [`MrError::InvalidFree`] instead of RMM's abort. No driver: `Err`, never a panic.
 //! - **Devices**: a resource is used with the device that was current at its construction
-//!   current (containers switch for you); [`registry`] holds one resource per device.
+//!   (containers switch for you); [`set_per_device_resource`] and [`current_device_resource`]
+//!   hold one resource per device.
 //!
 //! Pure bookkeeping (free lists, bins, arenas, counters, the CSV log) lives in modules that make
 //! no CUDA calls and are tested on machines without a GPU.
@@ -27,12 +28,12 @@ pub mod arena;
 pub mod binning;
 #[cfg(feature = "debug-log")]
 pub mod debug_log;
-pub mod error;
+mod error;
 pub mod fixed_size;
 pub mod pool;
-pub mod prefetch;
-pub mod registry;
-pub mod resource;
+mod prefetch;
+mod registry;
+mod resource;
 pub mod resources;
 mod stream_ordered;
 #[cfg(any(test, feature = "testing"))]
@@ -66,6 +67,57 @@ pub use resources::{
 };
 pub use util::alignment::MAX_OVER_ALIGNMENT;
 pub use util::format::format_bytes;
+
+/// The pure bookkeeping cores, for this workspace's benchmarks, fuzz targets and property
+/// checks only: **not** part of the API (no semver promise, hidden from the docs). The
+/// resources above are the API; these are the parts they are built from. See CONTRIBUTING.md,
+/// "Internals for benchmarks".
+#[doc(hidden)]
+pub mod __internals {
+    /// The arena's bookkeeping (superblocks, the global and local arenas, size classes).
+    pub mod arena {
+        pub use crate::arena::block::Block;
+        pub use crate::arena::error::{ArenaError, RejectedSuperblock};
+        pub use crate::arena::global_arena::{GlobalArena, SuperblockLocation};
+        pub use crate::arena::local_arena::LocalArena;
+        pub use crate::arena::size_class::{
+            align_down, align_to_size_class, align_up, ALLOCATION_ALIGNMENT, MAX_SIZE_CLASS,
+        };
+        pub use crate::arena::stats::ArenaStats;
+        pub use crate::arena::superblock::Superblock;
+    }
+
+    /// The pool's coalescing free list and growth policy.
+    pub mod pool {
+        pub use crate::pool::free_list::{Block, CoalescingFreeList, FreeListError};
+        pub use crate::pool::growth::{
+            size_to_grow, try_to_expand, Grown, GrowthError, GrowthFailure, GrowthPlan,
+            PoolOutOfMemory, PoolSizes,
+        };
+    }
+
+    /// The fixed-size resource's chunks and block table.
+    pub mod fixed_size {
+        pub use crate::fixed_size::block_table::{BlockLedger, BlockTable, ChunkBlocks};
+        pub use crate::fixed_size::chunk::{rounded_block_size, Chunk, FixedSizeError};
+    }
+
+    /// The binning resource's bin table and lock-free routes.
+    pub mod binning {
+        pub use crate::binning::routes::BinRoutes;
+        pub use crate::binning::table::{exponent_sizes, rounded_bin_size, BinTable, BinningError};
+    }
+
+    /// The statistics adaptor's sharded counters.
+    pub mod statistics {
+        pub use crate::adaptors::statistics::counters::{StatisticsCounters, StatsError};
+    }
+
+    /// The tracking adaptor's registry of outstanding allocations.
+    pub mod tracking {
+        pub use crate::adaptors::tracking::registry::TrackingRegistry;
+    }
+}
 
 #[cfg(test)]
 mod send_sync {

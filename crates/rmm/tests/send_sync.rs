@@ -11,12 +11,10 @@ use rmm::mr::{
     adaptors::logging::{
         Action, CsvError, EventLine, EventTime, LoggingResourceAdaptorBuilder, MemoryEvent,
     },
-    adaptors::statistics::StatsError,
     adaptors::tracking::{
         OutstandingAllocation, TrackingConfig, TrackingError, TrackingErrorRecord,
     },
-    arena::{ArenaError, ArenaOptions},
-    binning::table::BinningError,
+    arena::ArenaOptions,
     debug_log::DebugLogError,
     testing::HostMockResource,
     AlignedResourceAdaptor, ArenaMemoryResource, BinningMemoryResource, CallbackMemoryResource,
@@ -95,10 +93,7 @@ assert_impl_all!(MrError: Send, Sync, std::error::Error);
 assert_impl_all!(InvalidFree: Send, Sync);
 assert_impl_all!(CudaError: Send, Sync, std::error::Error);
 assert_impl_all!(StreamError: Send, Sync, std::error::Error);
-assert_impl_all!(ArenaError: Send, Sync);
-assert_impl_all!(BinningError: Send, Sync);
 assert_impl_all!(CsvError: Send, Sync);
-assert_impl_all!(StatsError: Send, Sync);
 assert_impl_all!(TrackingError: Send, Sync);
 assert_impl_all!(TrackingErrorRecord: Send, Sync);
 assert_impl_all!(DebugLogError: Send, Sync);

@@ -1,17 +1,17 @@
 //! The adaptors: each wraps an upstream resource and adds one behaviour (alignment, a limit,
 //! a lock, a failure callback, prefetching, statistics, tracking, logging).
 
-pub mod aligned;
-pub mod failure_callback;
-pub mod limiting;
+mod aligned;
+mod failure_callback;
+mod limiting;
 pub mod logging;
-pub mod prefetch;
+mod prefetch;
 pub mod statistics;
-pub mod thread_safe;
+mod thread_safe;
 pub mod tracking;
 
 pub use aligned::AlignedResourceAdaptor;
-pub use failure_callback::FailureCallbackResourceAdaptor;
+pub use failure_callback::{FailureCallback, FailureCallbackResourceAdaptor, FailureFilter};
 pub use limiting::LimitingResourceAdaptor;
 pub use logging::LoggingResourceAdaptor;
 pub use prefetch::PrefetchResourceAdaptor;

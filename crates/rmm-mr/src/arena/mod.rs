@@ -31,7 +31,7 @@
 //!
 //! # Sizes
 //!
-//! Every entry point rounds sizes up to 256 bytes ([`ALLOCATION_ALIGNMENT`]); frees are rounded
+//! Every entry point rounds sizes up to 256 bytes ([`ALLOCATION_ALIGNMENT`](size_class::ALLOCATION_ALIGNMENT)); frees are rounded
 //! the same way, so a free must give a size that rounds to the allocation's rounded size. A
 //! resource built with RMM's size classes (`RMM_ARENA_USE_SIZE_CLASSES`) rounds with
 //! [`align_to_size_class`] before calling in, for both allocation and free (classes are
@@ -109,30 +109,27 @@
 //! A local arena must be [cleaned](LocalArena::clean) before it is dropped (thread exit), or its
 //! superblocks are lost to the global arena.
 
-mod block;
-mod error;
+pub(crate) mod block;
+pub(crate) mod error;
 mod fit_tree;
-mod global_arena;
-mod local_arena;
-mod size_class;
-mod stats;
-mod superblock;
-
-pub mod resource;
+pub(crate) mod global_arena;
+pub(crate) mod local_arena;
+mod resource;
+pub(crate) mod size_class;
+pub(crate) mod stats;
+pub(crate) mod superblock;
 
 #[cfg(test)]
 mod model_tests;
 
-pub use block::Block;
-pub use error::{ArenaError, RejectedSuperblock};
-pub use global_arena::{GlobalArena, SuperblockLocation};
-pub use local_arena::LocalArena;
-pub use resource::{ArenaMemoryResource, ArenaOptions};
-pub use size_class::{
-    align_down, align_to_size_class, align_up, ALLOCATION_ALIGNMENT, MAX_SIZE_CLASS,
-};
-pub use stats::ArenaStats;
-pub use superblock::Superblock;
+pub(crate) use block::Block;
+pub(crate) use error::{ArenaError, RejectedSuperblock};
+pub(crate) use global_arena::{GlobalArena, SuperblockLocation};
+pub(crate) use local_arena::LocalArena;
+pub use resource::{ArenaMemoryResource, ArenaOptions, DUMP_LOG_TARGET};
+pub(crate) use size_class::{align_down, align_to_size_class, align_up};
+pub(crate) use stats::ArenaStats;
+pub(crate) use superblock::Superblock;
 
 /// Smallest superblock, and smallest arena: 1 MiB (RMM's `superblock::minimum_size`). Requests
 /// above it are "large" ([`GlobalArena::handles`]).

@@ -24,7 +24,7 @@ const CAPACITY: usize = 64;
 /// One published version: `(size, payload)` by increasing size.
 type Version<B> = Box<[(usize, B)]>;
 
-/// Per bin count, the bins by increasing size (see the [module documentation](self)).
+/// Per bin count, the bins by increasing size (see the module documentation).
 pub struct BinRoutes<B> {
     /// `versions[n - 1]`: the first `n` bins added.
     versions: [OnceLock<Version<B>>; CAPACITY],

@@ -145,7 +145,7 @@ struct Entry {
 
 /// Free blocks of the pool, coalesced on insert, handed out best fit; O(log n) per operation.
 ///
-/// See the [module documentation](self) for the design.
+/// See the module documentation for the design.
 #[doc(alias = "rmm::mr::detail::coalescing_free_list")]
 #[derive(Debug, Clone, Default)]
 pub struct CoalescingFreeList {

@@ -134,7 +134,7 @@ pub fn size_to_grow(pool_size: usize, request: usize, maximum: Option<usize>) ->
 /// `try_size < min_size` (in particular when [`size_to_grow`] returned 0).
 ///
 /// ```
-/// use rmm_mr::pool::growth::GrowthPlan;
+/// use rmm_mr::__internals::pool::GrowthPlan;
 /// let sizes: Vec<usize> = GrowthPlan::new(5120, 512).collect();
 /// assert_eq!(sizes, [5120, 2560, 1280, 640, 512]);
 /// ```

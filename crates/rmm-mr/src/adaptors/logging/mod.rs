@@ -35,7 +35,7 @@
 //! UTC time of day where spdlog prints local time, and [`current_thread_number`] gives a
 //! process-unique thread number where spdlog prints the kernel thread id.
 
-pub mod adaptor;
+mod adaptor;
 mod csv;
 mod event;
 mod event_time;

@@ -2,12 +2,12 @@
 //! nested push/pop frames, sharded per thread with a lock-free recording path and an exact
 //! peak. See [`StatisticsCounters`].
 
-pub mod adaptor;
+mod adaptor;
 mod budget;
 mod counter;
-mod counters;
+pub(crate) mod counters;
 mod shard;
 
 pub use adaptor::StatisticsResourceAdaptor;
 pub use counter::Counter;
-pub use counters::{StatisticsCounters, StatsError};
+pub(crate) use counters::{StatisticsCounters, StatsError};

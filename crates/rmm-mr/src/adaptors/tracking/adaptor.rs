@@ -94,12 +94,6 @@ impl<U: DeviceMemoryResource> TrackingResourceAdaptor<U> {
         &self.inner.upstream
     }
 
-    /// The bookkeeping behind the adaptor.
-    #[must_use]
-    pub fn registry(&self) -> &TrackingRegistry {
-        &self.inner.registry
-    }
-
     /// Every outstanding allocation with its stack (if captured), sorted by address: a snapshot
     /// (RMM hands out a reference to its live map, unsafe under concurrent traffic).
     #[doc(alias = "get_outstanding_allocations")]

@@ -2,11 +2,12 @@
 //! their byte sum and optional allocation stacks, and detection of wrong frees (untracked,
 //! double, wrong size). See [`TrackingRegistry`].
 
-pub mod adaptor;
+mod adaptor;
 mod error;
-mod registry;
+pub(crate) mod registry;
 mod shard;
 
 pub use adaptor::TrackingResourceAdaptor;
 pub use error::{TrackingError, TrackingErrorRecord};
-pub use registry::{OutstandingAllocation, TrackingConfig, TrackingRegistry};
+pub(crate) use registry::TrackingRegistry;
+pub use registry::{OutstandingAllocation, TrackingConfig};
