@@ -41,6 +41,11 @@ pub mod mempool;
 pub mod ptr;
 pub mod raw;
 pub mod stream;
+/// GPU-test support for this workspace's `tests/gpu_*.rs` (feature `testing`): hidden from the
+/// docs, not for production, no stability promise.
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub mod testing;
 pub mod version;
 
 pub use align::{
