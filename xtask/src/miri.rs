@@ -41,6 +41,7 @@ pub(crate) const SUITES: &[(&str, &[&str])] = &[
         ],
     ),
     ("rmm-rs", &["size::"]),
+    ("rmm-replay", &["plan::", "summary::"]),
 ];
 
 /// Tests left out under Miri (substrings of their own names, the last segment of their path, so

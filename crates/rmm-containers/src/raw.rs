@@ -309,6 +309,20 @@ mod tests {
     }
 
     #[test]
+    fn simulated_memory_is_refused_even_under_a_pool() {
+        let simulated = rmm_mr::SimulatedMemoryResource::new(1 << 20).unwrap();
+        let pool = rmm_mr::PoolMemoryResource::new(simulated.clone(), 0, None).unwrap();
+        for mr in [&simulated as &dyn DeviceMemoryResource, &pool] {
+            let r = allocate(mr, CudaStreamView::default(), 64, 256);
+            assert!(
+                matches!(r, Err(MrError::InvalidArgument(_))),
+                "simulated memory must be refused: {r:?}"
+            );
+        }
+        assert_eq!(simulated.used(), 0, "nothing was allocated");
+    }
+
+    #[test]
     fn both_spellings_of_the_legacy_stream_are_one() {
         assert_eq!(canonical(std::ptr::null_mut()), 1);
         assert_eq!(canonical(CU_STREAM_LEGACY), 1);

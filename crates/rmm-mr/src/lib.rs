@@ -63,7 +63,8 @@ pub use resource::{
 pub use resources::{
     CallbackMemoryResource, CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource,
     CudaAsyncOptions, CudaAsyncViewMemoryResource, CudaMemoryResource, ManagedMemoryResource,
-    PinnedHostMemoryResource, PoolStatistics, SamHeadroomMemoryResource, SystemMemoryResource,
+    PinnedHostMemoryResource, PoolStatistics, SamHeadroomMemoryResource, SimulatedMemoryResource,
+    SystemMemoryResource,
 };
 pub use util::alignment::MAX_OVER_ALIGNMENT;
 pub use util::format::format_bytes;
@@ -138,6 +139,7 @@ mod send_sync {
         assert_send_sync::<CudaAsyncViewMemoryResource>();
         assert_send_sync::<CudaAsyncManagedMemoryResource>();
         assert_send_sync::<CallbackMemoryResource>();
+        assert_send_sync::<SimulatedMemoryResource>();
         assert_send_sync::<LimitingResourceAdaptor>();
         assert_send_sync::<LimitingResourceAdaptor<CudaMemoryResource>>();
         assert_send_sync::<ArenaMemoryResource>();

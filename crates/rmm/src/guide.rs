@@ -12,6 +12,7 @@
 //! 6. [`logging_and_profiling`]: the CSV log, statistics, tracking and debug logging.
 //! 7. [`multiple_devices`]: the per-device registry, device guards and containers.
 //! 8. [`coming_from_rmm`]: RMM's C++ and Python names, and what rmm-rs does differently.
+//! 9. [`replaying_logs`]: `rmm-replay`, simulated memory, and what a log's replay tells.
 
 #[doc = include_str!("../guide/01-introduction.md")]
 pub mod introduction {}
@@ -36,3 +37,6 @@ pub mod multiple_devices {}
 
 #[doc = include_str!("../guide/08-coming-from-rmm.md")]
 pub mod coming_from_rmm {}
+
+#[doc = include_str!("../guide/09-replaying-logs.md")]
+pub mod replaying_logs {}

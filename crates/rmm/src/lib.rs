@@ -52,8 +52,9 @@ pub use rmm_mr::{
     FailureCallbackResourceAdaptor, FixedSizeMemoryResource, InvalidFree, LimitingResourceAdaptor,
     LoggingResourceAdaptor, ManagedMemoryResource, MrError, MrResult, PinnedHostMemoryResource,
     PoolMemoryResource, PoolStatistics, PrefetchResourceAdaptor, PrefetchTarget,
-    ResourceProperties, SamHeadroomMemoryResource, SharedResource, StatisticsResourceAdaptor,
-    SystemMemoryResource, ThreadSafeResourceAdaptor, TrackingResourceAdaptor,
+    ResourceProperties, SamHeadroomMemoryResource, SharedResource, SimulatedMemoryResource,
+    StatisticsResourceAdaptor, SystemMemoryResource, ThreadSafeResourceAdaptor,
+    TrackingResourceAdaptor,
 };
 pub use rmm_stream::{
     default_stream_mode, set_default_stream_mode, CudaEvent, CudaStream, CudaStreamPool,

@@ -23,8 +23,8 @@ use rmm::mr::{
     FixedSizeMemoryResource, InvalidFree, LimitingResourceAdaptor, LoggingResourceAdaptor,
     ManagedMemoryResource, MrError, PinnedHostMemoryResource, PoolMemoryResource, PoolStatistics,
     PrefetchResourceAdaptor, PrefetchTarget, ResourceProperties, SamHeadroomMemoryResource,
-    SharedResource, StatisticsResourceAdaptor, SystemMemoryResource, ThreadSafeResourceAdaptor,
-    TrackingResourceAdaptor,
+    SharedResource, SimulatedMemoryResource, StatisticsResourceAdaptor, SystemMemoryResource,
+    ThreadSafeResourceAdaptor, TrackingResourceAdaptor,
 };
 use rmm::stream::{
     CudaEvent, CudaStream, CudaStreamPool, CudaStreamView, DefaultStreamMode, StreamError,
@@ -47,6 +47,7 @@ assert_impl_all!(CudaAsyncMemoryResource: Send, Sync);
 assert_impl_all!(CudaAsyncViewMemoryResource: Send, Sync);
 assert_impl_all!(CudaAsyncManagedMemoryResource: Send, Sync);
 assert_impl_all!(CallbackMemoryResource: Send, Sync);
+assert_impl_all!(SimulatedMemoryResource: Send, Sync, Clone);
 assert_impl_all!(HostMockResource: Send, Sync);
 assert_impl_all!(PoolMemoryResource: Send, Sync);
 assert_impl_all!(PoolMemoryResource<CudaMemoryResource>: Send, Sync);

@@ -7,6 +7,7 @@ mod cuda_async_managed;
 mod cuda_async_view;
 mod managed;
 mod pinned_host;
+mod simulated;
 mod system;
 
 pub use callback::{AllocateCallback, CallbackMemoryResource, DeallocateCallback};
@@ -16,4 +17,5 @@ pub use cuda_async_managed::CudaAsyncManagedMemoryResource;
 pub use cuda_async_view::CudaAsyncViewMemoryResource;
 pub use managed::ManagedMemoryResource;
 pub use pinned_host::PinnedHostMemoryResource;
+pub use simulated::SimulatedMemoryResource;
 pub use system::{SamHeadroomMemoryResource, SystemMemoryResource};

@@ -48,5 +48,5 @@ pub use adaptor::{
 pub use csv::{format_header, push_event, write_event, write_header, EventLine, HEADER};
 pub use event::{Action, MemoryEvent};
 pub use event_time::{EventTime, InvalidEventTime};
-pub use parser::{parse_log, parse_log_str, Column, CsvError};
+pub use parser::{parse_log, parse_log_lines, parse_log_str, Column, CsvError};
 pub use thread_number::current_thread_number;

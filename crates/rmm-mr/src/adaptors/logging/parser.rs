@@ -166,7 +166,25 @@ impl From<io::Error> for CsvError {
 /// file order (the position in the returned vector is RMM's event `index`).
 #[doc(alias = "rmm::detail::parse_csv")]
 #[doc(alias = "parse_csv")]
-pub fn parse_log<R: BufRead>(mut reader: R) -> Result<Vec<MemoryEvent>, CsvError> {
+pub fn parse_log<R: BufRead>(reader: R) -> Result<Vec<MemoryEvent>, CsvError> {
+    let mut events = Vec::new();
+    parse_rows(reader, |_, event| events.push(event))?;
+    Ok(events)
+}
+
+/// [`parse_log`], with each event's 1-based line number in the input (blank lines are skipped,
+/// so a line number is not always its index + 2): what a tool needs to name the row of an event.
+pub fn parse_log_lines<R: BufRead>(reader: R) -> Result<Vec<(usize, MemoryEvent)>, CsvError> {
+    let mut events = Vec::new();
+    parse_rows(reader, |line, event| events.push((line, event)))?;
+    Ok(events)
+}
+
+/// Reads the header, then hands every non-blank row to `push` with its line number.
+fn parse_rows<R: BufRead>(
+    mut reader: R,
+    mut push: impl FnMut(usize, MemoryEvent),
+) -> Result<(), CsvError> {
     let mut raw = Vec::with_capacity(128);
     let mut line_no = 0usize;
 
@@ -177,18 +195,17 @@ pub fn parse_log<R: BufRead>(mut reader: R) -> Result<Vec<MemoryEvent>, CsvError
     let header = line_text(&raw, line_no)?;
     let layout = Layout::from_header(header.strip_prefix('\u{feff}').unwrap_or(header))?;
 
-    let mut events = Vec::new();
     loop {
         raw.clear();
         if reader.read_until(b'\n', &mut raw)? == 0 {
-            return Ok(events);
+            return Ok(());
         }
         line_no += 1;
         let text = line_text(&raw, line_no)?;
         if text.is_empty() {
             continue;
         }
-        events.push(layout.parse_row(text, line_no)?);
+        push(line_no, layout.parse_row(text, line_no)?);
     }
 }
 
@@ -368,6 +385,21 @@ mod tests {
             events[1],
             MemoryEvent::allocate(2, t(0, 0, 1, 3), 0x1f, 4, 0x7f)
         );
+    }
+
+    #[test]
+    fn line_numbers_count_every_line() {
+        let text = "Thread,Time,Action,Pointer,Size,Stream\n\
+            \n\
+            1,00:00:01.000002,free,0x1f,3,0x2\n\
+            \r\n\
+            \n\
+            2,00:00:01.000003,allocate,1f,4,7f\n";
+        let numbered = parse_log_lines(text.as_bytes()).unwrap();
+        let lines: Vec<usize> = numbered.iter().map(|&(line, _)| line).collect();
+        assert_eq!(lines, [3, 6]);
+        let events: Vec<MemoryEvent> = numbered.into_iter().map(|(_, e)| e).collect();
+        assert_eq!(events, parse_log_str(text).unwrap());
     }
 
     #[test]

@@ -1,0 +1,191 @@
+//! One log, replayed as `rmm-replay` replays it: the resource built, the streams mapped, the
+//! replay run, the summary and the plot's panel made.
+
+use std::fmt;
+use std::sync::atomic::AtomicUsize;
+
+use rmm::sys::CudaError;
+
+use crate::plan::Workload;
+use crate::plot::Panel;
+use crate::replay::{replay, Replay, ReplayError};
+use crate::summary::Summary;
+use crate::target::{self, BuildError, DeviceStreams, Memory, ResourceKind};
+
+/// What one log's replay gave.
+#[derive(Debug)]
+pub struct Report {
+    /// The numbers (with the failed step, if the resource failed one).
+    pub summary: Summary,
+    /// The series for the plot.
+    pub panel: Panel,
+    /// The replay itself (its [`cleanup_error`](Replay::cleanup_error) included).
+    pub replay: Replay,
+}
+
+impl Report {
+    /// Whether every step ran and everything was given back.
+    #[must_use]
+    pub fn succeeded(&self) -> bool {
+        self.summary.failure.is_none() && self.replay.cleanup_error.is_none()
+    }
+}
+
+/// Why a log could not be replayed at all.
+#[derive(Debug)]
+pub enum RunError {
+    /// The resource could not be built.
+    Build(BuildError),
+    /// A stream of the log could not be created on the GPU.
+    Stream(CudaError),
+    /// The replay could not start.
+    Replay(ReplayError),
+}
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RunError::Build(e) => e.fmt(f),
+            RunError::Stream(e) => write!(f, "cannot create a stream: {e}"),
+            RunError::Replay(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for RunError {}
+
+/// Replays `workload` (the log `name`) against a fresh resource of `kind` over `memory`: on the
+/// GPU each stream of the log is a real stream ([`DeviceStreams`]); over simulated memory
+/// everything runs on the legacy default stream. `progress` counts the steps done.
+///
+/// # Errors
+///
+/// [`RunError`] when the replay could not start; a step the resource failed is not an error
+/// here but [`Summary::failure`].
+pub fn replay_log(
+    name: &str,
+    workload: &Workload,
+    kind: ResourceKind,
+    memory: Memory,
+    progress: &AtomicUsize,
+) -> Result<Report, RunError> {
+    let target = target::build(kind, memory, workload).map_err(RunError::Build)?;
+    let device_streams;
+    let streams = match memory {
+        Memory::Simulated(_) => target::simulated_streams(workload),
+        Memory::Device => {
+            device_streams = DeviceStreams::new(workload).map_err(RunError::Stream)?;
+            device_streams.views()
+        }
+    };
+    let r = replay(
+        workload,
+        &*target.resource,
+        &streams,
+        &|| target.reserved(),
+        progress,
+    )
+    .map_err(RunError::Replay)?;
+
+    let in_use = &workload.in_use[..r.steps_run()];
+    let reserved: Vec<u64> = if target.reserved_is_in_use() {
+        in_use.to_vec()
+    } else {
+        r.reserved.clone()
+    };
+    let summary = Summary::new(
+        name,
+        target.description.clone(),
+        workload,
+        &r,
+        &reserved,
+        target.reserved_high(),
+    );
+    let panel = Panel {
+        title: format!("{name}: {}", kind.name()),
+        in_use: in_use.to_vec(),
+        reserved,
+        capacity: target.capacity,
+        failed_at: r.failure.as_ref().map(|f| (f.step, f.at.line)),
+    };
+    Ok(Report {
+        summary,
+        panel,
+        replay: r,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = include_str!("../samples/sample.csv");
+
+    #[test]
+    fn the_sample_replays_over_simulated_memory_on_every_sub_allocator() {
+        let workload = crate::load(SAMPLE.as_bytes()).unwrap();
+        for kind in [
+            ResourceKind::Pool,
+            ResourceKind::Arena,
+            ResourceKind::Binning,
+            ResourceKind::Fixed,
+        ] {
+            let progress = AtomicUsize::new(0);
+            let report = replay_log(
+                "sample",
+                &workload,
+                kind,
+                Memory::Simulated(4 << 30),
+                &progress,
+            )
+            .unwrap();
+            let s = &report.summary;
+            assert!(report.succeeded(), "{kind}: {s}");
+            assert_eq!(
+                (s.allocations, s.frees, s.failures_in_log),
+                (32, 31, 1),
+                "{kind}"
+            );
+            assert_eq!(s.peaks.in_use, 138_420_836, "{kind}");
+            assert_eq!(s.peak_line, Some(12), "{kind}");
+            assert_eq!(s.leaked, (1, 16 << 20), "{kind}");
+            assert_eq!(report.panel.in_use.len(), 63);
+            assert_eq!(report.panel.reserved, report.replay.reserved);
+            assert_eq!(report.panel.capacity, Some(4 << 30));
+            let expected_reserved: u64 = match kind {
+                // Half of the 4 GiB maximum at the first growth.
+                ResourceKind::Pool => 2 << 30,
+                ResourceKind::Arena => 4 << 30,
+                // The bins' 992 MiB and the large requests fit in the first 2 GiB chunk.
+                ResourceKind::Binning => 2 << 30,
+                // Blocks of 32 MiB (the largest request), 8 per chunk; the peak holds 4 + 2 +
+                // 5 = 11 blocks, so two chunks.
+                ResourceKind::Fixed => 512 << 20,
+                _ => unreachable!(),
+            };
+            assert_eq!(s.peaks.reserved, expected_reserved, "{kind}");
+            let fragmentation = 1.0 - 138_420_836.0 / expected_reserved as f64;
+            assert!(
+                (s.peaks.fragmentation - fragmentation).abs() < 1e-9,
+                "{kind}: {s}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_resource_that_cannot_be_built_is_an_error() {
+        let workload = crate::load(SAMPLE.as_bytes()).unwrap();
+        let e = replay_log(
+            "sample",
+            &workload,
+            ResourceKind::Cuda,
+            Memory::Simulated(1 << 30),
+            &AtomicUsize::new(0),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(e, RunError::Build(BuildError::CannotSimulate(_))),
+            "{e}"
+        );
+    }
+}

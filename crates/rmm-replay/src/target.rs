@@ -1,0 +1,477 @@
+//! The resource a log is replayed against, built as RMM's replay benchmark builds it, on the
+//! GPU or over simulated memory, with a probe of the bytes it has reserved.
+
+use std::fmt;
+
+use rmm::mr::{
+    shared, ArenaMemoryResource, BinningMemoryResource, CudaAsyncMemoryResource,
+    CudaMemoryResource, FixedSizeMemoryResource, ManagedMemoryResource, MrError,
+    PoolMemoryResource, SharedResource, SimulatedMemoryResource,
+};
+use rmm::stream::{CudaStream, CudaStreamView};
+use rmm::sys::{align_up, CudaError, ALLOCATION_ALIGNMENT};
+
+use crate::plan::Workload;
+use crate::summary::format_bytes;
+
+/// The resources a log can be replayed against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum ResourceKind {
+    /// `PoolMemoryResource`, initial size 0 (on a GPU without a maximum; over simulated memory
+    /// with the simulated size as its maximum).
+    Pool,
+    /// `ArenaMemoryResource` (on a GPU half of the free memory; over simulated memory all of
+    /// it).
+    Arena,
+    /// `BinningMemoryResource` with fixed-size bins of 256 KiB..4 MiB (2^18..2^22) over a pool
+    /// as above (RMM's benchmark configuration).
+    Binning,
+    /// `FixedSizeMemoryResource` whose block is the log's largest request.
+    Fixed,
+    /// `CudaAsyncMemoryResource`: the driver's stream-ordered pool (GPU only).
+    Async,
+    /// `CudaMemoryResource`: `cuMemAlloc` for every request (GPU only).
+    Cuda,
+    /// `ManagedMemoryResource`: `cuMemAllocManaged` for every request (GPU only).
+    Managed,
+}
+
+impl ResourceKind {
+    /// Every kind, in the order of the command line's help.
+    pub const ALL: [ResourceKind; 7] = [
+        ResourceKind::Pool,
+        ResourceKind::Arena,
+        ResourceKind::Binning,
+        ResourceKind::Fixed,
+        ResourceKind::Async,
+        ResourceKind::Cuda,
+        ResourceKind::Managed,
+    ];
+
+    /// The name on the command line.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            ResourceKind::Pool => "pool",
+            ResourceKind::Arena => "arena",
+            ResourceKind::Binning => "binning",
+            ResourceKind::Fixed => "fixed",
+            ResourceKind::Async => "async",
+            ResourceKind::Cuda => "cuda",
+            ResourceKind::Managed => "managed",
+        }
+    }
+
+    /// Whether it can be built over simulated memory (the sub-allocators can; the driver's
+    /// own allocators cannot).
+    #[must_use]
+    pub const fn can_simulate(self) -> bool {
+        matches!(
+            self,
+            ResourceKind::Pool | ResourceKind::Arena | ResourceKind::Binning | ResourceKind::Fixed
+        )
+    }
+}
+
+impl fmt::Display for ResourceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Where the memory comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Memory {
+    /// The current CUDA device.
+    Device,
+    /// A [`SimulatedMemoryResource`] of this many bytes: no GPU needed.
+    Simulated(usize),
+}
+
+/// The smallest bin of the binning resource: 2^18 = 256 KiB (RMM's benchmark).
+pub const BINNING_MIN_EXPONENT: u32 = 18;
+/// The largest bin of the binning resource: 2^22 = 4 MiB (RMM's benchmark).
+pub const BINNING_MAX_EXPONENT: u32 = 22;
+/// The fixed-size resource takes chunks of at most this many bytes (or one block, when a
+/// block is larger), and at most 128 blocks (RMM's default).
+pub const FIXED_CHUNK_BYTES: usize = 256 << 20;
+
+/// How the bytes a resource holds are read.
+enum Reserved {
+    /// A probe (an atomic load, or a driver query for `async`).
+    Probe(Box<dyn Fn() -> u64 + Send + Sync>),
+    /// Nothing beyond the bytes in use: a resource that asks the driver for every request.
+    InUse,
+}
+
+/// A resource ready for a replay, with how to read what it holds.
+pub struct Target {
+    /// The resource.
+    pub resource: SharedResource,
+    /// What it is, in words (for the summary).
+    pub description: String,
+    /// The simulated memory's size, when it is simulated.
+    pub capacity: Option<u64>,
+    reserved: Reserved,
+    reserved_high: Option<Box<dyn Fn() -> Option<u64> + Send + Sync>>,
+}
+
+impl fmt::Debug for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Target")
+            .field("description", &self.description)
+            .field("capacity", &self.capacity)
+            .field("resource", &self.resource)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Target {
+    /// Bytes the resource holds now: what it took from its upstream (the simulated memory's
+    /// bytes handed out, a pool's chunks, the arena), or the driver pool's reserved memory for
+    /// `async`; 0 for `cuda` and `managed` (see [`reserved_is_in_use`](Self::reserved_is_in_use)).
+    #[must_use]
+    pub fn reserved(&self) -> u64 {
+        match &self.reserved {
+            Reserved::Probe(probe) => probe(),
+            Reserved::InUse => 0,
+        }
+    }
+
+    /// Whether the resource reserves nothing beyond the bytes in use (it asks the driver for
+    /// every request: `cuda`, `managed`), so that bytes in use stand for bytes reserved.
+    #[must_use]
+    pub fn reserved_is_in_use(&self) -> bool {
+        matches!(self.reserved, Reserved::InUse)
+    }
+
+    /// The high watermark of reserved bytes, where the resource keeps one (the driver pool of
+    /// `async`, which may have reserved more between two probes).
+    #[must_use]
+    pub fn reserved_high(&self) -> Option<u64> {
+        self.reserved_high.as_ref().and_then(|high| high())
+    }
+}
+
+/// Why a resource could not be built.
+#[derive(Debug)]
+pub enum BuildError {
+    /// The kind has no simulated form.
+    CannotSimulate(ResourceKind),
+    /// The resource's constructor failed (no GPU, out of memory, a bad size).
+    Resource {
+        /// The kind.
+        kind: ResourceKind,
+        /// Its error.
+        error: MrError,
+    },
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BuildError::CannotSimulate(kind) => write!(
+                f,
+                "--resource {kind} cannot run over simulated memory (it is the driver's own \
+                 allocator); --simulate works with pool, arena, binning and fixed"
+            ),
+            BuildError::Resource { kind, error } => {
+                write!(f, "cannot build the {kind} resource: {error}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for BuildError {}
+
+/// Builds the resource of `kind` over `memory`, sized for `workload` where the kind needs it
+/// (the fixed-size resource's block).
+///
+/// # Errors
+///
+/// [`BuildError`]: `async`, `cuda` or `managed` over simulated memory, or a failed
+/// constructor (no GPU for [`Memory::Device`], too little simulated memory for the arena or
+/// the binning resource's bins).
+pub fn build(
+    kind: ResourceKind,
+    memory: Memory,
+    workload: &Workload,
+) -> Result<Target, BuildError> {
+    let failed = |error| BuildError::Resource { kind, error };
+    let (upstream, simulated, base): (SharedResource, Option<SimulatedMemoryResource>, String) =
+        match memory {
+            Memory::Simulated(size) => {
+                if !kind.can_simulate() {
+                    return Err(BuildError::CannotSimulate(kind));
+                }
+                let sim = SimulatedMemoryResource::new(size).map_err(failed)?;
+                let base = format!("{} of simulated memory", format_bytes(sim.size() as u64));
+                (shared(sim.clone()), Some(sim), base)
+            }
+            Memory::Device => (shared(CudaMemoryResource::new()), None, device_words()),
+        };
+    let capacity = simulated.as_ref().map(|s| s.size() as u64);
+    let maximum = simulated.as_ref().map(SimulatedMemoryResource::size);
+    let max_words = match maximum {
+        Some(m) => format!("maximum {}", format_bytes(m as u64)),
+        None => "no maximum".to_owned(),
+    };
+    // Over simulated memory, what the resource took from it is exactly what it reserved.
+    let probe_simulated = |sim: &SimulatedMemoryResource| {
+        let sim = sim.clone();
+        Reserved::Probe(Box::new(move || sim.used() as u64))
+    };
+
+    let mut reserved_high = None;
+    let (resource, reserved, description): (SharedResource, Reserved, String) = match kind {
+        ResourceKind::Pool => {
+            let pool = PoolMemoryResource::new(upstream, 0, maximum).map_err(failed)?;
+            let reserved = match &simulated {
+                Some(sim) => probe_simulated(sim),
+                None => {
+                    let p = pool.clone();
+                    Reserved::Probe(Box::new(move || p.pool_size() as u64))
+                }
+            };
+            let words = format!("pool (initial size 0, {max_words}) over {base}");
+            (shared(pool), reserved, words)
+        }
+        ResourceKind::Arena => {
+            let arena = ArenaMemoryResource::new(upstream, maximum, false).map_err(failed)?;
+            let size = arena.arena_size() as u64;
+            let reserved = match &simulated {
+                Some(sim) => probe_simulated(sim),
+                None => Reserved::Probe(Box::new(move || size)),
+            };
+            let words = format!("arena of {} over {base}", format_bytes(size));
+            (shared(arena), reserved, words)
+        }
+        ResourceKind::Binning => {
+            let pool = PoolMemoryResource::new(upstream, 0, maximum).map_err(failed)?;
+            let binning = BinningMemoryResource::with_exponents(
+                pool.clone(),
+                BINNING_MIN_EXPONENT,
+                BINNING_MAX_EXPONENT,
+            )
+            .map_err(failed)?;
+            let reserved = match &simulated {
+                Some(sim) => probe_simulated(sim),
+                None => Reserved::Probe(Box::new(move || pool.pool_size() as u64)),
+            };
+            let words = format!(
+                "binning (fixed-size bins of {}..{}) over a pool (initial size 0, {max_words}) \
+                 over {base}",
+                format_bytes(1 << BINNING_MIN_EXPONENT),
+                format_bytes(1 << BINNING_MAX_EXPONENT)
+            );
+            (shared(binning), reserved, words)
+        }
+        ResourceKind::Fixed => {
+            let (block, per_chunk) = fixed_geometry(workload.largest_request());
+            let fixed = FixedSizeMemoryResource::with_block_size(upstream, block, per_chunk)
+                .map_err(failed)?;
+            let reserved = match &simulated {
+                Some(sim) => probe_simulated(sim),
+                None => {
+                    let f = fixed.clone();
+                    Reserved::Probe(Box::new(move || f.pool_size() as u64))
+                }
+            };
+            let words = format!(
+                "fixed-size (blocks of {}, the largest request; {per_chunk} per chunk) over {base}",
+                format_bytes(block as u64)
+            );
+            (shared(fixed), reserved, words)
+        }
+        ResourceKind::Async => {
+            let mr = CudaAsyncMemoryResource::new().map_err(failed)?;
+            let probe = mr.clone();
+            let high = mr.clone();
+            reserved_high = Some(
+                Box::new(move || high.statistics().ok().map(|s| s.reserved_high))
+                    as Box<dyn Fn() -> Option<u64> + Send + Sync>,
+            );
+            let reserved = Reserved::Probe(Box::new(move || {
+                probe.statistics().map_or(0, |s| s.reserved_current)
+            }));
+            let words = format!("async (the driver's stream-ordered pool) on {base}");
+            (shared(mr), reserved, words)
+        }
+        ResourceKind::Cuda => (
+            upstream,
+            Reserved::InUse,
+            format!("cuda (cuMemAlloc for every request) on {base}"),
+        ),
+        ResourceKind::Managed => (
+            shared(ManagedMemoryResource::new()),
+            Reserved::InUse,
+            format!("managed (cuMemAllocManaged for every request) on {base}"),
+        ),
+    };
+    Ok(Target {
+        resource,
+        description,
+        capacity,
+        reserved,
+        reserved_high,
+    })
+}
+
+/// The fixed-size resource's block (the largest request rounded up to 256, at least 256) and
+/// blocks per chunk (as many as fit in [`FIXED_CHUNK_BYTES`], between 1 and 128).
+#[must_use]
+pub fn fixed_geometry(largest_request: usize) -> (usize, usize) {
+    let block = align_up(largest_request.max(1), ALLOCATION_ALIGNMENT);
+    (block, (FIXED_CHUNK_BYTES / block).clamp(1, 128))
+}
+
+/// "GPU 0 (NVIDIA H100 80GB HBM3)", or "the GPU" when it cannot be named.
+fn device_words() -> String {
+    match rmm::sys::current_device() {
+        Ok(device) => match rmm::sys::device_name(device) {
+            Ok(name) => format!("GPU {device} ({name})"),
+            Err(_) => format!("GPU {device}"),
+        },
+        Err(_) => "the GPU".to_owned(),
+    }
+}
+
+/// The streams of a replay on the GPU: each stream of the log mapped to a real one. The default
+/// stream (`0`) stays the default stream, `0x1` the legacy and `0x2` the per-thread default
+/// stream; every other handle of the log gets a stream of its own, created here.
+#[derive(Debug)]
+pub struct DeviceStreams {
+    /// For each stream of the workload: a special stream, or an index into `owned`.
+    map: Vec<Result<CudaStreamView<'static>, usize>>,
+    owned: Vec<CudaStream>,
+}
+
+impl DeviceStreams {
+    /// Streams for the workload's streams (`workload.streams`).
+    ///
+    /// # Errors
+    ///
+    /// The driver's error when a stream cannot be created.
+    pub fn new(workload: &Workload) -> Result<DeviceStreams, CudaError> {
+        let mut owned = Vec::new();
+        let mut map = Vec::with_capacity(workload.streams.len());
+        for &handle in &workload.streams {
+            map.push(match handle {
+                0 => Ok(CudaStreamView::default_stream()),
+                1 => Ok(CudaStreamView::legacy()),
+                2 => Ok(CudaStreamView::per_thread()),
+                _ => {
+                    owned.push(CudaStream::with_default_flags()?);
+                    Err(owned.len() - 1)
+                }
+            });
+        }
+        Ok(DeviceStreams { map, owned })
+    }
+
+    /// One view per stream of the workload, in its order.
+    #[must_use]
+    pub fn views(&self) -> Vec<CudaStreamView<'_>> {
+        self.map
+            .iter()
+            .map(|m| match *m {
+                Ok(special) => special,
+                Err(i) => self.owned[i].view(),
+            })
+            .collect()
+    }
+
+    /// Number of streams created for the replay.
+    #[must_use]
+    pub fn created(&self) -> usize {
+        self.owned.len()
+    }
+}
+
+/// The streams of a replay over simulated memory: the legacy default stream for every stream
+/// of the log (creating a stream needs a GPU, and the legacy stream needs no CUDA call in any
+/// resource). A simulated replay therefore models one stream: free blocks are not split
+/// between per-stream lists as they would be on a GPU.
+#[must_use]
+pub fn simulated_streams(workload: &Workload) -> Vec<CudaStreamView<'static>> {
+    vec![CudaStreamView::legacy(); workload.streams.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rmm::mr::DeviceMemoryResource;
+
+    const MIB: usize = 1 << 20;
+
+    #[test]
+    fn fixed_blocks_fit_the_largest_request() {
+        assert_eq!(fixed_geometry(0), (256, 128));
+        assert_eq!(fixed_geometry(1000), (1024, 128));
+        assert_eq!(fixed_geometry(4 * MIB), (4 * MIB, 64));
+        assert_eq!(fixed_geometry(100 * MIB + 1), (100 * MIB + 256, 2));
+        assert_eq!(fixed_geometry(300 * MIB), (300 * MIB, 1));
+    }
+
+    #[test]
+    fn simulated_targets_need_no_gpu_and_probe_what_they_took() {
+        let w = Workload::default();
+        for kind in [
+            ResourceKind::Pool,
+            ResourceKind::Arena,
+            ResourceKind::Binning,
+            ResourceKind::Fixed,
+        ] {
+            let t = build(kind, Memory::Simulated(2048 * MIB), &w).unwrap();
+            assert!(!t.reserved_is_in_use());
+            assert_eq!(t.capacity, Some(2048 << 20));
+            assert!(
+                t.description.contains("2.00 GiB of simulated memory"),
+                "{}",
+                t.description
+            );
+            let props = t.resource.properties();
+            assert!(!props.device_accessible && !props.host_accessible, "{kind}");
+            let expected = match kind {
+                ResourceKind::Pool => 0,
+                ResourceKind::Arena => 2048 * MIB,
+                // The bins' first chunks (128 blocks of 256 KiB, 512 KiB, 1, 2 and 4 MiB:
+                // 992 MiB) all come from the pool's first growth, half of its 2 GiB maximum.
+                ResourceKind::Binning => 1024 * MIB,
+                ResourceKind::Fixed => 128 * 256,
+                _ => unreachable!(),
+            };
+            assert_eq!(t.reserved() as usize, expected, "{kind}");
+        }
+    }
+
+    #[test]
+    fn the_drivers_allocators_cannot_be_simulated() {
+        for kind in [
+            ResourceKind::Async,
+            ResourceKind::Cuda,
+            ResourceKind::Managed,
+        ] {
+            let e = build(kind, Memory::Simulated(MIB), &Workload::default()).unwrap_err();
+            assert!(matches!(e, BuildError::CannotSimulate(k) if k == kind));
+            assert!(e.to_string().contains("--simulate works with"), "{e}");
+        }
+    }
+
+    #[test]
+    fn too_little_simulated_memory_for_the_bins_is_out_of_memory() {
+        let e = build(
+            ResourceKind::Binning,
+            Memory::Simulated(64 * MIB),
+            &Workload::default(),
+        )
+        .unwrap_err();
+        match e {
+            BuildError::Resource { kind, error } => {
+                assert_eq!(kind, ResourceKind::Binning);
+                assert!(error.is_out_of_memory(), "{error}");
+            }
+            other => panic!("{other}"),
+        }
+    }
+}
