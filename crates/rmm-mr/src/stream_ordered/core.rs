@@ -1,52 +1,14 @@
 //! The stream-ordered core shared by the pool and the fixed-size resource (RMM's
-//! `stream_ordered_memory_resource`, the CRTP base of both), generic over the free-list type.
+//! `stream_ordered_memory_resource`, the CRTP base of both), generic over the free-list type
+//! ([`FreeBlocks`]).
 //!
-//! # Algorithm (RMM section 2.1)
-//!
-//! `allocate(stream, size)`:
-//! 1. best fit in this stream's own list;
-//! 2. **steal** a fitting block from another stream's list (the remainder stays there), after
-//!    making this stream wait for that list's pending work ([`ListState::prepare_steal`](crate::stream_ordered::stream_lists::ListState::prepare_steal));
-//! 3. **merge** other lists into this one, one at a time (waiting on each), retrying after each;
-//! 4. **grow**: ask the resource's `expand` for a new upstream chunk on this stream.
-//!
-//! Every block handed out is recorded in a resource-wide **record** that the free-list type
-//! provides and all its lists share ([`FreeBlocks::hand_out`], [`FreeBlocks::take_back`]): the
-//! pool's is a map of handed-out blocks, the fixed-size resource's a slot per block. The core
-//! records a block under the lock of the list it is handed out from.
-//!
-//! `deallocate(stream, ptr, bytes)` takes the block back from the record (which rejects
-//! unknown pointers, double frees — on one stream or two — and size mismatches), records the
-//! list's event when the lazy rule asks for it, and returns the block to this stream's list.
-//! The record also says who allocated the block: a block allocated on another thread's
-//! per-thread default stream, freed on this thread's, goes to the legacy list instead
-//! ([`crate::util::cross_thread`]).
-//!
-//! # Lists
-//!
-//! The legacy list is a field; every other list lives in an append-only vector and is never
-//! removed while the resource lives. So a list is named by its index: the per-thread cache
-//! ([`cached_list_index`]) maps `(resource, stream key)` to that index, and the same-stream path
-//! borrows its list with no lock and no reference count.
-//!
-//! # Locks (and their order)
-//!
-//! - one `Mutex` per stream list: the same-stream path takes only its own list's lock;
-//! - the key **registry** (`Mutex`), taken only to register a stream key the first time this
-//!   thread uses it with this resource;
-//! - the **chunk set** (`Mutex`), the growth lock: held while asking the upstream for memory,
-//!   so growth is serialized and the maximum pool size is checked against a stable size;
-//! - inside the record: the pool map's shard locks and the fixed-size ledger's table lock, held
-//!   for one short operation, under a list lock or none, never across another acquisition.
-//!
-//! Order: chunk set → registry → one list → the record's inner locks. A thread never holds two
-//! list locks at once (a steal or merge locks the victim, moves the blocks out, unlocks, then
-//! locks its own list), never takes the registry or the chunk set while holding a list lock,
-//! and never takes the chunk set while holding the registry. So no cycle can form.
-//!
-//! Blocks being moved by a merge are briefly in no list: a concurrent allocation may then grow
-//! the pool instead of finding them, and [`StreamOrdered::release_unused`] sees their chunk as
-//! in use. Both are conservative.
+//! `allocate(stream, size)` takes a best fit from the stream's own list, else steals a block from
+//! another stream's list (after making this stream wait for that list's event), else merges other
+//! lists into this one, else grows; every block handed out is recorded in the free-list type's
+//! resource-wide record, which `deallocate` checks (unknown pointers, double frees, size
+//! mismatches). Lock order: chunk set → registry → one list → the record's inner locks; no thread
+//! holds two list locks. The algorithm, the lists and the locks in full:
+//! `docs/internals/stream-ordered.md`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;

@@ -1,42 +1,11 @@
 //! When an ordinary stream's free list records its event, and what a thief may do with the
 //! list: the lazy rule of the stream-ordered sub-allocators as a pure state machine (no CUDA
-//! calls; [`ListState`](crate::stream_ordered::stream_lists::ListState) carries one per list and makes
-//! the calls it asks for).
-//!
-//! # Why
-//!
-//! A block freed on stream `A` may still be used by work queued on `A`. RMM records an event on
-//! `A` at every free, so that another stream can wait for it before taking the block. A
-//! `cuEventRecord` costs about 180 ns, more than the whole same-stream allocate/free pair of a
-//! fixed-size or binning resource, and with many threads the driver serializes the calls: on an
-//! H200, 16 threads freeing on 16 streams spent most of their time recording events nobody
-//! waited for. And the record cannot be moved to the moment a thief appears: `A` may have been
-//! destroyed by then, and no CUDA call may be made on a stale handle.
-//!
-//! # The rule
-//!
-//! Only the owner (a caller that frees or allocates on `A`, vouching that `A` is alive) ever
-//! records on `A`. A list is in one of two modes:
-//!
-//! - **lazy** (the usual state): a free records nothing and marks the list *unrecorded*;
-//! - **recording** (for [`RECORD_RUN`] frees after a thief took from the list or asked it to
-//!   record): every free records, as in RMM, so a stream that keeps taking this stream's blocks
-//!   (producer/consumer) always finds them covered by the event.
-//!
-//! A thief that finds a list **covered** (nothing entered since the last record) waits on its
-//! event and takes blocks, and the list switches to recording. A thief that finds it
-//! **unrecorded** cannot use its blocks yet: it leaves a request ([`StealAction::Ask`]) and
-//! looks elsewhere (other lists, then growth). The owner's next operation on the list, an
-//! allocation or a free, records the event and so covers every block in the list. If the
-//! request is still open after [`OWNER_GRACE`] (the owner went idle, or its stream was
-//! destroyed), the next thief synchronizes the device instead ([`StealAction::SyncDevice`]),
-//! which covers every stream; and a resource that cannot grow any more synchronizes once and
-//! takes every unrecorded list's blocks rather than report out-of-memory.
-//!
-//! So blocks still move between streams, and a thief never uses a block before the work queued
-//! before its free has completed; what changes against RMM is that a thief may grow the
-//! resource once instead of taking a block that was freed since the owner's last record, and a
-//! stream that steals often makes its victims record as RMM's do.
+//! calls; [`ListState`](crate::stream_ordered::stream_lists::ListState) carries one per list and
+//! makes the calls it asks for). Only the owner of a stream ever records on it; a list is *lazy*
+//! (frees record nothing) until a thief takes from it or asks, then *recording* for
+//! [`RECORD_RUN`] frees; a thief that finds unrecorded blocks asks and looks elsewhere, and after
+//! [`OWNER_GRACE`] synchronizes the device instead. The rule and why it is safe:
+//! `docs/internals/stream-ordered.md`, "The lazy event rule as a state machine".
 
 use std::time::{Duration, Instant};
 

@@ -1,58 +1,9 @@
 //! The per-stream free lists of the stream-ordered sub-allocators (pool and fixed-size): how a
-//! stream is keyed, the event each list carries, and the rule that decides when an event must
-//! be recorded and what a thief waits on.
-//!
-//! # Keys
-//!
-//! - The per-thread default stream has one list **per host thread** ([`StreamKey::PerThread`],
-//!   a process-unique thread number, never reused).
-//! - The legacy default stream (and the default stream in legacy mode) has one shared list
-//!   ([`StreamKey::Legacy`]).
-//! - Any other stream is keyed by `cuStreamGetId` ([`StreamKey::Stream`]): unique per stream
-//!   object, so a later stream that reuses a destroyed stream's handle gets a list of its own.
-//!
-//! The two special keys need no CUDA call to compute; only an ordinary stream costs one
-//! (`cuStreamGetId`).
-//!
-//! A block's key at allocation is remembered with it ([`StreamKey::origin`]): a free on one
-//! thread's per-thread stream of a block another thread allocated on its own goes to the legacy
-//! list, not to the freeing thread's ([`crate::util::cross_thread`]).
-//!
-//! # Events (the lazy rule)
-//!
-//! A block in list `K` may have pending work on `K`'s stream; a thief (another stream `T`)
-//! must make `T` wait for that work before using the block. RMM records an event on *every*
-//! free. Here:
-//!
-//! - **Special keys** (legacy, per-thread) never record at free time: those streams never die,
-//!   so the thief records the list's event itself, at steal time. For the legacy list it
-//!   records on the legacy stream. For a per-thread list it records on the calling thread's
-//!   per-thread stream when that thread owns the list, and otherwise on the legacy stream:
-//!   work queued on the legacy stream waits for all earlier work of every *blocking* stream,
-//!   and per-thread default streams are blocking, so that event covers the other thread's
-//!   stream too (it may wait for more than needed, never for less). Stealing is rare; freeing
-//!   is not.
-//! - **Ordinary streams** may be destroyed at any time after a free, and nothing may ever be
-//!   called on a stale handle, so only the owner (a caller freeing or allocating on the
-//!   stream, which vouches for it) records. While the pool has seen only ONE key nobody can
-//!   steal, so nothing is recorded at all; when a second key first appears the pool turns
-//!   *eager* and the first key's list, if ordinary, counts as unrecorded. From then on each
-//!   ordinary list follows [`EventPolicy`]: frees record nothing until a thief asks (or takes
-//!   blocks), the owner answers at its next operation and then records at every free for a
-//!   while, and a request the owner leaves unanswered (an idle or destroyed stream) makes a
-//!   later thief synchronize the device (`cuCtxSynchronize`, which also covers non-blocking
-//!   streams, unlike a legacy-stream event).
-//! - When blocks enter a list without a free (a merge of other lists, a new upstream chunk
-//!   allocated on the stream), they count as a free: a later thief also waits for what they
-//!   depended on (the waits of the merge, a stream-ordered upstream allocation). RMM does not,
-//!   which leaves a window where a thief of merged blocks waits on an event older than the
-//!   merge.
-//! - After a failed record the list's next thief synchronizes the device instead of waiting
-//!   on the event.
-//!
-//! Events are created lazily (first record) with timing disabled and live as long as their list,
-//! which lives as long as the pool: a list is never removed, so a block freed on a stream that
-//! is then destroyed stays stealable through the list's event.
+//! stream is keyed ([`StreamKey`]: the legacy stream, one per-thread default stream per host
+//! thread, `cuStreamGetId` for the others), the event each list carries, and the lazy rule that
+//! decides when an event must be recorded and what a thief waits on ([`ListState`], driving the
+//! pure [`EventPolicy`]). Why and how:
+//! `docs/internals/stream-ordered.md`, "Stream keys and events".
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,34 +1,11 @@
 //! Frees across host threads on the per-thread default stream: the rule the sub-allocators
 //! (pool, fixed-size, binning through them, arena) apply, as pure logic without CUDA calls.
 //!
-//! # The hazard
-//!
-//! [`CudaStreamView::per_thread()`](rmm_stream::CudaStreamView::per_thread) (and the default
-//! stream in per-thread mode) names a *different* stream on every host thread. A buffer
-//! allocated on it on thread 1 is `Send`; dropped on thread 2, its free names thread 2's
-//! per-thread stream, which does not wait for the work thread 1 queued on the buffer. A
-//! sub-allocator that keys its free lists (or arenas) by the calling thread would put the block
-//! on thread 2's list, where thread 2's next allocation takes it at once, while thread 1's work
-//! may still write it.
-//!
-//! # The rule
-//!
-//! Each sub-allocator remembers who allocated a block ([`Origin`]: a thread number for
-//! per-thread blocks, one word per block). When a free made on a per-thread default stream
-//! finds a block allocated on another thread's per-thread stream (or a block whose allocator it
-//! cannot know), [`needs_legacy_order`] says the free must be ordered behind the **legacy
-//! default stream**: work queued on the legacy stream waits for all earlier work of every
-//! blocking stream, per-thread default streams included, so an event recorded there (or the
-//! legacy stream's own free list, whose reuse is ordered that way) covers both threads' work.
-//! The pool and the fixed-size resource put such a block on the legacy stream's list; the arena
-//! frees it behind an event recorded on the legacy stream. A free on the allocating thread, or
-//! on the legacy or an ordinary stream (which the caller vouches for), is unchanged, so the
-//! same-thread path only compares two numbers.
-//!
-//! The rule cannot see work queued on a per-thread stream of a thread that neither allocated
-//! nor frees the block (a buffer sent to a third thread, used there and sent back): freeing a
-//! buffer whose work ran on several threads' per-thread streams is ordered only behind the
-//! allocating and the freeing thread's streams.
+//! A block allocated on one thread's per-thread default stream and freed on another thread's
+//! must not become reusable behind the freeing thread's stream alone. Each sub-allocator remembers
+//! who allocated a block ([`Origin`]); when [`needs_legacy_order`] says so, the free is ordered
+//! behind the legacy default stream, which waits for every blocking stream. The hazard, the rule
+//! and its limit: `docs/internals/cross-thread.md`.
 
 /// Who allocated a block, as far as the cross-thread rule needs to know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -2,60 +2,12 @@
 //! thread so that recording scales with threads while every reading, the peak included, stays
 //! exact.
 //!
-//! # Design
-//!
-//! RMM keeps a stack of `(bytes, allocations)` counter pairs under one `shared_mutex` that every
-//! allocation and deallocation takes for writing. Here recording touches no lock and, in the
-//! steady state, no cache line that another thread writes:
-//!
-//! * **Shards.** Each thread owns one of [`SLOTS`] cache-line-padded shards (picked once per
-//!   thread, see [`slots`]) holding its own net `value` and `total` of bytes and
-//!   of allocations, cumulative since creation. The counters' value and total are the sums over
-//!   the shards. Threads beyond [`SLOTS`] share one overflow shard under the lock.
-//! * **Frames without a stack walk.** A frame pushed when the sums read `V₀`, `T₀` has
-//!   `value = V − V₀` and `total = T − T₀`, exactly what RMM's merge rule produces on pop
-//!   (`parent.value += child.value`, `parent.total += child.total`). The peak `P` is the running
-//!   maximum of `V` over the **top** frame's life, kept in absolute terms; a push saves it in the
-//!   parent's entry and resets it to `V`, a pop takes the maximum with the saved value, which is
-//!   RMM's `parent.peak = max(parent.peak, parent.value_at_push + child.peak)`.
-//! * **The peak by budgets.** Each shard also has a *limit* per statistic, and the limits add
-//!   up to at most `P`. A thread raises its shard's value on the lock-free path only while it
-//!   stays within its limit; decreases are always lock-free and never wait. So whatever the
-//!   interleaving, the sum of the values never exceeds `P`, and `P` needs no update. An
-//!   allocation that would exceed its shard's limit takes the lock, *freezes* increases (see
-//!   [`shard`](super::shard) for the handshake: increases in flight complete, later ones wait
-//!   for the lock), applies itself, takes a consistent snapshot of the shards (reading them until
-//!   two passes agree), raises `P` to the summed value if above, and shares the room `P − V` out
-//!   as new limits ([`share_slack`]). Churn below the peak therefore costs each thread one
-//!   uncontended atomic exchange on its own cache line per allocation and plain stores per
-//!   deallocation, and the limits cover it after a few scans.
-//!
-//! Pushing, popping and reading take the same lock and the same kind of snapshot.
-//!
-//! # Why the readings are exact
-//!
-//! 1. *One writer per shard.* A shard is written by the thread holding its slot, or (the
-//!    overflow shard, and a thread's own shard on the locked path) by the lock holder.
-//! 2. *Frozen means only decreases.* After a scanner raised the freeze, every increase either
-//!    completed before the scanner reads its shard (the scanner waits out its odd sequence
-//!    number and then sees its stores) or sees the freeze and backs off to the lock, unwritten
-//!    (Dekker's pattern, [`shard`](super::shard)). Limits are read only by increases, so the
-//!    scanner may rewrite them.
-//! 3. *Snapshots are real states.* Two passes that agree on every sequence number (and on the
-//!    slot bound) mean each shard held still from its read in the first pass to its check in
-//!    the second, so all readings held together at an instant `t*` between the passes. With
-//!    increases frozen, a disagreement means a deallocation completed; there are only finitely
-//!    many (at most the live allocations, plus frees of memory never counted), so the loop ends.
-//! 4. *Invariant:* outside a scan, every shard's value is at most its limit and the limits sum
-//!    to at most `P`. It holds at the start (all zero); lock-free increases stay within their
-//!    limit and decreases only lower values; a scan sets limits at or above the snapshot's
-//!    values (hence the current ones, which only went down) that sum to at most the new `P`; a
-//!    push sets every limit to its snapshot value and `P` to their sum; a pop only raises `P`.
-//! 5. *Linearization.* A lock-free recording takes effect at its store, a scanning allocation at
-//!    its snapshot's `t*` (its own store is read by nobody before, and the call has not
-//!    returned), a reading at its `t*`. By 4, every state outside a scan sums to at most `P`,
-//!    so `P` is never below the largest value; by 3, `P` only ever takes a summed value that
-//!    existed (or, on pop, the parent frame's own earlier peak), so it is never above.
+//! Each thread records into its own cache-line-padded shard, lock-free; frames (push/pop) are
+//! differences of the summed shards; the peak stays exact because each shard may raise its value
+//! lock-free only up to a limit, and the limits add up to at most the peak (an allocation beyond
+//! its limit takes the lock, freezes increases, takes a consistent snapshot and shares the room
+//! below the peak out again). The design and the proof that the readings are exact:
+//! `docs/internals/statistics.md`.
 //!
 //! Byte counts above `i64::MAX` are counted as `i64::MAX` (RMM converts `size_t` to `int64_t`);
 //! counts wrap rather than panic.

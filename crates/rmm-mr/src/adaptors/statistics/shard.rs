@@ -1,20 +1,7 @@
 //! [`Shard`]: one thread's share of the statistics counters, and the owner's half of the
-//! freeze handshake.
-//!
-//! The owner of a shard (the thread holding its [slot](crate::util::slots)) updates it with plain
-//! loads and stores, bracketed by a sequence number that is odd while an update is under way
-//! (a seqlock), so a reader can tell a stable reading from a torn or outdated one.
-//!
-//! Increases also take part in a handshake with scanners (threads holding the counters' lock
-//! that need the shards to hold still): the scanner raises the shared `freeze` flag and then
-//! reads every shard's sequence number; the owner of an increase stores its odd sequence number
-//! and then reads `freeze`, all four sequentially consistent (Dekker's pattern). So for every
-//! increase either the owner sees the freeze and backs off without writing, or the scanner sees
-//! the odd sequence number and waits until the increase is complete and visible. While the
-//! freeze is up the shards can therefore only **decrease**, which the scanner deals with by
-//! reading until two passes agree (see [`StatisticsCounters`](super::StatisticsCounters)).
-//! Decreases skip the handshake, which keeps a deallocation free of atomic read-modify-write
-//! instructions.
+//! freeze handshake: a seqlock written only by its owner, whose increases check the scanners'
+//! `freeze` flag (Dekker's pattern), so that while a scan runs the shards can only decrease.
+//! See `docs/internals/statistics.md`.
 
 use std::sync::atomic::{fence, AtomicBool, AtomicI64, AtomicU64, Ordering};
 
