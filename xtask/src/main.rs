@@ -1,12 +1,13 @@
 //! The rmm-rs workspace's task runner: `cargo xtask ci`, `cargo xtask gpu bundle`,
-//! `cargo xtask gpu run`, `cargo xtask miri`, `cargo xtask api-count`. See CONTRIBUTING.md and
-//! docs/gpu-testing.md.
+//! `cargo xtask gpu run`, `cargo xtask miri`, `cargo xtask fuzz`, `cargo xtask api-count`. See
+//! CONTRIBUTING.md and docs/gpu-testing.md.
 
 mod api_count;
 mod artifacts;
 mod bundle;
 mod cargo;
 mod ci;
+mod fuzz;
 mod gpu;
 mod layers;
 mod miri;
@@ -24,6 +25,8 @@ commands:
   gpu run [ARGS...]         run gpu-bundle/run.sh ARGS on this (GPU) machine
   miri [--cases N] [--no-doc]
                             pure cores' unit tests under Miri, compile-fail doctests (nightly)
+  fuzz [TARGET] [--time SECS]
+                            cargo-fuzz targets, SECS (60) each, from fuzz/corpus (nightly)
   api-count [--list] [--no-build] [PACKAGE]...
                             public items of rmm-rs and rmm-mr (or PACKAGEs), by kind (nightly)
   help                      this text";
@@ -34,6 +37,7 @@ fn main() -> ExitCode {
         Some((cmd, rest)) if cmd == "ci" => ci::run(rest).map(|()| 0),
         Some((cmd, rest)) if cmd == "gpu" => gpu::run(rest),
         Some((cmd, rest)) if cmd == "miri" => miri::run(rest),
+        Some((cmd, rest)) if cmd == "fuzz" => fuzz::run(rest),
         Some((cmd, rest)) if cmd == "api-count" => api_count::run(rest),
         Some((cmd, _)) if matches!(cmd.as_str(), "help" | "-h" | "--help") => {
             println!("{USAGE}");

@@ -107,7 +107,7 @@ fn parse(args: &[String]) -> Result<Options, Error> {
 }
 
 /// Whether `rustup toolchain list` shows a nightly toolchain.
-fn has_nightly() -> Result<bool, Error> {
+pub(crate) fn has_nightly() -> Result<bool, Error> {
     let out = cargo::run_stdout(Command::new("rustup").args(["toolchain", "list"]))?;
     Ok(out.lines().any(|l| l.starts_with("nightly")))
 }

@@ -87,6 +87,17 @@ fn parse_digits(digits: &str) -> Option<u128> {
     })
 }
 
+/// `floor(0.<digits> * multiplier)` exactly, however many `digits` (ASCII digits only) there
+/// are: the carry out of multiplying the digits by `multiplier` from the last one up. After
+/// each digit the carry is below `multiplier`, so `9 * multiplier + carry` fits in `u128` for
+/// every unit. (Keeping only the first digits is not exact: 1 / 2^40 has 40 of them, so
+/// `0.0000000000009094947017729282379150390625TiB` is one byte, not zero.)
+fn fraction_bytes(digits: &str, multiplier: u128) -> u128 {
+    digits.bytes().rev().fold(0u128, |carry, d| {
+        (u128::from(d - b'0') * multiplier + carry) / 10
+    })
+}
+
 impl FromStr for ByteSize {
     type Err = ParseByteSizeError;
 
@@ -128,13 +139,9 @@ impl FromStr for ByteSize {
         let whole = parse_digits(int).ok_or_else(overflow)?;
         let mut bytes = whole.checked_mul(multiplier).ok_or_else(overflow)?;
         if !frac.is_empty() {
-            // 18 digits are exact for every unit (the fraction of a byte they drop is below
-            // 10^-18 * 2^40, and a fraction that makes a whole byte ends within 10 digits).
-            let digits = frac.len().min(18);
-            let f = parse_digits(&frac[..digits]).ok_or_else(bad)?;
-            // f < 10^18 and multiplier <= 2^40, so the product fits in u128; the sum may not.
-            let part = f * multiplier / 10u128.pow(digits as u32);
-            bytes = bytes.checked_add(part).ok_or_else(overflow)?;
+            bytes = bytes
+                .checked_add(fraction_bytes(frac, multiplier))
+                .ok_or_else(overflow)?;
         }
         usize::try_from(bytes).map(ByteSize).map_err(|_| overflow())
     }
@@ -236,6 +243,23 @@ mod tests {
             p("18446744073709551616"),
             Err(ParseByteSizeError::Overflow { .. })
         ));
+    }
+
+    /// Regression (found writing the fuzz target's reference parser): only 18 fraction digits
+    /// were kept, but 1 / 2^40 has 40, so a TiB fraction making exactly one byte parsed as 0.
+    #[test]
+    fn every_fraction_digit_counts() {
+        let p = |s: &str| s.parse::<ByteSize>().map(ByteSize::bytes);
+        assert_eq!(p("0.0000000000009094947017729282379150390625TiB"), Ok(1));
+        assert_eq!(p("0.0000000000009094947017729282379150390624999TiB"), Ok(0));
+        assert_eq!(
+            p("2.0000000000009094947017729282379150390625 t"),
+            Ok((2 << 40) + 1)
+        );
+        assert_eq!(p("0.0009765625KiB"), Ok(1));
+        assert_eq!(p("0.0009765624999999999999999999KiB"), Ok(0));
+        assert_eq!(p(&format!("0.{}k", "9".repeat(10_000))), Ok(1023));
+        assert_eq!(p(&format!("1.{}", "9".repeat(100))), Ok(1));
     }
 
     #[test]

@@ -1,0 +1,285 @@
+//! The CI slices of the fuzz targets: a few dozen random inputs per checker (raw bytes and
+//! structured operation sequences), every seed of the committed corpora, and checks that the
+//! checkers do fail on what they must reject.
+
+use std::path::PathBuf;
+
+use proptest::prelude::*;
+use rmm_checks::ops::{self, Kind, Op, Setup, Stream, WrongFree};
+use rmm_checks::{byte_size, check_target, csv_log, TARGETS};
+
+/// Cases per property in CI; `PROPTEST_CASES` overrides it for a longer run.
+const CASES: u32 = 32;
+
+fn config() -> ProptestConfig {
+    let mut config = ProptestConfig::default();
+    if std::env::var_os("PROPTEST_CASES").is_none() {
+        config.cases = CASES;
+    }
+    // Inputs are bytes: a failure prints them, and they replay as a corpus file.
+    config.failure_persistence = None;
+    config
+}
+
+fn corpus_dir(target: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/corpus")
+        .join(target)
+}
+
+/// Every committed seed of every target passes its checker (so a crash artifact added to a
+/// corpus becomes a regression test of CI).
+#[test]
+fn committed_corpora_pass() {
+    for target in TARGETS {
+        let dir = corpus_dir(target);
+        let entries = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| e.unwrap().path())
+            .collect::<Vec<_>>();
+        assert!(!entries.is_empty(), "{}: no seeds", dir.display());
+        for path in entries {
+            let data = std::fs::read(&path).unwrap();
+            if let Err(e) = check_target(target, &data) {
+                panic!("{}: {e}", path.display());
+            }
+        }
+    }
+}
+
+#[test]
+fn unknown_targets_are_errors() {
+    assert!(check_target("no_such_target", b"").is_err());
+}
+
+fn stream() -> impl Strategy<Value = Stream> {
+    prop_oneof![Just(Stream::Legacy), Just(Stream::PerThread)]
+}
+
+fn size() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        6 => 1usize..=1024,
+        3 => 1usize..=64 * 1024,
+        2 => 1usize..=(1 << 20) + 4096,
+        1 => 1usize..=4 << 20,
+        1 => Just(0usize),
+        1 => (0usize..4096).prop_map(|k| usize::MAX - k),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (size(), 1u32..=8, stream()).prop_map(|(bytes, a, stream)| Op::Allocate {
+            bytes,
+            alignment: 1 << a,
+            stream,
+        }),
+        6 => (any::<u16>(), stream()).prop_map(|(pick, stream)| Op::Free { pick, stream }),
+        1 => (any::<u16>(), stream()).prop_map(|(pick, stream)| Op::WrongFree {
+            kind: WrongFree::DoubleFree { pick },
+            stream,
+        }),
+        1 => (any::<u16>(), any::<u8>(), stream()).prop_map(|(pick, how, stream)| {
+            Op::WrongFree { kind: WrongFree::WrongSize { pick, how }, stream }
+        }),
+        1 => (any::<u16>(), any::<u8>(), stream()).prop_map(|(pick, how, stream)| {
+            Op::WrongFree { kind: WrongFree::UnknownPointer { pick, how }, stream }
+        }),
+        1 => stream().prop_map(|stream| Op::FreeNull { stream }),
+        1 => (1u8..=8).prop_map(|count| Op::FailUpstream { count }),
+        1 => Just(Op::Maintain),
+    ]
+}
+
+/// Two setup bytes and a structured sequence, as the bytes a fuzz target would get.
+fn script() -> impl Strategy<Value = Vec<u8>> {
+    (any::<[u8; 2]>(), proptest::collection::vec(op(), 0..160)).prop_map(|(setup, ops)| {
+        let mut data = setup.to_vec();
+        data.extend(ops::encode_ops(&ops).expect("the strategy makes encodable operations"));
+        data
+    })
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn encoding_round_trips(ops in proptest::collection::vec(op(), 0..64)) {
+        let data = ops::encode_ops(&ops).unwrap();
+        let back = ops::decode_ops(&mut rmm_checks::input::Bytes::new(&data));
+        prop_assert_eq!(back, ops);
+    }
+
+    #[test]
+    fn pool_ops(data in script()) {
+        ops::check(Kind::Pool, &data).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn arena_ops(data in script()) {
+        ops::check(Kind::Arena, &data).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn fixed_size_ops(data in script()) {
+        ops::check(Kind::FixedSize, &data).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn binning_ops(data in script()) {
+        ops::check(Kind::Binning, &data).map_err(TestCaseError::fail)?;
+    }
+
+    /// Raw bytes, as the fuzzer starts from.
+    #[test]
+    fn raw_bytes_ops(kind in prop_oneof![
+        Just(Kind::Pool), Just(Kind::Arena), Just(Kind::FixedSize), Just(Kind::Binning)
+    ], data in proptest::collection::vec(any::<u8>(), 0..1024)) {
+        ops::check(kind, &data).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn csv_parser_raw(data in proptest::collection::vec(any::<u8>(), 0..512)) {
+        csv_log::check(&data).map_err(TestCaseError::fail)?;
+    }
+
+    /// Logs of near-valid rows: every field a valid value, a near miss or junk.
+    #[test]
+    fn csv_parser_rows(rows in proptest::collection::vec(proptest::collection::vec(
+        prop_oneof![
+            Just("140210031454016".to_owned()),
+            Just("14:03:27.512345".to_owned()),
+            Just("14:03:27:512345".to_owned()),
+            Just("24:00:00.000000".to_owned()),
+            Just("allocate".to_owned()),
+            Just("allocate failure".to_owned()),
+            Just("free".to_owned()),
+            Just("Free".to_owned()),
+            Just("(nil)".to_owned()),
+            Just("0x7f3a1c000000".to_owned()),
+            Just("0X7F".to_owned()),
+            Just("0x".to_owned()),
+            Just("18446744073709551616".to_owned()),
+            Just(" 100 ".to_owned()),
+            "[0-9a-fx ]{0,20}",
+        ],
+        6..=7,
+    ), 0..8), header in prop_oneof![
+        Just("Thread,Time,Action,Pointer,Size,Stream".to_owned()),
+        Just("\u{feff}Stream,Size,Pointer,Action,Time,Thread,Extra".to_owned()),
+        Just("Thread,Time,Action,Pointer,Size".to_owned()),
+        Just("Thread,Thread,Time,Action,Pointer,Size,Stream".to_owned()),
+    ], crlf in any::<bool>()) {
+        let end = if crlf { "\r\n" } else { "\n" };
+        let mut text = header + end;
+        for row in rows {
+            text.push_str(&row.join(","));
+            text.push_str(end);
+        }
+        csv_log::check(text.as_bytes()).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn byte_size_raw(data in proptest::collection::vec(any::<u8>(), 0..64)) {
+        byte_size::check_bytes(&data).map_err(TestCaseError::fail)?;
+    }
+
+    /// Numbers with long fractions and every unit.
+    #[test]
+    fn byte_size_forms(
+        space in "[ \t]{0,2}",
+        whole in "[0-9]{0,24}",
+        fraction in proptest::option::of("[0-9]{0,48}"),
+        gap in "[ ]{0,1}",
+        unit in prop_oneof![
+            Just(""), Just("b"), Just("k"), Just("KiB"), Just("m"), Just("MIB"), Just("g"),
+            Just("GiB"), Just("t"), Just("TiB"), Just("kb"), Just("MB"), Just("gB"),
+            Just("TB"), Just("x"), Just("KiBB"),
+        ],
+    ) {
+        let s = match fraction {
+            Some(f) => format!("{space}{whole}.{f}{gap}{unit}{space}"),
+            None => format!("{space}{whole}{gap}{unit}{space}"),
+        };
+        byte_size::check(&s).map_err(TestCaseError::fail)?;
+    }
+}
+
+/// A hand-written sequence touches every kind of operation on every resource (so the random
+/// slices above are not the only evidence, and the counters prove the checker did something).
+#[test]
+fn a_scripted_sequence_exercises_every_operation() {
+    let pt = Stream::PerThread;
+    let lg = Stream::Legacy;
+    let alloc = |bytes, stream| Op::Allocate {
+        bytes,
+        alignment: 256,
+        stream,
+    };
+    let script = [
+        alloc(100, lg),
+        alloc(3000, lg),
+        alloc(300_000, pt),
+        alloc(2 << 20, lg),
+        alloc(0, lg),
+        alloc(usize::MAX, lg),
+        Op::WrongFree {
+            kind: WrongFree::WrongSize { pick: 1, how: 0 },
+            stream: lg,
+        },
+        Op::WrongFree {
+            kind: WrongFree::UnknownPointer { pick: 0, how: 0 },
+            stream: lg,
+        },
+        Op::WrongFree {
+            kind: WrongFree::UnknownPointer { pick: 2, how: 3 },
+            stream: pt,
+        },
+        Op::Free {
+            pick: 0,
+            stream: lg,
+        },
+        Op::WrongFree {
+            kind: WrongFree::DoubleFree { pick: 0 },
+            stream: lg,
+        },
+        Op::FreeNull { stream: pt },
+        Op::FailUpstream { count: 1 },
+        alloc(50, lg),
+        Op::Maintain,
+        Op::Free {
+            pick: 1,
+            stream: pt,
+        },
+    ];
+    let setups = [
+        Setup::Pool {
+            initial: 1 << 20,
+            maximum: None,
+        },
+        Setup::Arena {
+            size: 8 << 20,
+            size_classes: false,
+        },
+        Setup::Arena {
+            size: 8 << 20,
+            size_classes: true,
+        },
+        Setup::FixedSize {
+            block_size: 4 << 20,
+            blocks: 2,
+        },
+        Setup::Binning {
+            min_exponent: 8,
+            max_exponent: 12,
+            extra_bin: Some(200_000),
+        },
+    ];
+    for setup in setups {
+        let stats = ops::check_ops(setup, &script).unwrap_or_else(|e| panic!("{e}"));
+        assert!(stats.allocations >= 4, "{setup:?}: {stats}");
+        assert!(stats.wrong_frees >= 3, "{setup:?}: {stats}");
+        assert!(stats.out_of_memory >= 1, "{setup:?}: {stats}");
+        assert_eq!(stats.frees, stats.allocations, "{setup:?}: {stats}");
+    }
+}
