@@ -21,7 +21,8 @@
 //!   hold one resource per device.
 //!
 //! Pure bookkeeping (free lists, bins, arenas, counters, the CSV log) lives in modules that make
-//! no CUDA calls and are tested on machines without a GPU.
+//! no CUDA calls and are tested on machines without a GPU. The tree of this crate and design
+//! notes on its cores: `docs/internals/` in the repository.
 
 pub mod adaptors;
 pub mod arena;

@@ -1,7 +1,8 @@
-//! Thread slots: each live thread that records statistics (or frees through a limiting
-//! adaptor) owns one of [`SLOTS`] indices, and with it the shard of that index in every
-//! [`StatisticsCounters`](crate::adaptors::statistics::StatisticsCounters) (and the release total of that index in
-//! every [`LimitingResourceAdaptor`](crate::LimitingResourceAdaptor)).
+//! Thread slots, shared by the statistics and limiting adaptors: each live thread that records
+//! statistics (or frees through a limiting adaptor) owns one of [`SLOTS`] indices, and with it
+//! the shard of that index in every
+//! [`StatisticsCounters`](crate::adaptors::statistics::StatisticsCounters) (and the release
+//! total of that index in every [`LimitingResourceAdaptor`](crate::LimitingResourceAdaptor)).
 //!
 //! A thread claims the lowest free slot the first time it needs one and gives it back when it
 //! exits (a thread-local destructor). Slots are global, not per counter set, so one claim
