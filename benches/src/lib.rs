@@ -1,8 +1,17 @@
-//! Building blocks of the GPU allocation benchmarks: random allocation traces, their replay
-//! through any [`DeviceMemoryResource`] on several threads (one stream each), and medians.
+//! Building blocks of the GPU benchmarks: allocation traces (ours and RMM's
+//! `random_allocations` sequence), their replay through any [`DeviceMemoryResource`] on several
+//! threads (one stream each), medians, tables, sizing from the device's memory, and the peer
+//! comparison with RMM C++ ([`peer`]).
 //!
-//! The benchmark binary is `benches/gpu_alloc.rs`; `cargo xtask gpu bundle` builds it and
-//! `run.sh bench` runs it on the GPU machine.
+//! The benchmark binaries are `benches/*.rs` (one per RMM benchmark, plus `gpu_alloc.rs`) and
+//! the peer driver `examples/peer.rs`; `cargo xtask gpu bundle` builds them and `run.sh bench`
+//! / `run.sh peer` run them on the GPU machine. See `docs/performance.md`.
+
+pub mod args;
+pub mod gpu;
+pub mod peer;
+pub mod sizing;
+pub mod table;
 
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -29,7 +38,7 @@ pub enum Op {
 }
 
 /// A trace: `ops` operations, every allocation later freed (the final frees are part of it).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Trace {
     /// The operations in order.
     pub ops: Vec<Op>,
@@ -103,6 +112,131 @@ impl Trace {
         }
     }
 
+    /// RMM's `random_allocations` sequence (`random_allocation_free` in RMM's
+    /// `random_allocations.cpp`), generated ahead of time so that every resource, and RMM C++
+    /// in the peer comparison, replays the same operations: `2 * num_allocations` steps; the
+    /// first step, and every step with nothing live, allocates; otherwise a step allocates with
+    /// probability 73 % while fewer than `num_allocations` were made and the live bytes plus the
+    /// new size stay below `max_usage`, and frees a random live allocation otherwise; what is
+    /// live at the end is freed in allocation order. Sizes are uniform in `[1, max_size]`.
+    ///
+    /// Differences from RMM, all documented in `docs/performance.md`: the generator is
+    /// [`Rng`] (splitmix64) rather than `std::default_random_engine`; the freed entry is
+    /// removed by swapping with the last (RMM erases in place, which is quadratic at 100,000
+    /// allocations); and since nothing is allocated while generating, an allocation cannot
+    /// fail and turn into a free as it can in RMM, so `max_size` is clamped to `max_usage`
+    /// (the live bytes then never exceed `max_usage`, and the callers size `max_usage` to fit
+    /// the device).
+    #[must_use]
+    pub fn rmm_random(
+        num_allocations: usize,
+        max_size: usize,
+        max_usage: usize,
+        seed: u64,
+    ) -> Self {
+        const ALLOCATION_PROBABILITY: usize = 73; // percent
+        let max_size = max_size.min(max_usage).max(1);
+        let mut rng = Rng::new(seed);
+        let mut out = Vec::with_capacity(2 * num_allocations + num_allocations);
+        let mut free_slots: Vec<u32> = Vec::new();
+        // Live allocations: (slot, size).
+        let mut live: Vec<(u32, usize)> = Vec::new();
+        let (mut slots, mut count, mut live_bytes) = (0u32, 0usize, 0usize);
+        for _ in 0..2 * num_allocations {
+            let size = rng.range(1, max_size);
+            let alloc = if live.is_empty() {
+                true
+            } else {
+                let chance = rng.range(0, 99);
+                chance < ALLOCATION_PROBABILITY
+                    && count < num_allocations
+                    && live_bytes + size < max_usage
+            };
+            if alloc {
+                let slot = free_slots.pop().unwrap_or_else(|| {
+                    slots += 1;
+                    slots - 1
+                });
+                out.push(Op::Alloc { slot, size });
+                live.push((slot, size));
+                count += 1;
+                live_bytes += size;
+            } else {
+                let index = rng.range(0, num_allocations.max(1) - 1) % live.len();
+                let (slot, size) = live.swap_remove(index);
+                out.push(Op::Free { slot });
+                free_slots.push(slot);
+                live_bytes -= size;
+            }
+        }
+        // What is left, in the order it sits in the live list (RMM frees its vector in order).
+        for (slot, _) in live {
+            out.push(Op::Free { slot });
+        }
+        Self {
+            ops: out,
+            slots: slots as usize,
+        }
+    }
+
+    /// The trace as a memory-event log in RMM's CSV format (what `LoggingResourceAdaptor`
+    /// writes): `threads` threads, each doing its own copy of the trace on its own stream,
+    /// interleaved operation by operation, with made-up addresses (distinct per thread and
+    /// slot) and times. The replay benchmark replays it like a recorded log.
+    #[must_use]
+    pub fn to_rmm_log(&self, threads: usize) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
+        let mut sizes = vec![vec![0usize; self.slots]; threads];
+        let mut row = 0u64;
+        for op in &self.ops {
+            for (t, sizes) in sizes.iter_mut().enumerate() {
+                row += 1;
+                let (action, slot, size) = match *op {
+                    Op::Alloc { slot, size } => {
+                        sizes[slot as usize] = size;
+                        ("allocate", slot, size)
+                    }
+                    Op::Free { slot } => ("free", slot, sizes[slot as usize]),
+                };
+                // 1 TiB apart per thread, 128 MiB per slot: never two live blocks at one address.
+                let addr = 0x7f00_0000_0000u64 + ((t as u64) << 40) + (u64::from(slot) << 27);
+                let _ = writeln!(
+                    out,
+                    "{},00:{:02}:{:02}.{:06},{action},{addr:#x},{size},{:#x}",
+                    t + 1,
+                    (row / 60_000_000) % 60,
+                    (row / 1_000_000) % 60,
+                    row % 1_000_000,
+                    0x1000 + t
+                );
+            }
+        }
+        out
+    }
+
+    /// The number of allocations in the trace.
+    #[must_use]
+    pub fn allocations(&self) -> usize {
+        self.ops
+            .iter()
+            .filter(|op| matches!(op, Op::Alloc { .. }))
+            .count()
+    }
+
+    /// The largest single allocation.
+    #[must_use]
+    pub fn largest(&self) -> usize {
+        self.ops
+            .iter()
+            .map(|op| match *op {
+                Op::Alloc { size, .. } => size,
+                Op::Free { .. } => 0,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
     /// The largest number of bytes outstanding at once.
     #[must_use]
     pub fn peak_bytes(&self) -> usize {
@@ -131,16 +265,29 @@ pub fn replay(
     let view = stream.view();
     let mut held = vec![(DevicePtr::NULL, 0usize); trace.slots];
     let start = Instant::now();
-    for op in &trace.ops {
-        match *op {
-            Op::Alloc { slot, size } => {
-                held[slot as usize] = (mr.allocate(view, size, 256)?, size);
-            }
+    for (i, op) in trace.ops.iter().enumerate() {
+        let step = match *op {
+            Op::Alloc { slot, size } => mr.allocate(view, size, 256).map(|p| {
+                held[slot as usize] = (p, size);
+            }),
             Op::Free { slot } => {
-                let (p, size) = held[slot as usize];
-                // SAFETY: `p` came from `mr` with `size` on this stream, freed once.
-                unsafe { mr.deallocate(view, p, size, 256)? };
+                let (p, size) = std::mem::replace(&mut held[slot as usize], (DevicePtr::NULL, 0));
+                // SAFETY: `p` came from `mr` with `size` on this stream, freed once (the slot
+                // is emptied above).
+                unsafe { mr.deallocate(view, p, size, 256) }
             }
+        };
+        if let Err(e) = step {
+            // Give back what this replay holds, so a failed row leaves the resource as it found it.
+            for (p, size) in held.into_iter().filter(|(p, _)| !p.is_null()) {
+                // SAFETY: each live slot holds a pointer from `mr` with its size, freed once.
+                let _ = unsafe { mr.deallocate(view, p, size, 256) };
+            }
+            let _ = view.synchronize();
+            return Err(rmm_mr::MrError::bad_alloc(format!(
+                "operation {i} of {} ({op:?}) failed: {e}",
+                trace.ops.len()
+            )));
         }
     }
     view.synchronize()?;
@@ -194,6 +341,32 @@ pub fn replay_threads(
     Ok(worst)
 }
 
+/// What a benchmark body returns.
+pub type BenchResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Runs a benchmark binary's body: without a GPU it prints one line and exits successfully (a
+/// benchmark, not a test); otherwise it prints the device, runs `body`, prints the elapsed
+/// time and exits with status 1 when `body` failed.
+pub fn bench_main(name: &str, body: impl FnOnce(&args::Args) -> BenchResult) {
+    let args = args::Args::from_env();
+    if let Some(why) = rmm_sys::gpu_unavailable_reason() {
+        println!("{name}: skipped ({why})");
+        return;
+    }
+    let start = Instant::now();
+    let result = gpu::describe_device()
+        .map_err(Into::into)
+        .and_then(|device| {
+            println!("# rmm-rs {name}\n\ndevice: {device}");
+            body(&args)
+        });
+    println!("\n{name}: {:.1} s", start.elapsed().as_secs_f64());
+    if let Err(e) = result {
+        eprintln!("{name} failed: {e}");
+        std::process::exit(1);
+    }
+}
+
 /// The median of `samples` (which it sorts).
 #[must_use]
 pub fn median(samples: &mut [f64]) -> f64 {
@@ -232,6 +405,75 @@ mod tests {
         assert!(live.is_empty(), "trace leaves allocations behind");
         assert!((100..=101).contains(&max_live), "max live {max_live}");
         assert!(t.peak_bytes() <= 101 * (4 << 20));
+    }
+
+    /// Replays a trace's bookkeeping: (peak live bytes, max live count, allocations), and
+    /// checks that every free frees a live slot and nothing is left.
+    fn check(t: &Trace) -> (usize, usize, usize) {
+        let mut live = std::collections::HashMap::new();
+        let (mut bytes, mut peak, mut max_live, mut allocs) = (0usize, 0usize, 0usize, 0usize);
+        for op in &t.ops {
+            match *op {
+                Op::Alloc { slot, size } => {
+                    assert!((slot as usize) < t.slots);
+                    assert!(live.insert(slot, size).is_none(), "slot reused while live");
+                    bytes += size;
+                    allocs += 1;
+                }
+                Op::Free { slot } => bytes -= live.remove(&slot).expect("free of an empty slot"),
+            }
+            peak = peak.max(bytes);
+            max_live = max_live.max(live.len());
+        }
+        assert!(live.is_empty(), "trace leaves allocations behind");
+        (peak, max_live, allocs)
+    }
+
+    #[test]
+    fn rmm_random_follows_rmms_rules() {
+        const MIB: usize = 1 << 20;
+        let t = Trace::rmm_random(1000, 4 * MIB, 16_000 * MIB, 3);
+        assert!(matches!(t.ops[0], Op::Alloc { .. }));
+        let (peak, _, allocs) = check(&t);
+        assert_eq!(allocs, t.allocations());
+        // 2N steps plus the final frees; the 73 % rule makes N allocations within 2N steps
+        // very likely, and never more.
+        assert_eq!(t.ops.len(), 2000 + (allocs - (2000 - allocs)));
+        assert!(allocs <= 1000 && allocs > 900, "{allocs}");
+        assert!(peak < 16_000 * MIB);
+        assert!(t.largest() <= 4 * MIB);
+        assert_eq!(t, Trace::rmm_random(1000, 4 * MIB, 16_000 * MIB, 3));
+        assert_ne!(t, Trace::rmm_random(1000, 4 * MIB, 16_000 * MIB, 4));
+
+        // A tight budget: live bytes stay below it, and sizes are clamped to it.
+        let t = Trace::rmm_random(10_000, 64 * MIB, 200 * MIB, 5);
+        let (peak, max_live, _) = check(&t);
+        assert!(peak < 200 * MIB, "{peak}");
+        assert!(max_live >= 3, "{max_live}");
+        let t = Trace::rmm_random(100, 4096 * MIB, 1000 * MIB, 5);
+        assert!(t.largest() <= 1000 * MIB);
+        assert!(check(&t).0 <= 1000 * MIB);
+        assert!(Trace::rmm_random(0, MIB, MIB, 1).ops.is_empty());
+    }
+
+    #[test]
+    fn rmm_logs_replay_as_the_trace() {
+        let t = Trace::random(500, 1, 64 << 10, 20, 9);
+        let log = t.to_rmm_log(3);
+        assert!(log.starts_with(
+            "Thread,Time,Action,Pointer,Size,Stream\n1,00:00:00.000001,allocate,0x7f"
+        ));
+        let w = rmm_replay::load(log.as_bytes()).unwrap();
+        assert_eq!(w.steps.len(), 3 * t.ops.len());
+        assert_eq!((w.threads.len(), w.streams.len()), (3, 3));
+        assert_eq!((w.failures, w.unmatched_frees, w.leaked.len()), (0, 0, 0));
+        assert_eq!(w.allocations(), 3 * t.allocations());
+        // Interleaved copies: the peak in use is at most three times the trace's own.
+        let peak = w.in_use.iter().copied().max().unwrap_or(0);
+        assert!(
+            peak > t.peak_bytes() as u64 && peak <= 3 * t.peak_bytes() as u64,
+            "{peak}"
+        );
     }
 
     #[test]

@@ -6,6 +6,13 @@
 #                                      --test-threads=1 FILTER...; last line:
 #                                      "gpu: N passed, M failed, K skipped"
 #        run.sh bench [ARGS...]        every bench/* binary once, with --bench ARGS...
+#        run.sh peer [ARGS...]         the peer comparison with RMM C++ (a bundle made with
+#                                      `cargo xtask gpu bundle --peer`): compiles
+#                                      peer/rmm_peer.cpp with nvcc against the bundled librmm
+#                                      and rapids-logger wheels, then runs examples/peer plan
+#                                      (with ARGS, e.g. --quick), rmm_peer (RMM C++), examples/peer
+#                                      run (rmm-rs) and examples/peer report; last line
+#                                      "peer: N cells compared, M failed"
 #        run.sh example NAME [ARGS...] examples/NAME ARGS...
 #        run.sh --self-test            checks this script on fake bundles
 #        run.sh --help
@@ -20,9 +27,13 @@
 #                       RMM_GPU_LOG_LIMIT bytes, default 15 MiB) and $OUT/gpu-summary.txt
 #   RMM_GPU_NVIDIA_LIB  driver library folder put first on LD_LIBRARY_PATH when it exists
 #                       (default /usr/local/nvidia/lib64)
+#   RMM_BENCH_FILTER    `bench` runs only the bench binaries whose name matches this glob
+#                       (e.g. '*--random_allocations'; default: all)
+#   NVCC                the compiler `peer` uses (default: nvcc on PATH, else
+#                       /usr/local/cuda/bin/nvcc or /usr/local/cuda-*/bin/nvcc)
 #
 # Logs stay in logs/ beside this script: <mode>--<binary>.log, bench--<name>.log,
-# example--<name>.log, summary.txt.
+# example--<name>.log, peer-*.log, summary.txt.
 
 set -uo pipefail
 shopt -s extglob
@@ -219,6 +230,14 @@ run_benches() {
   shopt -u nullglob
   local report="$LOGS/summary.txt" failed=0 bin name
   local -a rows=()
+  if [[ -n ${RMM_BENCH_FILTER:-} ]]; then
+    local -a kept=()
+    for bin in "${bins[@]}"; do
+      # shellcheck disable=SC2053 # a glob on purpose
+      [[ ${bin##*/} == $RMM_BENCH_FILTER ]] && kept+=("$bin")
+    done
+    bins=("${kept[@]}")
+  fi
   for bin in "${bins[@]}"; do
     name=${bin##*/}
     echo "=== [bench] $name"
@@ -239,6 +258,146 @@ run_benches() {
   echo
   cat "$report"
   ((failed == 0))
+}
+
+# unpack WHEEL DIR: extracts a wheel (a zip) into DIR with python3 or unzip.
+unpack() {
+  mkdir -p "$2"
+  if command -v python3 >/dev/null 2>&1; then
+    python3 -m zipfile -e "$1" "$2"
+  elif command -v unzip >/dev/null 2>&1; then
+    unzip -q -o "$1" -d "$2"
+  else
+    echo "run.sh: peer: cannot unpack $1: neither python3 nor unzip is installed" >&2
+    return 1
+  fi
+}
+
+# find_nvcc: prints the CUDA compiler to use.
+find_nvcc() {
+  if [[ -n ${NVCC:-} ]]; then
+    echo "$NVCC"
+  elif command -v nvcc >/dev/null 2>&1; then
+    command -v nvcc
+  else
+    local c
+    for c in /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc; do
+      if [[ -x $c ]]; then
+        echo "$c"
+        return 0
+      fi
+    done
+    return 1
+  fi
+}
+
+# run_peer [ARGS...]: compiles the RMM C++ driver against the bundled wheels, then plans,
+# runs both sides and reports; ARGS go to `examples/peer plan`.
+run_peer() {
+  local dir="$BUNDLE/peer" build="$BUNDLE/peer/build" peer="$BUNDLE/examples/peer"
+  local report="$LOGS/summary.txt"
+  if [[ ! -f $dir/rmm_peer.cpp ]]; then
+    echo "run.sh: this bundle has no peer/rmm_peer.cpp; build it with: cargo xtask gpu bundle --peer" >&2
+    return 2
+  fi
+  if [[ ! -f $peer ]]; then
+    echo "run.sh: this bundle has no examples/peer (the rmm-rs side); rebuild it with: cargo xtask gpu bundle --peer" >&2
+    return 2
+  fi
+  local -a rmm_whl log_whl
+  shopt -s nullglob
+  rmm_whl=("$dir"/wheels/librmm_cu13-*.whl)
+  log_whl=("$dir"/wheels/rapids_logger-*.whl)
+  shopt -u nullglob
+  if ((${#rmm_whl[@]} != 1 || ${#log_whl[@]} != 1)); then
+    echo "run.sh: peer/wheels/ must hold one librmm_cu13-*.whl and one rapids_logger-*.whl (found ${#rmm_whl[@]} and ${#log_whl[@]})" >&2
+    return 2
+  fi
+  rm -rf "$build"
+  mkdir -p "$build"
+  echo "=== [peer] unpacking ${rmm_whl[0]##*/} and ${log_whl[0]##*/}"
+  unpack "${rmm_whl[0]}" "$build/librmm" || return 1
+  unpack "${log_whl[0]}" "$build/rapids_logger" || return 1
+  local rmm_root="$build/librmm/librmm" log_root="$build/rapids_logger/rapids_logger" f
+  for f in "$rmm_root/include/rmm" "$rmm_root/include/rapids/cuda" "$rmm_root/lib64/librmm.so" \
+    "$log_root/include" "$log_root/lib64/librapids_logger.so"; do
+    if [[ ! -e $f ]]; then
+      echo "run.sh: peer: the wheels do not hold ${f#"$build"/} (unexpected wheel layout)" >&2
+      return 1
+    fi
+  done
+  local nvcc
+  if ! nvcc=$(find_nvcc); then
+    echo "run.sh: peer: no CUDA compiler: set NVCC, put nvcc on PATH or install it in /usr/local/cuda" >&2
+    return 1
+  fi
+  local libs="$rmm_root/lib64:$log_root/lib64"
+  # The wheel's CCCL headers (include/rapids) must come before the toolkit's; librmm and
+  # rapids-logger are found at run time through the rpath (and LD_LIBRARY_PATH below).
+  local -a compile=("$nvcc" -std=c++20 -O2
+    -DCUB_DISABLE_NAMESPACE_MAGIC -DCUB_IGNORE_NAMESPACE_MAGIC_ERROR
+    -DTHRUST_DISABLE_ABI_NAMESPACE -DTHRUST_IGNORE_ABI_NAMESPACE_ERROR -DCCCL_DISABLE_PDL
+    -I"$rmm_root/include/rapids" -I"$rmm_root/include" -I"$log_root/include"
+    "$dir/rmm_peer.cpp" -o "$build/rmm_peer"
+    -L"$rmm_root/lib64" -L"$log_root/lib64" -Xlinker --no-as-needed -lrmm -lrapids_logger
+    -ldl -lpthread -Xlinker --disable-new-dtags -Xlinker -rpath -Xlinker "$libs")
+  echo "=== [peer] compiling rmm_peer.cpp: ${compile[*]}"
+  local clog="$LOGS/peer-compile.log" start=$SECONDS
+  if ! (cd "$build" && "${compile[@]}") >"$clog" 2>&1 || [[ ! -x $build/rmm_peer ]]; then
+    RUN_LOGS+=("$clog")
+    {
+      echo "peer: compiling rmm_peer.cpp failed; the command:"
+      echo "  ${compile[*]}"
+      echo "the compiler's output (last 150 lines; all of it in logs/peer-compile.log):"
+      tail -n 150 "$clog"
+      echo "peer: 0 cells compared, 1 failed (compile error)"
+    } >"$report"
+    export_out "$report"
+    cat "$report"
+    return 1
+  fi
+  RUN_LOGS+=("$clog")
+  echo "compiled in $((SECONDS - start)) s"
+
+  local plan="$build/plan.txt" ours="$build/rmm-rs.tsv" theirs="$build/rmm.tsv"
+  local -a steps=()
+  echo "=== [peer] plan"
+  run_captured "$LOGS/peer-plan.log" env RMM_DEFAULT_STREAM=legacy "$peer" plan "$plan" "$@"
+  steps+=("peer plan: $(describe_exit "$RC")")
+  if ((RC != 0)); then
+    printf '%s\n' "${steps[@]}" "peer: 0 cells compared, 1 failed (no plan)" >"$report"
+    export_out "$report"
+    cat "$report"
+    return 1
+  fi
+  echo "=== [peer] RMM C++ (rmm_peer)"
+  run_captured "$LOGS/peer-rmm.log" env LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    "$build/rmm_peer" "$plan" "$theirs"
+  steps+=("rmm_peer (RMM): $(describe_exit "$RC")")
+  echo "=== [peer] rmm-rs (examples/peer run)"
+  run_captured "$LOGS/peer-rmm-rs.log" env RMM_DEFAULT_STREAM=legacy "$peer" run "$plan" "$ours"
+  steps+=("peer run (rmm-rs): $(describe_exit "$RC")")
+  echo "=== [peer] report"
+  [[ -f $ours ]] || : >"$ours"
+  [[ -f $theirs ]] || : >"$theirs"
+  run_captured "$LOGS/peer-report.log" "$peer" report "$ours" "$theirs"
+  local rc=$RC
+  {
+    printf '%s\n' "${steps[@]}"
+    echo
+    grep -v '^peer: .* cells compared' "$LOGS/peer-report.log"
+    local last
+    last=$(grep '^peer: .* cells compared' "$LOGS/peer-report.log" | tail -n 1)
+    echo "${last:-peer: 0 cells compared, 1 failed (no report: $(describe_exit "$rc"))}"
+  } >"$report"
+  if [[ -n ${OUT:-} ]] && mkdir -p "$OUT"; then
+    cp "$ours" "$OUT/peer-rmm-rs.tsv" 2>/dev/null
+    cp "$theirs" "$OUT/peer-rmm.tsv" 2>/dev/null
+  fi
+  export_out "$report"
+  echo
+  cat "$report"
+  [[ $(tail -n 1 "$report") == *" 0 failed" ]] && ((rc == 0))
 }
 
 # run_example NAME [ARGS...]: examples/NAME ARGS; returns its exit status.
@@ -310,7 +469,7 @@ st_run() {
     shift
   done
   shift
-  env -u RMM_GPU_MODES -u RMM_GPU_TIMEOUT -u RMM_GPU_LOG_LIMIT -u OUT \
+  env -u RMM_GPU_MODES -u RMM_GPU_TIMEOUT -u RMM_GPU_LOG_LIMIT -u OUT -u RMM_BENCH_FILTER -u NVCC \
     RMM_GPU_NVIDIA_LIB=/nonexistent "${envs[@]}" bash "$@" >"$tmp/$name.txt" 2>&1
   ST_RC=$?
 }
@@ -423,6 +582,59 @@ echo '$result'"
   expect "the small log is whole" file_has "$out5" "mode=legacy args=--test-threads=1 ld="
   expect "the full log stays in logs/" file_has "$b5/logs/legacy--pkg-a--chatty.log" "line 200 of a long log"
 
+  # 6. The bench filter.
+  fake "$b1/bench/pkg-b--cpu" "echo cpu-bench-ran"
+  st_run filtered RMM_BENCH_FILTER='pkg-a--*' -- "$b1/run.sh" bench
+  expect_eq "filtered benches exit 0" "$ST_RC" 0
+  expect_eq "the filter keeps one bench" "$(tail -n 1 "$tmp/filtered.txt")" "bench: 1 ran, 0 failed"
+  expect "the filtered-out bench does not run" test ! -e "$b1/logs/bench--pkg-b--cpu.log"
+
+  # 7. peer: fake wheels, a fake nvcc that "compiles" a fake rmm_peer, a fake examples/peer.
+  local b7=$tmp/b7 w=$tmp/wheels
+  new_bundle "$b7"
+  mkdir -p "$b7/peer/wheels" "$w/librmm/include/rmm" "$w/librmm/include/rapids/cuda" \
+    "$w/librmm/lib64" "$w/rapids_logger/include/rapids_logger" "$w/rapids_logger/lib64"
+  echo '// driver' >"$b7/peer/rmm_peer.cpp"
+  : >"$w/librmm/lib64/librmm.so"
+  : >"$w/rapids_logger/lib64/librapids_logger.so"
+  (cd "$w" && python3 -m zipfile -c "$b7/peer/wheels/librmm_cu13-26.10.0-py3-none-x.whl" librmm &&
+    python3 -m zipfile -c "$b7/peer/wheels/rapids_logger-0.2.3-py3-none-x.whl" rapids_logger)
+  expect "python3 makes the fake wheels" test -f "$b7/peer/wheels/rapids_logger-0.2.3-py3-none-x.whl"
+  fake "$tmp/nvcc" "printf '%s\n' \"\$@\" >'$tmp/nvcc-args.txt'
+out=
+while ((\$#)); do [[ \$1 == -o ]] && out=\$2; shift; done
+printf '#!/usr/bin/env bash\necho \"rmm_peer plan=\$1 ld=\$LD_LIBRARY_PATH\"\nprintf \"rmm\\\\ta\\\\tpool\\\\t1\\\\t400.0\\\\t1024\\\\tok\\\\n\" >\"\$2\"\n' >\"\$out\"
+chmod +x \"\$out\""
+  fake "$tmp/nvcc-broken" "echo 'rmm_peer.cpp:1: error: boom' >&2; exit 1"
+  fake "$b7/examples/peer" "case \$1 in
+plan) echo \"plan args=\$*\"; echo plan >\"\$2\" ;;
+run) printf 'rmm-rs\\ta\\tpool\\t1\\t100.0\\t1024\\tok\\n' >\"\$3\"; echo \"run mode=\$RMM_DEFAULT_STREAM\" ;;
+report) echo \"report of \$(cat \"\$2\" \"\$3\" | wc -l) lines\"; echo 'peer: 1 cells compared, 0 failed' ;;
+esac"
+  st_run peer OUT="$tmp/out7" NVCC="$tmp/nvcc" -- "$b7/run.sh" peer --quick
+  expect_eq "peer exits 0" "$ST_RC" 0
+  expect_eq "peer's last line" "$(tail -n 1 "$tmp/peer.txt")" "peer: 1 cells compared, 0 failed"
+  expect "the plan gets the arguments" file_has "$b7/logs/peer-plan.log" "plan args=plan $b7/peer/build/plan.txt --quick"
+  expect "nvcc compiles C++20" file_has "$tmp/nvcc-args.txt" "-std=c++20"
+  expect_eq "the wheel's CCCL headers come first" "$(grep -m1 '^-I' "$tmp/nvcc-args.txt")" \
+    "-I$b7/peer/build/librmm/librmm/include/rapids"
+  expect "librmm is linked with an rpath" file_has "$tmp/nvcc-args.txt" \
+    "$b7/peer/build/librmm/librmm/lib64:$b7/peer/build/rapids_logger/rapids_logger/lib64"
+  expect "rmm_peer runs with the wheels' libraries" file_has "$b7/logs/peer-rmm.log" \
+    "ld=$b7/peer/build/librmm/librmm/lib64:"
+  expect "the rmm-rs side runs in legacy mode" file_has "$b7/logs/peer-rmm-rs.log" "run mode=legacy"
+  expect "the report sees both results" file_has "$tmp/peer.txt" "report of 2 lines"
+  expect "OUT gets RMM's results" file_has "$tmp/out7/peer-rmm.tsv" "400.0"
+  expect "OUT gets the summary" file_has "$tmp/out7/gpu-summary.txt" "rmm_peer (RMM): exit status 0"
+  st_run peerbroken NVCC="$tmp/nvcc-broken" -- "$b7/run.sh" peer
+  expect_eq "a compile error exits 1" "$ST_RC" 1
+  expect "the compile error is shown" file_has "$tmp/peerbroken.txt" "rmm_peer.cpp:1: error: boom"
+  expect_eq "a compile error's last line" "$(tail -n 1 "$tmp/peerbroken.txt")" \
+    "peer: 0 cells compared, 1 failed (compile error)"
+  st_run nopeer -- "$b2/run.sh" peer
+  expect_eq "a bundle without peer/ exits 2" "$ST_RC" 2
+  expect "it says how to build one" file_has "$tmp/nopeer.txt" "cargo xtask gpu bundle --peer"
+
   if ((ST_FAILS > 0)); then
     local f
     for f in "$tmp"/*.txt; do
@@ -449,6 +661,11 @@ main() {
     shift
     setup_env
     run_benches "$@"
+    ;;
+  peer)
+    shift
+    setup_env
+    run_peer "$@"
     ;;
   example)
     shift

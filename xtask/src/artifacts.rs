@@ -68,6 +68,27 @@ pub(crate) fn bundle_packages(metadata: &Value) -> Result<BTreeMap<String, Strin
     Ok(map)
 }
 
+/// Names of the workspace packages whose bench targets stay out of the bundle: those that say
+/// so in their manifest,
+///
+/// ```toml
+/// [package.metadata.gpu-bundle]
+/// benches = false
+/// ```
+///
+/// (criterion benchmarks of host code, which run anywhere with `cargo bench`).
+pub(crate) fn benches_left_out(metadata: &Value) -> Result<HashSet<String>, Error> {
+    let mut out = HashSet::new();
+    for package in cargo::workspace_packages(metadata)? {
+        if package["metadata"]["gpu-bundle"]["benches"].as_bool() == Some(false) {
+            if let Some(name) = package.get("name").and_then(Value::as_str) {
+                out.insert(name.to_owned());
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Selects the executables of `kind` among cargo's `compiler-artifact` messages.
 ///
 /// Tests are artifacts built in test mode (`profile.test`); benches are bench
@@ -176,7 +197,7 @@ mod tests {
             "packages": [
                 { "id": SYS, "name": "rmm-sys" },
                 { "id": RS, "name": "rmm-rs" },
-                { "id": XTASK, "name": "xtask" },
+                { "id": XTASK, "name": "xtask", "metadata": { "gpu-bundle": { "benches": false } } },
                 { "id": "registry+https://x#log@0.4.0", "name": "log" },
             ],
             "workspace_members": [SYS, RS, XTASK],
@@ -224,6 +245,19 @@ mod tests {
     fn names(kind: Kind) -> Vec<String> {
         let selected = select(&messages(), kind, &bundle_packages(&metadata()).unwrap());
         file_names(&selected).unwrap()
+    }
+
+    #[test]
+    fn packages_can_leave_their_benches_out() {
+        let out = benches_left_out(&metadata()).unwrap();
+        assert_eq!(out, HashSet::from(["xtask".to_owned()]));
+        let mut m = metadata();
+        m["packages"][1]["metadata"] = json!({ "gpu-bundle": { "benches": true } });
+        m["packages"][0]["metadata"] = json!({ "gpu-bundle": { "benches": false } });
+        assert_eq!(
+            benches_left_out(&m).unwrap(),
+            HashSet::from(["xtask".to_owned(), "rmm-sys".to_owned()])
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use crate::artifacts::{self, Artifact, Kind};
 use crate::cargo::{self, Error};
+use crate::peer;
 use crate::runner;
 use serde_json::{json, Value};
 use std::fs;
@@ -20,6 +21,7 @@ const OWNED: &[&str] = &[
     "manifest.json",
     "run.sh",
     "README.txt",
+    "peer",
 ];
 
 /// One line of `manifest.json`.
@@ -50,9 +52,12 @@ impl Entry {
     }
 }
 
-/// Builds everything and writes the bundle to `out`.
-pub(crate) fn build(out: &Path) -> Result<(), Error> {
-    let packages = artifacts::bundle_packages(&cargo::metadata()?)?;
+/// Builds everything and writes the bundle to `out`; with `with_peer`, also `out/peer/` (the
+/// RMM C++ driver and the librmm wheels, see [`peer`]).
+pub(crate) fn build(out: &Path, with_peer: bool) -> Result<(), Error> {
+    let metadata = cargo::metadata()?;
+    let packages = artifacts::bundle_packages(&metadata)?;
+    let benches_left_out = artifacts::benches_left_out(&metadata)?;
     let common = ["--workspace", "--all-features", "--profile", "gpu"];
     let json = "--message-format=json";
 
@@ -76,7 +81,8 @@ pub(crate) fn build(out: &Path) -> Result<(), Error> {
         (&benches, Kind::Bench),
         (&examples, Kind::Example),
     ] {
-        let selected = artifacts::select(messages, kind, &packages);
+        let mut selected = artifacts::select(messages, kind, &packages);
+        selected.retain(|a| a.kind != Kind::Bench || !benches_left_out.contains(&a.package));
         entries.extend(copy_all(out, &selected)?);
     }
     entries.sort_by(|a, b| (a.kind, &a.path).cmp(&(b.kind, &b.path)));
@@ -88,8 +94,14 @@ pub(crate) fn build(out: &Path) -> Result<(), Error> {
     make_executable(&out.join("run.sh"))?;
     write(&out.join("README.txt"), runner::README_TXT.as_bytes())?;
 
+    let peer_bytes = if with_peer {
+        peer::add_to_bundle(out)?
+    } else {
+        0
+    };
     let total = entries.iter().map(|e| e.bytes).sum::<u64>()
-        + (manifest.len() + runner::RUN_SH.len() + runner::README_TXT.len()) as u64;
+        + (manifest.len() + runner::RUN_SH.len() + runner::README_TXT.len()) as u64
+        + peer_bytes;
     for kind in [Kind::Test, Kind::Bench, Kind::Example] {
         let of_kind: Vec<&Entry> = entries.iter().filter(|e| e.kind == kind).collect();
         let bytes: u64 = of_kind.iter().map(|e| e.bytes).sum();
@@ -107,6 +119,12 @@ pub(crate) fn build(out: &Path) -> Result<(), Error> {
         "run it on a GPU machine with: bash {}/run.sh",
         out.display()
     );
+    if with_peer {
+        println!(
+            "the peer comparison with RMM C++: bash {}/run.sh peer",
+            out.display()
+        );
+    }
     Ok(())
 }
 

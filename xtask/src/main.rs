@@ -1,6 +1,6 @@
 //! The rmm-rs workspace's task runner: `cargo xtask ci`, `cargo xtask gpu bundle`,
-//! `cargo xtask gpu run`, `cargo xtask miri`, `cargo xtask fuzz`, `cargo xtask api-count`. See
-//! CONTRIBUTING.md and docs/gpu-testing.md.
+//! `cargo xtask gpu run`, `cargo xtask gpu bench`, `cargo xtask miri`, `cargo xtask fuzz`,
+//! `cargo xtask api-count`. See CONTRIBUTING.md and docs/gpu-testing.md.
 
 mod api_count;
 mod artifacts;
@@ -11,6 +11,7 @@ mod fuzz;
 mod gpu;
 mod layers;
 mod miri;
+mod peer;
 mod runner;
 
 use std::process::ExitCode;
@@ -21,8 +22,13 @@ usage: cargo xtask <command>
 
 commands:
   ci [--skip STEP]...       what CI runs: fmt, layers, clippy, test, doc (stops at the first failure)
-  gpu bundle [--out DIR]    build GPU test/bench/example binaries into DIR (default gpu-bundle/)
+  gpu bundle [--out DIR] [--peer]
+                            build GPU test/bench/example binaries into DIR (default gpu-bundle/);
+                            --peer adds the RMM C++ driver and the librmm wheels (run.sh peer)
   gpu run [ARGS...]         run gpu-bundle/run.sh ARGS on this (GPU) machine
+  gpu bench [--peer] [ARGS...]
+                            bundle, then run the GPU benchmarks (run.sh bench ARGS) or, with
+                            --peer, the comparison with RMM C++ (run.sh peer ARGS) here
   miri [--cases N] [--no-doc]
                             pure cores' unit tests under Miri, compile-fail doctests (nightly)
   fuzz [TARGET] [--time SECS]

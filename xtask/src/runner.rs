@@ -10,8 +10,9 @@ pub(crate) const RUN_SH: &str = include_str!("../runner/run.sh");
 /// `README.txt`, copied into every bundle (source: `xtask/runner/README.txt`).
 pub(crate) const README_TXT: &str = include_str!("../runner/README.txt");
 
-/// Runs `bash <bundle>/run.sh ARGS` in the foreground and returns its exit code.
-pub(crate) fn run(bundle: &Path, args: &[String]) -> Result<i32, Error> {
+/// Runs `bash <bundle>/run.sh ARGS` in the foreground, with `envs` added to the environment,
+/// and returns its exit code.
+pub(crate) fn run(bundle: &Path, args: &[String], envs: &[(&str, &str)]) -> Result<i32, Error> {
     let script = bundle.join("run.sh");
     if !script.is_file() {
         return Err(format!(
@@ -20,7 +21,7 @@ pub(crate) fn run(bundle: &Path, args: &[String]) -> Result<i32, Error> {
         ));
     }
     let mut cmd = Command::new("bash");
-    cmd.arg(&script).args(args);
+    cmd.arg(&script).args(args).envs(envs.iter().copied());
     let status = cmd
         .status()
         .map_err(|e| format!("cannot start `{}`: {e}", cargo::describe(&cmd)))?;
@@ -65,7 +66,7 @@ mod tests {
 
     #[test]
     fn running_a_missing_bundle_is_an_error() {
-        let err = run(Path::new("/nonexistent/gpu-bundle"), &[]).unwrap_err();
+        let err = run(Path::new("/nonexistent/gpu-bundle"), &[], &[]).unwrap_err();
         assert!(err.contains("cargo xtask gpu bundle"), "{err}");
     }
 }

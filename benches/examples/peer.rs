@@ -1,0 +1,172 @@
+//! The rmm-rs side of the peer comparison with RMM C++ (`bash gpu-bundle/run.sh peer`; see
+//! `rmm_benches::peer` and `docs/performance.md`).
+//!
+//! ```text
+//! peer plan FILE [--quick] [--ops N] [--reps N] [--warmup N] [--threads 1,4,16]
+//! peer run FILE OUT.tsv
+//! peer report RMM_RS.tsv RMM.tsv
+//! ```
+//!
+//! `plan` generates the workloads, sized from the device's memory, and writes them with the
+//! resource configurations to FILE; `run` replays FILE with rmm-rs's resources and writes the
+//! results; `report` prints the table of rmm-rs / RMM ratios and, last, the line
+//! `peer: N cells compared, M failed` (exit status 1 when a cell failed or none compared).
+//! `rmm_peer FILE OUT.tsv` (`benches/peer/rmm_peer.cpp`) is RMM's `run`.
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Write};
+use std::process::ExitCode;
+
+use rmm_benches::args::Args;
+use rmm_benches::gpu::{describe_device, measure};
+use rmm_benches::peer::{
+    read_plan, read_results, report, standard_plan, write_plan, CellResult, PeerPlan, PlanOptions,
+    RESULTS_HEADER,
+};
+use rmm_benches::sizing::{DeviceMemory, MIB};
+
+type Error = Box<dyn std::error::Error>;
+
+const USAGE: &str =
+    "usage: peer plan FILE [--quick] [--ops N] [--reps N] [--warmup N] [--threads 1,4,16]
+       peer run FILE OUT.tsv
+       peer report RMM_RS.tsv RMM.tsv";
+
+fn main() -> ExitCode {
+    let args = Args::from_env();
+    let pos = args.positional(&["--ops", "--reps", "--warmup", "--threads"]);
+    let result = match pos
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        ["plan", file] => gpu_only(|| plan(&args, file)),
+        ["run", file, out] => gpu_only(|| run(file, out)),
+        ["report", ours, theirs] => compare(ours, theirs),
+        _ => Err(USAGE.into()),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("peer: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs `f` when a GPU is usable; says why not and fails otherwise (the comparison needs one).
+fn gpu_only(f: impl FnOnce() -> Result<ExitCode, Error>) -> Result<ExitCode, Error> {
+    match rmm_sys::gpu_unavailable_reason() {
+        Some(why) => Err(format!("needs a CUDA GPU: {why}").into()),
+        None => f(),
+    }
+}
+
+/// The plan of this run: the standard one, with the command line's options.
+fn make_plan(args: &Args, mem: &DeviceMemory) -> Result<PeerPlan, Error> {
+    let quick = args.has("--quick");
+    let options = PlanOptions {
+        ops: args
+            .usize_or("--ops", if quick { 5_000 } else { 20_000 })?
+            .max(100),
+        reps: args.usize_or("--reps", if quick { 1 } else { 3 })?.max(1),
+        warmup: args.usize_or("--warmup", 1)?,
+        threads: args.usizes_or("--threads", &[1, 4, 16])?,
+    };
+    Ok(standard_plan(&options, mem))
+}
+
+fn plan(args: &Args, file: &str) -> Result<ExitCode, Error> {
+    let mem = DeviceMemory::query()?;
+    let plan = make_plan(args, &mem)?;
+    let mut w =
+        BufWriter::new(File::create(file).map_err(|e| format!("cannot create {file}: {e}"))?);
+    write_plan(&plan, &mut w)?;
+    w.flush()?;
+    println!("peer plan: {file}");
+    println!("device: {}", describe_device()?);
+    println!(
+        "reps {}, warmup {}, threads {:?}; resources: {}",
+        plan.reps,
+        plan.warmup,
+        plan.threads,
+        plan.resources
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    for w in &plan.workloads {
+        println!(
+            "workload {}: {} ({} operations, peak {} MiB per thread)",
+            w.name,
+            w.description,
+            w.trace.ops.len(),
+            w.trace.peak_bytes() / MIB
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run(file: &str, out: &str) -> Result<ExitCode, Error> {
+    let plan = read_plan(BufReader::new(
+        File::open(file).map_err(|e| format!("cannot open {file}: {e}"))?,
+    ))
+    .map_err(|e| format!("{file}: {e}"))?;
+    let mut w = BufWriter::new(File::create(out).map_err(|e| format!("cannot create {out}: {e}"))?);
+    writeln!(w, "# side: rmm-rs {}", env!("CARGO_PKG_VERSION"))?;
+    writeln!(w, "# device: {}", describe_device()?)?;
+    writeln!(w, "{RESULTS_HEADER}")?;
+    let mut failed = 0;
+    for wl in &plan.workloads {
+        for r in &plan.resources {
+            for &t in &plan.threads {
+                let m = measure((*r).into(), &wl.trace, t, plan.warmup, plan.reps);
+                let cell = CellResult {
+                    side: "rmm-rs".into(),
+                    workload: wl.name.clone(),
+                    resource: r.name().into(),
+                    threads: t,
+                    ns_per_op: m.as_ref().ok().map(|c| c.ns_per_op),
+                    peak_reserved: m.as_ref().ok().and_then(|c| c.peak_reserved),
+                    status: match &m {
+                        Ok(_) => "ok".into(),
+                        Err(e) => {
+                            failed += 1;
+                            format!("error: {e}")
+                        }
+                    },
+                };
+                println!("{}", cell.to_line());
+                writeln!(w, "{}", cell.to_line())?;
+                w.flush()?;
+            }
+        }
+    }
+    println!("peer run (rmm-rs): {failed} cell(s) failed");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn compare(ours: &str, theirs: &str) -> Result<ExitCode, Error> {
+    let read = |f: &str| -> Result<_, Error> {
+        let text = std::fs::read_to_string(f).map_err(|e| format!("cannot read {f}: {e}"))?;
+        Ok(read_results(&text).map_err(|e| format!("{f}: {e}"))?)
+    };
+    let (a, b) = (read(ours)?, read(theirs)?);
+    println!("# Peer comparison: rmm-rs against RMM C++ on the same operation sequences\n");
+    for note in a.notes.iter().chain(&b.notes) {
+        println!("- {note}");
+    }
+    let r = report(&a.cells, &b.cells);
+    println!("\n## rmm-rs / RMM (ns per operation; below 1: rmm-rs faster)\n");
+    print!("{}", r.summary.render());
+    println!("\n## Every cell (medians; peak reserved memory of each side)\n");
+    print!("{}", r.detail.render());
+    println!("\npeer: {} cells compared, {} failed", r.compared, r.failed);
+    Ok(if r.failed == 0 && r.compared > 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

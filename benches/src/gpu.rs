@@ -1,0 +1,299 @@
+//! GPU helpers shared by the benchmarks: resources built the way RMM's benchmarks build them,
+//! each with a reader of the memory it reserved at its peak; one measured cell (warm-up and
+//! timed passes on several threads, one stream each); a compute-bound kernel for
+//! `multi_stream_allocations`; the line that names the device.
+
+use std::ffi::{c_void, CString};
+
+use rmm_mr::{
+    ArenaMemoryResource, BinningMemoryResource, CudaAsyncMemoryResource, CudaMemoryResource,
+    MrError, MrResult, PoolMemoryResource, SharedResource, StatisticsResourceAdaptor,
+};
+use rmm_sys::DevicePtr;
+
+use crate::peer::PeerResource;
+use crate::{median, replay_threads, Trace};
+
+/// How to build a resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spec {
+    /// `cuMemAlloc` / `cuMemFree` (RMM's `cuda`).
+    Cuda,
+    /// The driver's stream-ordered pool with RMM's defaults (RMM's `cuda_async`).
+    Async,
+    /// A pool over the CUDA resource with this initial size (RMM's `pool`).
+    Pool {
+        /// Initial size in bytes.
+        initial: usize,
+    },
+    /// An arena of this size over the CUDA resource (RMM's `arena`).
+    Arena {
+        /// Arena size in bytes.
+        bytes: usize,
+    },
+    /// Fixed-size bins `2^min_exp..=2^max_exp` over a pool of this initial size over the CUDA
+    /// resource (RMM's `binning`).
+    Binning {
+        /// Initial size of the pool under the bins.
+        pool_initial: usize,
+        /// Smallest bin exponent.
+        min_exp: u32,
+        /// Largest bin exponent.
+        max_exp: u32,
+    },
+}
+
+impl Spec {
+    /// The benchmark name of the resource.
+    #[must_use]
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Cuda => "cuda",
+            Self::Async => "cuda_async",
+            Self::Pool { .. } => "pool",
+            Self::Arena { .. } => "arena",
+            Self::Binning { .. } => "binning",
+        }
+    }
+}
+
+impl From<PeerResource> for Spec {
+    fn from(r: PeerResource) -> Self {
+        match r {
+            PeerResource::Pool { initial } => Self::Pool { initial },
+            PeerResource::Arena { bytes } => Self::Arena { bytes },
+            PeerResource::Binning { min_exp, max_exp } => Self::Binning {
+                pool_initial: 0,
+                min_exp,
+                max_exp,
+            },
+            PeerResource::Async => Self::Async,
+        }
+    }
+}
+
+/// A built resource and a reader of the bytes it reserved at its peak so far.
+pub struct Built {
+    /// The resource.
+    pub mr: SharedResource,
+    peak: Box<dyn Fn() -> Option<u64> + Send + Sync>,
+}
+
+impl Built {
+    /// Peak bytes reserved so far: what the resource took from the CUDA resource at most (a
+    /// statistics adaptor sits between them), or the driver pool's `ReservedMemHigh`.
+    #[must_use]
+    pub fn peak_reserved(&self) -> Option<u64> {
+        (self.peak)()
+    }
+}
+
+impl std::fmt::Debug for Built {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Built").finish_non_exhaustive()
+    }
+}
+
+/// Builds `spec` on the current device.
+pub fn build(spec: Spec) -> MrResult<Built> {
+    let stats = StatisticsResourceAdaptor::new(CudaMemoryResource::new());
+    let peak_of = |s: StatisticsResourceAdaptor<CudaMemoryResource>| {
+        Box::new(move || u64::try_from(s.bytes_counter().peak).ok())
+            as Box<dyn Fn() -> Option<u64> + Send + Sync>
+    };
+    Ok(match spec {
+        Spec::Cuda => Built {
+            mr: rmm_mr::shared(stats.clone()),
+            peak: peak_of(stats),
+        },
+        Spec::Async => {
+            let mr = CudaAsyncMemoryResource::new()?;
+            let handle = mr.clone();
+            Built {
+                mr: rmm_mr::shared(mr),
+                peak: Box::new(move || handle.statistics().ok().map(|s| s.reserved_high)),
+            }
+        }
+        Spec::Pool { initial } => Built {
+            mr: rmm_mr::shared(PoolMemoryResource::new(stats.clone(), initial, None)?),
+            peak: peak_of(stats),
+        },
+        Spec::Arena { bytes } => Built {
+            mr: rmm_mr::shared(ArenaMemoryResource::new(stats.clone(), Some(bytes), false)?),
+            peak: peak_of(stats),
+        },
+        Spec::Binning {
+            pool_initial,
+            min_exp,
+            max_exp,
+        } => {
+            let pool = PoolMemoryResource::new(stats.clone(), pool_initial, None)?;
+            Built {
+                mr: rmm_mr::shared(BinningMemoryResource::with_exponents(
+                    pool, min_exp, max_exp,
+                )?),
+                peak: peak_of(stats),
+            }
+        }
+    })
+}
+
+/// The outcome of one cell.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cell {
+    /// Nanoseconds per operation of each timed pass.
+    pub samples: Vec<f64>,
+    /// Their median.
+    pub ns_per_op: f64,
+    /// Peak bytes reserved over all passes, when known.
+    pub peak_reserved: Option<u64>,
+}
+
+/// Measures one cell: builds `spec`, creates one non-blocking stream per thread, replays
+/// `trace` `warmup` times untimed and `reps` times timed on `threads` threads (each its own
+/// copy on its own stream, started together); a pass costs the slowest thread's wall time /
+/// (operations x threads). The resource is dropped before the streams.
+pub fn measure(
+    spec: Spec,
+    trace: &Trace,
+    threads: usize,
+    warmup: usize,
+    reps: usize,
+) -> MrResult<Cell> {
+    let streams = crate::streams(threads)?;
+    let built = build(spec)?;
+    let ops = (trace.ops.len() * threads).max(1) as f64;
+    let mut samples = Vec::with_capacity(reps);
+    for pass in 0..warmup + reps {
+        let wall = replay_threads(&*built.mr, trace, &streams)?;
+        if pass >= warmup {
+            samples.push(wall.as_nanos() as f64 / ops);
+        }
+    }
+    let peak_reserved = built.peak_reserved();
+    drop(built);
+    drop(streams);
+    let ns_per_op = median(&mut samples.clone());
+    Ok(Cell {
+        samples,
+        ns_per_op,
+        peak_reserved,
+    })
+}
+
+/// One line naming the device, its driver and its memory.
+pub fn describe_device() -> MrResult<String> {
+    let dev = rmm_sys::current_device()?;
+    let name = rmm_sys::device_name(dev)?;
+    let version = rmm_sys::driver_version()?;
+    let mem = crate::sizing::DeviceMemory::query()?;
+    Ok(format!(
+        "{name}; driver CUDA {version}; memory {} total, {} free",
+        crate::sizing::gib(mem.total as u64),
+        crate::sizing::gib(mem.free as u64)
+    ))
+}
+
+/// Hand-written PTX (no NVRTC): `spin(u64* out, u64 cycles)` spins one thread for `cycles`
+/// clock cycles (`%clock64`) and writes the cycles it spun to `out`. RMM's
+/// `multi_stream_allocations` kernel does the same in CUDA C++.
+pub const SPIN_PTX: &str = r#"
+.version 7.0
+.target sm_52
+.address_size 64
+
+.visible .entry spin(
+	.param .u64 spin_param_out,
+	.param .u64 spin_param_cycles
+)
+{
+	.reg .pred 	%p<2>;
+	.reg .b64 	%rd<8>;
+
+	ld.param.u64 	%rd1, [spin_param_out];
+	ld.param.u64 	%rd2, [spin_param_cycles];
+	mov.u64 	%rd3, %clock64;
+$L__spin:
+	mov.u64 	%rd4, %clock64;
+	sub.s64 	%rd5, %rd4, %rd3;
+	setp.lt.u64 	%p1, %rd5, %rd2;
+	@%p1 bra 	$L__spin;
+	cvta.to.global.u64 	%rd6, %rd1;
+	st.global.u64 	[%rd6], %rd5;
+	ret;
+}
+"#;
+
+/// The [`SPIN_PTX`] kernel, loaded (JIT-compiled by the driver) into the current context
+/// through cudarc's driver calls.
+#[derive(Debug)]
+pub struct SpinKernel {
+    module: cudarc::driver::sys::CUmodule,
+    func: cudarc::driver::sys::CUfunction,
+}
+
+impl SpinKernel {
+    /// Loads the kernel into the current device's primary context.
+    pub fn load() -> MrResult<Self> {
+        rmm_sys::ensure_current_context()?;
+        let driver = |e: cudarc::driver::DriverError| {
+            MrError::bad_alloc(format!("loading the spin kernel: {e:?}"))
+        };
+        let image = CString::new(SPIN_PTX).map_err(|e| MrError::bad_alloc(e.to_string()))?;
+        // SAFETY: `image` is a NUL-terminated PTX text that outlives the call, and a context
+        // is current on this thread (above).
+        let module = unsafe { cudarc::driver::result::module::load_data(image.as_ptr().cast()) }
+            .map_err(driver)?;
+        let name = CString::new("spin").map_err(|e| MrError::bad_alloc(e.to_string()))?;
+        // SAFETY: `module` was loaded above and is live.
+        match unsafe { cudarc::driver::result::module::get_function(module, name) } {
+            Ok(func) => Ok(Self { module, func }),
+            Err(e) => {
+                // SAFETY: `module` is live and nothing of it is in use.
+                let _ = unsafe { cudarc::driver::result::module::unload(module) };
+                Err(driver(e))
+            }
+        }
+    }
+
+    /// Launches one thread spinning `cycles` cycles on `stream`, writing 8 bytes at `out`.
+    ///
+    /// # Safety
+    /// `out` is 8 bytes of device memory the caller may write on `stream`, a live stream of
+    /// the context the kernel was loaded into.
+    pub unsafe fn launch(
+        &self,
+        stream: rmm_sys::raw::CUstream,
+        out: DevicePtr,
+        cycles: u64,
+    ) -> MrResult<()> {
+        let mut out_addr: u64 = out.addr();
+        let mut cycles = cycles;
+        let mut params: [*mut c_void; 2] = [
+            (&mut out_addr as *mut u64).cast(),
+            (&mut cycles as *mut u64).cast(),
+        ];
+        // SAFETY: `func` is live (owned by `self`); the parameters match `spin(u64*, u64)` and
+        // outlive the call (the driver copies them at launch); the caller's contract covers
+        // `out` and `stream`.
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                self.func,
+                (1, 1, 1),
+                (1, 1, 1),
+                0,
+                stream.cast(),
+                &mut params,
+            )
+        }
+        .map_err(|e| MrError::bad_alloc(format!("launching the spin kernel: {e:?}")))
+    }
+}
+
+impl Drop for SpinKernel {
+    fn drop(&mut self) {
+        // SAFETY: the module is live and owned by `self`; launches on it were enqueued before
+        // and the driver keeps the code until they finish.
+        let _ = unsafe { cudarc::driver::result::module::unload(self.module) };
+    }
+}
