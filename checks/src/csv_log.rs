@@ -10,7 +10,7 @@
 //! 2. as a list of events ([`decode_events`]): written and parsed back, they must be the same
 //!    events (every event the logging adaptor can write is readable).
 
-use rmm_mr::logging::{
+use rmm_mr::adaptors::logging::{
     parse_log, parse_log_str, push_event, CsvError, EventTime, MemoryEvent, HEADER,
 };
 
@@ -140,7 +140,7 @@ pub fn check_log(data: &[u8]) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rmm_mr::logging::Action;
+    use rmm_mr::adaptors::logging::Action;
 
     const LOG: &str = "Thread,Time,Action,Pointer,Size,Stream\n\
         140210031454016,14:03:27.512345,allocate,0x7f3a1c000000,100,0\n\

@@ -1,7 +1,8 @@
 //! The rmm-rs workspace's task runner: `cargo xtask ci`, `cargo xtask gpu bundle`,
-//! `cargo xtask gpu run`, `cargo xtask gpu bench`, `cargo xtask miri`, `cargo xtask fuzz`. See
-//! CONTRIBUTING.md and docs/gpu-testing.md.
+//! `cargo xtask gpu run`, `cargo xtask gpu bench`, `cargo xtask miri`, `cargo xtask fuzz`,
+//! `cargo xtask api-count`. See CONTRIBUTING.md and docs/gpu-testing.md.
 
+mod api_count;
 mod artifacts;
 mod bundle;
 mod cargo;
@@ -32,6 +33,8 @@ commands:
                             pure cores' unit tests under Miri, compile-fail doctests (nightly)
   fuzz [TARGET] [--time SECS]
                             cargo-fuzz targets, SECS (60) each, from fuzz/corpus (nightly)
+  api-count [--list] [--no-build] [PACKAGE]...
+                            public items of rmm-rs and rmm-mr (or PACKAGEs), by kind (nightly)
   help                      this text";
 
 fn main() -> ExitCode {
@@ -41,6 +44,7 @@ fn main() -> ExitCode {
         Some((cmd, rest)) if cmd == "gpu" => gpu::run(rest),
         Some((cmd, rest)) if cmd == "miri" => miri::run(rest),
         Some((cmd, rest)) if cmd == "fuzz" => fuzz::run(rest),
+        Some((cmd, rest)) if cmd == "api-count" => api_count::run(rest),
         Some((cmd, _)) if matches!(cmd.as_str(), "help" | "-h" | "--help") => {
             println!("{USAGE}");
             Ok(0)

@@ -82,7 +82,7 @@ impl BufferStream {
             Inner::Static(v) => *v,
             Inner::Shared(s) => s.view(),
             #[cfg(feature = "cudarc")]
-            Inner::Cudarc(s) => crate::interop::cudarc_stream_view(s),
+            Inner::Cudarc(s) => cudarc_stream_view(s),
         }
     }
 
@@ -194,6 +194,24 @@ impl fmt::Debug for BufferStream {
 impl fmt::Display for BufferStream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(&self.view(), f)
+    }
+}
+
+/// A view of a cudarc stream, borrowing it (so it cannot outlive it). cudarc's null stream
+/// becomes the legacy default stream. (Lives here, beside [`BufferStream`], which uses it;
+/// re-exported from [`interop`](crate::interop).)
+#[cfg(feature = "cudarc")]
+#[must_use]
+pub fn cudarc_stream_view(stream: &cudarc::driver::CudaStream) -> CudaStreamView<'_> {
+    let raw = stream.cu_stream();
+    if raw.is_null() {
+        CudaStreamView::legacy()
+    } else {
+        // SAFETY: the handle names a stream that lives at least as long as `stream` is
+        // borrowed (cudarc destroys owned streams on drop; borrowed wrappers carry their
+        // creator's promise that the stream outlives them). The cast only renames the pointee
+        // type: both bindings declare the same opaque driver handle.
+        unsafe { CudaStreamView::from_raw(raw.cast()) }
     }
 }
 

@@ -20,28 +20,8 @@ use rmm_mr::{
     MrError, MrResult, PoolMemoryResource, SharedResource,
 };
 use rmm_stream::{CudaStream, CudaStreamView};
-use rmm_sys::{DeviceCapabilities, DeviceId, DevicePtr};
-
-type Outcome = Result<Completion, Failed>;
-
-fn done() -> Outcome {
-    Ok(Completion::Completed)
-}
-
-fn ensure(cond: bool, msg: impl Into<String>) -> Result<(), Failed> {
-    if cond {
-        Ok(())
-    } else {
-        Err(msg.into().into())
-    }
-}
-
-fn gpu(name: impl Into<String>, f: impl FnOnce() -> Outcome + Send + 'static) -> Trial {
-    Trial::ignorable_test(name, move || match rmm_sys::gpu_unavailable_reason() {
-        Some(why) => Ok(Completion::ignored_with(format!("needs a CUDA GPU: {why}"))),
-        None => f(),
-    })
-}
+use rmm_sys::testing::{done, ensure, gpu_outcome as gpu, no_pools, Outcome};
+use rmm_sys::{DeviceId, DevicePtr};
 
 fn two_gpus(name: impl Into<String>, f: impl FnOnce() -> Outcome + Send + 'static) -> Trial {
     gpu(name, move || {
@@ -61,15 +41,6 @@ struct Subject {
     make: fn() -> MrResult<SharedResource>,
     /// Why it cannot run here (after the GPU check).
     unsupported: fn() -> Option<String>,
-}
-
-fn no_pools() -> Option<String> {
-    let dev = rmm_sys::current_device().ok()?;
-    match DeviceCapabilities::probe(dev) {
-        Ok(c) if c.memory_pools_supported => None,
-        Ok(_) => Some("the device has no memory pools".into()),
-        Err(e) => Some(e.to_string()),
-    }
 }
 
 const SUBJECTS: [Subject; 3] = [

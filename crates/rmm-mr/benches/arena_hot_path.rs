@@ -23,8 +23,8 @@ use std::sync::{mpsc, Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
-use rmm_mr::arena::{align_up, ArenaMemoryResource, GlobalArena, LocalArena};
-use rmm_mr::{DeviceMemoryResource, MrResult};
+use rmm_mr::__internals::arena::{align_up, GlobalArena, LocalArena};
+use rmm_mr::{ArenaMemoryResource, DeviceMemoryResource, MrResult};
 use rmm_stream::CudaStreamView;
 use rmm_sys::DevicePtr;
 

@@ -11,7 +11,7 @@
 //!   [`set_debug_log_level`] (RMM's `default_logger().set_level`);
 //! * RMM's pattern `[%6t][%H:%M:%S:%f][%-6l] %v`, e.g.
 //!   `[     3][14:03:27:512345][debug ] [A][Stream 0x0][Upstream 1048576B]`, where the thread
-//!   is [`current_thread_number`](crate::logging::current_thread_number()) and the time is UTC
+//!   is [`current_thread_number`](crate::adaptors::logging::current_thread_number()) and the time is UTC
 //!   (RMM prints the kernel thread id and local time).
 
 use std::ffi::OsStr;
@@ -24,7 +24,7 @@ use std::sync::{Mutex, PoisonError};
 
 use log::{Level, LevelFilter, Log, Metadata, Record};
 
-use crate::logging::{current_thread_number, EventTime};
+use crate::adaptors::logging::{current_thread_number, EventTime};
 
 /// The environment variable naming the debug log file (RMM's `RMM_DEBUG_LOG_FILE`).
 pub const DEBUG_LOG_FILE_ENV: &str = "RMM_DEBUG_LOG_FILE";
@@ -293,7 +293,7 @@ mod tests {
         assert!(!logger.enabled(&meta(Level::Warn, "rmm_mr::pool")));
         assert!(!logger.enabled(&meta(Level::Error, "some_other_crate")));
         set_debug_log_level(LevelFilter::Debug);
-        assert!(logger.enabled(&meta(Level::Debug, "rmm_mr::tracking")));
+        assert!(logger.enabled(&meta(Level::Debug, "rmm_mr::adaptors::tracking")));
         assert_eq!(log::max_level(), LevelFilter::Debug);
         set_debug_log_level(LevelFilter::Error);
         flush_debug_log();

@@ -17,51 +17,45 @@
 //!   failure; bad alignments and absurd sizes are typed errors; a wrong free the resource can
 //!   detect is [`MrError::InvalidFree`] instead of RMM's abort. No driver: `Err`, never a panic.
 //! - **Devices**: a resource is used with the device that was current at its construction
-//!   current (containers switch for you); [`registry`] holds one resource per device.
+//!   (containers switch for you); [`set_per_device_resource`] and [`current_device_resource`]
+//!   hold one resource per device.
 //!
 //! Pure bookkeeping (free lists, bins, arenas, counters, the CSV log) lives in modules that make
-//! no CUDA calls and are tested on machines without a GPU.
+//! no CUDA calls and are tested on machines without a GPU. The tree of this crate and design
+//! notes on its cores: `docs/internals/` in the repository.
 
-pub mod aligned;
-mod alignment;
+pub mod adaptors;
 pub mod arena;
 pub mod binning;
-mod cross_thread;
 #[cfg(feature = "debug-log")]
 pub mod debug_log;
-pub mod error;
-pub mod failure_callback;
+mod error;
 #[cfg(test)]
 mod fault_tests;
 pub mod fixed_size;
-pub mod limiting;
-pub mod logging;
 pub mod pool;
-pub mod prefetch;
-pub mod prefetch_adaptor;
-pub mod registry;
-pub mod resource;
+mod prefetch;
+mod registry;
+mod resource;
 pub mod resources;
-pub mod statistics;
+mod stream_ordered;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-pub mod thread_safe;
-pub mod tracking;
+mod util;
 
-pub use aligned::AlignedResourceAdaptor;
-pub use alignment::MAX_OVER_ALIGNMENT;
+pub use adaptors::{
+    AlignedResourceAdaptor, FailureCallbackResourceAdaptor, LimitingResourceAdaptor,
+    LoggingResourceAdaptor, PrefetchResourceAdaptor, StatisticsResourceAdaptor,
+    ThreadSafeResourceAdaptor, TrackingResourceAdaptor,
+};
 pub use arena::ArenaMemoryResource;
 pub use binning::BinningMemoryResource;
 #[cfg(feature = "debug-log")]
 pub use debug_log::{init_debug_logging, set_debug_log_level};
 pub use error::{InvalidFree, MrError, MrResult};
-pub use failure_callback::FailureCallbackResourceAdaptor;
 pub use fixed_size::FixedSizeMemoryResource;
-pub use limiting::LimitingResourceAdaptor;
-pub use logging::LoggingResourceAdaptor;
 pub use pool::PoolMemoryResource;
 pub use prefetch::{prefetch, PrefetchTarget};
-pub use prefetch_adaptor::PrefetchResourceAdaptor;
 pub use registry::{
     current_device_resource, per_device_resource, reset_current_device_resource,
     reset_per_device_resource, set_current_device_resource, set_per_device_resource,
@@ -75,9 +69,59 @@ pub use resources::{
     PinnedHostMemoryResource, PoolStatistics, SamHeadroomMemoryResource, SimulatedMemoryResource,
     SystemMemoryResource,
 };
-pub use statistics::StatisticsResourceAdaptor;
-pub use thread_safe::ThreadSafeResourceAdaptor;
-pub use tracking::TrackingResourceAdaptor;
+pub use util::alignment::MAX_OVER_ALIGNMENT;
+pub use util::format::format_bytes;
+
+/// The pure bookkeeping cores, for this workspace's benchmarks, fuzz targets and property
+/// checks only: **not** part of the API (no semver promise, hidden from the docs). The
+/// resources above are the API; these are the parts they are built from. See CONTRIBUTING.md,
+/// "Internals for benchmarks".
+#[doc(hidden)]
+pub mod __internals {
+    /// The arena's bookkeeping (superblocks, the global and local arenas, size classes).
+    pub mod arena {
+        pub use crate::arena::block::Block;
+        pub use crate::arena::error::{ArenaError, RejectedSuperblock};
+        pub use crate::arena::global_arena::{GlobalArena, SuperblockLocation};
+        pub use crate::arena::local_arena::LocalArena;
+        pub use crate::arena::size_class::{
+            align_down, align_to_size_class, align_up, ALLOCATION_ALIGNMENT, MAX_SIZE_CLASS,
+        };
+        pub use crate::arena::stats::ArenaStats;
+        pub use crate::arena::superblock::Superblock;
+    }
+
+    /// The pool's coalescing free list and growth policy.
+    pub mod pool {
+        pub use crate::pool::free_list::{Block, CoalescingFreeList, FreeListError};
+        pub use crate::pool::growth::{
+            size_to_grow, try_to_expand, Grown, GrowthError, GrowthFailure, GrowthPlan,
+            PoolOutOfMemory, PoolSizes,
+        };
+    }
+
+    /// The fixed-size resource's chunks and block table.
+    pub mod fixed_size {
+        pub use crate::fixed_size::block_table::{BlockLedger, BlockTable, ChunkBlocks};
+        pub use crate::fixed_size::chunk::{rounded_block_size, Chunk, FixedSizeError};
+    }
+
+    /// The binning resource's bin table and lock-free routes.
+    pub mod binning {
+        pub use crate::binning::routes::BinRoutes;
+        pub use crate::binning::table::{exponent_sizes, rounded_bin_size, BinTable, BinningError};
+    }
+
+    /// The statistics adaptor's sharded counters.
+    pub mod statistics {
+        pub use crate::adaptors::statistics::counters::{StatisticsCounters, StatsError};
+    }
+
+    /// The tracking adaptor's registry of outstanding allocations.
+    pub mod tracking {
+        pub use crate::adaptors::tracking::registry::TrackingRegistry;
+    }
+}
 
 #[cfg(test)]
 mod send_sync {

@@ -294,10 +294,10 @@ pub fn resource_cast<T: DeviceMemoryResource>(resource: &dyn DeviceMemoryResourc
 }
 
 /// Checks an alignment for a base resource: 0 (the default) or a power of two no larger than
-/// 256, else `bad_alloc` (RMM #2393; see [`crate::alignment`]).
+/// 256, else `bad_alloc` (RMM #2393; see [`crate::util::alignment`]).
 #[inline]
 pub(crate) fn check_base_alignment(alignment: usize) -> Result<(), MrError> {
-    crate::alignment::check(alignment, ALLOCATION_ALIGNMENT).map(|_| ())
+    crate::util::alignment::check(alignment, ALLOCATION_ALIGNMENT).map(|_| ())
 }
 
 /// Equality for resource types whose instances share state through an `Arc`: equal when

@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex};
 use rmm_stream::CudaStreamView;
 use rmm_sys::DevicePtr;
 
-use crate::alignment::{self, MAX_OVER_ALIGNMENT};
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::{same_shared_state, DeviceMemoryResource, ResourceProperties};
+use crate::util::alignment::{self, MAX_OVER_ALIGNMENT};
 
 mod faulty;
 

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use conformance::{alignment_trials, ensure, trials, Subject, GIB, KIB, MIB};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
-use rmm_mr::logging::{parse_log, Action, MemoryEvent};
+use rmm_mr::adaptors::logging::{parse_log, Action, MemoryEvent};
 use rmm_mr::testing::HostMockResource;
 use rmm_mr::{
     AlignedResourceAdaptor, ArenaMemoryResource, BinningMemoryResource, CudaAsyncMemoryResource,
@@ -24,7 +24,8 @@ use rmm_mr::{
     StatisticsResourceAdaptor, ThreadSafeResourceAdaptor, TrackingResourceAdaptor,
 };
 use rmm_stream::{CudaStream, CudaStreamView};
-use rmm_sys::{DeviceCapabilities, DevicePtr};
+use rmm_sys::testing::{caps, done, gpu_outcome as gpu, no_pools};
+use rmm_sys::DevicePtr;
 
 // --- helpers ---------------------------------------------------------------------------------
 
@@ -51,28 +52,6 @@ fn env_debug_log_file() -> PathBuf {
 
 fn arc<R: DeviceMemoryResource>(r: R) -> SharedResource {
     Arc::new(r)
-}
-
-fn gpu(name: &str, f: fn() -> Result<Completion, Failed>) -> Trial {
-    Trial::ignorable_test(name, move || match rmm_sys::gpu_unavailable_reason() {
-        Some(why) => Ok(Completion::ignored_with(format!("needs a CUDA GPU: {why}"))),
-        None => f(),
-    })
-}
-
-fn done() -> Result<Completion, Failed> {
-    Ok(Completion::Completed)
-}
-
-fn caps() -> Result<DeviceCapabilities, Failed> {
-    Ok(DeviceCapabilities::probe(rmm_sys::current_device()?)?)
-}
-
-fn no_pools() -> Option<String> {
-    match DeviceCapabilities::probe(rmm_sys::current_device().ok()?) {
-        Ok(c) if c.memory_pools_supported => None,
-        _ => Some("the device has no stream-ordered memory pools".into()),
-    }
 }
 
 fn read_log(path: &Path) -> Result<Vec<MemoryEvent>, Failed> {
@@ -656,7 +635,7 @@ fn main() {
         std::process::exit(2);
     }
     // Set while this process is still single-threaded.
-    std::env::set_var(rmm_mr::logging::LOG_FILE_ENV, env_log_file());
+    std::env::set_var(rmm_mr::adaptors::logging::LOG_FILE_ENV, env_log_file());
     std::env::set_var(rmm_mr::debug_log::DEBUG_LOG_FILE_ENV, env_debug_log_file());
 
     let mut all: Vec<Trial> = subjects().iter().flat_map(trials).collect();

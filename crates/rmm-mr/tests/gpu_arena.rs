@@ -7,12 +7,12 @@
 
 mod cross_thread;
 
-use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use libtest_mimic::{Arguments, Failed, Trial};
 use rmm_mr::{ArenaMemoryResource, CudaMemoryResource, DeviceMemoryResource, MrError};
 use rmm_stream::{stall, CudaStream, CudaStreamView};
+use rmm_sys::testing::{self, ensure, one_at_a_time};
 use rmm_sys::{memory, DevicePtr};
 
 const KIB: usize = 1 << 10;
@@ -21,45 +21,25 @@ const STALL: Duration = Duration::from_millis(200);
 
 type Arena = ArenaMemoryResource<CudaMemoryResource>;
 
-/// Trials take large shares of the device's memory (90 % of it, half of it), so they run one
-/// at a time even when the harness runs trials in parallel.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
+/// A GPU trial. Trials take large shares of the device's memory (90 % of it, half of it), so
+/// they run one at a time even when the harness runs trials in parallel.
 fn gpu(name: &str, f: fn() -> Result<(), Failed>) -> Trial {
-    Trial::ignorable_test(name, move || match rmm_sys::gpu_unavailable_reason() {
-        Some(why) => Ok(Completion::ignored_with(format!("needs a CUDA GPU: {why}"))),
-        None => {
-            let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
-            f().map(|()| Completion::Completed)
-        }
+    testing::gpu(name, move || {
+        let _serial = one_at_a_time();
+        f()
     })
 }
 
-/// A trial on `stream` (a name of the per-thread default stream): ignored, with the reason,
-/// without a GPU or in the default-stream mode where that name means the legacy stream.
+/// A cross-thread trial on `stream`, one at a time like [`gpu`]'s.
 fn gpu_pt(
     name: String,
     stream: cross_thread::PtStream,
     f: impl FnOnce() -> Result<(), Failed> + Send + 'static,
 ) -> Trial {
-    Trial::ignorable_test(name, move || {
-        if let Some(why) = rmm_sys::gpu_unavailable_reason() {
-            return Ok(Completion::ignored_with(format!("needs a CUDA GPU: {why}")));
-        }
-        if let Some(why) = stream.unavailable() {
-            return Ok(Completion::ignored_with(why));
-        }
-        let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
-        f().map(|()| Completion::Completed)
+    cross_thread::gpu_pt(name, stream, move || {
+        let _serial = one_at_a_time();
+        f()
     })
-}
-
-fn ensure(cond: bool, msg: impl Into<String>) -> Result<(), Failed> {
-    if cond {
-        Ok(())
-    } else {
-        Err(msg.into().into())
-    }
 }
 
 fn arena(size: usize) -> Result<Arena, Failed> {
@@ -222,7 +202,7 @@ fn dump_log_on_failure() -> Result<(), Failed> {
     let e = mr.allocate_sync(8 * MIB, 256).unwrap_err();
     ensure(e.is_out_of_memory(), format!("{e}"))?;
     let dump = mr.memory_dump();
-    ensure(dump.contains("Arena size: 1.00 MiB"), dump)
+    ensure(dump.contains("Arena size: 1024.000000 KiB"), dump)
 }
 
 // --- stream ordering, checked through memory contents ----------------------------------------

@@ -14,17 +14,11 @@ use rmm_mr::{
     ManagedMemoryResource, PinnedHostMemoryResource, PoolMemoryResource, SamHeadroomMemoryResource,
     SharedResource, SystemMemoryResource,
 };
+use rmm_sys::testing::{self, no_pools};
 use rmm_sys::{DeviceCapabilities, DriverVersion};
 
 fn caps() -> Option<DeviceCapabilities> {
-    DeviceCapabilities::probe(rmm_sys::current_device().ok()?).ok()
-}
-
-fn no_pools() -> Option<String> {
-    match caps() {
-        Some(c) if c.memory_pools_supported => None,
-        _ => Some("the device has no stream-ordered memory pools".into()),
-    }
+    testing::caps().ok()
 }
 
 fn no_sam() -> Option<String> {

@@ -7,7 +7,7 @@ mod conformance;
 use std::sync::Arc;
 
 use conformance::{ensure, MIB};
-use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use libtest_mimic::{Arguments, Completion, Failed};
 use rmm_mr::{
     per_device_resource, prefetch, reset_current_device_resource, resource_cast,
     set_current_device_resource, CallbackMemoryResource, CudaAsyncManagedMemoryResource,
@@ -16,22 +16,8 @@ use rmm_mr::{
     SharedResource, SystemMemoryResource,
 };
 use rmm_stream::{CudaStream, CudaStreamView};
-use rmm_sys::{memory, AllocationHandleType, DeviceCapabilities, DeviceId, DriverVersion};
-
-fn gpu(name: &str, f: fn() -> Result<Completion, Failed>) -> Trial {
-    Trial::ignorable_test(name, move || match rmm_sys::gpu_unavailable_reason() {
-        Some(why) => Ok(Completion::ignored_with(format!("needs a CUDA GPU: {why}"))),
-        None => f(),
-    })
-}
-
-fn done() -> Result<Completion, Failed> {
-    Ok(Completion::Completed)
-}
-
-fn caps() -> Result<DeviceCapabilities, Failed> {
-    Ok(DeviceCapabilities::probe(rmm_sys::current_device()?)?)
-}
+use rmm_sys::testing::{caps, done, gpu_outcome as gpu};
+use rmm_sys::{memory, AllocationHandleType, DeviceId, DriverVersion};
 
 // --- the registry (mr_ref_default_tests.cpp) ----------------------------------------------
 

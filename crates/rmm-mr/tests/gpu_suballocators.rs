@@ -12,47 +12,16 @@ mod cross_thread;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use cross_thread::gpu_pt;
+use libtest_mimic::{Arguments, Failed};
 use rmm_mr::{
     shared, BinningMemoryResource, CudaAsyncMemoryResource, CudaMemoryResource,
     DeviceMemoryResource, FixedSizeMemoryResource, LimitingResourceAdaptor, MrError,
     PoolMemoryResource, SharedResource,
 };
 use rmm_stream::{stall, CudaEvent, CudaStream, CudaStreamView};
+use rmm_sys::testing::{ensure, gpu};
 use rmm_sys::{memory, DevicePtr};
-
-fn gpu(name: String, f: impl FnOnce() -> Result<(), Failed> + Send + 'static) -> Trial {
-    Trial::ignorable_test(name, move || match rmm_sys::gpu_unavailable_reason() {
-        Some(why) => Ok(Completion::ignored_with(format!("needs a CUDA GPU: {why}"))),
-        None => f().map(|()| Completion::Completed),
-    })
-}
-
-/// A trial on `stream` (a name of the per-thread default stream): ignored, with the reason,
-/// without a GPU or in the default-stream mode where that name means the legacy stream.
-fn gpu_pt(
-    name: String,
-    stream: cross_thread::PtStream,
-    f: impl FnOnce() -> Result<(), Failed> + Send + 'static,
-) -> Trial {
-    Trial::ignorable_test(name, move || {
-        if let Some(why) = rmm_sys::gpu_unavailable_reason() {
-            return Ok(Completion::ignored_with(format!("needs a CUDA GPU: {why}")));
-        }
-        if let Some(why) = stream.unavailable() {
-            return Ok(Completion::ignored_with(why));
-        }
-        f().map(|()| Completion::Completed)
-    })
-}
-
-fn ensure(cond: bool, msg: impl Into<String>) -> Result<(), Failed> {
-    if cond {
-        Ok(())
-    } else {
-        Err(msg.into().into())
-    }
-}
 
 /// The upstreams every pool case runs over.
 #[derive(Debug, Clone, Copy)]

@@ -351,7 +351,7 @@ impl Shared<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rmm::mr::logging::{parse_log_lines, parse_log_str, Action, MemoryEvent};
+    use rmm::mr::adaptors::logging::{parse_log_lines, parse_log_str, Action, MemoryEvent};
     use rmm::mr::{LoggingResourceAdaptor, PoolMemoryResource, SimulatedMemoryResource};
     use std::collections::HashMap;
     use std::io::Write;
@@ -454,7 +454,7 @@ mod tests {
             );
         }
         assert_eq!(to_replayed.len(), 4);
-        assert!(!to_original.contains_key(&rmm::mr::logging::current_thread_number()));
+        assert!(!to_original.contains_key(&rmm::mr::adaptors::logging::current_thread_number()));
         // Every free gave back the pointer its allocation got.
         let mut live = HashMap::new();
         for e in &replayed {

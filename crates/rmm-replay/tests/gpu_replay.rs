@@ -13,6 +13,7 @@ use rmm::mr::{resource_cast, PoolMemoryResource, SharedResource};
 use rmm::sys::DeviceCapabilities;
 use rmm_replay::target::{self, DeviceStreams, Memory, ResourceKind};
 use rmm_replay::{load, replay_log, Report, Workload};
+use rmm_sys::testing::{ensure, gpu_outcome as gpu};
 
 const SAMPLE: &str = include_str!("../samples/sample.csv");
 
@@ -20,14 +21,6 @@ const SAMPLE: &str = include_str!("../samples/sample.csv");
 const PEAK_IN_USE: u64 = 138_420_836;
 const PEAK_LINE: usize = 12;
 const STEPS: usize = 63;
-
-fn ensure(cond: bool, what: impl Into<String>) -> Result<(), Failed> {
-    if cond {
-        Ok(())
-    } else {
-        Err(what.into().into())
-    }
-}
 
 fn sample() -> Result<Workload, Failed> {
     load(SAMPLE.as_bytes()).map_err(|e| format!("the sample: {e}").into())
@@ -166,20 +159,13 @@ fn replays_the_sample_over_simulated_memory_with_a_gpu_present() -> Result<Compl
     Ok(Completion::Completed)
 }
 
-fn gpu(name: &str, f: impl FnOnce() -> Result<Completion, Failed> + Send + 'static) -> Trial {
-    Trial::ignorable_test(name, move || match rmm::sys::gpu_unavailable_reason() {
-        Some(why) => Ok(Completion::ignored_with(format!("needs a CUDA GPU: {why}"))),
-        None => f(),
-    })
-}
-
 fn main() {
     let args = Arguments::from_args();
     let mut trials: Vec<Trial> = ResourceKind::ALL
         .into_iter()
         .map(|kind| {
             gpu(
-                &format!("replays_the_sample_on_{}", kind.name()),
+                format!("replays_the_sample_on_{}", kind.name()),
                 move || replays_the_sample_on(kind),
             )
         })

@@ -4,27 +4,13 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use libtest_mimic::{Arguments, Failed};
 use rmm_stream::{
     default_stream_mode, stall, CudaEvent, CudaStream, CudaStreamPool, CudaStreamView,
     DefaultStreamMode, StreamFlags,
 };
 use rmm_sys::memory;
-
-fn gpu(name: &str, f: fn() -> Result<(), Failed>) -> Trial {
-    Trial::ignorable_test(name, move || match rmm_sys::gpu_unavailable_reason() {
-        Some(why) => Ok(Completion::ignored_with(format!("needs a CUDA GPU: {why}"))),
-        None => f().map(|()| Completion::Completed),
-    })
-}
-
-fn ensure(cond: bool, msg: impl Into<String>) -> Result<(), Failed> {
-    if cond {
-        Ok(())
-    } else {
-        Err(msg.into().into())
-    }
-}
+use rmm_sys::testing::{ensure, gpu};
 
 fn create_sync_destroy() -> Result<(), Failed> {
     for flags in [StreamFlags::SyncDefault, StreamFlags::NonBlocking] {

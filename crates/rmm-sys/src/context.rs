@@ -1,12 +1,19 @@
 //! Primary contexts: one per device, retained once per process and never released, as the CUDA
 //! runtime does. Sharing the primary context is what lets rmm-rs memory interoperate with
 //! runtime-API users (PyTorch, CuPy, C++ RMM) and with cudarc on the same device.
+//!
+//! Every wrapper that needs a context calls [`ensure_current_context`] (or takes the entry
+//! points through [`context_api`]) before its first driver call, so that a thread with no
+//! current context gets device 0's primary context, as the CUDA runtime does, instead of
+//! failing with `CUDA_ERROR_INVALID_CONTEXT`.
 
+use std::cell::Cell;
 use std::sync::OnceLock;
 
 use crate::raw;
 
-use crate::device::DeviceId;
+use crate::driver::api;
+use crate::entry::Api;
 use crate::error::{check, CudaError, CudaResult, ResultCode};
 
 /// A retained primary context (the raw handle, kept as an address so it is `Send + Sync`).
@@ -22,6 +29,11 @@ impl PrimaryContext {
 }
 
 static CONTEXTS: OnceLock<Vec<OnceLock<CudaResult<PrimaryContext>>>> = OnceLock::new();
+
+thread_local! {
+    /// Whether this thread is known to have a current context.
+    static HAS_CONTEXT: Cell<bool> = const { Cell::new(false) };
+}
 
 /// The primary context of `device`, retained on first use and kept for the process.
 pub fn primary_context(device: i32) -> CudaResult<PrimaryContext> {
@@ -41,7 +53,7 @@ pub fn primary_context(device: i32) -> CudaResult<PrimaryContext> {
 }
 
 fn retain(device: i32) -> CudaResult<PrimaryContext> {
-    let api = crate::driver::api()?;
+    let api = api()?;
     let mut dev: raw::CUdevice = 0;
     // SAFETY: the driver is initialized; writes one device handle.
     check("cuDeviceGet", unsafe {
@@ -57,7 +69,7 @@ fn retain(device: i32) -> CudaResult<PrimaryContext> {
 }
 
 pub(crate) fn raw_device_count() -> CudaResult<i32> {
-    let api = crate::driver::api()?;
+    let api = api()?;
     let mut n = 0;
     // SAFETY: the driver is initialized; writes one int.
     check("cuDeviceGetCount", unsafe {
@@ -75,14 +87,61 @@ pub(crate) fn invalid_device(device: i32) -> CudaError {
     }
 }
 
-/// Makes `device`'s primary context current on the calling thread (`cudaSetDevice`).
-pub(crate) fn make_current(device: DeviceId) -> CudaResult<()> {
-    let ctx = primary_context(device.0)?;
-    let api = crate::driver::api()?;
+/// Makes the primary context of the device with ordinal `device` current on the calling thread
+/// (`cudaSetDevice`).
+pub(crate) fn make_current(device: i32) -> CudaResult<()> {
+    let ctx = primary_context(device)?;
+    let api = api()?;
     // SAFETY: `ctx` is a retained primary context that lives for the process.
     check("cuCtxSetCurrent", unsafe {
         (api.cuCtxSetCurrent)(ctx.as_raw())
     })?;
-    crate::driver::mark_context_current();
+    mark_context_current();
     Ok(())
+}
+
+/// The driver's entry points, with a context current on the calling thread
+/// ([`ensure_current_context`]).
+#[inline]
+pub(crate) fn context_api() -> CudaResult<&'static Api> {
+    ensure_current_context()?;
+    api()
+}
+
+/// Makes sure the calling thread has a current context.
+///
+/// A thread that has none gets device 0's primary context (retained once per process and made
+/// current), which is what the CUDA runtime does implicitly. Cheap after the first call on a
+/// thread: one thread-local read.
+#[inline]
+pub fn ensure_current_context() -> CudaResult<()> {
+    if HAS_CONTEXT.with(Cell::get) {
+        return Ok(());
+    }
+    ensure_current_context_slow()
+}
+
+#[cold]
+fn ensure_current_context_slow() -> CudaResult<()> {
+    let api = api()?;
+    let mut ctx: raw::CUcontext = std::ptr::null_mut();
+    // SAFETY: the driver is initialized; the call writes one handle.
+    check("cuCtxGetCurrent", unsafe {
+        (api.cuCtxGetCurrent)(&mut ctx)
+    })?;
+    if ctx.is_null() {
+        let primary = primary_context(0)?;
+        // SAFETY: `primary` is a retained primary context of device 0, kept alive for the
+        // process by `primary_context`.
+        check("cuCtxSetCurrent", unsafe {
+            (api.cuCtxSetCurrent)(primary.as_raw())
+        })?;
+    }
+    mark_context_current();
+    Ok(())
+}
+
+/// Records that the calling thread now has a current context (after `cuCtxSetCurrent`).
+fn mark_context_current() {
+    HAS_CONTEXT.with(|c| c.set(true));
 }

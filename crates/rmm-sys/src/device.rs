@@ -9,7 +9,7 @@ use crate::raw;
 use cudarc::driver::sys;
 
 use crate::align::{align_down, ALLOCATION_ALIGNMENT};
-use crate::driver::context_api;
+use crate::context::context_api;
 use crate::error::{check, CudaResult};
 
 /// A CUDA device ordinal (RMM's `cuda_device_id`).
@@ -79,6 +79,18 @@ impl fmt::Display for DeviceId {
     }
 }
 
+/// Why rmm-rs cannot use a GPU here, or `None` when a driver and at least one device are
+/// present. GPU tests use it to report themselves skipped; programs can print it as their one
+/// line of explanation.
+#[must_use]
+pub fn gpu_unavailable_reason() -> Option<String> {
+    match device_count() {
+        Ok(0) => Some("no CUDA device was found".to_owned()),
+        Ok(_) => None,
+        Err(e) => Some(e.to_string()),
+    }
+}
+
 /// Number of CUDA devices (`cudaGetDeviceCount`).
 #[doc(alias = "rmm::get_num_cuda_devices")]
 pub fn device_count() -> CudaResult<usize> {
@@ -101,7 +113,7 @@ pub fn current_device() -> CudaResult<DeviceId> {
 /// Makes `device` current on the calling thread: retains its primary context and sets it
 /// current, as `cudaSetDevice` does.
 pub fn set_current_device(device: DeviceId) -> CudaResult<()> {
-    crate::context::make_current(device)
+    crate::context::make_current(device.0)
 }
 
 /// Makes a device current for a scope and restores the previous one on drop (RMM's

@@ -1,18 +1,14 @@
-//! The driver gate: loading `libcuda`, `cuInit`, the version check, and the calling thread's
-//! context.
+//! The driver gate: loading `libcuda`, `cuInit`, the version check, and entry points resolved
+//! by version.
 //!
-//! Every wrapper in this crate calls [`ensure_current_context`] (directly or through
-//! [`init`]) before its first driver call, so that:
-//! - without a driver, the result is `Err(CudaError::DriverNotFound)` and nothing panics
-//!   (cudarc's own functions panic when `libcuda` is missing; rmm-sys never calls them, it
-//!   loads the library and its entry points itself, see `entry.rs`);
-//! - a thread with no current context gets device 0's primary context, as the CUDA runtime
-//!   does, instead of failing with `CUDA_ERROR_INVALID_CONTEXT`.
+//! Every wrapper in this crate calls [`init`] (directly or through
+//! [`ensure_current_context`](crate::ensure_current_context)) before its first driver call, so
+//! that without a driver the result is `Err(CudaError::DriverNotFound)` and nothing panics
+//! (cudarc's own functions panic when `libcuda` is missing; rmm-sys never calls them, it loads
+//! the library and its entry points itself, see `entry.rs`). The calling thread's context is
+//! the business of the (private) `context` module, one layer up.
 
-use std::cell::Cell;
 use std::sync::OnceLock;
-
-use crate::raw;
 
 use crate::entry::{self, Api};
 use crate::error::{check, CudaError, CudaResult};
@@ -26,27 +22,10 @@ struct State {
 
 static STATE: OnceLock<CudaResult<State>> = OnceLock::new();
 
-thread_local! {
-    /// Whether this thread is known to have a current context.
-    static HAS_CONTEXT: Cell<bool> = const { Cell::new(false) };
-}
-
 /// Whether `libcuda` can be loaded on this machine. Does not initialize the driver.
 #[must_use]
 pub fn is_driver_present() -> bool {
     entry::driver().is_some()
-}
-
-/// Why rmm-rs cannot use a GPU here, or `None` when a driver and at least one device are
-/// present. GPU tests use it to report themselves skipped; programs can print it as their one
-/// line of explanation.
-#[must_use]
-pub fn gpu_unavailable_reason() -> Option<String> {
-    match crate::device::device_count() {
-        Ok(0) => Some("no CUDA device was found".to_owned()),
-        Ok(_) => None,
-        Err(e) => Some(e.to_string()),
-    }
 }
 
 /// Loads and initializes the driver once per process and returns its CUDA version.
@@ -69,14 +48,6 @@ fn state() -> CudaResult<&'static State> {
 #[inline]
 pub(crate) fn api() -> CudaResult<&'static Api> {
     state().map(|s| &s.api)
-}
-
-/// The driver's entry points, with a context current on the calling thread
-/// ([`ensure_current_context`]).
-#[inline]
-pub(crate) fn context_api() -> CudaResult<&'static Api> {
-    ensure_current_context()?;
-    api()
 }
 
 fn initialize() -> CudaResult<State> {
@@ -113,44 +84,6 @@ fn initialize() -> CudaResult<State> {
 /// The installed driver's CUDA version.
 pub fn driver_version() -> CudaResult<DriverVersion> {
     init()
-}
-
-/// Makes sure the calling thread has a current context.
-///
-/// A thread that has none gets device 0's primary context (retained once per process and made
-/// current), which is what the CUDA runtime does implicitly. Cheap after the first call on a
-/// thread: one thread-local read.
-#[inline]
-pub fn ensure_current_context() -> CudaResult<()> {
-    if HAS_CONTEXT.with(Cell::get) {
-        return Ok(());
-    }
-    ensure_current_context_slow()
-}
-
-#[cold]
-fn ensure_current_context_slow() -> CudaResult<()> {
-    let api = api()?;
-    let mut ctx: raw::CUcontext = std::ptr::null_mut();
-    // SAFETY: the driver is initialized; the call writes one handle.
-    check("cuCtxGetCurrent", unsafe {
-        (api.cuCtxGetCurrent)(&mut ctx)
-    })?;
-    if ctx.is_null() {
-        let primary = crate::context::primary_context(0)?;
-        // SAFETY: `primary` is a retained primary context of device 0, kept alive for the
-        // process by `primary_context`.
-        check("cuCtxSetCurrent", unsafe {
-            (api.cuCtxSetCurrent)(primary.as_raw())
-        })?;
-    }
-    mark_context_current();
-    Ok(())
-}
-
-/// Records that the calling thread now has a current context (after `cuCtxSetCurrent`).
-pub(crate) fn mark_context_current() {
-    HAS_CONTEXT.with(|c| c.set(true));
 }
 
 /// `CU_GET_PROC_ADDRESS_DEFAULT`.
@@ -222,7 +155,10 @@ mod tests {
             assert_ne!(r, Err(CudaError::DriverNotFound));
         } else {
             assert_eq!(r, Err(CudaError::DriverNotFound));
-            assert_eq!(ensure_current_context(), Err(CudaError::DriverNotFound));
+            assert_eq!(
+                crate::ensure_current_context(),
+                Err(CudaError::DriverNotFound)
+            );
             assert_eq!(driver_version(), Err(CudaError::DriverNotFound));
         }
     }

@@ -23,7 +23,6 @@ use std::sync::OnceLock;
 use cudarc::driver::sys::{CUdevice_attribute, CUhostFn, CUmemPool_attribute, CUpointer_attribute};
 use libloading::Library;
 
-use crate::mempool::RawPoolProps;
 use crate::raw::{CUcontext, CUdevice, CUdeviceptr, CUevent, CUmemoryPool, CUstream};
 
 /// A `CUresult` as the driver returns it: a plain integer, so that a code newer than our
@@ -184,3 +183,27 @@ fn open() -> Option<Driver> {
         Some(Driver { lib, boot })
     })
 }
+
+/// `CUmemLocation`, whose layout (two 32-bit fields) every CUDA version since 11.2 shares.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RawMemLocation {
+    pub(crate) kind: u32,
+    pub(crate) id: i32,
+}
+
+/// `CUmemPoolProps`: 88 bytes in every CUDA version since 11.2 (later fields took reserved
+/// bytes), so one definition serves every binding cudarc may have picked.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct RawPoolProps {
+    pub(crate) alloc_type: u32,
+    pub(crate) handle_types: u32,
+    pub(crate) location: RawMemLocation,
+    pub(crate) win32_security_attributes: *mut c_void,
+    pub(crate) max_size: usize,
+    pub(crate) usage: u16,
+    pub(crate) reserved: [u8; 54],
+}
+
+const _: () = assert!(std::mem::size_of::<RawPoolProps>() == 88);

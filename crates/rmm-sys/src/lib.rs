@@ -74,21 +74,24 @@ pub mod mempool;
 pub mod ptr;
 pub mod raw;
 pub mod stream;
+/// GPU-test support for this workspace's `tests/gpu_*.rs` (feature `testing`): hidden from the
+/// docs, not for production, no stability promise.
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub mod testing;
 pub mod version;
 
 pub use align::{
     align_down, align_up, checked_align_up, is_aligned, is_pow2, is_supported_alignment,
     is_supported_base_resource_alignment, ALLOCATION_ALIGNMENT,
 };
-pub use context::{primary_context, PrimaryContext};
+pub use context::{ensure_current_context, primary_context, PrimaryContext};
 pub use device::{
     available_device_memory, current_device, device_count, device_name, device_synchronize,
-    percent_of_free_device_memory, set_current_device, AllocationHandleType, ComputeCapability,
-    DeviceCapabilities, DeviceGuard, DeviceId,
+    gpu_unavailable_reason, percent_of_free_device_memory, set_current_device,
+    AllocationHandleType, ComputeCapability, DeviceCapabilities, DeviceGuard, DeviceId,
 };
-pub use driver::{
-    driver_version, ensure_current_context, gpu_unavailable_reason, init, is_driver_present,
-};
+pub use driver::{driver_version, init, is_driver_present};
 pub use error::{CudaError, CudaResult, ResultCode};
 pub use memory::MemLocation;
 pub use mempool::{MemPoolAttribute, MemPoolHandle};

@@ -11,7 +11,9 @@ use std::sync::OnceLock;
 use crate::raw;
 use cudarc::driver::sys;
 
-use crate::driver::{context_api, ensure_current_context, resolve};
+use crate::context::{context_api, ensure_current_context};
+use crate::driver::resolve;
+use crate::entry::RawMemLocation;
 use crate::error::{check, CudaResult, ResultCode};
 use crate::ptr::DevicePtr;
 use crate::version::DriverVersion;
@@ -214,14 +216,6 @@ pub enum MemLocation {
     Device(i32),
     /// The host.
     Host,
-}
-
-/// `CUmemLocation`, whose layout (two 32-bit fields) every CUDA version since 11.2 shares.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RawMemLocation {
-    pub(crate) kind: u32,
-    pub(crate) id: i32,
 }
 
 impl From<MemLocation> for RawMemLocation {

@@ -1,15 +1,16 @@
 //! Thin wrappers over the driver's stream-ordered allocator (memory pools).
 
-use std::ffi::c_void;
 use std::sync::OnceLock;
 
 use crate::raw;
 use cudarc::driver::sys;
 
+use crate::context::{context_api, ensure_current_context};
 use crate::device::{AllocationHandleType, DeviceId};
-use crate::driver::{context_api, ensure_current_context, resolve};
+use crate::driver::resolve;
+use crate::entry::{RawMemLocation, RawPoolProps};
 use crate::error::{check, CudaResult};
-use crate::memory::{MemLocation, RawMemLocation};
+use crate::memory::MemLocation;
 use crate::ptr::DevicePtr;
 use crate::version::DriverVersion;
 
@@ -44,22 +45,6 @@ impl MemPoolHandle {
         self.0 == 0
     }
 }
-
-/// `CUmemPoolProps`: 88 bytes in every CUDA version since 11.2 (later fields took reserved
-/// bytes), so one definition serves every binding cudarc may have picked.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct RawPoolProps {
-    alloc_type: u32,
-    handle_types: u32,
-    location: RawMemLocation,
-    win32_security_attributes: *mut c_void,
-    max_size: usize,
-    usage: u16,
-    reserved: [u8; 54],
-}
-
-const _: () = assert!(std::mem::size_of::<RawPoolProps>() == 88);
 
 /// `CU_MEM_ALLOCATION_TYPE_PINNED`.
 const ALLOCATION_TYPE_PINNED: u32 = 1;

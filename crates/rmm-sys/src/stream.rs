@@ -6,7 +6,8 @@ use std::sync::OnceLock;
 
 use crate::raw;
 
-use crate::driver::{context_api, ensure_current_context, resolve};
+use crate::context::{context_api, ensure_current_context};
+use crate::driver::resolve;
 use crate::error::{check, CudaResult, ResultCode};
 use crate::version::DriverVersion;
 

@@ -1,24 +1,10 @@
 //! GPU tests of the raw layer. Without a GPU every trial reports itself ignored, with the reason.
 
-use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use libtest_mimic::{Arguments, Failed};
 use rmm_sys::memory::{self, MemLocation};
 use rmm_sys::mempool;
+use rmm_sys::testing::{ensure, gpu};
 use rmm_sys::{CudaError, DeviceCapabilities, DeviceGuard, DeviceId, DriverVersion};
-
-fn gpu(name: &str, f: fn() -> Result<(), Failed>) -> Trial {
-    Trial::ignorable_test(name, move || match rmm_sys::gpu_unavailable_reason() {
-        Some(why) => Ok(Completion::ignored_with(format!("needs a CUDA GPU: {why}"))),
-        None => f().map(|()| Completion::Completed),
-    })
-}
-
-fn ensure(cond: bool, msg: impl Into<String>) -> Result<(), Failed> {
-    if cond {
-        Ok(())
-    } else {
-        Err(msg.into().into())
-    }
-}
 
 fn device_count_positive() -> Result<(), Failed> {
     let n = rmm_sys::device_count()?;

@@ -43,9 +43,9 @@ pub use rmm_mr::debug_log::{
     set_debug_log_level,
 };
 pub use rmm_mr::{
-    arena::ArenaOptions, current_device_resource, per_device_resource, prefetch,
-    reset_current_device_resource, reset_per_device_resource, resource_cast,
-    set_current_device_resource, set_per_device_resource, shared, tracking::TrackingConfig,
+    adaptors::tracking::TrackingConfig, arena::ArenaOptions, current_device_resource,
+    per_device_resource, prefetch, reset_current_device_resource, reset_per_device_resource,
+    resource_cast, set_current_device_resource, set_per_device_resource, shared,
     AlignedResourceAdaptor, ArenaMemoryResource, BinningMemoryResource, CallbackMemoryResource,
     CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaAsyncOptions,
     CudaAsyncViewMemoryResource, CudaMemoryResource, DeviceMemoryResource,

@@ -150,7 +150,7 @@ impl FromStr for ByteSize {
 impl fmt::Display for ByteSize {
     /// Formats like RMM's `format_bytes`: `1.000000 GiB`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&rmm_mr::pool::growth::format_bytes(self.0))
+        f.write_str(&rmm_mr::format_bytes(self.0))
     }
 }
 

@@ -8,13 +8,15 @@ use static_assertions::{assert_impl_all, assert_not_impl_any};
 
 use rmm::containers::{BufferStream, DeviceBuffer, DeviceScalar, DeviceUvector};
 use rmm::mr::{
-    arena::{ArenaError, ArenaOptions},
-    binning::table::BinningError,
+    adaptors::logging::{
+        Action, CsvError, EventLine, EventTime, LoggingResourceAdaptorBuilder, MemoryEvent,
+    },
+    adaptors::tracking::{
+        OutstandingAllocation, TrackingConfig, TrackingError, TrackingErrorRecord,
+    },
+    arena::ArenaOptions,
     debug_log::DebugLogError,
-    logging::{Action, CsvError, EventLine, EventTime, LoggingResourceAdaptorBuilder, MemoryEvent},
-    statistics::StatsError,
     testing::HostMockResource,
-    tracking::{OutstandingAllocation, TrackingConfig, TrackingError, TrackingErrorRecord},
     AlignedResourceAdaptor, ArenaMemoryResource, BinningMemoryResource, CallbackMemoryResource,
     CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaAsyncOptions,
     CudaAsyncViewMemoryResource, CudaMemoryResource, FailureCallbackResourceAdaptor,
@@ -92,10 +94,7 @@ assert_impl_all!(MrError: Send, Sync, std::error::Error);
 assert_impl_all!(InvalidFree: Send, Sync);
 assert_impl_all!(CudaError: Send, Sync, std::error::Error);
 assert_impl_all!(StreamError: Send, Sync, std::error::Error);
-assert_impl_all!(ArenaError: Send, Sync);
-assert_impl_all!(BinningError: Send, Sync);
 assert_impl_all!(CsvError: Send, Sync);
-assert_impl_all!(StatsError: Send, Sync);
 assert_impl_all!(TrackingError: Send, Sync);
 assert_impl_all!(TrackingErrorRecord: Send, Sync);
 assert_impl_all!(DebugLogError: Send, Sync);

@@ -37,7 +37,7 @@ use rmm_stream::CudaStreamView;
 use rmm_sys::{CudaError, DeviceGuard, DeviceId};
 
 use crate::raw::{self, StreamOn};
-use crate::stream::BufferStream;
+use crate::stream::{cudarc_stream_view, BufferStream};
 use crate::uvector::DeviceUvector;
 
 fn driver_error(e: DriverError) -> MrError {
@@ -70,22 +70,6 @@ pub fn cudarc_context(device: DeviceId) -> MrResult<Arc<CudaContext>> {
     drop(guard);
     map.insert(device.value(), Arc::clone(&ctx));
     Ok(ctx)
-}
-
-/// A view of a cudarc stream, borrowing it (so it cannot outlive it). cudarc's null stream
-/// becomes the legacy default stream.
-#[must_use]
-pub fn cudarc_stream_view(stream: &CudaStream) -> CudaStreamView<'_> {
-    let raw = stream.cu_stream();
-    if raw.is_null() {
-        CudaStreamView::legacy()
-    } else {
-        // SAFETY: the handle names a stream that lives at least as long as `stream` is
-        // borrowed (cudarc destroys owned streams on drop; borrowed wrappers carry their
-        // creator's promise that the stream outlives them). The cast only renames the pointee
-        // type: both bindings declare the same opaque driver handle.
-        unsafe { CudaStreamView::from_raw(raw.cast()) }
-    }
 }
 
 /// A cudarc stream for one of the special streams (default, legacy, per-thread), on `device`'s

@@ -13,7 +13,7 @@ mod cudarc;
 mod pool;
 
 #[cfg(feature = "cudarc")]
-pub use self::cudarc::{
-    cudarc_context, cudarc_stream_view, static_stream_for_cudarc, wrap_stream_for_cudarc,
-};
+pub use self::cudarc::{cudarc_context, static_stream_for_cudarc, wrap_stream_for_cudarc};
+#[cfg(feature = "cudarc")]
+pub use crate::stream::cudarc_stream_view;
 pub use pool::{configure_device_default_pool, device_pool_state, DevicePoolState};

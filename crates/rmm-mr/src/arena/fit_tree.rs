@@ -1,24 +1,7 @@
-//! An address-ordered map that answers "lowest address that fits `n` bytes" in `O(log n)`.
-//!
-//! RMM keeps its free blocks and superblocks in `std::set`s ordered by address and finds the first
-//! fit with a linear `std::find_if`. To keep address-ordered first fit (same placements as RMM) but
-//! make it logarithmic, this module stores the items in a treap (a binary search tree by address
-//! whose shape is fixed by pseudo-random priorities, expected depth `O(log n)`) where every node
-//! also records the largest "fit" (free size) found in its subtree. The first fit then walks one
-//! root-to-leaf path: go left while the left subtree can serve the request, else take the node,
-//! else go right.
-//!
-//! The priorities are a fixed hash of the key, so the shape (and therefore every test) is
-//! deterministic.
-//!
-//! Layout, for speed: the nodes live in one `Vec` (a slab: links are `u32` indices, freed slots
-//! are reused), so inserting and removing allocate nothing once the slab has grown to the tree's
-//! size and a tree's nodes sit close together in memory; the items are in a parallel `Vec`, so a
-//! search only touches the small node headers. Nodes know their parent, so nothing is
-//! recursive: a change walks up from the changed node and stops at the first ancestor whose
-//! subtree maximum stays the same (usually at once). Items are changed in place
-//! ([`FitTree::update`]), and the neighbours of an item are reached from its [`Handle`] without
-//! a new search, which is how the arenas coalesce with few tree operations.
+//! An address-ordered map that answers "lowest address that fits `n` bytes" in `O(log n)`: a
+//! treap by address (deterministic priorities) whose nodes also record the largest fit of their
+//! subtree, kept in a slab with parent links and item handles. It gives RMM's address-ordered
+//! first fit (same placements) without RMM's linear scans. Design: `docs/internals/arena.md`.
 
 use std::cmp::Ordering;
 

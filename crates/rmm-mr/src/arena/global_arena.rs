@@ -5,8 +5,8 @@ use std::fmt;
 
 use super::fit_tree::{FitItem, FitTree, Handle};
 use super::size_class::{align_down, align_up, ALLOCATION_ALIGNMENT};
-use super::stats::format_bytes;
 use super::{ArenaError, ArenaStats, Block, RejectedSuperblock, Superblock, SUPERBLOCK_MIN_SIZE};
+use crate::util::format::format_bytes;
 
 /// Where [`GlobalArena::find`] located an address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -869,22 +869,28 @@ mod tests {
         let s = acquire(&mut g, 256);
         let _large = g.allocate_large(MIN + MIN / 2);
         let dump = g.dump(Some(8 << 20));
-        assert!(dump.starts_with("Failed to allocate 8.00 MiB\n"), "{dump}");
-        assert!(dump.contains("Arena size: 4.00 MiB at 0x100000"), "{dump}");
         assert!(
-            dump.contains("# superblocks: 2 held (1 empty), 1 lent (1.00 MiB)"),
+            dump.starts_with("Failed to allocate 8.000000 MiB\n"),
             "{dump}"
         );
-        assert!(dump.contains("Total free memory: 1.50 MiB"), "{dump}");
         assert!(
-            dump.contains("Largest block of free memory: 1.50 MiB"),
+            dump.contains("Arena size: 4.000000 MiB at 0x100000"),
+            "{dump}"
+        );
+        assert!(
+            dump.contains("# superblocks: 2 held (1 empty), 1 lent (1024.000000 KiB)"),
+            "{dump}"
+        );
+        assert!(dump.contains("Total free memory: 1.500000 MiB"), "{dump}");
+        assert!(
+            dump.contains("Largest block of free memory: 1.500000 MiB"),
             "{dump}"
         );
         assert!(dump.contains("Fragmentation: 0.00%"), "{dump}");
         assert!(
             dump.contains(
-                "  Superblock 0: start=0x200000, end=0x380000, size=1.50 MiB, empty=F, \
-                 # free blocks=0, max free=0 B, gap=0 B"
+                "  Superblock 0: start=0x200000, end=0x380000, size=1.500000 MiB, empty=F, \
+                 # free blocks=0, max free=0.000000 B, gap=0.000000 B"
             ),
             "{dump}"
         );

@@ -6,9 +6,10 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 
+use super::size_class::ALLOCATION_ALIGNMENT;
 use super::{
     align_up, ArenaError, Block, GlobalArena, LocalArena, Superblock, SuperblockLocation,
-    ALLOCATION_ALIGNMENT, SUPERBLOCK_MIN_SIZE,
+    SUPERBLOCK_MIN_SIZE,
 };
 
 const MIN: usize = SUPERBLOCK_MIN_SIZE;

@@ -20,11 +20,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, Rw
 use rmm_stream::CudaStreamView;
 use rmm_sys::DevicePtr;
 
-use crate::alignment::{self, OverAligned, MAX_OVER_ALIGNMENT};
 use crate::error::MrResult;
 use crate::resource::{
     same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
 };
+use crate::util::alignment::{self, OverAligned, MAX_OVER_ALIGNMENT};
 use cell::{ArenaCell, ArenaKey, ArenaSlot};
 use fence::EventPool;
 use state::State;
@@ -86,67 +86,29 @@ pub struct ArenaOptions {
 ///   256-aligned.
 /// - Clones share the arena and compare equal; separately built arenas are unequal.
 ///
-/// # Better than RMM
+/// # Differences from RMM
+///
 /// - **Wrong frees are errors.** An unknown pointer, a double free or a wrong size is
 ///   [`MrError::InvalidFree`](crate::MrError::InvalidFree) and changes nothing (RMM terminates
 ///   the process for an unknown pointer and corrupts its lists for the others). A size is wrong
-///   when it rounds to another size than the allocation's; `SizeMismatch::allocated` is the
-///   rounded size.
-/// - **No host blocking on large frees.** RMM synchronizes the freeing stream on the host for
-///   every free of a large block. Here a large free that empties its superblock gives that
-///   superblock to the freeing stream's arena, which reuses it for the stream's next large
-///   requests at once, like RMM's small blocks: work queued later on the same stream runs after
-///   the work that used the block, so no event is needed and the global arena is not touched
-///   (its lock, its tree). Kept superblocks serve only large requests; an arena keeps at most
-///   1/64 of the arena free in them (up to 64 MiB, at most a quarter, in small arenas), and
-///   they go back to the global arena with the arena's other superblocks (defragmentation,
-///   thread exit). Every other large free records an event on the stream and the block stays
-///   *pending* (still allocated in the bookkeeping) until the event has completed; large frees
-///   and the allocation paths that reach the global arena poll the oldest pending frees
-///   (`cuEventQuery`, outside the global lock; all of them when memory is short), and before
-///   reporting out-of-memory, defragmentation's device synchronization completes them all. The
-///   stream is never used after the free, so it may be destroyed right away.
-/// - **Cheap cross-arena frees.** A block freed on another stream than the one whose arena
-///   holds it is found through an owner table (RMM synchronizes the stream and searches every
-///   arena under an exclusive lock). It is freed into its arena at once, together with an event
-///   recorded on the freeing stream; that arena's stream waits on the event (device side,
-///   `cuStreamWaitEvent`) before the arena hands out any block again. A block whose superblock
-///   sits in the global arena becomes a pending free like a large one. No host blocking.
-/// - **Scales with threads.** Each local arena has its own lock, the key -> arena map is a
-///   read-mostly `RwLock`, the global arena has its own lock, and each thread caches the arenas
-///   it uses, so a small allocation or free on a thread's own stream, and a large one served by
-///   or freed into its kept superblocks, takes exactly one lock (its arena's) and touches no
-///   shared cache line. RMM takes two process-wide
-///   `shared_mutex`es on every call, which collapses with 16 threads. Events are recorded and
-///   queried outside the global lock (only defragmentation synchronizes under it, as in RMM).
-/// - **Safe thread exit.** When a thread with a per-thread arena exits, its superblocks go back
-///   to the global arena as in RMM, but only after the thread's per-thread default stream (and
-///   any event other streams left in its arena) completed, so their new owner cannot overwrite
-///   memory the thread's last work still reads. The guard holds the resource weakly: a thread
-///   outliving the resource does nothing.
+///   when it rounds to another size than the allocation's.
+/// - **No host blocking on frees.** A large free that empties its superblock leaves it to the
+///   freeing stream's arena; other large frees and frees into another stream's arena wait on
+///   events (device side) instead of synchronizing the stream on the host, and blocks found
+///   through an owner table instead of a search of every arena.
+/// - **Scales with threads**: a lock per local arena and a per-thread cache, where RMM takes two
+///   process-wide `shared_mutex`es on every call.
+/// - **Safe thread exit**: a thread's superblocks go back to the global arena only after its
+///   per-thread default stream's work completed.
 /// - **Alignment is honoured or refused.** RMM ignores the alignment argument. Here an
-///   alignment above 256 is honoured up to [`MAX_OVER_ALIGNMENT`]
-///   by taking a block `alignment - 256` bytes larger, and refused above it (see the trait's
-///   "Alignment"); an upstream allocation that is not 256-aligned is given back and refused.
-/// - **Frees from another thread.** The per-thread default stream is a different stream on
-///   every host thread, and buffers are `Send`. A block one thread allocated on its per-thread
-///   stream and another thread frees on its own is never made reusable by the freeing thread's
-///   stream alone: a small block goes back to the allocating thread's arena with a fence (as
-///   any cross-arena free), and where the block would otherwise become reusable at once or
-///   after the freeing stream only — a large block (which the freeing thread's arena would
-///   keep), a block whose superblock moved to the freeing thread's arena or back to the global
-///   arena after a defragmentation — the free waits for an event recorded on the legacy
-///   stream, which completes after the earlier work of every blocking stream, every thread's
-///   per-thread stream included. For this, large allocations remember who made them, and an
-///   arena remembers the blocks that were already live when a superblock joined it (none in
-///   the common case: the hot path checks that the set is empty). RMM synchronizes only the
-///   freeing thread's stream before freeing a large block to the global arena, and frees a
-///   block of a moved superblock where it is, so the block can be reused while the allocating
-///   thread's work still runs.
+///   alignment above 256 is honoured up to [`MAX_OVER_ALIGNMENT`] by taking a block
+///   `alignment - 256` bytes larger, and refused above it (see the trait's "Alignment").
+/// - **Frees from another thread** on the per-thread default stream are ordered behind both
+///   threads' work (RMM lets the freeing thread reuse the block at once in some cases).
 /// - **No unbounded growth with short-lived streams**: defragmentation retires every local
-///   arena (a stream's arena is recreated on its next use), so arenas of destroyed streams do
-///   not pile up.
+///   arena.
 ///
+/// Each point in full: `docs/internals/arena.md`.
 /// Without a GPU (no driver or no device) there is no queued work to order against, so nothing
 /// is recorded, waited on or synchronized: the resource then works over a host-memory upstream
 /// such as [`HostMockResource`](crate::testing::HostMockResource) on the legacy or per-thread

@@ -3,6 +3,7 @@
 use std::fmt;
 
 use super::Superblock;
+use crate::util::format::format_bytes;
 
 /// Byte accounting over a set of superblocks (what an arena holds).
 ///
@@ -74,35 +75,10 @@ impl fmt::Display for ArenaStats {
     }
 }
 
-/// `1536` -> `"1.50 KiB"`, `100` -> `"100 B"`.
-pub(crate) fn format_bytes(bytes: usize) -> String {
-    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut value = bytes as f64 / 1024.0;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.2} {}", UNITS[unit])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::arena::SUPERBLOCK_MIN_SIZE;
-
-    #[test]
-    fn formats_bytes() {
-        assert_eq!(format_bytes(0), "0 B");
-        assert_eq!(format_bytes(1023), "1023 B");
-        assert_eq!(format_bytes(1536), "1.50 KiB");
-        assert_eq!(format_bytes(1 << 20), "1.00 MiB");
-        assert_eq!(format_bytes(5 << 30), "5.00 GiB");
-        assert_eq!(format_bytes(usize::MAX), "16.00 EiB");
-    }
 
     #[test]
     fn sums_superblocks_and_fragmentation() {

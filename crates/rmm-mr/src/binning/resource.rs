@@ -8,7 +8,6 @@ use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 use rmm_stream::CudaStreamView;
 use rmm_sys::{DevicePtr, ALLOCATION_ALIGNMENT};
 
-use crate::alignment;
 use crate::binning::routes::BinRoutes;
 use crate::binning::table::{exponent_sizes, rounded_bin_size, BinTable, BinningError};
 use crate::error::{MrError, MrResult};
@@ -16,6 +15,7 @@ use crate::fixed_size::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE};
 use crate::resource::{
     same_shared_state, shared, DeviceMemoryResource, ResourceProperties, SharedResource,
 };
+use crate::util::alignment;
 
 struct Binning<U: DeviceMemoryResource> {
     /// Shared with the fixed-size bins made for it.

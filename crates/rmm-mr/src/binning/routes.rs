@@ -1,16 +1,8 @@
-//! The binning resource's routes, readable without a lock.
-//!
-//! Every allocation and deallocation of a binning resource asks which bin serves its size;
-//! bins are only ever added. So [`BinRoutes`] publishes, for each bin count, an immutable
-//! size-ordered *version* of the bins in a write-once slot. A reader loads the number of
-//! published bins (one acquire load), borrows that version and searches it: no lock, no
-//! reference count, nothing that threads write while others read. Versions are never freed
-//! before the routes (they are small: `n` versions of at most `n` entries, each a clone of a
-//! payload — for a resource handle, one reference count), which is what makes borrowing them
-//! safe without reclamation.
-//!
-//! Capacity is [`BinRoutes::CAPACITY`] bins; a resource with more keeps routing through its
-//! locked [`BinTable`](crate::binning::table::BinTable).
+//! The binning resource's routes, readable without a lock: [`BinRoutes`] publishes, for each
+//! bin count, an immutable size-ordered version of the bins in a write-once slot (bins are only
+//! ever added), so a request does one acquire load and a search. Capacity is
+//! [`BinRoutes::CAPACITY`] bins; beyond it the resource routes through its locked
+//! [`BinTable`](crate::binning::table::BinTable). Design: `docs/internals/binning.md`.
 //!
 //! Pure bookkeeping: no CUDA calls.
 
@@ -24,7 +16,7 @@ const CAPACITY: usize = 64;
 /// One published version: `(size, payload)` by increasing size.
 type Version<B> = Box<[(usize, B)]>;
 
-/// Per bin count, the bins by increasing size (see the [module documentation](self)).
+/// Per bin count, the bins by increasing size (see the module documentation).
 pub struct BinRoutes<B> {
     /// `versions[n - 1]`: the first `n` bins added.
     versions: [OnceLock<Version<B>>; CAPACITY],

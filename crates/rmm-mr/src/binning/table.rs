@@ -1,13 +1,7 @@
 //! The binning resource's bin table (the `std::map<size_t, resource_ref>` of RMM's
-//! `binning_memory_resource`).
-//!
-//! A [`BinTable`] maps bin sizes (multiples of 256, or 0) to a payload — later a resource
-//! handle. A request goes to the smallest bin whose size is at least the request
-//! ([`BinTable::route`], RMM's `lower_bound`), and to the upstream when no bin is large enough.
-//! Deallocation routes the same way, so the size passed to a free must match the allocation's.
-//!
-//! RMM's `add_bin` is not thread-safe. This table is a plain value; the resource that owns it
-//! puts it behind a lock (or swaps whole tables) to make adding bins safe while allocating.
+//! `binning_memory_resource`): a request goes to the smallest bin at least its size
+//! ([`BinTable::route`], RMM's `lower_bound`), and to the upstream when none is large enough. A
+//! plain value; the resource keeps it behind a lock. Design: `docs/internals/binning.md`.
 //!
 //! Pure bookkeeping: no CUDA calls.
 

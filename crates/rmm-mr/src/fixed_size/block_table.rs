@@ -1,27 +1,9 @@
 //! The record of which fixed-size blocks are handed out, shared by every stream list of one
-//! resource: one slot per block, indexed by `(addr - chunk.addr) / block_size`.
-//!
-//! RMM records nothing (a wrong free corrupts its lists). A resource with one free list per
-//! stream, whose blocks move between lists and may be freed on any stream, needs one
-//! resource-wide answer to "is this block handed out, and with what size?". Here it is a slot
-//! per block holding the request's size rounded to 256 bytes (0: not handed out), so
-//!
-//! - an unknown pointer (no chunk, or not the start of a block) is found by a binary search
-//!   over the chunk starts ([`FixedSizeError::UnknownAddress`], [`FixedSizeError::Misaligned`]);
-//! - a double free — on the same stream or on two different streams, even at the same time —
-//!   is the one of two frees whose compare-and-swap finds the slot already 0
-//!   ([`FixedSizeError::DoubleFree`]);
-//! - a size mismatch is a slot holding another size ([`FixedSizeError::SizeMismatch`]);
-//!
-//! with no hashing and no lock: the slots are atomics, so lists on different streams, each
-//! under its own lock, share them. Each slot also keeps a word recorded at hand-out
-//! ([`BlockTable::hand_out_tagged`]): the resource records there who allocated the block, for
-//! frees made on another thread's per-thread default stream.
-//!
-//! The chunks a resource knows only grow while it lives (a fixed-size resource returns its chunks
-//! when dropped). So readers use an immutable, address-ordered [`BlockTable`] snapshot and
-//! never need a newer one unless an address is missing from theirs: a list keeps its own
-//! snapshot and refreshes it from the [`BlockLedger`] (one mutex) only then.
+//! resource: one slot per block (the rounded size it was handed out with, 0 when free, and the
+//! word recorded with it), found by a binary search over the chunk starts. It detects unknown
+//! pointers, double frees — on one stream or two, even at the same time — and size mismatches,
+//! with atomics and no lock; lists read immutable [`BlockTable`] snapshots and refresh them from
+//! the [`BlockLedger`] only when an address is missing. Design: `docs/internals/fixed-size.md`.
 //!
 //! Pure bookkeeping: no CUDA calls; addresses are `u64`, sizes `usize`.
 
@@ -29,7 +11,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::fixed_size::free_list::{Chunk, FixedSizeError};
+use crate::fixed_size::chunk::{Chunk, FixedSizeError};
 
 /// One block's slot: the size it was handed out with (0: not handed out) and the word the
 /// hand-out recorded with it (one cache line holds both).

@@ -1,19 +1,14 @@
-//! The fixed-size resource (RMM's `fixed_size_memory_resource`) and its pure bookkeeping.
+//! The fixed-size resource (RMM's `fixed_size_memory_resource`): [`FixedSizeMemoryResource`].
 //!
-//! Pure bookkeeping, no CUDA calls (addresses are plain `u64`, sizes `usize`):
-//!
-//! - [`free_list`]: the chunk and error types, and a standalone FIFO free list of equally sized
-//!   blocks with double-free and bad-address detection (RMM's `fixed_size_free_list` with
-//!   checks), with the index of the upstream chunks its blocks come from.
-//! - [`block_table`]: the resource-wide ledger of which blocks are handed out (a slot per
-//!   block, shared by every stream's list), which detects unknown pointers, double frees — on
-//!   one stream or two — and size mismatches without hashing or locking.
-//!
-//! [`FixedSizeMemoryResource`] is the resource, on the stream-ordered core it shares with the
-//! pool: per stream a plain FIFO of free addresses, plus the shared ledger.
+//! Built on the stream-ordered core it shares with the pool: per stream a plain FIFO of free
+//! addresses (RMM's `fixed_size_free_list`), plus pure bookkeeping of its own, no CUDA calls:
+//! `chunk` (the chunk and error types, RMM's block-size rule) and `block_table`, the
+//! resource-wide ledger of handed-out blocks (a slot per block, shared by every stream's list)
+//! that detects unknown pointers, double frees — on one stream or two — and size mismatches
+//! without hashing or locking. The design: `docs/internals/fixed-size.md`.
 
-pub mod block_table;
-pub mod free_list;
+pub(crate) mod block_table;
+pub(crate) mod chunk;
 mod resource;
 
 pub use resource::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE};

@@ -8,16 +8,17 @@ use std::sync::Arc;
 use rmm_stream::CudaStreamView;
 use rmm_sys::{align_up, DevicePtr, ALLOCATION_ALIGNMENT};
 
-use crate::alignment;
-use crate::cross_thread::Origin;
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::fixed_size::block_table::{BlockLedger, BlockTable};
-use crate::fixed_size::free_list::{rounded_block_size, FixedSizeError};
-use crate::pool::growth::format_bytes;
-use crate::pool::stream_ordered::{FreeBlocks, StreamOrdered};
+use crate::fixed_size::chunk::{rounded_block_size, FixedSizeError};
 use crate::resource::{
     same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
 };
+use crate::stream_ordered::accept_chunk;
+use crate::stream_ordered::core::{FreeBlocks, StreamOrdered};
+use crate::util::alignment;
+use crate::util::cross_thread::Origin;
+use crate::util::format::format_bytes;
 
 /// RMM's default block size: 1 MiB.
 pub const DEFAULT_BLOCK_SIZE: usize = 1 << 20;
@@ -244,8 +245,7 @@ impl<U: DeviceMemoryResource> FixedSizeMemoryResource<U> {
             .upstream
             .allocate(stream, chunk_size, ALLOCATION_ALIGNMENT)?;
         // SAFETY: the upstream just handed out this chunk on `stream` for `chunk_size` bytes.
-        let ptr =
-            unsafe { alignment::accept_chunk(&fixed.upstream, stream, ptr, chunk_size, NAME)? };
+        let ptr = unsafe { accept_chunk(&fixed.upstream, stream, ptr, chunk_size, NAME)? };
         fixed.core.add_initial_chunk(ptr, chunk_size)?;
         Ok(Self {
             inner: Arc::new(fixed),
@@ -272,7 +272,7 @@ impl<U: DeviceMemoryResource> FixedSizeMemoryResource<U> {
 
     /// Everything the resource's core keeps (tests).
     #[cfg(test)]
-    pub(crate) fn core_state(&self) -> crate::pool::stream_ordered::CoreState {
+    pub(crate) fn core_state(&self) -> crate::stream_ordered::core::CoreState {
         self.inner.core.state()
     }
 
@@ -326,8 +326,7 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for FixedSizeMemoryRes
                 .upstream
                 .allocate(stream, size, ALLOCATION_ALIGNMENT)?;
             // SAFETY: the upstream just handed out this chunk on `stream` for `size` bytes.
-            let chunk =
-                unsafe { alignment::accept_chunk(&inner.upstream, stream, chunk, size, NAME)? };
+            let chunk = unsafe { accept_chunk(&inner.upstream, stream, chunk, size, NAME)? };
             Ok((chunk, size))
         })
     }
@@ -385,7 +384,7 @@ mod tests {
 
     #[test]
     fn a_per_thread_block_freed_on_another_thread_goes_to_the_legacy_list() {
-        use crate::pool::stream_lists::{thread_number, StreamKey};
+        use crate::stream_ordered::stream_lists::{thread_number, StreamKey};
         let pt = CudaStreamView::per_thread();
         // One block per chunk: once the legacy stream holds the first, the per-thread stream
         // grows a chunk into its own list (no steal, so no CUDA call).

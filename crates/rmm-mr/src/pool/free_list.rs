@@ -1,19 +1,8 @@
-//! The pool's coalescing best-fit free list (RMM's `coalescing_free_list`), in O(log n).
-//!
-//! RMM keeps free blocks in a `std::list` sorted by address, so inserting (which coalesces with
-//! the neighbours) and best fit (a `min_element` scan) are both linear in the number of free
-//! blocks. This list keeps two ordered indexes instead:
-//!
-//! - by address (`BTreeMap<end, (addr, is_head)>`, keyed by each block's *end*, which orders
-//!   the blocks as their starts do and lets a split remainder and a block merged into its
-//!   successor keep their entry), to find the neighbours of a freed block (one descent) and
-//!   to detect a block that overlaps one already free (a double free), and
-//! - by `(size, addr)` (`BTreeSet`), so best fit (smallest block that fits, ties to the lowest
-//!   address, exactly RMM's choice) is one range query.
-//!
-//! Every operation is O(log n). The list is always *maximally coalesced*: no free block ends
-//! where another one starts unless the later one is the head of an upstream chunk (blocks of
-//! different upstream allocations never merge, even when they happen to be adjacent).
+//! The pool's coalescing best-fit free list (RMM's `coalescing_free_list`), in O(log n): two
+//! ordered indexes (by address, to find and coalesce neighbours and catch overlapping frees; by
+//! `(size, addr)`, for best fit with ties to the lowest address, RMM's choice). Always maximally
+//! coalesced, except that blocks of different upstream chunks never merge. Design:
+//! `docs/internals/pool.md`.
 //!
 //! Pure bookkeeping: no CUDA calls; addresses are `u64`, sizes `usize`.
 
@@ -145,7 +134,7 @@ struct Entry {
 
 /// Free blocks of the pool, coalesced on insert, handed out best fit; O(log n) per operation.
 ///
-/// See the [module documentation](self) for the design.
+/// See the module documentation for the design.
 #[doc(alias = "rmm::mr::detail::coalescing_free_list")]
 #[derive(Debug, Clone, Default)]
 pub struct CoalescingFreeList {

@@ -16,6 +16,8 @@ use std::fmt;
 
 use rmm_sys::align::{align_up, is_aligned, ALLOCATION_ALIGNMENT};
 
+use crate::util::format::format_bytes;
+
 /// Why the pool's constructor arguments were rejected (RMM throws `rmm::logic_error`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GrowthError {
@@ -132,7 +134,7 @@ pub fn size_to_grow(pool_size: usize, request: usize, maximum: Option<usize>) ->
 /// `try_size < min_size` (in particular when [`size_to_grow`] returned 0).
 ///
 /// ```
-/// use rmm_mr::pool::growth::GrowthPlan;
+/// use rmm_mr::__internals::pool::GrowthPlan;
 /// let sizes: Vec<usize> = GrowthPlan::new(5120, 512).collect();
 /// assert_eq!(sizes, [5120, 2560, 1280, 640, 512]);
 /// ```
@@ -182,23 +184,6 @@ impl Iterator for GrowthPlan {
 }
 
 impl std::iter::FusedIterator for GrowthPlan {}
-
-/// RMM's `rmm::detail::format_bytes`: the value divided by 1024 while it exceeds 1024, printed
-/// with six decimals and a binary unit (`1000` -> `"1000.000000 B"`, `2048` ->
-/// `"2.000000 KiB"`).
-#[doc(alias = "rmm::detail::format_bytes")]
-#[must_use]
-pub fn format_bytes(value: usize) -> String {
-    const UNITS: [&str; 9] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"];
-    #[allow(clippy::cast_precision_loss)] // Same lossy conversion as RMM's.
-    let mut size = value as f64;
-    let mut index = 0;
-    while size > 1024.0 && index + 1 < UNITS.len() {
-        size /= 1024.0;
-        index += 1;
-    }
-    format!("{size:.6} {}", UNITS[index])
-}
 
 /// Why the pool could not grow.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -383,17 +368,6 @@ mod tests {
         );
         assert_eq!(GrowthPlan::new(0, 0).collect::<Vec<_>>(), [0]);
         assert_eq!(GrowthPlan::new(10, 3).min_size(), 3);
-    }
-
-    #[test]
-    fn format_bytes_matches_rmm() {
-        assert_eq!(format_bytes(0), "0.000000 B");
-        assert_eq!(format_bytes(1000), "1000.000000 B");
-        assert_eq!(format_bytes(1024), "1024.000000 B");
-        assert_eq!(format_bytes(2048), "2.000000 KiB");
-        assert_eq!(format_bytes(1536), "1.500000 KiB");
-        assert_eq!(format_bytes(3 << 30), "3.000000 GiB");
-        assert_eq!(format_bytes(usize::MAX), "16.000000 EiB");
     }
 
     #[test]

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use rmm_stream::CudaStreamView;
 use rmm_sys::{DevicePtr, ALLOCATION_ALIGNMENT};
 
-use crate::alignment;
 use crate::error::MrResult;
 use crate::resource::{same_shared_state, DeviceMemoryResource};
+use crate::util::alignment;
 
 /// The allocation closure: `(bytes, stream) -> pointer`.
 pub type AllocateCallback = dyn Fn(usize, CudaStreamView<'_>) -> MrResult<DevicePtr> + Send + Sync;

@@ -1,16 +1,16 @@
 //! The base resources: each allocates from one CUDA (or host) allocator.
 
-pub mod callback;
-pub mod cuda;
-pub mod cuda_async;
-pub mod cuda_async_managed;
-pub mod cuda_async_view;
-pub mod managed;
-pub mod pinned_host;
-pub mod simulated;
-pub mod system;
+mod callback;
+mod cuda;
+mod cuda_async;
+mod cuda_async_managed;
+mod cuda_async_view;
+mod managed;
+mod pinned_host;
+mod simulated;
+mod system;
 
-pub use callback::CallbackMemoryResource;
+pub use callback::{AllocateCallback, CallbackMemoryResource, DeallocateCallback};
 pub use cuda::CudaMemoryResource;
 pub use cuda_async::{CudaAsyncMemoryResource, CudaAsyncOptions, PoolStatistics};
 pub use cuda_async_managed::CudaAsyncManagedMemoryResource;

@@ -12,12 +12,14 @@ pub mod alignment;
 use std::sync::mpsc;
 use std::sync::Arc;
 
-use libtest_mimic::{Completion, Failed, Trial};
+use libtest_mimic::{Failed, Trial};
 use rmm_mr::{
     current_device_resource, reset_current_device_resource, set_current_device_resource,
     CudaMemoryResource, DeviceMemoryResource, MrError, SharedResource,
 };
 use rmm_stream::{CudaEvent, CudaStream, CudaStreamView};
+pub use rmm_sys::testing::ensure;
+use rmm_sys::testing::gpu_if;
 use rmm_sys::{DeviceGuard, DeviceId, DevicePtr};
 
 pub const KIB: usize = 1 << 10;
@@ -93,15 +95,12 @@ type Body = fn(&Subject) -> Result<(), Failed>;
 /// Wraps a body in the GPU and capability checks.
 pub fn trial(prefix: &str, subject: &Subject, case: &str, body: Body) -> Trial {
     let s = subject.clone();
-    Trial::ignorable_test(format!("{prefix}::{}::{case}", subject.name), move || {
-        if let Some(why) = rmm_sys::gpu_unavailable_reason() {
-            return Ok(Completion::ignored_with(format!("needs a CUDA GPU: {why}")));
-        }
-        if let Some(why) = (s.unsupported)() {
-            return Ok(Completion::ignored_with(format!("unsupported here: {why}")));
-        }
-        body(&s).map(|()| Completion::Completed)
-    })
+    let unsupported = Arc::clone(&s.unsupported);
+    gpu_if(
+        format!("{prefix}::{}::{case}", subject.name),
+        move || unsupported().map(|why| format!("unsupported here: {why}")),
+        move || body(&s),
+    )
 }
 
 /// The alignment rows (the trait's "Alignment" rule), which every subject runs.
@@ -212,14 +211,6 @@ pub fn trials(subject: &Subject) -> Vec<Trial> {
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
-
-pub fn ensure(cond: bool, msg: impl Into<String>) -> Result<(), Failed> {
-    if cond {
-        Ok(())
-    } else {
-        Err(msg.into().into())
-    }
-}
 
 /// splitmix64: a small deterministic generator (no dependency needed).
 pub struct Rng(u64);

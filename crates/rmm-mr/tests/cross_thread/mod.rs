@@ -18,9 +18,10 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-use libtest_mimic::Failed;
+use libtest_mimic::{Failed, Trial};
 use rmm_mr::DeviceMemoryResource;
 use rmm_stream::{default_stream_mode, stall, CudaEvent, CudaStreamView, DefaultStreamMode};
+use rmm_sys::testing::gpu_if;
 use rmm_sys::{memory, DevicePtr};
 
 /// How long thread 1's stream is stalled.
@@ -69,6 +70,16 @@ impl PtStream {
             _ => None,
         }
     }
+}
+
+/// A trial on `stream` (a name of the per-thread default stream): ignored, with the reason,
+/// without a GPU or in the default-stream mode where that name means the legacy stream.
+pub fn gpu_pt(
+    name: String,
+    stream: PtStream,
+    f: impl FnOnce() -> Result<(), Failed> + Send + 'static,
+) -> Trial {
+    gpu_if(name, move || stream.unavailable(), f)
 }
 
 /// Thread 1's pending work on the block.

@@ -12,8 +12,8 @@ use super::global::AddrHash;
 use super::thread_cache::thread_serial;
 use super::{lock, EventPool};
 use crate::arena::{ArenaError, LocalArena};
-use crate::cross_thread::Origin;
 use crate::error::MrResult;
+use crate::util::cross_thread::Origin;
 
 /// Which local arena a stream uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -61,7 +61,7 @@ impl EventPool {
 
 /// How one free is ordered: the key of the freeing stream and the event the block's next user
 /// must wait for, recorded on the freeing stream, or on the legacy default stream for a free
-/// across threads ([`crate::cross_thread`]). Without a device there is never an event.
+/// across threads ([`crate::util::cross_thread`]). Without a device there is never an event.
 #[derive(Debug)]
 pub(super) struct FreeFence {
     /// The freeing stream's key.

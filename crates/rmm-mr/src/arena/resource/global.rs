@@ -11,7 +11,7 @@ use rmm_stream::CudaEvent;
 
 use super::{lock, ArenaCell, ArenaSlot, EventPool};
 use crate::arena::{ArenaError, GlobalArena, Superblock, SuperblockLocation};
-use crate::cross_thread::{needs_legacy_order, Origin};
+use crate::util::cross_thread::{needs_legacy_order, Origin};
 
 /// Hashing for maps keyed by device address (SipHash, the default, costs more than the lookup
 /// itself here; addresses are not attacker-chosen keys): the SplitMix64 finaliser.

@@ -13,14 +13,14 @@ use super::global::{GlobalState, Held, PendingFree, PendingQueue};
 use super::thread_cache::{self, ThreadExit};
 use super::{fence, lock, read, write, ArenaCell, ArenaKey, ArenaOptions, ArenaSlot, EventPool};
 use super::{DUMP_LOG_TARGET, UPSTREAM_ALIGNMENT};
-use crate::arena::stats::format_bytes;
 use crate::arena::{
     align_down, align_to_size_class, align_up, ArenaError, Block, GlobalArena, SuperblockLocation,
     SUPERBLOCK_MIN_SIZE,
 };
-use crate::cross_thread::{needs_legacy_order, Origin};
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
+use crate::util::cross_thread::{needs_legacy_order, Origin};
+use crate::util::format::format_bytes;
 
 /// Pending frees looked at by every allocation that touches the global arena.
 const REAP_BATCH: usize = 2;
@@ -108,7 +108,7 @@ impl<U: DeviceMemoryResource> State<U> {
             // No device: nothing to synchronize with (a host-memory upstream in tests).
             upstream.allocate(CudaStreamView::default(), size, UPSTREAM_ALIGNMENT)?
         };
-        let arena = match crate::alignment::check_chunk(base, super::NAME).and_then(|()| {
+        let arena = match crate::util::alignment::check_chunk(base, super::NAME).and_then(|()| {
             GlobalArena::new(base.addr(), size).map_err(|e| {
                 MrError::invalid_argument(format!(
                     "the upstream allocation cannot hold an arena: {e}"
@@ -479,7 +479,7 @@ impl<U: DeviceMemoryResource> State<U> {
     /// Makes `fence` an event recorded on the legacy default stream (once): it completes when
     /// all work queued so far on every blocking stream has completed, every thread's
     /// per-thread default stream included, so it covers both the freeing thread's work and
-    /// the allocating thread's (see [`crate::cross_thread`]).
+    /// the allocating thread's (see [`crate::util::cross_thread`]).
     #[cold]
     #[inline(never)]
     fn order_behind_legacy(&self, fence: &mut FreeFence) -> MrResult<()> {
@@ -501,7 +501,7 @@ impl<U: DeviceMemoryResource> State<U> {
     /// fence (pushed to the arena's fences), or at once when `holder` is the freeing stream
     /// itself. A block allocated on another thread's per-thread default stream (or one whose
     /// origin is unknown here) freed on this thread's per-thread stream is first ordered behind
-    /// the legacy stream ([`crate::cross_thread`]), unless it goes back to its allocating
+    /// the legacy stream ([`crate::util::cross_thread`]), unless it goes back to its allocating
     /// thread's own arena, whose stream orders that thread's work anyway.
     #[inline]
     fn free_into(
@@ -540,7 +540,7 @@ impl<U: DeviceMemoryResource> State<U> {
     /// otherwise the block becomes reusable once the work queued on `stream` so far has
     /// completed (a pending free, with an event recorded outside the global lock). A block
     /// another thread allocated on its per-thread default stream, freed on this thread's, waits
-    /// for an event on the legacy stream instead ([`crate::cross_thread`]).
+    /// for an event on the legacy stream instead ([`crate::util::cross_thread`]).
     fn free_large(
         self: &Arc<Self>,
         stream: CudaStreamView<'_>,
@@ -645,7 +645,7 @@ impl<U: DeviceMemoryResource> State<U> {
     /// * in the global arena: queue it as a pending free until the fence completes. Such a
     ///   block was allocated by a stream whose arena has since given its superblock back, so
     ///   on a per-thread default stream the fence is recorded on the legacy stream
-    ///   ([`crate::cross_thread`]).
+    ///   ([`crate::util::cross_thread`]).
     ///
     /// Without a device (no event) the block is freed at once.
     fn free_elsewhere(

@@ -559,7 +559,7 @@ fn out_of_memory_when_truly_full() {
         );
     }
     let dump = mr.memory_dump();
-    assert!(dump.contains("Arena size: 4.00 MiB"), "{dump}");
+    assert!(dump.contains("Arena size: 4.000000 MiB"), "{dump}");
     assert!(dump.contains("Large allocations live: 1"), "{dump}");
     free(&mr, legacy(), whole, 4 * MIB);
     let p = alloc(&mr, legacy(), 256);

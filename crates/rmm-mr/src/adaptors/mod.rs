@@ -1,0 +1,20 @@
+//! The adaptors: each wraps an upstream resource and adds one behaviour (alignment, a limit,
+//! a lock, a failure callback, prefetching, statistics, tracking, logging).
+
+mod aligned;
+mod failure_callback;
+mod limiting;
+pub mod logging;
+mod prefetch;
+pub mod statistics;
+mod thread_safe;
+pub mod tracking;
+
+pub use aligned::AlignedResourceAdaptor;
+pub use failure_callback::{FailureCallback, FailureCallbackResourceAdaptor, FailureFilter};
+pub use limiting::LimitingResourceAdaptor;
+pub use logging::LoggingResourceAdaptor;
+pub use prefetch::PrefetchResourceAdaptor;
+pub use statistics::StatisticsResourceAdaptor;
+pub use thread_safe::ThreadSafeResourceAdaptor;
+pub use tracking::TrackingResourceAdaptor;

@@ -1,0 +1,288 @@
+//! When an ordinary stream's free list records its event, and what a thief may do with the
+//! list: the lazy rule of the stream-ordered sub-allocators as a pure state machine (no CUDA
+//! calls; [`ListState`](crate::stream_ordered::stream_lists::ListState) carries one per list and
+//! makes the calls it asks for). Only the owner of a stream ever records on it; a list is *lazy*
+//! (frees record nothing) until a thief takes from it or asks, then *recording* for
+//! [`RECORD_RUN`] frees; a thief that finds unrecorded blocks asks and looks elsewhere, and after
+//! [`OWNER_GRACE`] synchronizes the device instead. The rule and why it is safe:
+//! `docs/internals/stream-ordered.md`, "The lazy event rule as a state machine".
+
+use std::time::{Duration, Instant};
+
+/// Frees that record after a thief took from a list or asked it to record.
+pub(crate) const RECORD_RUN: u32 = 256;
+
+/// How long a thief's request may wait for the owner before a thief synchronizes the device.
+pub(crate) const OWNER_GRACE: Duration = Duration::from_millis(2);
+
+/// What a thief may do with a list's blocks now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StealAction {
+    /// Every block is covered by the list's event: wait on it (if it was ever recorded), take.
+    WaitEvent,
+    /// Some blocks are not covered; the owner has been asked to record. Look elsewhere.
+    Ask,
+    /// The owner did not answer within [`OWNER_GRACE`]: synchronize the device, then take
+    /// (and report it with [`EventPolicy::synchronized`]).
+    SyncDevice,
+}
+
+/// The lazy-recording state of one ordinary stream's list (see the [module docs](self)).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct EventPolicy {
+    /// A record failed: the event may miss some blocks' work, so the next thief synchronizes
+    /// the device whatever else the state says.
+    record_failed: bool,
+    /// Blocks entered the list after its event was last recorded.
+    unrecorded: bool,
+    /// When a thief found the list unrecorded and asked the owner to record.
+    wanted_since: Option<Instant>,
+    /// Frees that still record before the list goes back to lazy.
+    recording_left: u32,
+}
+
+impl EventPolicy {
+    /// Blocks enter the list on the owner's (live) stream: a free, a merge into it, a new
+    /// chunk. Returns whether to record the event now (then the blocks are covered); otherwise
+    /// the list is marked unrecorded.
+    #[inline]
+    pub(crate) fn on_enter(&mut self) -> bool {
+        if self.wanted_since.take().is_some() {
+            self.recording_left = RECORD_RUN;
+            self.unrecorded = false;
+            return true;
+        }
+        if self.recording_left > 0 {
+            self.recording_left -= 1;
+            self.unrecorded = false;
+            return true;
+        }
+        self.unrecorded = true;
+        false
+    }
+
+    /// The owner allocates on its (live) stream: returns whether to record now, to answer a
+    /// thief's request (which covers every block in the list).
+    #[inline]
+    pub(crate) fn on_owner_allocate(&mut self) -> bool {
+        if self.wanted_since.is_none() {
+            return false;
+        }
+        self.wanted_since = None;
+        self.recording_left = RECORD_RUN;
+        self.unrecorded = false;
+        true
+    }
+
+    /// A record the policy asked for failed.
+    pub(crate) fn record_failed(&mut self) {
+        self.record_failed = true;
+    }
+
+    /// A thief (another stream) wants blocks of this list at `now`.
+    pub(crate) fn on_steal(&mut self, now: Instant) -> StealAction {
+        if self.record_failed {
+            return StealAction::SyncDevice;
+        }
+        if !self.unrecorded {
+            // Someone takes this stream's blocks: keep them covered for a while.
+            self.recording_left = RECORD_RUN;
+            return StealAction::WaitEvent;
+        }
+        match self.wanted_since {
+            None => {
+                self.wanted_since = Some(now);
+                StealAction::Ask
+            }
+            Some(since) if now.saturating_duration_since(since) < OWNER_GRACE => StealAction::Ask,
+            Some(_) => StealAction::SyncDevice,
+        }
+    }
+
+    /// The device was synchronized after every block now in the list entered it: they are all
+    /// safe for any stream.
+    pub(crate) fn synchronized(&mut self) {
+        self.record_failed = false;
+        self.unrecorded = false;
+        self.wanted_since = None;
+        self.recording_left = RECORD_RUN;
+    }
+
+    /// Blocks entered without an event while no thief could exist (the resource had seen one
+    /// stream only): they count as unrecorded from now on.
+    pub(crate) fn mark_unrecorded(&mut self) {
+        self.unrecorded = true;
+    }
+
+    /// Whether some blocks are not covered by the event (never recorded after them, or the
+    /// record failed): only a device synchronization makes them safe for another stream now.
+    pub(crate) fn is_uncovered(&self) -> bool {
+        self.unrecorded || self.record_failed
+    }
+
+    /// Whether a record failed since the last synchronization.
+    #[cfg(test)]
+    pub(crate) fn is_record_failed(&self) -> bool {
+        self.record_failed
+    }
+
+    /// Whether a thief's request is open.
+    #[cfg(test)]
+    pub(crate) fn is_wanted(&self) -> bool {
+        self.wanted_since.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lazy_frees_record_nothing() {
+        let mut p = EventPolicy::default();
+        for _ in 0..1000 {
+            assert!(!p.on_enter(), "a lazy list recorded");
+            assert!(!p.on_owner_allocate());
+        }
+        assert!(p.unrecorded && !p.is_wanted());
+    }
+
+    #[test]
+    fn a_covered_list_is_stolen_and_then_records_for_a_run() {
+        let mut p = EventPolicy::default();
+        let t = Instant::now();
+        assert_eq!(
+            p.on_steal(t),
+            StealAction::WaitEvent,
+            "empty history is covered"
+        );
+        for i in 0..RECORD_RUN {
+            assert!(p.on_enter(), "free {i} of the run did not record");
+            assert!(!p.unrecorded);
+        }
+        assert!(!p.on_enter(), "the run did not end");
+        assert!(p.unrecorded);
+    }
+
+    #[test]
+    fn an_unrecorded_list_asks_the_owner_who_answers_at_its_next_free() {
+        let mut p = EventPolicy::default();
+        assert!(!p.on_enter());
+        let t = Instant::now();
+        assert_eq!(p.on_steal(t), StealAction::Ask);
+        assert!(p.is_wanted());
+        // A second thief within the grace period asks again; nothing else changes.
+        assert_eq!(p.on_steal(t + OWNER_GRACE / 2), StealAction::Ask);
+        assert!(p.on_enter(), "the owner's free did not answer the request");
+        assert!(!p.unrecorded && !p.is_wanted());
+        assert_eq!(p.on_steal(t), StealAction::WaitEvent);
+        // Recording now: the next frees keep the list covered.
+        assert!(p.on_enter());
+        assert_eq!(p.on_steal(t), StealAction::WaitEvent);
+    }
+
+    #[test]
+    fn the_owner_answers_at_its_next_allocation_too() {
+        let mut p = EventPolicy::default();
+        p.on_enter();
+        let t = Instant::now();
+        assert_eq!(p.on_steal(t), StealAction::Ask);
+        assert!(p.on_owner_allocate());
+        assert!(!p.on_owner_allocate(), "answered twice");
+        assert_eq!(p.on_steal(t), StealAction::WaitEvent);
+    }
+
+    #[test]
+    fn an_idle_owner_makes_a_late_thief_synchronize() {
+        let mut p = EventPolicy::default();
+        p.on_enter();
+        let t = Instant::now();
+        assert_eq!(p.on_steal(t), StealAction::Ask);
+        assert_eq!(p.on_steal(t + OWNER_GRACE), StealAction::SyncDevice);
+        // Until a thief reports the synchronization, the answer stays.
+        assert_eq!(p.on_steal(t + OWNER_GRACE * 2), StealAction::SyncDevice);
+        p.synchronized();
+        assert!(!p.unrecorded && !p.is_wanted());
+        assert_eq!(p.on_steal(t + OWNER_GRACE * 3), StealAction::WaitEvent);
+    }
+
+    #[test]
+    fn a_clock_going_backwards_only_asks() {
+        let mut p = EventPolicy::default();
+        p.on_enter();
+        let t = Instant::now() + Duration::from_secs(1);
+        assert_eq!(p.on_steal(t), StealAction::Ask);
+        assert_eq!(p.on_steal(t - Duration::from_millis(500)), StealAction::Ask);
+    }
+
+    #[test]
+    fn a_failed_record_makes_the_next_thief_synchronize() {
+        let mut p = EventPolicy::default();
+        let t = Instant::now();
+        assert_eq!(p.on_steal(t), StealAction::WaitEvent);
+        assert!(p.on_enter(), "the run after a steal records");
+        p.record_failed();
+        assert!(p.is_uncovered());
+        assert_eq!(p.on_steal(t), StealAction::SyncDevice);
+        p.synchronized();
+        assert!(!p.is_uncovered());
+        assert_eq!(p.on_steal(t), StealAction::WaitEvent);
+    }
+
+    #[test]
+    fn marking_unrecorded_makes_thieves_ask() {
+        let mut p = EventPolicy::default();
+        p.mark_unrecorded();
+        assert_eq!(p.on_steal(Instant::now()), StealAction::Ask);
+    }
+
+    #[test]
+    fn every_unrecorded_block_is_either_asked_for_or_covered() {
+        // Model check over all sequences of length 8 of the four events: a thief is told
+        // WaitEvent only when no block entered since the last record or synchronization.
+        #[derive(Clone, Copy, Debug)]
+        enum Op {
+            Free,
+            OwnerAllocate,
+            Steal,
+            LateSteal,
+        }
+        let ops = [Op::Free, Op::OwnerAllocate, Op::Steal, Op::LateSteal];
+        for mut code in 0..4usize.pow(8) {
+            let mut p = EventPolicy::default();
+            let mut uncovered = false; // the model: a block entered after the last record
+            let t0 = Instant::now();
+            let mut clock = t0;
+            let mut seq = Vec::new();
+            for _ in 0..8 {
+                let op = ops[code % 4];
+                code /= 4;
+                seq.push(op);
+                match op {
+                    Op::Free => uncovered = !p.on_enter(),
+                    Op::OwnerAllocate => {
+                        if p.on_owner_allocate() {
+                            uncovered = false;
+                        }
+                    }
+                    Op::Steal | Op::LateSteal => {
+                        if matches!(op, Op::LateSteal) {
+                            clock += OWNER_GRACE * 2;
+                        }
+                        match p.on_steal(clock) {
+                            StealAction::WaitEvent => {
+                                assert!(!uncovered, "uncovered blocks handed over: {seq:?}")
+                            }
+                            StealAction::Ask => assert!(p.is_wanted(), "{seq:?}"),
+                            StealAction::SyncDevice => {
+                                p.synchronized();
+                                uncovered = false;
+                            }
+                        }
+                    }
+                }
+                assert_eq!(p.unrecorded, uncovered, "{seq:?}");
+            }
+        }
+    }
+}

@@ -1,0 +1,39 @@
+//! The stream-ordered core shared by the pool and the fixed-size resource (RMM's
+//! `stream_ordered_memory_resource`): per-stream free lists, the event rule, the record of
+//! handed-out blocks, and the append-only storage the lists live in.
+
+pub(crate) mod append_only;
+pub(crate) mod core;
+pub(crate) mod event_policy;
+pub(crate) mod handed;
+pub(crate) mod stream_lists;
+
+use rmm_stream::CudaStreamView;
+use rmm_sys::{DevicePtr, ALLOCATION_ALIGNMENT};
+
+use crate::error::MrResult;
+use crate::resource::DeviceMemoryResource;
+use crate::util::alignment;
+
+/// [`check_chunk`](alignment::check_chunk) for a chunk `upstream` just allocated on `stream`
+/// with `size` bytes and alignment 256; a refused chunk goes back to `upstream` at once, so
+/// nothing leaks.
+///
+/// # Safety
+/// `chunk` was just returned by `upstream.allocate(stream, size, 256)` and not handed out.
+pub(crate) unsafe fn accept_chunk<U: DeviceMemoryResource + ?Sized>(
+    upstream: &U,
+    stream: CudaStreamView<'_>,
+    chunk: DevicePtr,
+    size: usize,
+    who: &str,
+) -> MrResult<DevicePtr> {
+    let Err(refused) = alignment::check_chunk(chunk, who) else {
+        return Ok(chunk);
+    };
+    // SAFETY: the caller's contract: the chunk is the upstream's, unused, with these arguments.
+    if let Err(e) = unsafe { upstream.deallocate(stream, chunk, size, ALLOCATION_ALIGNMENT) } {
+        log::error!("rmm: {who} could not give a refused upstream chunk back: {e}");
+    }
+    Err(refused)
+}

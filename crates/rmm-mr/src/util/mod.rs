@@ -1,0 +1,8 @@
+//! Small helpers shared by the resources and adaptors: the alignment rule, the cross-thread
+//! rule of the per-thread default stream, RMM's byte-size format, and the per-thread counter
+//! slots.
+
+pub(crate) mod alignment;
+pub(crate) mod cross_thread;
+pub(crate) mod format;
+pub(crate) mod slots;
