@@ -788,10 +788,7 @@ mod tests {
         let here = StreamKey::PerThread(thread_number());
         let a = p.allocate(pt, 1000, 256).unwrap();
         let b = p.allocate(pt, 1000, 256).unwrap();
-        // `c` takes its whole chunk (the pool doubles to 4 KiB), so after the frees below the
-        // legacy list holds `a` alone and the legacy allocation at the end must get it back
-        // (with a remainder of the same size beside it, best fit could pick either).
-        let c = p.allocate(s(), 2048, 256).unwrap();
+        let c = p.allocate(s(), 1000, 256).unwrap();
         let holder = |ptr: DevicePtr| p.inner.core.list_holding(ptr.addr());
         // Freed on the allocating thread: back to its own list.
         // SAFETY: `b` came from `p`, freed once.
@@ -805,7 +802,7 @@ mod tests {
                 // SAFETY: `a` and `c` came from `p`, freed once.
                 unsafe {
                     p.deallocate(pt, a, 1000, 256).unwrap();
-                    p.deallocate(pt, c, 2048, 256).unwrap();
+                    p.deallocate(pt, c, 1000, 256).unwrap();
                 }
                 StreamKey::PerThread(thread_number())
             })
