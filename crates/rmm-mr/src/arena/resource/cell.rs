@@ -1,7 +1,7 @@
 //! [`ArenaCell`]: one per-thread or per-stream arena of the resource, behind its own lock, and
 //! [`ArenaKey`], what selects it.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -80,33 +80,41 @@ pub(super) struct ArenaSlot {
     /// stream, for a block another thread allocated). The arena's own stream waits on all of
     /// them (device side) before this arena hands out any block.
     pub(super) fences: Vec<CudaEvent>,
-    /// Blocks of this arena's superblocks whose free is still queued in the resource's pending
-    /// queue (freed on another stream while the superblock was in the global arena, which then
-    /// lent it here). They stay allocated in the superblock until the queue releases them; a
-    /// caller's free of one is a double free.
-    pending: HashSet<u64, AddrHash>,
     /// Blocks that were already handed out when their superblock joined this arena (a
     /// partially used superblock lent after defragmentation or a thread exit): another arena's
-    /// stream allocated them, so their [`Origin`] is unknown here. A superset (an entry may
-    /// outlive its block, which only makes a later free of that address more careful); empty
-    /// in the common case, so the hot path only checks `is_empty`.
-    foreign: HashSet<u64, AddrHash>,
+    /// stream allocated them, so their [`Origin`] is unknown here, and some may have a free
+    /// still queued in the resource's pending queue. An entry may outlive its block, which only
+    /// makes a later free of that address more careful; empty in the common case, so the hot
+    /// path only checks `is_empty`.
+    inherited: HashMap<u64, Inherited, AddrHash>,
+}
+
+/// What this arena knows of a block that was live when its superblock arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Inherited {
+    /// Allocated by another arena's stream, still live.
+    Live,
+    /// Its free is queued until its stream reaches it (freed on another stream while the
+    /// superblock was in the global arena): it stays allocated in the superblock until the queue
+    /// releases it, and a caller's free of it is a double free.
+    FreePending,
 }
 
 impl ArenaSlot {
     /// A caller's free of `(addr, size)` in this arena ([`LocalArena::deallocate`]), refusing a
     /// block whose earlier free is still pending.
     pub(super) fn free(&mut self, addr: u64, size: usize) -> Result<bool, ArenaError> {
-        if !self.pending.is_empty() && self.pending.contains(&addr) {
+        if !self.inherited.is_empty() && self.inherited.get(&addr) == Some(&Inherited::FreePending)
+        {
             return Err(ArenaError::DoubleFree { addr, size });
         }
         self.arena.deallocate(addr, size)
     }
 
-    /// Records that the pending free of the live block at `addr` (in a superblock just lent to
-    /// this arena) is still queued.
-    pub(super) fn note_pending(&mut self, addr: u64) {
-        self.pending.insert(addr);
+    /// Records the blocks live in a superblock that just joined this arena, and which of them
+    /// have a free queued.
+    pub(super) fn inherit(&mut self, blocks: impl IntoIterator<Item = (u64, Inherited)>) {
+        self.inherited.extend(blocks);
     }
 
     /// The pending queue's release of `(addr, size)`: the free the caller made earlier now takes
@@ -114,35 +122,24 @@ impl ArenaSlot {
     pub(super) fn release_pending(&mut self, addr: u64, size: usize) -> Result<bool, ArenaError> {
         let freed = self.arena.deallocate(addr, size);
         if matches!(freed, Ok(true)) {
-            self.pending.remove(&addr);
-            self.forget_foreign(addr);
+            self.forget_inherited(addr);
         }
         freed
     }
 
-    /// Forgets the pending blocks of superblocks that went back to the global arena (whose
-    /// own records cover them there).
-    pub(super) fn forget_returned_pending(&mut self) {
-        let arena = &self.arena;
-        self.pending.retain(|&addr| arena.contains(addr));
-    }
-
     /// How many blocks here wait for their pending free.
     pub(super) fn pending_len(&self) -> usize {
-        self.pending.len()
-    }
-
-    /// Records that the blocks at `addrs`, live in a superblock just joining this arena, were
-    /// allocated elsewhere.
-    pub(super) fn adopt_foreign(&mut self, addrs: impl IntoIterator<Item = u64>) {
-        self.foreign.extend(addrs);
+        self.inherited
+            .values()
+            .filter(|&&state| state == Inherited::FreePending)
+            .count()
     }
 
     /// The [`Origin`] of the live block at `addr` of this arena, whose key is `key`: the key's
     /// own, unless the block was live when its superblock arrived.
     #[inline]
     pub(super) fn origin(&self, key: ArenaKey, addr: u64) -> Origin {
-        if !self.foreign.is_empty() && self.foreign.contains(&addr) {
+        if !self.inherited.is_empty() && self.inherited.contains_key(&addr) {
             Origin::Unknown
         } else {
             key.origin()
@@ -151,22 +148,23 @@ impl ArenaSlot {
 
     /// The block at `addr` was freed into this arena (or its superblock left it).
     #[inline]
-    pub(super) fn forget_foreign(&mut self, addr: u64) {
-        if !self.foreign.is_empty() {
-            self.foreign.remove(&addr);
+    pub(super) fn forget_inherited(&mut self, addr: u64) {
+        if !self.inherited.is_empty() {
+            self.inherited.remove(&addr);
         }
     }
 
-    /// Forgets the foreign blocks whose superblock is no longer in this arena.
-    pub(super) fn prune_foreign(&mut self) {
+    /// Forgets the inherited blocks whose superblock is no longer in this arena (the global
+    /// arena's own records cover those it holds).
+    pub(super) fn prune_inherited(&mut self) {
         let arena = &self.arena;
-        self.foreign.retain(|&addr| arena.contains(addr));
+        self.inherited.retain(|&addr, _| arena.contains(addr));
     }
 
     /// Number of blocks recorded as allocated elsewhere.
     #[cfg(test)]
     pub(super) fn foreign_count(&self) -> usize {
-        self.foreign.len()
+        self.inherited.len()
     }
 
     /// Makes `stream` (this arena's stream) wait on every fence, then recycles them.

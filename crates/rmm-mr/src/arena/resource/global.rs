@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use rmm_stream::CudaEvent;
 
+use super::cell::Inherited;
 use super::{lock, ArenaCell, ArenaSlot, EventPool};
 use crate::arena::{ArenaError, GlobalArena, Superblock, SuperblockLocation};
 use crate::util::cross_thread::{needs_legacy_order, Origin};
@@ -231,18 +232,23 @@ impl GlobalState {
         // the arena that holds it, the arena must know which of its blocks already have a
         // free queued (or it would take a second free of one as the first), and its live
         // blocks were allocated by other streams.
-        let live: Vec<u64> = superblock.live_blocks().map(|block| block.addr).collect();
-        for &addr in &live {
-            self.large_live.remove(&addr);
-            if self.pending_addrs.contains(&addr) {
-                slot.note_pending(addr);
-            }
-        }
+        let live: Vec<(u64, Inherited)> = superblock
+            .live_blocks()
+            .map(|block| {
+                self.large_live.remove(&block.addr);
+                let state = if self.pending_addrs.contains(&block.addr) {
+                    Inherited::FreePending
+                } else {
+                    Inherited::Live
+                };
+                (block.addr, state)
+            })
+            .collect();
         let addr = superblock.addr();
         match slot.arena.adopt(superblock) {
             Ok(()) => {
                 self.owners.insert(addr, Arc::clone(cell));
-                slot.adopt_foreign(live);
+                slot.inherit(live);
                 true
             }
             Err(rejected) => {
@@ -261,8 +267,7 @@ impl GlobalState {
         if let Err(e) = slot.arena.clean(&mut self.arena) {
             log::error!("arena: cleaning a local arena: {e}");
         }
-        slot.forget_returned_pending();
-        slot.prune_foreign();
+        slot.prune_inherited();
         self.forget_owners(slot, lent);
     }
 

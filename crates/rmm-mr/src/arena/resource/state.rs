@@ -523,7 +523,7 @@ impl<U: DeviceMemoryResource> State<U> {
             Ok(false) => return Ok(false),
             Err(e) => return Err(wrong_free(ptr, bytes, e)),
         }
-        slot.forget_foreign(addr);
+        slot.forget_inherited(addr);
         if let Some(event) = fence.event.take() {
             if holder == fence.freeing && !fence.on_legacy {
                 // The freeing stream's own arena: its later work follows the free already.
