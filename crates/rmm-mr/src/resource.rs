@@ -309,3 +309,82 @@ pub(crate) fn same_shared_state<T: DeviceMemoryResource, S>(
 ) -> bool {
     resource_cast::<T>(other).is_some_and(|o| Arc::ptr_eq(get(o), state))
 }
+
+/// Writes the methods of an `unsafe impl DeviceMemoryResource` that resources share, so each
+/// impl spells out only what it does differently (its `allocate`, and its `deallocate` unless
+/// that just forwards). `as_any` (which returns `self`) is always written; the rest is chosen by
+/// key, each optional, in this order:
+///
+/// - `deallocate: forward(path.to.upstream)`: forwards `deallocate` unchanged to
+///   `self.path.to.upstream`, which keeps the upstream's contract;
+/// - `is_equal: shared(path)`: equal to the same type pointing to the same `Arc` at
+///   `self.path` (copies share state); `is_equal: same(field)`: the same type with an equal
+///   `field`; `is_equal: same_type`: every instance of the type (stateless resources);
+///   `is_equal: identity`: only the object itself (test doubles);
+/// - `properties: forward(path.to.upstream)`: the upstream's; `properties: CONST`: the
+///   [`ResourceProperties`] constant of that name. Without the key the trait's default
+///   (device memory) stays.
+///
+/// The `unsafe impl` line and its `// SAFETY:` comment stay at the call site: the macro writes
+/// no `allocate`, so the promise about what `allocate` returns is made there.
+macro_rules! resource_tail {
+    (
+        $(deallocate: forward($($up:ident).+),)?
+        $(is_equal: $eq:ident $(($($state:ident).+))?,)?
+        $(properties: $props:ident $(($($from:ident).+))?,)?
+    ) => {
+        $(
+            #[inline]
+            unsafe fn deallocate(
+                &self,
+                stream: ::rmm_stream::CudaStreamView<'_>,
+                ptr: ::rmm_sys::DevicePtr,
+                bytes: usize,
+                alignment: usize,
+            ) -> $crate::MrResult<()> {
+                // SAFETY: forwarded contract.
+                unsafe { self.$($up).+.deallocate(stream, ptr, bytes, alignment) }
+            }
+        )?
+        $($crate::resource::resource_tail!(@is_equal $eq $(($($state).+))?);)?
+        $($crate::resource::resource_tail!(@properties $props $(($($from).+))?);)?
+        fn as_any(&self) -> &dyn ::std::any::Any {
+            self
+        }
+    };
+    (@is_equal shared($($state:ident).+)) => {
+        fn is_equal(&self, other: &dyn $crate::DeviceMemoryResource) -> bool {
+            $crate::resource::same_shared_state::<Self, _>(
+                other,
+                &self.$($state).+,
+                |o| &o.$($state).+,
+            )
+        }
+    };
+    (@is_equal same($field:ident)) => {
+        fn is_equal(&self, other: &dyn $crate::DeviceMemoryResource) -> bool {
+            $crate::resource_cast::<Self>(other).is_some_and(|o| o.$field == self.$field)
+        }
+    };
+    (@is_equal same_type) => {
+        fn is_equal(&self, other: &dyn $crate::DeviceMemoryResource) -> bool {
+            other.as_any().is::<Self>()
+        }
+    };
+    (@is_equal identity) => {
+        fn is_equal(&self, other: &dyn $crate::DeviceMemoryResource) -> bool {
+            ::std::ptr::addr_eq(self, other)
+        }
+    };
+    (@properties forward($($up:ident).+)) => {
+        fn properties(&self) -> $crate::ResourceProperties {
+            self.$($up).+.properties()
+        }
+    };
+    (@properties $name:ident) => {
+        fn properties(&self) -> $crate::ResourceProperties {
+            $crate::ResourceProperties::$name
+        }
+    };
+}
+pub(crate) use resource_tail;

@@ -2,7 +2,6 @@
 //! that fails on demand ([`FaultyResource`]).
 
 use std::alloc::Layout;
-use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,7 +10,7 @@ use rmm_stream::CudaStreamView;
 use rmm_sys::DevicePtr;
 
 use crate::error::{InvalidFree, MrError, MrResult};
-use crate::resource::{same_shared_state, DeviceMemoryResource, ResourceProperties};
+use crate::resource::{DeviceMemoryResource, ResourceProperties};
 use crate::util::alignment::{self, MAX_OVER_ALIGNMENT};
 
 mod faulty;
@@ -183,10 +182,6 @@ unsafe impl DeviceMemoryResource for HostMockResource {
         Ok(())
     }
 
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        same_shared_state::<Self, _>(other, &self.inner, |o| &o.inner)
-    }
-
     fn properties(&self) -> ResourceProperties {
         ResourceProperties {
             device_accessible: false,
@@ -194,8 +189,8 @@ unsafe impl DeviceMemoryResource for HostMockResource {
         }
     }
 
-    fn as_any(&self) -> &dyn Any {
-        self
+    crate::resource::resource_tail! {
+        is_equal: shared(inner),
     }
 }
 

@@ -1,6 +1,5 @@
 //! The aligned adaptor: pointers aligned to more than 256 bytes.
 
-use std::any::Any;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::fmt;
@@ -10,9 +9,7 @@ use rmm_stream::CudaStreamView;
 use rmm_sys::{checked_align_up, is_pow2, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{InvalidFree, MrError, MrResult};
-use crate::resource::{
-    same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
-};
+use crate::resource::{DeviceMemoryResource, SharedResource};
 use crate::util::alignment::{self, MAX_OVER_ALIGNMENT};
 
 /// The alignment argument given to the upstream: RMM asks for 1 (any), since every resource
@@ -294,16 +291,9 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for AlignedResourceAda
         freed
     }
 
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        same_shared_state::<Self, _>(other, &self.inner, |o| &o.inner)
-    }
-
-    fn properties(&self) -> ResourceProperties {
-        self.inner.upstream.properties()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
+    crate::resource::resource_tail! {
+        is_equal: shared(inner),
+        properties: forward(inner.upstream),
     }
 }
 
@@ -382,12 +372,8 @@ mod tests {
             Ok(())
         }
 
-        fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-            std::ptr::addr_eq(self, other)
-        }
-
-        fn as_any(&self) -> &dyn Any {
-            self
+        crate::resource::resource_tail! {
+            is_equal: identity,
         }
     }
 

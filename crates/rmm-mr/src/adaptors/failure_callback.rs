@@ -1,6 +1,5 @@
 //! The failure-callback adaptor: let the application react to out-of-memory and retry.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -8,9 +7,7 @@ use rmm_stream::CudaStreamView;
 use rmm_sys::DevicePtr;
 
 use crate::error::{MrError, MrResult};
-use crate::resource::{
-    same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
-};
+use crate::resource::{DeviceMemoryResource, SharedResource};
 
 /// The callback: given the size of the failed request, returns `true` to retry the allocation
 /// or `false` to give up and return the error (RMM's `failure_callback_t`; the `void*` argument
@@ -112,31 +109,10 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for FailureCallbackRes
         }
     }
 
-    unsafe fn deallocate(
-        &self,
-        stream: CudaStreamView<'_>,
-        ptr: DevicePtr,
-        bytes: usize,
-        alignment: usize,
-    ) -> MrResult<()> {
-        // SAFETY: forwarded contract.
-        unsafe {
-            self.inner
-                .upstream
-                .deallocate(stream, ptr, bytes, alignment)
-        }
-    }
-
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        same_shared_state::<Self, _>(other, &self.inner, |o| &o.inner)
-    }
-
-    fn properties(&self) -> ResourceProperties {
-        self.inner.upstream.properties()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
+    crate::resource::resource_tail! {
+        deallocate: forward(inner.upstream),
+        is_equal: shared(inner),
+        properties: forward(inner.upstream),
     }
 }
 

@@ -1,6 +1,5 @@
 //! The limiting adaptor.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -11,9 +10,7 @@ use rmm_stream::CudaStreamView;
 use rmm_sys::{checked_align_up, is_pow2, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{MrError, MrResult};
-use crate::resource::{
-    same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
-};
+use crate::resource::{DeviceMemoryResource, SharedResource};
 use crate::util::slots::{self, SLOTS};
 
 /// A counter alone on its cache line (two lines on x86-64, for the adjacent-line prefetcher):
@@ -287,16 +284,9 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for LimitingResourceAd
         Ok(())
     }
 
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        same_shared_state::<Self, _>(other, &self.inner, |o| &o.inner)
-    }
-
-    fn properties(&self) -> ResourceProperties {
-        self.inner.upstream.properties()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
+    crate::resource::resource_tail! {
+        is_equal: shared(inner),
+        properties: forward(inner.upstream),
     }
 }
 

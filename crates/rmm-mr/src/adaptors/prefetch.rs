@@ -1,6 +1,5 @@
 //! The prefetch adaptor: migrate managed memory to the device as it is allocated.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -9,9 +8,7 @@ use rmm_sys::DevicePtr;
 
 use crate::error::{MrError, MrResult};
 use crate::prefetch::{prefetch, PrefetchTarget};
-use crate::resource::{
-    same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
-};
+use crate::resource::{DeviceMemoryResource, SharedResource};
 
 struct Prefetch<U> {
     upstream: U,
@@ -104,31 +101,10 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for PrefetchResourceAd
         Ok(ptr)
     }
 
-    unsafe fn deallocate(
-        &self,
-        stream: CudaStreamView<'_>,
-        ptr: DevicePtr,
-        bytes: usize,
-        alignment: usize,
-    ) -> MrResult<()> {
-        // SAFETY: forwarded contract.
-        unsafe {
-            self.inner
-                .upstream
-                .deallocate(stream, ptr, bytes, alignment)
-        }
-    }
-
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        same_shared_state::<Self, _>(other, &self.inner, |o| &o.inner)
-    }
-
-    fn properties(&self) -> ResourceProperties {
-        self.inner.upstream.properties()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
+    crate::resource::resource_tail! {
+        deallocate: forward(inner.upstream),
+        is_equal: shared(inner),
+        properties: forward(inner.upstream),
     }
 }
 

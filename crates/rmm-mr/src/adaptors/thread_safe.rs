@@ -1,6 +1,5 @@
 //! The thread-safe adaptor: one lock around the upstream.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -8,9 +7,7 @@ use rmm_stream::CudaStreamView;
 use rmm_sys::DevicePtr;
 
 use crate::error::MrResult;
-use crate::resource::{
-    same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
-};
+use crate::resource::{DeviceMemoryResource, SharedResource};
 
 struct ThreadSafe<U> {
     upstream: U,
@@ -101,16 +98,9 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for ThreadSafeResource
         }
     }
 
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        same_shared_state::<Self, _>(other, &self.inner, |o| &o.inner)
-    }
-
-    fn properties(&self) -> ResourceProperties {
-        self.inner.upstream.properties()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
+    crate::resource::resource_tail! {
+        is_equal: shared(inner),
+        properties: forward(inner.upstream),
     }
 }
 
@@ -174,12 +164,8 @@ mod tests {
             r
         }
 
-        fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-            std::ptr::addr_eq(self, other)
-        }
-
-        fn as_any(&self) -> &dyn Any {
-            self
+        crate::resource::resource_tail! {
+            is_equal: identity,
         }
     }
 

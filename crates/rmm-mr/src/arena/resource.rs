@@ -13,7 +13,6 @@ mod fault_tests;
 #[cfg(test)]
 mod tests;
 
-use std::any::Any;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -21,9 +20,7 @@ use rmm_stream::CudaStreamView;
 use rmm_sys::DevicePtr;
 
 use crate::error::MrResult;
-use crate::resource::{
-    same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
-};
+use crate::resource::{DeviceMemoryResource, SharedResource};
 use crate::util::alignment::{self, OverAligned, MAX_OVER_ALIGNMENT};
 use cell::{ArenaCell, ArenaKey, ArenaSlot};
 use fence::EventPool;
@@ -234,16 +231,9 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for ArenaMemoryResourc
         self.inner.deallocate(stream, ptr, bytes)
     }
 
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        same_shared_state::<Self, _>(other, &self.inner, |o| &o.inner)
-    }
-
-    fn properties(&self) -> ResourceProperties {
-        self.inner.upstream.properties()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
+    crate::resource::resource_tail! {
+        is_equal: shared(inner),
+        properties: forward(inner.upstream),
     }
 }
 

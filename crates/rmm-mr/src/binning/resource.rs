@@ -1,6 +1,5 @@
 //! The binning resource (RMM's `binning_memory_resource`).
 
-use std::any::Any;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
@@ -12,9 +11,7 @@ use crate::binning::routes::BinRoutes;
 use crate::binning::table::{exponent_sizes, rounded_bin_size, BinTable, BinningError};
 use crate::error::{MrError, MrResult};
 use crate::fixed_size::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE};
-use crate::resource::{
-    same_shared_state, shared, DeviceMemoryResource, ResourceProperties, SharedResource,
-};
+use crate::resource::{shared, DeviceMemoryResource, SharedResource};
 use crate::util::alignment;
 
 struct Binning<U: DeviceMemoryResource> {
@@ -295,16 +292,9 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for BinningMemoryResou
         })
     }
 
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        same_shared_state::<Self, _>(other, &self.inner, |o| &o.inner)
-    }
-
-    fn properties(&self) -> ResourceProperties {
-        self.inner.upstream.properties()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
+    crate::resource::resource_tail! {
+        is_equal: shared(inner),
+        properties: forward(inner.upstream),
     }
 }
 

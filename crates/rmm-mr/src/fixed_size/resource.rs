@@ -1,6 +1,5 @@
 //! The fixed-size resource (RMM's `fixed_size_memory_resource`).
 
-use std::any::Any;
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
@@ -11,9 +10,7 @@ use rmm_sys::{align_up, DevicePtr, ALLOCATION_ALIGNMENT};
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::fixed_size::block_table::{BlockLedger, BlockTable};
 use crate::fixed_size::chunk::{rounded_block_size, FixedSizeError};
-use crate::resource::{
-    same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
-};
+use crate::resource::{DeviceMemoryResource, SharedResource};
 use crate::stream_ordered::accept_chunk;
 use crate::stream_ordered::core::{FreeBlocks, StreamOrdered};
 use crate::util::alignment;
@@ -342,16 +339,9 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for FixedSizeMemoryRes
         unsafe { self.inner.core.deallocate(stream, ptr, bytes) }
     }
 
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        same_shared_state::<Self, _>(other, &self.inner, |o| &o.inner)
-    }
-
-    fn properties(&self) -> ResourceProperties {
-        self.inner.upstream.properties()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
+    crate::resource::resource_tail! {
+        is_equal: shared(inner),
+        properties: forward(inner.upstream),
     }
 }
 

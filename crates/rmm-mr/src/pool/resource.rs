@@ -1,6 +1,5 @@
 //! The pool resource (RMM's `pool_memory_resource`).
 
-use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -10,9 +9,7 @@ use rmm_sys::{checked_align_up, DevicePtr, ALLOCATION_ALIGNMENT};
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::pool::free_list::{Block, CoalescingFreeList};
 use crate::pool::growth::{try_to_expand, PoolSizes};
-use crate::resource::{
-    same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
-};
+use crate::resource::{DeviceMemoryResource, SharedResource};
 use crate::stream_ordered::accept_chunk;
 use crate::stream_ordered::core::{FreeBlocks, StreamOrdered};
 use crate::stream_ordered::handed::HandedMap;
@@ -365,16 +362,9 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for PoolMemoryResource
         unsafe { self.inner.core.deallocate(stream, ptr, bytes) }
     }
 
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        same_shared_state::<Self, _>(other, &self.inner, |o| &o.inner)
-    }
-
-    fn properties(&self) -> ResourceProperties {
-        self.inner.upstream.properties()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
+    crate::resource::resource_tail! {
+        is_equal: shared(inner),
+        properties: forward(inner.upstream),
     }
 }
 

@@ -1,6 +1,5 @@
 //! A resource made of two closures.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -8,7 +7,7 @@ use rmm_stream::CudaStreamView;
 use rmm_sys::{DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::MrResult;
-use crate::resource::{same_shared_state, DeviceMemoryResource};
+use crate::resource::DeviceMemoryResource;
 use crate::util::alignment;
 
 /// The allocation closure: `(bytes, stream) -> pointer`.
@@ -108,11 +107,7 @@ unsafe impl DeviceMemoryResource for CallbackMemoryResource {
         (self.inner.deallocate)(ptr, bytes, stream)
     }
 
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        same_shared_state::<Self, _>(other, &self.inner, |o| &o.inner)
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
+    crate::resource::resource_tail! {
+        is_equal: shared(inner),
     }
 }

@@ -1,7 +1,5 @@
 //! `cuMemAlloc` / `cuMemFree`.
 
-use std::any::Any;
-
 use rmm_stream::CudaStreamView;
 use rmm_sys::{memory, DevicePtr, ResultCode};
 
@@ -88,11 +86,7 @@ unsafe impl DeviceMemoryResource for CudaMemoryResource {
         base_deallocate(ptr, bytes, |p| unsafe { memory::mem_free(p) })
     }
 
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        other.as_any().is::<Self>()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
+    crate::resource::resource_tail! {
+        is_equal: same_type,
     }
 }

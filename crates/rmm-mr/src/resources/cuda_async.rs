@@ -1,6 +1,5 @@
 //! The driver's stream-ordered allocator over a pool this resource owns.
 
-use std::any::Any;
 use std::sync::Arc;
 
 use rmm_stream::CudaStreamView;
@@ -11,7 +10,7 @@ use rmm_sys::{
 };
 
 use crate::error::{MrError, MrResult};
-use crate::resource::{check_base_alignment, same_shared_state, DeviceMemoryResource};
+use crate::resource::{check_base_alignment, DeviceMemoryResource};
 use crate::resources::cuda::free_error;
 use crate::resources::CudaAsyncViewMemoryResource;
 
@@ -278,11 +277,7 @@ unsafe impl DeviceMemoryResource for CudaAsyncMemoryResource {
         unsafe { pool_deallocate(stream, ptr, bytes) }
     }
 
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        same_shared_state::<Self, _>(other, &self.inner, |o| &o.inner)
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
+    crate::resource::resource_tail! {
+        is_equal: shared(inner),
     }
 }

@@ -1,12 +1,10 @@
 //! The driver's stream-ordered allocator over the device's default managed pool (CUDA 13).
 
-use std::any::Any;
-
 use rmm_stream::CudaStreamView;
 use rmm_sys::{DeviceCapabilities, DevicePtr, DriverVersion, MemPoolHandle};
 
 use crate::error::{MrError, MrResult};
-use crate::resource::{resource_cast, DeviceMemoryResource, ResourceProperties};
+use crate::resource::DeviceMemoryResource;
 use crate::resources::cuda_async::{
     pool_allocate, pool_deallocate, pool_statistics, PoolStatistics,
 };
@@ -79,15 +77,8 @@ unsafe impl DeviceMemoryResource for CudaAsyncManagedMemoryResource {
         unsafe { pool_deallocate(stream, ptr, bytes) }
     }
 
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        resource_cast::<Self>(other).is_some_and(|o| o.pool == self.pool)
-    }
-
-    fn properties(&self) -> ResourceProperties {
-        ResourceProperties::HOST_DEVICE
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
+    crate::resource::resource_tail! {
+        is_equal: same(pool),
+        properties: HOST_DEVICE,
     }
 }

@@ -1,13 +1,12 @@
 //! The driver's stream-ordered allocator over a pool someone else owns.
 
-use std::any::Any;
 use std::sync::Arc;
 
 use rmm_stream::CudaStreamView;
 use rmm_sys::{DevicePtr, MemPoolHandle};
 
 use crate::error::{MrError, MrResult};
-use crate::resource::{resource_cast, DeviceMemoryResource};
+use crate::resource::DeviceMemoryResource;
 use crate::resources::cuda_async::{
     pool_allocate, pool_deallocate, pool_statistics, require_memory_pools, CudaAsyncMemoryResource,
     OwnedPool, PoolStatistics,
@@ -146,11 +145,7 @@ unsafe impl DeviceMemoryResource for CudaAsyncViewMemoryResource {
         unsafe { pool_deallocate(stream, ptr, bytes) }
     }
 
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        resource_cast::<Self>(other).is_some_and(|o| o.pool == self.pool)
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
+    crate::resource::resource_tail! {
+        is_equal: same(pool),
     }
 }

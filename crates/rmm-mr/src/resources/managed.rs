@@ -1,12 +1,10 @@
 //! `cuMemAllocManaged` / `cuMemFree`.
 
-use std::any::Any;
-
 use rmm_stream::CudaStreamView;
 use rmm_sys::{memory, DevicePtr};
 
 use crate::error::MrResult;
-use crate::resource::{DeviceMemoryResource, ResourceProperties};
+use crate::resource::DeviceMemoryResource;
 use crate::resources::cuda::{base_allocate, base_deallocate};
 
 /// Managed (unified) memory from `cuMemAllocManaged`, accessible from the host and every
@@ -49,15 +47,8 @@ unsafe impl DeviceMemoryResource for ManagedMemoryResource {
         base_deallocate(ptr, bytes, |p| unsafe { memory::mem_free(p) })
     }
 
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        other.as_any().is::<Self>()
-    }
-
-    fn properties(&self) -> ResourceProperties {
-        ResourceProperties::HOST_DEVICE
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
+    crate::resource::resource_tail! {
+        is_equal: same_type,
+        properties: HOST_DEVICE,
     }
 }

@@ -1,12 +1,10 @@
 //! `cuMemHostAlloc` / `cuMemFreeHost`.
 
-use std::any::Any;
-
 use rmm_stream::CudaStreamView;
 use rmm_sys::{memory, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{MrError, MrResult};
-use crate::resource::{check_base_alignment, DeviceMemoryResource, ResourceProperties};
+use crate::resource::{check_base_alignment, DeviceMemoryResource};
 use crate::resources::cuda::base_deallocate;
 
 /// Page-locked host memory from `cuMemHostAlloc`, accessible from the device (RMM's
@@ -62,15 +60,8 @@ unsafe impl DeviceMemoryResource for PinnedHostMemoryResource {
         base_deallocate(ptr, bytes, |p| unsafe { memory::mem_free_host(p) })
     }
 
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        other.as_any().is::<Self>()
-    }
-
-    fn properties(&self) -> ResourceProperties {
-        ResourceProperties::HOST_DEVICE
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
+    crate::resource::resource_tail! {
+        is_equal: same_type,
+        properties: HOST_DEVICE,
     }
 }

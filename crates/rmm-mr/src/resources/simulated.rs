@@ -1,7 +1,6 @@
 //! Simulated memory: addresses from a counter, no GPU (RMM's `simulated_memory_resource` of its
 //! replay benchmark).
 
-use std::any::Any;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -10,9 +9,7 @@ use rmm_stream::CudaStreamView;
 use rmm_sys::{DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{InvalidFree, MrError, MrResult};
-use crate::resource::{
-    check_base_alignment, same_shared_state, DeviceMemoryResource, ResourceProperties,
-};
+use crate::resource::{check_base_alignment, DeviceMemoryResource, ResourceProperties};
 
 /// Where simulated addresses start: 2^62. No real allocation can have an address from
 /// `[2^62, 2^63)`: it is not a canonical user-space address on x86-64 (48- or 57-bit) nor a
@@ -209,10 +206,6 @@ unsafe impl DeviceMemoryResource for SimulatedMemoryResource {
         unsafe { self.deallocate(CudaStreamView::default(), ptr, bytes, alignment) }
     }
 
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        same_shared_state::<Self, _>(other, &self.inner, |o| &o.inner)
-    }
-
     /// Neither host- nor device-accessible: the addresses are bookkeeping only.
     fn properties(&self) -> ResourceProperties {
         ResourceProperties {
@@ -221,8 +214,8 @@ unsafe impl DeviceMemoryResource for SimulatedMemoryResource {
         }
     }
 
-    fn as_any(&self) -> &dyn Any {
-        self
+    crate::resource::resource_tail! {
+        is_equal: shared(inner),
     }
 }
 

@@ -1,7 +1,6 @@
 //! System-allocated memory (SAM) usable from the GPU, and its headroom variant.
 
 use std::alloc::Layout;
-use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
@@ -10,7 +9,7 @@ use rmm_sys::memory::{self, MemLocation, MEM_ADVISE_SET_PREFERRED_LOCATION};
 use rmm_sys::{align_down, DeviceCapabilities, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{InvalidFree, MrError, MrResult};
-use crate::resource::{check_base_alignment, DeviceMemoryResource, ResourceProperties};
+use crate::resource::{check_base_alignment, DeviceMemoryResource};
 
 /// Live system allocations of every instance (all instances are equal, so any may free what
 /// another allocated). Freeing through the Rust allocator with a wrong pointer or size would be
@@ -144,16 +143,9 @@ unsafe impl DeviceMemoryResource for SystemMemoryResource {
         unsafe { system_deallocate(stream, ptr, bytes) }
     }
 
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        other.as_any().is::<Self>()
-    }
-
-    fn properties(&self) -> ResourceProperties {
-        ResourceProperties::HOST_DEVICE
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
+    crate::resource::resource_tail! {
+        is_equal: same_type,
+        properties: HOST_DEVICE,
     }
 }
 
@@ -251,16 +243,9 @@ unsafe impl DeviceMemoryResource for SamHeadroomMemoryResource {
         unsafe { system_deallocate(stream, ptr, bytes) }
     }
 
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        crate::resource::resource_cast::<Self>(other).is_some_and(|o| o.headroom == self.headroom)
-    }
-
-    fn properties(&self) -> ResourceProperties {
-        ResourceProperties::HOST_DEVICE
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
+    crate::resource::resource_tail! {
+        is_equal: same(headroom),
+        properties: HOST_DEVICE,
     }
 }
 

@@ -1,6 +1,5 @@
 //! [`FaultyResource`]: an upstream that fails chosen allocations and deallocations.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -9,9 +8,7 @@ use rmm_stream::CudaStreamView;
 use rmm_sys::{CudaError, DevicePtr, ResultCode};
 
 use crate::error::{MrError, MrResult};
-use crate::resource::{
-    same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
-};
+use crate::resource::{DeviceMemoryResource, SharedResource};
 
 /// The error an injected failure returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -274,16 +271,9 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for FaultyResource<U> 
         unsafe { inner.upstream.deallocate(stream, ptr, bytes, alignment) }
     }
 
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        same_shared_state::<Self, _>(other, &self.inner, |o| &o.inner)
-    }
-
-    fn properties(&self) -> ResourceProperties {
-        self.inner.upstream.properties()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
+    crate::resource::resource_tail! {
+        is_equal: shared(inner),
+        properties: forward(inner.upstream),
     }
 }
 

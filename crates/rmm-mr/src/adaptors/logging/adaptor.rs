@@ -1,6 +1,5 @@
 //! [`LoggingResourceAdaptor`]: writes RMM's memory-event CSV for every allocation and free.
 
-use std::any::Any;
 use std::ffi::OsString;
 use std::fmt;
 use std::fs::File;
@@ -14,9 +13,7 @@ use rmm_sys::DevicePtr;
 
 use super::{current_thread_number, EventLine, EventTime, MemoryEvent, HEADER};
 use crate::error::{MrError, MrResult};
-use crate::resource::{
-    same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
-};
+use crate::resource::{DeviceMemoryResource, SharedResource};
 
 /// The environment variable naming the default log file (RMM's `RMM_LOG_FILE`).
 pub const LOG_FILE_ENV: &str = "RMM_LOG_FILE";
@@ -292,16 +289,9 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for LoggingResourceAda
         unsafe { inner.upstream.deallocate(stream, ptr, bytes, alignment) }
     }
 
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        same_shared_state::<Self, _>(other, &self.inner, |o| &o.inner)
-    }
-
-    fn properties(&self) -> ResourceProperties {
-        self.inner.upstream.properties()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
+    crate::resource::resource_tail! {
+        is_equal: shared(inner),
+        properties: forward(inner.upstream),
     }
 }
 
@@ -654,12 +644,8 @@ mod tests {
             unsafe { self.mock.deallocate(stream, ptr, bytes, alignment) }
         }
 
-        fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-            std::ptr::addr_eq(self, other)
-        }
-
-        fn as_any(&self) -> &dyn Any {
-            self
+        crate::resource::resource_tail! {
+            is_equal: identity,
         }
     }
 

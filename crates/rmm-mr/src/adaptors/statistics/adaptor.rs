@@ -1,6 +1,5 @@
 //! [`StatisticsResourceAdaptor`]: counts bytes and allocations passing through it.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -9,9 +8,7 @@ use rmm_sys::DevicePtr;
 
 use super::{Counter, StatisticsCounters, StatsError};
 use crate::error::{MrError, MrResult};
-use crate::resource::{
-    same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
-};
+use crate::resource::{DeviceMemoryResource, SharedResource};
 
 struct Statistics<U> {
     upstream: U,
@@ -162,16 +159,9 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for StatisticsResource
         freed
     }
 
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        same_shared_state::<Self, _>(other, &self.inner, |o| &o.inner)
-    }
-
-    fn properties(&self) -> ResourceProperties {
-        self.inner.upstream.properties()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
+    crate::resource::resource_tail! {
+        is_equal: shared(inner),
+        properties: forward(inner.upstream),
     }
 }
 
@@ -246,12 +236,8 @@ mod tests {
             unsafe { self.mock.deallocate(stream, ptr, bytes, alignment) }
         }
 
-        fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-            std::ptr::addr_eq(self, other)
-        }
-
-        fn as_any(&self) -> &dyn Any {
-            self
+        crate::resource::resource_tail! {
+            is_equal: identity,
         }
     }
 

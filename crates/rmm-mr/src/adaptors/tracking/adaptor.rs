@@ -1,6 +1,5 @@
 //! [`TrackingResourceAdaptor`]: records every outstanding allocation and catches wrong frees.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -11,9 +10,7 @@ use super::{
     OutstandingAllocation, TrackingConfig, TrackingError, TrackingErrorRecord, TrackingRegistry,
 };
 use crate::error::{InvalidFree, MrError, MrResult};
-use crate::resource::{
-    same_shared_state, DeviceMemoryResource, ResourceProperties, SharedResource,
-};
+use crate::resource::{DeviceMemoryResource, SharedResource};
 
 struct Tracking<U> {
     upstream: U,
@@ -231,16 +228,9 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for TrackingResourceAd
         }
     }
 
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        same_shared_state::<Self, _>(other, &self.inner, |o| &o.inner)
-    }
-
-    fn properties(&self) -> ResourceProperties {
-        self.inner.upstream.properties()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
+    crate::resource::resource_tail! {
+        is_equal: shared(inner),
+        properties: forward(inner.upstream),
     }
 }
 
@@ -306,12 +296,8 @@ mod tests {
             unsafe { self.mock.deallocate(stream, ptr, bytes, alignment) }
         }
 
-        fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-            std::ptr::addr_eq(self, other)
-        }
-
-        fn as_any(&self) -> &dyn Any {
-            self
+        crate::resource::resource_tail! {
+            is_equal: identity,
         }
     }
 
