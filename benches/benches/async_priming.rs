@@ -84,9 +84,10 @@ fn run(args: &Args) -> BenchResult {
         for _ in 0..reps {
             eprintln!("[async_priming] {name}");
             let start = Instant::now();
-            let mr = CudaAsyncMemoryResource::with_options(CudaAsyncOptions {
-                initial_pool_size: initial,
-                ..CudaAsyncOptions::default()
+            let mr = CudaAsyncMemoryResource::with_options({
+                let mut options = CudaAsyncOptions::new();
+                options.initial_pool_size = initial;
+                options
             })?;
             s.construct_ms.push(start.elapsed().as_secs_f64() * 1e3);
             let mut held = Vec::with_capacity(n);

@@ -19,8 +19,9 @@ use std::time::Instant;
 use rmm_benches::sizing::{live_count_within, DeviceMemory};
 use rmm_benches::{median, replay_threads, Trace};
 use rmm_mr::{
-    ArenaMemoryResource, BinningMemoryResource, CudaAsyncMemoryResource, CudaMemoryResource,
-    DeviceMemoryResource, FixedSizeMemoryResource, MrResult, PoolMemoryResource, SharedResource,
+    ArenaMemoryResource, ArenaOptions, BinningMemoryResource, BinningOptions,
+    CudaAsyncMemoryResource, CudaMemoryResource, DeviceMemoryResource, FixedSizeMemoryResource,
+    FixedSizeOptions, MrResult, PoolMemoryResource, SharedResource,
 };
 use rmm_stream::CudaStream;
 use rmm_sys::mempool;
@@ -95,7 +96,6 @@ fn factories() -> Vec<(&'static str, Factory, bool)> {
                 Ok(shared(PoolMemoryResource::new(
                     CudaMemoryResource::new(),
                     0,
-                    None,
                 )?))
             }),
             true,
@@ -103,10 +103,11 @@ fn factories() -> Vec<(&'static str, Factory, bool)> {
         (
             "fixed_size",
             Box::new(|spec: &TraceSpec| {
-                Ok(shared(FixedSizeMemoryResource::with_block_size(
+                Ok(shared(FixedSizeMemoryResource::with_options(
                     CudaMemoryResource::new(),
-                    spec.max_size,
-                    128,
+                    FixedSizeOptions::new()
+                        .block_size(spec.max_size)
+                        .blocks_to_preallocate(128),
                 )?))
             }),
             true,
@@ -117,10 +118,9 @@ fn factories() -> Vec<(&'static str, Factory, bool)> {
                 // 90 % of the free memory: the default (half of it) is too small for 16
                 // threads of trace (a) on an 80 GB GPU.
                 let bytes = DeviceMemory::query()?.arena_bytes();
-                Ok(shared(ArenaMemoryResource::new(
+                Ok(shared(ArenaMemoryResource::with_options(
                     CudaMemoryResource::new(),
-                    Some(bytes),
-                    false,
+                    ArenaOptions::new().arena_size(bytes),
                 )?))
             }),
             true,
@@ -128,8 +128,13 @@ fn factories() -> Vec<(&'static str, Factory, bool)> {
         (
             "binning",
             Box::new(|_: &TraceSpec| {
-                let pool = PoolMemoryResource::new(CudaMemoryResource::new(), 0, None)?;
-                Ok(shared(BinningMemoryResource::with_exponents(pool, 18, 22)?))
+                let pool = PoolMemoryResource::new(CudaMemoryResource::new(), 0)?;
+                Ok(shared(BinningMemoryResource::with_options(
+                    pool,
+                    BinningOptions::new()
+                        .min_size_exponent(18)
+                        .max_size_exponent(22),
+                )?))
             }),
             true,
         ),
@@ -316,7 +321,7 @@ fn run(args: &Args) -> MrResult<()> {
 /// other one (no two free blocks are adjacent, so none coalesce), then time 100,000
 /// allocate+free pairs of 256-512 B.
 fn fragmented_pool(reps: usize) -> MrResult<()> {
-    let pool = PoolMemoryResource::new(CudaMemoryResource::new(), 256 << 20, None)?;
+    let pool = PoolMemoryResource::new(CudaMemoryResource::new(), 256 << 20)?;
     let stream = CudaStream::non_blocking()?;
     let v = stream.view();
     let mut blocks = Vec::with_capacity(200_000);

@@ -6,8 +6,9 @@
 use std::ffi::{c_void, CString};
 
 use rmm_mr::{
-    ArenaMemoryResource, BinningMemoryResource, CudaAsyncMemoryResource, CudaMemoryResource,
-    MrError, MrResult, PoolMemoryResource, SharedResource, StatisticsResourceAdaptor,
+    ArenaMemoryResource, ArenaOptions, BinningMemoryResource, BinningOptions,
+    CudaAsyncMemoryResource, CudaMemoryResource, MrError, MrResult, PoolMemoryResource,
+    SharedResource, StatisticsResourceAdaptor,
 };
 use rmm_sys::DevicePtr;
 
@@ -115,11 +116,14 @@ pub fn build(spec: Spec) -> MrResult<Built> {
             }
         }
         Spec::Pool { initial } => Built {
-            mr: rmm_mr::shared(PoolMemoryResource::new(stats.clone(), initial, None)?),
+            mr: rmm_mr::shared(PoolMemoryResource::new(stats.clone(), initial)?),
             peak: peak_of(stats),
         },
         Spec::Arena { bytes } => Built {
-            mr: rmm_mr::shared(ArenaMemoryResource::new(stats.clone(), Some(bytes), false)?),
+            mr: rmm_mr::shared(ArenaMemoryResource::with_options(
+                stats.clone(),
+                ArenaOptions::new().arena_size(bytes),
+            )?),
             peak: peak_of(stats),
         },
         Spec::Binning {
@@ -127,10 +131,13 @@ pub fn build(spec: Spec) -> MrResult<Built> {
             min_exp,
             max_exp,
         } => {
-            let pool = PoolMemoryResource::new(stats.clone(), pool_initial, None)?;
+            let pool = PoolMemoryResource::new(stats.clone(), pool_initial)?;
             Built {
-                mr: rmm_mr::shared(BinningMemoryResource::with_exponents(
-                    pool, min_exp, max_exp,
+                mr: rmm_mr::shared(BinningMemoryResource::with_options(
+                    pool,
+                    BinningOptions::new()
+                        .min_size_exponent(min_exp)
+                        .max_size_exponent(max_exp),
                 )?),
                 peak: peak_of(stats),
             }

@@ -35,8 +35,8 @@ use rmm_mr::__internals::arena::align_to_size_class;
 use rmm_mr::arena::ArenaOptions;
 use rmm_mr::testing::HostMockResource;
 use rmm_mr::{
-    shared, ArenaMemoryResource, BinningMemoryResource, DeviceMemoryResource,
-    FixedSizeMemoryResource, MrError, MrResult, PoolMemoryResource,
+    shared, ArenaMemoryResource, BinningMemoryResource, BinningOptions, DeviceMemoryResource,
+    FixedSizeMemoryResource, FixedSizeOptions, MrError, MrResult, PoolMemoryResource, PoolOptions,
 };
 use rmm_stream::CudaStreamView;
 use rmm_sys::{checked_align_up, DevicePtr, ALLOCATION_ALIGNMENT};
@@ -198,7 +198,7 @@ impl Op {
 /// How the resource under test is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Setup {
-    /// `PoolMemoryResource::new(mock, initial, maximum)`.
+    /// `PoolMemoryResource::with_options(mock, PoolOptions { initial, maximum })`.
     Pool {
         /// Initial pool size (a multiple of 64 KiB below 4 MiB).
         initial: usize,
@@ -212,14 +212,14 @@ pub enum Setup {
         /// RMM's size classes.
         size_classes: bool,
     },
-    /// `FixedSizeMemoryResource::with_block_size(mock, block_size, blocks)`.
+    /// `FixedSizeMemoryResource::with_options(mock, FixedSizeOptions::new().block_size(block_size).blocks_to_preallocate(blocks))`.
     FixedSize {
         /// Block size (rounded up to 256 by the resource).
         block_size: usize,
         /// Blocks per upstream chunk (1 to 8).
         blocks: usize,
     },
-    /// `BinningMemoryResource::with_exponents(mock, min, max)`, plus an optional bin of its own
+    /// `BinningMemoryResource::with_options(mock, BinningOptions::new().min_size_exponent(min).max_size_exponent(max))`, plus an optional bin of its own
     /// fixed-size resource (2 blocks per chunk).
     Binning {
         /// Smallest bin: `1 << min_exponent` bytes (8 to 11).
@@ -272,35 +272,49 @@ impl Setup {
     /// The constructor's error (none is expected: every decoded setup is valid).
     pub fn build(&self, mock: HostMockResource) -> MrResult<Box<dyn Subject>> {
         Ok(match *self {
-            Setup::Pool { initial, maximum } => Box::new(PoolSubject {
-                pool: PoolMemoryResource::new(mock, initial, maximum)?,
-            }),
+            Setup::Pool { initial, maximum } => {
+                let mut options = PoolOptions::new(initial);
+                options.maximum_pool_size = maximum;
+                Box::new(PoolSubject {
+                    pool: PoolMemoryResource::with_options(mock, options)?,
+                })
+            }
             Setup::Arena { size, size_classes } => Box::new(ArenaSubject {
                 arena: ArenaMemoryResource::with_options(
                     mock,
-                    ArenaOptions {
-                        arena_size: Some(size),
-                        dump_log_on_failure: false,
-                        use_size_classes: size_classes,
-                    },
+                    ArenaOptions::new()
+                        .arena_size(size)
+                        .dump_log_on_failure(false)
+                        .use_size_classes(size_classes),
                 )?,
                 size_classes,
             }),
             Setup::FixedSize { block_size, blocks } => Box::new(FixedSizeSubject {
-                fixed: FixedSizeMemoryResource::with_block_size(mock, block_size, blocks)?,
+                fixed: FixedSizeMemoryResource::with_options(
+                    mock,
+                    FixedSizeOptions::new()
+                        .block_size(block_size)
+                        .blocks_to_preallocate(blocks),
+                )?,
             }),
             Setup::Binning {
                 min_exponent,
                 max_exponent,
                 extra_bin,
             } => {
-                let binning = BinningMemoryResource::with_exponents(
+                let binning = BinningMemoryResource::with_options(
                     mock.clone(),
-                    min_exponent,
-                    max_exponent,
+                    BinningOptions::new()
+                        .min_size_exponent(min_exponent)
+                        .max_size_exponent(max_exponent),
                 )?;
                 if let Some(size) = extra_bin {
-                    let bin = FixedSizeMemoryResource::with_block_size(mock, size, 2)?;
+                    let bin = FixedSizeMemoryResource::with_options(
+                        mock,
+                        FixedSizeOptions::new()
+                            .block_size(size)
+                            .blocks_to_preallocate(2),
+                    )?;
                     binning.add_bin(size, Some(shared(bin)))?;
                 }
                 Box::new(BinningSubject { binning })

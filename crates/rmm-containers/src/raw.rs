@@ -311,7 +311,7 @@ mod tests {
     #[test]
     fn simulated_memory_is_refused_even_under_a_pool() {
         let simulated = rmm_mr::SimulatedMemoryResource::new(1 << 20).unwrap();
-        let pool = rmm_mr::PoolMemoryResource::new(simulated.clone(), 0, None).unwrap();
+        let pool = rmm_mr::PoolMemoryResource::new(simulated.clone(), 0).unwrap();
         for mr in [&simulated as &dyn DeviceMemoryResource, &pool] {
             let r = allocate(mr, CudaStreamView::default(), 64, 256);
             assert!(

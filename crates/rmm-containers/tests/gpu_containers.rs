@@ -17,7 +17,7 @@ use rmm_containers::{take_drop_errors, BufferStream, DeviceBuffer, DeviceScalar,
 use rmm_mr::{
     reset_current_device_resource, set_current_device_resource, CallbackMemoryResource,
     CudaAsyncMemoryResource, CudaMemoryResource, DeviceMemoryResource, ManagedMemoryResource,
-    MrError, MrResult, PoolMemoryResource, SharedResource,
+    MrError, MrResult, PoolMemoryResource, PoolOptions, SharedResource,
 };
 use rmm_stream::{CudaStream, CudaStreamView};
 use rmm_sys::testing::{done, ensure, gpu_outcome as gpu, no_pools, Outcome};
@@ -1143,7 +1143,6 @@ fn exact_pool() -> MrResult<SharedResource> {
     Ok(Arc::new(PoolMemoryResource::new(
         CudaMemoryResource::new(),
         CROSS_BYTES,
-        None,
     )?))
 }
 
@@ -1196,10 +1195,9 @@ fn pool_source_freed_on_a_after_clone(a: BufferStream, b: BufferStream) -> Outco
 /// nothing.
 fn pool_old_block_after_resize(a: BufferStream, b: BufferStream) -> Outcome {
     let n = CROSS_BYTES;
-    let pool: SharedResource = Arc::new(PoolMemoryResource::new(
+    let pool: SharedResource = Arc::new(PoolMemoryResource::with_options(
         CudaMemoryResource::new(),
-        n,
-        Some(3 * n),
+        PoolOptions::new(n).maximum_pool_size(3 * n),
     )?);
     let mut x = DeviceBuffer::from_host(&pattern(n, 6), &a, Some(Arc::clone(&pool)))?;
     let old = x.data().addr();

@@ -54,7 +54,7 @@ fn tracking(c: &mut Criterion) {
     let mut group = c.benchmark_group("tracking_record_pair");
     for threads in [1usize, 2] {
         group.bench_function(format!("{threads}_threads"), |b| {
-            let registry = TrackingRegistry::new(false);
+            let registry = TrackingRegistry::new();
             // A realistic background of live allocations.
             for i in 0..4096u64 {
                 registry

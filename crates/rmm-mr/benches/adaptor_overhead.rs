@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_main, Criterion};
 use rmm_mr::{
     AlignedResourceAdaptor, DeviceMemoryResource, FailureCallbackResourceAdaptor,
-    LimitingResourceAdaptor, LoggingResourceAdaptor, MrResult, StatisticsResourceAdaptor,
-    ThreadSafeResourceAdaptor, TrackingResourceAdaptor,
+    LimitingResourceAdaptor, LoggingOptions, LoggingResourceAdaptor, MrResult,
+    StatisticsResourceAdaptor, ThreadSafeResourceAdaptor, TrackingResourceAdaptor,
 };
 use rmm_stream::CudaStreamView;
 use rmm_sys::DevicePtr;
@@ -127,11 +127,15 @@ fn single_thread(c: &mut Criterion) {
         b.iter(|| pair(&mr))
     });
     group.bench_function("tracking", |b| {
-        let mr = TrackingResourceAdaptor::new(NullUpstream, false);
+        let mr = TrackingResourceAdaptor::new(NullUpstream);
         b.iter(|| pair(&mr))
     });
     group.bench_function("logging_to_sink", |b| {
-        let mr = LoggingResourceAdaptor::with_writer(NullUpstream, std::io::sink()).unwrap();
+        let mr = LoggingResourceAdaptor::with_options(
+            NullUpstream,
+            LoggingOptions::new().writer(std::io::sink()),
+        )
+        .unwrap();
         b.iter(|| pair(&mr))
     });
     group.bench_function("thread_safe", |b| {
@@ -161,7 +165,7 @@ fn threads(c: &mut Criterion) {
             b.iter_custom(|iters| timed_on_threads(&mr, n, iters))
         });
         group.bench_function(format!("tracking/{n}"), |b| {
-            let mr = TrackingResourceAdaptor::new(NullUpstream, false);
+            let mr = TrackingResourceAdaptor::new(NullUpstream);
             b.iter_custom(|iters| timed_on_threads(&mr, n, iters))
         });
         group.bench_function(format!("limiting/{n}"), |b| {

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use rmm_mr::__internals::arena::{align_up, GlobalArena, LocalArena};
-use rmm_mr::{ArenaMemoryResource, DeviceMemoryResource, MrResult};
+use rmm_mr::{ArenaMemoryResource, ArenaOptions, DeviceMemoryResource, MrResult};
 use rmm_stream::CudaStreamView;
 use rmm_sys::DevicePtr;
 
@@ -311,8 +311,11 @@ fn resource(c: &mut Criterion) {
         let (ops, slots) = trace(OPS, spec.max_size, spec.live);
         let ops = Arc::new(ops);
         for threads in [1usize, 2] {
-            let mr = ArenaMemoryResource::new(NullUpstream, Some(ARENA_SIZE), false)
-                .unwrap_or_else(|e| panic!("{e}"));
+            let mr = ArenaMemoryResource::with_options(
+                NullUpstream,
+                ArenaOptions::new().arena_size(ARENA_SIZE),
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
             let cursors = (0..threads)
                 .map(|_| {
                     let target = Resource {
@@ -375,8 +378,11 @@ fn probe(filter: &str) {
             t0.elapsed()
         });
         for threads in [1usize, 2] {
-            let mr = ArenaMemoryResource::new(NullUpstream, Some(ARENA_SIZE), false)
-                .unwrap_or_else(|e| panic!("{e}"));
+            let mr = ArenaMemoryResource::with_options(
+                NullUpstream,
+                ArenaOptions::new().arena_size(ARENA_SIZE),
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
             let cursors = (0..threads)
                 .map(|_| {
                     let target = Resource {

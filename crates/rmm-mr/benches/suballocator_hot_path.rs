@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use criterion::{criterion_main, Criterion};
 use rmm_mr::{
-    shared, BinningMemoryResource, DeviceMemoryResource, FixedSizeMemoryResource, MrResult,
-    PoolMemoryResource,
+    shared, BinningMemoryResource, BinningOptions, DeviceMemoryResource, FixedSizeMemoryResource,
+    FixedSizeOptions, MrResult, PoolMemoryResource,
 };
 use rmm_stream::CudaStreamView;
 use rmm_sys::DevicePtr;
@@ -157,26 +157,40 @@ fn resources(
         out.push((
             "fixed_size",
             Box::new(
-                FixedSizeMemoryResource::with_block_size(NullUpstream::new(), max, 128).unwrap(),
+                FixedSizeMemoryResource::with_options(
+                    NullUpstream::new(),
+                    FixedSizeOptions::new()
+                        .block_size(max)
+                        .blocks_to_preallocate(128),
+                )
+                .unwrap(),
             ),
         ));
-        let pool = PoolMemoryResource::new(NullUpstream::new(), 0, None).unwrap();
+        let pool = PoolMemoryResource::new(NullUpstream::new(), 0).unwrap();
         out.push((
             "binning",
-            Box::new(BinningMemoryResource::with_exponents(pool, 18, 22).unwrap()),
+            Box::new(
+                BinningMemoryResource::with_options(
+                    pool,
+                    BinningOptions::new()
+                        .min_size_exponent(18)
+                        .max_size_exponent(22),
+                )
+                .unwrap(),
+            ),
         ));
     } else {
-        let pool = PoolMemoryResource::new(NullUpstream::new(), 0, None).unwrap();
+        let pool = PoolMemoryResource::new(NullUpstream::new(), 0).unwrap();
         let binning = BinningMemoryResource::new(pool);
         for i in 18..=22 {
-            let bin = PoolMemoryResource::new(NullUpstream::new(), 0, None).unwrap();
+            let bin = PoolMemoryResource::new(NullUpstream::new(), 0).unwrap();
             binning.add_bin(1 << i, Some(shared(bin))).unwrap();
         }
         out.push(("binning_of_pools", Box::new(binning)));
     }
     out.push((
         "pool",
-        Box::new(PoolMemoryResource::new(NullUpstream::new(), 0, None).unwrap()),
+        Box::new(PoolMemoryResource::new(NullUpstream::new(), 0).unwrap()),
     ));
     out
 }

@@ -27,9 +27,10 @@ use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::{resource_cast, DeviceMemoryResource};
 use crate::testing::{FaultKind, FaultyResource, HostMockResource};
 use crate::{
-    AlignedResourceAdaptor, BinningMemoryResource, FailureCallbackResourceAdaptor,
-    FixedSizeMemoryResource, LimitingResourceAdaptor, LoggingResourceAdaptor, PoolMemoryResource,
-    PrefetchResourceAdaptor, StatisticsResourceAdaptor, ThreadSafeResourceAdaptor,
+    AlignedResourceAdaptor, BinningMemoryResource, BinningOptions, FailureCallbackOptions,
+    FailureCallbackResourceAdaptor, FixedSizeMemoryResource, FixedSizeOptions,
+    LimitingResourceAdaptor, LoggingOptions, LoggingResourceAdaptor, PoolMemoryResource,
+    PoolOptions, PrefetchResourceAdaptor, StatisticsResourceAdaptor, ThreadSafeResourceAdaptor,
     TrackingResourceAdaptor,
 };
 
@@ -610,10 +611,12 @@ fn failure_callback() {
         |f| {
             // Retries twice, then gives up, on out-of-memory and bad_alloc.
             let calls = AtomicUsize::new(0);
-            Ok(FailureCallbackResourceAdaptor::with_filter(
+            Ok(FailureCallbackResourceAdaptor::with_options(
                 f.clone(),
-                |e| matches!(e, MrError::OutOfMemory { .. } | MrError::BadAlloc { .. }),
-                move |_| calls.fetch_add(1, Ordering::Relaxed) % 3 != 2,
+                FailureCallbackOptions::new(move |_| {
+                    calls.fetch_add(1, Ordering::Relaxed) % 3 != 2
+                })
+                .filter(|e| matches!(e, MrError::OutOfMemory { .. } | MrError::BadAlloc { .. })),
             ))
         },
         |mr, faulty, mock| adaptor("failure_callback", mr, faulty, mock),
@@ -659,7 +662,7 @@ fn statistics() {
 fn tracking() {
     sweep(
         "tracking",
-        |f| Ok(TrackingResourceAdaptor::new(f.clone(), false)),
+        |f| Ok(TrackingResourceAdaptor::new(f.clone())),
         |mr, faulty, mock| Subject {
             state: Box::new(|| {
                 format!("{:?} {}", mr.registry().outstanding(), mr.allocated_bytes())
@@ -703,7 +706,12 @@ fn logging() {
     let switch = PanicSwitch::default();
     sweep(
         "logging",
-        |f| LoggingResourceAdaptor::with_writer(f.clone(), switch.clone()),
+        |f| {
+            LoggingResourceAdaptor::with_options(
+                f.clone(),
+                LoggingOptions::new().writer(switch.clone()),
+            )
+        },
         |mr, faulty, mock| {
             let mut faults = upstream_faults(&FaultKind::ALL);
             faults.extend([Injection::WriterPanic; 4]);
@@ -758,7 +766,12 @@ fn pool_subject<'a>(
 fn pool() {
     sweep(
         "pool",
-        |f| PoolMemoryResource::new(f.clone(), 0, Some(128 << 10)),
+        |f| {
+            PoolMemoryResource::with_options(
+                f.clone(),
+                PoolOptions::new(0).maximum_pool_size(128 << 10),
+            )
+        },
         |mr, faulty, mock| pool_subject("pool", mr, faulty, mock, 4),
     );
 }
@@ -770,7 +783,12 @@ fn pool() {
 fn pool_one_stream() {
     sweep(
         "pool_one_stream",
-        |f| PoolMemoryResource::new(f.clone(), 0, Some(128 << 10)),
+        |f| {
+            PoolMemoryResource::with_options(
+                f.clone(),
+                PoolOptions::new(0).maximum_pool_size(128 << 10),
+            )
+        },
         |mr, faulty, mock| {
             let mut faults = upstream_faults(&[FaultKind::OutOfMemory, FaultKind::Cuda]);
             faults.extend(driver_faults(&[DriverCall::Synchronize]));
@@ -787,7 +805,14 @@ fn pool_one_stream() {
 fn fixed_size() {
     sweep(
         "fixed_size",
-        |f| FixedSizeMemoryResource::with_block_size(f.clone(), 1024, 2),
+        |f| {
+            FixedSizeMemoryResource::with_options(
+                f.clone(),
+                FixedSizeOptions::new()
+                    .block_size(1024)
+                    .blocks_to_preallocate(2),
+            )
+        },
         |mr, faulty, mock| Subject {
             name: "fixed_size",
             mr,
@@ -816,7 +841,14 @@ fn binning() {
     type Bin = FixedSizeMemoryResource<Arc<Faulty>>;
     sweep(
         "binning",
-        |f| BinningMemoryResource::with_exponents(f.clone(), 8, 10),
+        |f| {
+            BinningMemoryResource::with_options(
+                f.clone(),
+                BinningOptions::new()
+                    .min_size_exponent(8)
+                    .max_size_exponent(10),
+            )
+        },
         |mr, faulty, mock| {
             let bins = move || {
                 mr.bin_sizes()
@@ -868,11 +900,23 @@ fn binning_add_bin() {
         let mock = HostMockResource::new();
         let faulty = FaultyResource::new(mock.clone());
         faulty.fail_allocations(1, 1, kind);
-        let e = BinningMemoryResource::with_exponents(faulty.clone(), 8, 10).unwrap_err();
+        let e = BinningMemoryResource::with_options(
+            faulty.clone(),
+            BinningOptions::new()
+                .min_size_exponent(8)
+                .max_size_exponent(10),
+        )
+        .unwrap_err();
         assert!(kind.matches(&e), "{kind:?}: {e}");
         assert_eq!(mock.live(), Vec::new(), "{kind:?}: a bin's chunk leaked");
 
-        let mr = BinningMemoryResource::with_exponents(faulty.clone(), 8, 9).unwrap();
+        let mr = BinningMemoryResource::with_options(
+            faulty.clone(),
+            BinningOptions::new()
+                .min_size_exponent(8)
+                .max_size_exponent(9),
+        )
+        .unwrap();
         let before = (mr.bin_sizes(), mock.live());
         faulty.fail_next_allocation(kind);
         assert!(mr.add_bin(1024, None).is_err());

@@ -43,18 +43,20 @@ mod stream_ordered;
 pub mod testing;
 mod util;
 
+pub use adaptors::logging::LoggingOptions;
+pub use adaptors::tracking::TrackingOptions;
 pub use adaptors::{
-    AlignedResourceAdaptor, FailureCallbackResourceAdaptor, LimitingResourceAdaptor,
-    LoggingResourceAdaptor, PrefetchResourceAdaptor, StatisticsResourceAdaptor,
-    ThreadSafeResourceAdaptor, TrackingResourceAdaptor,
+    AlignedOptions, AlignedResourceAdaptor, FailureCallbackOptions, FailureCallbackResourceAdaptor,
+    LimitingOptions, LimitingResourceAdaptor, LoggingResourceAdaptor, PrefetchResourceAdaptor,
+    StatisticsResourceAdaptor, ThreadSafeResourceAdaptor, TrackingResourceAdaptor,
 };
-pub use arena::ArenaMemoryResource;
-pub use binning::BinningMemoryResource;
+pub use arena::{ArenaMemoryResource, ArenaOptions};
+pub use binning::{BinningMemoryResource, BinningOptions};
 #[cfg(feature = "debug-log")]
 pub use debug_log::{init_debug_logging, set_debug_log_level};
 pub use error::{InvalidFree, MrError, MrResult};
-pub use fixed_size::FixedSizeMemoryResource;
-pub use pool::PoolMemoryResource;
+pub use fixed_size::{FixedSizeMemoryResource, FixedSizeOptions};
+pub use pool::{PoolMemoryResource, PoolOptions};
 pub use prefetch::{prefetch, PrefetchTarget};
 pub use registry::{
     current_device_resource, per_device_resource, reset_current_device_resource,

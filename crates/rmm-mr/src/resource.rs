@@ -284,7 +284,7 @@ pub fn shared<R: DeviceMemoryResource>(resource: R) -> SharedResource {
 /// ```
 /// use rmm_mr::{resource_cast, shared, testing::HostMockResource, PoolMemoryResource};
 ///
-/// let erased = shared(PoolMemoryResource::new(HostMockResource::new(), 0, None).unwrap());
+/// let erased = shared(PoolMemoryResource::new(HostMockResource::new(), 0).unwrap());
 /// assert!(resource_cast::<PoolMemoryResource<HostMockResource>>(&*erased).is_some());
 /// assert!(resource_cast::<PoolMemoryResource>(&*erased).is_none());
 /// ```

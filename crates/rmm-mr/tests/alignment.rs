@@ -15,11 +15,12 @@ use std::sync::Arc;
 use alignment::{How, LARGE};
 use rmm_mr::testing::HostMockResource;
 use rmm_mr::{
-    AlignedResourceAdaptor, ArenaMemoryResource, BinningMemoryResource, CallbackMemoryResource,
-    DeviceMemoryResource, FailureCallbackResourceAdaptor, FixedSizeMemoryResource,
-    LimitingResourceAdaptor, LoggingResourceAdaptor, MrError, MrResult, PoolMemoryResource,
-    PrefetchResourceAdaptor, SharedResource, StatisticsResourceAdaptor, ThreadSafeResourceAdaptor,
-    TrackingResourceAdaptor, MAX_OVER_ALIGNMENT,
+    AlignedOptions, AlignedResourceAdaptor, ArenaMemoryResource, ArenaOptions,
+    BinningMemoryResource, BinningOptions, CallbackMemoryResource, DeviceMemoryResource,
+    FailureCallbackResourceAdaptor, FixedSizeMemoryResource, FixedSizeOptions,
+    LimitingResourceAdaptor, LoggingOptions, LoggingResourceAdaptor, MrError, MrResult,
+    PoolMemoryResource, PrefetchResourceAdaptor, SharedResource, StatisticsResourceAdaptor,
+    ThreadSafeResourceAdaptor, TrackingResourceAdaptor, MAX_OVER_ALIGNMENT,
 };
 use rmm_stream::CudaStreamView;
 use rmm_sys::DevicePtr;
@@ -36,19 +37,32 @@ fn s() -> CudaStreamView<'static> {
 }
 
 fn pool(mock: &HostMockResource) -> PoolMemoryResource<HostMockResource> {
-    PoolMemoryResource::new(mock.clone(), 0, None).unwrap()
+    PoolMemoryResource::new(mock.clone(), 0).unwrap()
 }
 
 fn arena(mock: &HostMockResource) -> ArenaMemoryResource<HostMockResource> {
-    ArenaMemoryResource::new(mock.clone(), Some(32 * MIB), false).unwrap()
+    ArenaMemoryResource::with_options(mock.clone(), ArenaOptions::new().arena_size(32 * MIB))
+        .unwrap()
 }
 
 fn fixed(mock: &HostMockResource) -> FixedSizeMemoryResource<HostMockResource> {
-    FixedSizeMemoryResource::with_block_size(mock.clone(), 512 * KIB, 8).unwrap()
+    FixedSizeMemoryResource::with_options(
+        mock.clone(),
+        FixedSizeOptions::new()
+            .block_size(512 * KIB)
+            .blocks_to_preallocate(8),
+    )
+    .unwrap()
 }
 
 fn binning(mock: &HostMockResource) -> BinningMemoryResource<HostMockResource> {
-    BinningMemoryResource::with_exponents(mock.clone(), 10, 20).unwrap()
+    BinningMemoryResource::with_options(
+        mock.clone(),
+        BinningOptions::new()
+            .min_size_exponent(10)
+            .max_size_exponent(20),
+    )
+    .unwrap()
 }
 
 /// Every stack the rule is checked on, by name, with the largest alignment it must honour.
@@ -74,7 +88,13 @@ fn subjects(mock: &HostMockResource) -> Vec<(&'static str, SharedResource, usize
         ),
         (
             "aligned_4096_threshold",
-            Arc::new(AlignedResourceAdaptor::with_threshold(m(), 4096, 2000).unwrap()),
+            Arc::new(
+                AlignedResourceAdaptor::with_options(
+                    m(),
+                    AlignedOptions::new(4096).alignment_threshold(2000),
+                )
+                .unwrap(),
+            ),
             MAX_OVER_ALIGNMENT,
         ),
         (
@@ -94,12 +114,18 @@ fn subjects(mock: &HostMockResource) -> Vec<(&'static str, SharedResource, usize
         ),
         (
             "tracking_over_fixed_size",
-            Arc::new(TrackingResourceAdaptor::new(fixed(mock), false)),
+            Arc::new(TrackingResourceAdaptor::new(fixed(mock))),
             256,
         ),
         (
             "logging_over_binning",
-            Arc::new(LoggingResourceAdaptor::with_writer(binning(mock), std::io::sink()).unwrap()),
+            Arc::new(
+                LoggingResourceAdaptor::with_options(
+                    binning(mock),
+                    LoggingOptions::new().writer(std::io::sink()),
+                )
+                .unwrap(),
+            ),
             MAX_OVER_ALIGNMENT,
         ),
         (
@@ -251,7 +277,7 @@ fn over_aligned_free_with_wrong_alignment_is_reported() {
 fn refused_requests_are_not_counted() {
     let mock = HostMockResource::new();
     let stats = StatisticsResourceAdaptor::new(fixed(&mock));
-    let tracking = TrackingResourceAdaptor::new(fixed(&mock), false);
+    let tracking = TrackingResourceAdaptor::new(fixed(&mock));
     let limiting = LimitingResourceAdaptor::new(fixed(&mock), 64 * MIB);
     for mr in [&stats as &dyn DeviceMemoryResource, &tracking, &limiting] {
         for alignment in [3, 768, 512, 1 << 40] {
@@ -358,19 +384,29 @@ fn assert_refused<T: std::fmt::Debug>(r: MrResult<T>, what: &str) {
 fn misaligned_upstream_chunks_are_refused_and_given_back() {
     let up = Shifting::new(128);
     assert_refused(
-        PoolMemoryResource::new(up.clone(), MIB, None),
+        PoolMemoryResource::new(up.clone(), MIB),
         "pool's initial chunk",
     );
     assert_refused(
-        FixedSizeMemoryResource::with_block_size(up.clone(), KIB, 4),
+        FixedSizeMemoryResource::with_options(
+            up.clone(),
+            FixedSizeOptions::new()
+                .block_size(KIB)
+                .blocks_to_preallocate(4),
+        ),
         "fixed-size's first chunk",
     );
     assert_refused(
-        ArenaMemoryResource::new(up.clone(), Some(2 * MIB), false),
+        ArenaMemoryResource::with_options(up.clone(), ArenaOptions::new().arena_size(2 * MIB)),
         "arena's upstream allocation",
     );
     assert_refused(
-        BinningMemoryResource::with_exponents(up.clone(), 10, 12),
+        BinningMemoryResource::with_options(
+            up.clone(),
+            BinningOptions::new()
+                .min_size_exponent(10)
+                .max_size_exponent(12),
+        ),
         "a binning resource's bins",
     );
     // Pointers passed on unchanged: binning's upstream route, the aligned adaptor's pass
@@ -391,8 +427,14 @@ fn misaligned_upstream_chunks_are_refused_and_given_back() {
 #[test]
 fn misaligned_chunks_are_refused_when_growing_too() {
     let up = Shifting::new(0);
-    let pool = PoolMemoryResource::new(up.clone(), MIB, None).unwrap();
-    let fixed = FixedSizeMemoryResource::with_block_size(up.clone(), KIB, 1).unwrap();
+    let pool = PoolMemoryResource::new(up.clone(), MIB).unwrap();
+    let fixed = FixedSizeMemoryResource::with_options(
+        up.clone(),
+        FixedSizeOptions::new()
+            .block_size(KIB)
+            .blocks_to_preallocate(1),
+    )
+    .unwrap();
     let held = fixed.allocate(s(), KIB, 256).unwrap();
     assert_eq!(up.mock.live_allocations(), 2);
     up.shift(16);

@@ -17,11 +17,12 @@ use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use rmm_mr::adaptors::logging::{parse_log, Action, MemoryEvent};
 use rmm_mr::testing::HostMockResource;
 use rmm_mr::{
-    AlignedResourceAdaptor, ArenaMemoryResource, BinningMemoryResource, CudaAsyncMemoryResource,
-    CudaMemoryResource, DeviceMemoryResource, FailureCallbackResourceAdaptor,
-    FixedSizeMemoryResource, LimitingResourceAdaptor, LoggingResourceAdaptor,
-    ManagedMemoryResource, MrError, PoolMemoryResource, PrefetchResourceAdaptor, SharedResource,
-    StatisticsResourceAdaptor, ThreadSafeResourceAdaptor, TrackingResourceAdaptor,
+    AlignedOptions, AlignedResourceAdaptor, ArenaMemoryResource, ArenaOptions,
+    BinningMemoryResource, BinningOptions, CudaAsyncMemoryResource, CudaMemoryResource,
+    DeviceMemoryResource, FailureCallbackResourceAdaptor, FixedSizeMemoryResource,
+    LimitingResourceAdaptor, LoggingOptions, LoggingResourceAdaptor, ManagedMemoryResource,
+    MrError, PoolMemoryResource, PrefetchResourceAdaptor, SharedResource,
+    StatisticsResourceAdaptor, ThreadSafeResourceAdaptor, TrackingOptions, TrackingResourceAdaptor,
 };
 use rmm_stream::{CudaStream, CudaStreamView};
 use rmm_sys::testing::{caps, done, gpu_outcome as gpu, no_pools};
@@ -103,10 +104,7 @@ fn subjects() -> Vec<Subject> {
             )))
         }),
         Subject::new("tracking", || {
-            Ok(arc(TrackingResourceAdaptor::new(
-                CudaMemoryResource::new(),
-                false,
-            )))
+            Ok(arc(TrackingResourceAdaptor::new(CudaMemoryResource::new())))
         }),
         Subject::new("thread_safe", || {
             Ok(arc(ThreadSafeResourceAdaptor::new(
@@ -142,16 +140,24 @@ fn subjects() -> Vec<Subject> {
 /// alignment rows only: an adaptor honours what its upstream honours and refuses the rest.
 fn alignment_subjects() -> Vec<Subject> {
     fn pool() -> Result<PoolMemoryResource<CudaMemoryResource>, MrError> {
-        PoolMemoryResource::new(CudaMemoryResource::new(), 0, None)
+        PoolMemoryResource::new(CudaMemoryResource::new(), 0)
     }
     fn arena() -> Result<ArenaMemoryResource<CudaMemoryResource>, MrError> {
-        ArenaMemoryResource::new(CudaMemoryResource::new(), Some(GIB), false)
+        ArenaMemoryResource::with_options(
+            CudaMemoryResource::new(),
+            ArenaOptions::new().arena_size(GIB),
+        )
     }
     fn fixed() -> Result<FixedSizeMemoryResource<CudaMemoryResource>, MrError> {
         FixedSizeMemoryResource::new(CudaMemoryResource::new())
     }
     fn binning() -> Result<BinningMemoryResource<CudaMemoryResource>, MrError> {
-        BinningMemoryResource::with_exponents(CudaMemoryResource::new(), 18, 22)
+        BinningMemoryResource::with_options(
+            CudaMemoryResource::new(),
+            BinningOptions::new()
+                .min_size_exponent(18)
+                .max_size_exponent(22),
+        )
     }
     vec![
         Subject::new("aligned_4096_over_pool", || {
@@ -164,7 +170,7 @@ fn alignment_subjects() -> Vec<Subject> {
             Ok(arc(StatisticsResourceAdaptor::new(arena()?)))
         }),
         Subject::new("tracking_over_fixed_size", || {
-            Ok(arc(TrackingResourceAdaptor::new(fixed()?, false)))
+            Ok(arc(TrackingResourceAdaptor::new(fixed()?)))
         }),
         Subject::new("limiting_over_binning", || {
             Ok(arc(LimitingResourceAdaptor::new(binning()?, GIB)))
@@ -193,10 +199,8 @@ fn alignment_subjects() -> Vec<Subject> {
 /// for its alignment.
 fn refused_alignments_are_not_counted() -> Result<Completion, Failed> {
     let stats = StatisticsResourceAdaptor::new(CudaMemoryResource::new());
-    let tracking = TrackingResourceAdaptor::new(
-        FixedSizeMemoryResource::new(CudaMemoryResource::new())?,
-        false,
-    );
+    let tracking =
+        TrackingResourceAdaptor::new(FixedSizeMemoryResource::new(CudaMemoryResource::new())?);
     let limiting = LimitingResourceAdaptor::new(CudaMemoryResource::new(), GIB);
     let s = CudaStreamView::default();
     for mr in [&stats as &dyn DeviceMemoryResource, &tracking, &limiting] {
@@ -279,9 +283,9 @@ fn value_semantics_trials() -> Vec<Trial> {
         gpu("cccl_adaptor::tracking::value_semantics", || {
             value_semantics(
                 || {
-                    Ok(TrackingResourceAdaptor::new(
+                    Ok(TrackingResourceAdaptor::with_options(
                         CudaMemoryResource::new(),
-                        true,
+                        TrackingOptions::new().capture_stacks(true),
                     ))
                 },
                 |a| a.upstream(),
@@ -341,7 +345,10 @@ fn aligned_rejects_invalid_alignment() -> Result<Completion, Failed> {
 }
 
 fn aligned_real_pointers() -> Result<Completion, Failed> {
-    let mr = AlignedResourceAdaptor::with_threshold(CudaMemoryResource::new(), 4096, 0)?;
+    let mr = AlignedResourceAdaptor::with_options(
+        CudaMemoryResource::new(),
+        AlignedOptions::new(4096).alignment_threshold(0),
+    )?;
     let stream = CudaStream::with_default_flags()?;
     let mut live = Vec::new();
     for bytes in [1, 5, 256, 4096, 4097, 65536, 3 * MIB + 17] {
@@ -393,10 +400,10 @@ fn logger_filename_constructor() -> Result<Completion, Failed> {
 
 fn logger_multi_sink() -> Result<Completion, Failed> {
     let (a, b) = (scratch_file("multi_1"), scratch_file("multi_2"));
-    let mr = LoggingResourceAdaptor::builder(CudaMemoryResource::new())
-        .file(&a)?
-        .file(&b)?
-        .build()?;
+    let mr = LoggingResourceAdaptor::with_options(
+        CudaMemoryResource::new(),
+        LoggingOptions::new().file(&a)?.file(&b)?,
+    )?;
     let p0 = mr.allocate_sync(100, 256)?;
     let p1 = mr.allocate_sync(42, 256)?;
     // SAFETY: both came from `mr` with these sizes.
@@ -509,7 +516,10 @@ fn statistics_peak_allocations() -> Result<Completion, Failed> {
 }
 
 fn tracking_wrong_frees_over_cuda() -> Result<Completion, Failed> {
-    let mr = TrackingResourceAdaptor::new(CudaMemoryResource::new(), true);
+    let mr = TrackingResourceAdaptor::with_options(
+        CudaMemoryResource::new(),
+        TrackingOptions::new().capture_stacks(true),
+    );
     let s = CudaStreamView::default();
     let p = mr.allocate(s, MIB, 256)?;
     ensure(mr.allocated_bytes() == MIB, "not tracked")?;

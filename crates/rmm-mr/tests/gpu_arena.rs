@@ -10,7 +10,9 @@ mod cross_thread;
 use std::time::Duration;
 
 use libtest_mimic::{Arguments, Failed, Trial};
-use rmm_mr::{ArenaMemoryResource, CudaMemoryResource, DeviceMemoryResource, MrError};
+use rmm_mr::{
+    ArenaMemoryResource, ArenaOptions, CudaMemoryResource, DeviceMemoryResource, MrError,
+};
 use rmm_stream::{stall, CudaStream, CudaStreamView};
 use rmm_sys::testing::{self, ensure, one_at_a_time};
 use rmm_sys::{memory, DevicePtr};
@@ -43,10 +45,9 @@ fn gpu_pt(
 }
 
 fn arena(size: usize) -> Result<Arena, Failed> {
-    Ok(ArenaMemoryResource::new(
+    Ok(ArenaMemoryResource::with_options(
         CudaMemoryResource::new(),
-        Some(size),
-        false,
+        ArenaOptions::new().arena_size(size),
     )?)
 }
 
@@ -102,7 +103,11 @@ fn all_equal(
 
 /// RMM `SizeSmallerThanSuperblockSize`.
 fn size_smaller_than_superblock() -> Result<(), Failed> {
-    let e = Arena::new(CudaMemoryResource::new(), Some(256), false).unwrap_err();
+    let e = Arena::with_options(
+        CudaMemoryResource::new(),
+        ArenaOptions::new().arena_size(256),
+    )
+    .unwrap_err();
     ensure(matches!(e, MrError::InvalidArgument(_)), format!("{e}"))
 }
 
@@ -119,7 +124,7 @@ fn allocate_ninety_percent() -> Result<(), Failed> {
 
 /// RMM `SmallMediumLarge`, on the default arena size (half of the free memory).
 fn small_medium_large() -> Result<(), Failed> {
-    let mr = Arena::new(CudaMemoryResource::new(), None, false)?;
+    let mr = Arena::new(CudaMemoryResource::new())?;
     let small = mr.allocate_sync(256, 256)?;
     let medium = mr.allocate_sync(64 * MIB, 256)?;
     let third = rmm_sys::available_device_memory()?.0 / 3;
@@ -184,7 +189,12 @@ fn per_thread_to_stream_dealloc() -> Result<(), Failed> {
 /// RMM `DumpLogOnFailure`: an 8 MiB request in a 1 MiB arena is out of memory; the dump
 /// describes the arena.
 fn dump_log_on_failure() -> Result<(), Failed> {
-    let mr = Arena::new(CudaMemoryResource::new(), Some(MIB), true)?;
+    let mr = Arena::with_options(
+        CudaMemoryResource::new(),
+        ArenaOptions::new()
+            .arena_size(MIB)
+            .dump_log_on_failure(true),
+    )?;
     // One thread after another: the arena has a single superblock, so threads racing for it in
     // per-thread mode can each exhaust their one defragment-and-retry (RMM's rule) and fail.
     for _ in 0..4 {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use conformance::{trials, Subject, GIB};
 use libtest_mimic::Arguments;
 use rmm_mr::{
-    ArenaMemoryResource, BinningMemoryResource, CallbackMemoryResource,
+    ArenaMemoryResource, BinningMemoryResource, BinningOptions, CallbackMemoryResource,
     CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaAsyncViewMemoryResource,
     CudaMemoryResource, DeviceMemoryResource, FixedSizeMemoryResource, LimitingResourceAdaptor,
     ManagedMemoryResource, PinnedHostMemoryResource, PoolMemoryResource, SamHeadroomMemoryResource,
@@ -105,17 +105,12 @@ fn subjects() -> Vec<Subject> {
         // Sub-allocators, over a CUDA upstream and over the driver's pool (RMM's matrix plus the
         // async upstream).
         Subject::new("pool_over_cuda", || {
-            Ok(arc(PoolMemoryResource::new(
-                CudaMemoryResource::new(),
-                0,
-                None,
-            )?))
+            Ok(arc(PoolMemoryResource::new(CudaMemoryResource::new(), 0)?))
         }),
         Subject::new("pool_over_async", || {
             Ok(arc(PoolMemoryResource::new(
                 CudaAsyncMemoryResource::new()?,
                 0,
-                None,
             )?))
         })
         .unsupported_when(no_pools),
@@ -123,7 +118,6 @@ fn subjects() -> Vec<Subject> {
             Ok(arc(PoolMemoryResource::new(
                 PinnedHostMemoryResource::new(),
                 0,
-                None,
             )?))
         })
         .without_mt(),
@@ -143,32 +137,28 @@ fn subjects() -> Vec<Subject> {
         .without_allocation_suite()
         .without_mt(),
         Subject::new("binning_over_cuda", || {
-            Ok(arc(BinningMemoryResource::with_exponents(
+            Ok(arc(BinningMemoryResource::with_options(
                 CudaMemoryResource::new(),
-                18,
-                22,
+                BinningOptions::new()
+                    .min_size_exponent(18)
+                    .max_size_exponent(22),
             )?))
         }),
         Subject::new("binning_over_async", || {
-            Ok(arc(BinningMemoryResource::with_exponents(
+            Ok(arc(BinningMemoryResource::with_options(
                 CudaAsyncMemoryResource::new()?,
-                18,
-                22,
+                BinningOptions::new()
+                    .min_size_exponent(18)
+                    .max_size_exponent(22),
             )?))
         })
         .unsupported_when(no_pools),
         Subject::new("arena_over_cuda", || {
-            Ok(arc(ArenaMemoryResource::new(
-                CudaMemoryResource::new(),
-                None,
-                false,
-            )?))
+            Ok(arc(ArenaMemoryResource::new(CudaMemoryResource::new())?))
         }),
         Subject::new("arena_over_async", || {
             Ok(arc(ArenaMemoryResource::new(
                 CudaAsyncMemoryResource::new()?,
-                None,
-                false,
             )?))
         })
         .unsupported_when(no_pools),

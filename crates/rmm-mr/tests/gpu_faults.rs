@@ -7,9 +7,9 @@
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use rmm_mr::{
-    ArenaMemoryResource, CudaAsyncMemoryResource, CudaMemoryResource, DeviceMemoryResource,
-    FixedSizeMemoryResource, ManagedMemoryResource, MrError, PoolMemoryResource,
-    PrefetchResourceAdaptor, StatisticsResourceAdaptor,
+    ArenaMemoryResource, ArenaOptions, CudaAsyncMemoryResource, CudaMemoryResource,
+    DeviceMemoryResource, FixedSizeMemoryResource, FixedSizeOptions, ManagedMemoryResource,
+    MrError, PoolMemoryResource, PrefetchResourceAdaptor, StatisticsResourceAdaptor,
 };
 use rmm_stream::{CudaStream, CudaStreamView, StreamFlags};
 use rmm_sys::fault::{self, DriverCall, Fault, FaultScope};
@@ -138,7 +138,7 @@ fn steal_faults<R: DeviceMemoryResource>(mr: &R, size: impl Fn(&R) -> usize) -> 
 
 fn pool_steal() -> Result<Completion, Failed> {
     let up = StatisticsResourceAdaptor::new(CudaMemoryResource::new());
-    let pool = PoolMemoryResource::new(up.clone(), 1 << 20, None)?;
+    let pool = PoolMemoryResource::new(up.clone(), 1 << 20)?;
     steal_faults(&pool, PoolMemoryResource::pool_size)?;
     ensure(
         pool.outstanding_allocations() == 0,
@@ -151,7 +151,12 @@ fn pool_steal() -> Result<Completion, Failed> {
 
 fn fixed_size_steal() -> Result<Completion, Failed> {
     let up = StatisticsResourceAdaptor::new(CudaMemoryResource::new());
-    let fixed = FixedSizeMemoryResource::with_block_size(up.clone(), 1 << 16, 16)?;
+    let fixed = FixedSizeMemoryResource::with_options(
+        up.clone(),
+        FixedSizeOptions::new()
+            .block_size(1 << 16)
+            .blocks_to_preallocate(16),
+    )?;
     steal_faults(&fixed, FixedSizeMemoryResource::pool_size)?;
     ensure(
         fixed.outstanding_allocations() == 0,
@@ -168,7 +173,8 @@ fn fixed_size_steal() -> Result<Completion, Failed> {
 /// failing fails the allocation, and the retry works.
 fn arena_fences() -> Result<Completion, Failed> {
     let up = StatisticsResourceAdaptor::new(CudaMemoryResource::new());
-    let arena = ArenaMemoryResource::new(up.clone(), Some(64 << 20), false)?;
+    let arena =
+        ArenaMemoryResource::with_options(up.clone(), ArenaOptions::new().arena_size(64 << 20))?;
     let (s1, s2) = (stream()?, stream()?);
     let a = arena.allocate(s1.view(), 4096, 256)?;
     let b = arena.allocate(s1.view(), 4096, 256)?;

@@ -116,11 +116,11 @@ fn async_thresholds_and_priming() -> Result<Completion, Failed> {
         mr.release_threshold()? == u64::MAX,
         "default threshold is not u64::MAX",
     )?;
-    let primed = CudaAsyncMemoryResource::with_options(CudaAsyncOptions {
-        initial_pool_size: Some(100 * MIB),
-        release_threshold: Some(1000 * MIB as u64),
-        ..CudaAsyncOptions::default()
-    })?;
+    let primed = CudaAsyncMemoryResource::with_options(
+        CudaAsyncOptions::new()
+            .initial_pool_size(100 * MIB)
+            .release_threshold(1000 * MIB as u64),
+    )?;
     ensure(
         primed.release_threshold()? == 1000 * MIB as u64,
         "explicit threshold not applied",
@@ -154,10 +154,9 @@ fn async_thresholds_and_priming() -> Result<Completion, Failed> {
 fn async_fabric_handles() -> Result<Completion, Failed> {
     let c = caps()?;
     if !c.supports_handle_type(AllocationHandleType::Fabric) {
-        let e = CudaAsyncMemoryResource::with_options(CudaAsyncOptions {
-            export_handle_type: Some(AllocationHandleType::Fabric),
-            ..CudaAsyncOptions::default()
-        })
+        let e = CudaAsyncMemoryResource::with_options(
+            CudaAsyncOptions::new().export_handle_type(AllocationHandleType::Fabric),
+        )
         .unwrap_err();
         ensure(
             matches!(e, MrError::InvalidArgument(_)),
@@ -167,10 +166,9 @@ fn async_fabric_handles() -> Result<Completion, Failed> {
             "fabric handles unsupported (checked the error)",
         ));
     }
-    let mr = CudaAsyncMemoryResource::with_options(CudaAsyncOptions {
-        export_handle_type: Some(AllocationHandleType::Fabric),
-        ..CudaAsyncOptions::default()
-    })?;
+    let mr = CudaAsyncMemoryResource::with_options(
+        CudaAsyncOptions::new().export_handle_type(AllocationHandleType::Fabric),
+    )?;
     let p = mr.allocate_sync(MIB, 256)?;
     // SAFETY: `p` came from `mr`.
     unsafe { mr.deallocate_sync(p, MIB, 256)? };
@@ -181,10 +179,9 @@ fn async_posix_fd_handles() -> Result<Completion, Failed> {
     if !caps()?.supports_handle_type(AllocationHandleType::PosixFileDescriptor) {
         return Ok(Completion::ignored_with("POSIX fd handles unsupported"));
     }
-    let mr = CudaAsyncMemoryResource::with_options(CudaAsyncOptions {
-        export_handle_type: Some(AllocationHandleType::PosixFileDescriptor),
-        ..CudaAsyncOptions::default()
-    })?;
+    let mr = CudaAsyncMemoryResource::with_options(
+        CudaAsyncOptions::new().export_handle_type(AllocationHandleType::PosixFileDescriptor),
+    )?;
     let p = mr.allocate_sync(MIB, 256)?;
     // SAFETY: `p` came from `mr`.
     unsafe { mr.deallocate_sync(p, MIB, 256)? };
@@ -241,10 +238,8 @@ fn async_view_does_not_own_the_pool() -> Result<Completion, Failed> {
 /// destroyed (its memory given back to the device) once the last view is dropped.
 fn async_view_keeps_the_owner_alive() -> Result<Completion, Failed> {
     const RESERVE: usize = 512 * MIB;
-    let mr = CudaAsyncMemoryResource::with_options(CudaAsyncOptions {
-        release_threshold: Some(u64::MAX),
-        ..CudaAsyncOptions::default()
-    })?;
+    let mr =
+        CudaAsyncMemoryResource::with_options(CudaAsyncOptions::new().release_threshold(u64::MAX))?;
     let pool = mr.pool_handle();
     let view = mr.view();
     let same = CudaAsyncViewMemoryResource::of(&mr);

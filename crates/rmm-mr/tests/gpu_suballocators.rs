@@ -15,9 +15,9 @@ use std::time::Duration;
 use cross_thread::gpu_pt;
 use libtest_mimic::{Arguments, Failed};
 use rmm_mr::{
-    shared, BinningMemoryResource, CudaAsyncMemoryResource, CudaMemoryResource,
-    DeviceMemoryResource, FixedSizeMemoryResource, LimitingResourceAdaptor, MrError,
-    PoolMemoryResource, SharedResource,
+    shared, BinningMemoryResource, BinningOptions, CudaAsyncMemoryResource, CudaMemoryResource,
+    DeviceMemoryResource, FixedSizeMemoryResource, FixedSizeOptions, LimitingResourceAdaptor,
+    MrError, PoolMemoryResource, PoolOptions, SharedResource,
 };
 use rmm_stream::{stall, CudaEvent, CudaStream, CudaStreamView};
 use rmm_sys::testing::{ensure, gpu};
@@ -357,14 +357,17 @@ fn is_invalid_argument<T>(r: Result<T, MrError>) -> bool {
 
 fn throw_max_less_than_initial(up: Upstream) -> Result<(), Failed> {
     ensure(
-        is_invalid_argument(PoolMemoryResource::new(up.make()?, 1024, Some(256))),
+        is_invalid_argument(PoolMemoryResource::with_options(
+            up.make()?,
+            PoolOptions::new(1024).maximum_pool_size(256),
+        )),
         "initial > maximum accepted",
     )
 }
 
 fn allocate_ninety_percent(up: Upstream) -> Result<(), Failed> {
     let initial = rmm_sys::percent_of_free_device_memory(90)?;
-    let pool = PoolMemoryResource::new(up.make()?, initial, None)?;
+    let pool = PoolMemoryResource::new(up.make()?, initial)?;
     ensure(
         pool.pool_size() == initial,
         "pool size is not the initial size",
@@ -377,11 +380,7 @@ fn allocate_ninety_percent(up: Upstream) -> Result<(), Failed> {
 
 fn two_large_buffers(up: Upstream) -> Result<(), Failed> {
     let (free, _) = rmm_sys::available_device_memory()?;
-    let pool = PoolMemoryResource::new(
-        up.make()?,
-        rmm_sys::percent_of_free_device_memory(50)?,
-        None,
-    )?;
+    let pool = PoolMemoryResource::new(up.make()?, rmm_sys::percent_of_free_device_memory(50)?)?;
     let s = CudaStreamView::default();
     let a = pool.allocate(s, free / 4, 256)?;
     let b = pool.allocate(s, free / 4, 256)?;
@@ -399,7 +398,7 @@ fn force_growth(up: Upstream) -> Result<(), Failed> {
     let s = CudaStreamView::default();
     {
         let limited = LimitingResourceAdaptor::new(up.make()?, 6000);
-        let pool = PoolMemoryResource::new(limited, 0, None)?;
+        let pool = PoolMemoryResource::new(limited, 0)?;
         let a = pool.allocate(s, 1000, 256)?;
         let b = pool.allocate(s, 4000, 256)?;
         let c = pool.allocate(s, 500, 256)?;
@@ -420,7 +419,8 @@ fn force_growth(up: Upstream) -> Result<(), Failed> {
         }
     }
     let limited = LimitingResourceAdaptor::new(up.make()?, 6000);
-    let pool = PoolMemoryResource::new(limited, 0, Some(8192))?;
+    let pool =
+        PoolMemoryResource::with_options(limited, PoolOptions::new(0).maximum_pool_size(8192))?;
     let a = pool.allocate(s, 1000, 256)?;
     ensure(
         pool.allocate(s, 4000, 256)
@@ -444,7 +444,7 @@ fn force_growth(up: Upstream) -> Result<(), Failed> {
 }
 
 fn deleted_stream(up: Upstream) -> Result<(), Failed> {
-    let pool = PoolMemoryResource::new(up.make()?, 0, None)?;
+    let pool = PoolMemoryResource::new(up.make()?, 0)?;
     let size = 10_000;
     let first = {
         let stream = CudaStream::with_default_flags()?;
@@ -473,7 +473,10 @@ fn deleted_stream(up: Upstream) -> Result<(), Failed> {
 
 fn initial_and_max_pool_size_equal(up: Upstream) -> Result<(), Failed> {
     let size = 1 << 20;
-    let pool = PoolMemoryResource::new(up.make()?, size, Some(size))?;
+    let pool = PoolMemoryResource::with_options(
+        up.make()?,
+        PoolOptions::new(size).maximum_pool_size(size),
+    )?;
     let p = pool.allocate_sync(1000, 256)?;
     ensure(pool.pool_size() == size, "the pool grew past its maximum")?;
     // SAFETY: `p` came from `pool`.
@@ -483,17 +486,20 @@ fn initial_and_max_pool_size_equal(up: Upstream) -> Result<(), Failed> {
 
 fn non_aligned_pool_size(up: Upstream) -> Result<(), Failed> {
     ensure(
-        is_invalid_argument(PoolMemoryResource::new(up.make()?, 1000, None)),
+        is_invalid_argument(PoolMemoryResource::new(up.make()?, 1000)),
         "an unaligned initial size was accepted",
     )?;
     ensure(
-        is_invalid_argument(PoolMemoryResource::new(up.make()?, 1024, Some(1000))),
+        is_invalid_argument(PoolMemoryResource::with_options(
+            up.make()?,
+            PoolOptions::new(1024).maximum_pool_size(1000),
+        )),
         "an unaligned maximum size was accepted",
     )
 }
 
 fn pool_size(up: Upstream) -> Result<(), Failed> {
-    let pool = PoolMemoryResource::new(up.make()?, 1 << 20, None)?;
+    let pool = PoolMemoryResource::new(up.make()?, 1 << 20)?;
     ensure(pool.pool_size() >= 1 << 20, "pool_size() < initial size")?;
     let p = pool.allocate_sync(2 << 20, 256)?;
     ensure(pool.pool_size() >= 3 << 20, "growth not counted")?;
@@ -516,20 +522,25 @@ fn steal_upstream(up: Upstream, variant: Steal) -> Result<SharedResource, Failed
 }
 
 fn pool_steal(up: Upstream, variant: Steal) -> Result<(), Failed> {
-    let pool = PoolMemoryResource::new(steal_upstream(up, variant)?, 0, None)?;
+    let pool = PoolMemoryResource::new(steal_upstream(up, variant)?, 0)?;
     steal_check(&pool, variant)?;
     ensure(pool.outstanding_allocations() == 0, "allocations left")
 }
 
 fn fixed_size_steal(up: Upstream, variant: Steal) -> Result<(), Failed> {
     // One block per chunk, so the only free block is the one freed on stream A.
-    let fixed = FixedSizeMemoryResource::with_block_size(steal_upstream(up, variant)?, BYTES, 1)?;
+    let fixed = FixedSizeMemoryResource::with_options(
+        steal_upstream(up, variant)?,
+        FixedSizeOptions::new()
+            .block_size(BYTES)
+            .blocks_to_preallocate(1),
+    )?;
     steal_check(&fixed, variant)?;
     ensure(fixed.outstanding_allocations() == 0, "allocations left")
 }
 
 fn pool_sixteen_threads(up: Upstream) -> Result<(), Failed> {
-    let pool = PoolMemoryResource::new(up.make()?, 0, None)?;
+    let pool = PoolMemoryResource::new(up.make()?, 0)?;
     sixteen_threads(&pool, 1 << 20)?;
     ensure(pool.outstanding_allocations() == 0, "allocations left")?;
     pool.release_unused()?;
@@ -537,13 +548,23 @@ fn pool_sixteen_threads(up: Upstream) -> Result<(), Failed> {
 }
 
 fn fixed_size_sixteen_threads(up: Upstream) -> Result<(), Failed> {
-    let fixed = FixedSizeMemoryResource::with_block_size(up.make()?, 1 << 20, 16)?;
+    let fixed = FixedSizeMemoryResource::with_options(
+        up.make()?,
+        FixedSizeOptions::new()
+            .block_size(1 << 20)
+            .blocks_to_preallocate(16),
+    )?;
     sixteen_threads(&fixed, 1 << 20)?;
     ensure(fixed.outstanding_allocations() == 0, "allocations left")
 }
 
 fn binning_contents(up: Upstream) -> Result<(), Failed> {
-    let binning = BinningMemoryResource::with_exponents(up.make()?, 18, 22)?;
+    let binning = BinningMemoryResource::with_options(
+        up.make()?,
+        BinningOptions::new()
+            .min_size_exponent(18)
+            .max_size_exponent(22),
+    )?;
     ensure(binning.bin_sizes().len() == 5, "bins")?;
     let s = CudaStream::non_blocking()?;
     let v = s.view();
@@ -622,10 +643,17 @@ fn cross_thread_free(
         )
     };
     // One block per chunk, so the only free block is the one thread 2 freed.
-    let fixed = |upstream| FixedSizeMemoryResource::with_block_size(upstream, BYTES, 1);
+    let fixed = |upstream| {
+        FixedSizeMemoryResource::with_options(
+            upstream,
+            FixedSizeOptions::new()
+                .block_size(BYTES)
+                .blocks_to_preallocate(1),
+        )
+    };
     match subject {
         CrossThreadSubject::Pool => {
-            let pool = PoolMemoryResource::new(up.make()?, 0, None)?;
+            let pool = PoolMemoryResource::new(up.make()?, 0)?;
             run(&pool)?;
             ensure(pool.outstanding_allocations() == 0, "allocations left")
         }
@@ -637,7 +665,7 @@ fn cross_thread_free(
         CrossThreadSubject::BinningFixed | CrossThreadSubject::BinningPool => {
             let bin = match subject {
                 CrossThreadSubject::BinningFixed => shared(fixed(up.make()?)?),
-                _ => shared(PoolMemoryResource::new(up.make()?, 0, None)?),
+                _ => shared(PoolMemoryResource::new(up.make()?, 0)?),
             };
             let binning = BinningMemoryResource::new(up.make()?);
             binning.add_bin(BYTES, Some(bin))?;

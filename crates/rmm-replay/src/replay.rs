@@ -352,7 +352,10 @@ impl Shared<'_> {
 mod tests {
     use super::*;
     use rmm::mr::adaptors::logging::{parse_log_lines, parse_log_str, Action, MemoryEvent};
-    use rmm::mr::{LoggingResourceAdaptor, PoolMemoryResource, SimulatedMemoryResource};
+    use rmm::mr::{
+        LoggingOptions, LoggingResourceAdaptor, PoolMemoryResource, PoolOptions,
+        SimulatedMemoryResource,
+    };
     use std::collections::HashMap;
     use std::io::Write;
     use std::sync::Arc;
@@ -412,8 +415,16 @@ mod tests {
         assert_eq!(w.threads.len(), 4);
         let out = Buffer::default();
         let simulated = SimulatedMemoryResource::new(1 << 30).unwrap();
-        let pool = PoolMemoryResource::new(simulated.clone(), 0, Some(1 << 30)).unwrap();
-        let logged = LoggingResourceAdaptor::with_writer(pool.clone(), out.clone()).unwrap();
+        let pool = PoolMemoryResource::with_options(
+            simulated.clone(),
+            PoolOptions::new(0).maximum_pool_size(1 << 30),
+        )
+        .unwrap();
+        let logged = LoggingResourceAdaptor::with_options(
+            pool.clone(),
+            LoggingOptions::new().writer(out.clone()),
+        )
+        .unwrap();
         let progress = AtomicUsize::new(0);
         let r = replay(
             &w,
@@ -478,7 +489,11 @@ mod tests {
              1,00:00:00.000005,allocate,0x1000,521000,0\n",
         );
         let simulated = SimulatedMemoryResource::new(1 << 20).unwrap();
-        let pool = PoolMemoryResource::new(simulated.clone(), 0, Some(1 << 20)).unwrap();
+        let pool = PoolMemoryResource::with_options(
+            simulated.clone(),
+            PoolOptions::new(0).maximum_pool_size(1 << 20),
+        )
+        .unwrap();
         let progress = AtomicUsize::new(0);
         let r = replay(
             &w,
@@ -507,7 +522,11 @@ mod tests {
              1,00:00:00.000004,free,0x1000,400000,0\n",
         );
         let simulated = SimulatedMemoryResource::new(1 << 20).unwrap();
-        let pool = PoolMemoryResource::new(simulated.clone(), 0, Some(1 << 20)).unwrap();
+        let pool = PoolMemoryResource::with_options(
+            simulated.clone(),
+            PoolOptions::new(0).maximum_pool_size(1 << 20),
+        )
+        .unwrap();
         let progress = AtomicUsize::new(0);
         let r = replay(
             &w,

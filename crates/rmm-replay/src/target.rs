@@ -4,9 +4,10 @@
 use std::fmt;
 
 use rmm::mr::{
-    shared, ArenaMemoryResource, BinningMemoryResource, CudaAsyncMemoryResource,
-    CudaMemoryResource, FixedSizeMemoryResource, ManagedMemoryResource, MrError,
-    PoolMemoryResource, SharedResource, SimulatedMemoryResource,
+    shared, ArenaMemoryResource, ArenaOptions, BinningMemoryResource, BinningOptions,
+    CudaAsyncMemoryResource, CudaMemoryResource, FixedSizeMemoryResource, FixedSizeOptions,
+    ManagedMemoryResource, MrError, PoolMemoryResource, PoolOptions, SharedResource,
+    SimulatedMemoryResource,
 };
 use rmm::stream::{CudaStream, CudaStreamView};
 use rmm::sys::{align_up, CudaError, ALLOCATION_ALIGNMENT};
@@ -225,7 +226,8 @@ pub fn build(
     let mut reserved_high = None;
     let (resource, reserved, description): (SharedResource, Reserved, String) = match kind {
         ResourceKind::Pool => {
-            let pool = PoolMemoryResource::new(upstream, 0, maximum).map_err(failed)?;
+            let pool = PoolMemoryResource::with_options(upstream, pool_options(maximum))
+                .map_err(failed)?;
             let reserved = match &simulated {
                 Some(sim) => probe_simulated(sim),
                 None => {
@@ -237,7 +239,9 @@ pub fn build(
             (shared(pool), reserved, words)
         }
         ResourceKind::Arena => {
-            let arena = ArenaMemoryResource::new(upstream, maximum, false).map_err(failed)?;
+            let mut options = ArenaOptions::new();
+            options.arena_size = maximum;
+            let arena = ArenaMemoryResource::with_options(upstream, options).map_err(failed)?;
             let size = arena.arena_size() as u64;
             let reserved = match &simulated {
                 Some(sim) => probe_simulated(sim),
@@ -247,11 +251,13 @@ pub fn build(
             (shared(arena), reserved, words)
         }
         ResourceKind::Binning => {
-            let pool = PoolMemoryResource::new(upstream, 0, maximum).map_err(failed)?;
-            let binning = BinningMemoryResource::with_exponents(
+            let pool = PoolMemoryResource::with_options(upstream, pool_options(maximum))
+                .map_err(failed)?;
+            let binning = BinningMemoryResource::with_options(
                 pool.clone(),
-                BINNING_MIN_EXPONENT,
-                BINNING_MAX_EXPONENT,
+                BinningOptions::new()
+                    .min_size_exponent(BINNING_MIN_EXPONENT)
+                    .max_size_exponent(BINNING_MAX_EXPONENT),
             )
             .map_err(failed)?;
             let reserved = match &simulated {
@@ -268,8 +274,13 @@ pub fn build(
         }
         ResourceKind::Fixed => {
             let (block, per_chunk) = fixed_geometry(workload.largest_request());
-            let fixed = FixedSizeMemoryResource::with_block_size(upstream, block, per_chunk)
-                .map_err(failed)?;
+            let fixed = FixedSizeMemoryResource::with_options(
+                upstream,
+                FixedSizeOptions::new()
+                    .block_size(block)
+                    .blocks_to_preallocate(per_chunk),
+            )
+            .map_err(failed)?;
             let reserved = match &simulated {
                 Some(sim) => probe_simulated(sim),
                 None => {
@@ -395,6 +406,13 @@ impl DeviceStreams {
 #[must_use]
 pub fn simulated_streams(workload: &Workload) -> Vec<CudaStreamView<'static>> {
     vec![CudaStreamView::legacy(); workload.streams.len()]
+}
+
+/// A pool that starts empty and holds at most `maximum` bytes (`None`: no maximum).
+fn pool_options(maximum: Option<usize>) -> PoolOptions {
+    let mut options = PoolOptions::new(0);
+    options.maximum_pool_size = maximum;
+    options
 }
 
 #[cfg(test)]

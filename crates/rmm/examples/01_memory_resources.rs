@@ -109,7 +109,7 @@ fn run() -> Result<(), MrError> {
     }
 
     // A double free through a tracking adaptor is detected and not passed on.
-    let tracked = TrackingResourceAdaptor::new(CudaMemoryResource::new(), false);
+    let tracked = TrackingResourceAdaptor::new(CudaMemoryResource::new());
     let p = tracked.allocate(stream.view(), 1024, 256)?;
     // SAFETY: `p` was just allocated from `tracked` with these arguments and is unused.
     unsafe { tracked.deallocate(stream.view(), p, 1024, 256)? };

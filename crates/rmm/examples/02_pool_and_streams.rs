@@ -27,7 +27,10 @@ const BYTES: usize = WORDS * 4;
 
 fn run() -> Result<(), MrError> {
     // 64 MiB now, at most 256 MiB.
-    let pool = PoolMemoryResource::new(CudaMemoryResource::new(), 64 << 20, Some(256 << 20))?;
+    let pool = PoolMemoryResource::with_options(
+        CudaMemoryResource::new(),
+        PoolOptions::new(64 << 20).maximum_pool_size(256 << 20),
+    )?;
     let producer = CudaStream::non_blocking()?;
     let consumer = CudaStream::non_blocking()?;
     println!("pool of {} B, two non-blocking streams", pool.pool_size());

@@ -33,7 +33,10 @@ fn run() -> Result<(), MrError> {
     let log_path = std::env::temp_dir().join(format!("rmm_example_03_{}.csv", std::process::id()));
 
     // From the bottom up: a pool, a 64 MiB limit, the CSV log, statistics.
-    let pool = PoolMemoryResource::new(CudaMemoryResource::new(), 32 << 20, Some(128 << 20))?;
+    let pool = PoolMemoryResource::with_options(
+        CudaMemoryResource::new(),
+        PoolOptions::new(32 << 20).maximum_pool_size(128 << 20),
+    )?;
     let limited = LimitingResourceAdaptor::new(pool.clone(), 64 << 20);
     let logged = LoggingResourceAdaptor::new(limited.clone(), &log_path)?;
     let stats = StatisticsResourceAdaptor::new(logged.clone());

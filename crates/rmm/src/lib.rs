@@ -43,18 +43,18 @@ pub use rmm_mr::debug_log::{
     set_debug_log_level,
 };
 pub use rmm_mr::{
-    adaptors::tracking::TrackingConfig, arena::ArenaOptions, current_device_resource,
-    per_device_resource, prefetch, reset_current_device_resource, reset_per_device_resource,
-    resource_cast, set_current_device_resource, set_per_device_resource, shared,
-    AlignedResourceAdaptor, ArenaMemoryResource, BinningMemoryResource, CallbackMemoryResource,
-    CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaAsyncOptions,
-    CudaAsyncViewMemoryResource, CudaMemoryResource, DeviceMemoryResource,
-    FailureCallbackResourceAdaptor, FixedSizeMemoryResource, InvalidFree, LimitingResourceAdaptor,
-    LoggingResourceAdaptor, ManagedMemoryResource, MrError, MrResult, PinnedHostMemoryResource,
-    PoolMemoryResource, PoolStatistics, PrefetchResourceAdaptor, PrefetchTarget,
-    ResourceProperties, SamHeadroomMemoryResource, SharedResource, SimulatedMemoryResource,
-    StatisticsResourceAdaptor, SystemMemoryResource, ThreadSafeResourceAdaptor,
-    TrackingResourceAdaptor,
+    current_device_resource, per_device_resource, prefetch, reset_current_device_resource,
+    reset_per_device_resource, resource_cast, set_current_device_resource, set_per_device_resource,
+    shared, AlignedOptions, AlignedResourceAdaptor, ArenaMemoryResource, ArenaOptions,
+    BinningMemoryResource, BinningOptions, CallbackMemoryResource, CudaAsyncManagedMemoryResource,
+    CudaAsyncMemoryResource, CudaAsyncOptions, CudaAsyncViewMemoryResource, CudaMemoryResource,
+    DeviceMemoryResource, FailureCallbackOptions, FailureCallbackResourceAdaptor,
+    FixedSizeMemoryResource, FixedSizeOptions, InvalidFree, LimitingOptions,
+    LimitingResourceAdaptor, LoggingOptions, LoggingResourceAdaptor, ManagedMemoryResource,
+    MrError, MrResult, PinnedHostMemoryResource, PoolMemoryResource, PoolOptions, PoolStatistics,
+    PrefetchResourceAdaptor, PrefetchTarget, ResourceProperties, SamHeadroomMemoryResource,
+    SharedResource, SimulatedMemoryResource, StatisticsResourceAdaptor, SystemMemoryResource,
+    ThreadSafeResourceAdaptor, TrackingOptions, TrackingResourceAdaptor,
 };
 pub use rmm_stream::{
     default_stream_mode, set_default_stream_mode, CudaEvent, CudaStream, CudaStreamPool,
@@ -76,9 +76,10 @@ pub mod prelude {
     pub use crate::{reinitialize, ReinitializeOptions};
     pub use rmm_containers::{DeviceBuffer, DeviceScalar, DeviceUvector};
     pub use rmm_mr::{
-        ArenaMemoryResource, BinningMemoryResource, CudaAsyncMemoryResource, CudaMemoryResource,
-        DeviceMemoryResource, LimitingResourceAdaptor, ManagedMemoryResource, MrError, MrResult,
-        PoolMemoryResource, SharedResource, StatisticsResourceAdaptor,
+        ArenaMemoryResource, ArenaOptions, BinningMemoryResource, BinningOptions,
+        CudaAsyncMemoryResource, CudaAsyncOptions, CudaMemoryResource, DeviceMemoryResource,
+        LimitingOptions, LimitingResourceAdaptor, ManagedMemoryResource, MrError, MrResult,
+        PoolMemoryResource, PoolOptions, SharedResource, StatisticsResourceAdaptor,
     };
     pub use rmm_stream::{CudaEvent, CudaStream, CudaStreamView};
     pub use rmm_sys::{DeviceId, DevicePtr};

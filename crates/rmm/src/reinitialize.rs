@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use rmm_mr::{
     set_per_device_resource, CudaMemoryResource, LoggingResourceAdaptor, ManagedMemoryResource,
-    MrError, MrResult, PoolMemoryResource, SharedResource,
+    MrError, MrResult, PoolMemoryResource, PoolOptions, SharedResource,
 };
 use rmm_sys::{align_down, DeviceGuard, DeviceId, ALLOCATION_ALIGNMENT};
 
@@ -56,6 +56,7 @@ impl IntoByteSize for String {
 /// The resource for a device is, from the bottom up: managed or device memory; optionally a
 /// pool over it; optionally a CSV logging adaptor on top.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct ReinitializeOptions {
     /// Sub-allocate from a [`PoolMemoryResource`].
     pub pool_allocator: bool,
@@ -226,11 +227,9 @@ fn build(options: &ReinitializeOptions, device: DeviceId) -> MrResult<SharedReso
                     .map_or(half, |m| align_down(half.min(m.0), ALLOCATION_ALIGNMENT))
             }
         };
-        Arc::new(PoolMemoryResource::new(
-            base,
-            initial,
-            options.maximum_pool_size.map(ByteSize::bytes),
-        )?)
+        let mut pool = PoolOptions::new(initial);
+        pool.maximum_pool_size = options.maximum_pool_size.map(ByteSize::bytes);
+        Arc::new(PoolMemoryResource::with_options(base, pool)?)
     } else {
         base
     };

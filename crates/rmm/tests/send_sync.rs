@@ -8,23 +8,20 @@ use static_assertions::{assert_impl_all, assert_not_impl_any};
 
 use rmm::containers::{BufferStream, DeviceBuffer, DeviceScalar, DeviceUvector};
 use rmm::mr::{
-    adaptors::logging::{
-        Action, CsvError, EventLine, EventTime, LoggingResourceAdaptorBuilder, MemoryEvent,
-    },
-    adaptors::tracking::{
-        OutstandingAllocation, TrackingConfig, TrackingError, TrackingErrorRecord,
-    },
-    arena::ArenaOptions,
+    adaptors::logging::{Action, CsvError, EventLine, EventTime, MemoryEvent},
+    adaptors::tracking::{OutstandingAllocation, TrackingError, TrackingErrorRecord},
     debug_log::DebugLogError,
     testing::HostMockResource,
-    AlignedResourceAdaptor, ArenaMemoryResource, BinningMemoryResource, CallbackMemoryResource,
-    CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaAsyncOptions,
-    CudaAsyncViewMemoryResource, CudaMemoryResource, FailureCallbackResourceAdaptor,
-    FixedSizeMemoryResource, InvalidFree, LimitingResourceAdaptor, LoggingResourceAdaptor,
-    ManagedMemoryResource, MrError, PinnedHostMemoryResource, PoolMemoryResource, PoolStatistics,
-    PrefetchResourceAdaptor, PrefetchTarget, ResourceProperties, SamHeadroomMemoryResource,
-    SharedResource, SimulatedMemoryResource, StatisticsResourceAdaptor, SystemMemoryResource,
-    ThreadSafeResourceAdaptor, TrackingResourceAdaptor,
+    AlignedOptions, AlignedResourceAdaptor, ArenaMemoryResource, ArenaOptions,
+    BinningMemoryResource, BinningOptions, CallbackMemoryResource, CudaAsyncManagedMemoryResource,
+    CudaAsyncMemoryResource, CudaAsyncOptions, CudaAsyncViewMemoryResource, CudaMemoryResource,
+    FailureCallbackOptions, FailureCallbackResourceAdaptor, FixedSizeMemoryResource,
+    FixedSizeOptions, InvalidFree, LimitingOptions, LimitingResourceAdaptor, LoggingOptions,
+    LoggingResourceAdaptor, ManagedMemoryResource, MrError, PinnedHostMemoryResource,
+    PoolMemoryResource, PoolOptions, PoolStatistics, PrefetchResourceAdaptor, PrefetchTarget,
+    ResourceProperties, SamHeadroomMemoryResource, SharedResource, SimulatedMemoryResource,
+    StatisticsResourceAdaptor, SystemMemoryResource, ThreadSafeResourceAdaptor, TrackingOptions,
+    TrackingResourceAdaptor,
 };
 use rmm::stream::{
     CudaEvent, CudaStream, CudaStreamPool, CudaStreamView, DefaultStreamMode, StreamError,
@@ -65,15 +62,23 @@ assert_impl_all!(PrefetchResourceAdaptor: Send, Sync);
 assert_impl_all!(StatisticsResourceAdaptor: Send, Sync);
 assert_impl_all!(ThreadSafeResourceAdaptor: Send, Sync);
 assert_impl_all!(TrackingResourceAdaptor: Send, Sync);
-assert_impl_all!(LoggingResourceAdaptorBuilder<CudaMemoryResource>: Send);
 
 // Options, values and errors: plain data.
+assert_impl_all!(PoolOptions: Send, Sync);
 assert_impl_all!(ArenaOptions: Send, Sync);
+assert_impl_all!(FixedSizeOptions: Send, Sync);
+assert_impl_all!(BinningOptions: Send, Sync);
+assert_impl_all!(AlignedOptions: Send, Sync);
+assert_impl_all!(LimitingOptions: Send, Sync);
+assert_impl_all!(FailureCallbackOptions: Send, Sync);
+// Its sinks are `Write + Send`: the options move to the adaptor, which locks each sink.
+assert_impl_all!(LoggingOptions: Send);
+assert_not_impl_any!(LoggingOptions: Sync);
 assert_impl_all!(CudaAsyncOptions: Send, Sync);
 assert_impl_all!(PoolStatistics: Send, Sync);
 assert_impl_all!(ResourceProperties: Send, Sync);
 assert_impl_all!(PrefetchTarget: Send, Sync);
-assert_impl_all!(TrackingConfig: Send, Sync);
+assert_impl_all!(TrackingOptions: Send, Sync);
 assert_impl_all!(OutstandingAllocation: Send, Sync);
 assert_impl_all!(MemoryEvent: Send, Sync);
 assert_impl_all!(EventLine: Send, Sync);

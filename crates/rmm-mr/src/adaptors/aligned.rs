@@ -56,6 +56,44 @@ impl<U> Aligned<U> {
         checked_align_up(bytes, a)?.checked_add(a - ALLOCATION_ALIGNMENT)
     }
 }
+/// How to build an [`AlignedResourceAdaptor`] (RMM's constructor parameters).
+///
+/// Built with [`new`](Self::new) (the required arguments) and the chained setters; the
+/// fields are public to read. `#[non_exhaustive]`: later options do not break callers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AlignedOptions {
+    /// The alignment of every non-empty allocation: a power of two, raised to 256 when smaller
+    /// (RMM's default 256).
+    pub alignment: usize,
+    /// Requests smaller than this many bytes go to the upstream unchanged (default 0: none).
+    pub alignment_threshold: usize,
+}
+
+impl AlignedOptions {
+    /// RMM's defaults for `alignment`: threshold 0.
+    #[must_use]
+    pub fn new(alignment: usize) -> Self {
+        Self {
+            alignment,
+            alignment_threshold: 0,
+        }
+    }
+
+    /// Sets the field `alignment`.
+    #[must_use]
+    pub fn alignment(mut self, alignment: usize) -> Self {
+        self.alignment = alignment;
+        self
+    }
+
+    /// Sets the field `alignment_threshold`.
+    #[must_use]
+    pub fn alignment_threshold(mut self, bytes: usize) -> Self {
+        self.alignment_threshold = bytes;
+        self
+    }
+}
 
 /// Hands out pointers aligned to a configured alignment larger than 256 bytes (RMM's
 /// `aligned_resource_adaptor`).
@@ -93,25 +131,26 @@ impl<U: DeviceMemoryResource> Clone for AlignedResourceAdaptor<U> {
 
 impl<U: DeviceMemoryResource> AlignedResourceAdaptor<U> {
     /// Aligns every non-empty allocation to `alignment` (a power of two; values below 256 are
-    /// raised to 256).
+    /// raised to 256), with RMM's default threshold 0.
     ///
     /// # Errors
-    /// [`MrError::InvalidArgument`] when `alignment` is not a power of two (RMM: "Allocation
-    /// alignment is not a power of 2.").
+    /// As [`with_options`](Self::with_options).
     pub fn new(upstream: U, alignment: usize) -> MrResult<Self> {
-        Self::with_threshold(upstream, alignment, 0)
+        Self::with_options(upstream, AlignedOptions::new(alignment))
     }
 
-    /// As [`new`](Self::new), but requests smaller than `alignment_threshold` bytes go to the
-    /// upstream unchanged.
+    /// Built with `options`: requests smaller than
+    /// [`alignment_threshold`](AlignedOptions::alignment_threshold) bytes go to the upstream
+    /// unchanged.
     ///
     /// # Errors
-    /// As [`new`](Self::new).
-    pub fn with_threshold(
-        upstream: U,
-        alignment: usize,
-        alignment_threshold: usize,
-    ) -> MrResult<Self> {
+    /// [`MrError::InvalidArgument`] when the alignment is not a power of two (RMM: "Allocation
+    /// alignment is not a power of 2.").
+    pub fn with_options(upstream: U, options: AlignedOptions) -> MrResult<Self> {
+        let AlignedOptions {
+            alignment,
+            alignment_threshold,
+        } = options;
         if !is_pow2(alignment) {
             return Err(MrError::invalid_argument(format!(
                 "Allocation alignment is not a power of 2 ({alignment})."
@@ -391,7 +430,11 @@ mod tests {
     #[test]
     fn mock_case_4096_asks_upstream_for_69376_bytes() {
         let up = HostMockResource::new();
-        let mr = AlignedResourceAdaptor::with_threshold(up.clone(), 4096, 65536).unwrap();
+        let mr = AlignedResourceAdaptor::with_options(
+            up.clone(),
+            AlignedOptions::new(4096).alignment_threshold(65536),
+        )
+        .unwrap();
         let p = mr.allocate(s(), 65536, 256).unwrap();
         assert!(p.is_aligned(4096), "{p}");
         assert_eq!(up.live_bytes(), 69376);
@@ -413,7 +456,11 @@ mod tests {
         // SAFETY: `p` came from `mr`.
         unsafe { mr.deallocate(s(), p, 1000, 0).unwrap() };
 
-        let mr = AlignedResourceAdaptor::with_threshold(up.clone(), 4096, 65536).unwrap();
+        let mr = AlignedResourceAdaptor::with_options(
+            up.clone(),
+            AlignedOptions::new(4096).alignment_threshold(65536),
+        )
+        .unwrap();
         let p = mr.allocate(s(), 65535, 256).unwrap();
         assert_eq!(up.live_bytes(), 65535);
         // SAFETY: `p` came from `mr`.
@@ -432,7 +479,11 @@ mod tests {
         let p = mr.allocate(s(), 1000, 4096).unwrap();
         assert_eq!(p.addr(), 4096);
         // Below the threshold the per-call alignment still applies.
-        let mr2 = AlignedResourceAdaptor::with_threshold(Arc::clone(&up), 4096, 65536).unwrap();
+        let mr2 = AlignedResourceAdaptor::with_options(
+            Arc::clone(&up),
+            AlignedOptions::new(4096).alignment_threshold(65536),
+        )
+        .unwrap();
         let q = mr2.allocate(s(), 1000, 8192).unwrap();
         assert_eq!(q.addr(), 0x10_2000);
         // SAFETY: each came from its adaptor with these arguments.
@@ -507,7 +558,11 @@ mod tests {
     #[test]
     fn upstream_address_already_aligned_is_returned_unchanged() {
         let up = Scripted::new(&[4096]);
-        let mr = AlignedResourceAdaptor::with_threshold(Arc::clone(&up), 4096, 65536).unwrap();
+        let mr = AlignedResourceAdaptor::with_options(
+            Arc::clone(&up),
+            AlignedOptions::new(4096).alignment_threshold(65536),
+        )
+        .unwrap();
         let p = mr.allocate(s(), 65536, 256).unwrap();
         assert_eq!(p.addr(), 4096);
         assert!(mr.inner.shifted().is_empty());
@@ -522,7 +577,11 @@ mod tests {
     #[test]
     fn align_upstream_address() {
         let up = Scripted::new(&[256]);
-        let mr = AlignedResourceAdaptor::with_threshold(Arc::clone(&up), 4096, 65536).unwrap();
+        let mr = AlignedResourceAdaptor::with_options(
+            Arc::clone(&up),
+            AlignedOptions::new(4096).alignment_threshold(65536),
+        )
+        .unwrap();
         let p = mr.allocate(s(), 65536, 256).unwrap();
         assert_eq!(p.addr(), 4096);
         // SAFETY: `p` came from `mr`.
@@ -536,7 +595,11 @@ mod tests {
     #[test]
     fn align_multiple_interleaved() {
         let up = Scripted::new(&[256, 131584, 263168]);
-        let mr = AlignedResourceAdaptor::with_threshold(Arc::clone(&up), 4096, 65536).unwrap();
+        let mr = AlignedResourceAdaptor::with_options(
+            Arc::clone(&up),
+            AlignedOptions::new(4096).alignment_threshold(65536),
+        )
+        .unwrap();
         let p1 = mr.allocate(s(), 65536, 256).unwrap();
         let p2 = mr.allocate(s(), 73728, 256).unwrap();
         let p3 = mr.allocate(s(), 77800, 256).unwrap();

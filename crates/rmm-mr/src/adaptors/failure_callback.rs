@@ -23,12 +23,59 @@ struct FailureCallbackState<U> {
     callback: Box<FailureCallback>,
     filter: Box<FailureFilter>,
 }
+/// How to build a [`FailureCallbackResourceAdaptor`] (RMM's constructor parameters and its
+/// `ExceptionType` template parameter).
+///
+/// Built with [`new`](Self::new) (the callback is required) and the chained setters; the
+/// fields are public. `#[non_exhaustive]`: later options do not break callers.
+#[non_exhaustive]
+pub struct FailureCallbackOptions {
+    /// Called with the size of the failed request; `true` retries.
+    pub callback: Box<FailureCallback>,
+    /// Which errors reach the callback (default: [`MrError::is_out_of_memory`], RMM's
+    /// `out_of_memory`).
+    pub filter: Box<FailureFilter>,
+}
+
+impl FailureCallbackOptions {
+    /// RMM's defaults for `callback`: consulted on out-of-memory only.
+    #[must_use]
+    pub fn new(callback: impl Fn(usize) -> bool + Send + Sync + 'static) -> Self {
+        Self {
+            callback: Box::new(callback),
+            filter: Box::new(MrError::is_out_of_memory),
+        }
+    }
+
+    /// Sets the field `callback`.
+    #[must_use]
+    pub fn callback(mut self, callback: impl Fn(usize) -> bool + Send + Sync + 'static) -> Self {
+        self.callback = Box::new(callback);
+        self
+    }
+
+    /// Sets the field `filter`: the callback is consulted on the errors it accepts (e.g.
+    /// `|e| matches!(e, MrError::OutOfMemory { .. } | MrError::BadAlloc { .. })` for RMM's
+    /// `failure_callback_resource_adaptor<bad_alloc>`).
+    #[must_use]
+    pub fn filter(mut self, filter: impl Fn(&MrError) -> bool + Send + Sync + 'static) -> Self {
+        self.filter = Box::new(filter);
+        self
+    }
+}
+
+impl fmt::Debug for FailureCallbackOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FailureCallbackOptions")
+            .finish_non_exhaustive()
+    }
+}
 
 /// Calls a callback when the upstream runs out of memory, and retries while the callback says
 /// so (RMM's `failure_callback_resource_adaptor<out_of_memory>`).
 ///
 /// Only [`MrError::OutOfMemory`] reaches the callback (use
-/// [`with_filter`](Self::with_filter) for another choice, as RMM's `ExceptionType`); every other
+/// [`FailureCallbackOptions::filter`] for another choice, as RMM's `ExceptionType`); every other
 /// error passes through untouched. The loop ends when the upstream succeeds or the callback
 /// returns `false`, which returns the last error. A callback that always returns `true` retries
 /// forever: count attempts in the closure to bound it. The stream and alignment are forwarded
@@ -50,22 +97,18 @@ impl<U: DeviceMemoryResource> FailureCallbackResourceAdaptor<U> {
     /// Calls `callback(bytes)` whenever `upstream` fails with out-of-memory; retries while it
     /// returns `true`.
     pub fn new(upstream: U, callback: impl Fn(usize) -> bool + Send + Sync + 'static) -> Self {
-        Self::with_filter(upstream, MrError::is_out_of_memory, callback)
+        Self::with_options(upstream, FailureCallbackOptions::new(callback))
     }
 
-    /// As [`new`](Self::new), consulting the callback on the errors `filter` accepts instead of
-    /// out-of-memory only (e.g. `|e| matches!(e, MrError::OutOfMemory { .. } |
-    /// MrError::BadAlloc { .. })` for RMM's `failure_callback_resource_adaptor<bad_alloc>`).
-    pub fn with_filter(
-        upstream: U,
-        filter: impl Fn(&MrError) -> bool + Send + Sync + 'static,
-        callback: impl Fn(usize) -> bool + Send + Sync + 'static,
-    ) -> Self {
+    /// Built with `options`: consults the callback on the errors its
+    /// [`filter`](FailureCallbackOptions::filter) accepts.
+    pub fn with_options(upstream: U, options: FailureCallbackOptions) -> Self {
+        let FailureCallbackOptions { callback, filter } = options;
         Self {
             inner: Arc::new(FailureCallbackState {
                 upstream,
-                callback: Box::new(callback),
-                filter: Box::new(filter),
+                callback,
+                filter,
             }),
         }
     }
@@ -199,10 +242,10 @@ mod tests {
 
         // A bad_alloc filter does react to it (RMM's adaptor<bad_alloc>).
         let (seen, cb) = retry_once();
-        let mr = FailureCallbackResourceAdaptor::with_filter(
+        let mr = FailureCallbackResourceAdaptor::with_options(
             up,
-            |e| matches!(e, MrError::BadAlloc { .. } | MrError::OutOfMemory { .. }),
-            cb,
+            FailureCallbackOptions::new(cb)
+                .filter(|e| matches!(e, MrError::BadAlloc { .. } | MrError::OutOfMemory { .. })),
         );
         assert!(mr.allocate(s(), 1000, 3).is_err());
         assert_eq!(seen.lock().unwrap().len(), 2);

@@ -144,6 +144,43 @@ impl<U> Limiting<U> {
         self.reserved.load(Ordering::Relaxed)
     }
 }
+/// How to build a [`LimitingResourceAdaptor`] (RMM's constructor parameters).
+///
+/// Built with [`new`](Self::new) (the required arguments) and the chained setters; the
+/// fields are public to read. `#[non_exhaustive]`: later options do not break callers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LimitingOptions {
+    /// The most bytes outstanding at once (as counted).
+    pub allocation_limit: usize,
+    /// Sizes are rounded up to this power of two for the count (RMM's default 256).
+    pub alignment: usize,
+}
+
+impl LimitingOptions {
+    /// RMM's defaults for `allocation_limit`: sizes counted in multiples of 256.
+    #[must_use]
+    pub fn new(allocation_limit: usize) -> Self {
+        Self {
+            allocation_limit,
+            alignment: ALLOCATION_ALIGNMENT,
+        }
+    }
+
+    /// Sets the field `allocation_limit`.
+    #[must_use]
+    pub fn allocation_limit(mut self, bytes: usize) -> Self {
+        self.allocation_limit = bytes;
+        self
+    }
+
+    /// Sets the field `alignment`.
+    #[must_use]
+    pub fn alignment(mut self, alignment: usize) -> Self {
+        self.alignment = alignment;
+        self
+    }
+}
 
 /// Caps the bytes outstanding through it (RMM's `limiting_resource_adaptor`). Each request
 /// reserves `align_up(bytes, alignment)` atomically *before* calling the upstream; over the
@@ -174,17 +211,23 @@ impl<U: DeviceMemoryResource> Clone for LimitingResourceAdaptor<U> {
 }
 
 impl<U: DeviceMemoryResource> LimitingResourceAdaptor<U> {
-    /// Limits `upstream` to `allocation_limit` bytes, counting sizes rounded up to 256.
+    /// Limits `upstream` to `allocation_limit` bytes, counting sizes rounded up to 256 (RMM's
+    /// default).
     pub fn new(upstream: U, allocation_limit: usize) -> Self {
         Self::build(upstream, allocation_limit, ALLOCATION_ALIGNMENT)
     }
 
-    /// As [`new`](Self::new), rounding sizes to `alignment` (a power of two) for the count.
-    pub fn with_alignment(
-        upstream: U,
-        allocation_limit: usize,
-        alignment: usize,
-    ) -> MrResult<Self> {
+    /// Built with `options`: limits `upstream` to
+    /// [`allocation_limit`](LimitingOptions::allocation_limit) bytes, rounding sizes to
+    /// [`alignment`](LimitingOptions::alignment) for the count.
+    ///
+    /// # Errors
+    /// [`MrError::InvalidArgument`] when the alignment is not a power of two.
+    pub fn with_options(upstream: U, options: LimitingOptions) -> MrResult<Self> {
+        let LimitingOptions {
+            allocation_limit,
+            alignment,
+        } = options;
         if !is_pow2(alignment) {
             return Err(MrError::invalid_argument(format!(
                 "limiting_resource_adaptor alignment must be a power of two, not {alignment}"

@@ -10,9 +10,11 @@ pub mod statistics;
 mod thread_safe;
 pub mod tracking;
 
-pub use aligned::AlignedResourceAdaptor;
-pub use failure_callback::{FailureCallback, FailureCallbackResourceAdaptor, FailureFilter};
-pub use limiting::LimitingResourceAdaptor;
+pub use aligned::{AlignedOptions, AlignedResourceAdaptor};
+pub use failure_callback::{
+    FailureCallback, FailureCallbackOptions, FailureCallbackResourceAdaptor, FailureFilter,
+};
+pub use limiting::{LimitingOptions, LimitingResourceAdaptor};
 pub use logging::LoggingResourceAdaptor;
 pub use prefetch::PrefetchResourceAdaptor;
 pub use statistics::StatisticsResourceAdaptor;

@@ -39,20 +39,54 @@ const NAME: &str = "arena_memory_resource";
 /// logger to get RMM's file.
 pub const DUMP_LOG_TARGET: &str = "rmm::arena_memory_dump";
 
-/// How to build an [`ArenaMemoryResource`].
+/// How to build an [`ArenaMemoryResource`] (RMM's constructor parameters, and its
+/// compile-time size-class switch).
+///
+/// Built with [`new`](Self::new) or `default()` (RMM's defaults) and the chained setters; the
+/// fields are public to read. `#[non_exhaustive]`: later options do not break callers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct ArenaOptions {
     /// Size of the arena, allocated from the upstream resource at construction and aligned down
-    /// to 256 bytes; at least 1 MiB. `None`: half of the current device's free memory
-    /// (`rmm_sys::percent_of_free_device_memory(50)`), which needs a GPU.
+    /// to 256 bytes; at least 1 MiB. `None` (RMM's default): half of the current device's free
+    /// memory (`rmm_sys::percent_of_free_device_memory(50)`), which needs a GPU.
     pub arena_size: Option<usize>,
-    /// Log a memory dump (target [`DUMP_LOG_TARGET`], level error) when an allocation fails.
+    /// Log a memory dump (target [`DUMP_LOG_TARGET`], level error) when an allocation fails
+    /// (default `false`).
     pub dump_log_on_failure: bool,
-    /// Round sizes to RMM's jemalloc-like size classes
-    /// ([`align_to_size_class`](super::align_to_size_class); RMM's compile-time switch
-    /// `RMM_ARENA_USE_SIZE_CLASSES`) instead of 256-byte multiples. Trades internal
-    /// fragmentation for fewer distinct block sizes.
+    /// Round sizes to RMM's jemalloc-like size classes (RMM's compile-time switch
+    /// `RMM_ARENA_USE_SIZE_CLASSES`) instead of 256-byte multiples (default `false`). Trades
+    /// internal fragmentation for fewer distinct block sizes.
     pub use_size_classes: bool,
+}
+
+impl ArenaOptions {
+    /// RMM's defaults: half of the device's free memory, no dump, 256-byte rounding.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the field `arena_size` to `Some(bytes)`.
+    #[must_use]
+    pub fn arena_size(mut self, bytes: usize) -> Self {
+        self.arena_size = Some(bytes);
+        self
+    }
+
+    /// Sets the field `dump_log_on_failure`.
+    #[must_use]
+    pub fn dump_log_on_failure(mut self, on: bool) -> Self {
+        self.dump_log_on_failure = on;
+        self
+    }
+
+    /// Sets the field `use_size_classes`.
+    #[must_use]
+    pub fn use_size_classes(mut self, on: bool) -> Self {
+        self.use_size_classes = on;
+        self
+    }
 }
 
 /// RMM's arena allocator (`rmm::mr::arena_memory_resource`): one upstream allocation, cut into
@@ -127,24 +161,24 @@ impl<U: DeviceMemoryResource> Clone for ArenaMemoryResource<U> {
 }
 
 impl<U: DeviceMemoryResource> ArenaMemoryResource<U> {
-    /// An arena of `arena_size` bytes (`None`: half of the current device's free memory) over
-    /// `upstream` (RMM's constructor). See [`ArenaOptions`].
-    pub fn new(
-        upstream: U,
-        arena_size: Option<usize>,
-        dump_log_on_failure: bool,
-    ) -> MrResult<Self> {
-        Self::with_options(
-            upstream,
-            ArenaOptions {
-                arena_size,
-                dump_log_on_failure,
-                use_size_classes: false,
-            },
-        )
+    /// An arena of half the current device's free memory over `upstream` (RMM's constructor
+    /// with its defaults; needs a GPU). See [`with_options`](Self::with_options) for a given
+    /// size.
+    ///
+    /// # Errors
+    ///
+    /// As [`with_options`](Self::with_options).
+    pub fn new(upstream: U) -> MrResult<Self> {
+        Self::with_options(upstream, ArenaOptions::default())
     }
 
-    /// An arena over `upstream` built with `options`.
+    /// An arena over `upstream` built with `options` (see [`ArenaOptions`]).
+    ///
+    /// # Errors
+    ///
+    /// [`MrError::InvalidArgument`](crate::MrError::InvalidArgument) for an arena below 1 MiB;
+    /// the upstream's error when it refuses the arena; without an `arena_size` and without a
+    /// GPU, the error of reading the free memory.
     pub fn with_options(upstream: U, options: ArenaOptions) -> MrResult<Self> {
         Ok(Self {
             inner: Arc::new(State::new(upstream, options)?),

@@ -10,4 +10,4 @@ mod resource;
 pub(crate) mod routes;
 pub(crate) mod table;
 
-pub use resource::BinningMemoryResource;
+pub use resource::{BinningMemoryResource, BinningOptions};

@@ -10,7 +10,7 @@ use rmm_sys::{DevicePtr, ALLOCATION_ALIGNMENT};
 use crate::binning::routes::BinRoutes;
 use crate::binning::table::{exponent_sizes, rounded_bin_size, BinTable, BinningError};
 use crate::error::{MrError, MrResult};
-use crate::fixed_size::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE};
+use crate::fixed_size::{FixedSizeMemoryResource, FixedSizeOptions};
 use crate::resource::{shared, DeviceMemoryResource, SharedResource};
 use crate::util::alignment;
 
@@ -93,6 +93,42 @@ impl From<AddBinError> for MrError {
         }
     }
 }
+/// How to build a [`BinningMemoryResource`] (RMM's constructor parameters).
+///
+/// Built with [`new`](Self::new) or `default()` (RMM's defaults: no bins) and the chained
+/// setters; the fields are public to read. `#[non_exhaustive]`: later options do not break
+/// callers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct BinningOptions {
+    /// The exponent of the smallest bin (`1 << min_size_exponent` bytes). Bins are made only
+    /// when both exponents are set (RMM's two constructors).
+    pub min_size_exponent: Option<u32>,
+    /// The exponent of the largest bin (`1 << max_size_exponent` bytes).
+    pub max_size_exponent: Option<u32>,
+}
+
+impl BinningOptions {
+    /// RMM's defaults: no bins.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the field `min_size_exponent` to `Some(exponent)`.
+    #[must_use]
+    pub fn min_size_exponent(mut self, exponent: u32) -> Self {
+        self.min_size_exponent = Some(exponent);
+        self
+    }
+
+    /// Sets the field `max_size_exponent` to `Some(exponent)`.
+    #[must_use]
+    pub fn max_size_exponent(mut self, exponent: u32) -> Self {
+        self.max_size_exponent = Some(exponent);
+        self
+    }
+}
 
 /// Routes each request to the smallest bin whose size is at least the request, and larger
 /// requests to the upstream (RMM's `binning_memory_resource`).
@@ -146,20 +182,26 @@ impl<U: DeviceMemoryResource> BinningMemoryResource<U> {
         }
     }
 
-    /// A binning resource with a fixed-size bin of `1 << i` bytes for every `i` in
-    /// `min_size_exponent..=max_size_exponent` (each rounded up to 256; none when
-    /// `min > max`, as in RMM).
+    /// A binning resource built with `options`: with both exponents set, a fixed-size bin of
+    /// `1 << i` bytes for every `i` in `min_size_exponent..=max_size_exponent` (each rounded up
+    /// to 256; none when `min > max`, as in RMM).
     ///
     /// # Errors
     ///
-    /// [`MrError::InvalidArgument`] when `1 << max_size_exponent` does not fit in `usize`; the
-    /// upstream's error when it refuses a bin's first chunk.
-    pub fn with_exponents(
-        upstream: U,
-        min_size_exponent: u32,
-        max_size_exponent: u32,
-    ) -> MrResult<Self> {
+    /// [`MrError::InvalidArgument`] when only one exponent is set or `1 << max_size_exponent`
+    /// does not fit in `usize`; the upstream's error when it refuses a bin's first chunk.
+    pub fn with_options(upstream: U, options: BinningOptions) -> MrResult<Self> {
         let this = Self::new(upstream);
+        let (min_size_exponent, max_size_exponent) =
+            match (options.min_size_exponent, options.max_size_exponent) {
+                (None, None) => return Ok(this),
+                (Some(min), Some(max)) => (min, max),
+                _ => {
+                    return Err(MrError::invalid_argument(
+                        "binning_memory_resource needs both size exponents or neither",
+                    ))
+                }
+            };
         if min_size_exponent > max_size_exponent {
             return Ok(this);
         }
@@ -193,10 +235,9 @@ impl<U: DeviceMemoryResource> BinningMemoryResource<U> {
         let upstream = &self.inner.upstream;
         let inserted = bins.add_bin_with(allocation_size, |size| match bin_resource {
             Some(resource) => Ok(resource),
-            None => FixedSizeMemoryResource::with_block_size(
+            None => FixedSizeMemoryResource::with_options(
                 Arc::clone(upstream),
-                size,
-                DEFAULT_BLOCKS_TO_PREALLOCATE,
+                FixedSizeOptions::new().block_size(size),
             )
             .map(shared)
             .map_err(AddBinError::Resource),
@@ -321,20 +362,43 @@ mod tests {
     #[test]
     fn exponents_make_fixed_size_bins() {
         let mock = HostMockResource::new();
-        let r = BinningMemoryResource::with_exponents(mock.clone(), 10, 12).unwrap();
+        let r = BinningMemoryResource::with_options(
+            mock.clone(),
+            BinningOptions::new()
+                .min_size_exponent(10)
+                .max_size_exponent(12),
+        )
+        .unwrap();
         assert_eq!(r.bin_sizes(), [1024, 2048, 4096]);
         assert_eq!(mock.allocation_calls(), 3);
         assert_eq!(mock.live_bytes(), (1024 + 2048 + 4096) * 128);
-        let small = BinningMemoryResource::with_exponents(HostMockResource::new(), 3, 9).unwrap();
+        let small = BinningMemoryResource::with_options(
+            HostMockResource::new(),
+            BinningOptions::new()
+                .min_size_exponent(3)
+                .max_size_exponent(9),
+        )
+        .unwrap();
         assert_eq!(
             small.bin_sizes(),
             [256, 512],
             "exponents below 8 share the 256-byte bin"
         );
-        let none = BinningMemoryResource::with_exponents(HostMockResource::new(), 9, 3).unwrap();
+        let none = BinningMemoryResource::with_options(
+            HostMockResource::new(),
+            BinningOptions::new()
+                .min_size_exponent(9)
+                .max_size_exponent(3),
+        )
+        .unwrap();
         assert!(none.bin_sizes().is_empty());
         assert!(matches!(
-            BinningMemoryResource::with_exponents(HostMockResource::new(), 0, 64),
+            BinningMemoryResource::with_options(
+                HostMockResource::new(),
+                BinningOptions::new()
+                    .min_size_exponent(0)
+                    .max_size_exponent(64)
+            ),
             Err(MrError::InvalidArgument(_))
         ));
         drop(r);
@@ -342,9 +406,30 @@ mod tests {
     }
 
     #[test]
+    fn options_need_both_exponents_or_neither() {
+        let mock = HostMockResource::new();
+        let plain = BinningMemoryResource::with_options(mock.clone(), BinningOptions::new());
+        assert!(plain.unwrap().bin_sizes().is_empty());
+        for half in [
+            BinningOptions::new().min_size_exponent(10),
+            BinningOptions::new().max_size_exponent(12),
+        ] {
+            let e = BinningMemoryResource::with_options(mock.clone(), half).unwrap_err();
+            assert!(matches!(e, MrError::InvalidArgument(_)), "{e}");
+        }
+        assert_eq!(mock.allocation_calls(), 0);
+    }
+
+    #[test]
     fn requests_go_to_the_smallest_fitting_bin_or_upstream() {
         let mock = HostMockResource::new();
-        let r = BinningMemoryResource::with_exponents(mock.clone(), 10, 12).unwrap();
+        let r = BinningMemoryResource::with_options(
+            mock.clone(),
+            BinningOptions::new()
+                .min_size_exponent(10)
+                .max_size_exponent(12),
+        )
+        .unwrap();
         let calls = mock.allocation_calls();
         let a = r.allocate(s(), 1, 256).unwrap();
         let b = r.allocate(s(), 1025, 256).unwrap();
@@ -464,7 +549,13 @@ mod tests {
     #[test]
     fn adding_bins_while_allocating_is_safe() {
         let mock = HostMockResource::new();
-        let r = BinningMemoryResource::with_exponents(mock.clone(), 10, 10).unwrap();
+        let r = BinningMemoryResource::with_options(
+            mock.clone(),
+            BinningOptions::new()
+                .min_size_exponent(10)
+                .max_size_exponent(10),
+        )
+        .unwrap();
         std::thread::scope(|sc| {
             for _ in 0..3 {
                 let r = r.clone();

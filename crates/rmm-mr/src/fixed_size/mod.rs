@@ -11,4 +11,6 @@ pub(crate) mod block_table;
 pub(crate) mod chunk;
 mod resource;
 
-pub use resource::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE};
+pub use resource::{
+    FixedSizeMemoryResource, FixedSizeOptions, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE,
+};

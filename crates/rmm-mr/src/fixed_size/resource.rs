@@ -23,6 +23,51 @@ pub const DEFAULT_BLOCK_SIZE: usize = 1 << 20;
 /// RMM's default number of blocks per upstream chunk.
 pub const DEFAULT_BLOCKS_TO_PREALLOCATE: usize = 128;
 
+/// How to build a [`FixedSizeMemoryResource`] (RMM's constructor parameters).
+///
+/// Built with [`new`](Self::new) or `default()` (RMM's defaults) and the chained setters; the
+/// fields are public to read. `#[non_exhaustive]`: later options do not break callers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FixedSizeOptions {
+    /// The size of every block, rounded up to 256 (default [`DEFAULT_BLOCK_SIZE`], 1 MiB).
+    pub block_size: usize,
+    /// How many blocks each upstream chunk holds; the first chunk is taken at construction
+    /// (default [`DEFAULT_BLOCKS_TO_PREALLOCATE`], 128).
+    pub blocks_to_preallocate: usize,
+}
+
+impl Default for FixedSizeOptions {
+    fn default() -> Self {
+        Self {
+            block_size: DEFAULT_BLOCK_SIZE,
+            blocks_to_preallocate: DEFAULT_BLOCKS_TO_PREALLOCATE,
+        }
+    }
+}
+
+impl FixedSizeOptions {
+    /// RMM's defaults: blocks of 1 MiB, 128 per chunk.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the field `block_size`.
+    #[must_use]
+    pub fn block_size(mut self, bytes: usize) -> Self {
+        self.block_size = bytes;
+        self
+    }
+
+    /// Sets the field `blocks_to_preallocate`.
+    #[must_use]
+    pub fn blocks_to_preallocate(mut self, blocks: usize) -> Self {
+        self.blocks_to_preallocate = blocks;
+        self
+    }
+}
+
 /// One stream's free blocks (a FIFO, as RMM's list), with the resource-wide ledger of
 /// handed-out blocks every list shares and this list's snapshot of its chunk table (refreshed
 /// only when an address is missing from it: chunks are only ever added).
@@ -197,23 +242,24 @@ impl<U: DeviceMemoryResource> FixedSizeMemoryResource<U> {
     ///
     /// # Errors
     ///
-    /// As [`with_block_size`](Self::with_block_size).
+    /// As [`with_options`](Self::with_options).
     pub fn new(upstream: U) -> MrResult<Self> {
-        Self::with_block_size(upstream, DEFAULT_BLOCK_SIZE, DEFAULT_BLOCKS_TO_PREALLOCATE)
+        Self::with_options(upstream, FixedSizeOptions::default())
     }
 
-    /// Blocks of `block_size` bytes (rounded up to 256), taken from the upstream
-    /// `blocks_to_preallocate` at a time; the first chunk is taken now.
+    /// Blocks of [`block_size`](FixedSizeOptions::block_size) bytes (rounded up to 256), taken
+    /// from the upstream [`blocks_to_preallocate`](FixedSizeOptions::blocks_to_preallocate) at
+    /// a time; the first chunk is taken now.
     ///
     /// # Errors
     ///
     /// [`MrError::InvalidArgument`] for a zero block size or block count, or a chunk size that
     /// overflows; the upstream's error when it refuses the first chunk.
-    pub fn with_block_size(
-        upstream: U,
-        block_size: usize,
-        blocks_to_preallocate: usize,
-    ) -> MrResult<Self> {
+    pub fn with_options(upstream: U, options: FixedSizeOptions) -> MrResult<Self> {
+        let FixedSizeOptions {
+            block_size,
+            blocks_to_preallocate,
+        } = options;
         let block_size =
             rounded_block_size(block_size).map_err(|e| MrError::invalid_argument(e.to_string()))?;
         if blocks_to_preallocate == 0 {
@@ -361,7 +407,13 @@ mod tests {
         blocks: usize,
     ) -> (FixedSizeMemoryResource<HostMockResource>, HostMockResource) {
         let mock = HostMockResource::new();
-        let r = FixedSizeMemoryResource::with_block_size(mock.clone(), block_size, blocks).unwrap();
+        let r = FixedSizeMemoryResource::with_options(
+            mock.clone(),
+            FixedSizeOptions::new()
+                .block_size(block_size)
+                .blocks_to_preallocate(blocks),
+        )
+        .unwrap();
         (r, mock)
     }
 
@@ -429,12 +481,24 @@ mod tests {
     fn bad_arguments_and_upstream_failure() {
         let mock = HostMockResource::new();
         for (bs, n) in [(0, 4), (256, 0), (usize::MAX, 2), (1 << 40, 1 << 40)] {
-            let e = FixedSizeMemoryResource::with_block_size(mock.clone(), bs, n).unwrap_err();
+            let e = FixedSizeMemoryResource::with_options(
+                mock.clone(),
+                FixedSizeOptions::new()
+                    .block_size(bs)
+                    .blocks_to_preallocate(n),
+            )
+            .unwrap_err();
             assert!(matches!(e, MrError::InvalidArgument(_)), "{bs} x {n}: {e}");
         }
         assert_eq!(mock.allocation_calls(), 0);
         mock.fail_next_allocations(1);
-        let e = FixedSizeMemoryResource::with_block_size(mock.clone(), 256, 4).unwrap_err();
+        let e = FixedSizeMemoryResource::with_options(
+            mock.clone(),
+            FixedSizeOptions::new()
+                .block_size(256)
+                .blocks_to_preallocate(4),
+        )
+        .unwrap_err();
         assert!(
             e.is_out_of_memory() && e.to_string().contains("host mock"),
             "{e}"

@@ -11,4 +11,4 @@ pub(crate) mod free_list;
 pub(crate) mod growth;
 mod resource;
 
-pub use resource::PoolMemoryResource;
+pub use resource::{PoolMemoryResource, PoolOptions};

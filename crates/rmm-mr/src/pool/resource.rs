@@ -175,6 +175,47 @@ impl<U: DeviceMemoryResource> Drop for Pool<U> {
 /// The name in messages.
 const NAME: &str = "pool_memory_resource";
 
+/// How to build a [`PoolMemoryResource`] (RMM's constructor parameters).
+///
+/// Built with [`new`](Self::new) (the initial size is required, as in RMM) and the chained
+/// setters; the fields are public to read. `#[non_exhaustive]`: later options do not break
+/// callers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PoolOptions {
+    /// Bytes taken from the upstream at construction, a multiple of 256 (0: grow on first
+    /// use).
+    pub initial_pool_size: usize,
+    /// The most bytes the pool takes from its upstream, a multiple of 256 and at least the
+    /// initial size. `None` (RMM's default): grow until the upstream refuses.
+    pub maximum_pool_size: Option<usize>,
+}
+
+impl PoolOptions {
+    /// RMM's defaults for a pool of `initial_pool_size` bytes: no maximum.
+    #[must_use]
+    pub fn new(initial_pool_size: usize) -> Self {
+        Self {
+            initial_pool_size,
+            maximum_pool_size: None,
+        }
+    }
+
+    /// Sets the field `initial_pool_size`.
+    #[must_use]
+    pub fn initial_pool_size(mut self, bytes: usize) -> Self {
+        self.initial_pool_size = bytes;
+        self
+    }
+
+    /// Sets the field `maximum_pool_size` to `Some(bytes)`.
+    #[must_use]
+    pub fn maximum_pool_size(mut self, bytes: usize) -> Self {
+        self.maximum_pool_size = Some(bytes);
+        self
+    }
+}
+
 /// A coalescing best-fit sub-allocator with per-stream free lists (RMM's
 /// `pool_memory_resource`). It takes large chunks from its upstream and carves allocations out
 /// of them, stream-ordered: memory freed on one stream is reused on another only after that
@@ -182,7 +223,7 @@ const NAME: &str = "pool_memory_resource";
 ///
 /// # Semantics (RMM's, exactly)
 ///
-/// - [`new`](Self::new) checks that both sizes are multiples of 256 and that the initial size
+/// - [`with_options`](Self::with_options) checks that both sizes are multiples of 256 and that the initial size
 ///   does not exceed the maximum (RMM's messages, as [`MrError::InvalidArgument`]); a non-zero
 ///   initial size is one upstream chunk of exactly that size, obtained on the legacy stream
 ///   (failure: out-of-memory).
@@ -232,19 +273,27 @@ impl<U: DeviceMemoryResource> Clone for PoolMemoryResource<U> {
 
 impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
     /// A pool over `upstream` starting with `initial_pool_size` bytes (0: grow on first use)
-    /// and never holding more than `maximum_pool_size` bytes (`None`: until the upstream
-    /// refuses).
+    /// and growing until the upstream refuses (RMM's constructor with its default maximum).
+    ///
+    /// # Errors
+    ///
+    /// As [`with_options`](Self::with_options).
+    pub fn new(upstream: U, initial_pool_size: usize) -> MrResult<Self> {
+        Self::with_options(upstream, PoolOptions::new(initial_pool_size))
+    }
+
+    /// A pool over `upstream` built with `options` (see [`PoolOptions`]).
     ///
     /// # Errors
     ///
     /// [`MrError::InvalidArgument`] when a size is not a multiple of 256 or the initial size
     /// exceeds the maximum; [`MrError::OutOfMemory`] when the upstream refuses the initial
     /// chunk.
-    pub fn new(
-        upstream: U,
-        initial_pool_size: usize,
-        maximum_pool_size: Option<usize>,
-    ) -> MrResult<Self> {
+    pub fn with_options(upstream: U, options: PoolOptions) -> MrResult<Self> {
+        let PoolOptions {
+            initial_pool_size,
+            maximum_pool_size,
+        } = options;
         let sizes = PoolSizes::new(initial_pool_size, maximum_pool_size)
             .map_err(|e| MrError::invalid_argument(e.to_string()))?;
         let pool = Pool {
@@ -435,7 +484,14 @@ mod tests {
     ) -> (PoolMemoryResource<HostMockResource>, HostMockResource) {
         let mock = HostMockResource::new();
         (
-            PoolMemoryResource::new(mock.clone(), initial, maximum).unwrap(),
+            PoolMemoryResource::with_options(
+                mock.clone(),
+                PoolOptions {
+                    initial_pool_size: initial,
+                    maximum_pool_size: maximum,
+                },
+            )
+            .unwrap(),
             mock,
         )
     }
@@ -475,22 +531,32 @@ mod tests {
             other => panic!("expected an invalid argument, got {other:?}"),
         };
         assert_eq!(
-            msg(PoolMemoryResource::new(mock.clone(), 1000, None)),
+            msg(PoolMemoryResource::new(mock.clone(), 1000)),
             "Error, Initial pool size required to be a multiple of 256 bytes"
         );
         assert_eq!(
-            msg(PoolMemoryResource::new(mock.clone(), 1024, Some(1000))),
+            msg(PoolMemoryResource::with_options(
+                mock.clone(),
+                PoolOptions::new(1024).maximum_pool_size(1000)
+            )),
             "Error, Maximum pool size required to be a multiple of 256 bytes"
         );
         assert_eq!(
-            msg(PoolMemoryResource::new(mock.clone(), 2048, Some(1024))),
+            msg(PoolMemoryResource::with_options(
+                mock.clone(),
+                PoolOptions::new(2048).maximum_pool_size(1024)
+            )),
             "Initial pool size exceeds the maximum pool size!"
         );
         assert_eq!(mock.allocation_calls(), 0);
 
-        let lazy = PoolMemoryResource::new(mock.clone(), 0, None).unwrap();
+        let lazy = PoolMemoryResource::new(mock.clone(), 0).unwrap();
         assert_eq!((lazy.pool_size(), mock.allocation_calls()), (0, 0));
-        let equal = PoolMemoryResource::new(mock.clone(), 1024, Some(1024)).unwrap();
+        let equal = PoolMemoryResource::with_options(
+            mock.clone(),
+            PoolOptions::new(1024).maximum_pool_size(1024),
+        )
+        .unwrap();
         assert_eq!(equal.pool_size(), 1024);
         assert_eq!(equal.maximum_pool_size(), Some(1024));
         assert_eq!((mock.allocation_calls(), mock.live_bytes()), (1, 1024));
@@ -499,7 +565,7 @@ mod tests {
         assert_eq!(mock.live_allocations(), 0);
 
         mock.fail_next_allocations(1);
-        let e = PoolMemoryResource::new(mock.clone(), 4096, None).unwrap_err();
+        let e = PoolMemoryResource::new(mock.clone(), 4096).unwrap_err();
         assert!(e.is_out_of_memory(), "{e}");
         assert!(
             e.to_string()
@@ -585,7 +651,7 @@ mod tests {
     fn force_growth_unbounded() {
         let mock = HostMockResource::new();
         let limited = LimitingResourceAdaptor::new(mock.clone(), 6000);
-        let p = PoolMemoryResource::new(limited.clone(), 0, None).unwrap();
+        let p = PoolMemoryResource::new(limited.clone(), 0).unwrap();
         let a = p.allocate(s(), 1000, 256).unwrap();
         assert_eq!(p.pool_size(), 1024);
         let b = p.allocate(s(), 4000, 256).unwrap();
@@ -622,7 +688,9 @@ mod tests {
     fn force_growth_bounded() {
         let mock = HostMockResource::new();
         let limited = LimitingResourceAdaptor::new(mock.clone(), 6000);
-        let p = PoolMemoryResource::new(limited, 0, Some(8192)).unwrap();
+        let p =
+            PoolMemoryResource::with_options(limited, PoolOptions::new(0).maximum_pool_size(8192))
+                .unwrap();
         let a = p.allocate(s(), 1000, 256).unwrap();
         assert_eq!(p.pool_size(), 4096, "half of the headroom");
         assert!(p.allocate(s(), 4000, 256).unwrap_err().is_out_of_memory());
@@ -871,7 +939,7 @@ mod tests {
         use crate::testing::{FaultKind, FaultyResource};
         let mock = HostMockResource::new();
         let faulty = FaultyResource::new(mock.clone());
-        let p = PoolMemoryResource::new(faulty.clone(), 0, None).unwrap();
+        let p = PoolMemoryResource::new(faulty.clone(), 0).unwrap();
         let a = p.allocate(s(), 1024, 256).unwrap();
         let b = p.allocate(s(), 2048, 256).unwrap();
         // SAFETY: both came from `p`.
@@ -945,7 +1013,7 @@ mod tests {
         const THREADS: usize = 4;
         const X: usize = 1 << 20;
         let mock = HostMockResource::new();
-        let pool = PoolMemoryResource::new(mock.clone(), 0, None).unwrap();
+        let pool = PoolMemoryResource::new(mock.clone(), 0).unwrap();
         let barrier = std::sync::Barrier::new(THREADS);
         let ptrs: Vec<DevicePtr> = std::thread::scope(|sc| {
             let joins: Vec<_> = (0..THREADS)

@@ -14,8 +14,12 @@ use crate::resource::{check_base_alignment, DeviceMemoryResource};
 use crate::resources::cuda::free_error;
 use crate::resources::CudaAsyncViewMemoryResource;
 
-/// Options of [`CudaAsyncMemoryResource`] (RMM's constructor parameters).
+/// How to build a [`CudaAsyncMemoryResource`] (RMM's constructor parameters).
+///
+/// Built with [`new`](Self::new) or `default()` (RMM's defaults) and the chained setters; the
+/// fields are public to read. `#[non_exhaustive]`: later options do not break callers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct CudaAsyncOptions {
     /// If set, the pool is primed by allocating and freeing this many bytes at construction.
     pub initial_pool_size: Option<usize>,
@@ -24,6 +28,35 @@ pub struct CudaAsyncOptions {
     pub release_threshold: Option<u64>,
     /// The export handle type the pool's memory supports (IPC, fabric).
     pub export_handle_type: Option<AllocationHandleType>,
+}
+
+impl CudaAsyncOptions {
+    /// RMM's defaults: no priming, release threshold `u64::MAX`, no export handle.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the field `initial_pool_size` to `Some(bytes)`.
+    #[must_use]
+    pub fn initial_pool_size(mut self, bytes: usize) -> Self {
+        self.initial_pool_size = Some(bytes);
+        self
+    }
+
+    /// Sets the field `release_threshold` to `Some(bytes)`.
+    #[must_use]
+    pub fn release_threshold(mut self, bytes: u64) -> Self {
+        self.release_threshold = Some(bytes);
+        self
+    }
+
+    /// Sets the field `export_handle_type` to `Some(handle_type)`.
+    #[must_use]
+    pub fn export_handle_type(mut self, handle_type: AllocationHandleType) -> Self {
+        self.export_handle_type = Some(handle_type);
+        self
+    }
 }
 
 /// Live statistics of a driver pool, read from its attributes.

@@ -49,13 +49,14 @@ struct Simulated {
 ///   resources are not.
 ///
 /// ```
-/// use rmm_mr::{DeviceMemoryResource, PoolMemoryResource, SimulatedMemoryResource};
+/// use rmm_mr::{DeviceMemoryResource, PoolMemoryResource, PoolOptions, SimulatedMemoryResource};
 /// use rmm_stream::CudaStreamView;
 ///
 /// // Does a pool of at most 1 GiB hold 3 x 300 MiB? Answered without a GPU (on the legacy
 /// // default stream, which the pool serves without any CUDA call).
 /// let gpu = SimulatedMemoryResource::new(1 << 30).unwrap();
-/// let pool = PoolMemoryResource::new(gpu.clone(), 0, Some(1 << 30)).unwrap();
+/// let options = PoolOptions::new(0).maximum_pool_size(1 << 30);
+/// let pool = PoolMemoryResource::with_options(gpu.clone(), options).unwrap();
 /// let s = CudaStreamView::legacy();
 /// let a = pool.allocate(s, 300 << 20, 256).unwrap(); // the pool takes 512 MiB (half its maximum)
 /// let b = pool.allocate(s, 300 << 20, 256).unwrap(); // 212 MiB free there: it takes 300 MiB more
@@ -223,8 +224,8 @@ unsafe impl DeviceMemoryResource for SimulatedMemoryResource {
 mod tests {
     use super::*;
     use crate::{
-        shared, ArenaMemoryResource, BinningMemoryResource, FixedSizeMemoryResource,
-        PoolMemoryResource,
+        shared, ArenaMemoryResource, ArenaOptions, BinningMemoryResource, BinningOptions,
+        FixedSizeMemoryResource, FixedSizeOptions, PoolMemoryResource, PoolOptions,
     };
 
     const MIB: usize = 1 << 20;
@@ -326,7 +327,7 @@ mod tests {
         let mr = SimulatedMemoryResource::new(MIB).unwrap();
         let props = mr.properties();
         assert!(!props.device_accessible && !props.host_accessible);
-        let pool = PoolMemoryResource::new(mr.clone(), 0, None).unwrap();
+        let pool = PoolMemoryResource::new(mr.clone(), 0).unwrap();
         assert_eq!(pool.properties(), props, "sub-allocators inherit it");
         let copy = mr.clone();
         assert!(mr.is_equal(&copy));
@@ -367,7 +368,11 @@ mod tests {
     #[test]
     fn sub_allocators_run_over_it() {
         let gpu = SimulatedMemoryResource::new(64 * MIB).unwrap();
-        let pool = PoolMemoryResource::new(gpu.clone(), 0, Some(64 * MIB)).unwrap();
+        let pool = PoolMemoryResource::with_options(
+            gpu.clone(),
+            PoolOptions::new(0).maximum_pool_size(64 * MIB),
+        )
+        .unwrap();
         let a = pool.allocate(s(), 40 * MIB, 256).unwrap();
         assert!(pool
             .allocate(s(), 40 * MIB, 256)
@@ -378,7 +383,11 @@ mod tests {
         assert!(gpu.used() <= 64 * MIB);
 
         let gpu = SimulatedMemoryResource::new(64 * MIB).unwrap();
-        let arena = ArenaMemoryResource::new(gpu.clone(), Some(16 * MIB), false).unwrap();
+        let arena = ArenaMemoryResource::with_options(
+            gpu.clone(),
+            ArenaOptions::new().arena_size(16 * MIB),
+        )
+        .unwrap();
         assert_eq!(gpu.used(), 16 * MIB);
         let b = arena.allocate(s(), 3 * MIB, 256).unwrap();
         assert!(arena
@@ -389,7 +398,13 @@ mod tests {
         unsafe { arena.deallocate(s(), b, 3 * MIB, 256).unwrap() };
 
         let gpu = SimulatedMemoryResource::new(64 * MIB).unwrap();
-        let fixed = FixedSizeMemoryResource::with_block_size(gpu.clone(), MIB, 4).unwrap();
+        let fixed = FixedSizeMemoryResource::with_options(
+            gpu.clone(),
+            FixedSizeOptions::new()
+                .block_size(MIB)
+                .blocks_to_preallocate(4),
+        )
+        .unwrap();
         let blocks: Vec<_> = (0..8)
             .map(|_| fixed.allocate(s(), MIB, 256).unwrap())
             .collect();
@@ -400,7 +415,13 @@ mod tests {
         }
 
         let gpu = SimulatedMemoryResource::new(1024 * MIB).unwrap();
-        let binning = BinningMemoryResource::with_exponents(shared(gpu.clone()), 18, 20).unwrap();
+        let binning = BinningMemoryResource::with_options(
+            shared(gpu.clone()),
+            BinningOptions::new()
+                .min_size_exponent(18)
+                .max_size_exponent(20),
+        )
+        .unwrap();
         let small = binning.allocate(s(), 1000, 256).unwrap();
         let large = binning.allocate(s(), 2 * MIB, 256).unwrap();
         // SAFETY: as above.

@@ -103,7 +103,7 @@ fn stream_value(stream: CudaStreamView<'_>) -> u64 {
 /// sink after every row (slow).
 ///
 /// Differences from RMM: the `Thread` column is [`current_thread_number`] and the `Time` column
-/// UTC unless a UTC offset is given to the [builder](LoggingResourceAdaptorBuilder) (RMM's
+/// UTC unless a UTC offset is given in its [options](LoggingOptions) (RMM's
 /// replay parser ignores both); a failing sink never fails an allocation (errors are counted in
 /// [`write_errors`](Self::write_errors), the first one logged with [`log::error!`]), and a
 /// writer that panics is a failing sink: the panic is caught and counted, the allocation
@@ -149,12 +149,12 @@ fn io_error(what: impl fmt::Display, e: io::Error) -> MrError {
 }
 
 impl<U: DeviceMemoryResource> LoggingResourceAdaptor<U> {
-    /// Logs to the file at `path` (created or truncated).
+    /// Logs to the file at `path` (created or truncated), RMM's defaults for the rest.
     ///
     /// # Errors
     /// [`MrError::InvalidArgument`] when the file cannot be opened or the header not written.
     pub fn new(upstream: U, path: impl AsRef<Path>) -> MrResult<Self> {
-        Self::builder(upstream).file(path)?.build()
+        Self::with_options(upstream, LoggingOptions::new().file(path)?)
     }
 
     /// Logs to the file named by `RMM_LOG_FILE` (RMM's constructor without a file name).
@@ -165,35 +165,37 @@ impl<U: DeviceMemoryResource> LoggingResourceAdaptor<U> {
         Self::new(upstream, default_log_filename()?)
     }
 
-    /// Logs to `writer` (RMM's `std::ostream` constructor), e.g. [`std::io::stdout()`].
+    /// Logs to the sinks of `options` (see [`LoggingOptions`]); writes the header to each now.
     ///
     /// # Errors
-    /// [`MrError::InvalidArgument`] when the header cannot be written.
-    pub fn with_writer(upstream: U, writer: impl Write + Send + 'static) -> MrResult<Self> {
-        Self::builder(upstream).writer(writer).build()
-    }
-
-    /// Logs every row to each of `writers` (RMM's multi-sink constructor).
-    ///
-    /// # Errors
-    /// [`MrError::InvalidArgument`] when `writers` is empty or a header cannot be written.
-    pub fn with_writers(
-        upstream: U,
-        writers: impl IntoIterator<Item = Box<dyn Write + Send>>,
-    ) -> MrResult<Self> {
-        let mut builder = Self::builder(upstream);
-        builder.sinks.extend(writers);
-        builder.build()
-    }
-
-    /// A builder for several sinks, `auto_flush` and the time zone.
-    pub fn builder(upstream: U) -> LoggingResourceAdaptorBuilder<U> {
-        LoggingResourceAdaptorBuilder {
-            upstream,
-            sinks: Vec::new(),
-            auto_flush: false,
-            utc_offset_secs: 0,
+    /// [`MrError::InvalidArgument`] without sinks or when a header cannot be written.
+    pub fn with_options(upstream: U, options: LoggingOptions) -> MrResult<Self> {
+        let LoggingOptions {
+            mut sinks,
+            auto_flush,
+            utc_offset_secs,
+        } = options;
+        if sinks.is_empty() {
+            return Err(MrError::invalid_argument(
+                "logging_resource_adaptor needs at least one sink",
+            ));
         }
+        for w in &mut sinks {
+            super::write_header(w).map_err(|e| io_error("cannot write the header", e))?;
+            if auto_flush {
+                w.flush()
+                    .map_err(|e| io_error("cannot flush the header", e))?;
+            }
+        }
+        Ok(Self {
+            inner: Arc::new(Logging {
+                upstream,
+                sinks: sinks.into_iter().map(Mutex::new).collect(),
+                auto_flush,
+                utc_offset_secs,
+                write_errors: AtomicU64::new(0),
+            }),
+        })
     }
 
     /// The upstream resource.
@@ -295,35 +297,51 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for LoggingResourceAda
     }
 }
 
-/// Builds a [`LoggingResourceAdaptor`] with any number of sinks:
+/// How to build a [`LoggingResourceAdaptor`]: its sinks (RMM's file, `std::ostream` and
+/// multi-sink constructors), `auto_flush` and the time zone.
+///
+/// Built with [`new`](Self::new) or `default()` and the chained setters (`file` and `writer`
+/// add a sink each); the fields are public. `#[non_exhaustive]`: later options do not break
+/// callers.
 ///
 /// ```no_run
-/// # use rmm_mr::{CudaMemoryResource, LoggingResourceAdaptor};
-/// let mr = LoggingResourceAdaptor::builder(CudaMemoryResource::new())
+/// # use rmm_mr::{CudaMemoryResource, LoggingOptions, LoggingResourceAdaptor};
+/// let options = LoggingOptions::new()
 ///     .file("rmm_log.csv")?
 ///     .writer(std::io::stderr())
-///     .auto_flush(true)
-///     .build()?;
+///     .auto_flush(true);
+/// let mr = LoggingResourceAdaptor::with_options(CudaMemoryResource::new(), options)?;
 /// # Ok::<(), rmm_mr::MrError>(())
 /// ```
-pub struct LoggingResourceAdaptorBuilder<U: DeviceMemoryResource> {
-    upstream: U,
-    sinks: Vec<Box<dyn Write + Send>>,
-    auto_flush: bool,
-    utc_offset_secs: i32,
+#[derive(Default)]
+#[non_exhaustive]
+pub struct LoggingOptions {
+    /// Where every row goes (at least one is needed).
+    pub sinks: Vec<Box<dyn Write + Send>>,
+    /// Flush every sink after every row (RMM's `auto_flush`; default `false`).
+    pub auto_flush: bool,
+    /// Write the `Time` column as local time for a zone this many seconds east of UTC
+    /// (default 0: UTC).
+    pub utc_offset_secs: i32,
 }
 
-impl<U: DeviceMemoryResource> fmt::Debug for LoggingResourceAdaptorBuilder<U> {
+impl fmt::Debug for LoggingOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LoggingResourceAdaptorBuilder")
+        f.debug_struct("LoggingOptions")
             .field("sinks", &self.sinks.len())
             .field("auto_flush", &self.auto_flush)
             .field("utc_offset_secs", &self.utc_offset_secs)
-            .finish_non_exhaustive()
+            .finish()
     }
 }
 
-impl<U: DeviceMemoryResource> LoggingResourceAdaptorBuilder<U> {
+impl LoggingOptions {
+    /// No sink yet, RMM's defaults for the rest (no `auto_flush`, UTC).
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
     /// Adds a (buffered) file sink at `path`, created or truncated now.
     ///
     /// # Errors
@@ -336,54 +354,32 @@ impl<U: DeviceMemoryResource> LoggingResourceAdaptorBuilder<U> {
         Ok(self)
     }
 
-    /// Adds `writer` as a sink.
+    /// Adds `writer` as a sink (e.g. [`std::io::stdout()`]).
     #[must_use]
     pub fn writer(mut self, writer: impl Write + Send + 'static) -> Self {
         self.sinks.push(Box::new(writer));
         self
     }
 
-    /// Flush every sink after every row (RMM's `auto_flush`; default `false`).
+    /// Sets the field `sinks`.
+    #[must_use]
+    pub fn sinks(mut self, sinks: impl IntoIterator<Item = Box<dyn Write + Send>>) -> Self {
+        self.sinks = sinks.into_iter().collect();
+        self
+    }
+
+    /// Sets the field `auto_flush`.
     #[must_use]
     pub fn auto_flush(mut self, auto_flush: bool) -> Self {
         self.auto_flush = auto_flush;
         self
     }
 
-    /// Write the `Time` column as local time for a zone `secs` east of UTC (default 0: UTC).
+    /// Sets the field `utc_offset_secs`.
     #[must_use]
     pub fn utc_offset_secs(mut self, secs: i32) -> Self {
         self.utc_offset_secs = secs;
         self
-    }
-
-    /// Writes the header to every sink and returns the adaptor.
-    ///
-    /// # Errors
-    /// [`MrError::InvalidArgument`] without sinks or when a header cannot be written.
-    pub fn build(self) -> MrResult<LoggingResourceAdaptor<U>> {
-        if self.sinks.is_empty() {
-            return Err(MrError::invalid_argument(
-                "logging_resource_adaptor needs at least one sink",
-            ));
-        }
-        let mut sinks = self.sinks;
-        for w in &mut sinks {
-            super::write_header(w).map_err(|e| io_error("cannot write the header", e))?;
-            if self.auto_flush {
-                w.flush()
-                    .map_err(|e| io_error("cannot flush the header", e))?;
-            }
-        }
-        Ok(LoggingResourceAdaptor {
-            inner: Arc::new(Logging {
-                upstream: self.upstream,
-                sinks: sinks.into_iter().map(Mutex::new).collect(),
-                auto_flush: self.auto_flush,
-                utc_offset_secs: self.utc_offset_secs,
-                write_errors: AtomicU64::new(0),
-            }),
-        })
     }
 }
 
@@ -527,12 +523,12 @@ mod tests {
     #[test]
     fn multi_sink_constructor_writes_identical_logs() {
         let (a, b) = (SharedBuf::default(), SharedBuf::default());
-        let mr = LoggingResourceAdaptor::with_writers(
+        let mr = LoggingResourceAdaptor::with_options(
             HostMockResource::new(),
-            [
+            LoggingOptions::new().sinks([
                 Box::new(a.clone()) as Box<dyn Write + Send>,
                 Box::new(b.clone()),
-            ],
+            ]),
         )
         .unwrap();
         let p0 = mr.allocate(s(), 99, 256).unwrap();
@@ -557,7 +553,11 @@ mod tests {
     fn allocate_failure_logs_nil_and_returns_the_error() {
         let up = HostMockResource::new();
         let buf = SharedBuf::default();
-        let mr = LoggingResourceAdaptor::with_writer(up.clone(), buf.clone()).unwrap();
+        let mr = LoggingResourceAdaptor::with_options(
+            up.clone(),
+            LoggingOptions::new().writer(buf.clone()),
+        )
+        .unwrap();
         let p = mr.allocate(s(), 99, 256).unwrap();
         // SAFETY: `p` came from `mr`.
         unsafe { mr.deallocate(s(), p, 99, 256).unwrap() };
@@ -583,7 +583,11 @@ mod tests {
     #[test]
     fn header_is_the_first_line() {
         let buf = SharedBuf::default();
-        let mr = LoggingResourceAdaptor::with_writer(HostMockResource::new(), buf.clone()).unwrap();
+        let mr = LoggingResourceAdaptor::with_options(
+            HostMockResource::new(),
+            LoggingOptions::new().writer(buf.clone()),
+        )
+        .unwrap();
         let p = mr.allocate(s(), 100, 256).unwrap();
         // SAFETY: `p` came from `mr`.
         unsafe { mr.deallocate(s(), p, 100, 256).unwrap() };
@@ -594,7 +598,11 @@ mod tests {
     #[test]
     fn zero_bytes_and_streams_are_logged() {
         let buf = SharedBuf::default();
-        let mr = LoggingResourceAdaptor::with_writer(HostMockResource::new(), buf.clone()).unwrap();
+        let mr = LoggingResourceAdaptor::with_options(
+            HostMockResource::new(),
+            LoggingOptions::new().writer(buf.clone()),
+        )
+        .unwrap();
         let p = mr.allocate(CudaStreamView::per_thread(), 0, 256).unwrap();
         // SAFETY: a 0-byte allocation from `mr`.
         unsafe { mr.deallocate(CudaStreamView::legacy(), p, 0, 256).unwrap() };
@@ -658,7 +666,8 @@ mod tests {
             log: Arc::clone(&buf.bytes),
             checked: Arc::clone(&checked),
         };
-        let mr = LoggingResourceAdaptor::with_writer(up, buf).unwrap();
+        let mr =
+            LoggingResourceAdaptor::with_options(up, LoggingOptions::new().writer(buf)).unwrap();
         let p = mr.allocate(s(), 512, 256).unwrap();
         // SAFETY: `p` came from `mr`.
         unsafe { mr.deallocate(s(), p, 512, 256).unwrap() };
@@ -668,11 +677,11 @@ mod tests {
     #[test]
     fn auto_flush_flushes_every_row() {
         let buf = SharedBuf::default();
-        let mr = LoggingResourceAdaptor::builder(HostMockResource::new())
-            .writer(buf.clone())
-            .auto_flush(true)
-            .build()
-            .unwrap();
+        let mr = LoggingResourceAdaptor::with_options(
+            HostMockResource::new(),
+            LoggingOptions::new().writer(buf.clone()).auto_flush(true),
+        )
+        .unwrap();
         assert!(mr.auto_flush());
         let after_header = buf.flushes.load(Ordering::SeqCst);
         assert_eq!(after_header, 1);
@@ -682,8 +691,11 @@ mod tests {
         assert_eq!(buf.flushes.load(Ordering::SeqCst), 3);
 
         let quiet = SharedBuf::default();
-        let mr =
-            LoggingResourceAdaptor::with_writer(HostMockResource::new(), quiet.clone()).unwrap();
+        let mr = LoggingResourceAdaptor::with_options(
+            HostMockResource::new(),
+            LoggingOptions::new().writer(quiet.clone()),
+        )
+        .unwrap();
         let p = mr.allocate(s(), 1, 256).unwrap();
         // SAFETY: `p` came from `mr`.
         unsafe { mr.deallocate(s(), p, 1, 256).unwrap() };
@@ -695,12 +707,18 @@ mod tests {
     #[test]
     fn utc_offset_shifts_the_time_column() {
         let (utc, east) = (SharedBuf::default(), SharedBuf::default());
-        let a = LoggingResourceAdaptor::with_writer(HostMockResource::new(), utc.clone()).unwrap();
-        let b = LoggingResourceAdaptor::builder(HostMockResource::new())
-            .writer(east.clone())
-            .utc_offset_secs(3 * 3600)
-            .build()
-            .unwrap();
+        let a = LoggingResourceAdaptor::with_options(
+            HostMockResource::new(),
+            LoggingOptions::new().writer(utc.clone()),
+        )
+        .unwrap();
+        let b = LoggingResourceAdaptor::with_options(
+            HostMockResource::new(),
+            LoggingOptions::new()
+                .writer(east.clone())
+                .utc_offset_secs(3 * 3600),
+        )
+        .unwrap();
         let pa = a.allocate(s(), 1, 256).unwrap();
         let pb = b.allocate(s(), 1, 256).unwrap();
         let ta = parse_log_str(&utc.text()).unwrap()[0].time;
@@ -721,12 +739,17 @@ mod tests {
     #[test]
     fn failing_sink_does_not_fail_allocations() {
         let good = SharedBuf::default();
-        let mr = LoggingResourceAdaptor::builder(HostMockResource::new())
-            .writer(good.clone())
-            .build()
-            .unwrap();
+        let mr = LoggingResourceAdaptor::with_options(
+            HostMockResource::new(),
+            LoggingOptions::new().writer(good.clone()),
+        )
+        .unwrap();
         assert_eq!(mr.write_errors(), 0);
-        let e = LoggingResourceAdaptor::with_writer(HostMockResource::new(), Broken).unwrap_err();
+        let e = LoggingResourceAdaptor::with_options(
+            HostMockResource::new(),
+            LoggingOptions::new().writer(Broken),
+        )
+        .unwrap_err();
         assert!(
             matches!(e, MrError::InvalidArgument(_)),
             "header failure: {e}"
@@ -748,11 +771,13 @@ mod tests {
             }
         }
         let good = SharedBuf::default();
-        let mr = LoggingResourceAdaptor::builder(HostMockResource::new())
-            .writer(BreaksLater(Arc::new(AtomicUsize::new(0))))
-            .writer(good.clone())
-            .build()
-            .unwrap();
+        let mr = LoggingResourceAdaptor::with_options(
+            HostMockResource::new(),
+            LoggingOptions::new()
+                .writer(BreaksLater(Arc::new(AtomicUsize::new(0))))
+                .writer(good.clone()),
+        )
+        .unwrap();
         let p = mr.allocate(s(), 10, 256).unwrap();
         // SAFETY: `p` came from `mr`.
         unsafe { mr.deallocate(s(), p, 10, 256).unwrap() };
@@ -783,11 +808,13 @@ mod tests {
         let mock = HostMockResource::new();
         let panics = Panics::default();
         let good = SharedBuf::default();
-        let mr = LoggingResourceAdaptor::builder(mock.clone())
-            .writer(panics.clone())
-            .writer(good.clone())
-            .build()
-            .unwrap();
+        let mr = LoggingResourceAdaptor::with_options(
+            mock.clone(),
+            LoggingOptions::new()
+                .writer(panics.clone())
+                .writer(good.clone()),
+        )
+        .unwrap();
         panics.0.store(true, Ordering::SeqCst);
         // The upstream allocated before the row is written: the pointer must come back.
         let p = mr.allocate(s(), 100, 256).unwrap();
@@ -812,11 +839,15 @@ mod tests {
 
     #[test]
     fn no_sinks_is_an_error() {
-        let e = LoggingResourceAdaptor::builder(HostMockResource::new())
-            .build()
-            .unwrap_err();
+        let e =
+            LoggingResourceAdaptor::with_options(HostMockResource::new(), LoggingOptions::new())
+                .unwrap_err();
         assert!(matches!(e, MrError::InvalidArgument(_)));
-        assert!(LoggingResourceAdaptor::with_writers(HostMockResource::new(), []).is_err());
+        assert!(LoggingResourceAdaptor::with_options(
+            HostMockResource::new(),
+            LoggingOptions::new().sinks([])
+        )
+        .is_err());
     }
 
     #[test]
@@ -836,7 +867,11 @@ mod tests {
         const THREADS: usize = 4;
         const ROUNDS: usize = 500;
         let buf = SharedBuf::default();
-        let mr = LoggingResourceAdaptor::with_writer(HostMockResource::new(), buf.clone()).unwrap();
+        let mr = LoggingResourceAdaptor::with_options(
+            HostMockResource::new(),
+            LoggingOptions::new().writer(buf.clone()),
+        )
+        .unwrap();
         std::thread::scope(|sc| {
             for t in 0..THREADS {
                 let mr = &mr;
@@ -874,10 +909,18 @@ mod tests {
     fn equality_and_shared_ownership() {
         let up = HostMockResource::new();
         let buf = SharedBuf::default();
-        let mr = LoggingResourceAdaptor::with_writer(up.clone(), buf.clone()).unwrap();
+        let mr = LoggingResourceAdaptor::with_options(
+            up.clone(),
+            LoggingOptions::new().writer(buf.clone()),
+        )
+        .unwrap();
         let copy = mr.clone();
         assert!(copy.is_equal(&mr) && mr.is_equal(&copy));
-        let other = LoggingResourceAdaptor::with_writer(up.clone(), buf.clone()).unwrap();
+        let other = LoggingResourceAdaptor::with_options(
+            up.clone(),
+            LoggingOptions::new().writer(buf.clone()),
+        )
+        .unwrap();
         assert!(!mr.is_equal(&other));
         assert!(mr.upstream().is_equal(&up));
         let p = copy.allocate(s(), 64, 256).unwrap();

@@ -42,9 +42,7 @@ mod event_time;
 mod parser;
 mod thread_number;
 
-pub use adaptor::{
-    default_log_filename, LoggingResourceAdaptor, LoggingResourceAdaptorBuilder, LOG_FILE_ENV,
-};
+pub use adaptor::{default_log_filename, LoggingOptions, LoggingResourceAdaptor, LOG_FILE_ENV};
 pub use csv::{format_header, push_event, write_event, write_header, EventLine, HEADER};
 pub use event::{Action, MemoryEvent};
 pub use event_time::{EventTime, InvalidEventTime};

@@ -400,7 +400,7 @@ mod tests {
     fn a_double_free_over_a_pool_leaves_the_counters_alone() {
         use crate::PoolMemoryResource;
         let mock = HostMockResource::new();
-        let pool = PoolMemoryResource::new(mock.clone(), 0, None).unwrap();
+        let pool = PoolMemoryResource::new(mock.clone(), 0).unwrap();
         let mr = StatisticsResourceAdaptor::new(pool);
         let s = CudaStreamView::legacy();
         let p = mr.allocate(s, 1000, 256).unwrap();
@@ -480,15 +480,22 @@ mod tests {
 
     #[test]
     fn composition_statistics_over_logging_over_limiting() {
-        use crate::adaptors::logging::{parse_log_str, Action, LoggingResourceAdaptor};
+        use crate::adaptors::logging::{
+            parse_log_str, Action, LoggingOptions, LoggingResourceAdaptor,
+        };
         use crate::resource::resource_cast;
         use crate::LimitingResourceAdaptor;
 
         let mock = HostMockResource::new();
         let limiting = LimitingResourceAdaptor::new(mock.clone(), 4096);
         let buf = SharedBuf::default();
-        let logging: SharedResource =
-            Arc::new(LoggingResourceAdaptor::with_writer(limiting.clone(), buf.clone()).unwrap());
+        let logging: SharedResource = Arc::new(
+            LoggingResourceAdaptor::with_options(
+                limiting.clone(),
+                LoggingOptions::new().writer(buf.clone()),
+            )
+            .unwrap(),
+        );
         let stats = StatisticsResourceAdaptor::new(Arc::clone(&logging));
 
         let a = stats.allocate(s(), 1000, 256).unwrap();

@@ -7,7 +7,7 @@ use rmm_stream::CudaStreamView;
 use rmm_sys::DevicePtr;
 
 use super::{
-    OutstandingAllocation, TrackingConfig, TrackingError, TrackingErrorRecord, TrackingRegistry,
+    OutstandingAllocation, TrackingError, TrackingErrorRecord, TrackingOptions, TrackingRegistry,
 };
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::{DeviceMemoryResource, SharedResource};
@@ -67,24 +67,20 @@ impl<U: DeviceMemoryResource> Clone for TrackingResourceAdaptor<U> {
 }
 
 impl<U: DeviceMemoryResource> TrackingResourceAdaptor<U> {
-    /// Tracks what goes through to `upstream`; with `capture_stacks`, every allocation also
-    /// records a backtrace (slow; shown by [`report`](Self::report)).
-    pub fn new(upstream: U, capture_stacks: bool) -> Self {
-        Self::with_config(
-            upstream,
-            TrackingConfig {
-                capture_stacks,
-                ..TrackingConfig::default()
-            },
-        )
+    /// Tracks what goes through to `upstream` (RMM's constructor with its defaults: no
+    /// stacks).
+    pub fn new(upstream: U) -> Self {
+        Self::with_options(upstream, TrackingOptions::default())
     }
 
-    /// As [`new`](Self::new) with the registry's tuning spelled out.
-    pub fn with_config(upstream: U, config: TrackingConfig) -> Self {
+    /// Tracks what goes through to `upstream`, built with `options` (with
+    /// [`capture_stacks`](TrackingOptions::capture_stacks), every allocation also records a
+    /// backtrace, shown by [`report`](Self::report); slow).
+    pub fn with_options(upstream: U, options: TrackingOptions) -> Self {
         Self {
             inner: Arc::new(Tracking {
                 upstream,
-                registry: TrackingRegistry::with_config(config),
+                registry: TrackingRegistry::with_options(options),
             }),
         }
     }
@@ -304,7 +300,7 @@ mod tests {
     #[test]
     fn entry_is_removed_before_the_upstream_frees() {
         let up = Arc::new(Hooked::default());
-        let mr = TrackingResourceAdaptor::new(Arc::clone(&up), false);
+        let mr = TrackingResourceAdaptor::new(Arc::clone(&up));
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
         let (probe, log) = (mr.clone(), Arc::clone(&seen));
         // The hook holds a copy of the adaptor: a reference cycle, leaked with the test.
@@ -326,7 +322,7 @@ mod tests {
 
     #[test]
     fn empty() {
-        let mr = TrackingResourceAdaptor::new(HostMockResource::new(), false);
+        let mr = TrackingResourceAdaptor::new(HostMockResource::new());
         assert!(mr.outstanding_allocations().is_empty());
         assert_eq!(mr.allocated_bytes(), 0);
         assert_eq!(mr.report(), "");
@@ -335,7 +331,7 @@ mod tests {
     #[test]
     fn all_freed() {
         let up = HostMockResource::new();
-        let mr = TrackingResourceAdaptor::new(up.clone(), false);
+        let mr = TrackingResourceAdaptor::new(up.clone());
         let ptrs = alloc_n(&mr, 10);
         assert_eq!(mr.outstanding_allocations().len(), 10);
         assert_eq!(mr.allocated_bytes(), 10 * UNIT);
@@ -348,7 +344,10 @@ mod tests {
 
     #[test]
     fn allocations_left_with_stacks() {
-        let mr = TrackingResourceAdaptor::new(HostMockResource::new(), true);
+        let mr = TrackingResourceAdaptor::with_options(
+            HostMockResource::new(),
+            TrackingOptions::new().capture_stacks(true),
+        );
         let mut ptrs = alloc_n(&mr, 10);
         let left = ptrs.split_off(5);
         free_all(&mr, ptrs);
@@ -363,7 +362,7 @@ mod tests {
 
     #[test]
     fn allocations_left_without_stacks() {
-        let mr = TrackingResourceAdaptor::new(HostMockResource::new(), false);
+        let mr = TrackingResourceAdaptor::new(HostMockResource::new());
         let mut ptrs = alloc_n(&mr, 10);
         let left = ptrs.split_off(5);
         free_all(&mr, ptrs);
@@ -383,7 +382,7 @@ mod tests {
 
     #[test]
     fn zero_byte_allocations_are_not_recorded() {
-        let mr = TrackingResourceAdaptor::new(HostMockResource::new(), false);
+        let mr = TrackingResourceAdaptor::new(HostMockResource::new());
         let p = mr.allocate(s(), 0, 256).unwrap();
         assert!(mr.outstanding_allocations().is_empty());
         // SAFETY: a 0-byte allocation from `mr`.
@@ -394,9 +393,9 @@ mod tests {
     #[test]
     fn multi_tracking() {
         let up = HostMockResource::new();
-        let outer = TrackingResourceAdaptor::new(up.clone(), false);
+        let outer = TrackingResourceAdaptor::new(up.clone());
         let outer_ptrs = alloc_n(&outer, 5);
-        let inner = TrackingResourceAdaptor::new(outer.clone(), false);
+        let inner = TrackingResourceAdaptor::new(outer.clone());
         let inner_ptrs = alloc_n(&inner, 5);
         assert_eq!(outer.outstanding_allocations().len(), 10);
         assert_eq!(inner.outstanding_allocations().len(), 5);
@@ -415,9 +414,9 @@ mod tests {
         // Frees of the outer's allocations through the inner adaptor are untracked there: the
         // inner's count does not underflow, the outer's goes down, and the caller is told.
         let up = HostMockResource::new();
-        let outer = TrackingResourceAdaptor::new(up.clone(), false);
+        let outer = TrackingResourceAdaptor::new(up.clone());
         let outer_ptrs = alloc_n(&outer, 5);
-        let inner = TrackingResourceAdaptor::new(outer.clone(), false);
+        let inner = TrackingResourceAdaptor::new(outer.clone());
         let inner_ptrs = alloc_n(&inner, 5);
         for p in outer_ptrs {
             // SAFETY: `p` came from `outer`, the inner's upstream, with `UNIT`.
@@ -442,7 +441,7 @@ mod tests {
     #[test]
     fn untracked_deallocation_does_not_underflow_allocated_bytes() {
         let up = HostMockResource::new();
-        let mr = TrackingResourceAdaptor::new(up.clone(), false);
+        let mr = TrackingResourceAdaptor::new(up.clone());
         let foreign = up.allocate(s(), 1024, 256).unwrap();
         let own = mr.allocate(s(), 512, 256).unwrap();
         // SAFETY: `foreign` came from the upstream with 1024 bytes.
@@ -474,7 +473,7 @@ mod tests {
     #[test]
     fn dealloc_wrong_bytes_frees_the_allocated_size() {
         let up = HostMockResource::new();
-        let mr = TrackingResourceAdaptor::new(up.clone(), false);
+        let mr = TrackingResourceAdaptor::new(up.clone());
         let p = mr.allocate(s(), 1000, 256).unwrap();
         // SAFETY: `p` came from `mr` (with 1000 bytes: exercising the detection).
         let e = unsafe { mr.deallocate(s(), p, 999, 256) }.unwrap_err();
@@ -496,7 +495,7 @@ mod tests {
     #[test]
     fn double_free_is_detected_and_not_forwarded() {
         let up = HostMockResource::new();
-        let mr = TrackingResourceAdaptor::new(up.clone(), false);
+        let mr = TrackingResourceAdaptor::new(up.clone());
         let p = mr.allocate(s(), 300, 256).unwrap();
         // SAFETY: `p` came from `mr`; the second free exercises the detection.
         unsafe { mr.deallocate(s(), p, 300, 256).unwrap() };
@@ -519,7 +518,7 @@ mod tests {
     fn failed_upstream_allocation_is_not_recorded() {
         let up = HostMockResource::new();
         up.fail_next_allocations(1);
-        let mr = TrackingResourceAdaptor::new(up, false);
+        let mr = TrackingResourceAdaptor::new(up);
         assert!(mr.allocate(s(), 10, 256).unwrap_err().is_out_of_memory());
         assert!(mr.outstanding_allocations().is_empty());
     }
@@ -529,7 +528,10 @@ mod tests {
         use crate::testing::{FaultKind, FaultyResource};
         let mock = HostMockResource::new();
         let faulty = FaultyResource::new(mock.clone());
-        let mr = TrackingResourceAdaptor::new(faulty.clone(), true);
+        let mr = TrackingResourceAdaptor::with_options(
+            faulty.clone(),
+            TrackingOptions::new().capture_stacks(true),
+        );
         let a = mr.allocate(s(), 1000, 256).unwrap();
         let b = mr.allocate(s(), 300, 256).unwrap();
         let before = (
@@ -595,10 +597,10 @@ mod tests {
     #[test]
     fn equality_and_shared_ownership() {
         let up = HostMockResource::new();
-        let mr = TrackingResourceAdaptor::new(up.clone(), false);
+        let mr = TrackingResourceAdaptor::new(up.clone());
         let copy = mr.clone();
         assert!(copy.is_equal(&mr) && mr.is_equal(&copy));
-        assert!(!mr.is_equal(&TrackingResourceAdaptor::new(up.clone(), false)));
+        assert!(!mr.is_equal(&TrackingResourceAdaptor::new(up.clone())));
         assert!(mr.upstream().is_equal(&up));
         let p = copy.allocate(s(), 64, 256).unwrap();
         assert_eq!(mr.allocated_bytes(), 64);
@@ -613,7 +615,7 @@ mod tests {
     #[test]
     fn multi_threaded_alloc_free() {
         let up = HostMockResource::new();
-        let mr = TrackingResourceAdaptor::new(up.clone(), false);
+        let mr = TrackingResourceAdaptor::new(up.clone());
         std::thread::scope(|sc| {
             for t in 0..4usize {
                 let mr = &mr;

@@ -10,4 +10,4 @@ mod shard;
 pub use adaptor::TrackingResourceAdaptor;
 pub use error::{TrackingError, TrackingErrorRecord};
 pub(crate) use registry::TrackingRegistry;
-pub use registry::{OutstandingAllocation, TrackingConfig};
+pub use registry::{OutstandingAllocation, TrackingOptions};

@@ -11,10 +11,16 @@ use crossbeam_utils::CachePadded;
 use super::error::{Addr, TrackingError, TrackingErrorRecord};
 use super::shard::{Entry, RingUndo, Shard};
 
-/// Tuning of a [`TrackingRegistry`].
+/// How to build a [`TrackingResourceAdaptor`](crate::TrackingResourceAdaptor): RMM's
+/// `capture_stacks` and the tuning of its registry.
+///
+/// Built with [`new`](Self::new) or `default()` (RMM's defaults) and the chained setters; the
+/// fields are public to read. `#[non_exhaustive]`: later options do not break callers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TrackingConfig {
-    /// Capture a [`Backtrace`] for every tracked allocation (slow; RMM's `capture_stacks`).
+#[non_exhaustive]
+pub struct TrackingOptions {
+    /// Capture a [`Backtrace`] for every tracked allocation (slow; RMM's `capture_stacks`,
+    /// default `false`).
     pub capture_stacks: bool,
     /// Number of independently locked shards; rounded up to a power of two, at least 1 and at
     /// most 1024.
@@ -25,7 +31,41 @@ pub struct TrackingConfig {
     pub error_capacity: usize,
 }
 
-impl TrackingConfig {
+impl TrackingOptions {
+    /// RMM's defaults: no stacks, and the default tuning.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the field `capture_stacks`.
+    #[must_use]
+    pub fn capture_stacks(mut self, on: bool) -> Self {
+        self.capture_stacks = on;
+        self
+    }
+
+    /// Sets the field `shards`.
+    #[must_use]
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// Sets the field `recent_frees_per_shard`.
+    #[must_use]
+    pub fn recent_frees_per_shard(mut self, frees: usize) -> Self {
+        self.recent_frees_per_shard = frees;
+        self
+    }
+
+    /// Sets the field `error_capacity`.
+    #[must_use]
+    pub fn error_capacity(mut self, records: usize) -> Self {
+        self.error_capacity = records;
+        self
+    }
+
     /// Default shard count.
     pub const DEFAULT_SHARDS: usize = 64;
     /// Default recent-free memory per shard (8192 frees across the default 64 shards).
@@ -34,13 +74,13 @@ impl TrackingConfig {
     pub const DEFAULT_ERROR_CAPACITY: usize = 1024;
 }
 
-impl Default for TrackingConfig {
+impl Default for TrackingOptions {
     fn default() -> Self {
-        TrackingConfig {
+        TrackingOptions {
             capture_stacks: false,
-            shards: TrackingConfig::DEFAULT_SHARDS,
-            recent_frees_per_shard: TrackingConfig::DEFAULT_RECENT_FREES_PER_SHARD,
-            error_capacity: TrackingConfig::DEFAULT_ERROR_CAPACITY,
+            shards: TrackingOptions::DEFAULT_SHARDS,
+            recent_frees_per_shard: TrackingOptions::DEFAULT_RECENT_FREES_PER_SHARD,
+            error_capacity: TrackingOptions::DEFAULT_ERROR_CAPACITY,
         }
     }
 }
@@ -103,7 +143,7 @@ pub struct TrackingRegistry {
 
 impl Default for TrackingRegistry {
     fn default() -> Self {
-        TrackingRegistry::with_config(TrackingConfig::default())
+        TrackingRegistry::with_options(TrackingOptions::default())
     }
 }
 
@@ -125,16 +165,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl TrackingRegistry {
-    /// A registry with default tuning; `capture_stacks` as in RMM's constructor.
-    pub fn new(capture_stacks: bool) -> TrackingRegistry {
-        TrackingRegistry::with_config(TrackingConfig {
-            capture_stacks,
-            ..TrackingConfig::default()
-        })
+    /// A registry with RMM's defaults (no stacks) and the default tuning.
+    pub fn new() -> TrackingRegistry {
+        TrackingRegistry::with_options(TrackingOptions::default())
     }
 
-    /// A registry with the given tuning.
-    pub fn with_config(config: TrackingConfig) -> TrackingRegistry {
+    /// A registry built with `options`.
+    pub fn with_options(options: TrackingOptions) -> TrackingRegistry {
+        let config = options;
         let shards = config.shards.clamp(1, 1024).next_power_of_two();
         let shard_shift = 64 - shards.trailing_zeros();
         TrackingRegistry {
@@ -336,7 +374,7 @@ mod tests {
 
     #[test]
     fn empty() {
-        let r = TrackingRegistry::new(false);
+        let r = TrackingRegistry::new();
         assert_eq!(r.allocated_bytes(), 0);
         assert_eq!(r.outstanding_count(), 0);
         assert!(r.outstanding().is_empty());
@@ -346,7 +384,7 @@ mod tests {
 
     #[test]
     fn tracks_and_frees() {
-        let r = TrackingRegistry::new(false);
+        let r = TrackingRegistry::new();
         for i in 1..=10u64 {
             r.record_allocation(i << 8, i as usize * 100).unwrap();
         }
@@ -377,7 +415,7 @@ mod tests {
 
     #[test]
     fn zero_byte_allocations_are_not_tracked() {
-        let r = TrackingRegistry::new(false);
+        let r = TrackingRegistry::new();
         r.record_allocation(0x100, 0).unwrap();
         assert_eq!(r.outstanding_count(), 0);
         r.record_deallocation(0x100, 0).unwrap();
@@ -387,7 +425,7 @@ mod tests {
 
     #[test]
     fn duplicate_allocation_keeps_the_first_entry() {
-        let r = TrackingRegistry::new(false);
+        let r = TrackingRegistry::new();
         r.record_allocation(0x100, 64).unwrap();
         assert_eq!(
             r.record_allocation(0x100, 32),
@@ -405,7 +443,7 @@ mod tests {
     #[test]
     fn untracked_free_does_not_underflow() {
         // RMM TrackingTest.UntrackedDeallocationDoesNotUnderflowAllocatedBytes.
-        let r = TrackingRegistry::new(false);
+        let r = TrackingRegistry::new();
         r.record_allocation(0x100, 64).unwrap();
         let err = r.record_deallocation(0x900, 128).unwrap_err();
         assert_eq!(
@@ -421,7 +459,7 @@ mod tests {
 
     #[test]
     fn double_free_is_told_from_untracked() {
-        let r = TrackingRegistry::new(false);
+        let r = TrackingRegistry::new();
         r.record_allocation(0x100, 64).unwrap();
         r.record_deallocation(0x100, 64).unwrap();
         assert_eq!(
@@ -442,7 +480,7 @@ mod tests {
     #[test]
     fn size_mismatch_removes_entry_and_uses_tracked_size() {
         // RMM TrackingTest.DeallocWrongBytes.
-        let r = TrackingRegistry::new(false);
+        let r = TrackingRegistry::new();
         r.record_allocation(0x100, 64).unwrap();
         r.record_allocation(0x200, 32).unwrap();
         assert_eq!(
@@ -469,9 +507,9 @@ mod tests {
 
     #[test]
     fn error_record_is_bounded_and_sequenced() {
-        let r = TrackingRegistry::with_config(TrackingConfig {
+        let r = TrackingRegistry::with_options(TrackingOptions {
             error_capacity: 3,
-            ..TrackingConfig::default()
+            ..TrackingOptions::default()
         });
         for i in 0..5u64 {
             let _ = r.record_deallocation(0x1000 + i, 1);
@@ -489,9 +527,9 @@ mod tests {
         assert!(r.errors().is_empty());
         assert_eq!(r.error_count(), 5);
 
-        let r = TrackingRegistry::with_config(TrackingConfig {
+        let r = TrackingRegistry::with_options(TrackingOptions {
             error_capacity: 0,
-            ..TrackingConfig::default()
+            ..TrackingOptions::default()
         });
         assert!(r.record_deallocation(0x10, 1).is_err());
         assert!(r.errors().is_empty());
@@ -500,7 +538,7 @@ mod tests {
 
     #[test]
     fn report_without_stacks_matches_rmm_lines() {
-        let r = TrackingRegistry::new(false);
+        let r = TrackingRegistry::new();
         r.record_allocation(0x7f00_0000_0200, 512).unwrap();
         r.record_allocation(0x7f00_0000_0100, 256).unwrap();
         assert_eq!(r.report(), "0x7f0000000100: 256 B\n0x7f0000000200: 512 B\n");
@@ -513,7 +551,7 @@ mod tests {
     #[test]
     fn stacks_only_when_requested() {
         // RMM TrackingTest.AllocationsLeftWithStacks / WithoutStacks.
-        let r = TrackingRegistry::new(true);
+        let r = TrackingRegistry::with_options(TrackingOptions::new().capture_stacks(true));
         assert!(r.capture_stacks());
         r.record_allocation(0x100, 10).unwrap();
         let all = r.outstanding_allocations();
@@ -528,9 +566,9 @@ mod tests {
 
     #[test]
     fn single_shard_config_works() {
-        let r = TrackingRegistry::with_config(TrackingConfig {
+        let r = TrackingRegistry::with_options(TrackingOptions {
             shards: 0, // clamped to 1
-            ..TrackingConfig::default()
+            ..TrackingOptions::default()
         });
         for a in 1..100u64 {
             r.record_allocation(a * 256, 1).unwrap();
@@ -574,9 +612,9 @@ mod tests {
         // Two threads race to free the same addresses: each address is freed successfully
         // exactly once and reported as a double free exactly once.
         const N: u64 = 2_000;
-        let r = Arc::new(TrackingRegistry::with_config(TrackingConfig {
+        let r = Arc::new(TrackingRegistry::with_options(TrackingOptions {
             error_capacity: 2 * N as usize,
-            ..TrackingConfig::default()
+            ..TrackingOptions::default()
         }));
         for i in 0..N {
             r.record_allocation(0x1000 + i * 256, 64).unwrap();
@@ -620,7 +658,7 @@ mod tests {
         #[test]
         fn matches_model(ops in proptest::collection::vec(arb_op(), 0..150), shards in 0usize..5) {
             // Recent-free memory larger than the op count: the verdicts are then exact.
-            let r = TrackingRegistry::with_config(TrackingConfig {
+            let r = TrackingRegistry::with_options(TrackingOptions {
                 shards,
                 recent_frees_per_shard: 256,
                 error_capacity: 8,

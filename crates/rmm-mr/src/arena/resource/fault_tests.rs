@@ -4,7 +4,7 @@
 //! failed call the blocks handed out (every live block of every superblock, but those whose free
 //! is pending) and the mock's live set must be as before it.
 
-use super::ArenaMemoryResource;
+use super::{ArenaMemoryResource, ArenaOptions};
 use crate::fault_tests::{driver_faults, expect, sweep, Faulty, Subject, STREAM_CALLS};
 use crate::testing::{FaultKind, FaultyResource, HostMockResource};
 use rmm_sys::fault::{DriverCall, FaultScope};
@@ -48,7 +48,7 @@ fn subject<'a>(
 fn arena() {
     sweep(
         "arena",
-        |f| ArenaMemoryResource::new(f.clone(), Some(16 * MIB), false),
+        |f| ArenaMemoryResource::with_options(f.clone(), ArenaOptions::new().arena_size(16 * MIB)),
         |mr, faulty, mock| subject("arena", mr, faulty, mock, 4),
     );
 }
@@ -60,7 +60,11 @@ fn a_refused_arena_allocation_leaves_nothing_behind() {
         let mock = HostMockResource::new();
         let faulty = FaultyResource::new(mock.clone());
         faulty.fail_next_allocation(kind);
-        let e = ArenaMemoryResource::new(faulty.clone(), Some(4 * MIB), false).unwrap_err();
+        let e = ArenaMemoryResource::with_options(
+            faulty.clone(),
+            ArenaOptions::new().arena_size(4 * MIB),
+        )
+        .unwrap_err();
         assert!(kind.matches(&e), "{kind:?}: {e}");
         assert_eq!(mock.live_allocations(), 0);
     }
@@ -68,6 +72,10 @@ fn a_refused_arena_allocation_leaves_nothing_behind() {
     // memory goes back.
     let mock = HostMockResource::new();
     rmm_sys::fault::inject(rmm_sys::fault::Fault::next(DriverCall::Synchronize));
-    assert!(ArenaMemoryResource::new(mock.clone(), Some(4 * MIB), false).is_err());
+    assert!(ArenaMemoryResource::with_options(
+        mock.clone(),
+        ArenaOptions::new().arena_size(4 * MIB)
+    )
+    .is_err());
     assert_eq!(mock.live_allocations(), 0);
 }

@@ -33,7 +33,7 @@ fn per_thread() -> CudaStreamView<'static> {
 
 fn arena(size: usize) -> (HostMockResource, Arena) {
     let mock = HostMockResource::new();
-    let mr = ArenaMemoryResource::new(mock.clone(), Some(size), false)
+    let mr = ArenaMemoryResource::with_options(mock.clone(), ArenaOptions::new().arena_size(size))
         .unwrap_or_else(|e| panic!("arena of {size} B: {e}"));
     (mock, mr)
 }
@@ -156,7 +156,9 @@ fn drop_with_outstanding_allocations_still_returns_the_arena() {
 fn arena_size_is_checked_and_aligned_down() {
     for size in [0, 256, MIB - 1, MIB - 256] {
         let mock = HostMockResource::new();
-        let e = ArenaMemoryResource::new(mock.clone(), Some(size), false).unwrap_err();
+        let e =
+            ArenaMemoryResource::with_options(mock.clone(), ArenaOptions::new().arena_size(size))
+                .unwrap_err();
         assert!(matches!(e, MrError::InvalidArgument(_)), "{size}: {e}");
         assert!(
             e.to_string()
@@ -178,7 +180,7 @@ fn default_size_needs_a_device() {
         return;
     }
     let mock = HostMockResource::new();
-    let e = ArenaMemoryResource::new(mock.clone(), None, false).unwrap_err();
+    let e = ArenaMemoryResource::new(mock.clone()).unwrap_err();
     assert!(e.is_no_device(), "{e}");
     assert_eq!(mock.allocation_calls(), 0);
 }
@@ -187,7 +189,9 @@ fn default_size_needs_a_device() {
 fn upstream_failure_is_passed_on() {
     let mock = HostMockResource::new();
     mock.fail_next_allocations(1);
-    let e = ArenaMemoryResource::new(mock.clone(), Some(4 * MIB), false).unwrap_err();
+    let e =
+        ArenaMemoryResource::with_options(mock.clone(), ArenaOptions::new().arena_size(4 * MIB))
+            .unwrap_err();
     assert!(e.is_out_of_memory(), "{e}");
     assert_eq!(mock.live_allocations(), 0);
 }
@@ -534,7 +538,13 @@ fn exhaustion_defragments_and_retries() {
 #[test]
 fn out_of_memory_when_truly_full() {
     let mock = HostMockResource::new();
-    let mr = ArenaMemoryResource::new(mock.clone(), Some(4 * MIB), true).unwrap();
+    let mr = ArenaMemoryResource::with_options(
+        mock.clone(),
+        ArenaOptions::new()
+            .arena_size(4 * MIB)
+            .dump_log_on_failure(true),
+    )
+    .unwrap();
     assert!(mr.dumps_log_on_failure());
     let whole = alloc(&mr, legacy(), 4 * MIB);
     for (stream, bytes) in [
