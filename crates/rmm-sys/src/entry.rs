@@ -140,6 +140,16 @@ entry_points! {
         cuEventRecord(CUevent, CUstream);
         cuEventSynchronize(CUevent);
         cuEventQuery(CUevent);
+        cuMemAddressReserve(*mut CUdeviceptr, usize, usize, CUdeviceptr, c_ulonglong);
+        cuMemAddressFree(CUdeviceptr, usize);
+        cuMemCreate(*mut RawMemHandle, usize, *const RawAllocationProp, c_ulonglong);
+        cuMemRelease(RawMemHandle);
+        cuMemMap(CUdeviceptr, usize, usize, RawMemHandle, c_ulonglong);
+        cuMemUnmap(CUdeviceptr, usize);
+        cuMemSetAccess(CUdeviceptr, usize, *const RawAccessDesc, usize);
+        cuMemGetAllocationGranularity(*mut usize, *const RawAllocationProp, c_uint);
+        cuMemExportToShareableHandle(*mut c_void, RawMemHandle, c_uint, c_ulonglong);
+        cuMemImportFromShareableHandle(*mut RawMemHandle, *mut c_void, c_uint);
     }
 }
 
@@ -207,3 +217,31 @@ pub(crate) struct RawPoolProps {
 }
 
 const _: () = assert!(std::mem::size_of::<RawPoolProps>() == 88);
+
+/// `CUmemGenericAllocationHandle`: a physical allocation of the virtual memory API.
+pub(crate) type RawMemHandle = c_ulonglong;
+
+/// `CUmemAllocationProp`: 32 bytes in every CUDA version since 10.2 (`allocFlags` took
+/// reserved bytes; CUDA 13.2's `CUmemLocation` union keeps its 8 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct RawAllocationProp {
+    pub(crate) alloc_type: u32,
+    pub(crate) requested_handle_types: u32,
+    pub(crate) location: RawMemLocation,
+    pub(crate) win32_handle_metadata: *mut c_void,
+    /// `compressionType`, `gpuDirectRDMACapable`, `usage` and reserved bytes: all 0.
+    pub(crate) alloc_flags: [u8; 8],
+}
+
+const _: () = assert!(std::mem::size_of::<RawAllocationProp>() == 32);
+
+/// `CUmemAccessDesc`: a location and its access flags.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RawAccessDesc {
+    pub(crate) location: RawMemLocation,
+    pub(crate) flags: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<RawAccessDesc>() == 12);

@@ -26,8 +26,8 @@
 //! driver handle can have (its top 16 bits are `0xfa17`, outside every user address space); a
 //! call given one never reaches the driver, whether simulation is on or not, so a fake event that
 //! outlives the simulation is still destroyed safely. Memory calls (allocation, free, copies,
-//! prefetch) are never simulated. The simulation orders nothing: never use it with real device
-//! work.
+//! prefetch, the virtual memory calls) are never simulated. The simulation orders nothing: never
+//! use it with real device work.
 //!
 //! # Scope
 //!
@@ -68,9 +68,17 @@ pub enum DriverCall {
     StreamId,
     /// `cuCtxGetDevice` (the current device).
     CurrentDevice,
+    /// `cuMemAddressReserve`: reserving a virtual address range.
+    AddressReserve,
+    /// `cuMemCreate`: a physical allocation of the virtual memory API.
+    MemCreate,
+    /// Mapping physical memory into a reserved range: `cuMemMap`, `cuMemSetAccess`.
+    MemMap,
+    /// `cuMemUnmap`.
+    MemUnmap,
 }
 
-const KINDS: usize = 11;
+const KINDS: usize = 15;
 
 impl DriverCall {
     /// Every kind.
@@ -86,6 +94,10 @@ impl DriverCall {
         DriverCall::Query,
         DriverCall::StreamId,
         DriverCall::CurrentDevice,
+        DriverCall::AddressReserve,
+        DriverCall::MemCreate,
+        DriverCall::MemMap,
+        DriverCall::MemUnmap,
     ];
 
     fn index(self) -> usize {
@@ -93,11 +105,14 @@ impl DriverCall {
     }
 
     /// The code a fault of this kind returns unless told otherwise:
-    /// `CUDA_ERROR_OUT_OF_MEMORY` for an allocation, `CUDA_ERROR_INVALID_HANDLE` for the rest.
+    /// `CUDA_ERROR_OUT_OF_MEMORY` for an allocation (of memory or of address space),
+    /// `CUDA_ERROR_INVALID_HANDLE` for the rest.
     #[must_use]
     pub fn default_code(self) -> ResultCode {
         match self {
-            DriverCall::Allocate => ResultCode::OUT_OF_MEMORY,
+            DriverCall::Allocate | DriverCall::AddressReserve | DriverCall::MemCreate => {
+                ResultCode::OUT_OF_MEMORY
+            }
             _ => ResultCode::INVALID_HANDLE,
         }
     }
@@ -107,7 +122,14 @@ impl DriverCall {
     pub fn is_simulated(self) -> bool {
         !matches!(
             self,
-            DriverCall::Allocate | DriverCall::Free | DriverCall::Copy | DriverCall::Prefetch
+            DriverCall::Allocate
+                | DriverCall::Free
+                | DriverCall::Copy
+                | DriverCall::Prefetch
+                | DriverCall::AddressReserve
+                | DriverCall::MemCreate
+                | DriverCall::MemMap
+                | DriverCall::MemUnmap
         )
     }
 }

@@ -26,7 +26,8 @@
 //! - **Safety**: functions that free memory, destroy handles, write through addresses or take
 //!   a raw handle the caller must keep alive (streams, events, memory pools) are `unsafe fn`s
 //!   whose contracts say what the caller vouches for; every `unsafe` block carries a
-//!   `// SAFETY:` comment.
+//!   `// SAFETY:` comment. The virtual memory API ([`vmm`]) comes as owned handles instead,
+//!   released on drop in the order the driver needs (unmap, release, free the addresses).
 
 #![doc(html_root_url = "https://docs.rs/rmm-sys/0.1.0")]
 
@@ -80,6 +81,7 @@ pub mod stream;
 #[doc(hidden)]
 pub mod testing;
 pub mod version;
+pub mod vmm;
 
 pub use align::{
     align_down, align_up, checked_align_up, is_aligned, is_pow2, is_supported_alignment,
@@ -114,5 +116,8 @@ mod send_sync {
         assert_send_sync::<PrimaryContext>();
         assert_send_sync::<DeviceCapabilities>();
         assert_send_sync::<DriverVersion>();
+        assert_send_sync::<vmm::AddressRange>();
+        assert_send_sync::<vmm::PhysicalMemory>();
+        assert_send_sync::<vmm::Mapping>();
     };
 }

@@ -3,8 +3,12 @@
 use libtest_mimic::{Arguments, Failed};
 use rmm_sys::memory::{self, MemLocation};
 use rmm_sys::mempool;
-use rmm_sys::testing::{ensure, gpu};
-use rmm_sys::{CudaError, DeviceCapabilities, DeviceGuard, DeviceId, DriverVersion};
+use rmm_sys::testing::{ensure, gpu, gpu_if};
+use rmm_sys::vmm::{self, Granularity};
+use rmm_sys::{
+    AllocationHandleType, CudaError, DeviceCapabilities, DeviceGuard, DeviceId, DriverVersion,
+};
+use std::sync::Arc;
 
 fn device_count_positive() -> Result<(), Failed> {
     let n = rmm_sys::device_count()?;
@@ -285,6 +289,122 @@ fn integer_results_end_to_end() -> Result<(), Failed> {
     ensure(e.to_string().contains("987654"), e.to_string())
 }
 
+/// Why the virtual memory API cannot be used here, or `None`.
+fn no_vmm() -> Option<String> {
+    match rmm_sys::current_device().and_then(vmm::vmm_supported) {
+        Ok(true) => None,
+        Ok(false) => Some("the device lacks virtual memory management".into()),
+        Err(e) => Some(format!("cannot probe the device: {e}")),
+    }
+}
+
+/// Why memory cannot be exported as a POSIX file descriptor here, or `None`.
+fn no_vmm_fd() -> Option<String> {
+    no_vmm().or_else(
+        || match rmm_sys::current_device().and_then(vmm::posix_fd_supported) {
+            Ok(true) => None,
+            Ok(false) => Some("the device cannot export POSIX file descriptors".into()),
+            Err(e) => Some(format!("cannot probe the device: {e}")),
+        },
+    )
+}
+
+/// Reserve a range, map two chunks one after the other, write across their boundary and read
+/// it back, unmap one, drop everything (unmap, release, free the range).
+fn vmm_map_write_read_unmap() -> Result<(), Failed> {
+    let dev = rmm_sys::current_device()?;
+    let none = AllocationHandleType::None;
+    let min = vmm::allocation_granularity(dev, none, Granularity::Minimum)?;
+    let rec = vmm::allocation_granularity(dev, none, Granularity::Recommended)?;
+    ensure(
+        min > 0 && rec % min == 0,
+        format!("granularities {min} / {rec}"),
+    )?;
+    let range = Arc::new(vmm::AddressRange::reserve(4 * min, min)?);
+    ensure(range.base().is_aligned(min), "range misaligned")?;
+    let first = vmm::Mapping::new(
+        &range,
+        0,
+        vmm::PhysicalMemory::create(dev, min, none)?,
+        &[dev],
+    )?;
+    let second = vmm::Mapping::new(
+        &range,
+        min,
+        vmm::PhysicalMemory::create(dev, min, none)?,
+        &[dev],
+    )?;
+    ensure(
+        second.addr().addr() == first.addr().addr() + min as u64,
+        "the chunks are not adjacent",
+    )?;
+    // Mapping over a mapped chunk, outside the range or with no device is refused.
+    let again = vmm::Mapping::new(
+        &range,
+        0,
+        vmm::PhysicalMemory::create(dev, min, none)?,
+        &[dev],
+    );
+    ensure(again.is_err(), "mapped twice at one offset")?;
+    let outside = vmm::Mapping::new(
+        &range,
+        4 * min,
+        vmm::PhysicalMemory::create(dev, min, none)?,
+        &[dev],
+    );
+    ensure(outside.is_err(), "mapped outside the range")?;
+    let nobody = vmm::Mapping::new(
+        &range,
+        2 * min,
+        vmm::PhysicalMemory::create(dev, min, none)?,
+        &[],
+    );
+    ensure(nobody.is_err(), "mapped for no device")?;
+    // 1 MiB across the boundary.
+    let at = rmm_sys::DevicePtr::from_raw(first.addr().addr() + min as u64 - (512 << 10));
+    let data: Vec<u8> = (0..1usize << 20).map(|i| (i * 7 + 3) as u8).collect();
+    let mut back = vec![0u8; data.len()];
+    // SAFETY: `[at, at + 1 MiB)` lies in the two mappings, which live until the end.
+    unsafe {
+        memory::copy_to_device_sync(at, &data, rmm_sys::CU_STREAM_LEGACY)?;
+        memory::copy_to_host_sync(&mut back, at, rmm_sys::CU_STREAM_LEGACY)?;
+    }
+    ensure(back == data, "data across the chunk boundary differs")?;
+    let memory = second.unmap().map_err(|(_, e)| e)?;
+    ensure(memory.size() == min, "unmapped memory has another size")?;
+    drop(memory);
+    drop(range); // the first mapping still holds the range
+    drop(first);
+    Ok(())
+}
+
+/// Export a chunk as a file descriptor, import it, map it a second time elsewhere and read
+/// what was written through the first mapping.
+fn vmm_export_import_posix_fd() -> Result<(), Failed> {
+    let dev = rmm_sys::current_device()?;
+    let fd_type = AllocationHandleType::PosixFileDescriptor;
+    let g = vmm::allocation_granularity(dev, fd_type, Granularity::Minimum)?;
+    let a = Arc::new(vmm::AddressRange::reserve(g, g)?);
+    let mapped = vmm::Mapping::new(&a, 0, vmm::PhysicalMemory::create(dev, g, fd_type)?, &[dev])?;
+    let data = vec![0x5au8; 4096];
+    // SAFETY: the first 4 KiB of the mapping, which lives until the end.
+    unsafe { memory::copy_to_device_sync(mapped.addr(), &data, rmm_sys::CU_STREAM_LEGACY)? };
+    let fd = mapped.memory().ok_or("no memory")?.export_posix_fd()?;
+    let imported = vmm::PhysicalMemory::import_posix_fd(std::os::fd::AsFd::as_fd(&fd), g, dev)?;
+    let b = Arc::new(vmm::AddressRange::reserve(g, g)?);
+    let again = vmm::Mapping::new(&b, 0, imported, &[dev])?;
+    let mut back = vec![0u8; 4096];
+    // SAFETY: as above, through the second mapping of the same memory.
+    unsafe { memory::copy_to_host_sync(&mut back, again.addr(), rmm_sys::CU_STREAM_LEGACY)? };
+    ensure(back == data, "the imported memory holds other data")?;
+    // Memory made without an export handle type cannot be exported.
+    let plain = vmm::PhysicalMemory::create(dev, g, AllocationHandleType::None)?;
+    ensure(
+        plain.export_posix_fd().is_err(),
+        "exported unexportable memory",
+    )
+}
+
 fn main() {
     let args = Arguments::from_args();
     let trials = vec![
@@ -305,6 +425,12 @@ fn main() {
         ),
         gpu("pinned_host_roundtrip", pinned_host_roundtrip),
         gpu("integer_results_end_to_end", integer_results_end_to_end),
+        gpu_if("vmm_map_write_read_unmap", no_vmm, vmm_map_write_read_unmap),
+        gpu_if(
+            "vmm_export_import_posix_fd",
+            no_vmm_fd,
+            vmm_export_import_posix_fd,
+        ),
     ];
     libtest_mimic::run(&args, trials).exit();
 }
