@@ -375,6 +375,39 @@ impl CoalescingFreeList {
         }
     }
 
+    /// The free block that ends exactly at `end`, if any.
+    #[must_use]
+    pub fn block_ending_at(&self, end: u64) -> Option<Block> {
+        self.by_end.get(&end).map(|e| block_of(end, e))
+    }
+
+    /// If `[addr, addr + size)` lies inside one free block, cuts it out of that block and
+    /// returns `true` (what was before it stays free with the block's head flag, what was after
+    /// it stays free as a non-head block); otherwise changes nothing and returns `false`. The
+    /// range need not be a whole block: this is how a resource whose chunks coalesce (the VMM
+    /// pool) takes back a wholly free chunk from inside a larger free block.
+    pub fn remove_range(&mut self, addr: u64, size: usize) -> bool {
+        if size == 0 || !self.contains_range(addr, size) {
+            return false;
+        }
+        let Some(block) = self.ending_after(addr) else {
+            return false;
+        };
+        let end = addr + size as u64;
+        self.remove_exact(block);
+        if block.addr < addr {
+            self.put(Block::new(
+                block.addr,
+                (addr - block.addr) as usize,
+                block.is_head,
+            ));
+        }
+        if end < block.end() {
+            self.put(Block::new(end, (block.end() - end) as usize, false));
+        }
+        true
+    }
+
     /// Removes every block.
     pub fn clear(&mut self) {
         self.by_end.clear();
@@ -590,6 +623,37 @@ mod tests {
         assert!(l.remove_chunk(0, 1024));
         assert_eq!(blocks(&l), vec![(1024, 512, true), (1792, 256, false)]);
         assert_eq!(l.total_bytes(), 768);
+    }
+
+    #[test]
+    fn remove_range_cuts_out_of_a_free_block() {
+        let mut l = CoalescingFreeList::new();
+        l.insert(Block::new(0, 4096, true)).unwrap();
+        l.insert(Block::new(8192, 1024, false)).unwrap();
+        assert_eq!(l.block_ending_at(4096), Some(Block::new(0, 4096, true)));
+        assert_eq!(l.block_ending_at(4095), None);
+        // Not wholly inside one free block: nothing changes.
+        for (addr, size) in [(3840, 512), (4096, 256), (7936, 512), (0, 0), (u64::MAX, 2)] {
+            assert!(!l.remove_range(addr, size), "{addr:#x} +{size}");
+        }
+        assert_eq!(l.total_bytes(), 5120);
+        // The middle: both sides stay free.
+        assert!(l.remove_range(1024, 1024));
+        assert_eq!(
+            blocks(&l),
+            vec![(0, 1024, true), (2048, 2048, false), (8192, 1024, false)]
+        );
+        // The front and the back of a block; a whole block.
+        assert!(l.remove_range(2048, 512));
+        assert!(l.remove_range(3840, 256));
+        assert!(l.remove_range(8192, 1024));
+        assert_eq!(blocks(&l), vec![(0, 1024, true), (2560, 1280, false)]);
+        assert_eq!(l.total_bytes(), 2304);
+        l.assert_indexes_agree();
+        // Put back, the ranges coalesce again.
+        l.insert(Block::new(1024, 1536, false)).unwrap();
+        l.insert(Block::new(3840, 256, false)).unwrap();
+        assert_eq!(blocks(&l), vec![(0, 4096, true)]);
     }
 
     #[test]
