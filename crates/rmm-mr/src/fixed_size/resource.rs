@@ -363,7 +363,7 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for FixedSizeMemoryRes
         }
         // `block_size` is a multiple of 256, so this cannot overflow past it.
         let size = align_up(bytes, ALLOCATION_ALIGNMENT);
-        inner.core.allocate(stream, size, &inner.upstream, |_| {
+        inner.core.allocate(stream, size, &inner.upstream, |_, _| {
             let size = inner.chunk_size;
             let chunk = inner
                 .upstream

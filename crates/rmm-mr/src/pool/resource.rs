@@ -435,7 +435,7 @@ impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
         })?;
         let pool = &*self.inner;
         pool.core
-            .allocate(stream, size, &pool.upstream, |pool_size| {
+            .allocate(stream, size, &pool.upstream, |pool_size, _| {
                 pool.expand(stream, bytes, size, pool_size)
             })
     }

@@ -62,6 +62,15 @@ pub(crate) trait FreeBlocks: Clone + Send + 'static {
     /// If the chunk `[addr, addr + size)` is one wholly free block here, removes it.
     fn remove_chunk(&mut self, addr: u64, size: usize) -> bool;
 
+    /// For a free-list type whose chunks coalesce with one another (the VMM pool's, whose
+    /// chunks are mapped one after the other into one address range): the bytes of this list's
+    /// free block that ends where the resource's memory ends (0 if it holds none), which a chunk
+    /// added right after merges with. `None` (the default): chunks never merge, so every new
+    /// chunk must serve the request alone.
+    fn extendable_tail(&self) -> Option<usize> {
+        None
+    }
+
     /// Records in the resource-wide record (shared by every list of the resource) that the
     /// block at `addr`, just taken from one of its lists for a request of `size` bytes, is
     /// handed out, allocated by `origin` (the cross-thread rule, [`crate::util::cross_thread`]).
@@ -363,15 +372,18 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     }
 
     /// Allocates a block of `size` bytes (a multiple of 256 the resource accepts) on `stream`;
-    /// `expand(pool_size)` obtains a new upstream chunk from `upstream` on `stream` (called
-    /// with the growth lock held) and returns it with its size.
+    /// `expand(pool_size, tail)` obtains a new upstream chunk from `upstream` on `stream`
+    /// (called with the growth lock held) and returns it with its size. `tail` is
+    /// [`FreeBlocks::extendable_tail`] of this stream's list (0 for chunks that never merge);
+    /// only for chunks that merge may `expand` be called again, when the chunk merged with less
+    /// than `tail` said (another thread took part of it meanwhile).
     #[inline]
     pub(crate) fn allocate(
         &self,
         stream: CudaStreamView<'_>,
         size: usize,
         upstream: &dyn DeviceMemoryResource,
-        expand: impl FnOnce(usize) -> MrResult<(DevicePtr, usize)>,
+        expand: impl FnMut(usize, usize) -> MrResult<(DevicePtr, usize)>,
     ) -> MrResult<DevicePtr> {
         let own = self.list_for(stream)?;
         let mut st = own.lock();
@@ -460,7 +472,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         stream: CudaStreamView<'_>,
         size: usize,
         upstream: &dyn DeviceMemoryResource,
-        expand: impl FnOnce(usize) -> MrResult<(DevicePtr, usize)>,
+        mut expand: impl FnMut(usize, usize) -> MrResult<(DevicePtr, usize)>,
     ) -> MrResult<(u64, L::Tag)> {
         if let Some(block) = self.take_from_others(own, stream, size)? {
             return Ok(block);
@@ -476,52 +488,66 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         if let Some(block) = self.take_from_others(own, stream, size)? {
             return Ok(block);
         }
-        let (ptr, chunk_size) = {
-            let (ptr, chunk_size) = match expand(self.pool_size()) {
+        let mut reclaimed = false;
+        loop {
+            // Chunks that merge grow the free block at the end of the memory by what it lacks.
+            let tail = own.lock().blocks.extendable_tail();
+            let (ptr, chunk_size) = match expand(self.pool_size(), tail.unwrap_or(0)) {
                 Ok(chunk) => chunk,
                 Err(e) if e.is_out_of_memory() => {
                     // Rather than report out-of-memory while blocks wait for an owner that may
                     // never record, synchronize once and take them all.
-                    return match self.reclaim_unrecorded(own, stream, size)? {
-                        Some(block) => Ok(block),
-                        None => Err(e),
-                    };
+                    match self.reclaim_unrecorded(own, stream, size)? {
+                        Some(block) => return Ok(block),
+                        // Chunks that merge: the reclaimed blocks grew the free block at the
+                        // end, so a smaller chunk may now do; grow again from it, once.
+                        None if !reclaimed
+                            && tail.is_some()
+                            && own.lock().blocks.extendable_tail() != tail =>
+                        {
+                            reclaimed = true;
+                            continue;
+                        }
+                        None => return Err(e),
+                    }
                 }
                 Err(e) => return Err(e),
             };
             chunks.insert(ptr.addr(), chunk_size);
             self.pool_size.fetch_add(chunk_size, Ordering::Relaxed);
-            (ptr, chunk_size)
-        };
-        // Publish the chunk in this stream's list before letting other growers in.
-        let mut st = own.lock();
-        // The chunk may still be in flight on `stream` (a stream-ordered upstream): its rest
-        // must not be stolen before that, so the event is recorded after it.
-        st.publish(own.key(), stream, self.is_eager());
-        if let Err(e) = st.blocks.add_chunk(ptr.addr(), chunk_size) {
-            // Not the pool's: the chunk goes back, and the growth never happened.
-            drop(st);
-            chunks.remove(&ptr.addr());
-            self.pool_size.fetch_sub(chunk_size, Ordering::Relaxed);
-            drop(chunks);
-            // SAFETY: the upstream just handed out this chunk on `stream` for `chunk_size`
-            // bytes, and none of it was handed out.
-            let r = unsafe { upstream.deallocate(stream, ptr, chunk_size, ALLOCATION_ALIGNMENT) };
-            if let Err(e) = r {
-                log::error!("rmm: could not give a refused chunk {ptr} back: {e}");
+            // Publish the chunk in this stream's list before letting other growers in.
+            let mut st = own.lock();
+            // The chunk may still be in flight on `stream` (a stream-ordered upstream): its rest
+            // must not be stolen before that, so the event is recorded after it.
+            st.publish(own.key(), stream, self.is_eager());
+            if let Err(e) = st.blocks.add_chunk(ptr.addr(), chunk_size) {
+                // Not the pool's: the chunk goes back, and the growth never happened.
+                drop(st);
+                chunks.remove(&ptr.addr());
+                self.pool_size.fetch_sub(chunk_size, Ordering::Relaxed);
+                drop(chunks);
+                // SAFETY: the upstream just handed out this chunk on `stream` for `chunk_size`
+                // bytes, and none of it was handed out.
+                let r =
+                    unsafe { upstream.deallocate(stream, ptr, chunk_size, ALLOCATION_ALIGNMENT) };
+                if let Err(e) = r {
+                    log::error!("rmm: could not give a refused chunk {ptr} back: {e}");
+                }
+                return Err(MrError::bad_alloc(format!(
+                    "new upstream chunk rejected: {e}"
+                )));
             }
-            return Err(MrError::bad_alloc(format!(
-                "new upstream chunk rejected: {e}"
-            )));
+            if let Some(block) = st.blocks.take(size) {
+                return Ok(block);
+            }
+            if tail.is_none() {
+                return Err(MrError::bad_alloc(format!(
+                    "a new upstream chunk of {chunk_size} bytes cannot serve {size} bytes"
+                )));
+            }
+            // The chunk merged with less than `tail` promised: it stays in this list, and the
+            // resource grows again (each round maps more, until `expand` runs out of room).
         }
-        let block = st.blocks.take(size).ok_or_else(|| {
-            MrError::bad_alloc(format!(
-                "a new upstream chunk of {chunk_size} bytes cannot serve {size} bytes"
-            ))
-        });
-        drop(st);
-        drop(chunks);
-        block
     }
 
     /// Moves the blocks of every other list that an event does not cover into `own` after one
@@ -936,7 +962,7 @@ mod fault_tests {
         mock: &HostMockResource,
         stream: CudaStreamView<'_>,
     ) -> MrResult<DevicePtr> {
-        core.allocate(stream, BLOCK, mock, |_| {
+        core.allocate(stream, BLOCK, mock, |_, _| {
             mock.allocate(stream, CHUNK, 256).map(|p| (p, CHUNK))
         })
     }
