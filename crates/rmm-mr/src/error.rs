@@ -54,6 +54,10 @@ pub enum MrError {
     /// An index out of range (RMM's `rmm::out_of_range`).
     #[doc(alias = "rmm::out_of_range")]
     OutOfRange(String),
+    /// The device or its driver lacks a capability the resource needs (for example CUDA's
+    /// virtual memory management for [`VmmPoolMemoryResource`](crate::VmmPoolMemoryResource)):
+    /// no request to this resource can succeed here, so choose another resource.
+    Unsupported(String),
     /// A deallocation the resource detected as wrong. RMM's deallocation is `noexcept` and such
     /// misuse aborts the process or is silently absorbed; here it is a value the caller sees.
     InvalidFree {
@@ -138,6 +142,7 @@ impl fmt::Display for MrError {
             Self::Cuda(e) => write!(f, "CUDA error: {e}"),
             Self::InvalidArgument(m) => write!(f, "RMM failure: {m}"),
             Self::OutOfRange(m) => write!(f, "out of range: {m}"),
+            Self::Unsupported(m) => write!(f, "not supported here: {m}"),
             Self::InvalidFree { ptr, bytes, kind } => {
                 let what = match kind {
                     InvalidFree::UnknownPointer => {
