@@ -1,5 +1,6 @@
-//! A host-memory resource for tests and benchmarks on machines without a GPU, and an upstream
-//! that fails on demand ([`FaultyResource`]).
+//! A host-memory resource for tests and benchmarks on machines without a GPU, an upstream
+//! that fails on demand ([`FaultyResource`]), and the fragmentation workloads the benchmarks
+//! and tests share ([`fragmentation`]).
 
 use std::alloc::Layout;
 use std::collections::HashMap;
@@ -14,6 +15,7 @@ use crate::resource::{DeviceMemoryResource, ResourceProperties};
 use crate::util::alignment::{self, MAX_OVER_ALIGNMENT};
 
 mod faulty;
+pub mod fragmentation;
 
 pub use faulty::{FaultKind, FaultyResource};
 

@@ -1,0 +1,254 @@
+//! Fragmentation workloads, measured the same way on a GPU (the `fragmentation` benchmark) and
+//! on a host simulation (the VMM pool's host tests): a multi-stream workload in the manner of
+//! RMM issue 2039 (several streams, mixed sizes, each block freed on another stream than the
+//! one that allocated it), the peak bytes live and reserved while it runs, and afterwards the
+//! largest single allocation the resource still serves ([`largest_allocation`]).
+//!
+//! No work runs on the device: a block is freed on another stream with nothing to order, so
+//! the figures are the allocator's alone.
+
+use rmm_stream::CudaStreamView;
+use rmm_sys::DevicePtr;
+
+use crate::error::{MrError, MrResult};
+use crate::resource::DeviceMemoryResource;
+
+/// A small deterministic generator (splitmix64), so that every resource sees the same
+/// sequence.
+#[derive(Debug, Clone)]
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (`n > 0`).
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    /// Log-uniform in `[lo, hi]` (`0 < lo <= hi`): as many small sizes per octave as large.
+    fn log_uniform(&mut self, lo: usize, hi: usize) -> usize {
+        let (l, h) = ((lo as f64).ln(), (hi as f64).ln());
+        let x = l + (h - l) * (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+        (x.exp() as usize).clamp(lo, hi)
+    }
+}
+
+/// The multi-stream workload: `steps` operations over `streams` streams; each step allocates
+/// on the next stream (round robin) while the bytes live stay under `budget`, else frees a
+/// random live block on another stream than its own. Sizes: `large_percent` % of the
+/// allocations are large (log-uniform in `large`), the rest small (log-uniform in `small`).
+/// At the end every block still live is freed, each on another stream than its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MultiStream {
+    /// Number of streams (at least 2).
+    pub streams: usize,
+    /// Operations.
+    pub steps: usize,
+    /// The most bytes live at once (requested sizes).
+    pub budget: usize,
+    /// Small sizes, inclusive.
+    pub small: (usize, usize),
+    /// Large sizes, inclusive.
+    pub large: (usize, usize),
+    /// Share of large allocations, in percent.
+    pub large_percent: usize,
+    /// The generator's seed.
+    pub seed: u64,
+}
+
+impl MultiStream {
+    /// The workload scaled to a resource of at most `maximum` bytes: 4 streams, 4,000 steps,
+    /// at most 60 % of `maximum` live, 1 in 5 allocations large (0.5-8 % of `maximum`), the
+    /// others 256 B to 0.1 % of `maximum` (at least 256 B).
+    #[must_use]
+    pub fn scaled(maximum: usize) -> Self {
+        let small_top = (maximum / 1000).max(256);
+        Self {
+            streams: 4,
+            steps: 4000,
+            budget: maximum / 10 * 6,
+            small: (256, small_top),
+            large: (
+                (maximum / 200).max(small_top),
+                (maximum / 100 * 8).max(small_top),
+            ),
+            large_percent: 20,
+            seed: 0x2039,
+        }
+    }
+}
+
+/// What a workload left behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// The most bytes live at once (requested sizes).
+    pub peak_live: usize,
+    /// The most bytes reserved at once, as the probe read it after each step.
+    pub peak_reserved: usize,
+    /// Bytes reserved at the end, everything freed.
+    pub reserved_after: usize,
+    /// Allocations that failed with out-of-memory (skipped; the workload goes on).
+    pub failed: usize,
+    /// Allocations made.
+    pub allocations: usize,
+}
+
+/// Runs `workload` against `mr` on `streams` (at least `workload.streams` of them), reading
+/// the bytes the resource holds with `reserved` after every step.
+///
+/// # Errors
+/// A failure other than out-of-memory, or too few streams.
+pub fn run(
+    mr: &dyn DeviceMemoryResource,
+    streams: &[CudaStreamView<'_>],
+    workload: &MultiStream,
+    reserved: &dyn Fn() -> usize,
+) -> MrResult<Outcome> {
+    let n = workload.streams;
+    if n < 2 || streams.len() < n {
+        return Err(MrError::invalid_argument(format!(
+            "the workload needs {n} streams (at least 2), {} given",
+            streams.len()
+        )));
+    }
+    let mut rng = Rng(workload.seed);
+    // (pointer, bytes, stream it was allocated on)
+    let mut live: Vec<(DevicePtr, usize, usize)> = Vec::new();
+    let mut out = Outcome {
+        peak_live: 0,
+        peak_reserved: 0,
+        reserved_after: 0,
+        failed: 0,
+        allocations: 0,
+    };
+    let mut live_bytes = 0usize;
+    let free_on_other = |rng: &mut Rng, own: usize| (own + 1 + rng.below(n - 1)) % n;
+    for step in 0..workload.steps {
+        let large = rng.below(100) < workload.large_percent;
+        let (lo, hi) = if large {
+            workload.large
+        } else {
+            workload.small
+        };
+        let bytes = rng.log_uniform(lo, hi);
+        if live_bytes + bytes <= workload.budget || live.is_empty() {
+            let s = step % n;
+            match mr.allocate(streams[s], bytes, 256) {
+                Ok(p) => {
+                    live.push((p, bytes, s));
+                    live_bytes += bytes;
+                    out.allocations += 1;
+                }
+                Err(e) if e.is_out_of_memory() => out.failed += 1,
+                Err(e) => return Err(e),
+            }
+        } else {
+            let (p, bytes, s) = live.swap_remove(rng.below(live.len()));
+            let other = free_on_other(&mut rng, s);
+            // SAFETY: `p` came from `mr` with `bytes`; no work uses it, so any stream may free it.
+            unsafe { mr.deallocate(streams[other], p, bytes, 256)? };
+            live_bytes -= bytes;
+        }
+        out.peak_live = out.peak_live.max(live_bytes);
+        out.peak_reserved = out.peak_reserved.max(reserved());
+    }
+    for (p, bytes, s) in live.drain(..) {
+        let other = free_on_other(&mut rng, s);
+        // SAFETY: as above.
+        unsafe { mr.deallocate(streams[other], p, bytes, 256)? };
+    }
+    out.reserved_after = reserved();
+    out.peak_reserved = out.peak_reserved.max(out.reserved_after);
+    Ok(out)
+}
+
+/// The largest allocation of at most `upper` bytes that `mr` serves on `stream` now, to within
+/// `resolution` bytes (a binary search; each probe is allocated and freed at once). A probe may
+/// make a growing resource grow, so the answer is "the largest that succeeded", not a promise.
+///
+/// # Errors
+/// A failure other than out-of-memory.
+pub fn largest_allocation(
+    mr: &dyn DeviceMemoryResource,
+    stream: CudaStreamView<'_>,
+    upper: usize,
+    resolution: usize,
+) -> MrResult<usize> {
+    let fits = |bytes: usize| -> MrResult<bool> {
+        match mr.allocate(stream, bytes, 256) {
+            Ok(p) => {
+                // SAFETY: just allocated with these arguments; nothing used it.
+                unsafe { mr.deallocate(stream, p, bytes, 256)? };
+                Ok(true)
+            }
+            Err(e) if e.is_out_of_memory() => Ok(false),
+            Err(e) => Err(e),
+        }
+    };
+    if upper == 0 || fits(upper)? {
+        return Ok(upper);
+    }
+    // Every size up to `ok` was served (0: none tried), `bad` was refused.
+    let (mut ok, mut bad) = (0usize, upper);
+    while bad - ok > resolution.max(1) {
+        let mid = ok + (bad - ok) / 2;
+        if fits(mid)? {
+            ok = mid;
+        } else {
+            bad = mid;
+        }
+    }
+    Ok(ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::HostMockResource;
+    use crate::LimitingResourceAdaptor;
+
+    #[test]
+    fn the_largest_allocation_is_found_to_the_resolution() {
+        for limit in [0usize, 1000, 4096, 1 << 20, (5 << 20) + 12345] {
+            let mr = LimitingResourceAdaptor::new(HostMockResource::new(), limit);
+            let s = CudaStreamView::legacy();
+            let found = largest_allocation(&mr, s, 64 << 20, 1024).unwrap();
+            // The limit counts sizes rounded up to 256.
+            let truth = limit - limit % 256;
+            assert!(
+                found <= truth && truth - found < 1024 + 256,
+                "{limit}: {found}"
+            );
+            assert_eq!(mr.allocated_bytes(), 0);
+        }
+    }
+
+    #[test]
+    fn the_workload_is_deterministic_and_frees_everything() {
+        let w = MultiStream {
+            steps: 300,
+            ..MultiStream::scaled(256 << 20)
+        };
+        let mock = HostMockResource::new();
+        let streams = vec![CudaStreamView::legacy(); 4];
+        let probe = || mock.live_bytes();
+        let a = run(&mock, &streams, &w, &probe).unwrap();
+        let b = run(&mock, &streams, &w, &probe).unwrap();
+        assert_eq!(a, b);
+        assert!(a.allocations > 100 && a.failed == 0, "{a:?}");
+        assert!(
+            a.peak_live <= w.budget && a.peak_live > w.budget / 2,
+            "{a:?}"
+        );
+        assert_eq!((a.reserved_after, mock.live_allocations()), (0, 0));
+        let e = run(&mock, &streams[..1], &w, &probe).unwrap_err();
+        assert!(matches!(e, MrError::InvalidArgument(_)), "{e}");
+    }
+}
