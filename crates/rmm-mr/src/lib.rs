@@ -42,6 +42,7 @@ mod stream_ordered;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod util;
+pub mod vmm;
 
 pub use adaptors::logging::LoggingOptions;
 pub use adaptors::tracking::TrackingOptions;
@@ -73,6 +74,7 @@ pub use resources::{
 };
 pub use util::alignment::MAX_OVER_ALIGNMENT;
 pub use util::format::format_bytes;
+pub use vmm::VmmPoolMemoryResource;
 
 /// The pure bookkeeping cores, for this workspace's benchmarks, fuzz targets and property
 /// checks only: **not** part of the API (no semver promise, hidden from the docs). The
@@ -152,6 +154,7 @@ mod send_sync {
         assert_send_sync::<testing::HostMockResource>();
         assert_send_sync::<PoolMemoryResource>();
         assert_send_sync::<PoolMemoryResource<CudaMemoryResource>>();
+        assert_send_sync::<VmmPoolMemoryResource>();
         assert_send_sync::<FixedSizeMemoryResource>();
         assert_send_sync::<FixedSizeMemoryResource<CudaMemoryResource>>();
         assert_send_sync::<BinningMemoryResource>();

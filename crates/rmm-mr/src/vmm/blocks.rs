@@ -1,0 +1,249 @@
+//! The VMM pool's free lists for the stream-ordered core: the pool's coalescing best-fit list,
+//! except that chunks coalesce with one another (they are mapped next to each other in one
+//! reserved range, so a free block may span several), a wholly free chunk is cut out of
+//! whatever free block holds it, and a list tells the core how much of the free memory at the
+//! end of the range it holds, so that growth maps only what that block lacks.
+//!
+//! Pure bookkeeping: no CUDA calls.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::error::InvalidFree;
+use crate::pool::free_list::{Block, CoalescingFreeList};
+use crate::stream_ordered::core::FreeBlocks;
+use crate::stream_ordered::handed::HandedMap;
+use crate::util::cross_thread::Origin;
+
+/// One stream's free blocks, with the resource-wide record of handed-out blocks and the end of
+/// the mapped memory (both shared by every list of one resource).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct VmmBlocks {
+    free: CoalescingFreeList,
+    /// Tagged with who allocated the block (an [`Origin`] as a word).
+    handed: Arc<HandedMap<u64>>,
+    /// The address one past the last mapped byte, kept by the resource as it maps and unmaps.
+    end: Arc<AtomicU64>,
+}
+
+impl VmmBlocks {
+    /// An empty list sharing `end` with the resource.
+    pub(crate) fn new(end: Arc<AtomicU64>) -> Self {
+        Self {
+            end,
+            ..Self::default()
+        }
+    }
+}
+
+impl FreeBlocks for VmmBlocks {
+    type Tag = ();
+
+    fn take(&mut self, size: usize) -> Option<(u64, ())> {
+        self.free.allocate(size).map(|b| (b.addr, ()))
+    }
+
+    fn fits(&self, size: usize) -> bool {
+        self.free.largest().is_some_and(|b| b.size >= size)
+    }
+
+    fn put(&mut self, addr: u64, size: usize, (): ()) -> Result<(), String> {
+        self.free
+            .insert(Block::new(addr, size, false))
+            .map_err(|e| e.to_string())
+    }
+
+    /// Not a head: the chunk merges with the free blocks on either side of it.
+    fn add_chunk(&mut self, addr: u64, size: usize) -> Result<(), String> {
+        self.free
+            .insert(Block::new(addr, size, false))
+            .map_err(|e| e.to_string())
+    }
+
+    fn absorb(&mut self, other: &mut Self) -> Result<(), String> {
+        self.free
+            .insert_list(&mut other.free)
+            .map_err(|e| e.to_string())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.free.is_empty()
+    }
+
+    fn holds(&self, addr: u64) -> bool {
+        self.free.contains_range(addr, 0)
+    }
+
+    /// The chunk may be part of a larger free block: it is cut out of it.
+    fn remove_chunk(&mut self, addr: u64, size: usize) -> bool {
+        self.free.remove_range(addr, size)
+    }
+
+    fn extendable_tail(&self) -> Option<usize> {
+        let end = self.end.load(Ordering::Acquire);
+        Some(self.free.block_ending_at(end).map_or(0, |b| b.size))
+    }
+
+    fn hand_out(&mut self, addr: u64, size: usize, (): (), origin: Origin) -> Result<(), String> {
+        if self.handed.record(addr, size, origin.to_word()) {
+            Ok(())
+        } else {
+            Err(format!("block {addr:#x} was already handed out"))
+        }
+    }
+
+    fn take_back(&mut self, addr: u64, size: usize) -> Result<((), Origin), Option<InvalidFree>> {
+        self.handed
+            .release(addr, size)
+            .map(|origin| ((), Origin::from_word(origin)))
+            .map_err(|allocated| allocated.map(|allocated| InvalidFree::SizeMismatch { allocated }))
+    }
+
+    fn handed_out(&self) -> (usize, usize) {
+        self.handed.totals()
+    }
+
+    #[cfg(test)]
+    fn free_blocks(&self) -> Vec<(u64, usize)> {
+        self.free.iter().map(|b| (b.addr, b.size)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const CHUNK: usize = 4096;
+
+    fn list() -> (VmmBlocks, Arc<AtomicU64>) {
+        let end = Arc::new(AtomicU64::new(0));
+        (VmmBlocks::new(Arc::clone(&end)), end)
+    }
+
+    #[test]
+    fn chunks_merge_and_the_tail_is_the_block_at_the_end() {
+        let (mut l, end) = list();
+        assert_eq!(l.extendable_tail(), Some(0));
+        l.add_chunk(0x10000, CHUNK).unwrap();
+        end.store(0x10000 + CHUNK as u64, Ordering::Release);
+        assert_eq!(l.extendable_tail(), Some(CHUNK));
+        let (a, ()) = l.take(1024).unwrap();
+        assert_eq!(a, 0x10000);
+        assert_eq!(l.extendable_tail(), Some(CHUNK - 1024));
+        // The next chunk merges with the free tail: one block spans both chunks.
+        l.add_chunk(0x10000 + CHUNK as u64, CHUNK).unwrap();
+        end.store(0x10000 + 2 * CHUNK as u64, Ordering::Release);
+        assert_eq!(l.free_blocks(), vec![(0x10400, 2 * CHUNK - 1024)]);
+        assert_eq!(l.extendable_tail(), Some(2 * CHUNK - 1024));
+        assert!(l.fits(2 * CHUNK - 1024) && !l.fits(2 * CHUNK));
+        // The second chunk is wholly free: it is cut out of the block.
+        assert!(l.remove_chunk(0x10000 + CHUNK as u64, CHUNK));
+        end.store(0x10000 + CHUNK as u64, Ordering::Release);
+        assert_eq!(l.free_blocks(), vec![(0x10400, CHUNK - 1024)]);
+        // The first one is not (1 KiB is handed out).
+        assert!(!l.remove_chunk(0x10000, CHUNK));
+        l.put(a, 1024, ()).unwrap();
+        assert!(l.remove_chunk(0x10000, CHUNK));
+        assert!(l.is_empty());
+    }
+
+    #[test]
+    fn the_record_checks_frees() {
+        let (mut l, _) = list();
+        l.add_chunk(0, CHUNK).unwrap();
+        let (a, ()) = l.take(512).unwrap();
+        l.hand_out(a, 512, (), Origin::Shared).unwrap();
+        assert!(l.hand_out(a, 512, (), Origin::Shared).is_err());
+        assert_eq!(l.handed_out(), (1, 512));
+        assert_eq!(
+            l.take_back(a, 256).unwrap_err(),
+            Some(InvalidFree::SizeMismatch { allocated: 512 })
+        );
+        assert_eq!(l.take_back(a + 256, 256).unwrap_err(), None);
+        let ((), origin) = l.take_back(a, 512).unwrap();
+        assert_eq!(origin, Origin::Shared);
+        assert_eq!(l.handed_out(), (0, 0));
+        l.put(a, 512, ()).unwrap();
+        assert!(l.holds(a) && l.put(a, 256, ()).is_err());
+        // Clones share the record.
+        let mut other = l.clone();
+        let (b, ()) = other.take(256).unwrap();
+        other.hand_out(b, 256, (), Origin::Shared).unwrap();
+        assert_eq!(l.handed_out(), (1, 256));
+    }
+
+    proptest! {
+        /// Chunks mapped one after another, blocks taken and freed in any order on two lists,
+        /// lists merged, wholly free chunks cut out: the free bytes always balance, the lists
+        /// never overlap, and a merged list holds the whole free range as one block.
+        #[test]
+        fn chunks_coalesce_across_lists(
+            ops in prop::collection::vec((0..4u8, 1..16usize, any::<usize>()), 1..120),
+        ) {
+            let end = Arc::new(AtomicU64::new(0));
+            let mut lists = [VmmBlocks::new(Arc::clone(&end)), VmmBlocks::new(Arc::clone(&end))];
+            let mut mapped: Vec<u64> = Vec::new();
+            let mut live: Vec<(u64, usize)> = Vec::new();
+            for (kind, units, pick) in ops {
+                let s = pick % 2;
+                match kind {
+                    0 => {
+                        let size = units * 256;
+                        let got = lists[s].take(size).or_else(|| {
+                            let (a, b) = lists.split_at_mut(1);
+                            let (own, other) = if s == 0 { (&mut a[0], &mut b[0]) } else { (&mut b[0], &mut a[0]) };
+                            own.absorb(other).unwrap();
+                            own.take(size)
+                        });
+                        match got {
+                            Some((addr, ())) => live.push((addr, size)),
+                            None => {
+                                // Grow by what the tail lacks, as the resource does.
+                                let tail = lists[s].extendable_tail().unwrap();
+                                let grow = (size - tail).div_ceil(CHUNK) * CHUNK;
+                                let at = end.load(Ordering::Acquire);
+                                for i in 0..grow / CHUNK {
+                                    let chunk = at + (i * CHUNK) as u64;
+                                    lists[s].add_chunk(chunk, CHUNK).unwrap();
+                                    mapped.push(chunk);
+                                }
+                                end.store(at + grow as u64, Ordering::Release);
+                                let (addr, ()) = lists[s].take(size).expect("the tail was extended");
+                                live.push((addr, size));
+                            }
+                        }
+                    }
+                    1 | 2 if !live.is_empty() => {
+                        let (addr, size) = live.swap_remove(pick % live.len());
+                        lists[s].put(addr, size, ()).unwrap();
+                    }
+                    _ => {
+                        // Cut out the wholly free chunks, wherever they are.
+                        mapped.retain(|&c| !lists.iter_mut().any(|l| l.remove_chunk(c, CHUNK)));
+                    }
+                }
+                let free: usize = lists.iter().map(|l| l.free.total_bytes()).sum();
+                let used: usize = live.iter().map(|b| b.1).sum();
+                prop_assert_eq!(free + used, mapped.len() * CHUNK);
+                let mut ranges: Vec<(u64, u64)> = lists
+                    .iter()
+                    .flat_map(|l| l.free.iter().map(|b| (b.addr, b.end())))
+                    .chain(live.iter().map(|&(a, s)| (a, a + s as u64)))
+                    .collect();
+                ranges.sort_unstable();
+                prop_assert!(ranges.windows(2).all(|w| w[0].1 <= w[1].0), "overlap: {:?}", ranges);
+            }
+            // Everything freed and merged into one list: the mapped chunks that are contiguous
+            // form single blocks.
+            for (addr, size) in live.drain(..) {
+                lists[0].put(addr, size, ()).unwrap();
+            }
+            let (a, b) = lists.split_at_mut(1);
+            a[0].absorb(&mut b[0]).unwrap();
+            mapped.sort_unstable();
+            let runs = 1 + mapped.windows(2).filter(|w| w[1] != w[0] + CHUNK as u64).count();
+            prop_assert_eq!(a[0].free.len(), if mapped.is_empty() { 0 } else { runs });
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! The options of [`VmmPoolMemoryResource`](crate::VmmPoolMemoryResource), and the pure rules
+//! that turn them into the pool's geometry.
+
+use rmm_sys::align::checked_align_up;
+use rmm_sys::{AllocationHandleType, DeviceId};
+
+/// Options of [`VmmPoolMemoryResource`](crate::VmmPoolMemoryResource) beyond its maximum size
+/// (which [`with_options`](crate::VmmPoolMemoryResource::with_options) takes on its own: the
+/// pool reserves that much address space up front).
+///
+/// ```
+/// use rmm_mr::vmm::VmmPoolOptions;
+/// use rmm_sys::{AllocationHandleType, DeviceId};
+///
+/// let options = VmmPoolOptions::new()
+///     .initial_pool_size(256 << 20)
+///     .granularity(32 << 20)
+///     .peer_access([DeviceId(1)])
+///     .export_handle_type(AllocationHandleType::PosixFileDescriptor);
+/// assert_eq!(options.initial_pool_size, 256 << 20);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct VmmPoolOptions {
+    /// Bytes mapped at construction, rounded up to the granularity (0, the default: nothing
+    /// until the first allocation).
+    pub initial_pool_size: usize,
+    /// The pool maps physical memory in chunks whose sizes are multiples of this; `None` (the
+    /// default): the device's recommended granularity (`cuMemGetAllocationGranularity`, 2 MiB
+    /// on current GPUs). It must be a multiple of the device's minimum granularity. A larger
+    /// value means fewer, larger chunks (fewer driver calls as the pool grows) and coarser
+    /// growth and release.
+    pub granularity: Option<usize>,
+    /// Other devices granted read and write access to the pool's memory (peer access), beside
+    /// the device the pool was built on. The driver refuses a device that cannot reach it when
+    /// memory is first mapped.
+    pub peer_access: Vec<DeviceId>,
+    /// Physical memory exportable for IPC as this handle type (`None`, the default: not
+    /// exportable). [`AllocationHandleType::PosixFileDescriptor`] is supported where the device
+    /// supports it; see [`export_chunks`](crate::VmmPoolMemoryResource::export_chunks).
+    pub export_handle_type: Option<AllocationHandleType>,
+}
+
+impl VmmPoolOptions {
+    /// The defaults: nothing mapped up front, the recommended granularity, no peers, no export.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Bytes mapped at construction.
+    #[must_use]
+    pub fn initial_pool_size(mut self, bytes: usize) -> Self {
+        self.initial_pool_size = bytes;
+        self
+    }
+
+    /// The chunk granularity.
+    #[must_use]
+    pub fn granularity(mut self, bytes: usize) -> Self {
+        self.granularity = Some(bytes);
+        self
+    }
+
+    /// Peer devices granted access.
+    #[must_use]
+    pub fn peer_access(mut self, devices: impl IntoIterator<Item = DeviceId>) -> Self {
+        self.peer_access = devices.into_iter().collect();
+        self
+    }
+
+    /// The export handle type.
+    #[must_use]
+    pub fn export_handle_type(mut self, handle_type: AllocationHandleType) -> Self {
+        self.export_handle_type = Some(handle_type);
+        self
+    }
+}
+
+/// The sizes a pool is built with, from its options and the device's granularities.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Geometry {
+    /// The chunk granularity.
+    pub(crate) granularity: usize,
+    /// The reserved range and the most the pool maps: the maximum rounded down to the
+    /// granularity.
+    pub(crate) capacity: usize,
+    /// Mapped at construction: the initial size rounded up to the granularity.
+    pub(crate) initial: usize,
+}
+
+impl Geometry {
+    /// Checks and rounds: the granularity is `options.granularity` or `recommended`, a positive
+    /// multiple of `minimum` (itself a positive multiple of 256); the maximum is rounded down
+    /// and the initial size up to it, and must then be positive and no larger than the maximum.
+    /// The error says what is wrong (an invalid argument).
+    pub(crate) fn new(
+        maximum: usize,
+        initial: usize,
+        granularity: Option<usize>,
+        recommended: usize,
+        minimum: usize,
+    ) -> Result<Self, String> {
+        if minimum == 0 || minimum % 256 != 0 {
+            return Err(format!(
+                "the device's minimum granularity ({minimum} bytes) is not a multiple of 256"
+            ));
+        }
+        let granularity = granularity.unwrap_or(recommended);
+        if granularity == 0 || granularity % minimum != 0 {
+            return Err(format!(
+                "granularity {granularity} is not a positive multiple of the device's minimum \
+                 granularity ({minimum} bytes)"
+            ));
+        }
+        let capacity = maximum - maximum % granularity;
+        if capacity == 0 {
+            return Err(format!(
+                "maximum pool size {maximum} is smaller than the granularity ({granularity} bytes)"
+            ));
+        }
+        let initial = checked_align_up(initial, granularity)
+            .filter(|&i| i <= capacity)
+            .ok_or_else(|| {
+                format!(
+                    "Initial pool size exceeds the maximum pool size! ({initial} bytes rounded up \
+                     to the granularity of {granularity}, maximum {capacity})"
+                )
+            })?;
+        Ok(Self {
+            granularity,
+            capacity,
+            initial,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: usize = 1 << 20;
+
+    #[test]
+    fn sizes_are_rounded_to_the_granularity() {
+        let g = Geometry::new(65 * MIB, MIB, None, 2 * MIB, 2 * MIB).unwrap();
+        assert_eq!(
+            g,
+            Geometry {
+                granularity: 2 * MIB,
+                capacity: 64 * MIB,
+                initial: 2 * MIB
+            }
+        );
+        let g = Geometry::new(64 * MIB, 0, Some(8 * MIB), 2 * MIB, 2 * MIB).unwrap();
+        assert_eq!(
+            (g.granularity, g.capacity, g.initial),
+            (8 * MIB, 64 * MIB, 0)
+        );
+        let g = Geometry::new(64 * MIB, 64 * MIB, None, 2 * MIB, 2 * MIB).unwrap();
+        assert_eq!(g.initial, 64 * MIB);
+    }
+
+    #[test]
+    fn bad_options_are_refused_with_a_reason() {
+        let e = |r: Result<Geometry, String>| r.unwrap_err();
+        assert!(
+            e(Geometry::new(64 * MIB, 0, Some(3 * MIB), 2 * MIB, 2 * MIB))
+                .contains("granularity 3145728")
+        );
+        assert!(
+            e(Geometry::new(64 * MIB, 0, Some(0), 2 * MIB, 2 * MIB)).contains("positive multiple")
+        );
+        assert!(e(Geometry::new(MIB, 0, None, 2 * MIB, 2 * MIB))
+            .contains("smaller than the granularity"));
+        assert!(e(Geometry::new(64 * MIB, 65 * MIB, None, 2 * MIB, 2 * MIB))
+            .contains("exceeds the maximum"));
+        assert!(
+            e(Geometry::new(64 * MIB, usize::MAX, None, 2 * MIB, 2 * MIB))
+                .contains("exceeds the maximum")
+        );
+        assert!(e(Geometry::new(64 * MIB, 0, None, 2 * MIB, 100)).contains("multiple of 256"));
+    }
+}

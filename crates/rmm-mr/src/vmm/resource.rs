@@ -1,0 +1,410 @@
+//! The VMM pool resource: the stream-ordered core over a [`Mapper`].
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+use rmm_stream::CudaStreamView;
+use rmm_sys::vmm::{self as sys_vmm, Granularity};
+use rmm_sys::{checked_align_up, AllocationHandleType, DeviceId, DevicePtr, ALLOCATION_ALIGNMENT};
+
+use crate::error::{MrError, MrResult};
+use crate::resource::{same_shared_state, DeviceMemoryResource, ResourceProperties};
+use crate::stream_ordered::core::StreamOrdered;
+use crate::util::alignment::{self, OverAligned, MAX_OVER_ALIGNMENT};
+use crate::util::format::format_bytes;
+use crate::vmm::blocks::VmmBlocks;
+use crate::vmm::mapper::{Mapper, VmmGrowthStatistics, NAME};
+use crate::vmm::options::{Geometry, VmmPoolOptions};
+
+/// The granularity of a simulated pool unless its options name one: what current GPUs
+/// recommend.
+const SIMULATED_GRANULARITY: usize = 2 << 20;
+
+struct Vmm {
+    core: StreamOrdered<VmmBlocks>,
+    mapper: Mapper,
+    /// Allocations made with an alignment above 256.
+    over_aligned: OverAligned,
+}
+
+impl Drop for Vmm {
+    fn drop(&mut self) {
+        // Every chunk is unmapped and released (after a device synchronization if a block was
+        // ever handed out); the address range is freed when the mapper drops after this.
+        self.core.release_all(&self.mapper, NAME);
+    }
+}
+
+/// A pool that grows by mapping physical memory into one reserved range of addresses, so that
+/// its memory stays contiguous however it grew: a free block at the end merges with the memory
+/// mapped after it, and a request up to the maximum size can always be served once the blocks
+/// before it are free. RMM has no such resource; the nearest thing is PyTorch's caching
+/// allocator with `expandable_segments:True`.
+///
+/// # How it works
+///
+/// - Construction reserves `maximum_pool_size` bytes of device addresses
+///   (`cuMemAddressReserve`; rounded down to the granularity) and maps the initial size.
+/// - Allocation is [`PoolMemoryResource`](crate::PoolMemoryResource)'s, on the same
+///   stream-ordered core: per-stream coalescing best-fit free lists, stealing and merging across
+///   streams with events, the record of handed-out blocks, over-alignment up to
+///   [`MAX_OVER_ALIGNMENT`], wrong frees reported as [`MrError::InvalidFree`].
+/// - When no list can serve a request, the pool maps one more chunk of physical memory
+///   (`cuMemCreate`, `cuMemMap`, `cuMemSetAccess` for the device and its peers) right after
+///   the mapped memory, of just what the free block at the end lacks for the request, rounded
+///   up to the granularity. Failure is out-of-memory (`"Maximum pool size exceeded"` at the
+///   maximum, or the device's own out-of-memory).
+/// - [`release_unused`](Self::release_unused) synchronizes the device, then unmaps and
+///   releases every chunk no allocation uses, at the end or not; a chunk released in the
+///   middle leaves a hole that growth maps again when the end has no room.
+/// - Dropping the pool synchronizes the device (if it was used), unmaps and releases every
+///   chunk, outstanding allocations or not, then frees the address range.
+///
+/// Where the device or its driver lacks virtual memory management, construction fails with
+/// [`MrError::Unsupported`]. [`simulated`](Self::simulated) builds the same pool over fake
+/// addresses, for replays and sizing questions on machines without a GPU.
+///
+/// # Compared with the other pools
+///
+/// [`PoolMemoryResource`](crate::PoolMemoryResource) grows by taking separate chunks from its
+/// upstream, whose blocks never merge: with an initial size set it cannot serve its own maximum
+/// size (RMM issue 1957), and two large requests can fail where they would fit (RMM issue 496).
+/// This pool serves both. Its hot path is the pool's; growing costs a few driver calls per
+/// chunk ([`growth_statistics`](Self::growth_statistics)). The design and the measurements:
+/// `docs/internals/vmm-pool.md` and the guide's page "Fragmentation and how to avoid it".
+///
+/// ```no_run
+/// use rmm_mr::vmm::VmmPoolOptions;
+/// use rmm_mr::{DeviceMemoryResource, VmmPoolMemoryResource};
+/// use rmm_stream::CudaStreamView;
+///
+/// # fn main() -> rmm_mr::MrResult<()> {
+/// // RMM issue 1957: 2 MiB up front, at most 64 MiB, then one allocation of 64 MiB.
+/// let pool = VmmPoolMemoryResource::with_options(
+///     64 << 20,
+///     VmmPoolOptions::new().initial_pool_size(2 << 20),
+/// )?;
+/// let s = CudaStreamView::default();
+/// let all = pool.allocate(s, 64 << 20, 256)?;
+/// // SAFETY: allocated above with this size on `s`.
+/// unsafe { pool.deallocate(s, all, 64 << 20, 256)? };
+/// # Ok(())
+/// # }
+/// ```
+#[doc(alias = "expandable_segments")]
+#[doc(alias = "vmm_pool_memory_resource")]
+#[derive(Clone)]
+pub struct VmmPoolMemoryResource {
+    inner: Arc<Vmm>,
+}
+
+impl VmmPoolMemoryResource {
+    /// A pool of at most `maximum_pool_size` bytes on the current device, with the default
+    /// [`VmmPoolOptions`] (nothing mapped until the first allocation, the recommended
+    /// granularity).
+    ///
+    /// # Errors
+    /// As [`with_options`](Self::with_options).
+    pub fn new(maximum_pool_size: usize) -> MrResult<Self> {
+        Self::with_options(maximum_pool_size, VmmPoolOptions::default())
+    }
+
+    /// A pool of at most `maximum_pool_size` bytes (rounded down to the granularity) on the
+    /// current device.
+    ///
+    /// # Errors
+    /// [`MrError::Unsupported`] when the device or its driver lacks virtual memory management,
+    /// or the export handle type is not supported; [`MrError::InvalidArgument`] for sizes or a
+    /// granularity [`VmmPoolOptions`] describes as invalid; out-of-memory when the address
+    /// range or the initial memory cannot be had; the driver's error otherwise.
+    pub fn with_options(maximum_pool_size: usize, options: VmmPoolOptions) -> MrResult<Self> {
+        let device = rmm_sys::current_device()?;
+        if !sys_vmm::vmm_supported(device)? {
+            return Err(MrError::Unsupported(format!(
+                "{NAME}: device {device} or its driver does not support virtual memory management"
+            )));
+        }
+        let handle_type = options
+            .export_handle_type
+            .unwrap_or(AllocationHandleType::None);
+        match handle_type {
+            AllocationHandleType::None => {}
+            AllocationHandleType::PosixFileDescriptor
+                if cfg!(unix) && sys_vmm::posix_fd_supported(device)? => {}
+            other => {
+                return Err(MrError::Unsupported(format!(
+                    "{NAME}: export handle type {other:?} is not supported here (POSIX file \
+                     descriptors are, where the device supports them)"
+                )))
+            }
+        }
+        let minimum = sys_vmm::allocation_granularity(device, handle_type, Granularity::Minimum)?;
+        let recommended =
+            sys_vmm::allocation_granularity(device, handle_type, Granularity::Recommended)?;
+        let geometry = Geometry::new(
+            maximum_pool_size,
+            options.initial_pool_size,
+            options.granularity,
+            recommended,
+            minimum,
+        )
+        .map_err(MrError::invalid_argument)?;
+        let mut access = vec![device];
+        for peer in options.peer_access {
+            if !access.contains(&peer) {
+                access.push(peer);
+            }
+        }
+        let mapper = Mapper::device(
+            device,
+            handle_type,
+            access,
+            geometry.capacity,
+            geometry.granularity,
+            minimum,
+        )?;
+        Self::build(mapper, geometry)
+    }
+
+    /// The same pool over simulated memory: fake addresses that nothing may touch (its
+    /// [`properties`](DeviceMemoryResource::properties) say so, and containers refuse it), no
+    /// CUDA call on the legacy default stream, no GPU needed. For replays and "does this fit?"
+    /// questions, like [`SimulatedMemoryResource`](crate::SimulatedMemoryResource). The
+    /// granularity is the options' (any positive multiple of 256) or 2 MiB; peers are ignored.
+    ///
+    /// # Errors
+    /// [`MrError::InvalidArgument`] for invalid sizes, an export handle type (simulated memory
+    /// cannot be exported), or when the simulated address space is used up.
+    pub fn simulated(maximum_pool_size: usize, options: VmmPoolOptions) -> MrResult<Self> {
+        if options
+            .export_handle_type
+            .is_some_and(|t| t != AllocationHandleType::None)
+        {
+            return Err(MrError::invalid_argument(format!(
+                "{NAME}: simulated memory cannot be exported"
+            )));
+        }
+        let geometry = Geometry::new(
+            maximum_pool_size,
+            options.initial_pool_size,
+            options.granularity,
+            SIMULATED_GRANULARITY,
+            ALLOCATION_ALIGNMENT,
+        )
+        .map_err(MrError::invalid_argument)?;
+        let mapper = Mapper::simulated(geometry.capacity, geometry.granularity)?;
+        Self::build(mapper, geometry)
+    }
+
+    fn build(mapper: Mapper, geometry: Geometry) -> MrResult<Self> {
+        let vmm = Vmm {
+            core: StreamOrdered::new(VmmBlocks::new(mapper.end())),
+            mapper,
+            over_aligned: OverAligned::default(),
+        };
+        if geometry.initial > 0 {
+            let (ptr, size) = vmm.mapper.grow(geometry.initial, geometry.initial, 0)?;
+            vmm.core.add_initial_chunk(ptr, size)?;
+        }
+        Ok(Self {
+            inner: Arc::new(vmm),
+        })
+    }
+
+    /// Bytes mapped now (the sum of the chunks).
+    #[must_use]
+    pub fn pool_size(&self) -> usize {
+        self.inner.core.pool_size()
+    }
+
+    /// The most the pool maps: the maximum pool size rounded down to the granularity, which is
+    /// also the size of its address range.
+    #[must_use]
+    pub fn maximum_pool_size(&self) -> usize {
+        self.inner.mapper.capacity()
+    }
+
+    /// The granularity chunks are mapped in.
+    #[must_use]
+    pub fn granularity(&self) -> usize {
+        self.inner.mapper.granularity()
+    }
+
+    /// The first address of the reserved range: every allocation lies in
+    /// `[address_base, address_base + maximum_pool_size)`.
+    #[must_use]
+    pub fn address_base(&self) -> DevicePtr {
+        self.inner.mapper.base()
+    }
+
+    /// Number of chunks mapped now.
+    #[must_use]
+    pub fn chunk_count(&self) -> usize {
+        self.inner.mapper.chunk_count()
+    }
+
+    /// The device the pool maps memory on (`None` for a [simulated](Self::simulated) pool).
+    #[must_use]
+    pub fn device(&self) -> Option<DeviceId> {
+        self.inner.mapper.device_id()
+    }
+
+    /// Number of allocations handed out and not yet freed.
+    #[must_use]
+    pub fn outstanding_allocations(&self) -> usize {
+        self.inner.core.outstanding()
+    }
+
+    /// How often the pool mapped and unmapped chunks, and the time that took.
+    #[must_use]
+    pub fn growth_statistics(&self) -> VmmGrowthStatistics {
+        self.inner.mapper.statistics()
+    }
+
+    /// Unmaps and releases every chunk no allocation uses and returns the bytes released. The
+    /// device is synchronized first, so no pending work on any stream can still use the memory
+    /// (unmapping memory in use is undefined behaviour on the device). Chunks released before
+    /// the last mapped one leave holes in the range, which growth maps again when needed.
+    ///
+    /// # Errors
+    ///
+    /// A failed synchronization (nothing is released) or the first failed unmapping (that
+    /// chunk stays mapped and in the pool; the others are released).
+    pub fn release_unused(&self) -> MrResult<usize> {
+        self.inner.core.release_unused(&self.inner.mapper)
+    }
+
+    /// Exports the physical memory of every chunk as a POSIX file descriptor, for another
+    /// process to import (`rmm_sys::vmm::PhysicalMemory::import_posix_fd`) and map at the same
+    /// offsets of a range of its own. Needs
+    /// [`AllocationHandleType::PosixFileDescriptor`] in the options.
+    ///
+    /// # Errors
+    /// The driver's error when the memory was not created exportable; an invalid argument for a
+    /// simulated pool.
+    #[cfg(unix)]
+    pub fn export_chunks(&self) -> MrResult<Vec<crate::vmm::ExportedChunk>> {
+        self.inner.mapper.export_chunks()
+    }
+
+    /// Everything the pool's core keeps (tests).
+    #[cfg(test)]
+    pub(crate) fn core_state(&self) -> crate::stream_ordered::core::CoreState {
+        self.inner.core.state()
+    }
+
+    /// The mapper (tests).
+    #[cfg(test)]
+    pub(crate) fn mapper(&self) -> &Mapper {
+        &self.inner.mapper
+    }
+
+    /// A block of `bytes` (rounded up to 256) on `stream`.
+    #[inline]
+    fn allocate_block(&self, stream: CudaStreamView<'_>, bytes: usize) -> MrResult<DevicePtr> {
+        if bytes == 0 {
+            return Ok(DevicePtr::NULL);
+        }
+        let size = checked_align_up(bytes, ALLOCATION_ALIGNMENT).ok_or_else(|| {
+            MrError::out_of_memory(
+                bytes,
+                format!(
+                    "Maximum allocation size exceeded (failed to allocate {})",
+                    format_bytes(bytes)
+                ),
+            )
+        })?;
+        let vmm = &*self.inner;
+        vmm.core.allocate(stream, size, &vmm.mapper, |_, tail| {
+            vmm.mapper.grow(bytes, size, tail)
+        })
+    }
+
+    /// `bytes` aligned to `alignment` (above 256), from a larger block.
+    #[cold]
+    fn allocate_over_aligned(
+        &self,
+        stream: CudaStreamView<'_>,
+        bytes: usize,
+        alignment: usize,
+    ) -> MrResult<DevicePtr> {
+        let give_back = |block, size| {
+            // SAFETY: the block was just allocated here on `stream` and never handed out.
+            if let Err(e) = unsafe { self.inner.core.deallocate(stream, block, size) } {
+                log::error!("rmm: {NAME} could not take back block {block}: {e}");
+            }
+        };
+        self.inner.over_aligned.allocate(
+            bytes,
+            alignment,
+            NAME,
+            |size| self.allocate_block(stream, size),
+            give_back,
+        )
+    }
+}
+
+impl fmt::Debug for VmmPoolMemoryResource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VmmPoolMemoryResource")
+            .field("pool_size", &self.pool_size())
+            .field("maximum_pool_size", &self.maximum_pool_size())
+            .field("chunks", &self.chunk_count())
+            .field("core", &self.inner.core)
+            .field("mapper", &self.inner.mapper)
+            .finish()
+    }
+}
+
+// SAFETY: blocks are disjoint, 256-byte aligned sub-ranges of chunks mapped into this
+// resource's reserved range (or of simulated addresses, which the properties forbid touching);
+// a chunk stays mapped while any block of it is handed out (release_unused unmaps only wholly
+// free chunks, after a device synchronization), and a block is handed out again only after it
+// was freed, ordered after the freeing stream's work.
+unsafe impl DeviceMemoryResource for VmmPoolMemoryResource {
+    fn allocate(
+        &self,
+        stream: CudaStreamView<'_>,
+        bytes: usize,
+        alignment: usize,
+    ) -> MrResult<DevicePtr> {
+        let alignment = alignment::check(alignment, MAX_OVER_ALIGNMENT)?;
+        if alignment > ALLOCATION_ALIGNMENT {
+            return self.allocate_over_aligned(stream, bytes, alignment);
+        }
+        self.allocate_block(stream, bytes)
+    }
+
+    unsafe fn deallocate(
+        &self,
+        stream: CudaStreamView<'_>,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+    ) -> MrResult<()> {
+        if let Some(alignment) = alignment::over_aligned(alignment, MAX_OVER_ALIGNMENT) {
+            return self
+                .inner
+                .over_aligned
+                .deallocate(ptr, bytes, alignment, |block, size| {
+                    // SAFETY: the trait's contract, for the block the allocation lies in.
+                    unsafe { self.inner.core.deallocate(stream, block, size) }
+                });
+        }
+        // SAFETY: the trait's contract.
+        unsafe { self.inner.core.deallocate(stream, ptr, bytes) }
+    }
+
+    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
+        same_shared_state::<Self, _>(other, &self.inner, |o| &o.inner)
+    }
+
+    fn properties(&self) -> ResourceProperties {
+        self.inner.mapper.properties()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
