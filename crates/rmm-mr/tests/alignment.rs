@@ -1,7 +1,7 @@
 //! The alignment rule (the trait's "Alignment" section) on every resource that runs without a
 //! GPU: the sub-allocators, the aligned adaptor, every adaptor and the callback resource over
-//! host memory ([`HostMockResource`]), on the legacy stream (whose lists and arenas need no CUDA
-//! call). The same checks run on the GPU as the conformance suite's alignment rows. Also:
+//! host memory ([`HostMockResource`]), and the VMM pool over simulated memory, on the legacy
+//! stream (whose lists and arenas need no CUDA call). The same checks run on the GPU as the conformance suite's alignment rows. Also:
 //! refused requests are not counted, honoured over-aligned memory is usable to its last byte,
 //! and sub-allocators refuse (and give back) misaligned chunks from their upstream.
 
@@ -20,7 +20,8 @@ use rmm_mr::{
     FailureCallbackResourceAdaptor, FixedSizeMemoryResource, FixedSizeOptions,
     LimitingResourceAdaptor, LoggingOptions, LoggingResourceAdaptor, MrError, MrResult,
     PoolMemoryResource, PrefetchResourceAdaptor, SharedResource, StatisticsResourceAdaptor,
-    ThreadSafeResourceAdaptor, TrackingResourceAdaptor, MAX_OVER_ALIGNMENT,
+    ThreadSafeResourceAdaptor, TrackingResourceAdaptor, VmmPoolMemoryResource, VmmPoolOptions,
+    MAX_OVER_ALIGNMENT,
 };
 use rmm_stream::CudaStreamView;
 use rmm_sys::DevicePtr;
@@ -73,6 +74,12 @@ fn subjects(mock: &HostMockResource) -> Vec<(&'static str, SharedResource, usize
         ("host_mock", Arc::new(m()), MAX_OVER_ALIGNMENT),
         ("pool", Arc::new(pool(mock)), MAX_OVER_ALIGNMENT),
         ("arena", Arc::new(arena(mock)), MAX_OVER_ALIGNMENT),
+        // Over simulated memory (addresses only: the checks never touch the memory).
+        (
+            "vmm_pool_simulated",
+            Arc::new(VmmPoolMemoryResource::simulated(64 * MIB, Default::default()).unwrap()),
+            MAX_OVER_ALIGNMENT,
+        ),
         ("fixed_size", Arc::new(fixed(mock)), 256),
         // Over-aligned requests go to the upstream, which honours up to 2 MiB.
         ("binning", Arc::new(binning(mock)), MAX_OVER_ALIGNMENT),

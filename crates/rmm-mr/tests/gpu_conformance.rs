@@ -1,4 +1,5 @@
-//! RMM's conformance suite instantiated for every base resource and the limiting adaptor.
+//! RMM's conformance suite instantiated for every base resource, the sub-allocators (the VMM
+//! pool included) and the limiting adaptor.
 //! Run by the GPU bundle in both default-stream modes; without a GPU every trial is ignored.
 
 mod conformance;
@@ -7,12 +8,13 @@ use std::sync::Arc;
 
 use conformance::{trials, Subject, GIB};
 use libtest_mimic::Arguments;
+use rmm_mr::vmm::VmmPoolOptions;
 use rmm_mr::{
     ArenaMemoryResource, BinningMemoryResource, BinningOptions, CallbackMemoryResource,
     CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaAsyncViewMemoryResource,
     CudaMemoryResource, DeviceMemoryResource, FixedSizeMemoryResource, LimitingResourceAdaptor,
     ManagedMemoryResource, PinnedHostMemoryResource, PoolMemoryResource, SamHeadroomMemoryResource,
-    SharedResource, SystemMemoryResource,
+    SharedResource, SystemMemoryResource, VmmPoolMemoryResource,
 };
 use rmm_sys::testing::{self, no_pools};
 use rmm_sys::{DeviceCapabilities, DriverVersion};
@@ -36,6 +38,14 @@ fn no_async_managed() -> Option<String> {
     match caps() {
         Some(c) if c.concurrent_managed_access => None,
         _ => Some("the device lacks concurrent managed access".into()),
+    }
+}
+
+fn no_vmm() -> Option<String> {
+    match rmm_sys::current_device().and_then(rmm_sys::vmm::vmm_supported) {
+        Ok(true) => None,
+        Ok(false) => Some("the device lacks virtual memory management".into()),
+        Err(e) => Some(format!("cannot probe the device: {e}")),
     }
 }
 
@@ -121,6 +131,18 @@ fn subjects() -> Vec<Subject> {
             )?))
         })
         .without_mt(),
+        // The VMM pool: nothing mapped up front, and 64 MiB mapped up front in 32 MiB chunks.
+        Subject::new("vmm_pool", || Ok(arc(VmmPoolMemoryResource::new(4 * GIB)?)))
+            .unsupported_when(no_vmm),
+        Subject::new("vmm_pool_initial_coarse", || {
+            Ok(arc(VmmPoolMemoryResource::with_options(
+                4 * GIB,
+                VmmPoolOptions::new()
+                    .initial_pool_size(64 << 20)
+                    .granularity(32 << 20),
+            )?))
+        })
+        .unsupported_when(no_vmm),
         Subject::new("fixed_size_over_cuda", || {
             Ok(arc(
                 FixedSizeMemoryResource::new(CudaMemoryResource::new())?,

@@ -1,5 +1,5 @@
-//! GPU tests of the pool, fixed-size and binning resources: RMM's pool cases over the CUDA and
-//! the driver-pool upstreams, and memory-contents tests of cross-stream reuse (a block freed on
+//! GPU tests of the pool, fixed-size, binning and VMM pool resources: RMM's pool cases over the
+//! CUDA and the driver-pool upstreams, and memory-contents tests of cross-stream reuse (a block freed on
 //! a stalled stream and taken by another must not be written by the second before the first's
 //! pending work is done) and of cross-thread frees on the per-thread default stream
 //! (`cross_thread_free/...`, see `cross_thread/mod.rs`). Without a GPU every trial reports
@@ -14,13 +14,14 @@ use std::time::Duration;
 
 use cross_thread::gpu_pt;
 use libtest_mimic::{Arguments, Failed};
+use rmm_mr::vmm::VmmPoolOptions;
 use rmm_mr::{
     shared, BinningMemoryResource, BinningOptions, CudaAsyncMemoryResource, CudaMemoryResource,
     DeviceMemoryResource, FixedSizeMemoryResource, FixedSizeOptions, LimitingResourceAdaptor,
-    MrError, PoolMemoryResource, PoolOptions, SharedResource,
+    MrError, PoolMemoryResource, PoolOptions, SharedResource, VmmPoolMemoryResource,
 };
 use rmm_stream::{stall, CudaEvent, CudaStream, CudaStreamView};
-use rmm_sys::testing::{ensure, gpu};
+use rmm_sys::testing::{ensure, gpu, gpu_if};
 use rmm_sys::{memory, DevicePtr};
 
 /// The upstreams every pool case runs over.
@@ -591,6 +592,70 @@ fn binning_contents(up: Upstream) -> Result<(), Failed> {
     sixteen_threads(&binning, 1 << 20)
 }
 
+// ----- the VMM pool (no upstream: it maps its own memory) -----
+
+/// Why the VMM pool cannot run here, or `None`.
+fn no_vmm() -> Option<String> {
+    match rmm_sys::current_device().and_then(rmm_sys::vmm::vmm_supported) {
+        Ok(true) => None,
+        Ok(false) => Some("the device lacks virtual memory management".into()),
+        Err(e) => Some(format!("cannot probe the device: {e}")),
+    }
+}
+
+/// A VMM pool whose chunks are `BYTES` when a `BYTES` request finds nothing free, as the
+/// pool's first chunk is (2 MiB granules), and that cannot grow past `maximum`.
+fn vmm_pool(maximum: usize) -> Result<VmmPoolMemoryResource, Failed> {
+    let pool = VmmPoolMemoryResource::with_options(maximum, VmmPoolOptions::new())?;
+    ensure(
+        BYTES % pool.granularity() == 0,
+        format!("granularity {} does not divide {BYTES}", pool.granularity()),
+    )?;
+    Ok(pool)
+}
+
+fn vmm_steal(variant: Steal) -> Result<(), Failed> {
+    // "Cannot grow": room for the warm-up's granule and one block, not a second block.
+    let maximum = match variant {
+        Steal::Exhausted => BYTES + (2 << 20),
+        _ => 1 << 30,
+    };
+    let pool = vmm_pool(maximum)?;
+    steal_check(&pool, variant)?;
+    ensure(pool.outstanding_allocations() == 0, "allocations left")
+}
+
+fn vmm_sixteen_threads() -> Result<(), Failed> {
+    let pool = vmm_pool(8 << 30)?;
+    sixteen_threads(&pool, 1 << 20)?;
+    ensure(pool.outstanding_allocations() == 0, "allocations left")?;
+    let before = pool.pool_size();
+    let released = pool.release_unused()?;
+    ensure(
+        pool.pool_size() == before - released,
+        format!(
+            "{before} bytes mapped, {released} released, {} left",
+            pool.pool_size()
+        ),
+    )
+}
+
+fn vmm_cross_thread_free(
+    stream: cross_thread::PtStream,
+    pending: cross_thread::Pending,
+) -> Result<(), Failed> {
+    let pool = vmm_pool(1 << 30)?;
+    cross_thread::run(
+        &pool,
+        BYTES,
+        stream,
+        pending,
+        cross_thread::Reuse::Same,
+        &|_| Ok(Vec::new()),
+    )?;
+    ensure(pool.outstanding_allocations() == 0, "allocations left")
+}
+
 // ----- cross-thread frees on the per-thread default stream -----
 
 /// The resources of the cross-thread trials. Each holds exactly one free block of `BYTES`
@@ -742,6 +807,31 @@ fn main() {
                     ));
                 }
             }
+        }
+    }
+    for (name, variant) in steals {
+        trials.push(gpu_if(
+            format!("vmm_pool/steal_contents/{name}"),
+            no_vmm,
+            move || vmm_steal(variant),
+        ));
+    }
+    trials.push(gpu_if(
+        "vmm_pool/sixteen_threads",
+        no_vmm,
+        vmm_sixteen_threads,
+    ));
+    for stream in cross_thread::PtStream::ALL {
+        for pending in cross_thread::Pending::ALL {
+            trials.push(gpu_if(
+                format!(
+                    "cross_thread_free/vmm_pool/{}/{}",
+                    stream.name(),
+                    pending.name()
+                ),
+                move || stream.unavailable().or_else(no_vmm),
+                move || vmm_cross_thread_free(stream, pending),
+            ));
         }
     }
     libtest_mimic::run(&args, trials).exit();

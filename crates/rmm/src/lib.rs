@@ -42,6 +42,7 @@ pub use rmm_mr::debug_log::{
     debug_log_level, flush_debug_log, init_debug_logging, init_debug_logging_with_level,
     set_debug_log_level,
 };
+pub use rmm_mr::vmm::VmmGrowthStatistics;
 pub use rmm_mr::{
     current_device_resource, per_device_resource, prefetch, reset_current_device_resource,
     reset_per_device_resource, resource_cast, set_current_device_resource, set_per_device_resource,
@@ -54,7 +55,8 @@ pub use rmm_mr::{
     MrError, MrResult, PinnedHostMemoryResource, PoolMemoryResource, PoolOptions, PoolStatistics,
     PrefetchResourceAdaptor, PrefetchTarget, ResourceProperties, SamHeadroomMemoryResource,
     SharedResource, SimulatedMemoryResource, StatisticsResourceAdaptor, SystemMemoryResource,
-    ThreadSafeResourceAdaptor, TrackingOptions, TrackingResourceAdaptor,
+    ThreadSafeResourceAdaptor, TrackingOptions, TrackingResourceAdaptor, VmmPoolMemoryResource,
+    VmmPoolOptions,
 };
 pub use rmm_stream::{
     default_stream_mode, set_default_stream_mode, CudaEvent, CudaStream, CudaStreamPool,
@@ -80,6 +82,7 @@ pub mod prelude {
         CudaAsyncMemoryResource, CudaAsyncOptions, CudaMemoryResource, DeviceMemoryResource,
         LimitingOptions, LimitingResourceAdaptor, ManagedMemoryResource, MrError, MrResult,
         PoolMemoryResource, PoolOptions, SharedResource, StatisticsResourceAdaptor,
+        VmmPoolMemoryResource, VmmPoolOptions,
     };
     pub use rmm_stream::{CudaEvent, CudaStream, CudaStreamView};
     pub use rmm_sys::{DeviceId, DevicePtr};

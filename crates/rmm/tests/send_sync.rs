@@ -7,6 +7,7 @@
 use static_assertions::{assert_impl_all, assert_not_impl_any};
 
 use rmm::containers::{BufferStream, DeviceBuffer, DeviceScalar, DeviceUvector};
+use rmm::mr::vmm::{ExportedChunk, VmmGrowthStatistics, VmmPoolOptions};
 use rmm::mr::{
     adaptors::logging::{Action, CsvError, EventLine, EventTime, MemoryEvent},
     adaptors::tracking::{OutstandingAllocation, TrackingError, TrackingErrorRecord},
@@ -21,12 +22,13 @@ use rmm::mr::{
     PoolMemoryResource, PoolOptions, PoolStatistics, PrefetchResourceAdaptor, PrefetchTarget,
     ResourceProperties, SamHeadroomMemoryResource, SharedResource, SimulatedMemoryResource,
     StatisticsResourceAdaptor, SystemMemoryResource, ThreadSafeResourceAdaptor, TrackingOptions,
-    TrackingResourceAdaptor,
+    TrackingResourceAdaptor, VmmPoolMemoryResource,
 };
 use rmm::stream::{
     CudaEvent, CudaStream, CudaStreamPool, CudaStreamView, DefaultStreamMode, StreamError,
     StreamFlags,
 };
+use rmm::sys::vmm::{AddressRange, Mapping, PhysicalMemory};
 use rmm::sys::{
     CudaError, DeviceGuard, DeviceId, DevicePtr, DriverVersion, MemLocation, PrimaryContext,
     ResultCode,
@@ -48,6 +50,7 @@ assert_impl_all!(SimulatedMemoryResource: Send, Sync, Clone);
 assert_impl_all!(HostMockResource: Send, Sync);
 assert_impl_all!(PoolMemoryResource: Send, Sync);
 assert_impl_all!(PoolMemoryResource<CudaMemoryResource>: Send, Sync);
+assert_impl_all!(VmmPoolMemoryResource: Send, Sync, Clone);
 assert_impl_all!(ArenaMemoryResource: Send, Sync);
 assert_impl_all!(ArenaMemoryResource<CudaMemoryResource>: Send, Sync);
 assert_impl_all!(FixedSizeMemoryResource: Send, Sync);
@@ -76,6 +79,9 @@ assert_impl_all!(LoggingOptions: Send);
 assert_not_impl_any!(LoggingOptions: Sync);
 assert_impl_all!(CudaAsyncOptions: Send, Sync);
 assert_impl_all!(PoolStatistics: Send, Sync);
+assert_impl_all!(VmmPoolOptions: Send, Sync);
+assert_impl_all!(VmmGrowthStatistics: Send, Sync);
+assert_impl_all!(ExportedChunk: Send, Sync);
 assert_impl_all!(ResourceProperties: Send, Sync);
 assert_impl_all!(PrefetchTarget: Send, Sync);
 assert_impl_all!(TrackingOptions: Send, Sync);
@@ -110,6 +116,15 @@ assert_impl_all!(CudaStream: Send, Sync);
 assert_impl_all!(CudaEvent: Send, Sync);
 assert_impl_all!(CudaStreamPool: Send, Sync);
 assert_impl_all!(CudaStreamView<'static>: Send, Sync, Copy);
+
+// The virtual memory API's handles: owned driver objects, usable from any thread, never
+// copied (a copy would unmap, release or free twice).
+assert_impl_all!(AddressRange: Send, Sync);
+assert_impl_all!(PhysicalMemory: Send, Sync);
+assert_impl_all!(Mapping: Send, Sync);
+assert_not_impl_any!(AddressRange: Copy, Clone);
+assert_not_impl_any!(PhysicalMemory: Copy, Clone);
+assert_not_impl_any!(Mapping: Copy, Clone);
 
 // Containers: owned device memory moves between threads and may be read from several.
 assert_impl_all!(DeviceBuffer: Send, Sync);
