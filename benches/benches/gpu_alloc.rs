@@ -21,7 +21,7 @@ use rmm_benches::{median, replay_threads, Trace};
 use rmm_mr::{
     ArenaMemoryResource, ArenaOptions, BinningMemoryResource, BinningOptions,
     CudaAsyncMemoryResource, CudaMemoryResource, DeviceMemoryResource, FixedSizeMemoryResource,
-    FixedSizeOptions, MrResult, PoolMemoryResource, SharedResource,
+    FixedSizeOptions, MrResult, PoolMemoryResource, SharedResource, VmmPoolMemoryResource,
 };
 use rmm_stream::CudaStream;
 use rmm_sys::mempool;
@@ -122,6 +122,16 @@ fn factories() -> Vec<(&'static str, Factory, bool)> {
                     CudaMemoryResource::new(),
                     ArenaOptions::new().arena_size(bytes),
                 )?))
+            }),
+            true,
+        ),
+        (
+            "vmm_pool",
+            Box::new(|_: &TraceSpec| {
+                // The arena's share of the free memory as the maximum (the address range);
+                // nothing mapped up front: the warm-up pass grows it, as it grows the pool.
+                let maximum = DeviceMemory::query()?.arena_bytes();
+                Ok(shared(VmmPoolMemoryResource::new(maximum)?))
             }),
             true,
         ),

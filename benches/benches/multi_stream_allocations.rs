@@ -75,6 +75,10 @@ fn run(args: &Args) -> BenchResult {
         Spec::Arena {
             bytes: mem.arena_bytes(),
         },
+        Spec::VmmPool {
+            initial: mem.half_free(),
+            maximum: mem.arena_bytes(),
+        },
         Spec::Binning {
             pool_initial: mem.half_free(),
             min_exp: 18,

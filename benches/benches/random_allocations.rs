@@ -47,6 +47,10 @@ fn resources(mem: &DeviceMemory) -> Vec<Spec> {
         Spec::Arena {
             bytes: mem.arena_bytes(),
         },
+        Spec::VmmPool {
+            initial: mem.half_free(),
+            maximum: mem.arena_bytes(),
+        },
         Spec::Cuda,
     ]
 }

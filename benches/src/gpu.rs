@@ -5,10 +5,11 @@
 
 use std::ffi::{c_void, CString};
 
+use rmm_mr::vmm::VmmPoolOptions;
 use rmm_mr::{
     ArenaMemoryResource, ArenaOptions, BinningMemoryResource, BinningOptions,
     CudaAsyncMemoryResource, CudaMemoryResource, MrError, MrResult, PoolMemoryResource,
-    SharedResource, StatisticsResourceAdaptor,
+    SharedResource, StatisticsResourceAdaptor, VmmPoolMemoryResource,
 };
 use rmm_sys::DevicePtr;
 
@@ -32,6 +33,13 @@ pub enum Spec {
         /// Arena size in bytes.
         bytes: usize,
     },
+    /// A VMM pool (no RMM equivalent) mapping `initial` bytes up front and at most `maximum`.
+    VmmPool {
+        /// Bytes mapped at construction.
+        initial: usize,
+        /// The maximum pool size (the reserved address range).
+        maximum: usize,
+    },
     /// Fixed-size bins `2^min_exp..=2^max_exp` over a pool of this initial size over the CUDA
     /// resource (RMM's `binning`).
     Binning {
@@ -53,6 +61,7 @@ impl Spec {
             Self::Async => "cuda_async",
             Self::Pool { .. } => "pool",
             Self::Arena { .. } => "arena",
+            Self::VmmPool { .. } => "vmm_pool",
             Self::Binning { .. } => "binning",
         }
     }
@@ -82,7 +91,8 @@ pub struct Built {
 
 impl Built {
     /// Peak bytes reserved so far: what the resource took from the CUDA resource at most (a
-    /// statistics adaptor sits between them), or the driver pool's `ReservedMemHigh`.
+    /// statistics adaptor sits between them), the driver pool's `ReservedMemHigh`, or the most
+    /// the VMM pool mapped.
     #[must_use]
     pub fn peak_reserved(&self) -> Option<u64> {
         (self.peak)()
@@ -119,6 +129,17 @@ pub fn build(spec: Spec) -> MrResult<Built> {
             mr: rmm_mr::shared(PoolMemoryResource::new(stats.clone(), initial)?),
             peak: peak_of(stats),
         },
+        Spec::VmmPool { initial, maximum } => {
+            let mr = VmmPoolMemoryResource::with_options(
+                maximum,
+                VmmPoolOptions::new().initial_pool_size(initial),
+            )?;
+            let handle = mr.clone();
+            Built {
+                mr: rmm_mr::shared(mr),
+                peak: Box::new(move || u64::try_from(handle.growth_statistics().peak_mapped).ok()),
+            }
+        }
         Spec::Arena { bytes } => Built {
             mr: rmm_mr::shared(ArenaMemoryResource::with_options(
                 stats.clone(),

@@ -6,6 +6,9 @@
 #                                      --test-threads=1 FILTER...; last line:
 #                                      "gpu: N passed, M failed, K skipped"
 #        run.sh bench [ARGS...]        every bench/* binary once, with --bench ARGS...
+#        run.sh frag [ARGS...]         the fragmentation benchmark only (bench/*--fragmentation):
+#                                      its tables of RMM issues 1957, 496 and 2039 and growth
+#                                      costs
 #        run.sh peer [ARGS...]         the peer comparison with RMM C++ (a bundle made with
 #                                      `cargo xtask gpu bundle --peer`): compiles
 #                                      peer/rmm_peer.cpp with nvcc against the bundled librmm
@@ -588,6 +591,11 @@ echo '$result'"
   expect_eq "filtered benches exit 0" "$ST_RC" 0
   expect_eq "the filter keeps one bench" "$(tail -n 1 "$tmp/filtered.txt")" "bench: 1 ran, 0 failed"
   expect "the filtered-out bench does not run" test ! -e "$b1/logs/bench--pkg-b--cpu.log"
+  fake "$b1/bench/rmm-benches--fragmentation" "echo \"frag-ran \$*\""
+  st_run frag -- "$b1/run.sh" frag --quick
+  expect_eq "frag exits 0" "$ST_RC" 0
+  expect_eq "frag runs one bench" "$(tail -n 1 "$tmp/frag.txt")" "bench: 1 ran, 0 failed"
+  expect "frag passes its arguments" file_has "$tmp/frag.txt" "frag-ran --bench --quick"
 
   # 7. peer: fake wheels, a fake nvcc that "compiles" a fake rmm_peer, a fake examples/peer.
   local b7=$tmp/b7 w=$tmp/wheels
@@ -661,6 +669,11 @@ main() {
     shift
     setup_env
     run_benches "$@"
+    ;;
+  frag)
+    shift
+    setup_env
+    RMM_BENCH_FILTER='*--fragmentation' run_benches "$@"
     ;;
   peer)
     shift

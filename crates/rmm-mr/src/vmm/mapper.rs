@@ -7,7 +7,7 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -43,6 +43,8 @@ pub struct VmmGrowthStatistics {
     pub time_mapping: Duration,
     /// Wall time spent unmapping and releasing.
     pub time_unmapping: Duration,
+    /// The most bytes mapped at once (the pool's peak reserved memory).
+    pub peak_mapped: usize,
 }
 
 /// Where the memory comes from.
@@ -80,9 +82,10 @@ pub(crate) struct Mapper {
     unmappings: AtomicU64,
     nanos_mapping: AtomicU64,
     nanos_unmapping: AtomicU64,
+    peak_mapped: AtomicUsize,
     /// Failures to inject into simulated mappings (tests).
     #[cfg(test)]
-    pub(crate) fail_maps: std::sync::atomic::AtomicUsize,
+    pub(crate) fail_maps: AtomicUsize,
 }
 
 impl Mapper {
@@ -143,8 +146,9 @@ impl Mapper {
             unmappings: AtomicU64::new(0),
             nanos_mapping: AtomicU64::new(0),
             nanos_unmapping: AtomicU64::new(0),
+            peak_mapped: AtomicUsize::new(0),
             #[cfg(test)]
-            fail_maps: std::sync::atomic::AtomicUsize::new(0),
+            fail_maps: AtomicUsize::new(0),
         })
     }
 
@@ -199,6 +203,7 @@ impl Mapper {
             unmappings: self.unmappings.load(Ordering::Relaxed),
             time_mapping: Duration::from_nanos(self.nanos_mapping.load(Ordering::Relaxed)),
             time_unmapping: Duration::from_nanos(self.nanos_unmapping.load(Ordering::Relaxed)),
+            peak_mapped: self.peak_mapped.load(Ordering::Relaxed),
         }
     }
 
@@ -237,6 +242,8 @@ impl Mapper {
         }
         st.mappings.insert(p.offset, mapping);
         self.mappings.fetch_add(1, Ordering::Relaxed);
+        self.peak_mapped
+            .fetch_max(st.range.mapped(), Ordering::Relaxed);
         self.end
             .store(self.base + st.range.end() as u64, Ordering::Release);
         Ok((DevicePtr::from_raw(self.base + p.offset as u64), p.size))

@@ -165,6 +165,7 @@ fn release_unused_unmaps_wholly_free_chunks_and_holes_are_refilled() {
     assert_eq!(p.release_unused().unwrap(), 3 * G);
     assert_eq!((p.pool_size(), p.chunk_count()), (G, 1));
     assert_eq!(p.growth_statistics().unmappings, 3);
+    assert_eq!(p.growth_statistics().peak_mapped, 8 * MIB);
     // The end moved back to the live block; the hole before it is mapped again only when the
     // end has no room: 4 MiB after it fit.
     let after = p.allocate(s(), 4 * MIB, 256).unwrap();
