@@ -16,8 +16,9 @@
 //!   and allocates a new size in its place (the trace's steady state).
 //!
 //! Resources: `fixed_size` (block = the mix's largest size, 128 blocks per chunk, as the GPU
-//! benchmark), `binning` (exponents 18..=22 over a pool, as the GPU benchmark) and `pool`
-//! (grown on demand); see [`resources`] for which run on the per-thread stream.
+//! benchmark), `binning` (exponents 18..=22 over a pool, as the GPU benchmark), `pool` (grown
+//! on demand) and `vmm_pool` (over simulated memory: growth is bookkeeping only); see
+//! [`resources`] for which run on the per-thread stream.
 
 use std::any::Any;
 use std::hint::black_box;
@@ -27,7 +28,7 @@ use std::time::Duration;
 use criterion::{criterion_main, Criterion};
 use rmm_mr::{
     shared, BinningMemoryResource, BinningOptions, DeviceMemoryResource, FixedSizeMemoryResource,
-    FixedSizeOptions, MrResult, PoolMemoryResource,
+    FixedSizeOptions, MrResult, PoolMemoryResource, VmmPoolMemoryResource,
 };
 use rmm_stream::CudaStreamView;
 use rmm_sys::DevicePtr;
@@ -191,6 +192,11 @@ fn resources(
     out.push((
         "pool",
         Box::new(PoolMemoryResource::new(NullUpstream::new(), 0).unwrap()),
+    ));
+    // The same core over simulated chunks (64 GiB of fake addresses, mapped as it grows).
+    out.push((
+        "vmm_pool",
+        Box::new(VmmPoolMemoryResource::simulated(64 << 30, Default::default()).unwrap()),
     ));
     out
 }
