@@ -37,7 +37,8 @@ Each log is replayed on its own, on a fresh resource, in the log's order across 
 are counted, not replayed; a free of a pointer the log never allocated is skipped.
 
 Over simulated memory (--simulate) every event runs on one stream and no GPU is needed; the
-resource is built over a simulated device of SIZE bytes (pool: maximum SIZE; arena: SIZE).
+resource is built over a simulated device of SIZE bytes (pool and vmm: maximum SIZE; arena:
+SIZE).
 
 Exit status: 0 when every log replayed; 1 when a replay ran out of memory (the row is named)
 or the resource failed; 2 for bad usage or a log that cannot be read or is malformed (the file
@@ -50,7 +51,8 @@ Example: rmm-replay --simulate 80GiB --resource arena --plot memory.svg rmm_log.
 /// Reads logs written by RMM's logging_resource_adaptor (or rmm-rs's LoggingResourceAdaptor),
 /// replays them against the chosen resource on the GPU or over simulated memory, and prints for
 /// each log the allocations replayed, the failures the log recorded, the peak bytes in use, the
-/// peak bytes the resource reserved, fragmentation at the peak, and the wall time.
+/// peak bytes the resource reserved (and their ratio), fragmentation at the peak, the largest
+/// allocation served after the replay, and the wall time.
 #[derive(Debug, Parser)]
 #[command(name = "rmm-replay", version, after_help = AFTER_HELP)]
 pub struct Args {
@@ -59,7 +61,7 @@ pub struct Args {
     pub resource: ResourceKind,
 
     /// Replay over SIZE bytes of simulated memory (e.g. 80GiB, 512MiB) instead of a GPU: no GPU
-    /// needed (pool, arena, binning and fixed only).
+    /// needed (pool, arena, binning, fixed and vmm only).
     #[arg(short, long, value_name = "SIZE", value_parser = parse_size)]
     pub simulate: Option<ByteSize>,
 

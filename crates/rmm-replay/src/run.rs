@@ -4,12 +4,13 @@
 use std::fmt;
 use std::sync::atomic::AtomicUsize;
 
+use rmm::stream::CudaStreamView;
 use rmm::sys::CudaError;
 
 use crate::plan::Workload;
 use crate::plot::Panel;
 use crate::replay::{replay, Replay, ReplayError};
-use crate::summary::Summary;
+use crate::summary::{largest_allocation, Summary};
 use crate::target::{self, BuildError, DeviceStreams, Memory, ResourceKind};
 
 /// What one log's replay gave.
@@ -93,7 +94,7 @@ pub fn replay_log(
     } else {
         r.reserved.clone()
     };
-    let summary = Summary::new(
+    let mut summary = Summary::new(
         name,
         target.description.clone(),
         workload,
@@ -101,6 +102,17 @@ pub fn replay_log(
         &reserved,
         target.reserved_high(),
     );
+    // What is left of the memory, as one allocation: everything was freed by the replay.
+    summary.largest_after = target.probe_limit().map(|limit| {
+        let resolution = (limit / 4096).max(256);
+        let largest = largest_allocation(
+            &*target.resource,
+            CudaStreamView::legacy(),
+            limit,
+            resolution,
+        );
+        (largest, limit)
+    });
     let panel = Panel {
         title: format!("{name}: {}", kind.name()),
         in_use: in_use.to_vec(),
@@ -129,6 +141,7 @@ mod tests {
             ResourceKind::Arena,
             ResourceKind::Binning,
             ResourceKind::Fixed,
+            ResourceKind::Vmm,
         ] {
             let progress = AtomicUsize::new(0);
             let report = replay_log(
@@ -161,10 +174,35 @@ mod tests {
                 // Blocks of 32 MiB (the largest request), 8 per chunk; the peak holds 4 + 2 +
                 // 5 = 11 blocks, so two chunks.
                 ResourceKind::Fixed => 512 << 20,
+                // Mapped as needed, in 2 MiB granules: the 132 MiB of the peak and the holes
+                // that thread 2's alternating 8 MiB + 1 MiB pairs leave between live blocks.
+                ResourceKind::Vmm => 140 << 20,
                 _ => unreachable!(),
             };
             assert_eq!(s.peaks.reserved, expected_reserved, "{kind}");
-            let fragmentation = 1.0 - 138_420_836.0 / expected_reserved as f64;
+            assert!(
+                (s.reserved_to_live() - expected_reserved as f64 / 138_420_836.0).abs() < 1e-9,
+                "{kind}: {s}"
+            );
+            // Everything freed: the pool serves its largest chunk (or grows), the VMM pool and
+            // the arena all of the simulated memory at once.
+            let (largest, limit) = s.largest_after.expect("probed");
+            assert_eq!(limit, 4 << 30, "{kind}");
+            if kind == ResourceKind::Vmm {
+                assert_eq!(largest, 4 << 30, "{kind}: {s}");
+            }
+            assert!(largest > 0, "{kind}: {s}");
+            let text = s.to_string();
+            assert!(text.contains("largest allocation after"), "{text}");
+            assert!(text.contains("peak reserved / peak in use"), "{text}");
+            // The VMM pool grew after the peak in use (for a request a hole could not hold);
+            // at the peak it held the peak's 132 MiB in 134 MiB.
+            let at_peak = match kind {
+                ResourceKind::Vmm => 134 << 20,
+                _ => expected_reserved,
+            };
+            assert_eq!(s.peaks.reserved_at_peak, at_peak, "{kind}");
+            let fragmentation = 1.0 - 138_420_836.0 / at_peak as f64;
             assert!(
                 (s.peaks.fragmentation - fragmentation).abs() < 1e-9,
                 "{kind}: {s}"

@@ -3,6 +3,9 @@
 use std::fmt;
 use std::time::Duration;
 
+use rmm::mr::DeviceMemoryResource;
+use rmm::stream::CudaStreamView;
+
 use crate::plan::{Op, Workload};
 use crate::replay::{Replay, StepFailure};
 
@@ -92,6 +95,10 @@ pub struct Summary {
     pub failure: Option<StepFailure>,
     /// The logged id of the failed step's thread.
     pub failure_thread: Option<u64>,
+    /// The largest single allocation the resource served after the replay, everything freed
+    /// ([`largest_allocation`]), and the bound it was searched up to; `None` when it was not
+    /// probed.
+    pub largest_after: Option<(u64, u64)>,
 }
 
 impl Summary {
@@ -138,6 +145,17 @@ impl Summary {
                 .as_ref()
                 .map(|f| workload.threads[f.at.thread as usize]),
             failure: replay.failure.clone(),
+            largest_after: None,
+        }
+    }
+
+    /// Peak bytes reserved over peak bytes in use (1.0 when nothing was in use).
+    #[must_use]
+    pub fn reserved_to_live(&self) -> f64 {
+        if self.peaks.in_use == 0 {
+            1.0
+        } else {
+            self.peaks.reserved as f64 / self.peaks.in_use as f64
         }
     }
 
@@ -227,6 +245,23 @@ impl fmt::Display for Summary {
                 )
             ),
         )?;
+        row(
+            f,
+            "peak reserved / peak in use",
+            format!("{:.2}", self.reserved_to_live()),
+        )?;
+        if let Some((largest, limit)) = self.largest_after {
+            row(
+                f,
+                "largest allocation after",
+                format!(
+                    "{} ({:.1}% of {} probed, everything freed)",
+                    format_bytes(largest),
+                    100.0 * largest as f64 / limit.max(1) as f64,
+                    format_bytes(limit)
+                ),
+            )?;
+        }
         if self.leaked.0 > 0 {
             row(
                 f,
@@ -244,6 +279,44 @@ impl fmt::Display for Summary {
         }
         Ok(())
     }
+}
+
+/// The largest allocation of at most `limit` bytes that `mr` serves on `stream`, to within
+/// `resolution` bytes: a binary search, each probe allocated and freed at once. Any failure
+/// counts as "not served". A probe may make a growing resource grow (and keep what it grew).
+pub fn largest_allocation(
+    mr: &dyn DeviceMemoryResource,
+    stream: CudaStreamView<'_>,
+    limit: u64,
+    resolution: u64,
+) -> u64 {
+    let served = |bytes: u64| -> bool {
+        let Ok(size) = usize::try_from(bytes) else {
+            return false;
+        };
+        match mr.allocate(stream, size, 256) {
+            Ok(p) => {
+                // SAFETY: just allocated on `stream` with these arguments; nothing used it.
+                let freed = unsafe { mr.deallocate(stream, p, size, 256) };
+                freed.is_ok()
+            }
+            Err(_) => false,
+        }
+    };
+    if limit == 0 || served(limit) {
+        return limit;
+    }
+    // Every size up to `ok` was served (0: none tried), `bad` was not.
+    let (mut ok, mut bad) = (0u64, limit);
+    while bad - ok > resolution.max(1) {
+        let mid = ok + (bad - ok) / 2;
+        if served(mid) {
+            ok = mid;
+        } else {
+            bad = mid;
+        }
+    }
+    ok
 }
 
 /// `"1 thread"`, `"3 threads"`.
@@ -318,6 +391,31 @@ mod tests {
         assert_eq!(Peaks::of(&[5], &[0]).fragmentation, 0.0);
         // Only steps present in both series count.
         assert_eq!(Peaks::of(&[1, 9], &[4]).in_use, 1);
+    }
+
+    #[test]
+    fn the_largest_allocation_is_found_to_the_resolution() {
+        use rmm::mr::{LimitingResourceAdaptor, PoolMemoryResource, SimulatedMemoryResource};
+        let s = CudaStreamView::legacy();
+        for limit in [0usize, 1000, 1 << 20, (5 << 20) + 12345] {
+            let sim = SimulatedMemoryResource::new(1 << 30).unwrap();
+            let mr = LimitingResourceAdaptor::new(sim, limit);
+            let found = largest_allocation(&mr, s, 64 << 20, 1024);
+            // The limit counts sizes rounded up to 256.
+            let truth = (limit - limit % 256) as u64;
+            assert!(
+                found <= truth && truth - found < 1024 + 256,
+                "{limit}: {found}"
+            );
+        }
+        // A pool of at most 1 GiB serves all of it at once: the bound itself.
+        let pool = PoolMemoryResource::new(
+            SimulatedMemoryResource::new(2 << 30).unwrap(),
+            0,
+            Some(1 << 30),
+        )
+        .unwrap();
+        assert_eq!(largest_allocation(&pool, s, 1 << 30, 1 << 20), 1 << 30);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use rmm::mr::{
     shared, ArenaMemoryResource, ArenaOptions, BinningMemoryResource, BinningOptions,
     CudaAsyncMemoryResource, CudaMemoryResource, FixedSizeMemoryResource, FixedSizeOptions,
     ManagedMemoryResource, MrError, PoolMemoryResource, PoolOptions, SharedResource,
-    SimulatedMemoryResource,
+    SimulatedMemoryResource, VmmPoolMemoryResource,
 };
 use rmm::stream::{CudaStream, CudaStreamView};
 use rmm::sys::{align_up, CudaError, ALLOCATION_ALIGNMENT};
@@ -29,6 +29,10 @@ pub enum ResourceKind {
     Binning,
     /// `FixedSizeMemoryResource` whose block is the log's largest request.
     Fixed,
+    /// `VmmPoolMemoryResource`: one reserved address range, physical memory mapped as it grows
+    /// (on a GPU its maximum is the device's free memory; over simulated memory the simulated
+    /// size).
+    Vmm,
     /// `CudaAsyncMemoryResource`: the driver's stream-ordered pool (GPU only).
     Async,
     /// `CudaMemoryResource`: `cuMemAlloc` for every request (GPU only).
@@ -39,11 +43,12 @@ pub enum ResourceKind {
 
 impl ResourceKind {
     /// Every kind, in the order of the command line's help.
-    pub const ALL: [ResourceKind; 7] = [
+    pub const ALL: [ResourceKind; 8] = [
         ResourceKind::Pool,
         ResourceKind::Arena,
         ResourceKind::Binning,
         ResourceKind::Fixed,
+        ResourceKind::Vmm,
         ResourceKind::Async,
         ResourceKind::Cuda,
         ResourceKind::Managed,
@@ -57,6 +62,7 @@ impl ResourceKind {
             ResourceKind::Arena => "arena",
             ResourceKind::Binning => "binning",
             ResourceKind::Fixed => "fixed",
+            ResourceKind::Vmm => "vmm",
             ResourceKind::Async => "async",
             ResourceKind::Cuda => "cuda",
             ResourceKind::Managed => "managed",
@@ -69,7 +75,11 @@ impl ResourceKind {
     pub const fn can_simulate(self) -> bool {
         matches!(
             self,
-            ResourceKind::Pool | ResourceKind::Arena | ResourceKind::Binning | ResourceKind::Fixed
+            ResourceKind::Pool
+                | ResourceKind::Arena
+                | ResourceKind::Binning
+                | ResourceKind::Fixed
+                | ResourceKind::Vmm
         )
     }
 }
@@ -146,8 +156,26 @@ impl Target {
         matches!(self.reserved, Reserved::InUse)
     }
 
+    /// The largest request worth probing the resource with after a replay
+    /// ([`largest_allocation`](crate::summary::largest_allocation)): the simulated size, or on
+    /// a GPU the device's free memory plus what the resource holds; `None` for `cuda` and
+    /// `managed`, which ask the driver for every request (and managed memory must never be
+    /// asked for beyond what the device has free).
+    #[must_use]
+    pub fn probe_limit(&self) -> Option<u64> {
+        if self.reserved_is_in_use() {
+            return None;
+        }
+        match self.capacity {
+            Some(capacity) => Some(capacity),
+            None => rmm::sys::available_device_memory()
+                .ok()
+                .map(|(free, _)| free as u64 + self.reserved()),
+        }
+    }
+
     /// The high watermark of reserved bytes, where the resource keeps one (the driver pool of
-    /// `async`, which may have reserved more between two probes).
+    /// `async`, which may have reserved more between two probes; the VMM pool's most mapped).
     #[must_use]
     pub fn reserved_high(&self) -> Option<u64> {
         self.reserved_high.as_ref().and_then(|high| high())
@@ -174,7 +202,7 @@ impl fmt::Display for BuildError {
             BuildError::CannotSimulate(kind) => write!(
                 f,
                 "--resource {kind} cannot run over simulated memory (it is the driver's own \
-                 allocator); --simulate works with pool, arena, binning and fixed"
+                 allocator); --simulate works with pool, arena, binning, fixed and vmm"
             ),
             BuildError::Resource { kind, error } => {
                 write!(f, "cannot build the {kind} resource: {error}")
@@ -293,6 +321,28 @@ pub fn build(
                 format_bytes(block as u64)
             );
             (shared(fixed), reserved, words)
+        }
+        ResourceKind::Vmm => {
+            let vmm = match maximum {
+                Some(size) => VmmPoolMemoryResource::simulated(size, Default::default()),
+                None => rmm::sys::available_device_memory()
+                    .map_err(MrError::from)
+                    .and_then(|(free, _)| VmmPoolMemoryResource::new(free)),
+            }
+            .map_err(failed)?;
+            let (probe, high) = (vmm.clone(), vmm.clone());
+            reserved_high =
+                Some(
+                    Box::new(move || u64::try_from(high.growth_statistics().peak_mapped).ok())
+                        as Box<dyn Fn() -> Option<u64> + Send + Sync>,
+                );
+            let reserved = Reserved::Probe(Box::new(move || probe.pool_size() as u64));
+            let words = format!(
+                "vmm pool (maximum {}, chunks of {}) on {base}",
+                format_bytes(vmm.maximum_pool_size() as u64),
+                format_bytes(vmm.granularity() as u64)
+            );
+            (shared(vmm), reserved, words)
         }
         ResourceKind::Async => {
             let mr = CudaAsyncMemoryResource::new().map_err(failed)?;

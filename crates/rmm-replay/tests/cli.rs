@@ -134,7 +134,7 @@ fn replays_the_sample_over_simulated_memory() -> Result<(), Failed> {
 
 fn every_simulated_resource_replays_the_sample() -> Result<(), Failed> {
     let sample = sample();
-    for resource in ["pool", "arena", "binning", "fixed"] {
+    for resource in ["pool", "arena", "binning", "fixed", "vmm"] {
         let out = run(&["-r", resource, "-s", "4GiB", sample.to_str().unwrap()]);
         check(
             out.status.success(),
@@ -147,6 +147,13 @@ fn every_simulated_resource_replays_the_sample() -> Result<(), Failed> {
                 && field(&stdout, "peak bytes in use")
                     == Some("132.01 MiB (138420836 B) at line 12"),
             &format!("{resource}: every allocation, the same peak"),
+            &out,
+        )?;
+        check(
+            field(&stdout, "peak reserved / peak in use").is_some()
+                && field(&stdout, "largest allocation after")
+                    .is_some_and(|v| v.ends_with("of 4.00 GiB probed, everything freed)")),
+            &format!("{resource}: the ratio and the largest allocation after"),
             &out,
         )?;
     }
@@ -258,7 +265,7 @@ fn simulation_is_only_for_sub_allocators() -> Result<(), Failed> {
         check(
             out.status.code() == Some(2)
                 && text(&out.stderr)
-                    .contains("--simulate works with pool, arena, binning and fixed"),
+                    .contains("--simulate works with pool, arena, binning, fixed and vmm"),
             &format!("{resource} over simulated memory is refused"),
             &out,
         )?;

@@ -62,6 +62,11 @@ fn replays_the_sample_on(kind: ResourceKind) -> Result<Completion, Failed> {
             "no stream-ordered allocation (memory pools)",
         ));
     }
+    if kind == ResourceKind::Vmm && !rmm::sys::vmm::vmm_supported(rmm::sys::current_device()?)? {
+        return Ok(Completion::ignored_with(
+            "no virtual memory management on this device",
+        ));
+    }
     let workload = sample()?;
     let streams = DeviceStreams::new(&workload)?;
     ensure(
