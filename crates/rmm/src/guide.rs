@@ -13,6 +13,7 @@
 //! 7. [`multiple_devices`]: the per-device registry, device guards and containers.
 //! 8. [`coming_from_rmm`]: RMM's C++ and Python names, and what rmm-rs does differently.
 //! 9. [`replaying_logs`]: `rmm-replay`, simulated memory, and what a log's replay tells.
+//! 10. [`fragmentation`]: where fragmentation comes from, the VMM pool, and the figures.
 
 #[doc = include_str!("../guide/01-introduction.md")]
 pub mod introduction {}
@@ -40,3 +41,6 @@ pub mod coming_from_rmm {}
 
 #[doc = include_str!("../guide/09-replaying-logs.md")]
 pub mod replaying_logs {}
+
+#[doc = include_str!("../guide/10-fragmentation.md")]
+pub mod fragmentation {}

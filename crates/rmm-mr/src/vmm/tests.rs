@@ -296,6 +296,8 @@ fn multi_stream_workload_leaves_one_block() {
     let vmm = sim(max, 0);
     let device = SimulatedMemoryResource::new(max).unwrap();
     let pool = PoolMemoryResource::new(device, 0, Some(max)).unwrap();
+    let arena_device = SimulatedMemoryResource::new(max).unwrap();
+    let arena = crate::ArenaMemoryResource::new(arena_device.clone(), Some(max), false).unwrap();
     let mut rows = Vec::new();
     for (name, mr, reserved) in [
         (
@@ -304,6 +306,7 @@ fn multi_stream_workload_leaves_one_block() {
             Box::new(|| vmm.pool_size()) as Box<dyn Fn() -> usize>,
         ),
         ("pool", &pool, Box::new(|| pool.pool_size())),
+        ("arena", &arena, Box::new(|| arena_device.used())),
     ] {
         let out = run(mr, &streams, &workload, &*reserved).unwrap();
         let largest = largest_allocation(mr, streams[0], max, MIB).unwrap();
@@ -328,6 +331,10 @@ fn multi_stream_workload_leaves_one_block() {
     // the growth retried, not refused.
     assert_eq!(vmm_largest, max);
     assert!(vmm_out.peak_reserved <= max);
+    // Side by side: the plain pool's chunks (half the maximum, then a quarter, ...) never
+    // merge, so its largest is its largest chunk.
+    let (_, _, pool_largest) = rows[1];
+    assert!(pool_largest <= max / 2, "{pool_largest}");
     assert_eq!(vmm.outstanding_allocations(), 0);
     // Everything freed coalesced into one block per list, and the lists merge into one.
     assert_eq!(vmm.core_state().free_ranges().len(), 1);
@@ -415,4 +422,28 @@ proptest! {
             prop_assert_eq!(p.outstanding_allocations(), live.len());
         }
     }
+}
+
+/// The same workload with every step on one stream: what the lists of several streams cost in
+/// reserved memory (the guide quotes both).
+#[test]
+fn multi_stream_workload_on_one_stream() {
+    let _sim = rmm_sys::fault::FaultScope::simulated();
+    let max = 1 << 30;
+    let workload = MultiStream::scaled(max);
+    let one = vec![CudaStreamView::simulated(1); 4];
+    let vmm = sim(max, 0);
+    let pool =
+        PoolMemoryResource::new(SimulatedMemoryResource::new(max).unwrap(), 0, Some(max)).unwrap();
+    let v = run(&vmm, &one, &workload, &|| vmm.pool_size()).unwrap();
+    let p = run(&pool, &one, &workload, &|| pool.pool_size()).unwrap();
+    eprintln!(
+        "host simulation, one stream: vmm_pool peak reserved {} MiB, pool {} MiB (peak live {} MiB)",
+        v.peak_reserved / MIB,
+        p.peak_reserved / MIB,
+        v.peak_live / MIB
+    );
+    assert_eq!((v.failed, p.failed), (0, 0));
+    assert!(v.peak_reserved < p.peak_reserved && v.peak_reserved >= v.peak_live);
+    assert_eq!(largest_allocation(&vmm, one[0], max, MIB).unwrap(), max);
 }
