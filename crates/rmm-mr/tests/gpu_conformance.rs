@@ -16,7 +16,7 @@ use rmm_mr::{
     ManagedMemoryResource, PinnedHostMemoryResource, PoolMemoryResource, SamHeadroomMemoryResource,
     SharedResource, SystemMemoryResource, VmmPoolMemoryResource,
 };
-use rmm_sys::testing::{self, no_pools};
+use rmm_sys::testing::{self, no_pools, no_vmm};
 use rmm_sys::{DeviceCapabilities, DriverVersion};
 
 fn caps() -> Option<DeviceCapabilities> {
@@ -38,14 +38,6 @@ fn no_async_managed() -> Option<String> {
     match caps() {
         Some(c) if c.concurrent_managed_access => None,
         _ => Some("the device lacks concurrent managed access".into()),
-    }
-}
-
-fn no_vmm() -> Option<String> {
-    match rmm_sys::current_device().and_then(rmm_sys::vmm::vmm_supported) {
-        Ok(true) => None,
-        Ok(false) => Some("the device lacks virtual memory management".into()),
-        Err(e) => Some(format!("cannot probe the device: {e}")),
     }
 }
 

@@ -21,7 +21,7 @@ use rmm_mr::{
     MrError, PoolMemoryResource, PoolOptions, SharedResource, VmmPoolMemoryResource,
 };
 use rmm_stream::{stall, CudaEvent, CudaStream, CudaStreamView};
-use rmm_sys::testing::{ensure, gpu, gpu_if};
+use rmm_sys::testing::{ensure, gpu, gpu_if, no_vmm};
 use rmm_sys::{memory, DevicePtr};
 
 /// The upstreams every pool case runs over.
@@ -593,15 +593,6 @@ fn binning_contents(up: Upstream) -> Result<(), Failed> {
 }
 
 // ----- the VMM pool (no upstream: it maps its own memory) -----
-
-/// Why the VMM pool cannot run here, or `None`.
-fn no_vmm() -> Option<String> {
-    match rmm_sys::current_device().and_then(rmm_sys::vmm::vmm_supported) {
-        Ok(true) => None,
-        Ok(false) => Some("the device lacks virtual memory management".into()),
-        Err(e) => Some(format!("cannot probe the device: {e}")),
-    }
-}
 
 /// A VMM pool whose chunks are `BYTES` when a `BYTES` request finds nothing free, as the
 /// pool's first chunk is (2 MiB granules), and that cannot grow past `maximum`.

@@ -15,19 +15,11 @@ use rmm_mr::{
 };
 use rmm_stream::{CudaStream, CudaStreamView};
 use rmm_sys::fault::{self, DriverCall, Fault, FaultScope};
-use rmm_sys::testing::{ensure, gpu_if};
+use rmm_sys::testing::{ensure, gpu_if, no_vmm};
 use rmm_sys::{memory, AllocationHandleType, DeviceGuard, DeviceId, DevicePtr};
 
 const MIB: usize = 1 << 20;
 const GIB: usize = 1 << 30;
-
-fn no_vmm() -> Option<String> {
-    match rmm_sys::current_device().and_then(rmm_sys::vmm::vmm_supported) {
-        Ok(true) => None,
-        Ok(false) => Some("the device lacks virtual memory management".into()),
-        Err(e) => Some(format!("cannot probe the device: {e}")),
-    }
-}
 
 fn no_fd_export() -> Option<String> {
     no_vmm().or_else(|| {

@@ -113,6 +113,17 @@ pub fn no_pools() -> Option<String> {
     }
 }
 
+/// Why CUDA's virtual memory management (`cuMemAddressReserve`, `cuMemMap`, ...) cannot be
+/// used here, or `None`.
+#[must_use]
+pub fn no_vmm() -> Option<String> {
+    match crate::current_device().and_then(crate::vmm::vmm_supported) {
+        Ok(true) => None,
+        Ok(false) => Some("the device lacks virtual memory management".into()),
+        Err(e) => Some(format!("cannot probe the device: {e:?}")),
+    }
+}
+
 /// A process-wide lock for trials that take large shares of the device's memory, so that they
 /// run one at a time even when the harness runs trials in parallel (the GPU runner passes
 /// `--test-threads=1`; a person running a test binary by hand may not).

@@ -3,7 +3,7 @@
 use libtest_mimic::{Arguments, Failed};
 use rmm_sys::memory::{self, MemLocation};
 use rmm_sys::mempool;
-use rmm_sys::testing::{ensure, gpu, gpu_if};
+use rmm_sys::testing::{ensure, gpu, gpu_if, no_vmm};
 use rmm_sys::vmm::{self, Granularity};
 use rmm_sys::{
     AllocationHandleType, CudaError, DeviceCapabilities, DeviceGuard, DeviceId, DriverVersion,
@@ -287,15 +287,6 @@ fn integer_results_end_to_end() -> Result<(), Failed> {
         format!("{e:?}"),
     )?;
     ensure(e.to_string().contains("987654"), e.to_string())
-}
-
-/// Why the virtual memory API cannot be used here, or `None`.
-fn no_vmm() -> Option<String> {
-    match rmm_sys::current_device().and_then(vmm::vmm_supported) {
-        Ok(true) => None,
-        Ok(false) => Some("the device lacks virtual memory management".into()),
-        Err(e) => Some(format!("cannot probe the device: {e}")),
-    }
 }
 
 /// Why memory cannot be exported as a POSIX file descriptor here, or `None`.

@@ -354,10 +354,9 @@ mod tests {
                                     prop_assert_eq!(Some((p.offset, p.size)), r.holes().next());
                                 }
                                 r.insert(p).unwrap();
-                                for g in p.offset / G..(p.offset + p.size) / G {
-                                    prop_assert!(!model[g], "granule {} mapped twice", g);
-                                    model[g] = true;
-                                }
+                                let granules = &mut model[p.offset / G..(p.offset + p.size) / G];
+                                prop_assert!(granules.iter().all(|&m| !m), "a granule mapped twice");
+                                granules.fill(true);
                             }
                             Err(RangeError::NoRoom { .. }) => {
                                 prop_assert!(r.holes().next().is_none() || request > r.capacity());
@@ -374,9 +373,7 @@ mod tests {
                         }
                         let (offset, size) = chunks[i % chunks.len()];
                         r.remove(at(offset, size)).unwrap();
-                        for g in offset / G..(offset + size) / G {
-                            model[g] = false;
-                        }
+                        model[offset / G..(offset + size) / G].fill(false);
                     }
                 }
                 let mapped = model.iter().filter(|&&m| m).count() * G;
