@@ -28,10 +28,10 @@ use rmm_benches::sizing::{round_down, DeviceMemory, MIB};
 use rmm_benches::table::Table;
 use rmm_benches::{bench_main, BenchResult};
 use rmm_mr::testing::fragmentation::{largest_allocation, run as run_workload, MultiStream};
-use rmm_mr::vmm::VmmPoolOptions;
 use rmm_mr::{
-    ArenaMemoryResource, CudaAsyncMemoryResource, CudaMemoryResource, DeviceMemoryResource,
-    MrResult, PoolMemoryResource, StatisticsResourceAdaptor, VmmPoolMemoryResource,
+    ArenaMemoryResource, ArenaOptions, CudaAsyncMemoryResource, CudaMemoryResource,
+    DeviceMemoryResource, MrResult, PoolMemoryResource, PoolOptions, StatisticsResourceAdaptor,
+    VmmPoolMemoryResource, VmmPoolOptions,
 };
 use rmm_stream::{CudaStream, CudaStreamView};
 use rmm_sys::DevicePtr;
@@ -64,13 +64,19 @@ fn subject(name: &'static str, max: usize) -> MrResult<Subject> {
     Ok(match name {
         "pool" => Subject {
             name,
-            mr: Box::new(PoolMemoryResource::new(stats.clone(), 0, Some(max))?),
+            mr: Box::new(PoolMemoryResource::with_options(
+                stats.clone(),
+                PoolOptions::new(0).maximum_pool_size(max),
+            )?),
             reserved: held(stats),
             vmm: None,
         },
         "arena" => Subject {
             name,
-            mr: Box::new(ArenaMemoryResource::new(stats.clone(), Some(max), false)?),
+            mr: Box::new(ArenaMemoryResource::with_options(
+                stats.clone(),
+                ArenaOptions::new().arena_size(max),
+            )?),
             reserved: held(stats),
             vmm: None,
         },
@@ -150,10 +156,12 @@ fn run(args: &Args) -> BenchResult {
 fn issue_1957() -> BenchResult {
     println!("\n## RMM issue 1957: initial 2 MiB, maximum 64 MiB, one allocation of 64 MiB\n");
     let mut table = Table::new(&["resource", "64 MiB"], 2);
-    let pool = PoolMemoryResource::new(CudaMemoryResource::new(), 2 * MIB, Some(64 * MIB))?;
+    let pool = PoolMemoryResource::with_options(
+        CudaMemoryResource::new(),
+        PoolOptions::new(2 * MIB).maximum_pool_size(64 * MIB),
+    )?;
     let vmm = VmmPoolMemoryResource::with_options(
-        64 * MIB,
-        VmmPoolOptions::new().initial_pool_size(2 * MIB),
+        VmmPoolOptions::new(64 * MIB).initial_pool_size(2 * MIB),
     )?;
     for (name, mr) in [
         ("pool", &pool as &dyn DeviceMemoryResource),

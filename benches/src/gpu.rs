@@ -5,11 +5,10 @@
 
 use std::ffi::{c_void, CString};
 
-use rmm_mr::vmm::VmmPoolOptions;
 use rmm_mr::{
     ArenaMemoryResource, ArenaOptions, BinningMemoryResource, BinningOptions,
     CudaAsyncMemoryResource, CudaMemoryResource, MrError, MrResult, PoolMemoryResource,
-    SharedResource, StatisticsResourceAdaptor, VmmPoolMemoryResource,
+    SharedResource, StatisticsResourceAdaptor, VmmPoolMemoryResource, VmmPoolOptions,
 };
 use rmm_sys::DevicePtr;
 
@@ -131,8 +130,7 @@ pub fn build(spec: Spec) -> MrResult<Built> {
         },
         Spec::VmmPool { initial, maximum } => {
             let mr = VmmPoolMemoryResource::with_options(
-                maximum,
-                VmmPoolOptions::new().initial_pool_size(initial),
+                VmmPoolOptions::new(maximum).initial_pool_size(initial),
             )?;
             let handle = mr.clone();
             Built {

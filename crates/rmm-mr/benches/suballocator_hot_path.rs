@@ -28,7 +28,7 @@ use std::time::Duration;
 use criterion::{criterion_main, Criterion};
 use rmm_mr::{
     shared, BinningMemoryResource, BinningOptions, DeviceMemoryResource, FixedSizeMemoryResource,
-    FixedSizeOptions, MrResult, PoolMemoryResource, VmmPoolMemoryResource,
+    FixedSizeOptions, MrResult, PoolMemoryResource, VmmPoolMemoryResource, VmmPoolOptions,
 };
 use rmm_stream::CudaStreamView;
 use rmm_sys::DevicePtr;
@@ -196,7 +196,7 @@ fn resources(
     // The same core over simulated chunks (64 GiB of fake addresses, mapped as it grows).
     out.push((
         "vmm_pool",
-        Box::new(VmmPoolMemoryResource::simulated(64 << 30, Default::default()).unwrap()),
+        Box::new(VmmPoolMemoryResource::simulated(VmmPoolOptions::new(64 << 30)).unwrap()),
     ));
     out
 }

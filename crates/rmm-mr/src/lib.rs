@@ -74,7 +74,7 @@ pub use resources::{
 };
 pub use util::alignment::MAX_OVER_ALIGNMENT;
 pub use util::format::format_bytes;
-pub use vmm::VmmPoolMemoryResource;
+pub use vmm::{VmmPoolMemoryResource, VmmPoolOptions};
 
 /// The pure bookkeeping cores, for this workspace's benchmarks, fuzz targets and property
 /// checks only: **not** part of the API (no semver promise, hidden from the docs). The

@@ -77,7 +77,7 @@ fn subjects(mock: &HostMockResource) -> Vec<(&'static str, SharedResource, usize
         // Over simulated memory (addresses only: the checks never touch the memory).
         (
             "vmm_pool_simulated",
-            Arc::new(VmmPoolMemoryResource::simulated(64 * MIB, Default::default()).unwrap()),
+            Arc::new(VmmPoolMemoryResource::simulated(VmmPoolOptions::new(64 * MIB)).unwrap()),
             MAX_OVER_ALIGNMENT,
         ),
         ("fixed_size", Arc::new(fixed(mock)), 256),

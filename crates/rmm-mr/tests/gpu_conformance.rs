@@ -8,13 +8,12 @@ use std::sync::Arc;
 
 use conformance::{trials, Subject, GIB};
 use libtest_mimic::Arguments;
-use rmm_mr::vmm::VmmPoolOptions;
 use rmm_mr::{
     ArenaMemoryResource, BinningMemoryResource, BinningOptions, CallbackMemoryResource,
     CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaAsyncViewMemoryResource,
     CudaMemoryResource, DeviceMemoryResource, FixedSizeMemoryResource, LimitingResourceAdaptor,
     ManagedMemoryResource, PinnedHostMemoryResource, PoolMemoryResource, SamHeadroomMemoryResource,
-    SharedResource, SystemMemoryResource, VmmPoolMemoryResource,
+    SharedResource, SystemMemoryResource, VmmPoolMemoryResource, VmmPoolOptions,
 };
 use rmm_sys::testing::{self, no_pools, no_vmm};
 use rmm_sys::{DeviceCapabilities, DriverVersion};
@@ -128,8 +127,7 @@ fn subjects() -> Vec<Subject> {
             .unsupported_when(no_vmm),
         Subject::new("vmm_pool_initial_coarse", || {
             Ok(arc(VmmPoolMemoryResource::with_options(
-                4 * GIB,
-                VmmPoolOptions::new()
+                VmmPoolOptions::new(4 * GIB)
                     .initial_pool_size(64 << 20)
                     .granularity(32 << 20),
             )?))

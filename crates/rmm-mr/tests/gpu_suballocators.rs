@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use cross_thread::gpu_pt;
 use libtest_mimic::{Arguments, Failed};
-use rmm_mr::vmm::VmmPoolOptions;
 use rmm_mr::{
     shared, BinningMemoryResource, BinningOptions, CudaAsyncMemoryResource, CudaMemoryResource,
     DeviceMemoryResource, FixedSizeMemoryResource, FixedSizeOptions, LimitingResourceAdaptor,
@@ -597,7 +596,7 @@ fn binning_contents(up: Upstream) -> Result<(), Failed> {
 /// A VMM pool whose chunks are `BYTES` when a `BYTES` request finds nothing free, as the
 /// pool's first chunk is (2 MiB granules), and that cannot grow past `maximum`.
 fn vmm_pool(maximum: usize) -> Result<VmmPoolMemoryResource, Failed> {
-    let pool = VmmPoolMemoryResource::with_options(maximum, VmmPoolOptions::new())?;
+    let pool = VmmPoolMemoryResource::new(maximum)?;
     ensure(
         BYTES % pool.granularity() == 0,
         format!("granularity {} does not divide {BYTES}", pool.granularity()),

@@ -9,9 +9,9 @@
 
 use libtest_mimic::{Arguments, Failed};
 use rmm_mr::testing::fragmentation::{largest_allocation, run, MultiStream};
-use rmm_mr::vmm::VmmPoolOptions;
 use rmm_mr::{
-    CudaMemoryResource, DeviceMemoryResource, MrError, PoolMemoryResource, VmmPoolMemoryResource,
+    CudaMemoryResource, DeviceMemoryResource, MrError, PoolMemoryResource, PoolOptions,
+    VmmPoolMemoryResource, VmmPoolOptions,
 };
 use rmm_stream::{CudaStream, CudaStreamView};
 use rmm_sys::fault::{self, DriverCall, Fault, FaultScope};
@@ -83,14 +83,15 @@ fn free(mr: &dyn DeviceMemoryResource, p: DevicePtr, bytes: usize) -> Result<(),
 /// RMM issue 1957: initial 2 MiB, maximum 64 MiB, one allocation of 64 MiB. The VMM pool
 /// serves it (and the memory holds data end to end); the plain pool cannot.
 fn issue_1957() -> Result<(), Failed> {
-    let options = VmmPoolOptions::new().initial_pool_size(2 * MIB);
-    let vmm = VmmPoolMemoryResource::with_options(64 * MIB, options)?;
+    let options = VmmPoolOptions::new(64 * MIB).initial_pool_size(2 * MIB);
+    let vmm = VmmPoolMemoryResource::with_options(options)?;
     let all = vmm.allocate(legacy(), 64 * MIB, 256)?;
     ensure(all == vmm.address_base(), "not one block from the start")?;
     fill(all, 64 * MIB, 0x1957_1957, legacy())?;
     holds(all, 64 * MIB, 0x1957_1957, legacy())?;
     free(&vmm, all, 64 * MIB)?;
-    let pool = PoolMemoryResource::new(CudaMemoryResource::new(), 2 * MIB, Some(64 * MIB))?;
+    let options = PoolOptions::new(2 * MIB).maximum_pool_size(64 * MIB);
+    let pool = PoolMemoryResource::with_options(CudaMemoryResource::new(), options)?;
     match pool.allocate(legacy(), 64 * MIB, 256) {
         Err(e) if e.is_out_of_memory() => Ok(()),
         Err(e) => Err(format!("the plain pool failed with {e}, not out-of-memory").into()),
@@ -133,10 +134,9 @@ fn issue_496() -> Result<(), Failed> {
         Ok(got)
     };
     let vmm = try_on(&VmmPoolMemoryResource::new(max)?)?;
-    let pool = try_on(&PoolMemoryResource::new(
+    let pool = try_on(&PoolMemoryResource::with_options(
         CudaMemoryResource::new(),
-        0,
-        Some(max),
+        PoolOptions::new(0).maximum_pool_size(max),
     )?)?;
     eprintln!(
         "issue 496, maximum {} MiB: vmm_pool {vmm:?}, pool {pool:?}",
@@ -212,10 +212,10 @@ fn blocks_span_chunks_and_hold_data() -> Result<(), Failed> {
 fn release_unused_returns_memory() -> Result<(), Failed> {
     let _serial = rmm_sys::testing::one_at_a_time();
     let chunk = 256 * MIB;
-    let options = VmmPoolOptions::new().granularity(chunk);
+    let options = VmmPoolOptions::new(4 * GIB).granularity(chunk);
     let free_now = || rmm_sys::available_device_memory().map(|m| m.0);
     let start = free_now()?;
-    let vmm = VmmPoolMemoryResource::with_options(4 * GIB, options)?;
+    let vmm = VmmPoolMemoryResource::with_options(options)?;
     let blocks: Vec<DevicePtr> = (0..4)
         .map(|_| vmm.allocate(legacy(), chunk, 256))
         .collect::<Result<_, MrError>>()?;
@@ -269,10 +269,10 @@ fn release_unused_returns_memory() -> Result<(), Failed> {
 fn export_chunks_map_elsewhere() -> Result<(), Failed> {
     use rmm_sys::vmm::{AddressRange, Mapping, PhysicalMemory};
     let dev = rmm_sys::current_device()?;
-    let options = VmmPoolOptions::new()
+    let options = VmmPoolOptions::new(64 * MIB)
         .initial_pool_size(8 * MIB)
         .export_handle_type(AllocationHandleType::PosixFileDescriptor);
-    let vmm = VmmPoolMemoryResource::with_options(64 * MIB, options)?;
+    let vmm = VmmPoolMemoryResource::with_options(options)?;
     let p = vmm.allocate(legacy(), 12 * MIB, 256)?;
     fill(p, 12 * MIB, 0x1bc0_0001, legacy())?;
     legacy().synchronize()?;
@@ -300,8 +300,8 @@ fn export_chunks_map_elsewhere() -> Result<(), Failed> {
 /// With the second device granted access, a stream of the second device writes into the pool's
 /// memory, which the first device reads back.
 fn peer_access() -> Result<(), Failed> {
-    let options = VmmPoolOptions::new().peer_access([DeviceId(1)]);
-    let vmm = VmmPoolMemoryResource::with_options(GIB, options)?;
+    let options = VmmPoolOptions::new(GIB).peer_access([DeviceId(1)]);
+    let vmm = VmmPoolMemoryResource::with_options(options)?;
     let p = vmm.allocate(legacy(), 4 * MIB, 256)?;
     legacy().synchronize()?;
     {
@@ -326,7 +326,7 @@ fn driver_failures_change_nothing() -> Result<(), Failed> {
         other => return Err(format!("reservation fault: {other:?}").into()),
     }
     let chunk = 64 * MIB;
-    let vmm = VmmPoolMemoryResource::with_options(GIB, VmmPoolOptions::new().granularity(chunk))?;
+    let vmm = VmmPoolMemoryResource::with_options(VmmPoolOptions::new(GIB).granularity(chunk))?;
     let keep = vmm.allocate(legacy(), MIB, 256)?;
     let free_before = rmm_sys::available_device_memory()?.0;
     for fault in [
@@ -395,13 +395,13 @@ fn driver_failures_change_nothing() -> Result<(), Failed> {
 
 /// Construction refuses what it cannot do with a typed error.
 fn construction_errors_are_typed() -> Result<(), Failed> {
-    let win32 = VmmPoolOptions::new().export_handle_type(AllocationHandleType::Win32);
-    match VmmPoolMemoryResource::with_options(GIB, win32) {
+    let win32 = VmmPoolOptions::new(GIB).export_handle_type(AllocationHandleType::Win32);
+    match VmmPoolMemoryResource::with_options(win32) {
         Err(MrError::Unsupported(_)) => {}
         other => return Err(format!("a Win32 export handle: {other:?}").into()),
     }
-    let odd = VmmPoolOptions::new().granularity(3 * 256);
-    match VmmPoolMemoryResource::with_options(GIB, odd) {
+    let odd = VmmPoolOptions::new(GIB).granularity(3 * 256);
+    match VmmPoolMemoryResource::with_options(odd) {
         Err(MrError::InvalidArgument(_)) => {}
         other => return Err(format!("a granularity of 768 bytes: {other:?}").into()),
     }

@@ -395,7 +395,9 @@ mod tests {
 
     #[test]
     fn the_largest_allocation_is_found_to_the_resolution() {
-        use rmm::mr::{LimitingResourceAdaptor, PoolMemoryResource, SimulatedMemoryResource};
+        use rmm::mr::{
+            LimitingResourceAdaptor, PoolMemoryResource, PoolOptions, SimulatedMemoryResource,
+        };
         let s = CudaStreamView::legacy();
         for limit in [0usize, 1000, 1 << 20, (5 << 20) + 12345] {
             let sim = SimulatedMemoryResource::new(1 << 30).unwrap();
@@ -409,10 +411,9 @@ mod tests {
             );
         }
         // A pool of at most 1 GiB serves all of it at once: the bound itself.
-        let pool = PoolMemoryResource::new(
+        let pool = PoolMemoryResource::with_options(
             SimulatedMemoryResource::new(2 << 30).unwrap(),
-            0,
-            Some(1 << 30),
+            PoolOptions::new(0).maximum_pool_size(1 << 30),
         )
         .unwrap();
         assert_eq!(largest_allocation(&pool, s, 1 << 30, 1 << 20), 1 << 30);

@@ -7,7 +7,7 @@ use rmm::mr::{
     shared, ArenaMemoryResource, ArenaOptions, BinningMemoryResource, BinningOptions,
     CudaAsyncMemoryResource, CudaMemoryResource, FixedSizeMemoryResource, FixedSizeOptions,
     ManagedMemoryResource, MrError, PoolMemoryResource, PoolOptions, SharedResource,
-    SimulatedMemoryResource, VmmPoolMemoryResource,
+    SimulatedMemoryResource, VmmPoolMemoryResource, VmmPoolOptions,
 };
 use rmm::stream::{CudaStream, CudaStreamView};
 use rmm::sys::{align_up, CudaError, ALLOCATION_ALIGNMENT};
@@ -324,7 +324,7 @@ pub fn build(
         }
         ResourceKind::Vmm => {
             let vmm = match maximum {
-                Some(size) => VmmPoolMemoryResource::simulated(size, Default::default()),
+                Some(size) => VmmPoolMemoryResource::simulated(VmmPoolOptions::new(size)),
                 None => rmm::sys::available_device_memory()
                     .map_err(MrError::from)
                     .and_then(|(free, _)| VmmPoolMemoryResource::new(free)),

@@ -4,7 +4,6 @@
 //! pure [`MappedRange`] in step. Over simulated memory the range is fake addresses and mapping
 //! is only bookkeeping.
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -420,13 +419,6 @@ unsafe impl DeviceMemoryResource for Mapper {
         unsafe { self.deallocate(CudaStreamView::default(), ptr, bytes, alignment) }
     }
 
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        other
-            .as_any()
-            .downcast_ref::<Self>()
-            .is_some_and(|o| std::ptr::eq(o, self))
-    }
-
     fn properties(&self) -> ResourceProperties {
         match self.backend {
             Backend::Device { .. } => ResourceProperties::DEVICE,
@@ -437,7 +429,7 @@ unsafe impl DeviceMemoryResource for Mapper {
         }
     }
 
-    fn as_any(&self) -> &dyn Any {
-        self
+    crate::resource::resource_tail! {
+        is_equal: identity,
     }
 }

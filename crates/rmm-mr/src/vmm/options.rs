@@ -4,25 +4,31 @@
 use rmm_sys::align::checked_align_up;
 use rmm_sys::{AllocationHandleType, DeviceId};
 
-/// Options of [`VmmPoolMemoryResource`](crate::VmmPoolMemoryResource) beyond its maximum size
-/// (which [`with_options`](crate::VmmPoolMemoryResource::with_options) takes on its own: the
-/// pool reserves that much address space up front).
+/// How to build a [`VmmPoolMemoryResource`](crate::VmmPoolMemoryResource).
+///
+/// Built with [`new`](Self::new) (the maximum pool size is required: the pool reserves that
+/// much address space up front) and the chained setters; the fields are public to read.
+/// `#[non_exhaustive]`: later options do not break callers.
 ///
 /// ```
-/// use rmm_mr::vmm::VmmPoolOptions;
+/// use rmm_mr::VmmPoolOptions;
 /// use rmm_sys::{AllocationHandleType, DeviceId};
 ///
-/// let options = VmmPoolOptions::new()
+/// let options = VmmPoolOptions::new(64 << 30)
 ///     .initial_pool_size(256 << 20)
 ///     .granularity(32 << 20)
 ///     .peer_access([DeviceId(1)])
 ///     .export_handle_type(AllocationHandleType::PosixFileDescriptor);
-/// assert_eq!(options.initial_pool_size, 256 << 20);
+/// assert_eq!((options.maximum_pool_size, options.initial_pool_size), (64 << 30, 256 << 20));
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct VmmPoolOptions {
-    /// Bytes mapped at construction, rounded up to the granularity (0, the default: nothing
-    /// until the first allocation).
+    /// The size of the reserved address range and the most the pool maps, rounded down to the
+    /// granularity. Required.
+    pub maximum_pool_size: usize,
+    /// Bytes mapped at construction, rounded up to the granularity (default 0: nothing until
+    /// the first allocation).
     pub initial_pool_size: usize,
     /// The pool maps physical memory in chunks whose sizes are multiples of this; `None` (the
     /// default): the device's recommended granularity (`cuMemGetAllocationGranularity`, 2 MiB
@@ -31,44 +37,58 @@ pub struct VmmPoolOptions {
     /// growth and release.
     pub granularity: Option<usize>,
     /// Other devices granted read and write access to the pool's memory (peer access), beside
-    /// the device the pool was built on. The driver refuses a device that cannot reach it when
-    /// memory is first mapped.
+    /// the device the pool was built on (default: none). The driver refuses a device that
+    /// cannot reach it when memory is first mapped.
     pub peer_access: Vec<DeviceId>,
-    /// Physical memory exportable for IPC as this handle type (`None`, the default: not
+    /// Physical memory exportable for IPC as this handle type (default `None`: not
     /// exportable). [`AllocationHandleType::PosixFileDescriptor`] is supported where the device
     /// supports it; see [`export_chunks`](crate::VmmPoolMemoryResource::export_chunks).
     pub export_handle_type: Option<AllocationHandleType>,
 }
 
 impl VmmPoolOptions {
-    /// The defaults: nothing mapped up front, the recommended granularity, no peers, no export.
+    /// The defaults for a pool of at most `maximum_pool_size` bytes: nothing mapped up front,
+    /// the recommended granularity, no peers, no export.
     #[must_use]
-    pub fn new() -> Self {
-        Self::default()
+    pub fn new(maximum_pool_size: usize) -> Self {
+        Self {
+            maximum_pool_size,
+            initial_pool_size: 0,
+            granularity: None,
+            peer_access: Vec::new(),
+            export_handle_type: None,
+        }
     }
 
-    /// Bytes mapped at construction.
+    /// Sets the field `maximum_pool_size`.
+    #[must_use]
+    pub fn maximum_pool_size(mut self, bytes: usize) -> Self {
+        self.maximum_pool_size = bytes;
+        self
+    }
+
+    /// Sets the field `initial_pool_size`.
     #[must_use]
     pub fn initial_pool_size(mut self, bytes: usize) -> Self {
         self.initial_pool_size = bytes;
         self
     }
 
-    /// The chunk granularity.
+    /// Sets the field `granularity` to `Some(bytes)`.
     #[must_use]
     pub fn granularity(mut self, bytes: usize) -> Self {
         self.granularity = Some(bytes);
         self
     }
 
-    /// Peer devices granted access.
+    /// Sets the field `peer_access`.
     #[must_use]
     pub fn peer_access(mut self, devices: impl IntoIterator<Item = DeviceId>) -> Self {
         self.peer_access = devices.into_iter().collect();
         self
     }
 
-    /// The export handle type.
+    /// Sets the field `export_handle_type` to `Some(handle_type)`.
     #[must_use]
     pub fn export_handle_type(mut self, handle_type: AllocationHandleType) -> Self {
         self.export_handle_type = Some(handle_type);

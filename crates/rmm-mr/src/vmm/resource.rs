@@ -1,6 +1,5 @@
 //! The VMM pool resource: the stream-ordered core over a [`Mapper`].
 
-use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -9,7 +8,7 @@ use rmm_sys::vmm::{self as sys_vmm, Granularity};
 use rmm_sys::{checked_align_up, AllocationHandleType, DeviceId, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{MrError, MrResult};
-use crate::resource::{same_shared_state, DeviceMemoryResource, ResourceProperties};
+use crate::resource::DeviceMemoryResource;
 use crate::stream_ordered::core::StreamOrdered;
 use crate::util::alignment::{self, OverAligned, MAX_OVER_ALIGNMENT};
 use crate::util::format::format_bytes;
@@ -75,16 +74,13 @@ impl Drop for Vmm {
 /// `docs/internals/vmm-pool.md` and the guide's page "Fragmentation and how to avoid it".
 ///
 /// ```no_run
-/// use rmm_mr::vmm::VmmPoolOptions;
-/// use rmm_mr::{DeviceMemoryResource, VmmPoolMemoryResource};
+/// use rmm_mr::{DeviceMemoryResource, VmmPoolMemoryResource, VmmPoolOptions};
 /// use rmm_stream::CudaStreamView;
 ///
 /// # fn main() -> rmm_mr::MrResult<()> {
 /// // RMM issue 1957: 2 MiB up front, at most 64 MiB, then one allocation of 64 MiB.
-/// let pool = VmmPoolMemoryResource::with_options(
-///     64 << 20,
-///     VmmPoolOptions::new().initial_pool_size(2 << 20),
-/// )?;
+/// let pool =
+///     VmmPoolMemoryResource::with_options(VmmPoolOptions::new(64 << 20).initial_pool_size(2 << 20))?;
 /// let s = CudaStreamView::default();
 /// let all = pool.allocate(s, 64 << 20, 256)?;
 /// // SAFETY: allocated above with this size on `s`.
@@ -100,25 +96,24 @@ pub struct VmmPoolMemoryResource {
 }
 
 impl VmmPoolMemoryResource {
-    /// A pool of at most `maximum_pool_size` bytes on the current device, with the default
-    /// [`VmmPoolOptions`] (nothing mapped until the first allocation, the recommended
-    /// granularity).
+    /// A pool of at most `maximum_pool_size` bytes on the current device, with the defaults of
+    /// [`VmmPoolOptions::new`] (nothing mapped until the first allocation, the recommended
+    /// granularity): `with_options(VmmPoolOptions::new(maximum_pool_size))`.
     ///
     /// # Errors
     /// As [`with_options`](Self::with_options).
     pub fn new(maximum_pool_size: usize) -> MrResult<Self> {
-        Self::with_options(maximum_pool_size, VmmPoolOptions::default())
+        Self::with_options(VmmPoolOptions::new(maximum_pool_size))
     }
 
-    /// A pool of at most `maximum_pool_size` bytes (rounded down to the granularity) on the
-    /// current device.
+    /// A pool on the current device built with `options` (see [`VmmPoolOptions`]).
     ///
     /// # Errors
     /// [`MrError::Unsupported`] when the device or its driver lacks virtual memory management,
     /// or the export handle type is not supported; [`MrError::InvalidArgument`] for sizes or a
     /// granularity [`VmmPoolOptions`] describes as invalid; out-of-memory when the address
     /// range or the initial memory cannot be had; the driver's error otherwise.
-    pub fn with_options(maximum_pool_size: usize, options: VmmPoolOptions) -> MrResult<Self> {
+    pub fn with_options(options: VmmPoolOptions) -> MrResult<Self> {
         let device = rmm_sys::current_device()?;
         if !sys_vmm::vmm_supported(device)? {
             return Err(MrError::Unsupported(format!(
@@ -143,7 +138,7 @@ impl VmmPoolMemoryResource {
         let recommended =
             sys_vmm::allocation_granularity(device, handle_type, Granularity::Recommended)?;
         let geometry = Geometry::new(
-            maximum_pool_size,
+            options.maximum_pool_size,
             options.initial_pool_size,
             options.granularity,
             recommended,
@@ -176,7 +171,7 @@ impl VmmPoolMemoryResource {
     /// # Errors
     /// [`MrError::InvalidArgument`] for invalid sizes, an export handle type (simulated memory
     /// cannot be exported), or when the simulated address space is used up.
-    pub fn simulated(maximum_pool_size: usize, options: VmmPoolOptions) -> MrResult<Self> {
+    pub fn simulated(options: VmmPoolOptions) -> MrResult<Self> {
         if options
             .export_handle_type
             .is_some_and(|t| t != AllocationHandleType::None)
@@ -186,7 +181,7 @@ impl VmmPoolMemoryResource {
             )));
         }
         let geometry = Geometry::new(
-            maximum_pool_size,
+            options.maximum_pool_size,
             options.initial_pool_size,
             options.granularity,
             SIMULATED_GRANULARITY,
@@ -396,15 +391,8 @@ unsafe impl DeviceMemoryResource for VmmPoolMemoryResource {
         unsafe { self.inner.core.deallocate(stream, ptr, bytes) }
     }
 
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        same_shared_state::<Self, _>(other, &self.inner, |o| &o.inner)
-    }
-
-    fn properties(&self) -> ResourceProperties {
-        self.inner.mapper.properties()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
+    crate::resource::resource_tail! {
+        is_equal: shared(inner),
+        properties: forward(inner.mapper),
     }
 }

@@ -10,7 +10,7 @@ use super::{VmmPoolMemoryResource, VmmPoolOptions};
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
 use crate::testing::fragmentation::{largest_allocation, run, MultiStream};
-use crate::{PoolMemoryResource, SimulatedMemoryResource};
+use crate::{PoolMemoryResource, PoolOptions, SimulatedMemoryResource};
 
 const MIB: usize = 1 << 20;
 const G: usize = 2 * MIB;
@@ -20,7 +20,7 @@ fn s() -> CudaStreamView<'static> {
 }
 
 fn sim(maximum: usize, initial: usize) -> VmmPoolMemoryResource {
-    VmmPoolMemoryResource::simulated(maximum, VmmPoolOptions::new().initial_pool_size(initial))
+    VmmPoolMemoryResource::simulated(VmmPoolOptions::new(maximum).initial_pool_size(initial))
         .unwrap()
 }
 
@@ -46,26 +46,21 @@ fn construction_checks_and_rounds_sizes() {
         other => panic!("expected an invalid argument, got {other:?}"),
     };
     let o = VmmPoolOptions::new;
-    assert!(
-        msg(VmmPoolMemoryResource::simulated(MIB, o())).contains("smaller than the granularity")
-    );
+    assert!(msg(VmmPoolMemoryResource::simulated(o(MIB))).contains("smaller than the granularity"));
     assert!(msg(VmmPoolMemoryResource::simulated(
-        64 * MIB,
-        o().initial_pool_size(65 * MIB)
+        o(64 * MIB).initial_pool_size(65 * MIB)
     ))
     .contains("exceeds the maximum"));
     assert!(msg(VmmPoolMemoryResource::simulated(
-        64 * MIB,
-        o().granularity(1000)
+        o(64 * MIB).granularity(1000)
     ))
     .contains("granularity 1000"));
     assert!(msg(VmmPoolMemoryResource::simulated(
-        64 * MIB,
-        o().export_handle_type(rmm_sys::AllocationHandleType::PosixFileDescriptor)
+        o(64 * MIB).export_handle_type(rmm_sys::AllocationHandleType::PosixFileDescriptor)
     ))
     .contains("cannot be exported"));
 
-    let p = VmmPoolMemoryResource::simulated(65 * MIB, o().initial_pool_size(MIB)).unwrap();
+    let p = VmmPoolMemoryResource::simulated(o(65 * MIB).initial_pool_size(MIB)).unwrap();
     assert_eq!(p.maximum_pool_size(), 64 * MIB);
     assert_eq!((p.granularity(), p.pool_size(), p.chunk_count()), (G, G, 1));
     assert_eq!(p.device(), None);
@@ -95,7 +90,11 @@ fn issue_1957_the_maximum_after_an_initial_size() {
 
     // The plain pool, the same sizes, with plenty of memory under it: out of memory.
     let device = SimulatedMemoryResource::new(1 << 30).unwrap();
-    let pool = PoolMemoryResource::new(device, 2 * MIB, Some(64 * MIB)).unwrap();
+    let pool = PoolMemoryResource::with_options(
+        device,
+        PoolOptions::new(2 * MIB).maximum_pool_size(64 * MIB),
+    )
+    .unwrap();
     let e = pool.allocate(s(), 64 * MIB, 256).unwrap_err();
     assert!(e.is_out_of_memory(), "{e}");
 }
@@ -122,7 +121,8 @@ fn issue_496_two_large_allocations_after_growth() {
     };
     assert_eq!(grow_and_try(&sim(max, 0)), (true, true));
     let device = SimulatedMemoryResource::new(1 << 30).unwrap();
-    let pool = PoolMemoryResource::new(device, 0, Some(max)).unwrap();
+    let pool = PoolMemoryResource::with_options(device, PoolOptions::new(0).maximum_pool_size(max))
+        .unwrap();
     assert_eq!(
         grow_and_try(&pool),
         (true, false),
@@ -295,9 +295,14 @@ fn multi_stream_workload_leaves_one_block() {
     let streams: Vec<CudaStreamView<'static>> = (1..=4).map(CudaStreamView::simulated).collect();
     let vmm = sim(max, 0);
     let device = SimulatedMemoryResource::new(max).unwrap();
-    let pool = PoolMemoryResource::new(device, 0, Some(max)).unwrap();
+    let pool = PoolMemoryResource::with_options(device, PoolOptions::new(0).maximum_pool_size(max))
+        .unwrap();
     let arena_device = SimulatedMemoryResource::new(max).unwrap();
-    let arena = crate::ArenaMemoryResource::new(arena_device.clone(), Some(max), false).unwrap();
+    let arena = crate::ArenaMemoryResource::with_options(
+        arena_device.clone(),
+        crate::ArenaOptions::new().arena_size(max),
+    )
+    .unwrap();
     let mut rows = Vec::new();
     for (name, mr, reserved) in [
         (
@@ -366,7 +371,7 @@ proptest! {
     #[test]
     fn a_request_fails_only_when_no_gap_can_hold_it(ops in prop::collection::vec(op(), 1..120)) {
         const CAP: usize = 16 * MIB;
-        let p = VmmPoolMemoryResource::simulated(CAP, VmmPoolOptions::new().granularity(MIB))
+        let p = VmmPoolMemoryResource::simulated(VmmPoolOptions::new(CAP).granularity(MIB))
             .unwrap();
         let base = p.address_base().addr();
         let mut live: Vec<(u64, usize)> = Vec::new();
@@ -433,8 +438,11 @@ fn multi_stream_workload_on_one_stream() {
     let workload = MultiStream::scaled(max);
     let one = vec![CudaStreamView::simulated(1); 4];
     let vmm = sim(max, 0);
-    let pool =
-        PoolMemoryResource::new(SimulatedMemoryResource::new(max).unwrap(), 0, Some(max)).unwrap();
+    let pool = PoolMemoryResource::with_options(
+        SimulatedMemoryResource::new(max).unwrap(),
+        PoolOptions::new(0).maximum_pool_size(max),
+    )
+    .unwrap();
     let v = run(&vmm, &one, &workload, &|| vmm.pool_size()).unwrap();
     let p = run(&pool, &one, &workload, &|| pool.pool_size()).unwrap();
     eprintln!(
