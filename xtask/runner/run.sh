@@ -17,6 +17,14 @@
 #                                      run (rmm-rs) and examples/peer report; last line
 #                                      "peer: N cells compared, M failed"
 #        run.sh example NAME [ARGS...] examples/NAME ARGS...
+#        run.sh sanitize [TOOL...] [-- ARGS...]
+#                                      the test binaries of RMM_SANITIZE_BINS under NVIDIA's
+#                                      compute-sanitizer, once per TOOL (memcheck, with
+#                                      --leak-check full; racecheck; synccheck; initcheck;
+#                                      default: all four), each with --error-exitcode 1, the
+#                                      binaries getting --test-threads=1 ARGS...; one line per
+#                                      tool "sanitize: TOOL: N binaries, E errors, ...", last
+#                                      line "sanitize: T tools, E errors, F failed tests"
 #        run.sh --self-test            checks this script on fake bundles
 #        run.sh --help
 #
@@ -34,9 +42,17 @@
 #                       (e.g. '*--random_allocations'; default: all)
 #   NVCC                the compiler `peer` uses (default: nvcc on PATH, else
 #                       /usr/local/cuda/bin/nvcc or /usr/local/cuda-*/bin/nvcc)
+#   COMPUTE_SANITIZER   the compute-sanitizer `sanitize` uses (default: on PATH, else
+#                       /usr/local/cuda/bin or /usr/local/cuda-*/bin)
+#   RMM_SANITIZE_BINS   the bin/ names (globs) `sanitize` runs (default "rmm-mr--gpu_stress
+#                       rmm-mr--gpu_conformance rmm-containers--gpu_containers"; '*' for all)
+#   RMM_SANITIZE_MODES  the stream modes `sanitize` runs each binary in (default "legacy")
+#   RMM_SANITIZE_TIMEOUT  seconds one binary may run under a tool (default 150; 0: no limit)
+#   RMM_STRESS_OPS      operations per thread of the stress trials; `sanitize` sets 40
+#                       unless it is set
 #
 # Logs stay in logs/ beside this script: <mode>--<binary>.log, bench--<name>.log,
-# example--<name>.log, peer-*.log, summary.txt.
+# example--<name>.log, peer-*.log, sanitize-<tool>--<mode>--<binary>.log, summary.txt.
 
 set -uo pipefail
 shopt -s extglob
@@ -421,6 +437,197 @@ run_example() {
   return "$rc"
 }
 
+# The tools `sanitize` knows, in the order it runs them.
+SANITIZE_TOOLS=(memcheck racecheck synccheck initcheck)
+
+# find_sanitizer: prints the compute-sanitizer to use, or says on stderr why there is none.
+find_sanitizer() {
+  if [[ -n ${COMPUTE_SANITIZER:-} ]]; then
+    if [[ -x $COMPUTE_SANITIZER ]]; then
+      echo "$COMPUTE_SANITIZER"
+      return 0
+    fi
+    echo "COMPUTE_SANITIZER=$COMPUTE_SANITIZER is not an executable file" >&2
+    return 1
+  fi
+  if command -v compute-sanitizer >/dev/null 2>&1; then
+    command -v compute-sanitizer
+    return 0
+  fi
+  local c
+  for c in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer; do
+    if [[ -x $c ]]; then
+      echo "$c"
+      return 0
+    fi
+  done
+  echo "compute-sanitizer is not on PATH, in /usr/local/cuda/bin or in /usr/local/cuda-*/bin" \
+    "(it comes with the CUDA toolkit; set COMPUTE_SANITIZER to use another)" >&2
+  return 1
+}
+
+# parse_sanitizer LOG: sets S_FOUND (0 or 1) and S_ERRORS from the last "ERROR SUMMARY: N
+# errors" line, or else from the last "RACECHECK SUMMARY: ... (N errors, M warnings)" line.
+parse_sanitizer() {
+  S_FOUND=0 S_ERRORS=0
+  local line found_race=0 race_errors=0 cr=$'\r'
+  local re_err='ERROR SUMMARY: ([0-9]+) error'
+  local re_race='RACECHECK SUMMARY: .*\(([0-9]+) errors?'
+  while IFS= read -r line || [[ -n $line ]]; do
+    [[ $line == *"SUMMARY:"* ]] || continue
+    line=${line//"$cr"/}
+    if [[ $line =~ $re_err ]]; then
+      S_FOUND=1
+      S_ERRORS=$((10#${BASH_REMATCH[1]}))
+    elif [[ $line =~ $re_race ]]; then
+      found_race=1
+      race_errors=$((10#${BASH_REMATCH[1]}))
+    fi
+  done <"$1"
+  if ((!S_FOUND && found_race)); then
+    S_FOUND=1
+    S_ERRORS=$race_errors
+  fi
+}
+
+# run_sanitize [TOOL...] [-- ARGS...]: the chosen test binaries under compute-sanitizer, once per
+# tool and mode; prints a table, one line per tool and the verdict.
+run_sanitize() {
+  local -a tools=() args=() modes patterns bins=()
+  while (($#)); do
+    if [[ $1 == -- ]]; then
+      shift
+      args=("$@")
+      break
+    fi
+    tools+=("$1")
+    shift
+  done
+  ((${#tools[@]})) || tools=("${SANITIZE_TOOLS[@]}")
+  local tool known t
+  for tool in "${tools[@]}"; do
+    known=0
+    for t in "${SANITIZE_TOOLS[@]}"; do
+      [[ $tool == "$t" ]] && known=1
+    done
+    if ((!known)); then
+      echo "run.sh: sanitize: unknown tool '$tool' (use: ${SANITIZE_TOOLS[*]})" >&2
+      return 2
+    fi
+  done
+  read -r -a modes <<<"${RMM_SANITIZE_MODES:-legacy}"
+  local mode
+  for mode in "${modes[@]}"; do
+    if [[ $mode != legacy && $mode != per-thread ]]; then
+      echo "run.sh: unknown stream mode '$mode' in RMM_SANITIZE_MODES (use legacy and/or per-thread)" >&2
+      return 2
+    fi
+  done
+  if ((${#modes[@]} == 0)); then
+    echo "run.sh: RMM_SANITIZE_MODES names no mode" >&2
+    return 2
+  fi
+  read -r -a patterns <<<"${RMM_SANITIZE_BINS:-rmm-mr--gpu_stress rmm-mr--gpu_conformance rmm-containers--gpu_containers}"
+  local pattern bin name matched
+  shopt -s nullglob
+  for pattern in "${patterns[@]}"; do
+    matched=0
+    for bin in "$BUNDLE"/bin/$pattern; do
+      [[ -f $bin ]] || continue
+      matched=1
+      bins+=("$bin")
+    done
+    if ((!matched)); then
+      shopt -u nullglob
+      echo "run.sh: sanitize: no test binary in $BUNDLE/bin matches '$pattern' (RMM_SANITIZE_BINS)" >&2
+      return 2
+    fi
+  done
+  shopt -u nullglob
+
+  local report="$LOGS/summary.txt" sanitizer
+  if ! sanitizer=$(find_sanitizer 2>"$LOGS/sanitize-missing.txt"); then
+    local why
+    why=$(<"$LOGS/sanitize-missing.txt")
+    {
+      for tool in "${tools[@]}"; do
+        echo "sanitize: $tool: 0 binaries, not run: no compute-sanitizer"
+      done
+      echo "sanitize: compute-sanitizer not found: $why"
+    } >"$report"
+    export_out "$report"
+    echo "run.sh: sanitize needs NVIDIA's compute-sanitizer (CUDA toolkit) on the GPU machine" >&2
+    cat "$report"
+    return 3
+  fi
+  echo "=== [sanitize] $sanitizer"
+  "$sanitizer" --version 2>&1 | head -n 3
+
+  local -a rows=() tool_lines=() crashed=()
+  local total_errors=0 total_failed=0 log status errors
+  local saved_timeout=$TIMEOUT
+  TIMEOUT=${RMM_SANITIZE_TIMEOUT:-150}
+  for tool in "${tools[@]}"; do
+    local -a opts=(--tool "$tool" --error-exitcode 1)
+    [[ $tool == memcheck ]] && opts+=(--leak-check full)
+    local t_errors=0 t_passed=0 t_failed=0 t_skipped=0
+    for mode in "${modes[@]}"; do
+      for bin in "${bins[@]}"; do
+        name=${bin##*/}
+        log="$LOGS/sanitize-$tool--$mode--$name.log"
+        echo "=== [sanitize $tool, $mode] $name"
+        run_captured "$log" env RMM_DEFAULT_STREAM="$mode" RMM_STRESS_OPS="${RMM_STRESS_OPS:-40}" \
+          "$sanitizer" "${opts[@]}" "$bin" --test-threads=1 "${args[@]}"
+        parse_result "$log"
+        parse_sanitizer "$log"
+        errors=$S_ERRORS
+        if ((S_FOUND)) && ((R_FOUND)); then
+          if ((errors > 0)); then
+            status="$errors sanitizer error(s)"
+          elif ((R_FAILED > 0)); then
+            status="tests FAILED"
+          elif ((RC != 0)); then
+            status="exit: $(describe_exit "$RC")"
+            errors=1
+            crashed+=("$tool/$mode/$name ($status)")
+          else
+            status=ok
+          fi
+        else
+          # No summary from the sanitizer or no result line from the binary: it did not finish.
+          status="CRASHED: $(describe_exit "$RC"), $( ((S_FOUND)) && echo "no test result line" || echo "no sanitizer summary")"
+          ((errors > 0)) || errors=1
+          crashed+=("$tool/$mode/$name ($status)")
+        fi
+        t_errors=$((t_errors + errors))
+        t_passed=$((t_passed + R_PASSED))
+        t_failed=$((t_failed + R_FAILED))
+        t_skipped=$((t_skipped + R_IGNORED))
+        rows+=("$(printf '%-10s %-10s %-40s %5d errors %5d passed %5d failed %5d skipped  %s' \
+          "$tool" "$mode" "$name" "$errors" "$R_PASSED" "$R_FAILED" "$R_IGNORED" "$status")")
+      done
+    done
+    total_errors=$((total_errors + t_errors))
+    total_failed=$((total_failed + t_failed))
+    tool_lines+=("sanitize: $tool: ${#bins[@]} binaries (${modes[*]}), $t_errors errors, tests: $t_passed passed, $t_failed failed, $t_skipped skipped")
+  done
+  TIMEOUT=$saved_timeout
+  {
+    echo "--- per tool, mode and binary ---"
+    printf '%s\n' "${rows[@]}"
+    if ((${#crashed[@]})); then
+      echo "--- did not finish normally (counted as one error each) ---"
+      printf '%s\n' "${crashed[@]}"
+    fi
+    printf '%s\n' "${tool_lines[@]}"
+    echo "sanitize: ${#tools[@]} tools, $total_errors errors, $total_failed failed tests"
+  } >"$report"
+  export_out "$report"
+  echo
+  cat "$report"
+  ((total_errors == 0 && total_failed == 0))
+}
+
 # ---------------------------------------------------------------------------------------------
 # --self-test: fake bundles with shell "binaries" that print libtest-style lines.
 
@@ -473,6 +680,8 @@ st_run() {
   done
   shift
   env -u RMM_GPU_MODES -u RMM_GPU_TIMEOUT -u RMM_GPU_LOG_LIMIT -u OUT -u RMM_BENCH_FILTER -u NVCC \
+    -u COMPUTE_SANITIZER -u RMM_SANITIZE_BINS -u RMM_SANITIZE_MODES -u RMM_SANITIZE_TIMEOUT \
+    -u RMM_STRESS_OPS \
     RMM_GPU_NVIDIA_LIB=/nonexistent "${envs[@]}" bash "$@" >"$tmp/$name.txt" 2>&1
   ST_RC=$?
 }
@@ -643,6 +852,89 @@ esac"
   expect_eq "a bundle without peer/ exits 2" "$ST_RC" 2
   expect "it says how to build one" file_has "$tmp/nopeer.txt" "cargo xtask gpu bundle --peer"
 
+  # 8. sanitize: a fake compute-sanitizer that runs the binary and reports the errors it asks for
+  # (lines "SANITIZER-ERROR <tool>"), in the two summary formats.
+  local b8=$tmp/b8 san=$tmp/fake-sanitizer
+  new_bundle "$b8"
+  fake "$san" "printf '%s\n' \"\$*\" >>'$tmp/san-args.txt'
+tool=memcheck ec=0
+while [[ \$1 == --* ]]; do
+  case \$1 in
+  --tool) tool=\$2; shift 2 ;;
+  --error-exitcode) ec=\$2; shift 2 ;;
+  --leak-check) shift 2 ;;
+  --version) echo 'fake compute-sanitizer 1.0'; exit 0 ;;
+  *) shift ;;
+  esac
+done
+echo '========= COMPUTE-SANITIZER'
+out=\$(\"\$@\"); rc=\$?
+printf '%s\n' \"\$out\"
+n=\$(grep -c \"^SANITIZER-ERROR \$tool\\\$\" <<<\"\$out\")
+if [[ \$tool == racecheck ]]; then
+  echo \"========= RACECHECK SUMMARY: \$n hazards displayed (\$n errors, 0 warnings)\"
+else
+  echo \"========= ERROR SUMMARY: \$n errors\"
+fi
+((n > 0 && ec != 0)) && exit \$ec
+exit \$rc"
+  fake "$b8/bin/rmm-mr--gpu_stress" "echo \"stress mode=\$RMM_DEFAULT_STREAM ops=\$RMM_STRESS_OPS args=\$*\"
+echo '$result'"
+  fake "$b8/bin/rmm-mr--gpu_conformance" "echo 'SANITIZER-ERROR memcheck'
+echo 'SANITIZER-ERROR memcheck'
+echo 'SANITIZER-ERROR racecheck'
+echo '$result'"
+  fake "$b8/bin/rmm-containers--gpu_containers" "echo '$result'"
+  fake "$b8/bin/rmm-sys--gpu_sys" "echo 'not chosen'; echo '$result'"
+  st_run sanclean OUT="$tmp/out8" COMPUTE_SANITIZER="$san" RMM_SANITIZE_BINS="rmm-mr--gpu_stress" \
+    -- "$b8/run.sh" sanitize memcheck racecheck -- stress/ --exact
+  expect_eq "a clean sanitize run exits 0" "$ST_RC" 0
+  expect_eq "a clean sanitize run's last line" "$(tail -n 1 "$tmp/sanclean.txt")" \
+    "sanitize: 2 tools, 0 errors, 0 failed tests"
+  expect "one line per tool" file_has "$tmp/sanclean.txt" \
+    "sanitize: racecheck: 1 binaries (legacy), 0 errors, tests: 3 passed, 0 failed, 1 skipped"
+  expect "memcheck checks leaks" file_has "$tmp/san-args.txt" \
+    "--tool memcheck --error-exitcode 1 --leak-check full $b8/bin/rmm-mr--gpu_stress --test-threads=1 stress/ --exact"
+  expect "racecheck without leak checking" file_has "$tmp/san-args.txt" \
+    "--tool racecheck --error-exitcode 1 $b8/bin/rmm-mr--gpu_stress"
+  expect "legacy mode and 40 stress operations by default" file_has \
+    "$b8/logs/sanitize-memcheck--legacy--rmm-mr--gpu_stress.log" "stress mode=legacy ops=40 args=--test-threads=1 stress/ --exact"
+  expect "OUT gets the sanitize summary" file_has "$tmp/out8/gpu-summary.txt" "sanitize: memcheck: 1 binaries"
+  : >"$tmp/san-args.txt"
+  st_run sandefault COMPUTE_SANITIZER="$san" RMM_STRESS_OPS=7 RMM_SANITIZE_MODES="legacy per-thread" \
+    -- "$b8/run.sh" sanitize
+  expect_eq "errors make sanitize exit 1" "$ST_RC" 1
+  expect_eq "the default run's last line" "$(tail -n 1 "$tmp/sandefault.txt")" \
+    "sanitize: 4 tools, 6 errors, 0 failed tests"
+  expect "memcheck's errors are counted per mode" file_has "$tmp/sandefault.txt" \
+    "sanitize: memcheck: 3 binaries (legacy per-thread), 4 errors, tests: 18 passed, 0 failed, 6 skipped"
+  expect "racecheck's summary format is read" file_has "$tmp/sandefault.txt" \
+    "sanitize: racecheck: 3 binaries (legacy per-thread), 2 errors"
+  expect "initcheck runs by default" file_has "$tmp/sandefault.txt" "sanitize: initcheck: 3 binaries"
+  expect "the default binaries exclude others" test ! -e "$b8/logs/sanitize-memcheck--legacy--rmm-sys--gpu_sys.log"
+  expect "RMM_STRESS_OPS is kept when set" file_has \
+    "$b8/logs/sanitize-synccheck--per-thread--rmm-mr--gpu_stress.log" "mode=per-thread ops=7"
+  fake "$b8/bin/rmm-mr--gpu_stress" "ulimit -c 0; kill -SEGV \$\$"
+  st_run sancrash COMPUTE_SANITIZER="$san" RMM_SANITIZE_BINS="rmm-mr--gpu_stress rmm-containers--*" \
+    -- "$b8/run.sh" sanitize synccheck
+  expect_eq "a crash under the sanitizer exits 1" "$ST_RC" 1
+  expect "a crash is one error" file_has "$tmp/sancrash.txt" \
+    "sanitize: synccheck: 2 binaries (legacy), 1 errors, tests: 3 passed, 0 failed, 1 skipped"
+  expect "the crash is named" file_has "$tmp/sancrash.txt" "synccheck/legacy/rmm-mr--gpu_stress (CRASHED"
+  st_run sanmissing COMPUTE_SANITIZER=/nonexistent/compute-sanitizer -- "$b8/run.sh" sanitize memcheck
+  expect_eq "a missing compute-sanitizer exits 3" "$ST_RC" 3
+  expect_eq "its last line says why" "$(tail -n 1 "$tmp/sanmissing.txt")" \
+    "sanitize: compute-sanitizer not found: COMPUTE_SANITIZER=/nonexistent/compute-sanitizer is not an executable file"
+  expect "a missing compute-sanitizer is said per tool" file_has "$tmp/sanmissing.txt" \
+    "sanitize: memcheck: 0 binaries, not run: no compute-sanitizer"
+  expect "and why" file_has "$tmp/sanmissing.txt" \
+    "sanitize: compute-sanitizer not found: COMPUTE_SANITIZER=/nonexistent/compute-sanitizer is not an executable file"
+  st_run sanbadtool COMPUTE_SANITIZER="$san" -- "$b8/run.sh" sanitize leakcheck
+  expect_eq "an unknown tool exits 2" "$ST_RC" 2
+  st_run sannobin COMPUTE_SANITIZER="$san" RMM_SANITIZE_BINS="nope--*" -- "$b8/run.sh" sanitize memcheck
+  expect_eq "a pattern that matches no binary exits 2" "$ST_RC" 2
+  expect "it names the pattern" file_has "$tmp/sannobin.txt" "matches 'nope--*'"
+
   if ((ST_FAILS > 0)); then
     local f
     for f in "$tmp"/*.txt; do
@@ -684,6 +976,11 @@ main() {
     shift
     setup_env
     run_example "$@"
+    ;;
+  sanitize)
+    shift
+    setup_env
+    run_sanitize "$@"
     ;;
   test)
     (($#)) && shift

@@ -64,6 +64,27 @@ mod tests {
         assert!(README_TXT.contains("run.sh"));
     }
 
+    /// `run.sh sanitize` runs each tool the issue names, memcheck with leak checking, and makes
+    /// errors fail the run (the self-test checks the behaviour on fake binaries).
+    #[test]
+    fn sanitize_mode_runs_every_tool() {
+        assert!(RUN_SH.contains("SANITIZE_TOOLS=(memcheck racecheck synccheck initcheck)"));
+        assert!(RUN_SH.contains("[[ $tool == memcheck ]] && opts+=(--leak-check full)"));
+        assert!(RUN_SH.contains("--error-exitcode 1"));
+        assert!(RUN_SH.contains("  sanitize)\n"));
+        for bin in [
+            "rmm-mr--gpu_stress",
+            "rmm-mr--gpu_conformance",
+            "rmm-containers--gpu_containers",
+        ] {
+            assert!(
+                RUN_SH.contains(bin),
+                "{bin} is not among the sanitized binaries"
+            );
+        }
+        assert!(README_TXT.contains("run.sh sanitize"));
+    }
+
     #[test]
     fn running_a_missing_bundle_is_an_error() {
         let err = run(Path::new("/nonexistent/gpu-bundle"), &[], &[]).unwrap_err();
