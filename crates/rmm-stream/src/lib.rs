@@ -17,6 +17,7 @@
 
 pub mod error;
 pub mod event;
+pub mod life;
 pub mod mode;
 pub mod pool;
 #[cfg(feature = "testing")]
@@ -26,6 +27,7 @@ pub mod view;
 
 pub use error::StreamError;
 pub use event::CudaEvent;
+pub use life::{destroyed_streams, StreamLife};
 pub use mode::{default_stream_mode, set_default_stream_mode, DefaultStreamMode};
 pub use pool::CudaStreamPool;
 #[cfg(feature = "testing")]
@@ -55,6 +57,7 @@ mod send_sync {
         assert_send_sync::<CudaStream>();
         assert_send_sync::<CudaStreamPool>();
         assert_send_sync::<CudaEvent>();
+        assert_send_sync::<StreamLife>();
         assert_send_sync::<StreamError>();
         assert_send_sync::<DefaultStreamMode>();
     };

@@ -6,6 +6,7 @@ use rmm_sys::raw::CUstream;
 use rmm_sys::stream as raw;
 use rmm_sys::{CudaResult, DeviceId};
 
+use crate::life::LiveStream;
 use crate::view::CudaStreamView;
 
 /// How a new stream synchronizes with the legacy default stream (RMM's
@@ -36,17 +37,35 @@ impl StreamFlags {
 pub struct CudaStream {
     handle: usize,
     device: DeviceId,
+    /// Registered as live until the stream is destroyed ([`crate::life`]).
+    live: Option<LiveStream>,
 }
 
 impl CudaStream {
     /// Creates a stream on the current device.
     pub fn new(flags: StreamFlags) -> CudaResult<Self> {
         let device = rmm_sys::current_device()?;
-        let handle = raw::stream_create(flags.raw())?;
+        let handle = raw::stream_create(flags.raw())? as usize;
         Ok(Self {
-            handle: handle as usize,
+            handle,
             device,
+            live: Some(LiveStream::register(handle)),
         })
+    }
+
+    /// An owning stream over rmm-sys's fake stream number `n` (feature `testing`; see
+    /// [`CudaStreamView::simulated`]): no driver call ever receives it, and dropping it destroys
+    /// nothing but counts as a destroyed stream ([`crate::life`]). For tests without a GPU of
+    /// what happens when a stream dies; two live simulated streams must not share `n`.
+    #[cfg(feature = "testing")]
+    #[must_use]
+    pub fn simulated(n: u32) -> Self {
+        let handle = rmm_sys::fault::fake_stream(n) as usize;
+        Self {
+            handle,
+            device: DeviceId(0),
+            live: Some(LiveStream::register(handle)),
+        }
     }
 
     /// Creates a stream that synchronizes with the legacy default stream.
@@ -86,6 +105,12 @@ impl CudaStream {
 
 impl Drop for CudaStream {
     fn drop(&mut self) {
+        // Dead before destroyed: per-stream state of its users is never used after this.
+        drop(self.live.take());
+        #[cfg(feature = "testing")]
+        if rmm_sys::fault::is_fake(self.handle) {
+            return;
+        }
         // The stream's context may not be the caller's; make it current for the destroy.
         let guard = rmm_sys::DeviceGuard::new(self.device);
         // SAFETY: the handle came from `stream_create` and no view outlives `self`.
@@ -104,5 +129,23 @@ impl fmt::Debug for CudaStream {
             "CudaStream({:#x} on device {})",
             self.handle, self.device
         )
+    }
+}
+
+#[cfg(all(test, feature = "testing"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_simulated_stream_dies_when_dropped() {
+        let before = crate::destroyed_streams();
+        let s = CudaStream::simulated(0x5157);
+        let life = s.view().life().expect("an owning stream has a life");
+        assert!(life.is_alive());
+        assert!(CudaStreamView::legacy().life().is_none());
+        assert!(CudaStreamView::per_thread().life().is_none());
+        drop(s);
+        assert!(!life.is_alive());
+        assert!(crate::destroyed_streams() > before);
     }
 }
