@@ -95,19 +95,23 @@ pub mod __internals {
         pub use crate::arena::superblock::Superblock;
     }
 
-    /// The pool's coalescing free list and growth policy.
+    /// The pool's coalescing free list and growth policy, and how many stream lists a pool
+    /// keeps.
     pub mod pool {
         pub use crate::pool::free_list::{Block, CoalescingFreeList, FreeListError};
         pub use crate::pool::growth::{
             size_to_grow, try_to_expand, Grown, GrowthError, GrowthFailure, GrowthPlan,
             PoolOutOfMemory, PoolSizes,
         };
+        pub use crate::pool::resource::stream_lists;
+        pub use crate::stream_ordered::core::StreamLists;
     }
 
-    /// The fixed-size resource's chunks and block table.
+    /// The fixed-size resource's chunks and block table, and how many stream lists it keeps.
     pub mod fixed_size {
         pub use crate::fixed_size::block_table::{BlockLedger, BlockTable, ChunkBlocks};
         pub use crate::fixed_size::chunk::{rounded_block_size, Chunk, FixedSizeError};
+        pub use crate::fixed_size::resource::stream_lists;
     }
 
     /// The binning resource's bin table and lock-free routes.

@@ -9,7 +9,7 @@
 
 pub(crate) mod block_table;
 pub(crate) mod chunk;
-mod resource;
+pub(crate) mod resource;
 
 pub use resource::{
     FixedSizeMemoryResource, FixedSizeOptions, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE,

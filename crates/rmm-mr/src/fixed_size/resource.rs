@@ -12,7 +12,7 @@ use crate::fixed_size::block_table::{BlockLedger, BlockTable};
 use crate::fixed_size::chunk::{rounded_block_size, FixedSizeError};
 use crate::resource::{DeviceMemoryResource, SharedResource};
 use crate::stream_ordered::accept_chunk;
-use crate::stream_ordered::core::{FreeBlocks, StreamOrdered};
+use crate::stream_ordered::core::{FreeBlocks, StreamLists, StreamOrdered};
 use crate::util::alignment;
 use crate::util::cross_thread::Origin;
 use crate::util::format::format_bytes;
@@ -324,6 +324,15 @@ impl<U: DeviceMemoryResource> FixedSizeMemoryResource<U> {
     pub fn outstanding_allocations(&self) -> usize {
         self.inner.core.outstanding()
     }
+}
+
+/// How many stream lists `resource` keeps; with `retire`, after retiring those whose owner died
+/// since the last look (for tests and figures, through `rmm_mr::__internals`).
+pub fn stream_lists<U: DeviceMemoryResource>(
+    resource: &FixedSizeMemoryResource<U>,
+    retire: bool,
+) -> StreamLists {
+    resource.inner.core.stream_lists(retire)
 }
 
 impl<U: DeviceMemoryResource> fmt::Debug for FixedSizeMemoryResource<U> {

@@ -9,6 +9,6 @@
 
 pub(crate) mod free_list;
 pub(crate) mod growth;
-mod resource;
+pub(crate) mod resource;
 
 pub use resource::{PoolMemoryResource, PoolOptions};

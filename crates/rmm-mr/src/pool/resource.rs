@@ -11,7 +11,7 @@ use crate::pool::free_list::{Block, CoalescingFreeList};
 use crate::pool::growth::{try_to_expand, PoolSizes};
 use crate::resource::{DeviceMemoryResource, SharedResource};
 use crate::stream_ordered::accept_chunk;
-use crate::stream_ordered::core::{FreeBlocks, StreamOrdered};
+use crate::stream_ordered::core::{FreeBlocks, StreamLists, StreamOrdered};
 use crate::stream_ordered::handed::HandedMap;
 use crate::util::alignment::{self, OverAligned, MAX_OVER_ALIGNMENT};
 use crate::util::cross_thread::Origin;
@@ -361,6 +361,15 @@ impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
     pub fn release_unused(&self) -> MrResult<usize> {
         self.inner.core.release_unused(&self.inner.upstream)
     }
+}
+
+/// How many stream lists `pool` keeps; with `retire`, after retiring those whose owner died
+/// since the last look (for tests and figures, through `rmm_mr::__internals`).
+pub fn stream_lists<U: DeviceMemoryResource>(
+    pool: &PoolMemoryResource<U>,
+    retire: bool,
+) -> StreamLists {
+    pool.inner.core.stream_lists(retire)
 }
 
 impl<U: DeviceMemoryResource> fmt::Debug for PoolMemoryResource<U> {
@@ -807,6 +816,63 @@ mod tests {
             p.deallocate(s(), b, 512, 256).unwrap();
         }
         assert_eq!(p.outstanding_allocations(), 0);
+    }
+
+    /// The figure of `docs/reliability.md` ("lists alive after 10,000 short-lived threads"):
+    /// `cargo test -p rmm-mr --all-features --lib lists_alive_after_ten_thousand_threads --
+    /// --nocapture` prints it.
+    #[test]
+    fn lists_alive_after_ten_thousand_threads() {
+        use rmm_sys::fault::FaultScope;
+        const THREADS: usize = 10_000;
+        const AT_ONCE: usize = 8;
+        let (p, mock) = pool(1 << 20, None);
+        let mut most_alive = 0;
+        for batch in 0..THREADS / AT_ONCE {
+            let handles: Vec<_> = (0..AT_ONCE)
+                .map(|_| {
+                    let p = p.clone();
+                    std::thread::spawn(move || {
+                        // Stealing from the legacy list records an event there (simulated).
+                        let _sim = FaultScope::simulated();
+                        let pt = CudaStreamView::per_thread();
+                        let a = p.allocate(pt, 1000, 256).unwrap();
+                        // SAFETY: `a` came from `p` with this size, freed once.
+                        unsafe { p.deallocate(pt, a, 1000, 256).unwrap() };
+                        stream_lists(&p, false).alive
+                    })
+                })
+                .collect();
+            for h in handles {
+                // Joined through its handle: the thread's thread-local destructors have run.
+                let alive = h.join().unwrap();
+                most_alive = most_alive.max(alive);
+                // The legacy list and this batch's threads: the threads of earlier batches,
+                // all exited, were retired by the first registration of this one.
+                assert!(
+                    alive <= 1 + AT_ONCE,
+                    "batch {batch}: {alive} lists alive for at most {AT_ONCE} live threads"
+                );
+            }
+        }
+        let at_end = stream_lists(&p, false);
+        let retired = stream_lists(&p, true);
+        assert!(at_end.alive <= 1 + AT_ONCE);
+        assert_eq!(retired.alive, 1, "only the legacy list should be alive");
+        assert!(retired.slots <= AT_ONCE, "{} slots", retired.slots);
+        assert_eq!(p.outstanding_allocations(), 0);
+        println!(
+            "figure: {THREADS} threads ({AT_ONCE} at a time), each allocating and freeing once \
+             on its per-thread default stream: at most {most_alive} lists alive at a time, \
+             {} alive after the last thread exited ({} once retired), {} list slots made, \
+             pool size {} bytes",
+            at_end.alive,
+            retired.alive,
+            retired.slots,
+            p.pool_size()
+        );
+        drop(p);
+        assert_eq!(mock.live_allocations(), 0);
     }
 
     #[test]

@@ -6,25 +6,32 @@
 //! another stream's list (after making this stream wait for that list's event), else merges other
 //! lists into this one, else grows; every block handed out is recorded in the free-list type's
 //! resource-wide record, which `deallocate` checks (unknown pointers, double frees, size
-//! mismatches). Lock order: chunk set → registry → one list → the record's inner locks; no thread
-//! holds two list locks. A failed call leaves the core as it was. The algorithm, the lists, the
-//! locks and the failure rules in full: `docs/internals/stream-ordered.md`.
+//! mismatches). The lists of threads that exited and of streams that were destroyed are retired
+//! (their blocks go to the legacy list or to the orphan list, behind their event or a device
+//! synchronization) and their slots reused, so the lists stay as many as the live keys. Lock
+//! order: chunk set → registry → one list → the record's inner locks; no thread holds two list
+//! locks, and nothing synchronizes the device while holding any of them. A failed call leaves the
+//! core as it was. The algorithm, the lists, the locks and the failure rules in full:
+//! `docs/internals/stream-ordered.md`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
-use rmm_stream::CudaStreamView;
+use rmm_stream::{CudaStreamView, StreamLife};
 use rmm_sys::{checked_align_up, DeviceGuard, DeviceId, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
 use crate::stream_ordered::append_only::AppendOnlyVec;
+use crate::stream_ordered::slot_table::{Placement, SlotTable};
 use crate::stream_ordered::stream_lists::{
-    cached_list_index, device_synchronize, remember_list_index, StreamKey, StreamList,
+    cached_list_index, device_synchronize, remember_list_index, ListState, Retired, Steal,
+    StreamKey, StreamList,
 };
 use crate::util::cross_thread::{needs_legacy_order, Origin};
+use crate::util::thread_life::{self, ThreadLife};
 
 /// A free-list type the stream-ordered core can drive (RMM's `free_list` / the derived
 /// resource's `allocate_from_block` and `free_block`). Implementations are pure bookkeeping.
@@ -166,17 +173,110 @@ pub(crate) struct CoreMemory {
     pub(crate) handed_out: (usize, usize),
 }
 
-/// Which stream keys have lists, and who used the resource first.
+/// Whether the owner of a key is alive (see [`crate::stream_ordered::slot_table`]).
+#[derive(Debug)]
+enum Life {
+    /// The legacy stream, and streams whose death cannot be known (foreign streams): never
+    /// retired.
+    Forever,
+    /// The host thread whose per-thread default stream the key names.
+    Thread(ThreadLife),
+    /// An owning stream made by rmm-stream.
+    Stream(StreamLife),
+}
+
+impl Life {
+    /// The life of `key`'s owner; `stream` is the caller's stream of that key.
+    fn of(key: StreamKey, stream: CudaStreamView<'_>) -> Self {
+        match key {
+            StreamKey::PerThread(_) => Self::Thread(thread_life::current()),
+            StreamKey::Stream(_) => stream.life().map_or(Self::Forever, Self::Stream),
+            StreamKey::Legacy | StreamKey::Orphan => Self::Forever,
+        }
+    }
+
+    fn is_alive(&self) -> bool {
+        match self {
+            Self::Forever => true,
+            Self::Thread(t) => t.is_alive(),
+            Self::Stream(s) => s.is_alive(),
+        }
+    }
+}
+
+/// Thread exits and stream destructions so far (it moves when some owner died).
+fn deaths() -> u64 {
+    thread_life::exits().wrapping_add(rmm_stream::destroyed_streams())
+}
+
+/// How many stream lists a stream-ordered resource keeps (for tests and the figures of
+/// `docs/reliability.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamLists {
+    /// Lists alive: the legacy list and one per stream key in use (the orphan list, which holds
+    /// the blocks of retired lists, is not counted).
+    pub alive: usize,
+    /// List slots ever made (alive and free), bounded by the most lists alive at once.
+    pub slots: usize,
+}
+
+/// Which stream keys have lists (in which slot), and who used the resource first.
 #[derive(Default)]
 struct Registry {
-    /// Index in `StreamOrdered::lists` of every key but the legacy one.
-    by_key: HashMap<StreamKey, usize>,
-    /// The list of the first key a caller used, while it is the only one, when that list is
+    /// The slot in `StreamOrdered::lists` of every key but the legacy one.
+    table: SlotTable<StreamKey, Life>,
+    /// The slot of the first key a caller used, while it is the only one, when that list is
     /// not the legacy one.
     first_user: Option<usize>,
     /// Number of keys callers have used.
     users: usize,
 }
+
+/// Device synchronizations in progress with free blocks held out of every list, so that an
+/// allocation about to report out-of-memory waits for them instead (it holds no lock then).
+#[derive(Default)]
+struct InFlight {
+    count: Mutex<usize>,
+    idle: Condvar,
+}
+
+impl InFlight {
+    fn begin(&self) -> InFlightGuard<'_> {
+        *self.count.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        InFlightGuard(self)
+    }
+
+    fn is_busy(&self) -> bool {
+        *self.count.lock().unwrap_or_else(PoisonError::into_inner) > 0
+    }
+
+    fn wait_idle(&self) {
+        let mut count = self.count.lock().unwrap_or_else(PoisonError::into_inner);
+        while *count > 0 {
+            count = self
+                .idle
+                .wait(count)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+/// Ends an [`InFlight`] synchronization when dropped.
+struct InFlightGuard<'a>(&'a InFlight);
+
+impl Drop for InFlightGuard<'_> {
+    fn drop(&mut self) {
+        let mut count = self.0.count.lock().unwrap_or_else(PoisonError::into_inner);
+        *count -= 1;
+        if *count == 0 {
+            self.0.idle.notify_all();
+        }
+    }
+}
+
+/// How often an allocation that found the resource full waits for synchronizations in flight
+/// and looks again before it reports out-of-memory.
+const FULL_RETRIES: usize = 3;
 
 static NEXT_POOL: AtomicU64 = AtomicU64::new(1);
 
@@ -186,13 +286,6 @@ fn settle(r: MrResult<()>) -> MrResult<()> {
     match r {
         Err(e) if e.is_no_device() => Ok(()),
         other => other,
-    }
-}
-
-/// Puts blocks moved out of `list` (for a merge or a reclaim that did not happen) back in it.
-fn restore<L: FreeBlocks>(list: &StreamList<L>, mut blocks: L) {
-    if let Err(e) = list.lock().blocks.absorb(&mut blocks) {
-        log::error!("rmm: free blocks lost while moving them between stream lists: {e}");
     }
 }
 
@@ -228,8 +321,11 @@ pub(crate) struct StreamOrdered<L: FreeBlocks> {
     /// An empty list (cloned for every new stream; it shares the record).
     empty: L,
     legacy: StreamList<L>,
-    /// Every list but the legacy one, in creation order (the order thieves visit them, after
-    /// the legacy list).
+    /// The blocks of retired ordinary-stream lists, behind their events or a device
+    /// synchronization.
+    orphan: StreamList<L>,
+    /// The slots of every other list (a retired list's slot is free until a new key takes it),
+    /// in creation order (the order thieves visit them, after the legacy list).
     lists: AppendOnlyVec<StreamList<L>>,
     /// Whether a caller used the legacy stream (the legacy list exists from construction, to
     /// hold the initial chunk, without counting as a user).
@@ -237,14 +333,18 @@ pub(crate) struct StreamOrdered<L: FreeBlocks> {
     /// Set when a second key first appears: from then on frees on ordinary streams record.
     eager: AtomicBool,
     registry: Mutex<Registry>,
+    /// [`deaths`] when the lists were last looked at for dead owners.
+    swept: AtomicU64,
     /// Upstream chunks by address (the growth lock).
     chunks: Mutex<BTreeMap<u64, usize>>,
     /// Sum of the chunk sizes.
     pool_size: AtomicUsize,
     /// Whether a block was ever handed out (then drop synchronizes the device first).
     used: AtomicBool,
-    /// The device current at construction, if there is one.
+    /// The device current at construction, if there is one (made current for every device
+    /// synchronization).
     device: Option<DeviceId>,
+    in_flight: InFlight,
 }
 
 impl<L: FreeBlocks> StreamOrdered<L> {
@@ -253,16 +353,19 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     pub(crate) fn new(empty: L) -> Self {
         Self {
             id: NEXT_POOL.fetch_add(1, Ordering::Relaxed),
-            legacy: StreamList::new(StreamKey::Legacy, empty.clone()),
+            legacy: StreamList::new(Some(StreamKey::Legacy), empty.clone()),
+            orphan: StreamList::new(Some(StreamKey::Orphan), empty.clone()),
             lists: AppendOnlyVec::new(),
             legacy_used: AtomicBool::new(false),
             eager: AtomicBool::new(false),
             registry: Mutex::new(Registry::default()),
+            swept: AtomicU64::new(deaths()),
             empty,
             chunks: Mutex::new(BTreeMap::new()),
             pool_size: AtomicUsize::new(0),
             used: AtomicBool::new(false),
             device: rmm_sys::current_device().ok(),
+            in_flight: InFlight::default(),
         }
     }
 
@@ -292,49 +395,102 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         self.eager.load(Ordering::Acquire)
     }
 
-    /// Number of stream lists (the legacy list included).
+    /// Number of stream lists alive: the legacy list and one per key with a list (a list whose
+    /// owner died counts until it is retired, at the next allocation that misses its own list or
+    /// the next new key).
     pub(crate) fn list_count(&self) -> usize {
-        1 + self.lists.len()
+        1 + self.lock_registry().table.live()
     }
 
-    fn lock_chunks(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, usize>> {
+    /// Number of list slots ever made (live and free): bounded by the most lists alive at once.
+    pub(crate) fn slot_count(&self) -> usize {
+        self.lists.len()
+    }
+
+    /// [`list_count`](Self::list_count) and [`slot_count`](Self::slot_count), after retiring the
+    /// lists of owners that died since the last look when `retire` (tests, figures).
+    pub(crate) fn stream_lists(&self, retire: bool) -> StreamLists {
+        if retire {
+            self.sweep();
+        }
+        StreamLists {
+            alive: self.list_count(),
+            slots: self.slot_count(),
+        }
+    }
+
+    fn lock_chunks(&self) -> MutexGuard<'_, BTreeMap<u64, usize>> {
         self.chunks.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Every list, the legacy one first, in creation order (for the slow paths).
-    fn lists(&self) -> impl Iterator<Item = &StreamList<L>> + '_ {
-        std::iter::once(&self.legacy).chain(self.lists.iter())
+    fn lock_registry(&self) -> MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The list of `stream`, registering its key on first use.
+    /// Every list, the legacy one first, then the slots in creation order, then the orphan list
+    /// (for the slow paths).
+    fn lists(&self) -> impl Iterator<Item = &StreamList<L>> + '_ {
+        std::iter::once(&self.legacy)
+            .chain(self.lists.iter())
+            .chain(std::iter::once(&self.orphan))
+    }
+
+    /// The list of `stream`, locked, with its key, registering the key on first use. A slot
+    /// found through this thread's cache that no longer belongs to the key (retired) is
+    /// looked up again.
     #[inline]
-    fn list_for(&self, stream: CudaStreamView<'_>) -> MrResult<&StreamList<L>> {
+    #[allow(clippy::type_complexity)]
+    fn lock_own(
+        &self,
+        stream: CudaStreamView<'_>,
+    ) -> MrResult<(&StreamList<L>, MutexGuard<'_, ListState<L>>, StreamKey)> {
         let key = StreamKey::of(stream)?;
         if key == StreamKey::Legacy {
             if !self.legacy_used.load(Ordering::Acquire) {
-                self.register(key)?;
+                let (list, st) = self.register(key, stream)?;
+                return Ok((list, st, key));
             }
-            return Ok(&self.legacy);
+            return Ok((&self.legacy, self.legacy.lock(), key));
         }
         if let Some(list) = cached_list_index(self.id, key).and_then(|i| self.lists.get(i)) {
-            return Ok(list);
+            let st = list.lock();
+            if st.key() == Some(key) {
+                return Ok((list, st, key));
+            }
         }
-        self.register(key)
+        let (list, st) = self.register(key, stream)?;
+        Ok((list, st, key))
     }
 
-    /// Finds or creates the list of `key`, counts the key as used (the second key turns the
-    /// pool eager) and remembers the list in this thread's cache.
+    /// Finds or creates the list of `key` (after retiring the lists of dead owners, whose slots
+    /// a new key may reuse), counts the key as used (the second key turns the pool eager),
+    /// remembers the list in this thread's cache and returns it locked (so no retirement can
+    /// come between).
     #[cold]
-    fn register(&self, key: StreamKey) -> MrResult<&StreamList<L>> {
-        let mut reg = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
+    #[allow(clippy::type_complexity)]
+    fn register(
+        &self,
+        key: StreamKey,
+        stream: CudaStreamView<'_>,
+    ) -> MrResult<(&StreamList<L>, MutexGuard<'_, ListState<L>>)> {
+        let mut reg = self.lock_registry();
+        self.sweep_locked(&mut reg);
         let (index, first_use) = if key == StreamKey::Legacy {
             (None, !self.legacy_used.load(Ordering::Relaxed))
-        } else if let Some(&i) = reg.by_key.get(&key) {
+        } else if let Some(i) = reg.table.get(&key) {
             (Some(i), false)
         } else {
-            let i = self.lists.push(StreamList::new(key, self.empty.clone()));
-            reg.by_key.insert(key, i);
-            (Some(i), true)
+            let placement = reg.table.insert(key, Life::of(key, stream));
+            if let Placement::New(i) = placement {
+                let pushed = self.lists.push(StreamList::new(None, self.empty.clone()));
+                if pushed != i {
+                    reg.table.undo_insert(&key, placement);
+                    return Err(MrError::bad_alloc(format!(
+                        "stream list storage out of step: slot {pushed}, expected {i}"
+                    )));
+                }
+            }
+            (Some(placement.slot()), true)
         };
         let list = match index {
             None => &self.legacy,
@@ -355,8 +511,9 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 // a thief asks its owner to record, or synchronizes the device.
                 self.eager.store(true, Ordering::SeqCst);
                 if let Some(first) = reg.first_user.take().and_then(|i| self.lists.get(i)) {
-                    if !first.key().is_special() {
-                        first.lock().mark_unrecorded();
+                    let mut f = first.lock();
+                    if f.key().is_some_and(|k| !k.is_special()) {
+                        f.mark_unrecorded();
                     }
                 }
             }
@@ -364,11 +521,109 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 self.legacy_used.store(true, Ordering::Release);
             }
         }
+        let mut st = list.lock();
+        if st.key().is_none() {
+            st.assign(key);
+        }
         drop(reg);
         if let Some(i) = index {
             remember_list_index(self.id, key, i);
         }
-        Ok(list)
+        Ok((list, st))
+    }
+
+    /// Retires the lists of dead owners if some thread exited or some stream was destroyed since
+    /// the last look (one atomic load otherwise).
+    fn sweep(&self) {
+        if self.swept.load(Ordering::Relaxed) != deaths() {
+            let mut reg = self.lock_registry();
+            self.sweep_locked(&mut reg);
+        }
+    }
+
+    /// [`sweep`](Self::sweep) with the registry locked.
+    fn sweep_locked(&self, reg: &mut Registry) {
+        let now = deaths();
+        if self.swept.swap(now, Ordering::Relaxed) == now {
+            return;
+        }
+        for (key, slot) in reg.table.dead(Life::is_alive) {
+            self.retire(reg, key, slot);
+        }
+    }
+
+    /// Retires `key`'s list in `slot` (its owner died): the slot becomes free, and its blocks go
+    /// where stream order keeps them safe. A per-thread list's go to the legacy list: the
+    /// legacy stream waits for all earlier work of every blocking stream, per-thread default
+    /// streams included (as for a cross-thread free). An ordinary stream's go to the orphan list
+    /// with the list's event when it covers them all, else marked for a device synchronization
+    /// (the stream is gone: nobody can record on it any more).
+    fn retire(&self, reg: &mut Registry, key: StreamKey, slot: usize) {
+        reg.table.remove(&key);
+        if reg.first_user == Some(slot) {
+            reg.first_user = None;
+        }
+        let Some(list) = self.lists.get(slot) else {
+            return;
+        };
+        let retired = {
+            let mut st = list.lock();
+            if st.key() != Some(key) {
+                log::error!("rmm: stream list {slot} is not {key:?}'s; nothing to retire");
+                return;
+            }
+            st.retire(self.empty.clone())
+        };
+        let Some(Retired {
+            mut blocks,
+            event,
+            covered,
+        }) = retired
+        else {
+            return;
+        };
+        if blocks.is_empty() {
+            return;
+        }
+        if key.per_thread().is_some() {
+            let absorbed = self.legacy.lock().blocks.absorb(&mut blocks);
+            if let Err(e) = absorbed {
+                log::error!("rmm: the legacy list refused a retired list's blocks: {e}");
+                self.to_orphan(blocks);
+            }
+            return;
+        }
+        // Before the pool turned eager nothing was recorded at all.
+        let covered = covered && self.is_eager();
+        if let Err((rest, e)) = self.orphan.lock().adopt(blocks, event, covered) {
+            log::error!("rmm: free blocks lost while retiring a stream list: {e}");
+            drop(rest);
+        }
+    }
+
+    /// Puts `blocks` in the orphan list, behind a device synchronization (for blocks whose list
+    /// is gone, or whose cover is unknown).
+    fn to_orphan(&self, blocks: L) {
+        if let Err((_, e)) = self.orphan.lock().adopt(blocks, None, false) {
+            log::error!("rmm: free blocks lost while moving them to the orphan list: {e}");
+        }
+    }
+
+    /// Gives `blocks`, taken out of `victim` (then `key`'s list) for a synchronization that
+    /// failed, back: to `victim` if it is still `key`'s (its policy still says what covers
+    /// them), else to the orphan list.
+    fn give_back(&self, victim: &StreamList<L>, key: Option<StreamKey>, mut blocks: L) {
+        let mut st = victim.lock();
+        if key.is_some() && st.key() == key && key != Some(StreamKey::Orphan) {
+            if let Err(e) = st.blocks.absorb(&mut blocks) {
+                drop(st);
+                log::error!("rmm: a list refused its own blocks back: {e}");
+                self.to_orphan(blocks);
+            }
+            return;
+        }
+        drop(st);
+        self.to_orphan(blocks);
     }
 
     /// Allocates a block of `size` bytes (a multiple of 256 the resource accepts) on `stream`;
@@ -385,19 +640,19 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         upstream: &dyn DeviceMemoryResource,
         expand: impl FnMut(usize, usize) -> MrResult<(DevicePtr, usize)>,
     ) -> MrResult<DevicePtr> {
-        let own = self.list_for(stream)?;
-        let mut st = own.lock();
-        st.serve(own.key(), stream);
+        let (own, mut st, key) = self.lock_own(stream)?;
+        st.serve(stream);
         let (addr, tag) = match st.blocks.take(size) {
             Some(block) => block,
             None => {
                 drop(st);
-                let block = self.allocate_slow(own, stream, size, upstream, expand)?;
+                let block = self.allocate_slow(own, key, stream, size, upstream, expand)?;
                 st = own.lock();
                 block
             }
         };
-        let recorded = st.blocks.hand_out(addr, size, tag, own.key().origin());
+        // The record is the resource's, shared by every list: any list's handle will do.
+        let recorded = st.blocks.hand_out(addr, size, tag, key.origin());
         drop(st);
         if let Err(e) = recorded {
             // Handing it out again would give two owners the same memory. It stays out of
@@ -416,13 +671,64 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         Ok(DevicePtr::from_raw(addr))
     }
 
+    /// Takes `size` bytes from `own` if it is still `key`'s list.
+    fn take_own(&self, own: &StreamList<L>, key: StreamKey, size: usize) -> Option<(u64, L::Tag)> {
+        let mut st = own.lock();
+        if st.key() == Some(key) {
+            st.blocks.take(size)
+        } else {
+            None
+        }
+    }
+
+    /// Puts `blocks` (safe for `stream` now) into `own`, `key`'s list, as entering on `stream`,
+    /// and takes `size` bytes from it. If `own` was retired meanwhile, the block comes from
+    /// `blocks` and the rest goes to the orphan list. On error (an inconsistency) the blocks
+    /// `own` refused come back.
+    #[allow(clippy::type_complexity)]
+    fn deposit_and_take(
+        &self,
+        own: &StreamList<L>,
+        key: StreamKey,
+        stream: CudaStreamView<'_>,
+        mut blocks: L,
+        size: usize,
+    ) -> Result<Option<(u64, L::Tag)>, (L, String)> {
+        let mut st = own.lock();
+        if st.key() == Some(key) {
+            st.publish(stream, self.is_eager());
+            if let Err(e) = st.blocks.absorb(&mut blocks) {
+                return Err((blocks, e));
+            }
+            return Ok(st.blocks.take(size));
+        }
+        drop(st);
+        let block = blocks.take(size);
+        self.to_orphan(blocks);
+        Ok(block)
+    }
+
+    /// Synchronizes the device of this resource (made current for the call), with no lock of
+    /// the resource held by the caller.
+    fn synchronize_device(&self) -> MrResult<()> {
+        let _device = match self.device.map(DeviceGuard::new) {
+            Some(Err(e)) if !e.is_no_device() => return Err(e.into()),
+            guard => guard,
+        };
+        device_synchronize().map_err(MrError::from)
+    }
+
     /// Steals one fitting block from another stream's list (the remainder stays there), else
     /// merges other lists into `own` until one fits; the stream waits on each victim's event.
+    /// A victim that needs a device synchronization is skipped unless `may_sync`; then the
+    /// blocks are taken out under its lock and the device is synchronized with no lock held.
     fn take_from_others(
         &self,
         own: &StreamList<L>,
+        key: StreamKey,
         stream: CudaStreamView<'_>,
         size: usize,
+        may_sync: bool,
     ) -> MrResult<Option<(u64, L::Tag)>> {
         let others: Vec<&StreamList<L>> = self.lists().filter(|l| !std::ptr::eq(*l, own)).collect();
         // Steal one block; the remainder stays with its stream.
@@ -432,34 +738,71 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             if !st.blocks.fits(size) {
                 continue;
             }
-            // `Ok(false)`: not covered yet (its owner has been asked to record), look elsewhere.
-            if !st.prepare_steal(victim.key(), stream)? {
-                continue;
-            }
-            if let Some(block) = st.blocks.take(size) {
-                return Ok(Some(block));
+            match st.prepare_steal(stream, may_sync)? {
+                Steal::NotNow => {}
+                Steal::Now => {
+                    if let Some(block) = st.blocks.take(size) {
+                        st.after_take();
+                        return Ok(Some(block));
+                    }
+                }
+                Steal::AfterSync(snapshot) => {
+                    let victim_key = st.key();
+                    let Some(block) = st.blocks.take(size) else {
+                        continue;
+                    };
+                    st.after_take();
+                    drop(st);
+                    let _busy = self.in_flight.begin();
+                    if let Err(e) = self.synchronize_device() {
+                        let mut back = self.empty.clone();
+                        match back.put(block.0, size, block.1) {
+                            Ok(()) => self.give_back(victim, victim_key, back),
+                            Err(put) => log::error!(
+                                "rmm: block {:#x} lost after a failed synchronization: {put}",
+                                block.0
+                            ),
+                        }
+                        return Err(e);
+                    }
+                    victim.lock().synchronized_since(snapshot);
+                    return Ok(Some(block));
+                }
             }
         }
         // Merge whole lists into this one, retrying after each.
         for victim in &others {
-            let mut moved = {
+            let (moved, victim_key, sync) = {
                 let mut st = victim.lock();
-                if st.blocks.is_empty() || !st.prepare_steal(victim.key(), stream)? {
+                if st.blocks.is_empty() {
                     continue;
                 }
-                std::mem::replace(&mut st.blocks, self.empty.clone())
+                let sync = match st.prepare_steal(stream, may_sync)? {
+                    Steal::NotNow => continue,
+                    Steal::Now => None,
+                    Steal::AfterSync(snapshot) => Some(snapshot),
+                };
+                let moved = std::mem::replace(&mut st.blocks, self.empty.clone());
+                st.after_take();
+                (moved, st.key(), sync)
             };
-            let mut st = own.lock();
-            st.publish(own.key(), stream, self.is_eager());
-            if let Err(e) = st.blocks.absorb(&mut moved) {
-                drop(st);
-                restore(victim, moved);
-                return Err(MrError::bad_alloc(format!(
-                    "inconsistent free lists while merging: {e}"
-                )));
+            let _busy = sync.map(|_| self.in_flight.begin());
+            if let Some(snapshot) = sync {
+                if let Err(e) = self.synchronize_device() {
+                    self.give_back(victim, victim_key, moved);
+                    return Err(e);
+                }
+                victim.lock().synchronized_since(snapshot);
             }
-            if let Some(block) = st.blocks.take(size) {
-                return Ok(Some(block));
+            match self.deposit_and_take(own, key, stream, moved, size) {
+                Ok(Some(block)) => return Ok(Some(block)),
+                Ok(None) => {}
+                Err((rest, e)) => {
+                    self.give_back(victim, victim_key, rest);
+                    return Err(MrError::bad_alloc(format!(
+                        "inconsistent free lists while merging: {e}"
+                    )));
+                }
             }
         }
         Ok(None)
@@ -469,42 +812,42 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     fn allocate_slow(
         &self,
         own: &StreamList<L>,
+        key: StreamKey,
         stream: CudaStreamView<'_>,
         size: usize,
         upstream: &dyn DeviceMemoryResource,
         mut expand: impl FnMut(usize, usize) -> MrResult<(DevicePtr, usize)>,
     ) -> MrResult<(u64, L::Tag)> {
-        if let Some(block) = self.take_from_others(own, stream, size)? {
-            return Ok(block);
-        }
-        // Grow, holding the growth lock. Threads that missed together queue here; each looks
-        // again once it holds the lock, so memory another one just obtained is used instead of
-        // growing the pool once per waiting thread (RMM serializes everything on one mutex and
-        // so never races here).
-        let mut chunks = self.lock_chunks();
-        if let Some(block) = own.lock().blocks.take(size) {
-            return Ok(block);
-        }
-        if let Some(block) = self.take_from_others(own, stream, size)? {
+        self.sweep();
+        if let Some(block) = self.take_from_others(own, key, stream, size, true)? {
             return Ok(block);
         }
         let mut reclaimed = false;
         loop {
+            // Grow, holding the growth lock. Threads that missed together queue here; each looks
+            // again once it holds the lock, so memory another one just obtained is used instead
+            // of growing the pool once per waiting thread (RMM serializes everything on one mutex
+            // and so never races here). Nothing synchronizes the device under this lock.
+            let mut chunks = self.lock_chunks();
+            if let Some(block) = self.take_own(own, key, size) {
+                return Ok(block);
+            }
+            if let Some(block) = self.take_from_others(own, key, stream, size, false)? {
+                return Ok(block);
+            }
             // Chunks that merge grow the free block at the end of the memory by what it lacks.
-            let tail = own.lock().blocks.extendable_tail();
+            let tail = self.own_tail(own, key);
             let (ptr, chunk_size) = match expand(self.pool_size(), tail.unwrap_or(0)) {
                 Ok(chunk) => chunk,
                 Err(e) if e.is_out_of_memory() => {
+                    drop(chunks);
                     // Rather than report out-of-memory while blocks wait for an owner that may
-                    // never record, synchronize once and take them all.
-                    match self.reclaim_unrecorded(own, stream, size)? {
+                    // never record, synchronize once (no lock held) and take them all.
+                    match self.reclaim_or_wait(own, key, stream, size)? {
                         Some(block) => return Ok(block),
                         // Chunks that merge: the reclaimed blocks grew the free block at the
                         // end, so a smaller chunk may now do; grow again from it, once.
-                        None if !reclaimed
-                            && tail.is_some()
-                            && own.lock().blocks.extendable_tail() != tail =>
-                        {
+                        None if !reclaimed && tail.is_some() && self.own_tail(own, key) != tail => {
                             reclaimed = true;
                             continue;
                         }
@@ -517,46 +860,106 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             self.pool_size.fetch_add(chunk_size, Ordering::Relaxed);
             // Publish the chunk in this stream's list before letting other growers in.
             let mut st = own.lock();
-            // The chunk may still be in flight on `stream` (a stream-ordered upstream): its rest
-            // must not be stolen before that, so the event is recorded after it.
-            st.publish(own.key(), stream, self.is_eager());
-            if let Err(e) = st.blocks.add_chunk(ptr.addr(), chunk_size) {
-                // Not the pool's: the chunk goes back, and the growth never happened.
+            let added = if st.key() == Some(key) {
+                // The chunk may still be in flight on `stream` (a stream-ordered upstream): its
+                // rest must not be stolen before that, so the event is recorded after it.
+                st.publish(stream, self.is_eager());
+                st.blocks
+                    .add_chunk(ptr.addr(), chunk_size)
+                    .map(|()| st.blocks.take(size))
+            } else {
+                // This stream's list was retired meanwhile (its owner died): the block comes
+                // from the chunk, the rest goes to the orphan list.
                 drop(st);
-                chunks.remove(&ptr.addr());
-                self.pool_size.fetch_sub(chunk_size, Ordering::Relaxed);
-                drop(chunks);
-                // SAFETY: the upstream just handed out this chunk on `stream` for `chunk_size`
-                // bytes, and none of it was handed out.
-                let r =
-                    unsafe { upstream.deallocate(stream, ptr, chunk_size, ALLOCATION_ALIGNMENT) };
-                if let Err(e) = r {
-                    log::error!("rmm: could not give a refused chunk {ptr} back: {e}");
+                let mut fresh = self.empty.clone();
+                fresh.add_chunk(ptr.addr(), chunk_size).map(|()| {
+                    let block = fresh.take(size);
+                    self.to_orphan(fresh);
+                    block
+                })
+            };
+            match added {
+                Ok(Some(block)) => return Ok(block),
+                Ok(None) if tail.is_some() => {
+                    // The chunk merged with less than `tail` promised: it stays in this list,
+                    // and the resource grows again (each round maps more, until `expand` runs
+                    // out of room).
                 }
-                return Err(MrError::bad_alloc(format!(
-                    "new upstream chunk rejected: {e}"
-                )));
+                Ok(None) => {
+                    return Err(MrError::bad_alloc(format!(
+                        "a new upstream chunk of {chunk_size} bytes cannot serve {size} bytes"
+                    )));
+                }
+                Err(e) => {
+                    // Not the pool's: the chunk goes back, and the growth never happened.
+                    chunks.remove(&ptr.addr());
+                    self.pool_size.fetch_sub(chunk_size, Ordering::Relaxed);
+                    drop(chunks);
+                    // SAFETY: the upstream just handed out this chunk on `stream` for
+                    // `chunk_size` bytes, and none of it was handed out.
+                    let r = unsafe {
+                        upstream.deallocate(stream, ptr, chunk_size, ALLOCATION_ALIGNMENT)
+                    };
+                    if let Err(e) = r {
+                        log::error!("rmm: could not give a refused chunk {ptr} back: {e}");
+                    }
+                    return Err(MrError::bad_alloc(format!(
+                        "new upstream chunk rejected: {e}"
+                    )));
+                }
             }
-            if let Some(block) = st.blocks.take(size) {
-                return Ok(block);
-            }
-            if tail.is_none() {
-                return Err(MrError::bad_alloc(format!(
-                    "a new upstream chunk of {chunk_size} bytes cannot serve {size} bytes"
-                )));
-            }
-            // The chunk merged with less than `tail` promised: it stays in this list, and the
-            // resource grows again (each round maps more, until `expand` runs out of room).
         }
     }
 
+    /// [`FreeBlocks::extendable_tail`] of `own` if it is still `key`'s list.
+    fn own_tail(&self, own: &StreamList<L>, key: StreamKey) -> Option<usize> {
+        let st = own.lock();
+        if st.key() == Some(key) {
+            st.blocks.extendable_tail()
+        } else {
+            None
+        }
+    }
+
+    /// The resource cannot grow: reclaims the blocks no event covers (one device
+    /// synchronization, no lock held), and if there are none while other threads'
+    /// synchronizations hold blocks out of every list, waits for those and looks again.
+    /// `Ok(None)`: nothing to take.
+    #[cold]
+    fn reclaim_or_wait(
+        &self,
+        own: &StreamList<L>,
+        key: StreamKey,
+        stream: CudaStreamView<'_>,
+        size: usize,
+    ) -> MrResult<Option<(u64, L::Tag)>> {
+        for _ in 0..FULL_RETRIES {
+            let busy = self.in_flight.is_busy();
+            if let Some(block) = self.reclaim_unrecorded(own, key, stream, size)? {
+                return Ok(Some(block));
+            }
+            if !busy && !self.in_flight.is_busy() {
+                break;
+            }
+            self.in_flight.wait_idle();
+            if let Some(block) = self.take_own(own, key, size) {
+                return Ok(Some(block));
+            }
+            if let Some(block) = self.take_from_others(own, key, stream, size, false)? {
+                return Ok(Some(block));
+            }
+        }
+        Ok(None)
+    }
+
     /// Moves the blocks of every other list that an event does not cover into `own` after one
-    /// device synchronization (which covers them all), then takes `size` bytes from `own`.
-    /// Called with the growth lock held, when the resource cannot grow.
+    /// device synchronization (which covers them all; made with no lock held), then takes
+    /// `size` bytes from `own`.
     #[cold]
     fn reclaim_unrecorded(
         &self,
         own: &StreamList<L>,
+        key: StreamKey,
         stream: CudaStreamView<'_>,
         size: usize,
     ) -> MrResult<Option<(u64, L::Tag)>> {
@@ -564,37 +967,45 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         for victim in self.lists().filter(|l| !std::ptr::eq(*l, own)) {
             let mut st = victim.lock();
             if st.is_uncovered() && !st.blocks.is_empty() {
-                moved.push((
-                    victim,
-                    std::mem::replace(&mut st.blocks, self.empty.clone()),
-                ));
+                let snapshot = st.entered();
+                let blocks = std::mem::replace(&mut st.blocks, self.empty.clone());
+                st.after_take();
+                moved.push((victim, st.key(), snapshot, blocks));
             }
         }
         if moved.is_empty() {
             return Ok(None);
         }
+        let _busy = self.in_flight.begin();
         // Every moved block entered its list before this point, so once the device has
         // finished the work queued so far no stream uses it.
-        if let Err(e) = settle(device_synchronize().map_err(MrError::from)) {
+        if let Err(e) = settle(self.synchronize_device()) {
             // Not proven safe: every block goes back where it came from, still unrecorded.
-            for (victim, blocks) in moved {
-                restore(victim, blocks);
+            for (victim, victim_key, _, blocks) in moved {
+                self.give_back(victim, victim_key, blocks);
             }
             return Err(e);
         }
+        let mut all = self.empty.clone();
         let mut rejected = Vec::new();
-        let mut st = own.lock();
-        st.publish(own.key(), stream, self.is_eager());
-        for (victim, mut blocks) in moved {
-            if let Err(e) = st.blocks.absorb(&mut blocks) {
+        for (victim, victim_key, snapshot, mut blocks) in moved {
+            victim.lock().synchronized_since(snapshot);
+            if let Err(e) = all.absorb(&mut blocks) {
                 log::error!("rmm: inconsistent free lists while reclaiming: {e}");
-                rejected.push((victim, blocks));
+                rejected.push((victim, victim_key, blocks));
             }
         }
-        let block = st.blocks.take(size);
-        drop(st);
-        for (victim, blocks) in rejected {
-            restore(victim, blocks);
+        let block = match self.deposit_and_take(own, key, stream, all, size) {
+            Ok(block) => block,
+            Err((rest, e)) => {
+                log::error!("rmm: inconsistent free lists while reclaiming: {e}");
+                // Synchronized: safe for any stream, but whose they were is lost.
+                self.to_orphan(rest);
+                None
+            }
+        };
+        for (victim, victim_key, blocks) in rejected {
+            self.give_back(victim, victim_key, blocks);
         }
         Ok(block)
     }
@@ -616,8 +1027,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         let addr = ptr.addr();
         // A size that cannot be rounded matches no record: it is only classified.
         let size = checked_align_up(bytes, ALLOCATION_ALIGNMENT).unwrap_or(usize::MAX);
-        let own = self.list_for(stream)?;
-        let mut st = own.lock();
+        let (_, mut st, key) = self.lock_own(stream)?;
         let (tag, origin) = match st.blocks.take_back(addr, size) {
             Ok(taken) => taken,
             Err(kind) => {
@@ -625,7 +1035,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 return Err(self.invalid_free(ptr, bytes, kind));
             }
         };
-        if needs_legacy_order(own.key().per_thread(), origin, false) {
+        if needs_legacy_order(key.per_thread(), origin, false) {
             drop(st);
             return self.free_on_legacy(ptr, size, tag, origin);
         }
@@ -633,7 +1043,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             return Err(kept_allocated(&mut st.blocks, ptr, size, tag, origin, &e));
         }
         // Under the same lock: no thief sees the block before the event covers it.
-        st.publish(own.key(), stream, self.is_eager());
+        st.publish(stream, self.is_eager());
         Ok(())
     }
 
@@ -657,18 +1067,17 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         tag: L::Tag,
         origin: Origin,
     ) -> MrResult<()> {
-        if !self.legacy_used.load(Ordering::Acquire) {
-            // Counts the legacy stream as a user (it may turn the resource eager); cannot fail
-            // for the legacy key.
-            if let Err(e) = self.register(StreamKey::Legacy) {
-                log::warn!("rmm: registering the legacy stream list failed: {e}");
-            }
-        }
-        let mut st = self.legacy.lock();
+        let mut st = if self.legacy_used.load(Ordering::Acquire) {
+            self.legacy.lock()
+        } else {
+            // Counts the legacy stream as a user (it may turn the resource eager).
+            self.register(StreamKey::Legacy, CudaStreamView::legacy())?
+                .1
+        };
         if let Err(e) = st.blocks.put(ptr.addr(), size, tag) {
             return Err(kept_allocated(&mut st.blocks, ptr, size, tag, origin, &e));
         }
-        st.publish(StreamKey::Legacy, CudaStreamView::legacy(), self.is_eager());
+        st.publish(CudaStreamView::legacy(), self.is_eager());
         Ok(())
     }
 
@@ -677,7 +1086,10 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     pub(crate) fn state(&self) -> CoreState {
         let lists = self
             .lists()
-            .map(|l| (l.key(), l.lock().blocks.free_blocks()))
+            .filter_map(|l| {
+                let st = l.lock();
+                Some((st.key()?, st.blocks.free_blocks()))
+            })
             .filter(|(_, blocks)| !blocks.is_empty())
             .collect();
         CoreState {
@@ -691,9 +1103,14 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     /// The free list holding `addr` as a free block, by key (tests).
     #[cfg(test)]
     pub(crate) fn list_holding(&self, addr: u64) -> Option<StreamKey> {
-        self.lists()
-            .find(|l| l.lock().blocks.holds(addr))
-            .map(StreamList::key)
+        self.lists().find_map(|l| {
+            let st = l.lock();
+            if st.blocks.holds(addr) {
+                st.key()
+            } else {
+                None
+            }
+        })
     }
 
     /// The error for a free the record rejected; `kind` is the record's verdict, or `None` for
@@ -711,34 +1128,56 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         MrError::InvalidFree { ptr, bytes, kind }
     }
 
-    /// Gives every wholly free upstream chunk back to `upstream` (after synchronizing the
-    /// device, so no pending work can still use it) and returns the bytes released.
+    /// Gives every wholly free upstream chunk back to `upstream` and returns the bytes released.
+    /// The chunks are taken out of their lists under the locks; then, with no lock held, the
+    /// resource's device is made current and synchronized (so no pending work on any stream can
+    /// still use them) and they are freed; a chunk that cannot be released goes back.
     pub(crate) fn release_unused(&self, upstream: &dyn DeviceMemoryResource) -> MrResult<usize> {
-        let mut chunks = self.lock_chunks();
+        self.sweep();
         let mut taken = Vec::new();
-        for (&addr, &size) in chunks.iter() {
-            if let Some(list) = self
-                .lists()
-                .find(|l| l.lock().blocks.remove_chunk(addr, size))
-            {
-                taken.push((list, addr, size));
+        {
+            let chunks = self.lock_chunks();
+            for (&addr, &size) in chunks.iter() {
+                for list in self.lists() {
+                    let mut st = list.lock();
+                    if st.blocks.remove_chunk(addr, size) {
+                        st.after_take();
+                        taken.push((list, st.key(), addr, size));
+                        break;
+                    }
+                }
             }
         }
         if taken.is_empty() {
             return Ok(0);
         }
-        if let Err(e) = settle(device_synchronize().map_err(MrError::from)) {
-            for (list, addr, size) in taken {
-                if let Err(e) = list.lock().blocks.add_chunk(addr, size) {
-                    log::error!("rmm: could not return chunk {addr:#x} to its list: {e}");
+        let _busy = self.in_flight.begin();
+        let put_back = |list: &StreamList<L>, key: Option<StreamKey>, addr: u64, size: usize| {
+            let mut chunk = self.empty.clone();
+            match chunk.add_chunk(addr, size) {
+                Ok(()) => self.give_back(list, key, chunk),
+                Err(e) => log::error!("rmm: could not return chunk {addr:#x} to a list: {e}"),
+            }
+        };
+        let _device = match self.device.map(DeviceGuard::new) {
+            Some(Err(e)) if !e.is_no_device() => {
+                for (list, key, addr, size) in taken {
+                    put_back(list, key, addr, size);
                 }
+                return Err(e.into());
+            }
+            guard => guard,
+        };
+        if let Err(e) = settle(device_synchronize().map_err(MrError::from)) {
+            for (list, key, addr, size) in taken {
+                put_back(list, key, addr, size);
             }
             return Err(e);
         }
-        let mut released = 0;
+        let mut released = Vec::new();
         let mut first_error = None;
         let stream = CudaStreamView::default();
-        for (list, addr, size) in taken {
+        for (list, key, addr, size) in taken {
             // SAFETY: the chunk came from `upstream` with this size, is wholly free (no block of
             // it is handed out) and the device was synchronized, so no work uses it.
             let r = unsafe {
@@ -749,26 +1188,31 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                     ALLOCATION_ALIGNMENT,
                 )
             };
-            if let Err(e) = r {
-                // Still the pool's: back where it was.
-                if let Err(e) = list.lock().blocks.add_chunk(addr, size) {
-                    log::error!("rmm: could not return chunk {addr:#x} to its list: {e}");
+            match r {
+                Ok(()) => released.push((addr, size)),
+                Err(e) => {
+                    // Still the pool's: back where it was.
+                    put_back(list, key, addr, size);
+                    first_error.get_or_insert(e);
                 }
-                first_error.get_or_insert(e);
-                continue;
             }
-            chunks.remove(&addr);
-            self.pool_size.fetch_sub(size, Ordering::Relaxed);
-            released += size;
         }
-        if released > 0 {
+        let mut bytes = 0;
+        if !released.is_empty() {
+            let mut chunks = self.lock_chunks();
+            for (addr, size) in released {
+                chunks.remove(&addr);
+                self.pool_size.fetch_sub(size, Ordering::Relaxed);
+                bytes += size;
+            }
+            drop(chunks);
             // The chunks are released; waiting for a stream-ordered upstream to finish freeing
             // them can fail without making them the pool's again.
             if let Err(e) = settle(stream.synchronize().map_err(MrError::from)) {
-                log::warn!("rmm: synchronizing after releasing {released} bytes failed: {e}");
+                log::warn!("rmm: synchronizing after releasing {bytes} bytes failed: {e}");
             }
         }
-        first_error.map_or(Ok(released), Err)
+        first_error.map_or(Ok(bytes), Err)
     }
 
     /// Returns every upstream chunk to `upstream`, outstanding allocations or not (called when
@@ -812,10 +1256,15 @@ impl<L: FreeBlocks> fmt::Debug for StreamOrdered<L> {
             .field("pool_size", &self.pool_size())
             .field("outstanding", &self.outstanding())
             .field("lists", &self.list_count())
+            .field("slots", &self.slot_count())
             .field("eager", &self.is_eager())
             .finish()
     }
 }
+
+#[cfg(test)]
+#[path = "retire_tests.rs"]
+mod retire_tests;
 
 #[cfg(test)]
 mod fault_tests {
@@ -836,15 +1285,15 @@ mod fault_tests {
     use crate::testing::HostMockResource;
 
     /// Every block has this size; requests are at most this.
-    const BLOCK: usize = 256;
+    pub(super) const BLOCK: usize = 256;
     /// Chunks hold this many blocks.
-    const CHUNK: usize = 4 * BLOCK;
+    pub(super) const CHUNK: usize = 4 * BLOCK;
 
     /// Failures to inject, shared by every list of a core.
     #[derive(Debug, Default)]
-    struct Switches {
-        puts: AtomicUsize,
-        add_chunks: AtomicUsize,
+    pub(super) struct Switches {
+        pub(super) puts: AtomicUsize,
+        pub(super) add_chunks: AtomicUsize,
     }
 
     fn fires(n: &AtomicUsize) -> bool {
@@ -854,8 +1303,8 @@ mod fault_tests {
 
     /// A FIFO of equal blocks with a shared record, as simple as can be.
     #[derive(Debug, Clone, Default)]
-    struct ModelBlocks {
-        free: Vec<u64>,
+    pub(super) struct ModelBlocks {
+        pub(super) free: Vec<u64>,
         record: Arc<Mutex<BTreeMap<u64, (usize, u64)>>>,
         switches: Arc<Switches>,
     }
@@ -947,7 +1396,7 @@ mod fault_tests {
     }
 
     /// A core over a host mock with one chunk in the legacy list.
-    fn core() -> (StreamOrdered<ModelBlocks>, HostMockResource, Arc<Switches>) {
+    pub(super) fn core() -> (StreamOrdered<ModelBlocks>, HostMockResource, Arc<Switches>) {
         let blocks = ModelBlocks::default();
         let switches = Arc::clone(&blocks.switches);
         let core = StreamOrdered::new(blocks);
@@ -957,7 +1406,7 @@ mod fault_tests {
         (core, mock, switches)
     }
 
-    fn allocate(
+    pub(super) fn allocate(
         core: &StreamOrdered<ModelBlocks>,
         mock: &HostMockResource,
         stream: CudaStreamView<'_>,
@@ -967,7 +1416,7 @@ mod fault_tests {
         })
     }
 
-    fn drop_core(core: StreamOrdered<ModelBlocks>, mock: &HostMockResource) {
+    pub(super) fn drop_core(core: StreamOrdered<ModelBlocks>, mock: &HostMockResource) {
         core.release_all(mock, "model");
         assert_eq!(mock.live_allocations(), 0, "a chunk leaked");
     }

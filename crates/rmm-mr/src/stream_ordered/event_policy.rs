@@ -4,8 +4,12 @@
 //! makes the calls it asks for). Only the owner of a stream ever records on it; a list is *lazy*
 //! (frees record nothing) until a thief takes from it or asks, then *recording* for
 //! [`RECORD_RUN`] frees; a thief that finds unrecorded blocks asks and looks elsewhere, and after
-//! [`OWNER_GRACE`] synchronizes the device instead. The rule and why it is safe:
-//! `docs/internals/stream-ordered.md`, "The lazy event rule as a state machine".
+//! [`OWNER_GRACE`] synchronizes the device instead. A thief synchronizes with no lock held, so
+//! the policy counts the blocks that entered ([`EventPolicy::entered`]) and takes a
+//! synchronization into account only if none entered after the thief let go of the list
+//! ([`EventPolicy::synchronized_since`]). The list of a dead owner's blocks (the *orphan* list)
+//! follows the same policy without an owner ([`EventPolicy::on_orphaned`]). The rule and why it
+//! is safe: `docs/internals/stream-ordered.md`, "The lazy event rule as a state machine".
 
 use std::time::{Duration, Instant};
 
@@ -14,6 +18,9 @@ pub(crate) const RECORD_RUN: u32 = 256;
 
 /// How long a thief's request may wait for the owner before a thief synchronizes the device.
 pub(crate) const OWNER_GRACE: Duration = Duration::from_millis(2);
+
+/// Events the orphan list waits on at most; beyond, its next thief synchronizes the device.
+pub(crate) const MAX_ORPHAN_WAITS: usize = 8;
 
 /// What a thief may do with a list's blocks now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,8 +37,8 @@ pub(crate) enum StealAction {
 /// The lazy-recording state of one ordinary stream's list (see the [module docs](self)).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct EventPolicy {
-    /// A record failed: the event may miss some blocks' work, so the next thief synchronizes
-    /// the device whatever else the state says.
+    /// A record failed (the event may miss some blocks' work), or blocks no event covers joined
+    /// the orphan list: the next thief synchronizes the device whatever else the state says.
     record_failed: bool,
     /// Blocks entered the list after its event was last recorded.
     unrecorded: bool,
@@ -39,6 +46,9 @@ pub(crate) struct EventPolicy {
     wanted_since: Option<Instant>,
     /// Frees that still record before the list goes back to lazy.
     recording_left: u32,
+    /// How many times blocks entered (wrapping): a thief that synchronizes with no lock held
+    /// compares it before and after.
+    entered: u64,
 }
 
 impl EventPolicy {
@@ -47,6 +57,7 @@ impl EventPolicy {
     /// the list is marked unrecorded.
     #[inline]
     pub(crate) fn on_enter(&mut self) -> bool {
+        self.entered = self.entered.wrapping_add(1);
         if self.wanted_since.take().is_some() {
             self.recording_left = RECORD_RUN;
             self.unrecorded = false;
@@ -111,7 +122,48 @@ impl EventPolicy {
     /// Blocks entered without an event while no thief could exist (the resource had seen one
     /// stream only): they count as unrecorded from now on.
     pub(crate) fn mark_unrecorded(&mut self) {
+        self.entered = self.entered.wrapping_add(1);
         self.unrecorded = true;
+    }
+
+    /// The count of entries, taken under the list's lock by a thief about to synchronize the
+    /// device with the lock released (see [`synchronized_since`](Self::synchronized_since)).
+    pub(crate) fn entered(&self) -> u64 {
+        self.entered
+    }
+
+    /// A thief that read [`entered`](Self::entered) as `snapshot`, then released the list's lock
+    /// and synchronized the device, reports it. Every block in the list entered before the
+    /// synchronization began only if no block entered since the snapshot: then they are all safe
+    /// for any stream ([`synchronized`](Self::synchronized)) and this returns `true`; otherwise
+    /// nothing changes (later blocks may still be in use).
+    pub(crate) fn synchronized_since(&mut self, snapshot: u64) -> bool {
+        if self.entered != snapshot {
+            return false;
+        }
+        self.synchronized();
+        true
+    }
+
+    /// Blocks of a retired list joined the orphan list (which has no owner to record): `covered`
+    /// when an event recorded after every one of them comes with them, `waits` the number of
+    /// events the orphan list already waits on. Returns whether to keep that event as one more
+    /// wait; `false`: blocks no event covers are in the list now (or the list already needs one),
+    /// so its next thief synchronizes the device and the events may go.
+    pub(crate) fn on_orphaned(&mut self, covered: bool, waits: usize) -> bool {
+        self.entered = self.entered.wrapping_add(1);
+        if self.record_failed || !covered || waits >= MAX_ORPHAN_WAITS {
+            self.record_failed = true;
+            return false;
+        }
+        true
+    }
+
+    /// The orphan list became empty: nothing in it needs covering any more.
+    pub(crate) fn on_emptied(&mut self) {
+        self.record_failed = false;
+        self.unrecorded = false;
+        self.wanted_since = None;
     }
 
     /// Whether some blocks are not covered by the event (never recorded after them, or the
@@ -120,8 +172,8 @@ impl EventPolicy {
         self.unrecorded || self.record_failed
     }
 
-    /// Whether a record failed since the last synchronization.
-    #[cfg(test)]
+    /// Whether the next thief must synchronize the device (a record failed, or uncovered blocks
+    /// joined the orphan list) until a synchronization is reported.
     pub(crate) fn is_record_failed(&self) -> bool {
         self.record_failed
     }
@@ -237,6 +289,67 @@ mod tests {
     }
 
     #[test]
+    fn a_synchronization_counts_only_if_nothing_entered_since() {
+        let mut p = EventPolicy::default();
+        p.on_enter();
+        let t = Instant::now();
+        assert_eq!(p.on_steal(t), StealAction::Ask);
+        assert_eq!(p.on_steal(t + OWNER_GRACE), StealAction::SyncDevice);
+        let snapshot = p.entered();
+        // The owner frees again while the thief synchronizes with the lock released; the
+        // request is answered by a record, but the thief's synchronization says nothing.
+        assert!(p.on_enter());
+        assert!(!p.synchronized_since(snapshot));
+        assert_eq!(p.on_steal(t), StealAction::WaitEvent);
+        // A lazy free after the snapshot: the synchronization must not cover it.
+        let mut p = EventPolicy::default();
+        p.on_enter();
+        p.on_steal(t);
+        assert_eq!(p.on_steal(t + OWNER_GRACE), StealAction::SyncDevice);
+        let snapshot = p.entered();
+        p.mark_unrecorded();
+        assert!(!p.synchronized_since(snapshot));
+        assert!(p.is_uncovered());
+        // Nothing entered: it counts.
+        let snapshot = p.entered();
+        assert!(p.synchronized_since(snapshot));
+        assert!(!p.is_uncovered());
+    }
+
+    #[test]
+    fn the_orphan_list_waits_on_events_or_synchronizes() {
+        let mut p = EventPolicy::default();
+        let t = Instant::now();
+        for waits in 0..MAX_ORPHAN_WAITS {
+            assert!(
+                p.on_orphaned(true, waits),
+                "covered blocks need their event only"
+            );
+            assert_eq!(p.on_steal(t), StealAction::WaitEvent);
+        }
+        assert!(
+            !p.on_orphaned(true, MAX_ORPHAN_WAITS),
+            "too many events kept"
+        );
+        assert_eq!(p.on_steal(t), StealAction::SyncDevice);
+        p.on_emptied();
+        assert_eq!(p.on_steal(t), StealAction::WaitEvent);
+        // Uncovered blocks: a synchronization, and later events are not kept either.
+        assert!(!p.on_orphaned(false, 0));
+        assert!(!p.on_orphaned(true, 0));
+        assert_eq!(p.on_steal(t), StealAction::SyncDevice);
+        let snapshot = p.entered();
+        assert!(!p.on_orphaned(true, 0));
+        assert!(
+            !p.synchronized_since(snapshot),
+            "a join after the snapshot was ignored"
+        );
+        let snapshot = p.entered();
+        assert!(p.synchronized_since(snapshot));
+        assert_eq!(p.on_steal(t), StealAction::WaitEvent);
+    }
+
+    #[test]
     fn every_unrecorded_block_is_either_asked_for_or_covered() {
         // Model check over all sequences of length 8 of the four events: a thief is told
         // WaitEvent only when no block entered since the last record or synchronization.
@@ -276,6 +389,83 @@ mod tests {
                             StealAction::Ask => assert!(p.is_wanted(), "{seq:?}"),
                             StealAction::SyncDevice => {
                                 p.synchronized();
+                                uncovered = false;
+                            }
+                        }
+                    }
+                }
+                assert_eq!(p.unrecorded, uncovered, "{seq:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_synchronization_without_the_lock_never_covers_a_later_block() {
+        // Model check over all sequences of length 7 of six events, where a thief synchronizes
+        // with the list's lock released (`BeginSync` takes the snapshot, `EndSync` reports it)
+        // and frees may come in between: a thief is told WaitEvent only when every block that
+        // entered was recorded after or synchronized after.
+        #[derive(Clone, Copy, Debug)]
+        enum Op {
+            Free,
+            OwnerAllocate,
+            Steal,
+            LateSteal,
+            BeginSync,
+            EndSync,
+        }
+        let ops = [
+            Op::Free,
+            Op::OwnerAllocate,
+            Op::Steal,
+            Op::LateSteal,
+            Op::BeginSync,
+            Op::EndSync,
+        ];
+        const LEN: u32 = 7;
+        for mut code in 0..ops.len().pow(LEN) {
+            let mut p = EventPolicy::default();
+            // The model: some block entered after the last record or effective
+            // synchronization.
+            let mut uncovered = false;
+            // A synchronization in flight: its snapshot, and whether a block entered since.
+            let mut sync: Option<(u64, bool)> = None;
+            let mut clock = Instant::now();
+            let mut seq = Vec::new();
+            for _ in 0..LEN {
+                let op = ops[code % ops.len()];
+                code /= ops.len();
+                seq.push(op);
+                match op {
+                    Op::Free => {
+                        uncovered = !p.on_enter();
+                        if let Some((_, entered)) = &mut sync {
+                            *entered = true;
+                        }
+                    }
+                    Op::OwnerAllocate => {
+                        if p.on_owner_allocate() {
+                            uncovered = false;
+                        }
+                    }
+                    Op::Steal | Op::LateSteal => {
+                        if matches!(op, Op::LateSteal) {
+                            clock += OWNER_GRACE * 2;
+                        }
+                        if p.on_steal(clock) == StealAction::WaitEvent {
+                            assert!(!uncovered, "uncovered blocks handed over: {seq:?}");
+                        }
+                    }
+                    Op::BeginSync => {
+                        if sync.is_none() {
+                            sync = Some((p.entered(), false));
+                        }
+                    }
+                    Op::EndSync => {
+                        if let Some((snapshot, entered)) = sync.take() {
+                            let counted = p.synchronized_since(snapshot);
+                            assert_eq!(counted, !entered, "{seq:?}");
+                            if counted {
                                 uncovered = false;
                             }
                         }

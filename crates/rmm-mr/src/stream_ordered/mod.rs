@@ -1,11 +1,13 @@
 //! The stream-ordered core shared by the pool and the fixed-size resource (RMM's
 //! `stream_ordered_memory_resource`): per-stream free lists, the event rule, the record of
-//! handed-out blocks, and the append-only storage the lists live in.
+//! handed-out blocks, the append-only storage the lists live in and the registry of which key
+//! owns which of its slots.
 
 pub(crate) mod append_only;
 pub(crate) mod core;
 pub(crate) mod event_policy;
 pub(crate) mod handed;
+pub(crate) mod slot_table;
 pub(crate) mod stream_lists;
 
 use rmm_stream::CudaStreamView;

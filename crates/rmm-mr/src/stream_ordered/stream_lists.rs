@@ -2,8 +2,8 @@
 //! stream is keyed ([`StreamKey`]: the legacy stream, one per-thread default stream per host
 //! thread, `cuStreamGetId` for the others), the event each list carries, and the lazy rule that
 //! decides when an event must be recorded and what a thief waits on ([`ListState`], driving the
-//! pure [`EventPolicy`]). Why and how:
-//! `docs/internals/stream-ordered.md`, "Stream keys and events".
+//! pure [`EventPolicy`]), and the orphan list that takes the blocks of retired lists. Why and
+//! how: `docs/internals/stream-ordered.md`, "Stream keys and events" and "Retiring lists".
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,6 +25,9 @@ pub(crate) enum StreamKey {
     PerThread(u64),
     /// An ordinary stream, by `cuStreamGetId`.
     Stream(u64),
+    /// Not a stream: the orphan list, which holds the blocks of retired lists (never a caller's
+    /// key).
+    Orphan,
 }
 
 impl StreamKey {
@@ -44,7 +47,7 @@ impl StreamKey {
     }
 
     /// Whether this is the legacy or a per-thread default stream (streams that never die, whose
-    /// event recording is deferred to steal time).
+    /// event recording is deferred to steal time), or the orphan list (which never records).
     pub(crate) fn is_special(self) -> bool {
         !matches!(self, Self::Stream(_))
     }
@@ -54,7 +57,7 @@ impl StreamKey {
     pub(crate) fn per_thread(self) -> Option<u64> {
         match self {
             Self::PerThread(t) => Some(t),
-            Self::Legacy | Self::Stream(_) => None,
+            Self::Legacy | Self::Stream(_) | Self::Orphan => None,
         }
     }
 
@@ -63,7 +66,7 @@ impl StreamKey {
     pub(crate) fn origin(self) -> Origin {
         match self {
             Self::PerThread(t) => Origin::Thread(t),
-            Self::Legacy | Self::Stream(_) => Origin::Shared,
+            Self::Legacy | Self::Stream(_) | Self::Orphan => Origin::Shared,
         }
     }
 }
@@ -86,53 +89,154 @@ pub(crate) fn thread_number() -> u64 {
 /// `cuCtxSynchronize`: blocks until all work of the current context, on every stream
 /// (non-blocking ones included), has completed.
 pub(crate) fn device_synchronize() -> CudaResult<()> {
+    #[cfg(test)]
+    sync_hook::run();
     rmm_sys::device_synchronize()
 }
 
-/// One stream's free list with its event.
+/// Tests: something to run on this thread inside the core's next device synchronizations (to
+/// check what is locked while a thief waits).
+#[cfg(test)]
+pub(crate) mod sync_hook {
+    use std::cell::RefCell;
+
+    thread_local! {
+        static HOOK: RefCell<Option<Box<dyn FnMut()>>> = RefCell::new(None);
+    }
+
+    /// Runs `f` inside every device synchronization of this thread until [`clear`].
+    pub(crate) fn set(f: impl FnMut() + 'static) {
+        HOOK.with(|h| *h.borrow_mut() = Some(Box::new(f)));
+    }
+
+    /// Removes the hook.
+    pub(crate) fn clear() {
+        HOOK.with(|h| *h.borrow_mut() = None);
+    }
+
+    pub(super) fn run() {
+        let hook = HOOK.with(|h| h.borrow_mut().take());
+        if let Some(mut f) = hook {
+            f();
+            HOOK.with(|h| {
+                let mut h = h.borrow_mut();
+                if h.is_none() {
+                    *h = Some(f);
+                }
+            });
+        }
+    }
+}
+
+/// What a thief may do with a list it has locked ([`ListState::prepare_steal`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Steal {
+    /// The thief's stream now waits for the list's pending work: take blocks.
+    Now,
+    /// Not now: look elsewhere.
+    NotNow,
+    /// Only after a device synchronization: take the blocks out, release the lock, synchronize
+    /// the device, then report it with [`ListState::synchronized_since`] and this snapshot (or,
+    /// if it failed, give the blocks back).
+    AfterSync(u64),
+}
+
+/// One slot of a resource's list storage: a stream's free list with its event, or a free slot
+/// (a retired list's, until a new key takes it). The key lives under the lock, so a caller that
+/// found the slot through a cache checks, at no extra cost, that it is still its list.
 #[derive(Debug)]
 pub(crate) struct StreamList<L> {
-    key: StreamKey,
     state: Mutex<ListState<L>>,
 }
 
 impl<L> StreamList<L> {
-    /// An empty list for `key`.
-    pub(crate) fn new(key: StreamKey, blocks: L) -> Self {
+    /// A list for `key` (`None`: a free slot).
+    pub(crate) fn new(key: Option<StreamKey>, blocks: L) -> Self {
         Self {
-            key,
             state: Mutex::new(ListState {
+                key,
                 blocks,
                 event: None,
                 policy: EventPolicy::default(),
+                waits: Vec::new(),
             }),
         }
     }
 
-    /// The key.
-    pub(crate) fn key(&self) -> StreamKey {
-        self.key
-    }
-
     /// Locks the list. Never held together with another list's lock.
+    #[inline]
     pub(crate) fn lock(&self) -> MutexGuard<'_, ListState<L>> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// Whether some thread holds the list's lock now (tests).
+    #[cfg(test)]
+    pub(crate) fn is_locked(&self) -> bool {
+        matches!(
+            self.state.try_lock(),
+            Err(std::sync::TryLockError::WouldBlock)
+        )
+    }
+}
+
+/// The blocks of a list that was retired, with what covers them.
+#[derive(Debug)]
+pub(crate) struct Retired<L> {
+    /// Its free blocks.
+    pub(crate) blocks: L,
+    /// Its event, recorded after every block when `covered`.
+    pub(crate) event: Option<CudaEvent>,
+    /// Whether the event (or nothing, when it is `None`) covers every block: no block entered
+    /// unrecorded, and no record failed.
+    pub(crate) covered: bool,
 }
 
 /// The locked part of a [`StreamList`].
 #[derive(Debug)]
 pub(crate) struct ListState<L> {
+    /// Whose list this is; `None` for a free slot.
+    key: Option<StreamKey>,
     /// The free blocks.
     pub(crate) blocks: L,
     /// Created on the first record; `Some` means it was recorded at least once.
     event: Option<CudaEvent>,
     /// When an ordinary stream's list records, and what a thief must do first (see
-    /// [`EventPolicy`]).
+    /// [`EventPolicy`]); for the orphan list, whether its thief waits on `waits` or synchronizes.
     policy: EventPolicy,
+    /// The orphan list only: the events of the retired lists whose blocks it holds (each
+    /// recorded after its list's last block entered); a thief waits on all of them.
+    waits: Vec<CudaEvent>,
 }
 
 impl<L> ListState<L> {
+    /// Whose list this is (`None`: a free slot).
+    #[inline]
+    pub(crate) fn key(&self) -> Option<StreamKey> {
+        self.key
+    }
+
+    /// Gives the free slot to `key`.
+    pub(crate) fn assign(&mut self, key: StreamKey) {
+        debug_assert!(self.key.is_none());
+        self.key = Some(key);
+        self.event = None;
+        self.policy = EventPolicy::default();
+        self.waits.clear();
+    }
+
+    /// Retires the list: its blocks (replaced by `empty`), event and coverage go to the caller,
+    /// and the slot becomes free. `None` when the slot is already free.
+    pub(crate) fn retire(&mut self, empty: L) -> Option<Retired<L>> {
+        self.key.take()?;
+        let policy = std::mem::take(&mut self.policy);
+        self.waits.clear();
+        Some(Retired {
+            blocks: std::mem::replace(&mut self.blocks, empty),
+            event: self.event.take(),
+            covered: !policy.is_uncovered(),
+        })
+    }
+
     fn event(&mut self) -> CudaResult<&CudaEvent> {
         if self.event.is_none() {
             self.event = Some(CudaEvent::new()?);
@@ -147,20 +251,20 @@ impl<L> ListState<L> {
     /// event when the rule asks for it (an ordinary stream of an eager pool whose
     /// [`EventPolicy`] says so), else marks the list unrecorded.
     #[inline]
-    pub(crate) fn publish(&mut self, key: StreamKey, stream: CudaStreamView<'_>, eager: bool) {
-        if key.is_special() || !eager {
-            return;
-        }
-        if self.policy.on_enter() {
+    pub(crate) fn publish(&mut self, stream: CudaStreamView<'_>, eager: bool) {
+        let ordinary = matches!(self.key, Some(StreamKey::Stream(_)));
+        if ordinary && eager && self.policy.on_enter() {
             self.record(stream);
         }
     }
 
     /// The owner allocates from the list on `stream`: answers a thief's request to record.
     #[inline]
-    pub(crate) fn serve(&mut self, key: StreamKey, stream: CudaStreamView<'_>) {
-        if !key.is_special() && self.policy.on_owner_allocate() {
-            self.record(stream);
+    pub(crate) fn serve(&mut self, stream: CudaStreamView<'_>) {
+        if let Some(StreamKey::Stream(_)) = self.key {
+            if self.policy.on_owner_allocate() {
+                self.record(stream);
+            }
         }
     }
 
@@ -169,10 +273,62 @@ impl<L> ListState<L> {
         self.policy.mark_unrecorded();
     }
 
-    /// Whether some blocks of an ordinary stream's list are covered by no event (a thief would
-    /// have to ask for them or synchronize the device).
+    /// Whether some blocks of an ordinary stream's list (or of the orphan list) are covered by no
+    /// event (a thief would have to ask for them or synchronize the device).
     pub(crate) fn is_uncovered(&self) -> bool {
         self.policy.is_uncovered()
+    }
+
+    /// The count of entries, for [`synchronized_since`](Self::synchronized_since).
+    pub(crate) fn entered(&self) -> u64 {
+        self.policy.entered()
+    }
+
+    /// A thief synchronized the device after taking `snapshot` (see [`Steal::AfterSync`]).
+    pub(crate) fn synchronized_since(&mut self, snapshot: u64) {
+        if self.policy.synchronized_since(snapshot) && self.key == Some(StreamKey::Orphan) {
+            self.waits.clear();
+        }
+    }
+
+    /// Blocks left the list: the orphan list forgets its events once it is empty.
+    pub(crate) fn after_take(&mut self)
+    where
+        L: crate::stream_ordered::core::FreeBlocks,
+    {
+        if self.key == Some(StreamKey::Orphan) && self.blocks.is_empty() {
+            self.policy.on_emptied();
+            self.waits.clear();
+        }
+    }
+
+    /// The orphan list takes `blocks`: `covered` when `event` (if any) was recorded after every
+    /// one of them. On error (an inconsistency) the blocks not taken are returned.
+    pub(crate) fn adopt(
+        &mut self,
+        mut blocks: L,
+        event: Option<CudaEvent>,
+        covered: bool,
+    ) -> Result<(), (L, String)>
+    where
+        L: crate::stream_ordered::core::FreeBlocks,
+    {
+        debug_assert_eq!(self.key, Some(StreamKey::Orphan));
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        let absorbed = self.blocks.absorb(&mut blocks);
+        // Even a partial absorb brought blocks in: count them (uncovered if it failed).
+        if self
+            .policy
+            .on_orphaned(covered && absorbed.is_ok(), self.waits.len())
+        {
+            self.waits.extend(event);
+        } else if self.policy.is_record_failed() {
+            // The next thief synchronizes the device, which covers what the events would.
+            self.waits.clear();
+        }
+        absorbed.map_err(|e| (blocks, e))
     }
 
     /// Records the event on `stream`; when that fails the policy makes the next thief
@@ -189,37 +345,42 @@ impl<L> ListState<L> {
     }
 
     /// Makes `thief` wait for all work that may still use this list's free blocks (see the
-    /// [module documentation](self)). `Ok(false)`: not now (an ordinary stream's list with
-    /// blocks no event covers; its owner has been asked to record), look elsewhere.
+    /// [module documentation](self)), or says what else to do ([`Steal`]). A list that needs a
+    /// device synchronization answers [`Steal::NotNow`] unless `may_sync`. The calls made here
+    /// (event records, stream waits) do not block the host.
     pub(crate) fn prepare_steal(
         &mut self,
-        key: StreamKey,
         thief: CudaStreamView<'_>,
-    ) -> CudaResult<bool> {
-        let on = match key {
-            StreamKey::Legacy => CudaStreamView::legacy(),
-            StreamKey::PerThread(owner) if owner == thread_number() => CudaStreamView::per_thread(),
-            StreamKey::PerThread(_) => CudaStreamView::legacy(),
-            StreamKey::Stream(_) => {
+        may_sync: bool,
+    ) -> CudaResult<Steal> {
+        let on = match self.key {
+            None => return Ok(Steal::NotNow),
+            Some(StreamKey::Legacy) => CudaStreamView::legacy(),
+            Some(StreamKey::PerThread(owner)) if owner == thread_number() => {
+                CudaStreamView::per_thread()
+            }
+            Some(StreamKey::PerThread(_)) => CudaStreamView::legacy(),
+            Some(StreamKey::Stream(_) | StreamKey::Orphan) => {
                 return match self.policy.on_steal(Instant::now()) {
-                    StealAction::Ask => Ok(false),
-                    StealAction::SyncDevice => {
-                        device_synchronize()?;
-                        self.policy.synchronized();
-                        Ok(true)
+                    StealAction::Ask => Ok(Steal::NotNow),
+                    StealAction::SyncDevice if may_sync => {
+                        Ok(Steal::AfterSync(self.policy.entered()))
                     }
+                    StealAction::SyncDevice => Ok(Steal::NotNow),
                     // Covered: recorded after every block that entered, or never needed.
-                    StealAction::WaitEvent => match &self.event {
-                        Some(ev) => ev.wait(thief).map(|()| true),
-                        None => Ok(true),
-                    },
+                    StealAction::WaitEvent => {
+                        for ev in self.event.iter().chain(&self.waits) {
+                            ev.wait(thief)?;
+                        }
+                        Ok(Steal::Now)
+                    }
                 };
             }
         };
         let ev = self.event()?;
         ev.record(on)?;
         ev.wait(thief)?;
-        Ok(true)
+        Ok(Steal::Now)
     }
 }
 
@@ -238,9 +399,9 @@ const CACHE_SLOTS: usize = 16;
 
 /// Per-thread cache of `(pool, key) -> list index`, so the same-stream path takes no shared
 /// lock to find its list. Pools have process-unique numbers, so an entry never matches another
-/// pool; a pool never removes a list, so an entry of a live pool stays right; entries hold plain
-/// numbers, so a dropped pool leaves nothing alive behind (its entries are merely overwritten
-/// later).
+/// pool; a slot whose list was retired (and maybe given to another key) is caught by the key
+/// check under the list's lock, and the entry is then replaced; entries hold plain numbers, so
+/// a dropped pool leaves nothing alive behind (its entries are merely overwritten later).
 struct ListCache {
     slots: [Option<CacheSlot>; CACHE_SLOTS],
     /// The slot of the last hit or insertion (looked at first).
@@ -350,28 +511,72 @@ mod tests {
 
     #[test]
     fn publish_is_lazy() {
-        let list = StreamList::new(StreamKey::Stream(3), ());
+        let list = StreamList::new(Some(StreamKey::Stream(3)), ());
         let mut g = list.lock();
         // Not eager: nothing recorded, no CUDA call, nothing marked.
-        g.publish(list.key(), CudaStreamView::legacy(), false);
+        g.publish(CudaStreamView::legacy(), false);
         assert!(g.event.is_none() && !g.policy.is_record_failed() && !g.is_uncovered());
         // Special keys never record at publish time.
-        g.publish(StreamKey::Legacy, CudaStreamView::legacy(), true);
-        g.publish(StreamKey::PerThread(1), CudaStreamView::legacy(), true);
-        assert!(g.event.is_none() && !g.policy.is_record_failed() && !g.is_uncovered());
+        for key in [
+            StreamKey::Legacy,
+            StreamKey::PerThread(1),
+            StreamKey::Orphan,
+        ] {
+            let special = StreamList::new(Some(key), ());
+            let mut s = special.lock();
+            s.publish(CudaStreamView::legacy(), true);
+            assert!(s.event.is_none() && !s.policy.is_record_failed() && !s.is_uncovered());
+        }
         // Eager and ordinary, no thief yet: nothing recorded, the list is unrecorded.
-        g.publish(list.key(), CudaStreamView::legacy(), true);
+        g.publish(CudaStreamView::legacy(), true);
         assert!(g.event.is_none() && !g.policy.is_record_failed() && g.is_uncovered());
         // A thief asks (no CUDA call), and cannot take yet.
-        assert!(!g
-            .prepare_steal(list.key(), CudaStreamView::legacy())
-            .unwrap());
+        assert_eq!(
+            g.prepare_steal(CudaStreamView::legacy(), true).unwrap(),
+            Steal::NotNow
+        );
         assert!(g.event.is_none() && g.policy.is_wanted());
         if !rmm_sys::is_driver_present() {
             // The owner's next free answers; the record fails without a driver, and the list
-            // falls back to a device synchronization by its next thief.
-            g.publish(list.key(), CudaStreamView::legacy(), true);
+            // falls back to a device synchronization by its next thief, with the lock released.
+            g.publish(CudaStreamView::legacy(), true);
             assert!(g.event.is_none() && g.policy.is_record_failed() && !g.policy.is_wanted());
+            let snapshot = g.entered();
+            assert_eq!(
+                g.prepare_steal(CudaStreamView::legacy(), false).unwrap(),
+                Steal::NotNow,
+                "synchronized where it may not"
+            );
+            assert_eq!(
+                g.prepare_steal(CudaStreamView::legacy(), true).unwrap(),
+                Steal::AfterSync(snapshot)
+            );
+            g.synchronized_since(snapshot);
+            assert!(!g.is_uncovered());
         }
+    }
+
+    #[test]
+    fn a_free_slot_is_never_stolen_from_and_a_retired_list_keeps_its_coverage() {
+        let list = StreamList::new(None, ());
+        let mut g = list.lock();
+        assert_eq!(g.key(), None);
+        assert_eq!(
+            g.prepare_steal(CudaStreamView::legacy(), true).unwrap(),
+            Steal::NotNow
+        );
+        assert!(g.retire(()).is_none());
+        g.assign(StreamKey::Stream(9));
+        assert_eq!(g.key(), Some(StreamKey::Stream(9)));
+        let r = g.retire(()).unwrap();
+        assert!(r.covered && r.event.is_none());
+        assert_eq!(g.key(), None);
+        g.assign(StreamKey::Stream(10));
+        g.publish(CudaStreamView::legacy(), true);
+        let r = g.retire(()).unwrap();
+        assert!(!r.covered, "an unrecorded list retired as covered");
+        // Given to a new key, the slot starts afresh.
+        g.assign(StreamKey::Stream(11));
+        assert!(!g.is_uncovered());
     }
 }

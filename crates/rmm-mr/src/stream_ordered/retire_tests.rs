@@ -1,0 +1,431 @@
+//! Lists of dead owners are retired (their blocks stay reachable, behind the right order), and a
+//! thief synchronizes the device with no lock held; on the model free list of `fault_tests`,
+//! rmm-sys's simulated driver and rmm-stream's simulated streams.
+
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc};
+
+use proptest::prelude::*;
+use rmm_stream::{CudaStream, CudaStreamView};
+use rmm_sys::fault::{self, DriverCall, Fault, FaultScope};
+use rmm_sys::DevicePtr;
+
+use super::fault_tests::{allocate, core, drop_core, ModelBlocks, BLOCK, CHUNK};
+use super::{StreamKey, StreamOrdered};
+use crate::error::{MrError, MrResult};
+use crate::stream_ordered::event_policy::OWNER_GRACE;
+use crate::stream_ordered::stream_lists::sync_hook;
+use crate::testing::HostMockResource;
+
+/// An allocation on `stream` that may not grow the core (its upstream is full).
+fn allocate_full(
+    core: &StreamOrdered<ModelBlocks>,
+    mock: &HostMockResource,
+    stream: CudaStreamView<'_>,
+) -> MrResult<DevicePtr> {
+    core.allocate(stream, BLOCK, mock, |_, _| {
+        Err(MrError::out_of_memory(BLOCK, "the test's upstream is full"))
+    })
+}
+
+fn free(core: &StreamOrdered<ModelBlocks>, stream: CudaStreamView<'_>, p: DevicePtr) {
+    // SAFETY: every caller frees a block it allocated from `core` and still holds.
+    unsafe { core.deallocate(stream, p, BLOCK).unwrap() };
+}
+
+#[test]
+fn lists_of_exited_threads_are_retired_into_the_legacy_list() {
+    let (core, mock, _) = core();
+    let core = Arc::new(core);
+    for i in 0..20 {
+        let (c, m) = (Arc::clone(&core), mock.clone());
+        // Joined through its handle: its thread-local destructors have run.
+        std::thread::spawn(move || {
+            let _sim = FaultScope::simulated();
+            let pt = CudaStreamView::per_thread();
+            // Steals from the legacy list (an event recorded on the legacy stream).
+            let p = allocate(&c, &m, pt).unwrap();
+            free(&c, pt, p);
+            let lists = c.stream_lists(false);
+            assert_eq!(
+                lists.alive, 2,
+                "thread {i}: the dead threads' lists are alive"
+            );
+        })
+        .join()
+        .unwrap();
+        // Its list is dead, retired by the next thread's registration.
+        assert_eq!(core.list_count(), 2);
+        assert_eq!(core.slot_count(), 1, "a dead thread's slot was not reused");
+    }
+    let lists = core.stream_lists(true);
+    assert_eq!((lists.alive, lists.slots), (1, 1));
+    // Every block is back in the legacy list; nothing grew.
+    assert_eq!(core.pool_size(), CHUNK);
+    let state = core.state();
+    assert_eq!(state.lists.len(), 1);
+    assert_eq!(state.lists[0].0, StreamKey::Legacy);
+    assert_eq!(state.lists[0].1.len(), CHUNK / BLOCK);
+    let core = Arc::try_unwrap(core).unwrap_or_else(|_| panic!("the core is still shared"));
+    drop_core(core, &mock);
+}
+
+/// Stream A takes the whole chunk and frees one block on itself; returns the others.
+fn a_takes_everything(
+    core: &StreamOrdered<ModelBlocks>,
+    mock: &HostMockResource,
+    a: CudaStreamView<'_>,
+) -> (DevicePtr, Vec<DevicePtr>) {
+    let mut held: Vec<DevicePtr> = (0..CHUNK / BLOCK)
+        .map(|_| allocate(core, mock, a).unwrap())
+        .collect();
+    let freed = held.pop().unwrap();
+    free(core, a, freed);
+    (freed, held)
+}
+
+#[test]
+fn a_destroyed_streams_unrecorded_list_is_taken_after_a_synchronization() {
+    let _sim = FaultScope::simulated();
+    let (core, mock, _) = core();
+    let legacy = CudaStreamView::legacy();
+    free(&core, legacy, allocate(&core, &mock, legacy).unwrap());
+    let a = CudaStream::simulated(0x7a01);
+    let (freed, held) = a_takes_everything(&core, &mock, a.view());
+    let a_key = StreamKey::of(a.view()).unwrap();
+    assert_eq!(core.list_holding(freed.addr()), Some(a_key));
+    drop(a);
+    let b = CudaStreamView::simulated(0x7a02);
+    let syncs = fault::calls(DriverCall::Synchronize);
+    // B's registration retires A's list: its block is in the orphan list, which nobody can
+    // record for, so B synchronizes the device (and does not grow).
+    let got = allocate(&core, &mock, b).unwrap();
+    assert_eq!(got, freed);
+    assert_eq!(fault::calls(DriverCall::Synchronize), syncs + 1);
+    assert_eq!(core.pool_size(), CHUNK);
+    assert_eq!(core.list_count(), 2, "legacy and B");
+    for p in held {
+        free(&core, b, p);
+    }
+    free(&core, b, got);
+    drop_core(core, &mock);
+}
+
+#[test]
+fn a_destroyed_streams_recorded_list_is_taken_behind_its_event() {
+    let _sim = FaultScope::simulated();
+    let (core, mock, _) = core();
+    let legacy = CudaStreamView::legacy();
+    free(&core, legacy, allocate(&core, &mock, legacy).unwrap());
+    let a = CudaStream::simulated(0x7b01);
+    let b = CudaStreamView::simulated(0x7b02);
+    let (first, mut held) = a_takes_everything(&core, &mock, a.view());
+    // B asks A to record (its block is unrecorded) and grows instead.
+    let mut b_held: Vec<DevicePtr> = vec![allocate(&core, &mock, b).unwrap()];
+    assert_eq!(core.pool_size(), 2 * CHUNK);
+    // A's next free answers: the list is recorded and covers both blocks.
+    let second = held.pop().unwrap();
+    free(&core, a.view(), second);
+    drop(a);
+    b_held.extend((1..CHUNK / BLOCK).map(|_| allocate(&core, &mock, b).unwrap()));
+    let syncs = fault::calls(DriverCall::Synchronize);
+    let waits = fault::calls(DriverCall::StreamWait);
+    let got = allocate(&core, &mock, b).unwrap();
+    assert!(
+        got == first || got == second,
+        "{got} is not one of A's blocks"
+    );
+    assert_eq!(
+        fault::calls(DriverCall::Synchronize),
+        syncs,
+        "synchronized where an event covers the blocks"
+    );
+    assert!(
+        fault::calls(DriverCall::StreamWait) > waits,
+        "B did not wait on A's event"
+    );
+    let other = if got == first { second } else { first };
+    assert_eq!(core.list_holding(other.addr()), Some(StreamKey::Orphan));
+    assert_eq!(core.pool_size(), 2 * CHUNK);
+    for p in held.into_iter().chain(b_held).chain([got]) {
+        free(&core, b, p);
+    }
+    drop_core(core, &mock);
+}
+
+/// Runs `thief` on its own thread; when its device synchronization starts, checks on this
+/// thread that no lock of the core is held and runs `meanwhile` (which must complete while the
+/// thief waits), then lets the synchronization finish. Returns the thief's result.
+fn while_the_thief_waits<T: Send>(
+    core: &StreamOrdered<ModelBlocks>,
+    thief: impl FnOnce() -> T + Send,
+    meanwhile: impl FnOnce(),
+) -> T {
+    let (in_sync_tx, in_sync_rx) = mpsc::channel::<()>();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    std::thread::scope(|sc| {
+        let t = sc.spawn(move || {
+            let _sim = FaultScope::simulated();
+            sync_hook::set(move || {
+                let _ = in_sync_tx.send(());
+                let _ = go_rx.recv();
+            });
+            let r = thief();
+            sync_hook::clear();
+            r
+        });
+        in_sync_rx.recv().expect("the thief never synchronized");
+        let locked: Vec<usize> = core
+            .lists()
+            .enumerate()
+            .filter(|(_, l)| l.is_locked())
+            .map(|(i, _)| i)
+            .collect();
+        assert!(
+            locked.is_empty(),
+            "lists {locked:?} locked while the thief waits"
+        );
+        assert!(core.chunks.try_lock().is_ok(), "the growth lock is held");
+        assert!(core.registry.try_lock().is_ok(), "the registry is locked");
+        meanwhile();
+        go_tx.send(()).unwrap();
+        t.join().unwrap()
+    })
+}
+
+#[test]
+fn a_reclaiming_thief_waits_with_no_lock_held() {
+    let _sim = FaultScope::simulated();
+    let (core, mock, _) = core();
+    let a = CudaStreamView::simulated(0x7c01);
+    let b = CudaStreamView::simulated(0x7c02);
+    let mut held: Vec<DevicePtr> = (0..CHUNK / BLOCK)
+        .map(|_| allocate(&core, &mock, a).unwrap())
+        .collect();
+    let kept = held.pop().unwrap();
+    for &p in &held {
+        free(&core, a, p);
+    }
+    // B cannot grow: after asking A, it reclaims A's unrecorded blocks with a synchronization.
+    let got = while_the_thief_waits(
+        &core,
+        || allocate_full(&core, &mock, b),
+        || {
+            // The owner frees on A and allocates there again, from its own list.
+            free(&core, a, kept);
+            let again = allocate(&core, &mock, a).unwrap();
+            assert_eq!(again, kept, "the owner did not get its own block back");
+        },
+    )
+    .unwrap();
+    assert!(held.contains(&got));
+    assert_eq!(core.pool_size(), CHUNK);
+    free(&core, b, got);
+    free(&core, a, kept);
+    drop_core(core, &mock);
+}
+
+#[test]
+fn a_thief_past_the_grace_period_waits_with_no_lock_held() {
+    let _sim = FaultScope::simulated();
+    let (core, mock, _) = core();
+    let a = CudaStreamView::simulated(0x7d01);
+    let b = CudaStreamView::simulated(0x7d02);
+    let mut held: Vec<DevicePtr> = (0..CHUNK / BLOCK)
+        .map(|_| allocate(&core, &mock, a).unwrap())
+        .collect();
+    let kept = held.pop().unwrap();
+    for &p in &held {
+        free(&core, a, p);
+    }
+    // B's first allocation asks A to record and grows; B takes its whole chunk.
+    let b_held: Vec<DevicePtr> = (0..CHUNK / BLOCK)
+        .map(|_| allocate(&core, &mock, b).unwrap())
+        .collect();
+    assert_eq!(core.pool_size(), 2 * CHUNK);
+    // A stays idle past the grace period: B's next allocation steals one block of A's after a
+    // device synchronization, which it makes with A's list unlocked.
+    std::thread::sleep(OWNER_GRACE * 2);
+    let got = while_the_thief_waits(
+        &core,
+        || allocate(&core, &mock, b),
+        || {
+            let own = allocate(&core, &mock, a).unwrap();
+            assert!(
+                held.contains(&own),
+                "the owner's block did not come from its list"
+            );
+            free(&core, a, own);
+        },
+    )
+    .unwrap();
+    assert!(held.contains(&got));
+    assert_eq!(core.pool_size(), 2 * CHUNK, "grew instead of stealing");
+    for p in b_held.into_iter().chain([got]) {
+        free(&core, b, p);
+    }
+    free(&core, a, kept);
+    drop_core(core, &mock);
+}
+
+#[test]
+fn a_failed_synchronization_takes_nothing() {
+    let _sim = FaultScope::simulated();
+    let (core, mock, _) = core();
+    let a = CudaStreamView::simulated(0x7e01);
+    let b = CudaStreamView::simulated(0x7e02);
+    let held: Vec<DevicePtr> = (0..CHUNK / BLOCK)
+        .map(|_| allocate(&core, &mock, a).unwrap())
+        .collect();
+    for &p in &held[1..] {
+        free(&core, a, p);
+    }
+    let a_key = StreamKey::of(a).unwrap();
+    // The reclaim's synchronization fails: A keeps its blocks.
+    let before = core.state();
+    fault::inject(Fault::next(DriverCall::Synchronize));
+    let e = allocate_full(&core, &mock, b).unwrap_err();
+    assert!(matches!(e, MrError::Cuda(_)), "{e}");
+    assert_eq!(fault::injected(DriverCall::Synchronize), 1);
+    assert_eq!(core.state().memory(), before.memory());
+    assert!(held[1..]
+        .iter()
+        .all(|p| core.list_holding(p.addr()) == Some(a_key)));
+    // The steal's synchronization (past the grace period) fails: the same.
+    std::thread::sleep(OWNER_GRACE * 2);
+    let before = core.state();
+    fault::inject(Fault::next(DriverCall::Synchronize));
+    let e = allocate_full(&core, &mock, b).unwrap_err();
+    assert!(matches!(e, MrError::Cuda(_)), "{e}");
+    assert_eq!(fault::injected(DriverCall::Synchronize), 2);
+    assert_eq!(core.state().memory(), before.memory());
+    assert!(held[1..]
+        .iter()
+        .all(|p| core.list_holding(p.addr()) == Some(a_key)));
+    // Without the fault it works.
+    let got = allocate_full(&core, &mock, b).unwrap();
+    assert!(held[1..].contains(&got));
+    free(&core, b, got);
+    free(&core, a, held[0]);
+    drop_core(core, &mock);
+}
+
+/// What a step of the model does.
+#[derive(Debug, Clone)]
+enum Op {
+    /// Stream `n` is created if it is not alive.
+    Create(u8),
+    /// Stream `n` is destroyed if it is alive.
+    Destroy(u8),
+    /// An allocation on stream `n` if alive, else on the legacy stream.
+    Allocate(u8),
+    /// Allocation `i` (modulo the live ones) is freed on stream `n` if alive, else on the
+    /// legacy stream.
+    Free(u16, u8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        1 => (0u8..6).prop_map(Op::Create),
+        1 => (0u8..6).prop_map(Op::Destroy),
+        3 => (0u8..6).prop_map(Op::Allocate),
+        3 => (any::<u16>(), 0u8..6).prop_map(|(i, n)| Op::Free(i, n)),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Streams come and go while blocks are allocated and freed on them: no block is lost or
+    /// handed out twice, the lists alive never exceed the live streams by more than the legacy
+    /// list and those of streams that died since the last registration, and the slots never
+    /// exceed the most streams alive at once.
+    #[test]
+    fn streams_that_die_leave_nothing_behind(ops in proptest::collection::vec(op(), 1..120)) {
+        let _sim = FaultScope::simulated();
+        let (core, mock, _) = core();
+        let mut streams: Vec<Option<CudaStream>> = (0..6).map(|_| None).collect();
+        let mut live: Vec<DevicePtr> = Vec::new();
+        let mut peak = 0;
+        let mut died_since_sweep = 0;
+        for (i, op) in ops.into_iter().enumerate() {
+            match op {
+                Op::Create(n) => {
+                    if streams[n as usize].is_none() {
+                        streams[n as usize] = Some(CudaStream::simulated(0x7f00 + u32::from(n)));
+                    }
+                }
+                Op::Destroy(n) => {
+                    if streams[n as usize].take().is_some() {
+                        died_since_sweep += 1;
+                    }
+                }
+                Op::Allocate(n) => {
+                    let s = streams[n as usize].as_ref().map_or(CudaStreamView::legacy(), CudaStream::view);
+                    let p = allocate(&core, &mock, s).unwrap();
+                    prop_assert!(!live.contains(&p), "{} handed out twice", p);
+                    live.push(p);
+                }
+                Op::Free(i, n) => {
+                    if !live.is_empty() {
+                        let p = live.swap_remove(usize::from(i) % live.len());
+                        let s = streams[n as usize].as_ref().map_or(CudaStreamView::legacy(), CudaStream::view);
+                        free(&core, s, p);
+                    }
+                }
+            }
+            let alive_streams = streams.iter().filter(|s| s.is_some()).count();
+            peak = peak.max(alive_streams);
+            let state = core.state();
+            let free_bytes: u64 = state.free_ranges().iter().map(|(a, b)| b - a).sum();
+            prop_assert_eq!(free_bytes as usize + state.handed_out.1, state.pool_size, "a block was lost");
+            prop_assert_eq!(state.handed_out.0, live.len());
+            let lists = core.stream_lists(false);
+            prop_assert!(lists.alive <= 1 + alive_streams + died_since_sweep,
+                "{} lists for {} live streams", lists.alive, alive_streams);
+            if i % 4 == 3 {
+                // Retiring the dead leaves the legacy list and the live streams' lists.
+                let lists = core.stream_lists(true);
+                prop_assert!(lists.alive <= 1 + alive_streams,
+                    "{} lists after retiring, for {} live streams", lists.alive, alive_streams);
+                died_since_sweep = 0;
+            }
+            prop_assert!(core.slot_count() <= peak.max(1), "{} slots for a peak of {}", core.slot_count(), peak);
+        }
+        for p in live {
+            free(&core, CudaStreamView::legacy(), p);
+        }
+        prop_assert_eq!(core.outstanding(), 0);
+        drop(streams);
+        drop_core(core, &mock);
+    }
+}
+
+#[test]
+fn an_orphan_join_counts_as_an_entry() {
+    // The switches of the model list stay off here; this checks the wiring of `adopt`.
+    let (core, mock, switches) = core();
+    assert_eq!(switches.puts.load(Ordering::SeqCst), 0);
+    let mut st = core.orphan.lock();
+    let before = st.entered();
+    let mut blocks = ModelBlocks::default();
+    blocks.free.push(0x1000);
+    st.adopt(blocks, None, true).unwrap();
+    assert!(st.entered() != before);
+    assert!(
+        !st.is_uncovered(),
+        "covered blocks without an event need nothing"
+    );
+    let mut more = ModelBlocks::default();
+    more.free.push(0x2000);
+    st.adopt(more, None, false).unwrap();
+    assert!(st.is_uncovered());
+    st.blocks.free.clear();
+    st.after_take();
+    assert!(
+        !st.is_uncovered(),
+        "an empty orphan list still needs a synchronization"
+    );
+    drop(st);
+    drop_core(core, &mock);
+}
