@@ -6,6 +6,11 @@
 //! generation number, and only re-reads the slots (under a read lock) after a setter bumped the
 //! generation. Setters take a write lock.
 //!
+//! The per-thread cache holds *weak* handles: a thread that read a resource once and then went
+//! idle does not keep it alive after it was replaced, so a replaced pool and its memory go as
+//! soon as nobody else holds them. Reads never panic, not even from a thread-local destructor
+//! after the cache is gone (they then read the slots directly).
+//!
 //! Better than RMM: the slots hold owning handles and readers get owning clones, so replacing a
 //! device's resource while memory from the old one is alive is safe (whatever holds that
 //! memory keeps the old resource alive), where RMM's references into the map would dangle.
@@ -13,12 +18,12 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock, RwLock, Weak};
 
 use rmm_sys::DeviceId;
 
 use crate::error::MrResult;
-use crate::resource::SharedResource;
+use crate::resource::{DeviceMemoryResource, SharedResource};
 use crate::resources::CudaMemoryResource;
 
 struct Registry {
@@ -40,8 +45,11 @@ fn initial_resource() -> SharedResource {
     Arc::clone(INITIAL.get_or_init(|| Arc::new(CudaMemoryResource::new())))
 }
 
+/// A thread's cache: the generation it was filled at, and a weak handle per device.
+type Cache = (u64, HashMap<i32, Weak<dyn DeviceMemoryResource>>);
+
 thread_local! {
-    static CACHE: RefCell<(u64, HashMap<i32, SharedResource>)> = RefCell::new((0, HashMap::new()));
+    static CACHE: RefCell<Cache> = RefCell::new((0, HashMap::new()));
 }
 
 /// The resource for `device` (RMM's `get_per_device_resource_ref`, but owning).
@@ -49,25 +57,37 @@ thread_local! {
 pub fn per_device_resource(device: DeviceId) -> SharedResource {
     let reg = registry();
     let generation = reg.generation.load(Ordering::Acquire);
-    CACHE.with(|cache| {
-        let mut cache = cache.borrow_mut();
-        if cache.0 != generation {
-            cache.1.clear();
-            cache.0 = generation;
+    let cached = CACHE
+        .try_with(|cache| {
+            let mut cache = cache.try_borrow_mut().ok()?;
+            if cache.0 != generation {
+                cache.1.clear();
+                cache.0 = generation;
+                return None;
+            }
+            cache.1.get(&device.0)?.upgrade()
+        })
+        .ok()
+        .flatten();
+    if let Some(r) = cached {
+        return r;
+    }
+    let r = reg
+        .slots
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&device.0)
+        .cloned()
+        .unwrap_or_else(initial_resource);
+    // Nothing to do when the cache is gone (thread-local teardown) or busy.
+    let _ = CACHE.try_with(|cache| {
+        if let Ok(mut cache) = cache.try_borrow_mut() {
+            if cache.0 == generation {
+                cache.1.insert(device.0, Arc::downgrade(&r));
+            }
         }
-        if let Some(r) = cache.1.get(&device.0) {
-            return Arc::clone(r);
-        }
-        let r = reg
-            .slots
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&device.0)
-            .cloned()
-            .unwrap_or_else(initial_resource);
-        cache.1.insert(device.0, Arc::clone(&r));
-        r
-    })
+    });
+    r
 }
 
 /// Installs `resource` for `device` and returns the previous one (or the initial resource), so
@@ -178,6 +198,56 @@ mod tests {
         .unwrap();
         assert!(per_device_resource(dev).is_equal(&b));
         reset_per_device_resource(dev);
+    }
+
+    #[test]
+    fn an_idle_thread_does_not_keep_a_replaced_resource_alive() {
+        let dev = DeviceId(9005);
+        let r: SharedResource = Arc::new(HostMockResource::new());
+        let weak = Arc::downgrade(&r);
+        set_per_device_resource(dev, r);
+        let (seen_tx, seen_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        // A thread reads the resource once (filling its cache), then idles.
+        let idle = std::thread::spawn(move || {
+            drop(per_device_resource(dev));
+            seen_tx.send(()).unwrap();
+            let _ = done_rx.recv();
+        });
+        seen_rx.recv().unwrap();
+        drop(reset_per_device_resource(dev));
+        let alive = weak.upgrade().is_some();
+        done_tx.send(()).unwrap();
+        idle.join().unwrap();
+        assert!(
+            !alive,
+            "an idle thread's cache kept the replaced resource alive"
+        );
+    }
+
+    #[test]
+    fn a_read_from_a_thread_local_destructor_does_not_panic() {
+        struct Late(std::sync::mpsc::Sender<bool>);
+        impl Drop for Late {
+            fn drop(&mut self) {
+                // Runs after the cache was destroyed (registered before it).
+                let r = per_device_resource(DeviceId(9006));
+                let _ = self
+                    .0
+                    .send(resource_cast::<CudaMemoryResource>(&*r).is_some());
+            }
+        }
+        thread_local! {
+            static LATE: RefCell<Option<Late>> = const { RefCell::new(None) };
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            LATE.with(|l| *l.borrow_mut() = Some(Late(tx)));
+            drop(per_device_resource(DeviceId(9006)));
+        })
+        .join()
+        .unwrap();
+        assert!(rx.recv().unwrap(), "the late read got the wrong resource");
     }
 
     #[test]
