@@ -851,7 +851,7 @@ impl<U: DeviceMemoryResource> ThreadExit for State<U> {
     /// RMM's `arena_cleaner`: the exiting thread's arena goes back to the global arena. Unlike
     /// RMM, the thread first waits for its per-thread default stream and for the fences other
     /// streams left in its arena, so that another stream acquiring these superblocks cannot
-    /// overwrite memory the thread's last work still uses.
+    /// overwrite memory the thread's last work still uses. It waits with no lock held.
     fn thread_exited(&self, cell: &Arc<ArenaCell>) {
         if self.gpu {
             if let Err(e) = CudaStreamView::per_thread().synchronize() {
@@ -868,16 +868,25 @@ impl<U: DeviceMemoryResource> ThreadExit for State<U> {
                 map.remove(&cell.key());
             }
         }
-        let mut slot = cell.lock();
-        if cell.is_retired() {
-            return;
-        }
-        for event in std::mem::take(&mut slot.fences) {
-            if let Err(e) = event.synchronize() {
-                log::warn!("arena: waiting for a fence at thread exit: {e}");
+        // Wait for the fences other streams left here with the arena unlocked (a cross-arena
+        // free into it must not wait for that), until none is left under the lock.
+        let mut slot = loop {
+            let mut slot = cell.lock();
+            if cell.is_retired() {
+                return;
             }
-            self.events.give(event);
-        }
+            let fences = std::mem::take(&mut slot.fences);
+            if fences.is_empty() {
+                break slot;
+            }
+            drop(slot);
+            for event in fences {
+                if let Err(e) = event.synchronize() {
+                    log::warn!("arena: waiting for a fence at thread exit: {e}");
+                }
+                self.events.give(event);
+            }
+        };
         let mut global = self.lock_global();
         global.take_back(&mut slot);
         drop(global);
