@@ -2,12 +2,14 @@
 //! CUDA and the driver-pool upstreams, and memory-contents tests of cross-stream reuse (a block freed on
 //! a stalled stream and taken by another must not be written by the second before the first's
 //! pending work is done) and of cross-thread frees on the per-thread default stream
-//! (`cross_thread_free/...`, see `cross_thread/mod.rs`). Without a GPU every trial reports
-//! itself ignored, with the reason.
+//! (`cross_thread_free/...`, see `cross_thread/mod.rs`), and of retired lists and lock-free
+//! waits (`.../retire/...`, see `retire/mod.rs`). Without a GPU every trial reports itself
+//! ignored, with the reason.
 //! Runs in both `RMM_DEFAULT_STREAM` modes in the GPU bundle; trials run one at a time (some
 //! take most of the device memory).
 
 mod cross_thread;
+mod retire;
 
 use std::sync::mpsc;
 use std::time::Duration;
@@ -177,8 +179,8 @@ enum Steal {
     Eager,
     /// A is the only stream the resource has seen when B appears; then as `Eager`.
     FirstToSecondStream,
-    /// Like `Eager`, and stream A is destroyed before B asks: A never answers, so a later try
-    /// of B synchronizes the device and takes the block.
+    /// Like `Eager`, and stream A is destroyed before B asks: its list is retired into the
+    /// orphan list, from which B takes the block after a device synchronization.
     DestroyedStream,
     /// Like `FirstToSecondStream`, and stream A is destroyed before B asks.
     DestroyedSoleStream,
@@ -224,25 +226,9 @@ fn steal_check(r: &dyn DeviceMemoryResource, variant: Steal) -> Result<(), Faile
             let a = CudaStream::non_blocking()?;
             let (p, done) = free_behind_a_stall(r, a.view())?;
             drop(a);
-            let mut others = vec![first_try_is_not_p(r, p, b)?];
-            let mut result = Err(Failed::from(format!(
-                "the destroyed stream's block {p} was never taken"
-            )));
-            for _ in 0..3 {
-                // Longer than the owner's grace period: the next try synchronizes.
-                std::thread::sleep(Duration::from_millis(20));
-                let q = r.allocate(b, BYTES, 256)?;
-                if q == p {
-                    result = check_b_wins(r, q, &done, b);
-                    break;
-                }
-                others.push(q);
-            }
-            for q in others {
-                // SAFETY: each came from `r` on `b`; nothing used them.
-                unsafe { r.deallocate(b, q, BYTES, 256)? };
-            }
-            result
+            // B's first use retires A's list (its stream is gone): no event covers its block,
+            // so B synchronizes the device, with no lock held, and takes it at once.
+            take_on_b_and_check(r, p, &done, b)
         }
         Steal::Exhausted => {
             warm_up(r, 256)?;
@@ -779,6 +765,18 @@ fn main() {
         trials.push(gpu(format!("fixed_size/{u}/sixteen_threads"), move || {
             fixed_size_sixteen_threads(up)
         }));
+        trials.push(gpu(
+            format!("pool/{u}/retire/threads_and_streams"),
+            move || retire::pool_threads_and_streams(up.make()?),
+        ));
+        trials.push(gpu(
+            format!("fixed_size/{u}/retire/threads_and_streams"),
+            move || retire::fixed_size_threads_and_streams(up.make()?),
+        ));
+        trials.push(gpu(
+            format!("pool/{u}/retire/thief_holds_no_lock"),
+            move || retire::thief_holds_no_lock(up.make()?),
+        ));
         trials.push(gpu(format!("binning/{u}/contents"), move || {
             binning_contents(up)
         }));
