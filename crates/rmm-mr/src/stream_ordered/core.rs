@@ -435,27 +435,36 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             .chain(std::iter::once(&self.orphan))
     }
 
-    /// The list of `stream`, locked, with its key, registering the key on first use. A slot
-    /// found through this thread's cache that no longer belongs to the key (retired) is
-    /// looked up again.
+    /// The list of `stream`, locked, with its key, registering the key on first use. The legacy
+    /// list is found inline; other streams go through this thread's cache
+    /// ([`lock_cached`](Self::lock_cached)).
     #[inline]
     #[allow(clippy::type_complexity)]
     fn lock_own(
         &self,
         stream: CudaStreamView<'_>,
     ) -> MrResult<(&StreamList<L>, MutexGuard<'_, ListState<L>>, StreamKey)> {
-        let key = StreamKey::of(stream)?;
-        if key == StreamKey::Legacy {
-            if !self.legacy_used.load(Ordering::Acquire) {
-                let (list, st) = self.register(key, stream)?;
-                return Ok((list, st, key));
-            }
-            return Ok((&self.legacy, self.legacy.lock(), key));
+        if StreamKey::is_legacy(stream) && self.legacy_used.load(Ordering::Acquire) {
+            return Ok((&self.legacy, self.legacy.lock(), StreamKey::Legacy));
         }
-        if let Some(list) = cached_list_index(self.id, key).and_then(|i| self.lists.get(i)) {
-            let st = list.lock();
-            if st.key() == Some(key) {
-                return Ok((list, st, key));
+        self.lock_cached(stream)
+    }
+
+    /// [`lock_own`](Self::lock_own) past the legacy list: a slot found through this thread's
+    /// cache that no longer belongs to the key (retired) is looked up again.
+    #[inline(never)]
+    #[allow(clippy::type_complexity)]
+    fn lock_cached(
+        &self,
+        stream: CudaStreamView<'_>,
+    ) -> MrResult<(&StreamList<L>, MutexGuard<'_, ListState<L>>, StreamKey)> {
+        let key = StreamKey::of(stream)?;
+        if key != StreamKey::Legacy {
+            if let Some(list) = cached_list_index(self.id, key).and_then(|i| self.lists.get(i)) {
+                let st = list.lock();
+                if st.key() == Some(key) {
+                    return Ok((list, st, key));
+                }
             }
         }
         let (list, st) = self.register(key, stream)?;

@@ -5,7 +5,7 @@
 //! pure [`EventPolicy`]), and the orphan list that takes the blocks of retired lists. Why and
 //! how: `docs/internals/stream-ordered.md`, "Stream keys and events" and "Retiring lists".
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
@@ -31,6 +31,13 @@ pub(crate) enum StreamKey {
 }
 
 impl StreamKey {
+    /// Whether `stream` is the legacy default stream (no CUDA call).
+    #[inline]
+    pub(crate) fn is_legacy(stream: CudaStreamView<'_>) -> bool {
+        let raw = stream.as_raw();
+        raw.is_null() || raw == CU_STREAM_LEGACY
+    }
+
     /// The key of `stream`. Makes a CUDA call (`cuStreamGetId`) only for ordinary streams.
     #[inline]
     pub(crate) fn of(stream: CudaStreamView<'_>) -> CudaResult<Self> {
@@ -74,16 +81,28 @@ impl StreamKey {
 static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
-    static THREAD_NUMBER: u64 = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+    /// This thread's number, 0 until assigned. Constant-initialized and without a destructor:
+    /// reading it is one thread-local load, and it stays readable during thread-local teardown.
+    static THREAD_NUMBER: Cell<u64> = const { Cell::new(0) };
 }
 
-/// A process-unique number of the calling thread (never reused). During thread-local
-/// destruction a fresh number is returned: such a late caller gets a list of its own, which is
-/// correct (per-thread lists record at steal time), merely unshared.
+/// A process-unique number of the calling thread (never reused), assigned on first use.
+#[inline]
 pub(crate) fn thread_number() -> u64 {
-    THREAD_NUMBER
-        .try_with(|n| *n)
-        .unwrap_or_else(|_| NEXT_THREAD.fetch_add(1, Ordering::Relaxed))
+    match THREAD_NUMBER.try_with(Cell::get) {
+        Ok(n) if n != 0 => n,
+        _ => assign_thread_number(),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn assign_thread_number() -> u64 {
+    let n = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+    // Cannot fail (no destructor); if it did, the caller would get a fresh number each time:
+    // lists of its own, correct (per-thread lists record at steal time) but unshared.
+    let _ = THREAD_NUMBER.try_with(|c| c.set(n));
+    n
 }
 
 /// `cuCtxSynchronize`: blocks until all work of the current context, on every stream
