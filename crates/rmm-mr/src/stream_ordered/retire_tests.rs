@@ -269,6 +269,58 @@ fn a_thief_past_the_grace_period_waits_with_no_lock_held() {
 }
 
 #[test]
+fn a_full_resource_waits_for_a_reclaim_in_flight_instead_of_failing() {
+    let _sim = FaultScope::simulated();
+    let (core, mock, _) = core();
+    let a = CudaStreamView::simulated(0x7901);
+    let b = CudaStreamView::simulated(0x7902);
+    let c = CudaStreamView::simulated(0x7903);
+    let held: Vec<DevicePtr> = (0..CHUNK / BLOCK)
+        .map(|_| allocate(&core, &mock, a).unwrap())
+        .collect();
+    for &p in &held {
+        free(&core, a, p);
+    }
+    let (in_sync_tx, in_sync_rx) = mpsc::channel::<()>();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let (p1, p2) = std::thread::scope(|sc| {
+        // B reclaims A's blocks and is held inside its synchronization.
+        let t1 = sc.spawn(|| {
+            let _sim = FaultScope::simulated();
+            sync_hook::set(move || {
+                let _ = in_sync_tx.send(());
+                let _ = go_rx.recv();
+            });
+            let r = allocate_full(&core, &mock, b);
+            sync_hook::clear();
+            r
+        });
+        in_sync_rx.recv().expect("B never synchronized");
+        // C finds the resource full and every block out of the lists: it must wait for B's
+        // synchronization and look again, not report out-of-memory.
+        let t2 = sc.spawn(|| {
+            let _sim = FaultScope::simulated();
+            allocate_full(&core, &mock, c)
+        });
+        // Let C reach its wait (if it has not by then, it finds the blocks later: the checks
+        // below hold either way).
+        std::thread::sleep(OWNER_GRACE * 10);
+        go_tx.send(()).unwrap();
+        let p1 = t1.join().unwrap().unwrap();
+        let p2 = t2
+            .join()
+            .unwrap()
+            .expect("out of memory while a reclaim held the free blocks");
+        (p1, p2)
+    });
+    assert_ne!(p1, p2);
+    assert!(held.contains(&p1) && held.contains(&p2));
+    free(&core, b, p1);
+    free(&core, c, p2);
+    drop_core(core, &mock);
+}
+
+#[test]
 fn a_failed_synchronization_takes_nothing() {
     let _sim = FaultScope::simulated();
     let (core, mock, _) = core();
