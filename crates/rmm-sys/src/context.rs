@@ -8,6 +8,7 @@
 //! failing with `CUDA_ERROR_INVALID_CONTEXT`.
 
 use std::cell::Cell;
+use std::marker::PhantomData;
 use std::sync::OnceLock;
 
 use crate::raw;
@@ -141,7 +142,102 @@ fn ensure_current_context_slow() -> CudaResult<()> {
     Ok(())
 }
 
+/// The calling thread's current context as the driver reports it (`cuCtxGetCurrent`): null
+/// when the thread has none. Unlike every other call of this crate it does not give a thread
+/// without a context device 0's primary context, so it shows what a foreign caller arrived with.
+pub fn raw_current_context() -> CudaResult<raw::CUcontext> {
+    let api = api()?;
+    let mut ctx: raw::CUcontext = std::ptr::null_mut();
+    // SAFETY: the driver is initialized; the call writes one handle.
+    check("cuCtxGetCurrent", unsafe {
+        (api.cuCtxGetCurrent)(&mut ctx)
+    })?;
+    Ok(ctx)
+}
+
+/// Makes a device's primary context current on the calling thread for a scope: what an entry
+/// point called from foreign code (a C API, a PyTorch allocator hook) does before it touches
+/// the device, since such a thread may arrive with no current context, with the device's
+/// primary context, or with another device's.
+///
+/// [`enter`](Self::enter) costs one `cuCtxGetCurrent` when the primary context is already
+/// current and changes nothing then. A thread that had **no** context keeps the primary
+/// context after the guard drops (what the CUDA runtime does on a thread's first call, and what
+/// makes its next call the cheap case); a thread that had **another** context gets it back on
+/// drop. Unlike [`DeviceGuard`](crate::DeviceGuard), which compares device ordinals, the guard
+/// compares contexts, so a thread with a context of its own on the same device is switched to
+/// the primary one too. The guard is not `Send`: it restores the thread that made it.
+#[derive(Debug)]
+#[must_use = "the previous context is restored when the guard drops"]
+pub struct PrimaryContextGuard {
+    /// The context to put back on drop (an address, null for none to restore).
+    previous: usize,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl PrimaryContextGuard {
+    /// Makes the primary context of `device` current until the guard drops.
+    ///
+    /// # Errors
+    /// No driver or an invalid device (nothing changed), or a failed `cuCtxSetCurrent`.
+    pub fn enter(device: crate::DeviceId) -> CudaResult<Self> {
+        let primary = primary_context(device.0)?.as_raw();
+        let current = raw_current_context()?;
+        if current == primary {
+            mark_context_current();
+            return Ok(Self {
+                previous: 0,
+                _not_send: PhantomData,
+            });
+        }
+        let api = api()?;
+        // SAFETY: `primary` is a retained primary context that lives for the process.
+        check("cuCtxSetCurrent", unsafe { (api.cuCtxSetCurrent)(primary) })?;
+        mark_context_current();
+        Ok(Self {
+            previous: current as usize,
+            _not_send: PhantomData,
+        })
+    }
+}
+
+impl Drop for PrimaryContextGuard {
+    fn drop(&mut self) {
+        if self.previous == 0 {
+            return;
+        }
+        let restore = || -> CudaResult<()> {
+            let api = api()?;
+            // SAFETY: the handle was this thread's current context when the guard was made; a
+            // context destroyed since is reported by the driver as an error code.
+            check("cuCtxSetCurrent", unsafe {
+                (api.cuCtxSetCurrent)(self.previous as raw::CUcontext)
+            })
+        };
+        if let Err(e) = restore() {
+            log::error!("rmm: could not restore the previous context: {e}");
+        }
+    }
+}
+
 /// Records that the calling thread now has a current context (after `cuCtxSetCurrent`).
 fn mark_context_current() {
     HAS_CONTEXT.with(|c| c.set(true));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_guard_needs_a_driver_and_a_valid_device() {
+        if crate::gpu_unavailable_reason().is_some() {
+            let e = PrimaryContextGuard::enter(crate::DeviceId(0)).unwrap_err();
+            assert!(e.is_no_device(), "{e}");
+            assert!(raw_current_context().unwrap_err().is_no_device());
+        } else {
+            let e = PrimaryContextGuard::enter(crate::DeviceId(i32::MAX)).unwrap_err();
+            assert!(e.to_string().contains("out of range"), "{e}");
+        }
+    }
 }

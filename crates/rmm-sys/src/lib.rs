@@ -87,7 +87,10 @@ pub use align::{
     align_down, align_up, checked_align_up, is_aligned, is_pow2, is_supported_alignment,
     is_supported_base_resource_alignment, ALLOCATION_ALIGNMENT,
 };
-pub use context::{ensure_current_context, primary_context, PrimaryContext};
+pub use context::{
+    ensure_current_context, primary_context, raw_current_context, PrimaryContext,
+    PrimaryContextGuard,
+};
 pub use device::{
     available_device_memory, current_device, device_count, device_name, device_synchronize,
     gpu_unavailable_reason, percent_of_free_device_memory, set_current_device,

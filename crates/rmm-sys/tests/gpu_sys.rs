@@ -7,6 +7,7 @@ use rmm_sys::testing::{ensure, gpu, gpu_if, no_vmm};
 use rmm_sys::vmm::{self, Granularity};
 use rmm_sys::{
     AllocationHandleType, CudaError, DeviceCapabilities, DeviceGuard, DeviceId, DriverVersion,
+    PrimaryContextGuard,
 };
 use std::sync::Arc;
 
@@ -36,6 +37,52 @@ fn fresh_thread_gets_device_zero() -> Result<(), Failed> {
         format!("fresh thread on device {}", r.0),
     )?;
     ensure(r.1, "cuMemAlloc result not 256-aligned")
+}
+
+fn primary_context_guard_switches_and_restores() -> Result<(), Failed> {
+    // A foreign thread with no context keeps the primary context after the guard.
+    let on_fresh = std::thread::spawn(|| -> Result<bool, CudaError> {
+        let before = rmm_sys::raw_current_context()?;
+        let primary = rmm_sys::primary_context(0)?.as_raw();
+        {
+            let _g = PrimaryContextGuard::enter(DeviceId(0))?;
+            if rmm_sys::raw_current_context()? != primary {
+                return Ok(false);
+            }
+        }
+        Ok(before.is_null() && rmm_sys::raw_current_context()? == primary)
+    })
+    .join()
+    .map_err(|_| "thread panicked")??;
+    ensure(
+        on_fresh,
+        "a fresh thread did not keep device 0's primary context",
+    )?;
+    // With the primary context current, the guard changes nothing.
+    rmm_sys::set_current_device(DeviceId(0))?;
+    let primary0 = rmm_sys::primary_context(0)?.as_raw();
+    drop(PrimaryContextGuard::enter(DeviceId(0))?);
+    ensure(
+        rmm_sys::raw_current_context()? == primary0,
+        "guard changed an already current primary context",
+    )?;
+    // Another device's context comes back on drop (with two devices or more).
+    let n = rmm_sys::device_count()? as i32;
+    if n > 1 {
+        let last = DeviceId(n - 1);
+        {
+            let _g = PrimaryContextGuard::enter(last)?;
+            ensure(
+                rmm_sys::current_device()? == last,
+                "guard did not switch device",
+            )?;
+        }
+        ensure(
+            rmm_sys::raw_current_context()? == primary0,
+            "guard did not restore device 0's context",
+        )?;
+    }
+    Ok(())
 }
 
 fn set_device_and_restore() -> Result<(), Failed> {
@@ -405,6 +452,10 @@ fn main() {
             fresh_thread_gets_device_zero,
         ),
         gpu("set_device_and_restore", set_device_and_restore),
+        gpu(
+            "primary_context_guard_switches_and_restores",
+            primary_context_guard_switches_and_restores,
+        ),
         gpu("memory_info", memory_info),
         gpu("out_of_memory_is_typed", out_of_memory_is_typed),
         gpu("capabilities", capabilities),
