@@ -1,0 +1,226 @@
+//! The `extern "C"` entry points of `rmm_rs.h` (but the torch hooks, in [`crate::torch`]).
+//!
+//! Each one is a thin shell: it turns the C arguments into Rust values, runs the work through
+//! [`last_error::boundary`] (panics caught, the thread's last error set) and turns the result
+//! into a status code or a pointer. The work itself is in the `*_in` functions, which take the
+//! [`Registry`] so that the tests can run them over their own tables.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ptr;
+
+use rmm::{ByteSize, CudaStreamView};
+
+use crate::abi::{RmmRsOptions, RmmRsStatistics, RMM_RS_ABI_VERSION};
+use crate::config::Config;
+use crate::last_error;
+use crate::registry::Registry;
+use crate::status::{CResult, Error};
+
+/// The rmm-rs version, NUL-terminated.
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "\0");
+
+fn null_argument(name: &str) -> Error {
+    Error::invalid_argument(format!("{name} is NULL"))
+}
+
+/// A byte count from a C `ssize_t`.
+pub(crate) fn byte_count(size: isize) -> CResult<usize> {
+    usize::try_from(size)
+        .map_err(|_| Error::invalid_argument(format!("size must not be negative, not {size}")))
+}
+
+/// A view of a stream handle from C.
+///
+/// # Safety
+/// `stream` is 0, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`, or a stream that stays alive
+/// for `'a` (the header's stream contract, for the duration of the call).
+pub(crate) unsafe fn stream_view<'a>(stream: *mut c_void) -> CudaStreamView<'a> {
+    // SAFETY: the caller's contract is `from_raw`'s.
+    unsafe { CudaStreamView::from_raw(stream.cast()) }
+}
+
+/// Allocates `size` bytes on `device` through `registry` (null for 0 bytes).
+pub(crate) fn alloc_in(
+    registry: &Registry,
+    size: isize,
+    device: c_int,
+    stream: CudaStreamView<'_>,
+) -> CResult<*mut c_void> {
+    let bytes = byte_count(size)?;
+    if bytes == 0 {
+        return Ok(ptr::null_mut());
+    }
+    registry.with_state(device, true, |s| s.allocate(stream, bytes))?
+}
+
+/// Frees `ptr` through `registry` (nothing for null).
+///
+/// # Safety
+/// `rmm_rs_free`'s contract: `ptr` is null or was allocated through `registry` on `device`
+/// with `size` bytes and no work still uses it that is not ordered before `stream`.
+pub(crate) unsafe fn free_in(
+    registry: &Registry,
+    ptr: *mut c_void,
+    size: isize,
+    device: c_int,
+    stream: CudaStreamView<'_>,
+) -> CResult<()> {
+    if ptr.is_null() {
+        return Ok(());
+    }
+    let bytes = byte_count(size)?;
+    registry.with_state(device, false, |s| {
+        // SAFETY: the caller's contract.
+        unsafe { s.deallocate(stream, ptr, bytes) }
+    })?
+}
+
+/// The ABI version of this library (`RMM_RS_ABI_VERSION` of the header it was built with).
+#[no_mangle]
+pub extern "C" fn rmm_rs_abi_version() -> u32 {
+    RMM_RS_ABI_VERSION
+}
+
+/// The rmm-rs version, a static NUL-terminated string.
+#[no_mangle]
+pub extern "C" fn rmm_rs_version() -> *const c_char {
+    VERSION.as_ptr().cast()
+}
+
+/// Writes the default options to `*options`.
+///
+/// # Safety
+/// `options` is null or points to writable memory for an `rmm_rs_options`.
+#[no_mangle]
+pub unsafe extern "C" fn rmm_rs_options_init(options: *mut RmmRsOptions) -> c_int {
+    last_error::status(|| {
+        if options.is_null() {
+            return Err(null_argument("options"));
+        }
+        // SAFETY: non-null and writable (the caller's contract); `write` reads nothing there.
+        unsafe { options.write(RmmRsOptions::default()) };
+        Ok(())
+    })
+}
+
+/// Parses a byte size (`"8GiB"`, `"1.5GB"`, `"1024"`) into `*bytes`.
+///
+/// # Safety
+/// `text` is null or a NUL-terminated string; `bytes` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn rmm_rs_parse_byte_size(text: *const c_char, bytes: *mut u64) -> c_int {
+    last_error::status(|| {
+        if text.is_null() {
+            return Err(null_argument("text"));
+        }
+        if bytes.is_null() {
+            return Err(null_argument("bytes"));
+        }
+        // SAFETY: non-null and NUL-terminated (the caller's contract).
+        let text = unsafe { CStr::from_ptr(text) };
+        let text = text
+            .to_str()
+            .map_err(|_| Error::invalid_argument("the size is not UTF-8"))?;
+        let size: ByteSize = text
+            .parse()
+            .map_err(|e| Error::invalid_argument(format!("{e}")))?;
+        // SAFETY: non-null and writable (the caller's contract).
+        unsafe { bytes.write(size.bytes() as u64) };
+        Ok(())
+    })
+}
+
+/// Configures devices as `*options` says (`rmm_rs_configure` in the header).
+///
+/// # Safety
+/// `options` is null or points to an `rmm_rs_options` whose `log_file` is null or
+/// NUL-terminated and whose `devices` holds `num_devices` ints, for the call.
+#[no_mangle]
+pub unsafe extern "C" fn rmm_rs_configure(options: *const RmmRsOptions) -> c_int {
+    last_error::status(|| {
+        // SAFETY: null or a readable `rmm_rs_options` (the caller's contract).
+        let options = unsafe { options.as_ref() }.ok_or_else(|| null_argument("options"))?;
+        // SAFETY: its pointers are valid for the call (the caller's contract).
+        let config = unsafe { Config::from_c(options) }?;
+        let logs = config.log_file.is_some();
+        Registry::global().configure(config)?;
+        if logs {
+            crate::exit::flush_logs_at_exit();
+        }
+        Ok(())
+    })
+}
+
+/// Allocates `size` bytes on `device`, ordered on `stream`: PyTorch's `alloc` signature. Null
+/// for 0 bytes and on failure (see `rmm_rs_last_error`).
+///
+/// # Safety
+/// `stream` follows the header's stream contract (0, a special handle, or a live stream of
+/// the device's primary context).
+#[no_mangle]
+pub unsafe extern "C" fn rmm_rs_alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
+    last_error::boundary(|| {
+        // SAFETY: the stream contract, for this call.
+        let stream = unsafe { stream_view(stream) };
+        alloc_in(Registry::global(), size, device, stream)
+    })
+    .unwrap_or(ptr::null_mut())
+}
+
+/// Frees `ptr` (`rmm_rs_free` in the header): PyTorch's `free` signature. A refused free sets
+/// the last error and counts in `failed_frees`.
+///
+/// # Safety
+/// `ptr` is null or was allocated by `rmm_rs_alloc` (or `rmm_rs_torch_alloc`) on `device` with
+/// `size` bytes, is not freed twice and is not used by work not ordered before `stream`;
+/// `stream` follows the header's stream contract.
+#[no_mangle]
+pub unsafe extern "C" fn rmm_rs_free(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void) {
+    let _ = last_error::boundary(|| {
+        // SAFETY: the stream contract, for this call.
+        let stream = unsafe { stream_view(stream) };
+        // SAFETY: the caller's contract.
+        unsafe { free_in(Registry::global(), ptr, size, device, stream) }
+    });
+}
+
+/// Writes the statistics of `device` to `*out`.
+///
+/// # Safety
+/// `out` is null or writable for an `rmm_rs_statistics`.
+#[no_mangle]
+pub unsafe extern "C" fn rmm_rs_get_statistics(device: c_int, out: *mut RmmRsStatistics) -> c_int {
+    last_error::status(|| {
+        if out.is_null() {
+            return Err(null_argument("out"));
+        }
+        let stats = Registry::global().statistics(device)?;
+        // SAFETY: non-null and writable (the caller's contract).
+        unsafe { out.write(stats) };
+        Ok(())
+    })
+}
+
+/// Writes out the CSV log of `device` (-1: every device).
+#[no_mangle]
+pub extern "C" fn rmm_rs_flush_log(device: c_int) -> c_int {
+    last_error::status(|| Registry::global().flush_log(device))
+}
+
+/// The calling thread's last error message ("" if none), valid until its next failing call.
+#[no_mangle]
+pub extern "C" fn rmm_rs_last_error() -> *const c_char {
+    last_error::message_ptr()
+}
+
+/// The calling thread's last error code (0 if none).
+#[no_mangle]
+pub extern "C" fn rmm_rs_last_error_code() -> c_int {
+    last_error::code()
+}
+
+/// Resets the calling thread's last error.
+#[no_mangle]
+pub extern "C" fn rmm_rs_clear_last_error() {
+    last_error::clear();
+}
