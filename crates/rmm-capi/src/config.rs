@@ -85,8 +85,8 @@ impl Config {
             RMM_RS_RESOURCE_ASYNC => ResourceKind::Async,
             other => {
                 return Err(Error::invalid_argument(format!(
-                    "resource must be RMM_RS_RESOURCE_CUDA (0), _POOL (1) or _ASYNC (2), not {other}"
-                )))
+                "resource must be RMM_RS_RESOURCE_CUDA (0), _POOL (1) or _ASYNC (2), not {other}"
+            )))
             }
         };
         let log_file = if options.log_file.is_null() {
@@ -145,7 +145,9 @@ impl Config {
                 return bad("initial_pool_size and maximum_pool_size need RMM_RS_RESOURCE_POOL or _ASYNC (leave them at RMM_RS_SIZE_DEFAULT)");
             }
             ResourceKind::Async if self.maximum_pool_size.is_some() => {
-                return bad("maximum_pool_size is for RMM_RS_RESOURCE_POOL; the driver's pool has none");
+                return bad(
+                    "maximum_pool_size is for RMM_RS_RESOURCE_POOL; the driver's pool has none",
+                );
             }
             ResourceKind::Async if self.managed && self.initial_pool_size.is_some() => {
                 return bad("initial_pool_size is not supported for the driver's managed pool");
@@ -227,7 +229,10 @@ mod tests {
             ..RmmRsOptions::default()
         })
         .unwrap();
-        assert_eq!((c.kind, c.initial_pool_size), (ResourceKind::Async, Some(0)));
+        assert_eq!(
+            (c.kind, c.initial_pool_size),
+            (ResourceKind::Async, Some(0))
+        );
     }
 
     #[test]
@@ -282,8 +287,20 @@ mod tests {
             },
             "log_file is empty",
         );
-        refused(RmmRsOptions { num_devices: -1, ..d }, "negative");
-        refused(RmmRsOptions { num_devices: 1, ..d }, "devices is NULL");
+        refused(
+            RmmRsOptions {
+                num_devices: -1,
+                ..d
+            },
+            "negative",
+        );
+        refused(
+            RmmRsOptions {
+                num_devices: 1,
+                ..d
+            },
+            "devices is NULL",
+        );
         let twice = [0, 0];
         refused(
             RmmRsOptions {

@@ -26,7 +26,9 @@ pub(crate) fn flush_logs_at_exit() {
         // for the life of the process (the library is never unloaded by its users: PyTorch
         // keeps its allocator library loaded).
         if unsafe { atexit(flush_all) } != 0 {
-            log::error!("rmm-capi: atexit refused the log flush; call rmm_rs_flush_log before exit");
+            log::error!(
+                "rmm-capi: atexit refused the log flush; call rmm_rs_flush_log before exit"
+            );
         }
     });
 }

@@ -158,7 +158,11 @@ pub unsafe extern "C" fn rmm_rs_configure(options: *const RmmRsOptions) -> c_int
 /// `stream` follows the header's stream contract (0, a special handle, or a live stream of
 /// the device's primary context).
 #[no_mangle]
-pub unsafe extern "C" fn rmm_rs_alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
+pub unsafe extern "C" fn rmm_rs_alloc(
+    size: isize,
+    device: c_int,
+    stream: *mut c_void,
+) -> *mut c_void {
     last_error::boundary(|| {
         // SAFETY: the stream contract, for this call.
         let stream = unsafe { stream_view(stream) };
@@ -175,7 +179,12 @@ pub unsafe extern "C" fn rmm_rs_alloc(size: isize, device: c_int, stream: *mut c
 /// `size` bytes, is not freed twice and is not used by work not ordered before `stream`;
 /// `stream` follows the header's stream contract.
 #[no_mangle]
-pub unsafe extern "C" fn rmm_rs_free(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void) {
+pub unsafe extern "C" fn rmm_rs_free(
+    ptr: *mut c_void,
+    size: isize,
+    device: c_int,
+    stream: *mut c_void,
+) {
     let _ = last_error::boundary(|| {
         // SAFETY: the stream contract, for this call.
         let stream = unsafe { stream_view(stream) };
@@ -223,4 +232,109 @@ pub extern "C" fn rmm_rs_last_error_code() -> c_int {
 #[no_mangle]
 pub extern "C" fn rmm_rs_clear_last_error() {
     last_error::clear();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::{RMM_RS_RESOURCE_POOL, RMM_RS_SIZE_DEFAULT};
+    use crate::status::{
+        RMM_RS_ERROR_INVALID_ARGUMENT, RMM_RS_ERROR_NOT_CONFIGURED, RMM_RS_SUCCESS,
+    };
+    use std::ffi::CString;
+    use std::mem::MaybeUninit;
+
+    fn last() -> (c_int, String) {
+        // SAFETY: this thread's message, read before its next call.
+        let text = unsafe { CStr::from_ptr(rmm_rs_last_error()) };
+        (
+            rmm_rs_last_error_code(),
+            text.to_string_lossy().into_owned(),
+        )
+    }
+
+    #[test]
+    fn versions() {
+        assert_eq!(rmm_rs_abi_version(), RMM_RS_ABI_VERSION);
+        // SAFETY: a static NUL-terminated string.
+        let v = unsafe { CStr::from_ptr(rmm_rs_version()) };
+        assert_eq!(v.to_str().unwrap(), env!("CARGO_PKG_VERSION"));
+    }
+
+    #[test]
+    fn options_init_writes_the_defaults() {
+        let mut o = MaybeUninit::<RmmRsOptions>::uninit();
+        // SAFETY: `o` is writable.
+        let code = unsafe { rmm_rs_options_init(o.as_mut_ptr()) };
+        assert_eq!(code, RMM_RS_SUCCESS);
+        // SAFETY: initialized by the call.
+        let o = unsafe { o.assume_init() };
+        assert_eq!(o.resource, RMM_RS_RESOURCE_POOL);
+        assert_eq!(
+            (o.initial_pool_size, o.maximum_pool_size),
+            (RMM_RS_SIZE_DEFAULT, RMM_RS_SIZE_DEFAULT)
+        );
+        assert_eq!((o.statistics, o.num_devices), (1, 0));
+        assert!(o.log_file.is_null() && o.devices.is_null());
+        // SAFETY: null is allowed and refused.
+        let code = unsafe { rmm_rs_options_init(ptr::null_mut()) };
+        assert_eq!(code, RMM_RS_ERROR_INVALID_ARGUMENT);
+        assert_eq!(
+            last(),
+            (RMM_RS_ERROR_INVALID_ARGUMENT, "options is NULL".into())
+        );
+    }
+
+    #[test]
+    fn byte_sizes_parse_as_rmm_does() {
+        let parse = |text: &str| {
+            let text = CString::new(text).unwrap();
+            let mut bytes = 0u64;
+            // SAFETY: both pointers are valid for the call.
+            let code = unsafe { rmm_rs_parse_byte_size(text.as_ptr(), &mut bytes) };
+            (code, bytes)
+        };
+        assert_eq!(parse("8GiB"), (RMM_RS_SUCCESS, 8 << 30));
+        assert_eq!(parse("1.5GB"), (RMM_RS_SUCCESS, 1_500_000_000));
+        assert_eq!(parse("1024"), (RMM_RS_SUCCESS, 1024));
+        assert_eq!(parse("lots").0, RMM_RS_ERROR_INVALID_ARGUMENT);
+        assert!(last().1.contains("lots"), "{:?}", last());
+        // SAFETY: null is allowed and refused.
+        let code = unsafe { rmm_rs_parse_byte_size(ptr::null(), ptr::null_mut()) };
+        assert_eq!(code, RMM_RS_ERROR_INVALID_ARGUMENT);
+    }
+
+    #[test]
+    fn bad_calls_fail_with_a_message_and_change_nothing() {
+        // SAFETY: null is allowed and refused.
+        let code = unsafe { rmm_rs_configure(ptr::null()) };
+        assert_eq!(code, RMM_RS_ERROR_INVALID_ARGUMENT);
+        let bad = RmmRsOptions {
+            initial_pool_size: 100,
+            ..RmmRsOptions::default()
+        };
+        // SAFETY: a valid options struct with null pointers.
+        let code = unsafe { rmm_rs_configure(&bad) };
+        assert_eq!(code, RMM_RS_ERROR_INVALID_ARGUMENT);
+        assert!(last().1.contains("multiple of 256"), "{:?}", last());
+        // No test configures the global table, so device 900 is not configured.
+        let mut stats = RmmRsStatistics::default();
+        // SAFETY: `stats` is writable.
+        let code = unsafe { rmm_rs_get_statistics(900, &mut stats) };
+        assert_eq!(code, RMM_RS_ERROR_NOT_CONFIGURED);
+        // SAFETY: null is allowed and refused.
+        let code = unsafe { rmm_rs_get_statistics(0, ptr::null_mut()) };
+        assert_eq!(code, RMM_RS_ERROR_INVALID_ARGUMENT);
+        rmm_rs_clear_last_error();
+        // SAFETY: the default stream; nothing is allocated.
+        let p = unsafe { rmm_rs_alloc(256, 900, ptr::null_mut()) };
+        assert!(p.is_null());
+        assert_eq!(last().0, RMM_RS_ERROR_NOT_CONFIGURED);
+        rmm_rs_clear_last_error();
+        // SAFETY: freeing null does nothing.
+        unsafe { rmm_rs_free(ptr::null_mut(), 0, 900, ptr::null_mut()) };
+        assert_eq!(last(), (RMM_RS_SUCCESS, String::new()));
+        assert_eq!(rmm_rs_flush_log(-1), RMM_RS_SUCCESS);
+        assert_eq!(rmm_rs_flush_log(-7), RMM_RS_ERROR_INVALID_ARGUMENT);
+    }
 }

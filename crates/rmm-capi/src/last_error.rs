@@ -107,7 +107,11 @@ mod tests {
         assert_eq!(code, RMM_RS_ERROR_INVALID_ARGUMENT);
         assert_eq!(current(), (code, "bad size".to_owned()));
         assert_eq!(status(|| Ok(())), RMM_RS_SUCCESS);
-        assert_eq!(current().0, RMM_RS_ERROR_INVALID_ARGUMENT, "success cleared it");
+        assert_eq!(
+            current().0,
+            RMM_RS_ERROR_INVALID_ARGUMENT,
+            "success cleared it"
+        );
         std::thread::spawn(|| assert_eq!(current(), (RMM_RS_SUCCESS, String::new())))
             .join()
             .unwrap();

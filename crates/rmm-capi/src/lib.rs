@@ -35,6 +35,8 @@ mod last_error;
 mod registry;
 mod stack;
 pub mod status;
+#[cfg(test)]
+mod test_support;
 pub mod torch;
 
 pub use abi::{RmmRsOptions, RmmRsStatistics};

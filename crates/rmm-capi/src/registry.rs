@@ -285,3 +285,294 @@ impl Registry {
         self.lock().retired.len()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::BufReader;
+    use std::path::PathBuf;
+
+    use rmm::mr::adaptors::logging::{parse_log, Action};
+    use rmm::CudaStreamView;
+
+    use super::*;
+    use crate::config::ResourceKind;
+    use crate::ffi::{alloc_in, free_in};
+    use crate::status::{
+        RMM_RS_ERROR_INVALID_ARGUMENT, RMM_RS_ERROR_NO_DEVICE, RMM_RS_ERROR_OUT_OF_MEMORY,
+    };
+    use crate::test_support::{build_on_host, build_on_host_but_7};
+
+    const S: CudaStreamView<'static> = CudaStreamView::legacy();
+
+    fn every_device(config: Config) -> Config {
+        Config {
+            devices: Vec::new(),
+            ..config
+        }
+    }
+
+    fn on(devices: &[i32], config: Config) -> Config {
+        Config {
+            devices: devices.iter().map(|&d| DeviceId(d)).collect(),
+            ..config
+        }
+    }
+
+    fn alloc(r: &Registry, bytes: isize, device: i32) -> CResult<*mut std::ffi::c_void> {
+        alloc_in(r, bytes, device, S)
+    }
+
+    fn free(r: &Registry, p: *mut std::ffi::c_void, bytes: isize, device: i32) -> CResult<()> {
+        // SAFETY: the tests free what they allocated, with its size (or, on purpose, pointers
+        // the resource detects as wrong); the memory is host memory nobody uses.
+        unsafe { free_in(r, p, bytes, device, S) }
+    }
+
+    #[test]
+    fn nothing_is_configured_at_first() {
+        let r = Registry::new(build_on_host);
+        let e = alloc(&r, 256, 0).unwrap_err();
+        assert_eq!(e.code, RMM_RS_ERROR_NOT_CONFIGURED, "{e}");
+        assert!(e.message.contains("rmm_rs_configure"), "{e}");
+        assert_eq!(
+            r.statistics(0).unwrap_err().code,
+            RMM_RS_ERROR_NOT_CONFIGURED
+        );
+        assert_eq!(
+            alloc(&r, 256, -1).unwrap_err().code,
+            RMM_RS_ERROR_INVALID_ARGUMENT
+        );
+        assert!(r.flush_log(-1).is_ok());
+        assert_eq!(
+            r.flush_log(-2).unwrap_err().code,
+            RMM_RS_ERROR_INVALID_ARGUMENT
+        );
+    }
+
+    #[test]
+    fn every_device_builds_on_first_use() {
+        let r = Registry::new(build_on_host);
+        r.configure(every_device(Config::default())).unwrap();
+        let before = r.statistics(3).unwrap();
+        assert_eq!(
+            (before.statistics_enabled, before.device, before.pool_size),
+            (1, 3, 0)
+        );
+        let p = alloc(&r, 1000, 3).unwrap();
+        assert!(!p.is_null() && p as usize % 256 == 0);
+        let s = r.statistics(3).unwrap();
+        assert_eq!((s.current_bytes, s.current_allocations), (1000, 1));
+        assert_eq!(s.outstanding_allocations, 1);
+        assert!(s.pool_size >= 1024, "{s:?}");
+        free(&r, p, 1000, 3).unwrap();
+        let s = r.statistics(3).unwrap();
+        assert_eq!(
+            (s.current_bytes, s.peak_bytes, s.total_bytes),
+            (0, 1000, 1000)
+        );
+        assert_eq!((s.outstanding_allocations, s.failed_frees), (0, 0));
+        // Zero bytes: null, and nothing counted.
+        assert!(alloc(&r, 0, 3).unwrap().is_null());
+        free(&r, std::ptr::null_mut(), 0, 3).unwrap();
+        assert_eq!(r.statistics(3).unwrap().total_allocations, 1);
+        let e = alloc(&r, -5, 3).unwrap_err();
+        assert!(e.message.contains("not -5"), "{e}");
+    }
+
+    #[test]
+    fn reconfiguring_waits_for_outstanding_memory() {
+        let r = Registry::new(build_on_host);
+        r.configure(every_device(Config::default())).unwrap();
+        let p = alloc(&r, 512, 0).unwrap();
+        let e = r
+            .configure(every_device(Config {
+                statistics: false,
+                ..Config::default()
+            }))
+            .unwrap_err();
+        assert_eq!(e.code, RMM_RS_ERROR_BUSY);
+        assert!(e.message.contains("device 0 has 1 allocations"), "{e}");
+        assert_eq!(
+            r.statistics(0).unwrap().statistics_enabled,
+            1,
+            "changed anyway"
+        );
+        let e = r.configure(on(&[0], Config::default())).unwrap_err();
+        assert_eq!(e.code, RMM_RS_ERROR_BUSY);
+        free(&r, p, 512, 0).unwrap();
+        r.configure(every_device(Config {
+            statistics: false,
+            ..Config::default()
+        }))
+        .unwrap();
+        assert_eq!(r.retired(), 1);
+        let s = r.statistics(0).unwrap();
+        assert_eq!((s.statistics_enabled, s.total_allocations), (0, 0));
+        // The counters of the C API run with statistics off too.
+        let p = alloc(&r, 512, 0).unwrap();
+        assert_eq!(r.statistics(0).unwrap().outstanding_allocations, 1);
+        free(&r, p, 512, 0).unwrap();
+    }
+
+    #[test]
+    fn listed_devices_are_built_at_once_or_not_at_all() {
+        let r = Registry::new(build_on_host_but_7);
+        r.configure(on(&[1], Config::default())).unwrap();
+        // Built now: a device not listed is not configured.
+        assert_eq!(
+            alloc(&r, 256, 2).unwrap_err().code,
+            RMM_RS_ERROR_NOT_CONFIGURED
+        );
+        let p = alloc(&r, 256, 1).unwrap();
+        free(&r, p, 256, 1).unwrap();
+        let s1 = r.statistics(1).unwrap();
+        assert_eq!(s1.total_allocations, 1);
+        // Device 7 fails: device 1 keeps its stack and counters (its pool gave its free
+        // memory back to make room, and grows again on demand).
+        let e = r
+            .configure(on(
+                &[1, 7],
+                Config {
+                    statistics: false,
+                    ..Config::default()
+                },
+            ))
+            .unwrap_err();
+        assert_eq!(e.code, RMM_RS_ERROR_NO_DEVICE, "{e}");
+        assert_eq!(
+            r.statistics(1).unwrap(),
+            RmmRsStatistics { pool_size: 0, ..s1 }
+        );
+        let p = alloc(&r, 256, 1).unwrap();
+        free(&r, p, 256, 1).unwrap();
+        assert_eq!(r.statistics(1).unwrap().total_allocations, 2);
+        assert_eq!(
+            r.statistics(7).unwrap_err().code,
+            RMM_RS_ERROR_NOT_CONFIGURED
+        );
+        // A template does not override a listed device's configuration... until it replaces
+        // everything.
+        r.configure(every_device(Config {
+            kind: ResourceKind::Cuda,
+            ..Config::default()
+        }))
+        .unwrap();
+        assert!(alloc(&r, 256, 2).is_ok_and(|p| free(&r, p, 256, 2).is_ok()));
+        assert_eq!(r.statistics(1).unwrap().total_allocations, 0);
+    }
+
+    #[test]
+    fn exhaustion_and_wrong_frees_are_typed_and_counted() {
+        let r = Registry::new(build_on_host);
+        r.configure(every_device(Config {
+            maximum_pool_size: Some(1 << 20),
+            ..Config::default()
+        }))
+        .unwrap();
+        let e = alloc(&r, 2 << 20, 0).unwrap_err();
+        assert_eq!(e.code, RMM_RS_ERROR_OUT_OF_MEMORY, "{e}");
+        assert!(
+            e.message.starts_with("std::bad_alloc: out_of_memory: "),
+            "{e}"
+        );
+        let p = alloc(&r, 4096, 0).unwrap();
+        let wrong = (p as usize + 256) as *mut std::ffi::c_void;
+        assert_eq!(
+            free(&r, wrong, 4096, 0).unwrap_err().code,
+            crate::status::RMM_RS_ERROR_INVALID_FREE
+        );
+        assert_eq!(
+            free(&r, p, 100, 0).unwrap_err().code,
+            crate::status::RMM_RS_ERROR_INVALID_FREE
+        );
+        free(&r, p, 4096, 0).unwrap();
+        assert_eq!(
+            free(&r, p, 4096, 0).unwrap_err().code,
+            crate::status::RMM_RS_ERROR_INVALID_FREE
+        );
+        // A device that never allocated has nothing to free, and is not built to say so.
+        let e = free(&r, p, 4096, 5).unwrap_err();
+        assert!(e.message.contains("nothing was allocated"), "{e}");
+        assert_eq!(r.statistics(5).unwrap().pool_size, 0);
+        let s = r.statistics(0).unwrap();
+        assert_eq!((s.failed_allocations, s.failed_frees), (1, 3));
+        assert_eq!((s.outstanding_allocations, s.current_bytes), (0, 0));
+        // Training goes on after the failure.
+        let q = alloc(&r, 1 << 19, 0).unwrap();
+        free(&r, q, 1 << 19, 0).unwrap();
+    }
+
+    #[test]
+    fn each_device_logs_to_its_file() {
+        let dir = std::env::temp_dir().join(format!("rmm-capi-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let base = dir.join("rmm_log.csv");
+        let r = Registry::new(build_on_host);
+        r.configure(every_device(Config {
+            log_file: Some(base.clone()),
+            maximum_pool_size: Some(1 << 20),
+            ..Config::default()
+        }))
+        .unwrap();
+        let p = alloc(&r, 300, 2).unwrap();
+        assert!(alloc(&r, 4 << 20, 2).is_err());
+        free(&r, p, 300, 2).unwrap();
+        r.flush_log(2).unwrap();
+        let path: PathBuf = dir.join("rmm_log.dev2.csv");
+        let events = parse_log(BufReader::new(std::fs::File::open(&path).unwrap())).unwrap();
+        let actions: Vec<Action> = events.iter().map(|e| e.action).collect();
+        assert_eq!(
+            actions,
+            [Action::Allocate, Action::AllocateFailure, Action::Free]
+        );
+        assert_eq!((events[0].pointer, events[0].size), (p as u64, 300));
+        assert_eq!(events[0].stream, 1, "the legacy stream's handle");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn threads_see_reconfigurations() {
+        let r = Arc::new(Registry::new(build_on_host));
+        r.configure(every_device(Config::default())).unwrap();
+        let worker = |r: Arc<Registry>| {
+            std::thread::spawn(move || {
+                for _ in 0..200 {
+                    let p = alloc(&r, 256, 4).unwrap();
+                    free(&r, p, 256, 4).unwrap();
+                }
+                r.statistics(4).unwrap().statistics_enabled
+            })
+        };
+        let threads: Vec<_> = (0..4).map(|_| worker(Arc::clone(&r))).collect();
+        for t in threads {
+            assert_eq!(t.join().unwrap(), 1);
+        }
+        assert_eq!(r.statistics(4).unwrap().total_allocations, 800);
+        r.configure(every_device(Config {
+            statistics: false,
+            ..Config::default()
+        }))
+        .unwrap();
+        // This thread cached device 4's old stack; the generation tells it to look again.
+        let p = alloc(&r, 256, 4).unwrap();
+        free(&r, p, 256, 4).unwrap();
+        assert_eq!(worker(Arc::clone(&r)).join().unwrap(), 0);
+        assert_eq!(r.statistics(4).unwrap().statistics_enabled, 0);
+        // Two tables on one thread do not share the cache.
+        let other = Registry::new(build_on_host);
+        assert_eq!(
+            alloc(&other, 256, 4).unwrap_err().code,
+            RMM_RS_ERROR_NOT_CONFIGURED
+        );
+    }
+
+    #[test]
+    fn a_panic_in_a_resource_is_caught_at_the_boundary() {
+        let r = Registry::new(crate::test_support::build_panicking);
+        r.configure(every_device(Config::default())).unwrap();
+        let code = crate::last_error::status(|| alloc(&r, 256, 0).map(drop));
+        assert_eq!(code, crate::status::RMM_RS_ERROR_PANIC);
+        // The table still works after the panic.
+        assert_eq!(r.statistics(0).unwrap().outstanding_allocations, 0);
+    }
+}

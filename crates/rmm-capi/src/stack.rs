@@ -12,10 +12,10 @@ use crossbeam_utils::CachePadded;
 use rmm::reinitialize::per_device_log_file;
 use rmm::sys::{align_down, PrimaryContextGuard};
 use rmm::{
-    CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaAsyncOptions,
-    CudaMemoryResource, CudaStreamView, DeviceId, DeviceMemoryResource, DevicePtr,
-    LoggingResourceAdaptor, ManagedMemoryResource, MrResult, PoolMemoryResource, SharedResource,
-    StatisticsResourceAdaptor, ALLOCATION_ALIGNMENT,
+    CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaAsyncOptions, CudaMemoryResource,
+    CudaStreamView, DeviceId, DeviceMemoryResource, DevicePtr, LoggingResourceAdaptor,
+    ManagedMemoryResource, MrResult, PoolMemoryResource, SharedResource, StatisticsResourceAdaptor,
+    ALLOCATION_ALIGNMENT,
 };
 
 use crate::abi::RmmRsStatistics;
@@ -156,7 +156,11 @@ impl DeviceState {
     }
 
     /// Allocates `bytes` (more than 0) on `stream`, 256-byte aligned.
-    pub(crate) fn allocate(&self, stream: CudaStreamView<'_>, bytes: usize) -> CResult<*mut c_void> {
+    pub(crate) fn allocate(
+        &self,
+        stream: CudaStreamView<'_>,
+        bytes: usize,
+    ) -> CResult<*mut c_void> {
         let _context = self.enter()?;
         match self.resource.allocate(stream, bytes, ALLOCATION_ALIGNMENT) {
             Ok(ptr) => {

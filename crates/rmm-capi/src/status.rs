@@ -118,8 +118,14 @@ mod tests {
                 MrError::Cuda(CudaError::DriverNotFound),
                 RMM_RS_ERROR_NO_DEVICE,
             ),
-            (MrError::invalid_argument("x"), RMM_RS_ERROR_INVALID_ARGUMENT),
-            (MrError::OutOfRange("pop".into()), RMM_RS_ERROR_INVALID_ARGUMENT),
+            (
+                MrError::invalid_argument("x"),
+                RMM_RS_ERROR_INVALID_ARGUMENT,
+            ),
+            (
+                MrError::OutOfRange("pop".into()),
+                RMM_RS_ERROR_INVALID_ARGUMENT,
+            ),
         ];
         for (e, code) in cases {
             let message = e.to_string();

@@ -1,0 +1,73 @@
+//! Stacks over host memory for the unit tests: the same assembly as on a GPU, over
+//! [`HostMockResource`] (and a pool over it), with no CUDA call.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use rmm::mr::testing::HostMockResource;
+use rmm::{
+    CudaStreamView, DeviceId, DeviceMemoryResource, DevicePtr, MrResult, PoolMemoryResource,
+    SharedResource,
+};
+
+use crate::config::{Config, ResourceKind};
+use crate::stack::{assemble, DeviceState, Holder};
+
+/// [`crate::stack::build_on_device`] over host memory: a pool (initial size 0 by default) or
+/// the plain mock.
+pub(crate) fn build_on_host(config: &Config, device: DeviceId) -> MrResult<DeviceState> {
+    let mock: SharedResource = Arc::new(HostMockResource::new());
+    let (base, holder): (SharedResource, Holder) = if config.kind == ResourceKind::Pool {
+        let pool = PoolMemoryResource::new(
+            mock,
+            config.initial_pool_size.unwrap_or(0),
+            config.maximum_pool_size,
+        )?;
+        (Arc::new(pool.clone()), Holder::Pool(pool))
+    } else {
+        (mock, Holder::Plain)
+    };
+    assemble(config, device, base, holder, false)
+}
+
+/// Builds over host memory except on device 7, which fails like a device without a driver.
+pub(crate) fn build_on_host_but_7(config: &Config, device: DeviceId) -> MrResult<DeviceState> {
+    if device.0 == 7 {
+        return Err(rmm::CudaError::DriverNotFound.into());
+    }
+    build_on_host(config, device)
+}
+
+/// A resource whose allocation panics (a stand-in for a bug).
+#[derive(Debug)]
+struct Panics;
+
+// SAFETY: it never hands out memory.
+unsafe impl DeviceMemoryResource for Panics {
+    fn allocate(&self, _: CudaStreamView<'_>, bytes: usize, _: usize) -> MrResult<DevicePtr> {
+        panic!("allocation of {bytes} bytes reached a bug");
+    }
+
+    unsafe fn deallocate(
+        &self,
+        _: CudaStreamView<'_>,
+        _: DevicePtr,
+        _: usize,
+        _: usize,
+    ) -> MrResult<()> {
+        Ok(())
+    }
+
+    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
+        other.as_any().is::<Self>()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// Builds a stack over a resource that panics on allocation.
+pub(crate) fn build_panicking(config: &Config, device: DeviceId) -> MrResult<DeviceState> {
+    assemble(config, device, Arc::new(Panics), Holder::Plain, false)
+}
