@@ -141,10 +141,9 @@ impl Registry {
                     Ok(s) => fresh.push((device.0, Arc::new(s))),
                     Err(e) => {
                         // The old stacks gave back only free memory and still work: reinstate.
-                        for (d, s) in fresh {
+                        for (_, s) in fresh {
                             s.retire();
                             inner.retired.push(s);
-                            inner.built.remove(&d);
                         }
                         inner.built.extend(old);
                         self.generation.fetch_add(1, Ordering::AcqRel);

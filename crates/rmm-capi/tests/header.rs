@@ -7,32 +7,53 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
 
-fn crate_file(path: &str) -> String {
-    let full = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
-    fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
-}
+/// The files compared, embedded at compile time so that the test binary also runs where the
+/// sources are not (the GPU bundle).
+const HEADER: &str = include_str!("../include/rmm_rs.h");
+const SHIM: &str = include_str!("../shim/torch_shim.cpp");
+const SOURCES: &[(&str, &str)] = &[
+    ("abi.rs", include_str!("../src/abi.rs")),
+    ("config.rs", include_str!("../src/config.rs")),
+    ("exit.rs", include_str!("../src/exit.rs")),
+    ("ffi.rs", include_str!("../src/ffi.rs")),
+    ("last_error.rs", include_str!("../src/last_error.rs")),
+    ("lib.rs", include_str!("../src/lib.rs")),
+    ("registry.rs", include_str!("../src/registry.rs")),
+    ("stack.rs", include_str!("../src/stack.rs")),
+    ("status.rs", include_str!("../src/status.rs")),
+    ("test_support.rs", include_str!("../src/test_support.rs")),
+    ("torch.rs", include_str!("../src/torch.rs")),
+];
 
 /// The Rust sources of the crate, concatenated.
 fn rust_sources() -> String {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut names: Vec<_> = fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "rs"))
-        .collect();
-    names.sort();
-    names
+    SOURCES
         .iter()
-        .map(|p| fs::read_to_string(p).unwrap())
+        .map(|(_, text)| *text)
         .collect::<Vec<_>>()
         .join("\n")
 }
 
+#[test]
+fn every_source_file_is_compared() {
+    // Where the sources are (a checkout), a new file of src/ must join SOURCES.
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let Ok(entries) = fs::read_dir(&dir) else {
+        return;
+    };
+    let mut on_disk: Vec<String> = entries
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".rs"))
+        .collect();
+    on_disk.sort();
+    let listed: Vec<String> = SOURCES.iter().map(|(n, _)| (*n).to_owned()).collect();
+    assert_eq!(on_disk, listed, "add the new file of src/ to SOURCES");
+}
+
 /// The header without comments and preprocessor lines (but `#define`s, returned apart).
 fn header_parts() -> (String, Vec<(String, String)>) {
-    let text = crate_file("include/rmm_rs.h");
     let mut code = String::new();
-    let mut rest = text.as_str();
+    let mut rest = HEADER;
     while let Some(start) = rest.find("/*") {
         code.push_str(&rest[..start]);
         let end = rest[start..].find("*/").expect("unterminated comment") + start + 2;
@@ -261,7 +282,7 @@ fn the_shim_throws_out_of_memory_for_the_headers_code() {
         .find(|(n, _)| n == "RMM_RS_ERROR_OUT_OF_MEMORY")
         .unwrap()
         .1;
-    let shim = crate_file("shim/torch_shim.cpp");
+    let shim = SHIM;
     assert!(
         shim.contains(&format!("static const int out_of_memory_code = {oom};")),
         "shim/torch_shim.cpp's out_of_memory_code is not {oom}"
