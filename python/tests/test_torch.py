@@ -1,0 +1,303 @@
+"""rmm-rs as PyTorch's allocator, on a GPU with torch installed. Plain asserts, no pytest:
+
+    python3 test_torch.py [--library librmm_capi.so] [--replay rmm-replay]
+
+(or RMM_RS_LIBRARY / RMM_REPLAY in the environment). The process installs rmm-rs (a 1 GiB pool
+with a 4 GiB maximum, statistics and a CSV log) before its first CUDA use; the reference results
+come from a subprocess running the same computations on torch's own allocator, since the
+allocator cannot change once CUDA is initialized. The last line is
+"test_torch: N passed, M failed, K skipped"; the exit status is 1 when anything failed.
+"""
+
+import argparse
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+# Deterministic cuBLAS in both processes, so that results can be compared bit for bit.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+import rmm_rs_torch as rr  # noqa: E402
+
+POOL_SIZE = "1GiB"
+MAXIMUM_POOL_SIZE = "4GiB"
+TOO_LARGE = 5 << 30  # bytes: over the maximum, but an H100 would give it
+
+
+class Skip(Exception):
+    pass
+
+
+def matmul_result(torch):
+    g = torch.Generator().manual_seed(1234)
+    a = torch.randn(512, 384, generator=g).cuda()
+    b = torch.randn(384, 256, generator=g).cuda()
+    return (a @ b).cpu()
+
+
+def make_mlp(torch):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 256),
+        torch.nn.ReLU(),
+        torch.nn.Linear(256, 256),
+        torch.nn.ReLU(),
+        torch.nn.Linear(256, 10),
+    ).cuda()
+
+
+def mlp_result(torch, steps=20):
+    model = make_mlp(torch)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(99)
+    x = torch.randn(steps, 128, 64, generator=g)
+    y = torch.randint(0, 10, (steps, 128), generator=g)
+    losses = []
+    for i in range(steps):
+        loss = torch.nn.functional.cross_entropy(model(x[i].cuda()), y[i].cuda())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, [p.detach().cpu() for p in model.parameters()]
+
+
+def reference_results(torch):
+    torch.use_deterministic_algorithms(True)
+    losses, params = mlp_result(torch)
+    return {"matmul": matmul_result(torch), "losses": losses, "params": params}
+
+
+def baseline_main(out):
+    import torch
+
+    torch.save(reference_results(torch), out)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# The tests (run in this order, in the process that uses rmm-rs).
+
+class Context:
+    torch = None
+    reference = None
+    log_base = None
+    replay = None
+
+
+def test_allocations_come_from_rmm_rs(ctx):
+    torch = ctx.torch
+    before = rr.statistics(0)
+    x = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+    during = rr.statistics(0)
+    assert x.data_ptr() != 0
+    assert during["current_bytes"] - before["current_bytes"] >= 1 << 20, (before, during)
+    assert during["outstanding_allocations"] == before["outstanding_allocations"] + 1
+    assert during["pool_size"] >= rr.parse_size(POOL_SIZE), during
+    del x
+    after = rr.statistics(0)
+    assert after["outstanding_allocations"] == before["outstanding_allocations"], after
+    assert after["current_bytes"] == before["current_bytes"], after
+
+
+def test_matmul_matches_torchs_allocator(ctx):
+    torch = ctx.torch
+    got = matmul_result(torch)
+    want = ctx.reference["matmul"]
+    assert torch.equal(got, want), "max |diff| %g" % (got - want).abs().max().item()
+
+
+def test_mlp_training_matches_torchs_allocator(ctx):
+    torch = ctx.torch
+    losses, params = mlp_result(torch)
+    assert losses == ctx.reference["losses"], list(zip(losses, ctx.reference["losses"]))
+    for got, want in zip(params, ctx.reference["params"]):
+        assert torch.equal(got, want), "a parameter differs by %g" % (got - want).abs().max().item()
+
+
+def test_side_streams(ctx):
+    torch = ctx.torch
+    g = torch.Generator().manual_seed(5)
+    host = torch.randn(256, 256, generator=g)
+    want = (host.cuda() @ host.cuda()).cpu()
+    streams = [torch.cuda.Stream() for _ in range(3)]
+    results = []
+    for s in streams:
+        with torch.cuda.stream(s):
+            a = host.cuda(non_blocking=False)
+            scratch = torch.empty(3 << 20, dtype=torch.uint8, device="cuda")
+            scratch.fill_(1)
+            results.append((a @ a, scratch))
+    for s in streams:
+        s.synchronize()
+    for product, scratch in results:
+        assert torch.equal(product.cpu(), want)
+        assert int(scratch.sum().item()) == 3 << 20
+    del results
+    torch.cuda.synchronize()
+
+
+def test_fresh_python_threads(ctx):
+    torch = ctx.torch
+    errors = []
+    sums = {}
+
+    def work(k):
+        try:
+            x = torch.full((1 << 18,), float(k), device="cuda")
+            y = (x * 2).sum().item()
+            sums[k] = y
+        except Exception as e:  # reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(1, 9)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert sums == {k: 2.0 * k * (1 << 18) for k in range(1, 9)}, sums
+
+
+def test_over_the_maximum_raises_and_training_goes_on(ctx):
+    torch = ctx.torch
+    failed_before = rr.statistics(0)["failed_allocations"]
+    try:
+        t = torch.empty(TOO_LARGE, dtype=torch.uint8, device="cuda")
+    except Exception as e:  # which class is what the coordinator reads off the output
+        kind = "%s.%s" % (type(e).__module__, type(e).__qualname__)
+        bases = [c.__name__ for c in type(e).__mro__]
+        print("    over-maximum exception: %s (mro %s): %s" % (kind, bases, str(e)[:300]))
+        assert "out_of_memory" in str(e), str(e)
+    else:
+        raise AssertionError(
+            "torch.empty(%d bytes) over a %s maximum returned a tensor (data_ptr %#x)"
+            % (TOO_LARGE, MAXIMUM_POOL_SIZE, t.data_ptr())
+        )
+    assert rr.statistics(0)["failed_allocations"] == failed_before + 1
+    model = make_mlp(torch)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(5):
+        x = torch.randn(64, 64, device="cuda")
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        assert math.isfinite(loss.item())
+
+
+def test_the_log_replays(ctx):
+    torch = ctx.torch
+    torch.cuda.synchronize()
+    rr.flush_log()
+    path = os.path.join(os.path.dirname(ctx.log_base), "torch_log.dev0.csv")
+    with open(path) as f:
+        lines = f.read().splitlines()
+    assert lines[0] == "Thread,Time,Action,Pointer,Size,Stream", lines[:2]
+    rows = [line.split(",") for line in lines[1:]]
+    actions = {r[2] for r in rows}
+    assert {"allocate", "free", "allocate failure"} <= actions, actions
+    streams = {r[5] for r in rows}
+    assert len(streams) >= 3, "side streams not in the log: %s" % streams
+    print("    log: %d rows, %d streams, %s" % (len(rows), len(streams), path))
+    if not ctx.replay:
+        raise Skip("no rmm-replay binary (pass --replay or set RMM_REPLAY)")
+    run = subprocess.run(
+        [ctx.replay, "--simulate", "80GiB", "--resource", "pool", path],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, (run.returncode, run.stdout, run.stderr)
+    assert "allocations replayed" in run.stdout, run.stdout
+    for line in run.stdout.splitlines():
+        print("    replay: " + line)
+
+
+TESTS = [
+    test_allocations_come_from_rmm_rs,
+    test_matmul_matches_torchs_allocator,
+    test_mlp_training_matches_torchs_allocator,
+    test_side_streams,
+    test_fresh_python_threads,
+    test_over_the_maximum_raises_and_training_goes_on,
+    test_the_log_replays,
+]
+
+
+def find_replay(arg):
+    for candidate in (arg, os.environ.get("RMM_REPLAY"), shutil.which("rmm-replay")):
+        if candidate and os.path.isfile(candidate):
+            return os.path.abspath(candidate)
+    return None
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--library", help="librmm_capi.so (default: $RMM_RS_LIBRARY or a build)")
+    parser.add_argument("--replay", help="the rmm-replay binary (default: $RMM_REPLAY or PATH)")
+    parser.add_argument("--baseline", metavar="OUT", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.baseline:
+        return baseline_main(args.baseline)
+
+    workdir = tempfile.mkdtemp(prefix="rmm-rs-torch-")
+    reference_file = os.path.join(workdir, "reference.pt")
+    base = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--baseline", reference_file],
+        capture_output=True,
+        text=True,
+    )
+    if base.returncode != 0:
+        print(base.stdout + base.stderr)
+        print("the reference run on torch's allocator failed")
+        print("test_torch: 0 passed, 1 failed, 0 skipped")
+        return 1
+
+    ctx = Context()
+    ctx.log_base = os.path.join(workdir, "torch_log.csv")
+    ctx.replay = find_replay(args.replay)
+    path = rr.use_rmm_rs_allocator(
+        pool_size=POOL_SIZE,
+        maximum_pool_size=MAXIMUM_POOL_SIZE,
+        log_file=ctx.log_base,
+        library=args.library,
+    )
+    import torch
+
+    print("rmm-rs library %s, torch %s, %s" % (path, torch.__version__, torch.cuda.get_device_name(0)))
+    torch.use_deterministic_algorithms(True)
+    ctx.torch = torch
+    ctx.reference = torch.load(reference_file)
+
+    passed = failed = skipped = 0
+    for test in TESTS:
+        try:
+            test(ctx)
+        except Skip as s:
+            skipped += 1
+            print("test %s ... skipped (%s)" % (test.__name__, s))
+        except Exception:
+            failed += 1
+            print("test %s ... FAILED" % test.__name__)
+            traceback.print_exc(file=sys.stdout)
+        else:
+            passed += 1
+            print("test %s ... ok" % test.__name__)
+        sys.stdout.flush()
+    print("statistics: %s" % rr.statistics(0))
+    shutil.rmtree(workdir, ignore_errors=True)
+    print("test_torch: %d passed, %d failed, %d skipped" % (passed, failed, skipped))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
