@@ -16,6 +16,12 @@
 #                                      (with ARGS, e.g. --quick), rmm_peer (RMM C++), examples/peer
 #                                      run (rmm-rs) and examples/peer report; last line
 #                                      "peer: N cells compared, M failed"
+#        run.sh torch [ARGS...]        the C API and PyTorch: capi/test_capi, capi/test_torch_shim,
+#                                      then (python3 with torch) capi/python/tests/test_ctypes.py
+#                                      and test_torch.py ARGS...; last line
+#                                      "torch: N passed, M failed, K skipped"
+#        run.sh torch-bench [ARGS...]  capi/python/bench_torch.py ARGS...: torch.empty+del per pair
+#                                      and a training step, torch's allocator against rmm-rs
 #        run.sh example NAME [ARGS...] examples/NAME ARGS...
 #        run.sh sanitize [TOOL...] [-- ARGS...]
 #                                      the test binaries of RMM_SANITIZE_BINS under NVIDIA's
@@ -51,9 +57,11 @@
 #   RMM_SANITIZE_TIMEOUT  seconds one binary may run under a tool (default 150; 0: no limit)
 #   RMM_STRESS_OPS      operations per thread of the stress trials; `sanitize` sets 40
 #                       unless it is set
+#   PYTHON              the Python `torch` and `torch-bench` use (default python3)
 #
 # Logs stay in logs/ beside this script: <mode>--<binary>.log, bench--<name>.log,
-# example--<name>.log, peer-*.log, sanitize-<tool>--<mode>--<binary>.log, summary.txt.
+# example--<name>.log, peer-*.log, sanitize-<tool>--<mode>--<binary>.log,
+# torch--<program>.log, torch-bench.log, summary.txt.
 
 set -uo pipefail
 shopt -s extglob
@@ -420,6 +428,97 @@ run_peer() {
   [[ $(tail -n 1 "$report") == *" 0 failed" ]] && ((rc == 0))
 }
 
+# parse_plain LOG LABEL: sets P_FOUND, P_PASSED, P_FAILED, P_SKIPPED from the last
+# "LABEL: N passed, M failed[, K skipped]" line of LOG.
+parse_plain() {
+  P_FOUND=0 P_PASSED=0 P_FAILED=0 P_SKIPPED=0
+  local line re="^$2: ([0-9]+) passed, ([0-9]+) failed(, ([0-9]+) skipped)?\$" cr=$'\r'
+  while IFS= read -r line || [[ -n $line ]]; do
+    line=${line//"$cr"/}
+    if [[ $line =~ $re ]]; then
+      P_FOUND=1
+      P_PASSED=$((10#${BASH_REMATCH[1]}))
+      P_FAILED=$((10#${BASH_REMATCH[2]}))
+      P_SKIPPED=$((10#${BASH_REMATCH[4]:-0}))
+    fi
+  done <"$1"
+}
+
+# torch_ready: the bundle has capi/ (made by cargo xtask gpu bundle); exports what the programs
+# read: the library, the replay tool, unbuffered Python.
+torch_ready() {
+  if [[ ! -f $BUNDLE/capi/librmm_capi.so ]]; then
+    echo "run.sh: this bundle has no capi/librmm_capi.so; rebuild it with: cargo xtask gpu bundle" >&2
+    return 2
+  fi
+  export RMM_RS_LIBRARY="$BUNDLE/capi/librmm_capi.so"
+  export RMM_REPLAY="$BUNDLE/tools/rmm-replay"
+  export PYTHONUNBUFFERED=1
+}
+
+# run_torch [ARGS...]: the C and C++ programs, then the Python tests (ARGS go to test_torch.py),
+# each adding its "LABEL: N passed, M failed, K skipped" line to the totals.
+run_torch() {
+  torch_ready || return $?
+  local dir="$BUNDLE/capi" py=${PYTHON:-python3} scratch="$LOGS/torch-scratch"
+  local report="$LOGS/summary.txt" passed=0 failed=0 skipped=0 label status
+  local -a rows=()
+  mkdir -p "$scratch"
+  local -a labels=(test_capi test_torch_shim test_ctypes test_torch)
+  for label in "${labels[@]}"; do
+    local -a cmd
+    case $label in
+    test_capi) cmd=("$dir/test_capi" "$scratch") ;;
+    test_torch_shim) cmd=("$dir/test_torch_shim") ;;
+    test_ctypes) cmd=("$py" "$dir/python/tests/test_ctypes.py" "$RMM_RS_LIBRARY") ;;
+    test_torch) cmd=("$py" "$dir/python/tests/test_torch.py" --library "$RMM_RS_LIBRARY"
+      --replay "$RMM_REPLAY" "$@") ;;
+    esac
+    echo "=== [torch] $label"
+    run_captured "$LOGS/torch--$label.log" env RMM_DEFAULT_STREAM=legacy "${cmd[@]}"
+    parse_plain "$LOGS/torch--$label.log" "$label"
+    if ((P_FOUND)) && ((RC == 0 || P_FAILED > 0)); then
+      ((P_FAILED > 0)) && status=FAILED || status=ok
+    else
+      status="CRASHED: $(describe_exit "$RC")$( ((P_FOUND)) || echo ', no result line')"
+      P_FAILED=$((P_FAILED + 1))
+    fi
+    passed=$((passed + P_PASSED))
+    failed=$((failed + P_FAILED))
+    skipped=$((skipped + P_SKIPPED))
+    rows+=("$(printf '%-18s %5d passed %5d failed %5d skipped  %s' \
+      "$label" "$P_PASSED" "$P_FAILED" "$P_SKIPPED" "$status")")
+  done
+  {
+    echo "--- per program ---"
+    printf '%s\n' "${rows[@]}"
+    grep -h 'over-maximum exception:' "$LOGS/torch--test_torch.log" 2>/dev/null
+    printf 'torch: %d passed, %d failed, %d skipped\n' "$passed" "$failed" "$skipped"
+  } >"$report"
+  export_out "$report"
+  echo
+  cat "$report"
+  ((failed == 0))
+}
+
+# run_torch_bench [ARGS...]: bench_torch.py ARGS; the report is its table.
+run_torch_bench() {
+  torch_ready || return $?
+  local report="$LOGS/summary.txt" py=${PYTHON:-python3}
+  echo "=== [torch-bench] bench_torch.py"
+  run_captured "$LOGS/torch-bench.log" env RMM_DEFAULT_STREAM=legacy \
+    "$py" "$BUNDLE/capi/python/bench_torch.py" --library "$RMM_RS_LIBRARY" "$@"
+  local rc=$RC
+  {
+    sed -n '/^torch .* on /,$p' "$LOGS/torch-bench.log"
+    echo "torch-bench: $(describe_exit "$rc")"
+  } >"$report"
+  export_out "$report"
+  echo
+  cat "$report"
+  return "$rc"
+}
+
 # run_example NAME [ARGS...]: examples/NAME ARGS; returns its exit status.
 run_example() {
   local name=${1:-}
@@ -686,6 +785,7 @@ st_run() {
   env -u RMM_GPU_MODES -u RMM_GPU_TIMEOUT -u RMM_GPU_LOG_LIMIT -u OUT -u RMM_BENCH_FILTER -u NVCC \
     -u COMPUTE_SANITIZER -u RMM_SANITIZE_BINS -u RMM_SANITIZE_MODES -u RMM_SANITIZE_TIMEOUT \
     -u RMM_STRESS_OPS \
+    -u PYTHON -u RMM_RS_LIBRARY -u RMM_REPLAY \
     RMM_GPU_NVIDIA_LIB=/nonexistent "${envs[@]}" bash "$@" >"$tmp/$name.txt" 2>&1
   ST_RC=$?
 }
@@ -939,6 +1039,41 @@ echo '$result'"
   expect_eq "a pattern that matches no binary exits 2" "$ST_RC" 2
   expect "it names the pattern" file_has "$tmp/sannobin.txt" "matches 'nope--*'"
 
+  # 9. torch: the C programs (one crashes without a result line), the Python tests through a
+  # fake python, and torch-bench.
+  local b9=$tmp/b9
+  new_bundle "$b9"
+  mkdir -p "$b9/capi/python/tests" "$b9/tools"
+  : >"$b9/capi/librmm_capi.so"
+  : >"$b9/capi/python/tests/test_ctypes.py"
+  : >"$b9/capi/python/tests/test_torch.py"
+  : >"$b9/capi/python/bench_torch.py"
+  fake "$b9/capi/test_capi" "echo \"scratch=\$1 lib=\$RMM_RS_LIBRARY\"; echo 'test_capi: 3 passed, 0 failed, 1 skipped'"
+  fake "$b9/capi/test_torch_shim" "echo 'running'; exit 134"
+  fake "$tmp/python" "case \$1 in
+*test_ctypes.py) echo \"ctypes lib=\$2\"; printf 'test_ctypes: 2 passed, 0 failed, 1 skipped\r\n' ;;
+*test_torch.py) echo \"torch args=\${*:2} replay=\$RMM_REPLAY mode=\$RMM_DEFAULT_STREAM\"
+  echo '    over-maximum exception: builtins.RuntimeError: std::bad_alloc: out_of_memory: x'
+  echo 'test_torch: 6 passed, 1 failed, 0 skipped'; exit 1 ;;
+*bench_torch.py) echo 'noise'; echo 'torch 2.11 on H100; medians'; echo \"row args=\${*:2}\" ;;
+esac"
+  st_run torch OUT="$tmp/out9" PYTHON="$tmp/python" -- "$b9/run.sh" torch --fast
+  expect_eq "torch exits 1" "$ST_RC" 1
+  expect_eq "torch's last line" "$(tail -n 1 "$tmp/torch.txt")" "torch: 11 passed, 2 failed, 2 skipped"
+  expect "the library is exported" file_has "$b9/logs/torch--test_capi.log" "lib=$b9/capi/librmm_capi.so"
+  expect "test_capi gets a scratch folder" file_has "$b9/logs/torch--test_capi.log" "scratch=$b9/logs/torch-scratch"
+  expect "the crash is named" file_has "$tmp/torch.txt" "test_torch_shim        0 passed     1 failed     0 skipped  CRASHED: killed by SIGABRT, no result line"
+  expect "test_torch gets the library, the replay tool and ARGS" file_has "$b9/logs/torch--test_torch.log" \
+    "torch args=--library $b9/capi/librmm_capi.so --replay $b9/tools/rmm-replay --fast replay=$b9/tools/rmm-replay mode=legacy"
+  expect "the exception class is in the report" file_has "$tmp/out9/gpu-summary.txt" "over-maximum exception: builtins.RuntimeError"
+  st_run torchbench PYTHON="$tmp/python" -- "$b9/run.sh" torch-bench --repeats 3
+  expect_eq "torch-bench exits 0" "$ST_RC" 0
+  expect_eq "torch-bench's last line" "$(tail -n 1 "$tmp/torchbench.txt")" "torch-bench: exit status 0"
+  expect "the table is the report" file_has "$b9/logs/summary.txt" "row args=--library $b9/capi/librmm_capi.so --repeats 3"
+  expect "noise before the table is left out" test "$(grep -c noise "$b9/logs/summary.txt")" == 0
+  st_run notorch -- "$b2/run.sh" torch
+  expect_eq "a bundle without capi/ exits 2" "$ST_RC" 2
+
   if ((ST_FAILS > 0)); then
     local f
     for f in "$tmp"/*.txt; do
@@ -985,6 +1120,16 @@ main() {
     shift
     setup_env
     run_sanitize "$@"
+    ;;
+  torch)
+    shift
+    setup_env
+    run_torch "$@"
+    ;;
+  torch-bench)
+    shift
+    setup_env
+    run_torch_bench "$@"
     ;;
   test)
     (($#)) && shift

@@ -14,6 +14,10 @@ pub(crate) enum Kind {
     Bench,
     /// An example.
     Example,
+    /// A file of the C API and PyTorch part (`capi/`: the library, test programs, Python).
+    Capi,
+    /// A tool the runner uses (`tools/`: rmm-replay).
+    Tool,
 }
 
 impl Kind {
@@ -23,6 +27,8 @@ impl Kind {
             Kind::Test => "test",
             Kind::Bench => "bench",
             Kind::Example => "example",
+            Kind::Capi => "capi",
+            Kind::Tool => "tool",
         }
     }
 
@@ -32,6 +38,8 @@ impl Kind {
             Kind::Test => "bin",
             Kind::Bench => "bench",
             Kind::Example => "examples",
+            Kind::Capi => "capi",
+            Kind::Tool => "tools",
         }
     }
 }
@@ -124,6 +132,7 @@ pub(crate) fn select(
             Kind::Test => msg["profile"]["test"].as_bool() == Some(true),
             Kind::Bench => target_kinds.contains(&"bench"),
             Kind::Example => target_kinds.contains(&"example"),
+            Kind::Capi | Kind::Tool => false,
         };
         let Some(target_name) = target["name"].as_str() else {
             continue;
@@ -154,7 +163,9 @@ pub(crate) fn select(
 pub(crate) fn file_names(artifacts: &[Artifact]) -> Result<Vec<String>, Error> {
     let base = |a: &Artifact| match a.kind {
         Kind::Example => a.target.clone(),
-        Kind::Test | Kind::Bench => format!("{}--{}", a.package, a.target),
+        Kind::Test | Kind::Bench | Kind::Capi | Kind::Tool => {
+            format!("{}--{}", a.package, a.target)
+        }
     };
     let mut names = Vec::with_capacity(artifacts.len());
     let mut taken = HashSet::new();

@@ -2,6 +2,7 @@
 //! and lays them out with the runner in a folder that travels to a GPU machine.
 
 use crate::artifacts::{self, Artifact, Kind};
+use crate::capi;
 use crate::cargo::{self, Error};
 use crate::peer;
 use crate::runner;
@@ -22,6 +23,8 @@ const OWNED: &[&str] = &[
     "run.sh",
     "README.txt",
     "peer",
+    "capi",
+    "tools",
 ];
 
 /// One line of `manifest.json`.
@@ -85,6 +88,7 @@ pub(crate) fn build(out: &Path, with_peer: bool) -> Result<(), Error> {
         selected.retain(|a| a.kind != Kind::Bench || !benches_left_out.contains(&a.package));
         entries.extend(copy_all(out, &selected)?);
     }
+    entries.extend(capi::add_to_bundle(out)?);
     entries.sort_by(|a, b| (a.kind, &a.path).cmp(&(b.kind, &b.path)));
 
     let manifest = Value::Array(entries.iter().map(Entry::to_json).collect());
@@ -102,11 +106,17 @@ pub(crate) fn build(out: &Path, with_peer: bool) -> Result<(), Error> {
     let total = entries.iter().map(|e| e.bytes).sum::<u64>()
         + (manifest.len() + runner::RUN_SH.len() + runner::README_TXT.len()) as u64
         + peer_bytes;
-    for kind in [Kind::Test, Kind::Bench, Kind::Example] {
+    for kind in [
+        Kind::Test,
+        Kind::Bench,
+        Kind::Example,
+        Kind::Capi,
+        Kind::Tool,
+    ] {
         let of_kind: Vec<&Entry> = entries.iter().filter(|e| e.kind == kind).collect();
         let bytes: u64 = of_kind.iter().map(|e| e.bytes).sum();
         println!(
-            "{:<8} {:>3} executable(s) in {}/, {}",
+            "{:<8} {:>3} file(s) in {}/, {}",
             kind.as_str(),
             of_kind.len(),
             kind.dir(),
@@ -116,7 +126,7 @@ pub(crate) fn build(out: &Path, with_peer: bool) -> Result<(), Error> {
     println!("bundle: {} in {}", mib(total), out.display());
     check_size(total)?;
     println!(
-        "run it on a GPU machine with: bash {}/run.sh",
+        "run it on a GPU machine with: bash {}/run.sh (tests), bash {0}/run.sh torch (C API and PyTorch)",
         out.display()
     );
     if with_peer {

@@ -5,6 +5,7 @@
 mod api_count;
 mod artifacts;
 mod bundle;
+mod capi;
 mod cargo;
 mod ci;
 mod fuzz;
