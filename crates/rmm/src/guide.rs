@@ -14,6 +14,7 @@
 //! 8. [`coming_from_rmm`]: RMM's C++ and Python names, and what rmm-rs does differently.
 //! 9. [`replaying_logs`]: `rmm-replay`, simulated memory, and what a log's replay tells.
 //! 10. [`fragmentation`]: where fragmentation comes from, the VMM pool, and the figures.
+//! 11. [`pytorch_and_c`]: rmm-rs as PyTorch's allocator, and the C library (crate `rmm-capi`).
 
 #[doc = include_str!("../guide/01-introduction.md")]
 pub mod introduction {}
@@ -44,3 +45,6 @@ pub mod replaying_logs {}
 
 #[doc = include_str!("../guide/10-fragmentation.md")]
 pub mod fragmentation {}
+
+#[doc = include_str!("../guide/11-pytorch-and-c.md")]
+pub mod pytorch_and_c {}
