@@ -14,8 +14,8 @@ use rmm::sys::{align_down, PrimaryContextGuard};
 use rmm::{
     CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaAsyncOptions, CudaMemoryResource,
     CudaStreamView, DeviceId, DeviceMemoryResource, DevicePtr, LoggingResourceAdaptor,
-    ManagedMemoryResource, MrResult, PoolMemoryResource, SharedResource, StatisticsResourceAdaptor,
-    ALLOCATION_ALIGNMENT,
+    ManagedMemoryResource, MrResult, PoolMemoryResource, PoolOptions, SharedResource,
+    StatisticsResourceAdaptor, ALLOCATION_ALIGNMENT,
 };
 
 use crate::abi::RmmRsStatistics;
@@ -69,10 +69,11 @@ pub(crate) fn build_on_device(config: &Config, device: DeviceId) -> MrResult<Dev
     let _context = PrimaryContextGuard::enter(device)?;
     let (base, holder): (SharedResource, Holder) = match (config.kind, config.managed) {
         (ResourceKind::Async, false) => {
-            let r = CudaAsyncMemoryResource::with_options(CudaAsyncOptions {
-                initial_pool_size: config.initial_pool_size,
-                ..CudaAsyncOptions::default()
-            })?;
+            let mut options = CudaAsyncOptions::new();
+            if let Some(bytes) = config.initial_pool_size {
+                options = options.initial_pool_size(bytes);
+            }
+            let r = CudaAsyncMemoryResource::with_options(options)?;
             (Arc::new(r.clone()), Holder::Driver(r))
         }
         (ResourceKind::Async, true) => {
@@ -95,7 +96,7 @@ pub(crate) fn build_on_device(config: &Config, device: DeviceId) -> MrResult<Dev
                             .map_or(half, |m| align_down(half.min(m), ALLOCATION_ALIGNMENT))
                     }
                 };
-                let pool = PoolMemoryResource::new(memory, initial, config.maximum_pool_size)?;
+                let pool = PoolMemoryResource::with_options(memory, pool_options(initial, config))?;
                 (Arc::new(pool.clone()), Holder::Pool(pool))
             } else {
                 (memory, Holder::Plain)
@@ -103,6 +104,15 @@ pub(crate) fn build_on_device(config: &Config, device: DeviceId) -> MrResult<Dev
         }
     };
     assemble(config, device, base, holder, true)
+}
+
+/// The pool options of `config` with `initial` bytes.
+pub(crate) fn pool_options(initial: usize, config: &Config) -> PoolOptions {
+    let options = PoolOptions::new(initial);
+    match config.maximum_pool_size {
+        Some(maximum) => options.maximum_pool_size(maximum),
+        None => options,
+    }
 }
 
 /// Puts statistics and the log over `base` as `config` says.

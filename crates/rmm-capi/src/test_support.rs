@@ -11,18 +11,15 @@ use rmm::{
 };
 
 use crate::config::{Config, ResourceKind};
-use crate::stack::{assemble, DeviceState, Holder};
+use crate::stack::{assemble, pool_options, DeviceState, Holder};
 
 /// [`crate::stack::build_on_device`] over host memory: a pool (initial size 0 by default) or
 /// the plain mock.
 pub(crate) fn build_on_host(config: &Config, device: DeviceId) -> MrResult<DeviceState> {
     let mock: SharedResource = Arc::new(HostMockResource::new());
     let (base, holder): (SharedResource, Holder) = if config.kind == ResourceKind::Pool {
-        let pool = PoolMemoryResource::new(
-            mock,
-            config.initial_pool_size.unwrap_or(0),
-            config.maximum_pool_size,
-        )?;
+        let initial = config.initial_pool_size.unwrap_or(0);
+        let pool = PoolMemoryResource::with_options(mock, pool_options(initial, config))?;
         (Arc::new(pool.clone()), Holder::Pool(pool))
     } else {
         (mock, Holder::Plain)
