@@ -97,6 +97,32 @@ pub(crate) fn benches_left_out(metadata: &Value) -> Result<HashSet<String>, Erro
     Ok(out)
 }
 
+/// `(package, test target)` pairs whose test binaries stay out of the bundle: those a package
+/// lists in its manifest,
+///
+/// ```toml
+/// [package.metadata.gpu-bundle]
+/// tests-left-out = ["header", "c_programs"]
+/// ```
+///
+/// (host-only tests that read the checkout or a cargo build tree, which the GPU machine lacks).
+pub(crate) fn tests_left_out(metadata: &Value) -> Result<HashSet<(String, String)>, Error> {
+    let mut out = HashSet::new();
+    for package in cargo::workspace_packages(metadata)? {
+        let Some(name) = package.get("name").and_then(Value::as_str) else {
+            continue;
+        };
+        let listed = &package["metadata"]["gpu-bundle"]["tests-left-out"];
+        for target in listed.as_array().into_iter().flatten() {
+            let target = target
+                .as_str()
+                .ok_or_else(|| format!("{name}: tests-left-out holds a non-string: {target}"))?;
+            out.insert((name.to_owned(), target.to_owned()));
+        }
+    }
+    Ok(out)
+}
+
 /// Selects the executables of `kind` among cargo's `compiler-artifact` messages.
 ///
 /// Tests are artifacts built in test mode (`profile.test`); benches are bench
@@ -269,6 +295,23 @@ mod tests {
             benches_left_out(&m).unwrap(),
             HashSet::from(["xtask".to_owned(), "rmm-sys".to_owned()])
         );
+    }
+
+    #[test]
+    fn packages_can_leave_test_targets_out() {
+        let mut m = metadata();
+        assert!(tests_left_out(&m).unwrap().is_empty());
+        m["packages"][0]["metadata"] =
+            json!({ "gpu-bundle": { "tests-left-out": ["header", "c_programs"] } });
+        assert_eq!(
+            tests_left_out(&m).unwrap(),
+            HashSet::from([
+                ("rmm-sys".to_owned(), "header".to_owned()),
+                ("rmm-sys".to_owned(), "c_programs".to_owned()),
+            ])
+        );
+        m["packages"][0]["metadata"] = json!({ "gpu-bundle": { "tests-left-out": [3] } });
+        assert!(tests_left_out(&m).is_err());
     }
 
     #[test]

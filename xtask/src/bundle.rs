@@ -61,6 +61,7 @@ pub(crate) fn build(out: &Path, with_peer: bool) -> Result<(), Error> {
     let metadata = cargo::metadata()?;
     let packages = artifacts::bundle_packages(&metadata)?;
     let benches_left_out = artifacts::benches_left_out(&metadata)?;
+    let tests_left_out = artifacts::tests_left_out(&metadata)?;
     let common = ["--workspace", "--all-features", "--profile", "gpu"];
     let json = "--message-format=json";
 
@@ -86,6 +87,11 @@ pub(crate) fn build(out: &Path, with_peer: bool) -> Result<(), Error> {
     ] {
         let mut selected = artifacts::select(messages, kind, &packages);
         selected.retain(|a| a.kind != Kind::Bench || !benches_left_out.contains(&a.package));
+        selected.retain(|a| {
+            a.kind != Kind::Test
+                || a.target_kind != "test"
+                || !tests_left_out.contains(&(a.package.clone(), a.target.clone()))
+        });
         entries.extend(copy_all(out, &selected)?);
     }
     entries.extend(capi::add_to_bundle(out)?);

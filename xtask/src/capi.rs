@@ -6,8 +6,10 @@
 //! ```text
 //! capi/librmm_capi.so            the library PyTorch loads (built without test features)
 //! capi/rmm_rs.h                  its header
-//! capi/test_capi                 crates/rmm-capi/tests/c/test_capi.c, linked as the header says
-//! capi/test_torch_shim           crates/rmm-capi/tests/c/test_torch_shim.cpp
+//! capi/test_capi                 crates/rmm-capi/tests/c/test_capi.c, linked with librmm_capi.a
+//!                                as the header says
+//! capi/test_torch_shim           crates/rmm-capi/tests/c/test_torch_shim.cpp, linked with
+//!                                librmm_capi.so beside it, as PyTorch uses the library
 //! capi/python/...                python/rmm_rs_torch.py, bench_torch.py, tests/test_*.py
 //! tools/rmm-replay               the log replay (crates/rmm-replay)
 //! ```
@@ -84,7 +86,10 @@ pub(crate) fn find_built(messages: &[Value]) -> Result<Built, Error> {
     }
 }
 
-/// The compiler commands of the two test programs, as the header documents the link lines.
+/// The compiler commands of the two test programs: the C one with the static library and the
+/// header's link line (plus `--gc-sections`, which halves it), the C++ one with the shared
+/// library found beside it (`$ORIGIN`), so that its exceptions cross the library's boundary as
+/// they do into PyTorch. `out` holds the shared library when the second one runs.
 pub(crate) fn compile_commands(root: &Path, static_lib: &Path, out: &Path) -> Vec<Command> {
     let include = format!("-I{}", root.join("crates/rmm-capi/include").display());
     let tests = root.join("crates/rmm-capi/tests/c");
@@ -104,14 +109,21 @@ pub(crate) fn compile_commands(root: &Path, static_lib: &Path, out: &Path) -> Ve
     .arg(&include)
     .arg(tests.join("test_capi.c"))
     .arg(static_lib)
-    .args(["-lstdc++", "-ldl", "-lpthread", "-lm", "-o"])
+    .args([
+        "-Wl,--gc-sections",
+        "-lstdc++",
+        "-ldl",
+        "-lpthread",
+        "-lm",
+        "-o",
+    ])
     .arg(out.join("test_capi"));
     let mut cpp = Command::new(cxx);
     cpp.args(["-std=c++17", "-O2", "-s", "-Wall", "-Wextra", "-Werror"])
         .arg(&include)
         .arg(tests.join("test_torch_shim.cpp"))
-        .arg(static_lib)
-        .args(["-ldl", "-lpthread", "-lm", "-o"])
+        .arg(format!("-L{}", out.display()))
+        .args(["-Wl,-rpath,$ORIGIN", "-lrmm_capi", "-o"])
         .arg(out.join("test_torch_shim"));
     vec![c, cpp]
 }
@@ -154,11 +166,19 @@ pub(crate) fn add_to_bundle(out: &Path) -> Result<Vec<Entry>, Error> {
     let root = cargo::repo_root();
     let capi = out.join("capi");
     fs::create_dir_all(&capi).map_err(|e| format!("cannot create {}: {e}", capi.display()))?;
-    println!("==> compiling the C and C++ test programs against librmm_capi.a");
+    let mut entries = Vec::new();
+    let bytes = copy(&built.shared, &capi.join("librmm_capi.so"))?;
+    entries.push(entry(
+        Kind::Capi,
+        "rmm-capi",
+        "rmm_capi",
+        "capi/librmm_capi.so",
+        bytes,
+    ));
+    println!("==> compiling the C and C++ test programs against librmm_capi.a and .so");
     for mut cmd in compile_commands(&root, &built.static_lib, &capi) {
         cargo::run_status(&mut cmd)?;
     }
-    let mut entries = Vec::new();
     for name in ["test_capi", "test_torch_shim"] {
         let bytes = fs::metadata(capi.join(name))
             .map_err(|e| format!("{name} was not built: {e}"))?
@@ -171,14 +191,6 @@ pub(crate) fn add_to_bundle(out: &Path) -> Result<Vec<Entry>, Error> {
             bytes,
         ));
     }
-    let bytes = copy(&built.shared, &capi.join("librmm_capi.so"))?;
-    entries.push(entry(
-        Kind::Capi,
-        "rmm-capi",
-        "rmm_capi",
-        "capi/librmm_capi.so",
-        bytes,
-    ));
     let bytes = copy(&root.join(HEADER), &capi.join("rmm_rs.h"))?;
     entries.push(entry(
         Kind::Capi,
@@ -255,7 +267,7 @@ mod tests {
         };
         let c = line(&cmds[0]);
         assert!(
-            c.ends_with("/r/crates/rmm-capi/tests/c/test_capi.c /t/librmm_capi.a -lstdc++ -ldl -lpthread -lm -o /o/test_capi"),
+            c.ends_with("/r/crates/rmm-capi/tests/c/test_capi.c /t/librmm_capi.a -Wl,--gc-sections -lstdc++ -ldl -lpthread -lm -o /o/test_capi"),
             "{c}"
         );
         assert!(c.contains("-I/r/crates/rmm-capi/include"), "{c}");
