@@ -15,7 +15,7 @@ extern "C" {
 
 extern "C" fn flush_all() {
     // Never unwind into the C library's exit path; an error here has nobody to go to.
-    let _ = catch_unwind(|| Registry::global().flush_log(-1));
+    let _ = catch_unwind(|| Registry::global().flush_logs_if_idle());
 }
 
 /// Registers the flush at exit, once per process.

@@ -1,9 +1,9 @@
 //! The `extern "C"` entry points of `rmm_rs.h` (but the torch hooks, in [`crate::torch`]).
 //!
 //! Each one is a thin shell: it turns the C arguments into Rust values, runs the work through
-//! [`last_error::boundary`] (panics caught, the thread's last error set) and turns the result
+//! `last_error::boundary` (panics caught, the thread's last error set) and turns the result
 //! into a status code or a pointer. The work itself is in the `*_in` functions, which take the
-//! [`Registry`] so that the tests can run them over their own tables.
+//! `Registry` so that the tests can run them over their own tables.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr;

@@ -29,7 +29,7 @@ extern "C-unwind" {
 /// default streams), whatever `RMM_DEFAULT_STREAM` says.
 ///
 /// # Safety
-/// As [`stream_view`].
+/// As `stream_view`.
 unsafe fn torch_stream<'a>(stream: *mut c_void) -> CudaStreamView<'a> {
     if stream.is_null() {
         CudaStreamView::legacy()
