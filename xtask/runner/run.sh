@@ -16,7 +16,8 @@
 #                                      (with ARGS, e.g. --quick), rmm_peer (RMM C++), examples/peer
 #                                      run (rmm-rs) and examples/peer report; last line
 #                                      "peer: N cells compared, M failed"
-#        run.sh torch [ARGS...]        the C API and PyTorch: capi/test_capi, capi/test_torch_shim,
+#        run.sh torch [ARGS...]        the C API and PyTorch (a bundle made with `cargo xtask gpu
+#                                      bundle --torch`): capi/test_capi, capi/test_torch_shim,
 #                                      then (python3 with torch) capi/python/tests/test_ctypes.py
 #                                      and test_torch.py ARGS...; last line
 #                                      "torch: N passed, M failed, K skipped"
@@ -448,7 +449,7 @@ parse_plain() {
 # read: the library, the replay tool, unbuffered Python.
 torch_ready() {
   if [[ ! -f $BUNDLE/capi/librmm_capi.so ]]; then
-    echo "run.sh: this bundle has no capi/librmm_capi.so; rebuild it with: cargo xtask gpu bundle" >&2
+    echo "run.sh: this bundle has no capi/librmm_capi.so; build one with: cargo xtask gpu bundle --torch" >&2
     return 2
   fi
   export RMM_RS_LIBRARY="$BUNDLE/capi/librmm_capi.so"

@@ -97,15 +97,16 @@ pub(crate) fn benches_left_out(metadata: &Value) -> Result<HashSet<String>, Erro
     Ok(out)
 }
 
-/// `(package, test target)` pairs whose test binaries stay out of the bundle: those a package
-/// lists in its manifest,
+/// `(package, target)` pairs whose test binaries stay out of the bundle (a `tests/*.rs` target
+/// or, by the library's target name, its unit tests): those a package lists in its manifest,
 ///
 /// ```toml
 /// [package.metadata.gpu-bundle]
 /// tests-left-out = ["header", "c_programs"]
 /// ```
 ///
-/// (host-only tests that read the checkout or a cargo build tree, which the GPU machine lacks).
+/// (host-only tests, or tests that read the checkout or a cargo build tree, which the GPU
+/// machine lacks).
 pub(crate) fn tests_left_out(metadata: &Value) -> Result<HashSet<(String, String)>, Error> {
     let mut out = HashSet::new();
     for package in cargo::workspace_packages(metadata)? {

@@ -56,27 +56,52 @@ impl Entry {
 }
 
 /// Builds everything and writes the bundle to `out`; with `with_peer`, also `out/peer/` (the
-/// RMM C++ driver and the librmm wheels, see [`peer`]).
-pub(crate) fn build(out: &Path, with_peer: bool) -> Result<(), Error> {
+/// RMM C++ driver and the librmm wheels, see [`peer`]). With `torch`, the bundle is the C API
+/// and PyTorch one instead (see [`capi`]): the test binaries of [`capi::TORCH_PACKAGES`] only,
+/// no benches or examples, and `capi/` and `tools/`. The default bundle leaves rmm-capi's
+/// tests to that one.
+pub(crate) fn build(out: &Path, with_peer: bool, torch: bool) -> Result<(), Error> {
+    if with_peer && torch {
+        return Err("--peer and --torch make different bundles: build them one at a time".into());
+    }
     let metadata = cargo::metadata()?;
-    let packages = artifacts::bundle_packages(&metadata)?;
+    let mut packages = artifacts::bundle_packages(&metadata)?;
+    packages.retain(|_, name| {
+        if torch {
+            capi::TORCH_PACKAGES.contains(&name.as_str())
+        } else {
+            name != capi::PACKAGE
+        }
+    });
     let benches_left_out = artifacts::benches_left_out(&metadata)?;
     let tests_left_out = artifacts::tests_left_out(&metadata)?;
-    let common = ["--workspace", "--all-features", "--profile", "gpu"];
+    let mut common: Vec<&str> = vec!["--all-features", "--profile", "gpu"];
+    if torch {
+        for name in capi::TORCH_PACKAGES {
+            common.extend(["-p", name]);
+        }
+    } else {
+        common.push("--workspace");
+    }
     let json = "--message-format=json";
 
     println!("==> building test binaries (profile gpu)");
     let tests = cargo::json_messages(&mut cargo::cargo(
         ["test"].iter().chain(&common).chain(&["--no-run", json]),
     ))?;
-    println!("==> building bench binaries (profile gpu)");
-    let benches = cargo::json_messages(&mut cargo::cargo(
-        ["bench"].iter().chain(&common).chain(&["--no-run", json]),
-    ))?;
-    println!("==> building examples (profile gpu)");
-    let examples = cargo::json_messages(&mut cargo::cargo(
-        ["build"].iter().chain(&common).chain(&["--examples", json]),
-    ))?;
+    let (benches, examples) = if torch {
+        (Vec::new(), Vec::new())
+    } else {
+        println!("==> building bench binaries (profile gpu)");
+        let benches = cargo::json_messages(&mut cargo::cargo(
+            ["bench"].iter().chain(&common).chain(&["--no-run", json]),
+        ))?;
+        println!("==> building examples (profile gpu)");
+        let examples = cargo::json_messages(&mut cargo::cargo(
+            ["build"].iter().chain(&common).chain(&["--examples", json]),
+        ))?;
+        (benches, examples)
+    };
 
     prepare(out)?;
     let mut entries = Vec::new();
@@ -88,13 +113,13 @@ pub(crate) fn build(out: &Path, with_peer: bool) -> Result<(), Error> {
         let mut selected = artifacts::select(messages, kind, &packages);
         selected.retain(|a| a.kind != Kind::Bench || !benches_left_out.contains(&a.package));
         selected.retain(|a| {
-            a.kind != Kind::Test
-                || a.target_kind != "test"
-                || !tests_left_out.contains(&(a.package.clone(), a.target.clone()))
+            a.kind != Kind::Test || !tests_left_out.contains(&(a.package.clone(), a.target.clone()))
         });
         entries.extend(copy_all(out, &selected)?);
     }
-    entries.extend(capi::add_to_bundle(out)?);
+    if torch {
+        entries.extend(capi::add_to_bundle(out)?);
+    }
     entries.sort_by(|a, b| (a.kind, &a.path).cmp(&(b.kind, &b.path)));
 
     let manifest = Value::Array(entries.iter().map(Entry::to_json).collect());
@@ -131,10 +156,18 @@ pub(crate) fn build(out: &Path, with_peer: bool) -> Result<(), Error> {
     }
     println!("bundle: {} in {}", mib(total), out.display());
     check_size(total)?;
-    println!(
-        "run it on a GPU machine with: bash {}/run.sh (tests), bash {0}/run.sh torch (C API and PyTorch)",
-        out.display()
-    );
+    if torch {
+        println!(
+            "run it on a GPU machine with: bash {}/run.sh torch (and run.sh torch-bench, run.sh for the tests of {})",
+            out.display(),
+            capi::TORCH_PACKAGES.join(", ")
+        );
+    } else {
+        println!(
+            "run it on a GPU machine with: bash {}/run.sh",
+            out.display()
+        );
+    }
     if with_peer {
         println!(
             "the peer comparison with RMM C++: bash {}/run.sh peer",

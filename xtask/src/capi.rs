@@ -1,7 +1,8 @@
-//! What `cargo xtask gpu bundle` adds for the C API and PyTorch (`run.sh torch`,
-//! `run.sh torch-bench`): the shared library, the C and C++ test programs compiled here
-//! against the static library (the GPU machine has no Rust), the Python files, and the
-//! `rmm-replay` tool that replays the log the PyTorch run writes.
+//! The C API and PyTorch bundle, `cargo xtask gpu bundle --torch` (`run.sh torch`,
+//! `run.sh torch-bench`, and `run.sh` for the GPU tests of [`TORCH_PACKAGES`]): the shared
+//! library, the C and C++ test programs compiled here against it (the GPU machine has no Rust),
+//! the Python files, and the `rmm-replay` tool that replays the log the PyTorch run writes. It
+//! is a bundle of its own because the default bundle is close to the 60 MiB a bundle may weigh.
 //!
 //! ```text
 //! capi/librmm_capi.so            the library PyTorch loads (built without test features)
@@ -21,6 +22,13 @@ use serde_json::Value;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// The C API's package, whose tests travel only in the torch bundle.
+pub(crate) const PACKAGE: &str = "rmm-capi";
+
+/// The packages whose test binaries the torch bundle carries: the C API's and rmm-sys's (the
+/// primary-context guard the C API relies on).
+pub(crate) const TORCH_PACKAGES: &[&str] = &[PACKAGE, "rmm-sys"];
 
 /// The Python files that travel, relative to the repository root, and their place under
 /// `capi/`.

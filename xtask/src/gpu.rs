@@ -11,22 +11,22 @@ pub(crate) fn default_bundle_dir() -> PathBuf {
 }
 
 /// Usage of `cargo xtask gpu`.
-const USAGE: &str = "usage: cargo xtask gpu bundle [--out DIR] [--peer] | cargo xtask gpu run [ARGS...] | cargo xtask gpu bench [--peer] [ARGS...]";
+const USAGE: &str = "usage: cargo xtask gpu bundle [--out DIR] [--peer | --torch] | cargo xtask gpu run [ARGS...] | cargo xtask gpu bench [--peer] [ARGS...]";
 
 /// Dispatches `gpu bundle [--out DIR] [--peer]`, `gpu run [ARGS...]` and
 /// `gpu bench [--peer] [ARGS...]`; returns the exit code.
 pub(crate) fn run(args: &[String]) -> Result<i32, Error> {
     match args.split_first() {
         Some((cmd, rest)) if cmd == "bundle" => {
-            let (out, peer) = parse_bundle_args(rest)?;
-            bundle::build(&out, peer)?;
+            let (out, peer, torch) = parse_bundle_args(rest)?;
+            bundle::build(&out, peer, torch)?;
             Ok(0)
         }
         Some((cmd, rest)) if cmd == "run" => runner::run(&default_bundle_dir(), rest, &[]),
         Some((cmd, rest)) if cmd == "bench" => {
             let (peer, rest) = bench_args(rest);
             let dir = default_bundle_dir();
-            bundle::build(&dir, peer)?;
+            bundle::build(&dir, peer, false)?;
             if peer {
                 let args: Vec<String> = std::iter::once("peer".to_owned()).chain(rest).collect();
                 runner::run(&dir, &args, &[])
@@ -49,27 +49,30 @@ fn bench_args(args: &[String]) -> (bool, Vec<String>) {
 }
 
 /// The bundle folder from `--out DIR` / `--out=DIR` (or the default), and whether `--peer`
-/// was given.
-fn parse_bundle_args(args: &[String]) -> Result<(PathBuf, bool), Error> {
+/// and `--torch` were given.
+fn parse_bundle_args(args: &[String]) -> Result<(PathBuf, bool, bool), Error> {
     let mut out = None;
     let mut peer = false;
+    let mut torch = false;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         if arg == "--peer" {
             peer = true;
+        } else if arg == "--torch" {
+            torch = true;
         } else if arg == "--out" {
             out = Some(PathBuf::from(it.next().ok_or(
-                "--out needs a folder (usage: gpu bundle [--out DIR] [--peer])",
+                "--out needs a folder (usage: gpu bundle [--out DIR] [--peer | --torch])",
             )?));
         } else if let Some(dir) = arg.strip_prefix("--out=") {
             out = Some(PathBuf::from(dir));
         } else {
             return Err(format!(
-                "unexpected argument to `gpu bundle`: {arg} (usage: gpu bundle [--out DIR] [--peer])"
+                "unexpected argument to `gpu bundle`: {arg} (usage: gpu bundle [--out DIR] [--peer | --torch])"
             ));
         }
     }
-    Ok((out.unwrap_or_else(default_bundle_dir), peer))
+    Ok((out.unwrap_or_else(default_bundle_dir), peer, torch))
 }
 
 #[cfg(test)]
@@ -84,20 +87,24 @@ mod tests {
     fn bundle_args_are_parsed() {
         assert_eq!(
             parse_bundle_args(&[]).unwrap(),
-            (default_bundle_dir(), false)
+            (default_bundle_dir(), false, false)
+        );
+        assert_eq!(
+            parse_bundle_args(&args(&["--torch", "--out", "t"])).unwrap(),
+            (PathBuf::from("t"), false, true)
         );
         assert!(default_bundle_dir().ends_with("gpu-bundle"));
         assert_eq!(
             parse_bundle_args(&args(&["--out", "b"])).unwrap(),
-            (PathBuf::from("b"), false)
+            (PathBuf::from("b"), false, false)
         );
         assert_eq!(
             parse_bundle_args(&args(&["--peer", "--out=/x/y"])).unwrap(),
-            (PathBuf::from("/x/y"), true)
+            (PathBuf::from("/x/y"), true, false)
         );
         assert_eq!(
             parse_bundle_args(&args(&["--out", "b", "--peer"])).unwrap(),
-            (PathBuf::from("b"), true)
+            (PathBuf::from("b"), true, false)
         );
         assert!(parse_bundle_args(&args(&["--out"])).is_err());
         assert!(parse_bundle_args(&args(&["b"])).is_err());

@@ -23,9 +23,10 @@ usage: cargo xtask <command>
 
 commands:
   ci [--skip STEP]...       what CI runs: fmt, layers, clippy, test, doc (stops at the first failure)
-  gpu bundle [--out DIR] [--peer]
+  gpu bundle [--out DIR] [--peer | --torch]
                             build GPU test/bench/example binaries into DIR (default gpu-bundle/);
-                            --peer adds the RMM C++ driver and the librmm wheels (run.sh peer)
+                            --peer adds the RMM C++ driver and the librmm wheels (run.sh peer);
+                            --torch builds the C API and PyTorch bundle (run.sh torch) instead
   gpu run [ARGS...]         run gpu-bundle/run.sh ARGS on this (GPU) machine
   gpu bench [--peer] [ARGS...]
                             bundle, then run the GPU benchmarks (run.sh bench ARGS) or, with
