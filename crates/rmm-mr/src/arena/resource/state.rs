@@ -284,7 +284,18 @@ impl<U: DeviceMemoryResource> State<U> {
                 return Ok(DevicePtr::from_raw(addr));
             }
         }
+        self.retire_if_empty(key);
         Err(self.out_of_memory(bytes))
+    }
+
+    /// Retires the arena of `key` if it holds nothing: a failed allocation on a new stream
+    /// leaves no empty arena behind.
+    fn retire_if_empty(&self, key: ArenaKey) {
+        let cell = read(&self.arenas).get(&key).cloned();
+        if let Some(cell) = cell {
+            self.retire_empty([cell]);
+            thread_cache::forget(self.serial, key);
+        }
     }
 
     /// Retires those of `cells` that hold no superblock (their thread or stream gets a new

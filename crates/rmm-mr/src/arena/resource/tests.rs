@@ -564,6 +564,11 @@ fn out_of_memory_when_truly_full() {
             )),
             "{text}"
         );
+        assert_eq!(
+            snapshot(&mr).arenas,
+            0,
+            "a failed request leaves no empty arena behind"
+        );
     }
     let dump = mr.memory_dump();
     assert!(dump.contains("Arena size: 4.000000 MiB"), "{dump}");
