@@ -1,16 +1,16 @@
 //! Arena capacity: the highest occupancy (live bytes / arena size) at which `threads` copies of
 //! an allocation trace, each on its own stream, all complete against one
-//! [`ArenaMemoryResource`](rmm_mr::ArenaMemoryResource).
+//! [`ArenaMemoryResource`].
 //!
 //! Occupancy is counted as the benchmark counts it: `threads x` the trace's peak live bytes
-//! ([`Trace::peak_bytes`]) over the arena size. The copies are replayed in lock step (the same
-//! trace on every stream, so their peaks coincide), so at its peak the arena really holds that
-//! many live bytes. Two ways to replay:
+//! ([`Trace::peak_bytes`]) over the arena size. Every stream replays the same trace in step
+//! (exactly when round robin, roughly on threads), so the copies' peaks coincide and at its
+//! peak the arena really holds about that many live bytes. Two ways to replay:
 //!
 //! - [`replay_round_robin`]: on the calling thread, operation `i` of every copy before
 //!   operation `i + 1` of any, each copy on its own stream. Deterministic; with
-//!   [`SimulatedMemoryResource`](rmm_mr::SimulatedMemoryResource) as the arena's upstream and
-//!   the simulated driver's fake streams it needs no GPU (the *simulation*).
+//!   [`SimulatedMemoryResource`] as the arena's upstream and the simulated driver's fake
+//!   streams it needs no GPU (the *simulation*, [`simulate`]).
 //! - [`crate::replay_threads`]: one host thread per copy, each on its own real stream (the GPU
 //!   run, as `gpu_alloc` replays its traces).
 //!

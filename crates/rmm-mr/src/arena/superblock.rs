@@ -1,5 +1,5 @@
-//! [`Superblock`]: a span of at least 1 MiB with its own free list, the unit exchanged between
-//! the global arena and the local arenas.
+//! [`Superblock`]: a span (normally at least 1 MiB) with its own free list, the unit the global
+//! arena lends to the local arenas.
 
 use std::fmt;
 
@@ -44,8 +44,9 @@ impl FitItem for Piece {
     }
 }
 
-/// A span of at least [`SUPERBLOCK_MIN_SIZE`] bytes that sub-allocates blocks by address-ordered
-/// first fit (RMM's `superblock`).
+/// A span that sub-allocates blocks by address-ordered first fit (RMM's `superblock`): at least
+/// [`SUPERBLOCK_MIN_SIZE`] bytes when built with [`new`](Self::new); the global arena lends a
+/// smaller one only when no free block of that size is left.
 ///
 /// It keeps its blocks in address order, free and handed out alike (they tile the span); the
 /// free ones are always fully coalesced. Tracking live blocks (which RMM does not do) is what
