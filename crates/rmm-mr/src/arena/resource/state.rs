@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, Weak};
 
 use rmm_stream::{CudaEvent, CudaStreamView};
@@ -61,8 +61,9 @@ pub(super) struct State<U: DeviceMemoryResource> {
     gpu: bool,
     dump_log_on_failure: bool,
     use_size_classes: bool,
-    /// The most free bytes a local arena keeps in superblocks emptied by its own large frees.
-    keep_limit: usize,
+    /// Local arenas in the map (for the kept-memory limit, [`keep_limit`]); set under the map's
+    /// write lock, read without it.
+    arena_count: AtomicUsize,
     /// Serializes making room ([`reclaim`](Self::reclaim), [`defragment`](Self::defragment)).
     relieving: Mutex<()>,
     /// How many times room was made (a thread that waited for another's just retries).
@@ -83,14 +84,15 @@ fn simulated_driver() -> bool {
     false
 }
 
-/// How many free bytes a local arena may keep in superblocks its own large frees emptied (see
-/// [`GlobalState::keep`]): 1/1024 of the arena, or up to 16 MiB (at most a quarter of the
-/// arena) in small arenas. Beyond that, large frees go back to the global arena after an event
-/// on the freeing stream, as without keeping. Memory kept is lost to the other streams until a
-/// reclaim or a defragmentation; the bound keeps the share of 16 streams under 2 % of the
-/// arena (a larger one costs capacity: `docs/internals/arena.md`).
-fn keep_limit(arena_size: usize) -> usize {
-    (arena_size / 1024).max((arena_size / 4).min(16 << 20))
+/// How many free bytes each of `arenas` local arenas may keep in superblocks its own large
+/// frees emptied (see [`GlobalState::keep`]): together at most 1/64 of the arena (1/1024 each
+/// for 16 streams), but each up to 16 MiB (at most a quarter of the arena) in small arenas.
+/// Beyond that, large frees go back to the global arena after an event on the freeing stream,
+/// as without keeping. Memory kept is lost to the other streams until a reclaim or a
+/// defragmentation: 1/64 for each of 16 streams cost 8 points of capacity
+/// (`docs/internals/arena.md`).
+fn keep_limit(arena_size: usize, arenas: usize) -> usize {
+    (arena_size / 64 / arenas.max(1)).max((arena_size / 4).min(16 << 20))
 }
 
 fn wrong_free(ptr: DevicePtr, bytes: usize, error: ArenaError) -> MrError {
@@ -150,7 +152,7 @@ impl<U: DeviceMemoryResource> State<U> {
             gpu,
             dump_log_on_failure: options.dump_log_on_failure,
             use_size_classes: options.use_size_classes,
-            keep_limit: keep_limit(size),
+            arena_count: AtomicUsize::new(0),
             relieving: Mutex::new(()),
             reliefs: AtomicU64::new(0),
             global: Mutex::new(GlobalState::new(arena)),
@@ -229,6 +231,7 @@ impl<U: DeviceMemoryResource> State<U> {
                 None => {
                     let cell = Arc::new(ArenaCell::new(key));
                     map.insert(key, Arc::clone(&cell));
+                    self.arena_count.store(map.len(), Ordering::Relaxed);
                     (cell, true)
                 }
             }
@@ -317,6 +320,7 @@ impl<U: DeviceMemoryResource> State<U> {
                 map.remove(&cell.key());
             }
         }
+        self.arena_count.store(map.len(), Ordering::Relaxed);
     }
 
     fn out_of_memory(&self, bytes: usize) -> MrError {
@@ -562,6 +566,7 @@ impl<U: DeviceMemoryResource> State<U> {
                 map.remove(&cell.key());
             }
         }
+        self.arena_count.store(map.len(), Ordering::Relaxed);
         // Everything recorded before the synchronization has completed.
         let all = self.pending.take_all();
         self.release(&mut global, all);
@@ -772,7 +777,8 @@ impl<U: DeviceMemoryResource> State<U> {
             if self.free_into(key, slot, ptr, bytes, size, fence)? {
                 return Ok(true);
             }
-            let room = self.keep_limit.saturating_sub(slot.arena.kept_free_bytes());
+            let limit = keep_limit(self.size, self.arena_count.load(Ordering::Relaxed));
+            let room = limit.saturating_sub(slot.arena.kept_free_bytes());
             if room <= SUPERBLOCK_MIN_SIZE {
                 return Ok(false);
             }
@@ -1013,6 +1019,7 @@ impl<U: DeviceMemoryResource> ThreadExit for State<U> {
             if map.get(&cell.key()).is_some_and(|c| Arc::ptr_eq(c, cell)) {
                 map.remove(&cell.key());
             }
+            self.arena_count.store(map.len(), Ordering::Relaxed);
         }
         // Wait for the fences other streams left here with the arena unlocked (a cross-arena
         // free into it must not wait for that), until none is left under the lock.
@@ -1041,7 +1048,9 @@ impl<U: DeviceMemoryResource> ThreadExit for State<U> {
         } else {
             // Refused superblocks (a bug): leave them to defragmentation.
             drop(slot);
-            write(&self.arenas).insert(cell.key(), Arc::clone(cell));
+            let mut map = write(&self.arenas);
+            map.insert(cell.key(), Arc::clone(cell));
+            self.arena_count.store(map.len(), Ordering::Relaxed);
         }
     }
 }
@@ -1096,5 +1105,26 @@ impl<U: DeviceMemoryResource> Drop for State<U> {
         if let Err(e) = freed {
             log::error!("arena: returning the arena to the upstream resource failed: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::keep_limit;
+
+    const MIB: usize = 1 << 20;
+    const GIB: usize = 1 << 30;
+
+    /// The arenas share 1/64 of a large arena; small arenas keep up to 16 MiB each (at most a
+    /// quarter of the arena).
+    #[test]
+    fn kept_memory_is_shared_between_the_arenas() {
+        assert_eq!(keep_limit(64 * GIB, 1), GIB);
+        assert_eq!(keep_limit(64 * GIB, 0), GIB);
+        assert_eq!(keep_limit(64 * GIB, 16), 64 * MIB);
+        assert_eq!(keep_limit(36 * GIB, 16), 36 * MIB);
+        assert_eq!(keep_limit(GIB, 16), 16 * MIB);
+        assert_eq!(keep_limit(16 * MIB, 1), 4 * MIB);
+        assert_eq!(keep_limit(256 * MIB, 3), 16 * MIB);
     }
 }

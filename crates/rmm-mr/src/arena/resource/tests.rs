@@ -349,8 +349,8 @@ fn kept_blocks_freed_by_another_stream_go_back_to_their_arena() {
     free(&mr, legacy(), third, 3 * MIB);
 }
 
-/// A stream keeps at most 1/64 of the arena (up to 64 MiB, at most a quarter, in small
-/// arenas) free in kept superblocks; larger frees go back to the global arena.
+/// A stream keeps a bounded amount free in kept superblocks (here, in a small arena, a quarter
+/// of it); larger frees go back to the global arena.
 #[test]
 fn kept_memory_is_bounded() {
     let (_mock, mr) = arena(16 * MIB);
