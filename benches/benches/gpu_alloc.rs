@@ -4,9 +4,11 @@
 //!    `cuMemFreeAsync` on the same pool.
 //! 2. Random traces replayed by every resource with 1, 4 and 16 threads, each thread on its own
 //!    stream replaying its own copy: (a) sizes 1 B-4 MiB, about 1,000 live; (b) 1 B-64 KiB,
-//!    about 2,000 live (fewer on GPUs too small for 16 copies; the arena gets 90 % of the free
-//!    memory, see `rmm_benches::sizing`). Per-operation cost = wall time / (operations x threads); every figure is
-//!    also given as a ratio to the driver pool measured in the same run.
+//!    about 2,000 live (fewer on GPUs too small for 16 copies: the live bytes of all threads
+//!    stay within 60 % of the free memory and 75 % of the arena, which gets 90 % of the free
+//!    memory; see `rmm_benches::sizing`). Per-operation cost = wall time / (operations x
+//!    threads); every figure is also given as a ratio to the driver pool measured in the same
+//!    run.
 //!
 //! Arguments: `--ops N` (default 100000), `--reps N` (default 3), `--threads 1,4,16`,
 //! `--only NAME[,NAME]` (resources), `--quick` (10,000 ops, 1 rep). Without a GPU it prints one
@@ -244,9 +246,10 @@ fn run(args: &Args) -> MrResult<()> {
     let max_threads = args.threads.iter().copied().max().unwrap_or(1);
     for spec in &specs {
         // The documented live counts fit every thread count on 80 GB GPUs and up; on smaller
-        // ones the trace keeps fewer allocations live so that the largest thread count fits.
-        let free = rmm_sys::available_device_memory()?.0;
-        let live = live_count_within(spec.live, spec.max_size, max_threads, free / 10 * 6);
+        // ones the trace keeps fewer allocations live so that the largest thread count fits,
+        // in the arena too (`DeviceMemory::trace_budget`).
+        let budget = DeviceMemory::query()?.trace_budget();
+        let live = live_count_within(spec.live, spec.max_size, max_threads, budget);
         if live != spec.live {
             println!(
                 "(trace {}: {live} live allocations instead of {}, to fit {max_threads} threads)",
@@ -271,12 +274,12 @@ fn run(args: &Args) -> MrResult<()> {
                 if threads > 1 && !mt {
                     continue;
                 }
-                let (free, _) = rmm_sys::available_device_memory()?;
-                if peak.saturating_mul(threads) > free / 10 * 6 {
+                let mem = DeviceMemory::query()?;
+                if peak.saturating_mul(threads) > mem.trace_budget() {
                     println!(
                         "(skipped {rname} x{threads}: needs {} MiB, {} MiB free)",
                         peak * threads / MIB,
-                        free / MIB
+                        mem.free / MIB
                     );
                     continue;
                 }

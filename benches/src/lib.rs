@@ -8,6 +8,7 @@
 //! / `run.sh peer` run them on the GPU machine. See `docs/performance.md`.
 
 pub mod args;
+pub mod capacity;
 pub mod gpu;
 pub mod peer;
 pub mod sizing;

@@ -14,6 +14,11 @@ pub const GIB: usize = 1 << 30;
 /// RMM's `max_usage` in `random_allocations`: 16,000 MiB.
 pub const RMM_MAX_USAGE: usize = 16_000 * MIB;
 
+/// The occupancy of the arena (all threads' live bytes at their peak over the arena size, in
+/// percent) the benchmarks size their traces for: well below the 90 % at which 16 copies of
+/// `gpu_alloc`'s trace (a) still complete (`arena_capacity`, `docs/reliability.md`).
+pub const ARENA_OCCUPANCY_TARGET: usize = 75;
+
 /// Free and total memory of the current device, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceMemory {
@@ -51,6 +56,15 @@ impl DeviceMemory {
     pub fn arena_bytes(&self) -> usize {
         let keep = (self.free / 10).max(GIB);
         round_down(self.free.saturating_sub(keep), 2 * MIB)
+    }
+
+    /// The bytes all threads' live allocations of one `gpu_alloc` trace may reach together:
+    /// 60 % of the free memory (the rest is headroom for what the resources keep beyond the
+    /// live bytes), and at most [`ARENA_OCCUPANCY_TARGET`] % of [`arena_bytes`](Self::arena_bytes),
+    /// so that the arena row runs at that occupancy or below on any GPU.
+    #[must_use]
+    pub fn trace_budget(&self) -> usize {
+        (self.free / 10 * 6).min(self.arena_bytes() / 100 * ARENA_OCCUPANCY_TARGET)
     }
 
     /// RMM's pool configuration in its benchmarks: initial size 50 % of the free memory,
@@ -129,6 +143,37 @@ mod tests {
         };
         assert_eq!(tiny.arena_bytes(), 0);
         assert_eq!(H100.half_free() % 256, 0);
+    }
+
+    /// Trace (a) of `gpu_alloc` on 16 threads fits its budget, and so the arena at the target
+    /// occupancy, on every size of GPU.
+    #[test]
+    fn trace_a_fits_the_arena_at_the_target_occupancy() {
+        let small = DeviceMemory {
+            free: 15 * GIB,
+            total: 16 * GIB,
+        };
+        let busy = DeviceMemory {
+            free: 6 * GIB,
+            total: 80 * GIB,
+        };
+        for m in [H100, H200, small, busy] {
+            let budget = m.trace_budget();
+            assert!(budget <= m.free / 10 * 6);
+            assert!(budget <= m.arena_bytes() / 100 * ARENA_OCCUPANCY_TARGET);
+            let live = live_count_within(1000, 4 * MIB, 16, budget);
+            // The peak of a copy is about live x 2 MiB, at most 25 % more.
+            let peak = live * 2 * MIB / 4 * 5;
+            assert!(
+                16 * peak <= m.arena_bytes() / 100 * ARENA_OCCUPANCY_TARGET,
+                "{m:?}"
+            );
+        }
+        assert_eq!(
+            live_count_within(1000, 4 * MIB, 16, H100.trace_budget()),
+            1000
+        );
+        assert_eq!(H100.trace_budget(), H100.free / 10 * 6);
     }
 
     #[test]

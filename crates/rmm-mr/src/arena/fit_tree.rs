@@ -456,6 +456,7 @@ impl<T: FitItem> FitTree<T> {
 
     /// Mutate the item at `key` in place (its key must stay the same) and refresh the fits on
     /// the path to it. Returns `None` when no item has that key.
+    #[cfg(test)]
     pub(crate) fn update<R>(&mut self, key: u64, f: impl FnOnce(&mut T) -> R) -> Option<R> {
         self.update_at(Handle(self.find(key)), f)
     }

@@ -175,8 +175,8 @@ impl LocalArena {
     }
 
     /// Free a block if one of this arena's superblocks contains `addr` (RMM's
-    /// `arena::deallocate_sync`); works for any size, since a superblock holding a large block
-    /// can be lent whole.
+    /// `arena::deallocate_sync`); works for any size (large blocks are served by the kept
+    /// superblocks).
     ///
     /// `Ok(true)`: freed here (an emptied superblock stays until [`clean`](Self::clean) or
     /// [`defragment`](Self::defragment)). `Ok(false)`: no superblock here contains `addr`; the
@@ -242,7 +242,7 @@ impl LocalArena {
     /// Return only the empty superblocks to `global` (RMM's `arena::defragment`). Returns how
     /// many were returned; refusals are handled as in [`clean`](Self::clean).
     pub fn defragment(&mut self, global: &mut GlobalArena) -> Result<usize, ArenaError> {
-        let small = Self::take_empty(&mut self.superblocks);
+        let small = Self::take_empty_from(&mut self.superblocks);
         let first = self.release_to(global, small, false);
         let second = self.release_empty_kept(global);
         Ok(first? + second?)
@@ -251,12 +251,28 @@ impl LocalArena {
     /// Return the empty superblocks kept for large requests to `global` (the others stay).
     /// Returns how many were returned; refusals are handled as in [`clean`](Self::clean).
     pub fn release_empty_kept(&mut self, global: &mut GlobalArena) -> Result<usize, ArenaError> {
-        let kept = Self::take_empty(&mut self.kept);
+        let kept = Self::take_empty_from(&mut self.kept);
         self.kept_free -= kept.iter().map(Superblock::size).sum::<usize>();
         self.release_to(global, kept, true)
     }
 
-    fn take_empty(tree: &mut FitTree<Superblock>) -> Vec<Superblock> {
+    /// Take out the empty superblocks, kept ones included, without giving them to the global
+    /// arena: the resource first makes sure that no stream still uses their memory, then
+    /// [releases](GlobalArena::release) them. Superblocks still in use stay. `O(s + e log s)`.
+    pub fn take_empty(&mut self) -> Vec<Superblock> {
+        let mut empty = Self::take_empty_from(&mut self.superblocks);
+        let kept = Self::take_empty_from(&mut self.kept);
+        self.kept_free -= kept.iter().map(Superblock::size).sum::<usize>();
+        empty.extend(kept);
+        empty
+    }
+
+    /// Whether any superblock here is empty (`O(s)`).
+    pub fn has_empty(&self) -> bool {
+        self.superblocks().any(Superblock::is_empty)
+    }
+
+    fn take_empty_from(tree: &mut FitTree<Superblock>) -> Vec<Superblock> {
         let empty_keys: Vec<u64> = tree
             .iter()
             .filter(|sb| sb.is_empty())
@@ -491,7 +507,7 @@ mod tests {
         // The used superblock now lives in the global arena, which can free the block.
         assert_eq!(
             g.find(kept),
-            Some(SuperblockLocation::Global(Block::new(A3, MIN)))
+            Some(SuperblockLocation::Global(Block::new(A3, MIN / 2)))
         );
         assert_eq!(g.deallocate(kept, MIN / 2), Ok(true));
         assert!(g.is_fully_coalesced());
@@ -615,8 +631,11 @@ mod tests {
     }
 
     /// RMM `ArenaTest.PerThreadToStreamDealloc` at the bookkeeping level: a block allocated in a
-    /// thread arena whose superblock moved thread arena -> global -> stream arena can still be
-    /// freed (through the cross-arena search).
+    /// thread arena whose superblock went back to the global arena can still be freed after
+    /// another arena took the memory around it. (In RMM the partly used superblock is lent whole
+    /// to the stream arena and the block is found there; here the superblock dissolves in the
+    /// global arena, the stream arena gets the free memory around the block, and the global
+    /// arena frees the block.)
     #[test]
     fn per_thread_to_stream_dealloc() {
         let mut g = GlobalArena::new(A3, 2 * MIN).unwrap_or_else(|e| panic!("{e}"));
@@ -632,13 +651,16 @@ mod tests {
         for arena in [&mut thread, &mut stream, &mut default_stream] {
             assert!(arena.clean(&mut g).is_ok());
         }
+        // All of the span but the thread's block is one free block again, lent whole.
         let ptr1 = alloc(&mut default_stream, &mut g, MIN);
-        assert_eq!(ptr1, A4);
+        assert_eq!(ptr1, thread_ptr + 256);
         let ptr2 = alloc(&mut default_stream, &mut g, 32 * KIB);
-        // The thread's old superblock now belongs to the default-stream arena.
-        assert_eq!(g.superblock_count(), 0);
-        assert!(default_stream.contains(thread_ptr));
-        assert_eq!(ptr2, thread_ptr + 256);
+        assert_eq!(ptr2, ptr1 + MIN as u64);
+        assert_eq!(
+            g.lent_superblocks().collect::<Vec<_>>(),
+            vec![Block::new(A3 + 256, 2 * MIN - 256)]
+        );
+        assert!(!default_stream.contains(thread_ptr) && g.contains(thread_ptr));
 
         let mut arenas = [&mut thread, &mut stream, &mut default_stream];
         assert_eq!(
@@ -667,6 +689,36 @@ mod tests {
         for arena in arenas {
             assert!(arena.clean(&mut g).is_ok());
         }
+        assert!(g.is_fully_coalesced());
+    }
+
+    /// `take_empty` takes out exactly the empty superblocks, kept ones included.
+    #[test]
+    fn take_empty_leaves_used_superblocks() {
+        let mut g = GlobalArena::new(A3, 8 * MIN).unwrap_or_else(|e| panic!("{e}"));
+        let mut a = LocalArena::new();
+        let used = alloc(&mut a, &mut g, MIN / 2);
+        let emptied = alloc(&mut a, &mut g, MIN);
+        free(&mut a, emptied, MIN);
+        let big = alloc(&mut a, &mut g, 2 * MIN);
+        let sb = g
+            .reclaim(big, 2 * MIN, usize::MAX)
+            .unwrap_or_else(|| panic!("reclaim"));
+        assert!(a.keep(sb).is_ok());
+        assert!(a.has_empty());
+        let empty = a.take_empty();
+        assert_eq!(
+            empty.iter().map(Superblock::addr).collect::<Vec<_>>(),
+            vec![emptied, big]
+        );
+        assert_eq!((a.superblock_count(), a.kept_free_bytes()), (1, 0));
+        assert!(a.contains(used) && !a.has_empty());
+        assert!(g.release_all(empty).is_ok());
+        free(&mut a, used, MIN / 2);
+        let last = a.take_empty();
+        assert_eq!((last.len(), a.superblock_count()), (1, 0));
+        assert_eq!(g.lent_superblock_count(), 1, "taken out, not released");
+        assert!(g.release_all(last).is_ok());
         assert!(g.is_fully_coalesced());
     }
 

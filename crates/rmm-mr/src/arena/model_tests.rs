@@ -60,6 +60,11 @@ enum Op {
     ReleaseKept {
         arena: usize,
     },
+    /// The resource's reclaim: the empty superblocks (kept ones included) taken out, then
+    /// released to the global arena.
+    TakeEmpty {
+        arena: usize,
+    },
 }
 
 fn size_strategy() -> impl Strategy<Value = usize> {
@@ -87,7 +92,8 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => arena.clone().prop_map(|arena| Op::Clean { arena }),
         1 => arena.clone().prop_map(|arena| Op::Defragment { arena }),
         3 => (pick, arena.clone()).prop_map(|(pick, via)| Op::FreeKeep { pick, via }),
-        1 => arena.prop_map(|arena| Op::ReleaseKept { arena }),
+        1 => arena.clone().prop_map(|arena| Op::ReleaseKept { arena }),
+        1 => arena.prop_map(|arena| Op::TakeEmpty { arena }),
     ]
 }
 
@@ -111,7 +117,8 @@ struct World {
     freed: Vec<(u64, usize)>,
 }
 
-/// Per superblock: (owner: `None` = global, arena index otherwise), span, free and live blocks.
+/// Per superblock of a local arena (owner: the arena's index) and per block the global arena
+/// holds (owner `None`): span, free and live blocks.
 type Snapshot = Vec<(Option<usize>, Block, Vec<Block>, Vec<Block>)>;
 
 impl World {
@@ -134,10 +141,16 @@ impl World {
                 sb.live_blocks().collect(),
             )
         };
+        // The global arena's own blocks, one entry each.
         let mut snap: Snapshot = self
             .global
-            .superblocks()
-            .map(|sb| describe(None, sb))
+            .free_blocks()
+            .map(|b| (None, b, vec![b], vec![]))
+            .chain(
+                self.global
+                    .live_blocks()
+                    .map(|b| (None, b, vec![], vec![b])),
+            )
             .collect();
         for (i, arena) in self.arenas.iter().enumerate() {
             snap.extend(arena.superblocks().map(|sb| describe(Some(i), sb)));
@@ -146,8 +159,19 @@ impl World {
         snap
     }
 
-    /// Brute-force address-ordered first fit, as RMM does it with linear scans: the address,
-    /// and the span of the superblock taken out of the global arena when one is.
+    /// The free block of the global arena a request of `size` goes to, by brute force: best
+    /// fit, the lowest address among equals.
+    fn brute_best_fit(&self, size: usize) -> Option<Block> {
+        self.global
+            .free_blocks()
+            .filter(|b| b.size >= size)
+            .min_by_key(|b| (b.size, b.addr))
+    }
+
+    /// The expected placement by brute force: address-ordered first fit in the arena's own
+    /// superblocks as RMM does it with linear scans, then best fit in the global arena. The
+    /// address, and the block taken out of the global arena when one is (the loan, or the
+    /// large block).
     fn expected_alloc(&self, arena: usize, size: usize) -> Option<(u64, Option<Block>)> {
         let size = align_up(size).filter(|&s| s > 0)?;
         if !GlobalArena::handles(size) {
@@ -159,23 +183,23 @@ impl World {
             if let Some(addr) = brute_first_fit(small, size) {
                 return Some((addr, None));
             }
-        } else if let Some(addr) = brute_first_fit(self.arenas[arena].kept_superblocks(), size) {
+            // A fresh superblock: max(size, 1 MiB), or the whole free block when less than a
+            // superblock would be left.
+            let head = size.max(MIN);
+            let taken = match self.brute_best_fit(head) {
+                Some(source) if source.size - head >= MIN => Block::new(source.addr, head),
+                Some(source) => source,
+                // No room for a superblock: the best fit for the request itself, lent whole.
+                None => self.brute_best_fit(size)?,
+            };
+            return Some((taken.addr, Some(taken)));
+        }
+        if let Some(addr) = brute_first_fit(self.arenas[arena].kept_superblocks(), size) {
             // Large requests try the superblocks the arena kept first.
             return Some((addr, None));
         }
-        let addr = brute_first_fit(self.global.superblocks(), size)?;
-        let source = self
-            .global
-            .superblocks()
-            .find(|sb| sb.contains_addr(addr))?;
-        // An empty superblock with room for a head of max(size, 1 MiB) plus 1 MiB is split.
-        let head = size.max(MIN);
-        let taken = if source.is_empty() && source.size() >= head + MIN {
-            Block::new(source.addr(), head)
-        } else {
-            source.span()
-        };
-        Some((addr, Some(taken)))
+        let source = self.brute_best_fit(size)?;
+        Some((source.addr, Some(Block::new(source.addr, size))))
     }
 
     /// The resource's free path: large frees try the global arena first; then the arena of the
@@ -374,14 +398,13 @@ impl World {
                 let Some((addr, size)) = self.pick_live(pick) else {
                     return;
                 };
-                // Kept exactly when the block is the only one of a superblock held by the
-                // global arena.
+                // Kept exactly when the global arena holds the block and it is at least a
+                // superblock.
                 let expected = self
                     .global
-                    .superblocks()
-                    .find(|sb| sb.contains_addr(addr))
-                    .filter(|sb| sb.live_block_count() == 1)
-                    .map(Superblock::span);
+                    .live_blocks()
+                    .find(|b| b.addr == addr)
+                    .filter(|b| b.size >= MIN);
                 let before = self.snapshot();
                 match self.global.reclaim(addr, size, usize::MAX) {
                     Some(sb) => {
@@ -416,6 +439,26 @@ impl World {
                     .sum();
                 assert_eq!(local.kept_free_bytes(), free);
             }
+            Op::TakeEmpty { arena } => {
+                let local = &mut self.arenas[arena];
+                let empties: Vec<u64> = local
+                    .superblocks()
+                    .filter(|sb| sb.is_empty())
+                    .map(Superblock::addr)
+                    .collect();
+                let count = local.superblock_count();
+                let taken = local.take_empty();
+                assert_eq!(
+                    taken
+                        .iter()
+                        .map(Superblock::addr)
+                        .collect::<std::collections::BTreeSet<_>>(),
+                    empties.iter().copied().collect(),
+                );
+                assert_eq!(local.superblock_count(), count - empties.len());
+                assert!(!local.has_empty());
+                assert!(self.global.release_all(taken).is_ok());
+            }
             Op::Defragment { arena } => {
                 let local = &mut self.arenas[arena];
                 let empties = local.superblocks().filter(|sb| sb.is_empty()).count();
@@ -431,11 +474,14 @@ impl World {
         let span = self.global.span();
         let snap = self.snapshot();
 
-        // Superblocks partition the span; lent ones are exactly those the local arenas hold.
+        // The global arena's blocks and the local arenas' superblocks partition the span; lent
+        // superblocks are exactly those the local arenas hold.
         let mut cursor = span.addr;
         for (_, sb_span, _, _) in &snap {
-            assert_eq!(sb_span.addr, cursor, "superblocks do not tile the span");
-            assert!(sb_span.size >= MIN);
+            assert_eq!(
+                sb_span.addr, cursor,
+                "blocks and superblocks do not tile the span"
+            );
             cursor = sb_span.end();
         }
         assert_eq!(cursor, span.end());
@@ -472,11 +518,10 @@ impl World {
             free_total += sb_free;
             live_total += sb_live;
             // Cached values match the blocks.
-            let sb = match owner {
-                None => self.global.superblocks().find(|s| s.span() == *sb_span),
-                Some(i) => self.arenas[*i].superblocks().find(|s| s.span() == *sb_span),
+            let Some(i) = owner else {
+                continue;
             };
-            let Some(sb) = sb else {
+            let Some(sb) = self.arenas[*i].superblocks().find(|s| s.span() == *sb_span) else {
                 panic!("superblock vanished")
             };
             assert_eq!(sb.total_free_size(), sb_free);
@@ -493,15 +538,18 @@ impl World {
         );
         assert_eq!(free_total + live_total, span.size, "byte accounting");
 
-        // Global arena: adjacent empty superblocks are always merged.
-        let held: Vec<&Superblock> = self.global.superblocks().collect();
-        for pair in held.windows(2) {
-            assert!(
-                !pair[0].is_contiguous_before(pair[1]),
-                "empty superblocks not coalesced"
-            );
+        // Global arena: free blocks never touch.
+        let free: Vec<Block> = self.global.free_blocks().collect();
+        for pair in free.windows(2) {
+            assert!(pair[0].end() < pair[1].addr, "free blocks not coalesced");
         }
         let global_stats = self.global.stats();
+        assert_eq!(
+            global_stats.free_bytes,
+            free.iter().map(|b| b.size).sum::<usize>()
+        );
+        assert_eq!(self.global.free_bytes(), global_stats.free_bytes);
+        assert_eq!(self.global.free_block_count(), free.len());
         assert_eq!(
             global_stats.total_bytes + self.global.lent_bytes(),
             span.size
@@ -520,7 +568,7 @@ impl World {
         assert_eq!(local_total, self.global.lent_bytes());
         assert_eq!(
             self.global.max_free_size(),
-            held.iter().map(|sb| sb.max_free_size()).max().unwrap_or(0)
+            free.iter().map(|b| b.size).max().unwrap_or(0)
         );
     }
 
@@ -536,17 +584,26 @@ impl World {
         }
         self.check_invariants();
         assert!(self.global.is_fully_coalesced(), "{}", self.global);
-        assert_eq!(self.global.superblock_count(), 1);
-        let only = self.global.superblocks().next().map(Superblock::span);
-        assert_eq!(only, Some(self.global.span()));
+        assert_eq!(
+            self.global.free_blocks().collect::<Vec<_>>(),
+            vec![self.global.span()]
+        );
         let stats = self.global.stats();
         assert_eq!(stats.free_bytes, self.global.span().size);
         assert_eq!(stats.max_free_block, self.global.span().size);
     }
 }
 
+/// `PROPTEST_CASES` when set (Miri, or a longer hunt), else `default`.
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(200))]
+    #![proptest_config(ProptestConfig::with_cases(cases(200)))]
 
     #[test]
     fn arenas_match_the_model(

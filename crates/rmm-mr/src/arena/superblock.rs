@@ -1,5 +1,5 @@
-//! [`Superblock`]: a span of at least 1 MiB with its own free list, the unit exchanged between
-//! the global arena and the local arenas.
+//! [`Superblock`]: a span (normally at least 1 MiB) with its own free list, the unit the global
+//! arena lends to the local arenas.
 
 use std::fmt;
 
@@ -44,8 +44,9 @@ impl FitItem for Piece {
     }
 }
 
-/// A span of at least [`SUPERBLOCK_MIN_SIZE`] bytes that sub-allocates blocks by address-ordered
-/// first fit (RMM's `superblock`).
+/// A span that sub-allocates blocks by address-ordered first fit (RMM's `superblock`): at least
+/// [`SUPERBLOCK_MIN_SIZE`] bytes when built with [`new`](Self::new); the global arena lends a
+/// smaller one only when no free block of that size is left.
 ///
 /// It keeps its blocks in address order, free and handed out alike (they tile the span); the
 /// free ones are always fully coalesced. Tracking live blocks (which RMM does not do) is what
@@ -185,19 +186,6 @@ impl Superblock {
         Some((Self::fresh(head), Self::fresh(tail)))
     }
 
-    /// [`split`](Self::split) in place: this superblock becomes the head, the tail is returned.
-    /// `None` (and nothing changed) when `split` would refuse.
-    pub(crate) fn split_off(&mut self, bytes: usize) -> Option<Superblock> {
-        if !self.can_split(bytes) {
-            return None;
-        }
-        let (head, tail) = self.span.split(bytes)?;
-        self.pieces.update(head.addr, |piece| piece.size = bytes)?;
-        self.span = head;
-        self.free_bytes = bytes;
-        Some(Self::fresh(tail))
-    }
-
     /// The empty superblock covering this one and `other`;
     /// `None` unless [`is_contiguous_before`](Self::is_contiguous_before) holds.
     pub fn merge(&self, other: &Superblock) -> Option<Superblock> {
@@ -205,28 +193,6 @@ impl Superblock {
             return None;
         }
         Some(Self::fresh(self.span.merge(&other.span)?))
-    }
-
-    /// [`merge`](Self::merge) in place: this superblock grows over `next`. `next` is handed back
-    /// (and nothing changed) when `merge` would refuse.
-    pub(crate) fn absorb(&mut self, next: Superblock) -> Result<(), Superblock> {
-        let Some(merged) = self
-            .span
-            .merge(&next.span)
-            .filter(|_| self.is_contiguous_before(&next))
-        else {
-            return Err(next);
-        };
-        if self
-            .pieces
-            .update(self.span.addr, |piece| piece.size = merged.size)
-            .is_none()
-        {
-            return Err(next);
-        }
-        self.span = merged;
-        self.free_bytes = merged.size;
-        Ok(())
     }
 
     /// Hand out the lowest-addressed free block of at least `bytes` bytes (rounded up to 256),
@@ -379,6 +345,11 @@ impl Superblock {
     /// The live blocks in address order.
     pub fn live_blocks(&self) -> impl Iterator<Item = Block> + '_ {
         self.pieces.iter().filter(|p| !p.free).map(Piece::block)
+    }
+
+    /// Every block in address order, with whether it is free (they tile the span).
+    pub(crate) fn blocks(&self) -> impl Iterator<Item = (Block, bool)> + '_ {
+        self.pieces.iter().map(|p| (p.block(), p.free))
     }
 
     /// Whether a live block starts at `addr`, and its size.
@@ -695,48 +666,6 @@ mod tests {
                 allocated: KIB
             })
         );
-    }
-
-    #[test]
-    fn split_off_and_absorb_work_in_place() {
-        let mut s = sb(A3, 4 * MIN);
-        // Same preconditions as `split`.
-        assert!(s.split_off(MIN - 256).is_none());
-        assert!(s.split_off(3 * MIN + 256).is_none());
-        assert!(s.split_off(MIN + 1).is_none());
-        let tail = s.split_off(MIN).unwrap_or_else(|| panic!("split_off"));
-        assert_eq!((s.addr(), s.size()), (A3, MIN));
-        assert_eq!((tail.addr(), tail.size()), (A4, 3 * MIN));
-        assert!(s.is_empty() && tail.is_empty());
-        assert_eq!(
-            s.free_blocks().collect::<Vec<_>>(),
-            vec![Block::new(A3, MIN)]
-        );
-        assert_eq!(s.max_free_size(), MIN);
-
-        // Only an empty superblock absorbs the empty one right after it.
-        let blk = alloc(&mut s, 256);
-        let tail = s
-            .absorb(tail)
-            .err()
-            .unwrap_or_else(|| panic!("absorbed while used"));
-        assert_eq!(s.deallocate(blk), Ok(()));
-        let mut tail = tail;
-        let used = alloc(&mut tail, 256);
-        let tail = s
-            .absorb(tail)
-            .err()
-            .unwrap_or_else(|| panic!("absorbed a used one"));
-        let mut tail = tail;
-        assert_eq!(tail.deallocate(used), Ok(()));
-        let far = sb(A4 + 4 * MIN as u64, MIN);
-        assert!(s.absorb(far).is_err(), "not contiguous");
-        assert_eq!(s.absorb(tail).map_err(|sb| sb.span()), Ok(()));
-        assert_eq!((s.addr(), s.size()), (A3, 4 * MIN));
-        assert_eq!(s.total_free_size(), 4 * MIN);
-        assert_eq!(s.free_block_count(), 1);
-        assert!(s.allocate(4 * MIN).is_some());
-        assert!(s.split_off(MIN).is_none(), "used superblocks are not split");
     }
 
     #[test]

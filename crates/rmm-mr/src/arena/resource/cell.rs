@@ -1,17 +1,15 @@
 //! [`ArenaCell`]: one per-thread or per-stream arena of the resource, behind its own lock, and
 //! [`ArenaKey`], what selects it.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use rmm_stream::{CudaEvent, CudaStreamView};
 
-use super::global::AddrHash;
 use super::thread_cache::thread_serial;
 use super::{lock, EventPool};
-use crate::arena::{ArenaError, LocalArena};
+use crate::arena::LocalArena;
 use crate::error::MrResult;
 use crate::util::cross_thread::Origin;
 
@@ -72,101 +70,20 @@ impl fmt::Display for ArenaKey {
 }
 
 /// What an arena's lock protects.
+///
+/// Every block in the arena was allocated on the arena's own stream: the global arena lends
+/// only fresh superblocks, so a superblock never arrives with blocks another stream allocated
+/// or whose free is still pending.
 #[derive(Debug, Default)]
 pub(super) struct ArenaSlot {
     /// The superblocks and their blocks.
     pub(super) arena: LocalArena,
-    /// Events recorded on other streams that freed blocks into this arena (or on the legacy
-    /// stream, for a block another thread allocated). The arena's own stream waits on all of
-    /// them (device side) before this arena hands out any block.
+    /// Events recorded on other streams that freed blocks into this arena. The arena's own
+    /// stream waits on all of them (device side) before this arena hands out any block.
     pub(super) fences: Vec<CudaEvent>,
-    /// Blocks that were already handed out when their superblock joined this arena (a
-    /// partially used superblock lent after defragmentation or a thread exit): another arena's
-    /// stream allocated them, so their [`Origin`] is unknown here, and some may have a free
-    /// still queued in the resource's pending queue. An entry may outlive its block, which only
-    /// makes a later free of that address more careful; empty in the common case, so the hot
-    /// path only checks `is_empty`.
-    inherited: HashMap<u64, Inherited, AddrHash>,
-}
-
-/// What this arena knows of a block that was live when its superblock arrived.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Inherited {
-    /// Allocated by another arena's stream, still live.
-    Live,
-    /// Its free is queued until its stream reaches it (freed on another stream while the
-    /// superblock was in the global arena): it stays allocated in the superblock until the queue
-    /// releases it, and a caller's free of it is a double free.
-    FreePending,
 }
 
 impl ArenaSlot {
-    /// A caller's free of `(addr, size)` in this arena ([`LocalArena::deallocate`]), refusing a
-    /// block whose earlier free is still pending.
-    pub(super) fn free(&mut self, addr: u64, size: usize) -> Result<bool, ArenaError> {
-        if !self.inherited.is_empty() && self.inherited.get(&addr) == Some(&Inherited::FreePending)
-        {
-            return Err(ArenaError::DoubleFree { addr, size });
-        }
-        self.arena.deallocate(addr, size)
-    }
-
-    /// Records the blocks live in a superblock that just joined this arena, and which of them
-    /// have a free queued.
-    pub(super) fn inherit(&mut self, blocks: impl IntoIterator<Item = (u64, Inherited)>) {
-        self.inherited.extend(blocks);
-    }
-
-    /// The pending queue's release of `(addr, size)`: the free the caller made earlier now takes
-    /// effect.
-    pub(super) fn release_pending(&mut self, addr: u64, size: usize) -> Result<bool, ArenaError> {
-        let freed = self.arena.deallocate(addr, size);
-        if matches!(freed, Ok(true)) {
-            self.forget_inherited(addr);
-        }
-        freed
-    }
-
-    /// How many blocks here wait for their pending free.
-    pub(super) fn pending_len(&self) -> usize {
-        self.inherited
-            .values()
-            .filter(|&&state| state == Inherited::FreePending)
-            .count()
-    }
-
-    /// The [`Origin`] of the live block at `addr` of this arena, whose key is `key`: the key's
-    /// own, unless the block was live when its superblock arrived.
-    #[inline]
-    pub(super) fn origin(&self, key: ArenaKey, addr: u64) -> Origin {
-        if !self.inherited.is_empty() && self.inherited.contains_key(&addr) {
-            Origin::Unknown
-        } else {
-            key.origin()
-        }
-    }
-
-    /// The block at `addr` was freed into this arena (or its superblock left it).
-    #[inline]
-    pub(super) fn forget_inherited(&mut self, addr: u64) {
-        if !self.inherited.is_empty() {
-            self.inherited.remove(&addr);
-        }
-    }
-
-    /// Forgets the inherited blocks whose superblock is no longer in this arena (the global
-    /// arena's own records cover those it holds).
-    pub(super) fn prune_inherited(&mut self) {
-        let arena = &self.arena;
-        self.inherited.retain(|&addr, _| arena.contains(addr));
-    }
-
-    /// Number of blocks recorded as allocated elsewhere.
-    #[cfg(test)]
-    pub(super) fn foreign_count(&self) -> usize {
-        self.inherited.len()
-    }
-
     /// Makes `stream` (this arena's stream) wait on every fence, then recycles them.
     pub(super) fn wait_fences(
         &mut self,
@@ -214,15 +131,6 @@ impl ArenaCell {
     /// Locks the arena.
     pub(super) fn lock(&self) -> MutexGuard<'_, ArenaSlot> {
         lock(&self.slot)
-    }
-
-    /// Locks the arena if that does not block.
-    pub(super) fn try_lock(&self) -> Option<MutexGuard<'_, ArenaSlot>> {
-        match self.slot.try_lock() {
-            Ok(guard) => Some(guard),
-            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        }
     }
 
     pub(super) fn is_retired(&self) -> bool {

@@ -2,20 +2,20 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, Weak};
 
 use rmm_stream::{CudaEvent, CudaStreamView};
 use rmm_sys::DevicePtr;
 
 use super::fence::FreeFence;
-use super::global::{GlobalState, Held, PendingFree, PendingQueue};
+use super::global::{GlobalState, PendingFree, PendingQueue};
 use super::thread_cache::{self, ThreadExit};
 use super::{fence, lock, read, write, ArenaCell, ArenaKey, ArenaOptions, ArenaSlot, EventPool};
 use super::{DUMP_LOG_TARGET, UPSTREAM_ALIGNMENT};
 use crate::arena::{
-    align_down, align_to_size_class, align_up, ArenaError, Block, GlobalArena, SuperblockLocation,
-    SUPERBLOCK_MIN_SIZE,
+    align_down, align_to_size_class, align_up, ArenaError, Block, GlobalArena, Superblock,
+    SuperblockLocation, SUPERBLOCK_MIN_SIZE,
 };
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
@@ -24,6 +24,15 @@ use crate::util::format::format_bytes;
 
 /// Pending frees looked at by every allocation that touches the global arena.
 const REAP_BATCH: usize = 2;
+
+/// A way to make room when an allocation fails, in the order they are tried.
+#[derive(Debug, Clone, Copy)]
+enum Relief {
+    /// Take the empty superblocks of every arena back ([`State::reclaim`]).
+    Reclaim,
+    /// RMM's defragmentation: take every superblock back ([`State::defragment`]).
+    Defragment,
+}
 
 static NEXT_RESOURCE_SERIAL: AtomicU64 = AtomicU64::new(1);
 
@@ -52,18 +61,19 @@ pub(super) struct State<U: DeviceMemoryResource> {
     gpu: bool,
     dump_log_on_failure: bool,
     use_size_classes: bool,
-    /// The most free bytes a local arena keeps in superblocks emptied by its own large frees.
-    keep_limit: usize,
+    /// Local arenas in the map (for the kept-memory limit, [`keep_limit`]); set under the map's
+    /// write lock, read without it.
+    arena_count: AtomicUsize,
+    /// Serializes making room ([`reclaim`](Self::reclaim), [`defragment`](Self::defragment)).
+    relieving: Mutex<()>,
+    /// How many times room was made (a thread that waited for another's just retries).
+    reliefs: AtomicU64,
     global: Mutex<GlobalState>,
     pending: PendingQueue,
     arenas: RwLock<HashMap<ArenaKey, Arc<ArenaCell>>>,
     events: EventPool,
 }
 
-/// How many free bytes a local arena may keep in superblocks its own large frees emptied (see
-/// [`GlobalState::keep`]): 1/64 of the arena, or up to 64 MiB (at most a quarter of the arena)
-/// in small arenas. Beyond that, large frees go back to the global arena after an event on the
-/// freeing stream, as without keeping.
 /// Whether the calling thread runs on rmm-sys's simulated driver (tests only): an arena built
 /// there then makes its stream calls (events, waits, synchronizations) as with a GPU, so tests
 /// can make them fail.
@@ -74,8 +84,15 @@ fn simulated_driver() -> bool {
     false
 }
 
-fn keep_limit(arena_size: usize) -> usize {
-    (arena_size / 64).max((arena_size / 4).min(64 << 20))
+/// How many free bytes each of `arenas` local arenas may keep in superblocks its own large
+/// frees emptied (see [`GlobalState::keep`]): together at most 1/64 of the arena (1/1024 each
+/// for 16 streams), but each up to 16 MiB (at most a quarter of the arena) in small arenas.
+/// Beyond that, large frees go back to the global arena after an event on the freeing stream,
+/// as without keeping. Memory kept is lost to the other streams until a reclaim or a
+/// defragmentation: 1/64 for each of 16 streams cost 8 points of capacity
+/// (`docs/internals/arena.md`).
+fn keep_limit(arena_size: usize, arenas: usize) -> usize {
+    (arena_size / 64 / arenas.max(1)).max((arena_size / 4).min(16 << 20))
 }
 
 fn wrong_free(ptr: DevicePtr, bytes: usize, error: ArenaError) -> MrError {
@@ -135,7 +152,9 @@ impl<U: DeviceMemoryResource> State<U> {
             gpu,
             dump_log_on_failure: options.dump_log_on_failure,
             use_size_classes: options.use_size_classes,
-            keep_limit: keep_limit(size),
+            arena_count: AtomicUsize::new(0),
+            relieving: Mutex::new(()),
+            reliefs: AtomicU64::new(0),
             global: Mutex::new(GlobalState::new(arena)),
             pending: PendingQueue::default(),
             arenas: RwLock::default(),
@@ -212,6 +231,7 @@ impl<U: DeviceMemoryResource> State<U> {
                 None => {
                     let cell = Arc::new(ArenaCell::new(key));
                     map.insert(key, Arc::clone(&cell));
+                    self.arena_count.store(map.len(), Ordering::Relaxed);
                     (cell, true)
                 }
             }
@@ -228,8 +248,10 @@ impl<U: DeviceMemoryResource> State<U> {
 
     // --- allocation -------------------------------------------------------------------------
 
-    /// `allocate(stream, bytes)`: RMM's algorithm (local arena or global arena, then
-    /// defragmentation and one retry, then out-of-memory).
+    /// `allocate(stream, bytes)`: RMM's algorithm (local arena or global arena), and when that
+    /// fails two ways to make room, each followed by a retry: first a reclaim of the empty
+    /// superblocks of every local arena ([`reclaim`](Self::reclaim)), then RMM's
+    /// defragmentation ([`defragment`](Self::defragment)); then out-of-memory.
     pub(super) fn allocate(
         self: &Arc<Self>,
         stream: CudaStreamView<'_>,
@@ -244,14 +266,61 @@ impl<U: DeviceMemoryResource> State<U> {
             _ => return Err(self.out_of_memory(bytes)),
         };
         let key = ArenaKey::of(stream)?;
+        let mut seen = self.reliefs.load(Ordering::Acquire);
         if let Some(addr) = self.try_allocate(stream, key, size)? {
             return Ok(DevicePtr::from_raw(addr));
         }
-        self.defragment()?;
-        if let Some(addr) = self.try_allocate(stream, key, size)? {
-            return Ok(DevicePtr::from_raw(addr));
+        for relief in [Relief::Reclaim, Relief::Defragment] {
+            {
+                // One thread at a time makes room; one that waited for another's just retries.
+                let _making_room = lock(&self.relieving);
+                if self.reliefs.load(Ordering::Acquire) == seen {
+                    match relief {
+                        Relief::Reclaim => self.reclaim()?,
+                        Relief::Defragment => self.defragment()?,
+                    }
+                    self.reliefs.fetch_add(1, Ordering::AcqRel);
+                }
+                seen = self.reliefs.load(Ordering::Acquire);
+            }
+            if let Some(addr) = self.try_allocate(stream, key, size)? {
+                return Ok(DevicePtr::from_raw(addr));
+            }
         }
+        self.retire_if_empty(key);
         Err(self.out_of_memory(bytes))
+    }
+
+    /// Retires the arena of `key` if it holds nothing: a failed allocation on a new stream
+    /// leaves no empty arena behind.
+    fn retire_if_empty(&self, key: ArenaKey) {
+        let cell = read(&self.arenas).get(&key).cloned();
+        if let Some(cell) = cell {
+            self.retire_empty([cell]);
+            thread_cache::forget(self.serial, key);
+        }
+    }
+
+    /// Retires those of `cells` that hold no superblock (their thread or stream gets a new
+    /// arena on its next call), so that arenas of streams that no longer exist do not pile up.
+    /// Their fences guard nothing any more (a fence orders the reuse of blocks freed into the
+    /// arena) and go back to the pool.
+    fn retire_empty(&self, cells: impl IntoIterator<Item = Arc<ArenaCell>>) {
+        let mut map = write(&self.arenas);
+        for cell in cells {
+            let mut slot = cell.lock();
+            if cell.is_retired() || slot.arena.superblock_count() > 0 {
+                continue;
+            }
+            for event in slot.fences.drain(..) {
+                self.events.give(event);
+            }
+            cell.retire(&mut slot);
+            if map.get(&cell.key()).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+                map.remove(&cell.key());
+            }
+        }
+        self.arena_count.store(map.len(), Ordering::Relaxed);
     }
 
     fn out_of_memory(&self, bytes: usize) -> MrError {
@@ -288,14 +357,9 @@ impl<U: DeviceMemoryResource> State<U> {
             }
             let done = self.pending.take_completed(REAP_BATCH);
             let mut global = self.lock_global();
-            let mut held = Held { cell, slot };
-            if self.release(&mut global, done, Some(&mut held)) > 0 {
-                if let Some(addr) = held.slot.arena.allocate_local(size) {
-                    return Ok(Some(addr));
-                }
-            }
-            if global.lend(size, cell, held.slot) {
-                return Ok(held.slot.arena.allocate_local(size));
+            self.release(&mut global, done);
+            if global.lend(size, cell, slot) {
+                return Ok(slot.arena.allocate_local(size));
             }
             drop(global);
             // Memory may sit in frees whose streams have since moved on.
@@ -304,13 +368,9 @@ impl<U: DeviceMemoryResource> State<U> {
                 return Ok(None);
             }
             let mut global = self.lock_global();
-            if self.release(&mut global, done, Some(&mut held)) > 0 {
-                if let Some(addr) = held.slot.arena.allocate_local(size) {
-                    return Ok(Some(addr));
-                }
-            }
-            if global.lend(size, cell, held.slot) {
-                return Ok(held.slot.arena.allocate_local(size));
+            self.release(&mut global, done);
+            if global.lend(size, cell, slot) {
+                return Ok(slot.arena.allocate_local(size));
             }
             Ok(None)
         })
@@ -336,16 +396,11 @@ impl<U: DeviceMemoryResource> State<U> {
     }
 
     /// Releases completed pending frees (see [`GlobalState::release_completed`]).
-    fn release(
-        &self,
-        global: &mut GlobalState,
-        done: Vec<PendingFree>,
-        held: Option<&mut Held<'_>>,
-    ) -> usize {
+    fn release(&self, global: &mut GlobalState, done: Vec<PendingFree>) -> usize {
         if done.is_empty() {
             return 0;
         }
-        global.release_completed(done, held, &self.pending, &self.events)
+        global.release_completed(done, &self.events)
     }
 
     /// A large request served by the superblocks the stream's arena kept from its own large
@@ -373,13 +428,13 @@ impl<U: DeviceMemoryResource> State<U> {
     fn allocate_large(&self, size: usize, origin: Origin) -> Option<u64> {
         let done = self.pending.take_completed(REAP_BATCH);
         let mut global = self.lock_global();
-        self.release(&mut global, done, None);
+        self.release(&mut global, done);
         let mut addr = global.arena.allocate_large(size);
         if addr.is_none() {
             drop(global);
             let done = self.pending.take_completed(usize::MAX);
             global = self.lock_global();
-            if self.release(&mut global, done, None) > 0 {
+            if self.release(&mut global, done) > 0 {
                 addr = global.arena.allocate_large(size);
             }
         }
@@ -387,6 +442,104 @@ impl<U: DeviceMemoryResource> State<U> {
             global.large_live.insert(addr, (size, origin));
         }
         addr
+    }
+
+    /// Makes room without disturbing the arenas' partly used superblocks: takes the empty
+    /// superblocks (kept ones included) out of every local arena, waits, holding no lock, until
+    /// the device has finished all the work queued so far, then gives them to the global arena,
+    /// where they merge with the free memory around them, together with every pending free.
+    ///
+    /// Why that is enough: a superblock is empty once every block of it was freed, and a block
+    /// is freed only after the work that uses it was queued (on the arena's stream, or on
+    /// another stream that recorded a fence before the free), so all of that work was queued
+    /// before the superblock was taken out, and the synchronization waits for it; the same holds
+    /// for the pending frees taken before it. No other arena can touch the superblocks in
+    /// between: they are out of their arena, still recorded as lent, with no owner.
+    ///
+    /// RMM has no such step (its defragmentation moves every superblock back, used or not,
+    /// after a device synchronization under an exclusive lock).
+    fn reclaim(&self) -> MrResult<()> {
+        let cells: Vec<Arc<ArenaCell>> = read(&self.arenas).values().cloned().collect();
+        let mut taken: Vec<(Arc<ArenaCell>, Vec<Superblock>)> = Vec::new();
+        for cell in cells {
+            let mut slot = cell.lock();
+            if cell.is_retired() || !slot.arena.has_empty() {
+                continue;
+            }
+            let empty = slot.arena.take_empty();
+            let mut global = self.lock_global();
+            for sb in &empty {
+                global.owners.remove(&sb.addr());
+                global.in_transit.push(sb.span());
+            }
+            drop(global);
+            drop(slot);
+            taken.push((cell, empty));
+        }
+        let pending = self.pending.take_all();
+        if taken.is_empty() && pending.is_empty() {
+            return Ok(());
+        }
+        if self.gpu {
+            if let Err(e) = fence::device_synchronize() {
+                self.undo_reclaim(taken, pending);
+                return Err(e.into());
+            }
+        }
+        let mut global = self.lock_global();
+        let mut emptied = Vec::with_capacity(taken.len());
+        for (cell, superblocks) in taken {
+            for sb in superblocks {
+                let span = sb.span();
+                global.in_transit.retain(|s| *s != span);
+                if let Err(rejected) = global.arena.release(sb) {
+                    log::error!("arena: reclaiming a superblock: {rejected}");
+                }
+            }
+            emptied.push(cell);
+        }
+        self.release(&mut global, pending);
+        drop(global);
+        self.retire_empty(emptied);
+        Ok(())
+    }
+
+    /// A reclaim whose synchronization failed: the superblocks go back to their arenas (as
+    /// superblocks for small requests: they are empty) and the pending frees to the queue,
+    /// so nothing is handed to another stream. Those of an arena retired meanwhile stay in
+    /// transit (lost to the allocator until it is dropped), as nothing says their stream is
+    /// done with them.
+    #[cold]
+    fn undo_reclaim(
+        &self,
+        taken: Vec<(Arc<ArenaCell>, Vec<Superblock>)>,
+        pending: Vec<PendingFree>,
+    ) {
+        for (cell, superblocks) in taken {
+            let mut slot = cell.lock();
+            if cell.is_retired() {
+                log::error!(
+                    "arena: {} superblock(s) of a retired arena stay unused after a failed \
+                     synchronization",
+                    superblocks.len()
+                );
+                continue;
+            }
+            let mut global = self.lock_global();
+            for sb in superblocks {
+                let span = sb.span();
+                match slot.arena.adopt(sb) {
+                    Ok(()) => {
+                        global.in_transit.retain(|s| *s != span);
+                        global.owners.insert(span.addr, Arc::clone(&cell));
+                    }
+                    Err(rejected) => log::error!("arena: {rejected}"),
+                }
+            }
+        }
+        for entry in pending {
+            self.pending.push(entry);
+        }
     }
 
     /// RMM's defragmentation: synchronize the device, then move every local arena's
@@ -413,9 +566,10 @@ impl<U: DeviceMemoryResource> State<U> {
                 map.remove(&cell.key());
             }
         }
+        self.arena_count.store(map.len(), Ordering::Relaxed);
         // Everything recorded before the synchronization has completed.
         let all = self.pending.take_all();
-        self.release(&mut global, all, None);
+        self.release(&mut global, all);
         Ok(())
     }
 
@@ -499,10 +653,10 @@ impl<U: DeviceMemoryResource> State<U> {
     ///
     /// The block becomes reusable by `holder`'s stream once that stream has waited on the
     /// fence (pushed to the arena's fences), or at once when `holder` is the freeing stream
-    /// itself. A block allocated on another thread's per-thread default stream (or one whose
-    /// origin is unknown here) freed on this thread's per-thread stream is first ordered behind
-    /// the legacy stream ([`crate::util::cross_thread`]), unless it goes back to its allocating
-    /// thread's own arena, whose stream orders that thread's work anyway.
+    /// itself. Every block of an arena was allocated on the arena's own stream (loans are fresh
+    /// superblocks), so a block freed here goes back to its allocating stream, whose own work
+    /// that stream orders: no legacy-stream ordering is needed even for a free from another
+    /// thread's per-thread default stream ([`crate::util::cross_thread`]).
     #[inline]
     fn free_into(
         &self,
@@ -513,17 +667,11 @@ impl<U: DeviceMemoryResource> State<U> {
         size: usize,
         fence: &mut FreeFence,
     ) -> MrResult<bool> {
-        let addr = ptr.addr();
-        let origin = slot.origin(holder, addr);
-        if needs_legacy_order(fence.freeing.thread(), origin, origin == holder.origin()) {
-            self.order_behind_legacy(fence)?;
-        }
-        match slot.free(addr, size) {
+        match slot.arena.deallocate(ptr.addr(), size) {
             Ok(true) => {}
             Ok(false) => return Ok(false),
             Err(e) => return Err(wrong_free(ptr, bytes, e)),
         }
-        slot.forget_inherited(addr);
         if let Some(event) = fence.event.take() {
             if holder == fence.freeing && !fence.on_legacy {
                 // The freeing stream's own arena: its later work follows the free already.
@@ -560,7 +708,7 @@ impl<U: DeviceMemoryResource> State<U> {
             // short even when allocations are served by kept superblocks and never reap it.
             let done = self.pending.take_completed(REAP_BATCH);
             let mut global = self.lock_global();
-            self.release(&mut global, done, None);
+            self.release(&mut global, done);
             return match global.large_live.get(&addr).copied() {
                 Some((live, origin)) if live == size => {
                     if !fence.on_legacy && needs_legacy_order(key.thread(), origin, false) {
@@ -629,7 +777,8 @@ impl<U: DeviceMemoryResource> State<U> {
             if self.free_into(key, slot, ptr, bytes, size, fence)? {
                 return Ok(true);
             }
-            let room = self.keep_limit.saturating_sub(slot.arena.kept_free_bytes());
+            let limit = keep_limit(self.size, self.arena_count.load(Ordering::Relaxed));
+            let room = limit.saturating_sub(slot.arena.kept_free_bytes());
             if room <= SUPERBLOCK_MIN_SIZE {
                 return Ok(false);
             }
@@ -699,6 +848,11 @@ impl<U: DeviceMemoryResource> State<U> {
                 }
                 Some(SuperblockLocation::Lent(span)) => match global.owners.get(&span.addr) {
                     Some(owner) => Arc::clone(owner),
+                    // An empty superblock on its way back to the global arena: all free.
+                    None if global.in_transit.contains(&span) => {
+                        drop(global);
+                        return fail(&mut fence, ArenaError::DoubleFree { addr, size: bytes });
+                    }
                     None => {
                         drop(global);
                         log::error!("arena: lent superblock {span} has no recorded owner");
@@ -727,10 +881,10 @@ impl<U: DeviceMemoryResource> State<U> {
 
     // --- introspection ----------------------------------------------------------------------
 
-    /// RMM's memory dump: the global arena (superblocks, free memory, fragmentation), the frees
+    /// RMM's memory dump: the global arena (free memory, fragmentation, loans), the frees
     /// waiting for their streams, and a summary line per local arena.
     pub(super) fn memory_dump(&self, failed_request: Option<usize>) -> String {
-        let locals: Vec<(ArenaKey, String, usize, usize, usize, usize)> = read(&self.arenas)
+        let locals: Vec<(ArenaKey, String, usize, usize, usize)> = read(&self.arenas)
             .values()
             .map(|cell| {
                 let slot = cell.lock();
@@ -740,7 +894,6 @@ impl<U: DeviceMemoryResource> State<U> {
                     slot.arena.kept_superblock_count(),
                     slot.arena.kept_free_bytes(),
                     slot.fences.len(),
-                    slot.pending_len(),
                 )
             })
             .collect();
@@ -754,11 +907,18 @@ impl<U: DeviceMemoryResource> State<U> {
             format_bytes(pending_bytes)
         );
         let _ = writeln!(out, "Local arenas: {}", locals.len());
-        for (key, stats, kept, kept_free, fences, pending) in locals {
+        if !global.in_transit.is_empty() {
+            let _ = writeln!(
+                out,
+                "Superblocks on their way back to the global arena: {}",
+                global.in_transit.len()
+            );
+        }
+        for (key, stats, kept, kept_free, fences) in locals {
             let _ = writeln!(
                 out,
                 "  {key}: {stats}, {kept} kept for large requests ({} free), {fences} fence(s) \
-                 to wait for, {pending} block(s) whose free waits for its stream",
+                 to wait for",
                 format_bytes(kept_free)
             );
         }
@@ -775,7 +935,7 @@ impl<U: DeviceMemoryResource> State<U> {
             }
         }
         let mut global = self.lock_global();
-        self.release(&mut global, all, None);
+        self.release(&mut global, all);
         drop(global);
         // Kept superblocks are frees their stream may reuse at once: make them visible too.
         let cells: Vec<Arc<ArenaCell>> = read(&self.arenas).values().cloned().collect();
@@ -798,9 +958,7 @@ impl<U: DeviceMemoryResource> State<U> {
             }
         }
         let global = self.lock_global();
-        for sb in global.arena.superblocks() {
-            live.extend(sb.live_blocks().map(|b| (b.addr, b.size)));
-        }
+        live.extend(global.arena.live_blocks().map(|b| (b.addr, b.size)));
         live.retain(|(addr, _)| !global.pending_addrs.contains(addr));
         live.sort_unstable();
         live
@@ -815,15 +973,10 @@ impl<U: DeviceMemoryResource> State<U> {
     /// Counters for tests.
     #[cfg(test)]
     pub(super) fn snapshot(&self) -> Snapshot {
-        let (arenas, foreign) = {
-            let map = read(&self.arenas);
-            let foreign = map.values().map(|c| c.lock().foreign_count()).sum();
-            (map.len(), foreign)
-        };
+        let arenas = read(&self.arenas).len();
         let global = self.lock_global();
         Snapshot {
-            foreign,
-            held_superblocks: global.arena.superblock_count(),
+            free_blocks: global.arena.free_block_count(),
             lent_superblocks: global.arena.lent_superblock_count(),
             fully_coalesced: global.arena.is_fully_coalesced(),
             arenas,
@@ -837,14 +990,13 @@ impl<U: DeviceMemoryResource> State<U> {
 #[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Snapshot {
-    pub(super) held_superblocks: usize,
+    /// Free blocks of the global arena.
+    pub(super) free_blocks: usize,
     pub(super) lent_superblocks: usize,
     pub(super) fully_coalesced: bool,
     pub(super) arenas: usize,
     pub(super) pending: usize,
     pub(super) large_live: usize,
-    /// Blocks recorded, over all local arenas, as allocated by another arena's stream.
-    pub(super) foreign: usize,
 }
 
 impl<U: DeviceMemoryResource> ThreadExit for State<U> {
@@ -867,6 +1019,7 @@ impl<U: DeviceMemoryResource> ThreadExit for State<U> {
             if map.get(&cell.key()).is_some_and(|c| Arc::ptr_eq(c, cell)) {
                 map.remove(&cell.key());
             }
+            self.arena_count.store(map.len(), Ordering::Relaxed);
         }
         // Wait for the fences other streams left here with the arena unlocked (a cross-arena
         // free into it must not wait for that), until none is left under the lock.
@@ -895,7 +1048,9 @@ impl<U: DeviceMemoryResource> ThreadExit for State<U> {
         } else {
             // Refused superblocks (a bug): leave them to defragmentation.
             drop(slot);
-            write(&self.arenas).insert(cell.key(), Arc::clone(cell));
+            let mut map = write(&self.arenas);
+            map.insert(cell.key(), Arc::clone(cell));
+            self.arena_count.store(map.len(), Ordering::Relaxed);
         }
     }
 }
@@ -950,5 +1105,26 @@ impl<U: DeviceMemoryResource> Drop for State<U> {
         if let Err(e) = freed {
             log::error!("arena: returning the arena to the upstream resource failed: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::keep_limit;
+
+    const MIB: usize = 1 << 20;
+    const GIB: usize = 1 << 30;
+
+    /// The arenas share 1/64 of a large arena; small arenas keep up to 16 MiB each (at most a
+    /// quarter of the arena).
+    #[test]
+    fn kept_memory_is_shared_between_the_arenas() {
+        assert_eq!(keep_limit(64 * GIB, 1), GIB);
+        assert_eq!(keep_limit(64 * GIB, 0), GIB);
+        assert_eq!(keep_limit(64 * GIB, 16), 64 * MIB);
+        assert_eq!(keep_limit(36 * GIB, 16), 36 * MIB);
+        assert_eq!(keep_limit(GIB, 16), 16 * MIB);
+        assert_eq!(keep_limit(16 * MIB, 1), 4 * MIB);
+        assert_eq!(keep_limit(256 * MIB, 3), 16 * MIB);
     }
 }

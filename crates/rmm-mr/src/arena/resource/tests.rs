@@ -238,7 +238,7 @@ fn small_blocks_are_first_fit_rounded_and_reused() {
     free(&mr, legacy(), c, 256);
     free(&mr, legacy(), d, 300);
     let s = snapshot(&mr);
-    assert_eq!((s.lent_superblocks, s.held_superblocks), (1, 1));
+    assert_eq!((s.lent_superblocks, s.free_blocks), (1, 1));
 }
 
 #[test]
@@ -349,8 +349,8 @@ fn kept_blocks_freed_by_another_stream_go_back_to_their_arena() {
     free(&mr, legacy(), third, 3 * MIB);
 }
 
-/// A stream keeps at most 1/64 of the arena (up to 64 MiB, at most a quarter, in small
-/// arenas) free in kept superblocks; larger frees go back to the global arena.
+/// A stream keeps a bounded amount free in kept superblocks (here, in a small arena, a quarter
+/// of it); larger frees go back to the global arena.
 #[test]
 fn kept_memory_is_bounded() {
     let (_mock, mr) = arena(16 * MIB);
@@ -507,18 +507,15 @@ fn exhaustion_defragments_and_retries() {
         free(&mr, legacy(), p, MIB);
     }
     let s = snapshot(&mr);
-    assert_eq!(
-        (s.lent_superblocks, s.held_superblocks, s.arenas),
-        (4, 0, 1)
-    );
-    // A request of the whole arena succeeds through defragmentation.
+    assert_eq!((s.lent_superblocks, s.free_blocks, s.arenas), (4, 0, 1));
+    // A request of the whole arena succeeds once the empty superblocks are reclaimed.
     let whole = alloc(&mr, legacy(), 4 * MIB);
     assert_eq!(whole.addr(), base(&mr));
     let s = snapshot(&mr);
     assert_eq!(
         (s.lent_superblocks, s.arenas),
         (0, 0),
-        "defragmentation retires every local arena"
+        "making room retires the arenas it left empty"
     );
     free(&mr, legacy(), whole, 4 * MIB);
     // Same for a small request from another arena while the legacy one holds everything.
@@ -567,6 +564,11 @@ fn out_of_memory_when_truly_full() {
             )),
             "{text}"
         );
+        assert_eq!(
+            snapshot(&mr).arenas,
+            0,
+            "a failed request leaves no empty arena behind"
+        );
     }
     let dump = mr.memory_dump();
     assert!(dump.contains("Arena size: 4.000000 MiB"), "{dump}");
@@ -581,8 +583,9 @@ fn out_of_memory_when_truly_full() {
 
 /// RMM `ArenaTest.PerThreadToStreamDealloc`, without CUDA: RMM's owned stream becomes the
 /// per-thread arena of a helper thread that stays alive, RMM's default stream the legacy one.
-/// A block allocated in a per-thread arena whose superblock moved (defragmentation) to the
-/// global arena and then to the legacy arena can still be freed from the per-thread stream.
+/// A block allocated in a per-thread arena whose superblock went back to the global arena
+/// (defragmentation), after the legacy arena took the memory beside it, can still be freed
+/// from the per-thread stream.
 #[test]
 fn per_thread_to_stream_free() {
     let (_mock, mr) = arena(2 * MIB);
@@ -600,19 +603,16 @@ fn per_thread_to_stream_free() {
         })
     };
     done_rx.recv().unwrap();
-    assert_eq!(
-        snapshot(&mr).held_superblocks,
-        0,
-        "the global arena is empty"
-    );
-    // This defragments, and the legacy arena gets the empty superblock...
+    assert_eq!(snapshot(&mr).free_blocks, 0, "the global arena is empty");
+    // The helper's empty superblock is reclaimed for the legacy arena...
     let ptr1 = alloc(&mr, legacy(), MIB);
     assert_eq!(ptr1.addr(), base(&mr) + MIB as u64);
-    // ...then the partially used one holding `thread_ptr`.
+    // ...then defragmentation dissolves this thread's superblock: the memory beside
+    // `thread_ptr`, less than a superblock, is lent whole.
     let ptr2 = alloc(&mr, legacy(), 32 * KIB);
     assert_eq!(ptr2.addr(), thread_ptr.addr() + 256);
     let s = snapshot(&mr);
-    assert_eq!((s.lent_superblocks, s.arenas), (2, 1));
+    assert_eq!((s.lent_superblocks, s.arenas), (1, 1));
     free(&mr, per_thread(), thread_ptr, 256);
     free(&mr, legacy(), ptr1, MIB);
     free(&mr, legacy(), ptr2, 32 * KIB);
@@ -657,11 +657,13 @@ fn large_blocks_freed_on_another_threads_per_thread_stream_are_not_kept() {
     });
 }
 
-/// Blocks that were live when their superblock joined an arena (after a defragmentation) are
-/// recorded as allocated elsewhere until they are freed; with a GPU, a free of one on the
-/// holding thread's per-thread stream waits for an event on the legacy stream.
+/// A superblock that goes back to the global arena partly used (defragmentation, thread exit)
+/// dissolves there: its free memory merges with the free memory around it and serves any
+/// stream, a large request across its old boundary included, while its live blocks stay where
+/// they are and are freed from the global arena, from any stream (RMM lends such a superblock
+/// whole to the next arena that needs room, blocks in use included).
 #[test]
-fn blocks_of_a_moved_superblock_are_foreign_to_their_new_arena() {
+fn a_partly_used_superblock_dissolves_in_the_global_arena() {
     let (_mock, mr) = arena(2 * MIB);
     // This thread's arena takes the first 1 MiB superblock.
     let p = alloc(&mr, per_thread(), 256 * KIB);
@@ -670,37 +672,41 @@ fn blocks_of_a_moved_superblock_are_foreign_to_their_new_arena() {
     // Joined (not scoped), so the thread's exit, which returns its arena, is over.
     let q = std::thread::spawn(move || {
         let mr = worker;
-        // Larger than any free superblock: defragmentation gives the superblock holding `p`
-        // back to the global arena, and the request still fails.
-        let r = mr.allocate(per_thread(), 3 * MIB / 2, 256);
-        assert!(r.is_err_and(|e| e.is_out_of_memory()));
-        assert_eq!(snapshot(&mr).foreign, 0);
-        // The first fitting superblock is the partially used one: this thread's arena gets
-        // it, with `p` still live in it.
+        // 1.5 MiB: more than the free 1 MiB superblock, less than what is free around `p`
+        // once defragmentation dissolved its superblock.
+        let big = alloc(&mr, per_thread(), 3 * MIB / 2);
+        assert_eq!(big.addr(), p.addr() + 256 * KIB as u64);
+        let s = snapshot(&mr);
+        assert_eq!((s.lent_superblocks, s.arenas, s.large_live), (0, 0, 1));
+        free(&mr, per_thread(), big, 3 * MIB / 2);
+        mr.inner.settle();
+        // The free memory beside `p` is lent whole to this thread's arena...
         let q = alloc(&mr, per_thread(), 256 * KIB);
-        assert_eq!(q.addr(), p.addr() + 256 * KIB as u64);
-        assert_eq!(snapshot(&mr).foreign, 1);
-        // Freed here, on this thread's per-thread stream: no longer foreign.
+        assert_eq!(q, big);
+        assert_eq!(snapshot(&mr).lent_superblocks, 1);
+        // ...and `p`, still in the global arena, is freed from this thread.
         free(&mr, per_thread(), p, 256 * KIB);
-        assert_eq!(snapshot(&mr).foreign, 0);
-        let again = alloc(&mr, per_thread(), 256 * KIB);
-        assert_eq!(again, p, "first fit in this thread's arena");
-        free(&mr, per_thread(), again, 256 * KIB);
-        // `q` stays live: the superblock goes back to the global arena at thread exit.
+        mr.inner.settle();
+        assert_eq!(
+            kind(&try_free(&mr, per_thread(), p, 256 * KIB)),
+            InvalidFree::DoubleFree
+        );
+        // `q` stays live: its superblock goes back to the global arena at thread exit.
         q
     })
     .join()
     .unwrap();
     let s = snapshot(&mr);
-    assert_eq!((s.foreign, s.arenas), (0, 0), "{s:?}");
-    // This thread's arena now takes the superblock with `q` live in it: foreign here, until
-    // `q` is freed, here on another stream (the legacy one, whose free is the caller's word).
+    assert_eq!((s.lent_superblocks, s.arenas), (0, 0), "{s:?}");
+    // A superblock for this thread: the 1.5 MiB after `q`, lent whole (the 256 KiB before `q`
+    // are a smaller fit, kept for when no 1 MiB is left).
     let r = alloc(&mr, per_thread(), 256 * KIB);
-    assert_eq!(r, p);
-    assert_eq!(snapshot(&mr).foreign, 1);
+    assert_eq!(r.addr(), q.addr() + 256 * KIB as u64);
     free(&mr, legacy(), q, 256 * KIB);
-    assert_eq!(snapshot(&mr).foreign, 0);
     free(&mr, per_thread(), r, 256 * KIB);
+    mr.inner.settle();
+    let whole = alloc(&mr, legacy(), 2 * MIB);
+    free(&mr, legacy(), whole, 2 * MIB);
 }
 
 #[test]
