@@ -39,17 +39,25 @@ pub struct CudaStream {
     device: DeviceId,
     /// Registered as live until the stream is destroyed ([`crate::life`]).
     live: Option<LiveStream>,
+    /// `cuStreamGetId`, read once at creation (0 if that failed: views then ask the driver),
+    /// so that views answer [`CudaStreamView::id`] without a driver call.
+    id: u64,
 }
 
 impl CudaStream {
     /// Creates a stream on the current device.
     pub fn new(flags: StreamFlags) -> CudaResult<Self> {
         let device = rmm_sys::current_device()?;
-        let handle = raw::stream_create(flags.raw())? as usize;
+        let raw_handle = raw::stream_create(flags.raw())?;
+        // SAFETY: the stream was just created and is alive. A failure only costs the views
+        // their shortcut.
+        let id = unsafe { raw::stream_get_id(raw_handle) }.unwrap_or(0);
+        let handle = raw_handle as usize;
         Ok(Self {
             handle,
             device,
             live: Some(LiveStream::register(handle)),
+            id,
         })
     }
 
@@ -60,11 +68,15 @@ impl CudaStream {
     #[cfg(feature = "testing")]
     #[must_use]
     pub fn simulated(n: u32) -> Self {
-        let handle = rmm_sys::fault::fake_stream(n) as usize;
+        let fake = rmm_sys::fault::fake_stream(n);
+        // SAFETY: a fake handle never reaches a driver: the simulation answers its id.
+        let id = unsafe { raw::stream_get_id(fake) }.unwrap_or(0);
+        let handle = fake as usize;
         Self {
             handle,
             device: DeviceId(0),
             live: Some(LiveStream::register(handle)),
+            id,
         }
     }
 
@@ -81,8 +93,9 @@ impl CudaStream {
     /// A view of this stream, valid while the stream lives.
     #[must_use]
     pub fn view(&self) -> CudaStreamView<'_> {
-        // SAFETY: the handle is a live stream for as long as `self` is borrowed.
-        unsafe { CudaStreamView::from_raw(self.value()) }
+        // SAFETY: the handle is a live stream for as long as `self` is borrowed, and `id` is
+        // its id (or 0).
+        unsafe { CudaStreamView::with_id(self.value(), self.id) }
     }
 
     /// The raw handle.
@@ -147,5 +160,22 @@ mod tests {
         drop(s);
         assert!(!life.is_alive());
         assert!(crate::destroyed_streams() > before);
+    }
+
+    #[test]
+    fn views_of_an_owning_stream_know_its_id() {
+        use rmm_sys::fault::{self, DriverCall, FaultScope};
+        let s = CudaStream::simulated(0x5158);
+        let _scope = FaultScope::new();
+        // SAFETY: the fake handle is the stream's; a raw view knows no id and asks.
+        let asked = unsafe { CudaStreamView::from_raw(s.value()) }.id().unwrap();
+        assert_eq!(fault::calls(DriverCall::StreamId), 1);
+        assert_eq!(s.view().id(), Ok(asked));
+        assert_eq!(s.view().id(), Ok(asked));
+        assert_eq!(
+            fault::calls(DriverCall::StreamId),
+            1,
+            "the view asked the driver"
+        );
     }
 }

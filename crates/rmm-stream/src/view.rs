@@ -55,6 +55,11 @@ const PER_THREAD: usize = 0x2;
 #[derive(Clone, Copy)]
 pub struct CudaStreamView<'a> {
     handle: usize,
+    /// The stream's `cuStreamGetId` when the view knows it (views of a
+    /// [`CudaStream`](crate::CudaStream), which reads it once at creation), else 0: then
+    /// [`id`](Self::id) asks the driver. The view borrows the stream, so the id is that of the
+    /// stream the handle names for as long as the view exists.
+    id: u64,
     _stream: PhantomData<&'a ()>,
 }
 
@@ -84,6 +89,7 @@ impl CudaStreamView<'static> {
     const fn special(handle: usize) -> Self {
         Self {
             handle,
+            id: 0,
             _stream: PhantomData,
         }
     }
@@ -105,6 +111,19 @@ impl<'a> CudaStreamView<'a> {
     pub unsafe fn from_raw(stream: CUstream) -> Self {
         Self {
             handle: stream as usize,
+            id: 0,
+            _stream: PhantomData,
+        }
+    }
+
+    /// A view of a stream whose `cuStreamGetId` is `id` (0: not known).
+    ///
+    /// # Safety
+    /// As [`from_raw`](Self::from_raw), and `id` is 0 or the id of the stream `stream` names.
+    pub(crate) unsafe fn with_id(stream: CUstream, id: u64) -> Self {
+        Self {
+            handle: stream as usize,
+            id,
             _stream: PhantomData,
         }
     }
@@ -157,7 +176,16 @@ impl<'a> CudaStreamView<'a> {
 
     /// The driver's process-unique id of the stream (`cuStreamGetId`). Unlike the handle, an id
     /// is never reused by a later stream, so it is a safe key for per-stream state.
+    ///
+    /// A view of a [`CudaStream`](crate::CudaStream) knows the id (the stream read it once
+    /// when it was created) and answers without a driver call; other views ask the driver
+    /// each time (a handle alone may name a later stream once its stream is destroyed, so no
+    /// answer is cached by handle).
+    #[inline]
     pub fn id(&self) -> CudaResult<u64> {
+        if self.id != 0 {
+            return Ok(self.id);
+        }
         // SAFETY: as `synchronize`.
         unsafe { raw::stream_get_id(self.as_raw()) }
     }
@@ -243,6 +271,22 @@ mod tests {
         assert_eq!(CudaStreamView::legacy().to_string(), "0x1");
         assert_eq!(CudaStreamView::per_thread().to_string(), "0x2");
         assert_ne!(CudaStreamView::legacy(), CudaStreamView::per_thread());
+    }
+
+    #[test]
+    fn a_known_id_needs_no_driver_call() {
+        use rmm_sys::fault::{self, DriverCall, FaultScope};
+        let _scope = FaultScope::new();
+        let fake = rmm_sys::fault::fake_stream(7);
+        // SAFETY: a fake handle never reaches a driver; 42 stands for its id.
+        let known = unsafe { CudaStreamView::with_id(fake, 42) };
+        assert_eq!(known.id(), Ok(42));
+        assert_eq!(fault::calls(DriverCall::StreamId), 0);
+        // SAFETY: as above.
+        let unknown = unsafe { CudaStreamView::from_raw(fake) };
+        assert!(unknown.id().is_ok());
+        assert_eq!(fault::calls(DriverCall::StreamId), 1);
+        assert_eq!(known, unknown, "views compare by handle");
     }
 
     #[test]

@@ -60,6 +60,30 @@ fn stream_ids_are_unique() -> Result<(), Failed> {
     )
 }
 
+fn views_of_owned_streams_know_their_id() -> Result<(), Failed> {
+    use rmm_sys::fault::{self, DriverCall};
+    let s = CudaStream::non_blocking()?;
+    // SAFETY: the stream is alive; a view made from the raw handle knows no id.
+    let driver_id = unsafe { CudaStreamView::from_raw(s.value()) }.id()?;
+    let before = fault::calls(DriverCall::StreamId);
+    let id = s.view().id()?;
+    ensure(id == driver_id, "the view's id is not the driver's")?;
+    ensure(
+        fault::calls(DriverCall::StreamId) == before,
+        "a view of an owned stream asked the driver for its id",
+    )?;
+    let pool = CudaStreamPool::new(2, StreamFlags::NonBlocking)?;
+    let v = pool.get_stream();
+    let before = fault::calls(DriverCall::StreamId);
+    // SAFETY: the pool's stream is alive while `pool` is.
+    let raw_id = unsafe { CudaStreamView::from_raw(v.value()) }.id()?;
+    ensure(v.id()? == raw_id, "a pool stream's view id")?;
+    ensure(
+        fault::calls(DriverCall::StreamId) == before + 1,
+        "only the raw view asks the driver",
+    )
+}
+
 fn pool_round_robin_from_threads() -> Result<(), Failed> {
     ensure(
         CudaStreamPool::new(0, StreamFlags::SyncDefault).is_err(),
@@ -189,6 +213,10 @@ fn main() {
         gpu("create_sync_destroy", create_sync_destroy),
         gpu("special_streams_synchronize", special_streams_synchronize),
         gpu("stream_ids_are_unique", stream_ids_are_unique),
+        gpu(
+            "views_of_owned_streams_know_their_id",
+            views_of_owned_streams_know_their_id,
+        ),
         gpu(
             "pool_round_robin_from_threads",
             pool_round_robin_from_threads,
