@@ -14,6 +14,7 @@ pub(crate) const SUITES: &[(&str, &[&str])] = &[
         &[
             "util::alignment::tests::",
             "pool::free_list::",
+            "pool::size_index::",
             "stream_ordered::event_policy::",
             "stream_ordered::append_only::",
             "stream_ordered::handed::",

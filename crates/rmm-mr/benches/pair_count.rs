@@ -409,7 +409,9 @@ mod steps {
     impl Sources {
         fn enclosing(&mut self, file: &str, line: usize) -> Option<&str> {
             let fns = self.0.entry(file.to_owned()).or_insert_with(|| {
-                let text = std::fs::read_to_string(file).unwrap_or_default();
+                // Debug info names this workspace's files relative to its root.
+                let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+                let text = std::fs::read_to_string(root.join(file)).unwrap_or_default();
                 text.lines()
                     .enumerate()
                     .filter_map(|(i, l)| {
@@ -491,7 +493,14 @@ mod steps {
             ),
             (
                 "free list",
-                &["free_list", "btree", "vec_deque", "FreeBlocks>::take", "FreeBlocks>::put"],
+                &[
+                    "free_list",
+                    "size_index",
+                    "btree",
+                    "vec_deque",
+                    "FreeBlocks>::take",
+                    "FreeBlocks>::put",
+                ],
             ),
             (
                 "stream lookup",

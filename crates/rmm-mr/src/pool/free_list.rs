@@ -1,14 +1,17 @@
-//! The pool's coalescing best-fit free list (RMM's `coalescing_free_list`), in O(log n): two
-//! ordered indexes (by address, to find and coalesce neighbours and catch overlapping frees; by
-//! `(size, addr)`, for best fit with ties to the lowest address, RMM's choice). Always maximally
+//! The pool's coalescing best-fit free list (RMM's `coalescing_free_list`), in O(log n): the
+//! blocks in a slab, indexed twice: by end address (a `BTreeMap`, to find and coalesce
+//! neighbours and catch overlapping frees) and by `(size, addr)` in size classes
+//! ([`SizeIndex`], for best fit with ties to the lowest address, RMM's choice). Always maximally
 //! coalesced, except that blocks of different upstream chunks never merge. Design:
 //! `docs/internals/pool.md`.
 //!
 //! Pure bookkeeping: no CUDA calls; addresses are `u64`, sizes `usize`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Bound;
+
+use crate::pool::size_index::{NodeId, SizeIndex};
 
 /// A contiguous range of pool memory: `[addr, addr + size)`.
 ///
@@ -125,34 +128,41 @@ impl fmt::Display for FreeListError {
 
 impl std::error::Error for FreeListError {}
 
-/// Start and head flag of a free block, keyed by its end address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Entry {
+/// A free block in the list's slab.
+#[derive(Debug, Clone, Copy)]
+struct Node {
     addr: u64,
+    end: u64,
     is_head: bool,
 }
 
-/// Free blocks of the pool, coalesced on insert, handed out best fit; O(log n) per operation.
+impl Node {
+    fn block(&self) -> Block {
+        // The list only holds blocks whose size is a `usize`.
+        Block::new(self.addr, (self.end - self.addr) as usize, self.is_head)
+    }
+}
+
+/// Free blocks of the pool, coalesced on insert, handed out best fit; O(log n) per operation,
+/// and for the common cases of a pool (a block split from the front of a larger one, a block
+/// freed next to a free one) one search of the address index at most.
 ///
 /// See the module documentation for the design.
 #[doc(alias = "rmm::mr::detail::coalescing_free_list")]
 #[derive(Debug, Clone, Default)]
 pub struct CoalescingFreeList {
-    /// Free blocks by *end* address (blocks never overlap, so this is also address order).
-    /// Keyed by the end, the two most frequent changes keep their key: the remainder of a
-    /// split (allocation takes the front of a block) and a freed block merging into the free
-    /// block after it. Both update the entry in place.
-    by_end: BTreeMap<u64, Entry>,
+    /// Free blocks by *end* address (blocks never overlap, so this is also address order), to
+    /// their node. Keyed by the end, the two most frequent changes keep their key: the
+    /// remainder of a split (allocation takes the front of a block) and a freed block merging
+    /// into the free block after it. Both update the node in place.
+    by_end: BTreeMap<u64, NodeId>,
+    /// The blocks; `spare` lists the unused slots.
+    nodes: Vec<Node>,
+    spare: Vec<NodeId>,
     /// `(size, addr)` of every free block, for best fit.
-    by_size: BTreeSet<(usize, u64)>,
+    sizes: SizeIndex,
     /// Sum of the sizes of all free blocks.
     total: usize,
-}
-
-/// The block of an entry.
-fn block_of(end: u64, e: &Entry) -> Block {
-    // The list only holds blocks whose size is a `usize`.
-    Block::new(e.addr, (end - e.addr) as usize, e.is_head)
 }
 
 impl CoalescingFreeList {
@@ -183,12 +193,11 @@ impl CoalescingFreeList {
     /// A largest free block (the one with the highest address among equals), left in the list.
     #[must_use]
     pub fn largest(&self) -> Option<Block> {
-        let &(size, addr) = self.by_size.last()?;
-        let end = addr + size as u64;
-        self.by_end.get(&end).map(|e| block_of(end, e))
+        let (_, _, n) = self.sizes.largest()?;
+        Some(self.node(n).block())
     }
 
-    /// `(largest block size, total free bytes)`, RMM's `free_list_summary`; O(log n).
+    /// `(largest block size, total free bytes)`, RMM's `free_list_summary`; O(1).
     #[doc(alias = "free_list_summary")]
     #[must_use]
     pub fn summary(&self) -> (usize, usize) {
@@ -197,7 +206,7 @@ impl CoalescingFreeList {
 
     /// The free blocks in address order.
     pub fn iter(&self) -> impl DoubleEndedIterator<Item = Block> + ExactSizeIterator + '_ {
-        self.by_end.iter().map(|(&end, e)| block_of(end, e))
+        self.by_end.values().map(|&n| self.node(n).block())
     }
 
     /// The free block that starts exactly at `addr`, if any.
@@ -248,50 +257,74 @@ impl CoalescingFreeList {
         // One descent: the blocks ending at or after `block.addr`. The first one is the block
         // before (when it ends exactly at `block.addr`); the first one ending after
         // `block.addr` either overlaps `block` or is the block after it.
-        let mut from = self.by_end.range_mut(block.addr..);
-        let mut first = from.next();
+        let mut from = self.by_end.range(block.addr..);
+        let mut first = from.next().map(|(&e, &n)| (e, n));
         let prev = match first {
-            Some((&e, ref entry)) if e == block.addr => {
-                let prev = block_of(e, entry);
-                first = from.next();
-                Some(prev)
+            Some((e, n)) if e == block.addr => {
+                first = from.next().map(|(&e, &n)| (e, n));
+                Some(n)
             }
             _ => None,
         };
-        let mut next = first;
-        if let Some((&e, entry)) = next.as_ref() {
-            if entry.addr < end {
+        if let Some((_, n)) = first {
+            let next = self.node(n);
+            if next.addr < end {
                 return Err(FreeListError::Overlap {
                     block,
-                    existing: block_of(e, entry),
+                    existing: next.block(),
                 });
             }
         }
         let merge_prev = prev.filter(|_| !block.is_head);
-        // The free block after it, when it starts where `block` ends and is not a head: it
-        // absorbs `block` (and `prev`) in place, keeping its key.
-        if let Some((&next_end, entry)) = next.as_mut().filter(|(_, e)| e.addr == end && !e.is_head)
-        {
-            let next_size = (next_end - entry.addr) as usize;
-            let head = merge_prev.unwrap_or(block);
-            entry.addr = head.addr;
-            entry.is_head = head.is_head;
-            let merged = (next_end - head.addr) as usize;
-            self.by_size.remove(&(next_size, end));
-            if let Some(p) = merge_prev {
-                self.by_end.remove(&p.end());
-                self.by_size.remove(&(p.size, p.addr));
+        let merge_next = first
+            .map(|(_, n)| n)
+            .filter(|&n| self.node(n).addr == end && !self.node(n).is_head);
+        self.total += block.size;
+        match (merge_prev, merge_next) {
+            (_, Some(next)) => {
+                // The block after it absorbs `block` (and the one before), keeping its key.
+                let after = self.node(next);
+                let head = match merge_prev {
+                    Some(p) => {
+                        let before = self.node(p);
+                        self.by_end.remove(&before.end);
+                        self.sizes
+                            .remove((before.end - before.addr) as usize, before.addr);
+                        self.free_node(p);
+                        before.block()
+                    }
+                    None => block,
+                };
+                let node = &mut self.nodes[next as usize];
+                node.addr = head.addr;
+                node.is_head = head.is_head;
+                self.sizes.replace(
+                    ((after.end - after.addr) as usize, after.addr),
+                    ((after.end - head.addr) as usize, head.addr),
+                    next,
+                );
             }
-            self.by_size.insert((merged, head.addr));
-            self.total += block.size;
-            return Ok(());
-        }
-        match merge_prev {
-            Some(p) => {
-                self.remove_exact(p);
-                self.put(Block::new(p.addr, p.size + block.size, p.is_head));
+            (Some(p), None) => {
+                // The block before grows to `end`: its key changes.
+                let before = self.node(p);
+                self.by_end.remove(&before.end);
+                self.nodes[p as usize].end = end;
+                self.by_end.insert(end, p);
+                self.sizes.replace(
+                    ((before.end - before.addr) as usize, before.addr),
+                    ((end - before.addr) as usize, before.addr),
+                    p,
+                );
             }
-            None => self.put(block),
+            (None, None) => {
+                let n = self.new_node(Node {
+                    addr: block.addr,
+                    end,
+                    is_head: block.is_head,
+                });
+                self.by_end.insert(end, n);
+                self.sizes.insert(block.size, block.addr, n);
+            }
         }
         Ok(())
     }
@@ -311,10 +344,11 @@ impl CoalescingFreeList {
         if other.len() > self.len() {
             std::mem::swap(self, other);
         }
-        while let Some((end, entry)) = other.by_end.pop_first() {
-            let block = block_of(end, &entry);
-            other.by_size.remove(&(block.size, block.addr));
-            other.total -= block.size;
+        loop {
+            let Some(block) = other.iter().next() else {
+                break;
+            };
+            other.remove_exact(block);
             if let Err(e) = self.insert(block) {
                 other.put(block);
                 return Err(e);
@@ -327,11 +361,8 @@ impl CoalescingFreeList {
     /// to the lowest address (RMM's choice). `None` when no block is large enough.
     #[doc(alias = "get_block")]
     pub fn best_fit(&mut self, request: usize) -> Option<Block> {
-        let &(size, addr) = self.by_size.range((request, 0)..).next()?;
-        let block = self
-            .by_end
-            .get(&(addr + size as u64))
-            .map(|e| block_of(addr + size as u64, e))?;
+        let (_, _, n) = self.sizes.best_fit(request)?;
+        let block = self.node(n).block();
         self.remove_exact(block);
         Some(block)
     }
@@ -343,23 +374,24 @@ impl CoalescingFreeList {
         if size == 0 {
             return None;
         }
-        let &(found, addr) = self.by_size.range((size, 0)..).next()?;
-        let end = addr + found as u64;
-        let entry = self.by_end.get_mut(&end)?;
-        let is_head = entry.is_head;
-        self.by_size.remove(&(found, addr));
+        let (found, addr, n) = self.sizes.best_fit(size)?;
         self.total -= size;
+        let node = self.node(n);
         if found == size {
-            self.by_end.remove(&end);
+            self.sizes.remove(found, addr);
+            self.by_end.remove(&node.end);
+            self.free_node(n);
         } else {
-            // The remainder keeps the block's end, so its entry stays where it is. The list is
+            // The remainder keeps the block's end, so its key stays where it is. The list is
             // maximally coalesced, so it cannot touch a free neighbour it could merge with: the
             // block after it (if adjacent) is a head, the part before it was just handed out.
-            entry.addr = addr + size as u64;
-            entry.is_head = false;
-            self.by_size.insert((found - size, addr + size as u64));
+            let rest = addr + size as u64;
+            let slot = &mut self.nodes[n as usize];
+            slot.addr = rest;
+            slot.is_head = false;
+            self.sizes.replace((found, addr), (found - size, rest), n);
         }
-        Some(Block::new(addr, size, is_head))
+        Some(Block::new(addr, size, node.is_head))
     }
 
     /// If one free block is exactly the upstream chunk `[addr, addr + size)` (the chunk is
@@ -378,7 +410,7 @@ impl CoalescingFreeList {
     /// The free block that ends exactly at `end`, if any.
     #[must_use]
     pub fn block_ending_at(&self, end: u64) -> Option<Block> {
-        self.by_end.get(&end).map(|e| block_of(end, e))
+        self.by_end.get(&end).map(|&n| self.node(n).block())
     }
 
     /// If `[addr, addr + size)` lies inside one free block, cuts it out of that block and
@@ -411,7 +443,9 @@ impl CoalescingFreeList {
     /// Removes every block.
     pub fn clear(&mut self) {
         self.by_end.clear();
-        self.by_size.clear();
+        self.nodes.clear();
+        self.spare.clear();
+        self.sizes.clear();
         self.total = 0;
     }
 
@@ -421,38 +455,80 @@ impl CoalescingFreeList {
         self.by_end
             .range((Bound::Excluded(addr), Bound::Unbounded))
             .next()
-            .map(|(&end, e)| block_of(end, e))
+            .map(|(_, &n)| self.node(n).block())
     }
 
     /// Adds a block known not to overlap or touch a mergeable neighbour.
     fn put(&mut self, block: Block) {
-        self.by_end.insert(
-            block.end(),
-            Entry {
-                addr: block.addr,
-                is_head: block.is_head,
-            },
-        );
-        self.by_size.insert((block.size, block.addr));
+        let n = self.new_node(Node {
+            addr: block.addr,
+            end: block.end(),
+            is_head: block.is_head,
+        });
+        self.by_end.insert(block.end(), n);
+        self.sizes.insert(block.size, block.addr, n);
         self.total += block.size;
     }
 
     /// Removes a block known to be in the list.
     fn remove_exact(&mut self, block: Block) {
-        self.by_end.remove(&block.end());
-        self.by_size.remove(&(block.size, block.addr));
+        if let Some(n) = self.by_end.remove(&block.end()) {
+            self.free_node(n);
+        }
+        self.sizes.remove(block.size, block.addr);
         self.total -= block.size;
+    }
+
+    #[inline]
+    fn node(&self, n: NodeId) -> Node {
+        self.nodes[n as usize]
+    }
+
+    fn new_node(&mut self, node: Node) -> NodeId {
+        match self.spare.pop() {
+            Some(n) => {
+                self.nodes[n as usize] = node;
+                n
+            }
+            None => {
+                self.nodes.push(node);
+                // More free blocks than `u32::MAX` would need more host memory than a slab of
+                // 2^32 nodes: 96 GiB.
+                (self.nodes.len() - 1) as NodeId
+            }
+        }
+    }
+
+    fn free_node(&mut self, n: NodeId) {
+        self.spare.push(n);
     }
 }
 
 #[cfg(test)]
 impl CoalescingFreeList {
-    /// Checks that the two indexes and the total describe the same blocks.
+    /// Checks that the address index, the size index, the slab and the total describe the same
+    /// blocks.
     fn assert_indexes_agree(&self) {
-        let by_size: BTreeSet<(usize, u64)> = self.iter().map(|b| (b.size, b.addr)).collect();
-        assert_eq!(by_size, self.by_size, "size index out of step");
+        let mut by_size: Vec<(usize, u64, NodeId)> = self.sizes.entries();
+        by_size.sort_unstable();
+        let mut listed: Vec<(usize, u64, NodeId)> = self
+            .by_end
+            .iter()
+            .map(|(&end, &n)| {
+                let node = self.node(n);
+                assert_eq!(node.end, end, "node {n} is keyed by another end");
+                assert!(node.addr < end);
+                (node.block().size, node.addr, n)
+            })
+            .collect();
+        listed.sort_unstable();
+        assert_eq!(by_size, listed, "size index out of step");
         assert_eq!(self.iter().map(|b| b.size).sum::<usize>(), self.total);
-        assert!(self.by_end.iter().all(|(&end, e)| e.addr < end));
+        assert_eq!(
+            self.nodes.len(),
+            self.by_end.len() + self.spare.len(),
+            "slab leak"
+        );
     }
 }
 

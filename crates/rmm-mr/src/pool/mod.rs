@@ -10,5 +10,6 @@
 pub(crate) mod free_list;
 pub(crate) mod growth;
 pub(crate) mod resource;
+pub(crate) mod size_index;
 
 pub use resource::{PoolMemoryResource, PoolOptions};

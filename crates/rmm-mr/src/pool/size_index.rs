@@ -1,0 +1,463 @@
+//! The best-fit index of the pool's free list ([`CoalescingFreeList`]): its free blocks by
+//! `(size, address)`, split into size classes (64 per power of two; exact below 64 bytes) with
+//! a two-level bitmap of the classes that hold a block. Best fit is one look into the
+//! request's own class and, when that has nothing large enough, a bit search for the next
+//! class that holds a block, whose smallest block is the answer. A class usually holds one to
+//! three blocks, kept inline and sorted, so the common operations touch no tree and allocate
+//! nothing; a class with more keeps them in a `BTreeMap` by `(size, address)`, so ties still go
+//! to the lowest address and a class of many equal blocks stays O(log n). Why:
+//! `docs/internals/pool.md`, "The free list".
+//!
+//! Pure bookkeeping: no CUDA calls.
+//!
+//! [`CoalescingFreeList`]: crate::pool::free_list::CoalescingFreeList
+
+use std::collections::BTreeMap;
+
+/// The free list's handle of a block (an index into its slab of blocks).
+pub(crate) type NodeId = u32;
+
+/// Size classes per power of two (`1 << SUB_BITS`).
+const SUB_BITS: u32 = 6;
+
+/// Number of 64-bit words of the class bitmap: enough for the class of `usize::MAX`.
+const GROUPS: usize = 64;
+
+/// The class of a block or request of `size` bytes: sizes below 64 have a class each; above,
+/// every power of two is cut into 64 classes of equal width. Larger sizes never have smaller
+/// classes.
+#[inline]
+pub(crate) fn class_of(size: usize) -> usize {
+    let s = size as u64;
+    if s < (1 << SUB_BITS) {
+        return s as usize;
+    }
+    let e = 63 - s.leading_zeros();
+    let sub = (s >> (e - SUB_BITS)) & ((1 << SUB_BITS) - 1);
+    ((e + 1 - SUB_BITS) as usize) * (1 << SUB_BITS) + sub as usize
+}
+
+/// Blocks a class keeps inline, sorted, before it needs a map.
+const FEW: usize = 3;
+
+/// One block of a class: `(size, address, node)`.
+type Entry = (usize, u64, NodeId);
+
+/// The blocks of one class.
+#[derive(Debug, Clone)]
+enum Class {
+    /// Up to [`FEW`] blocks, sorted by `(size, address)` (the first `len`).
+    Few { len: u8, blocks: [Entry; FEW] },
+    /// More: a map that stays until the class is down to 2 blocks (so that a class at the
+    /// boundary does not build and drop a map at every operation).
+    Many(BTreeMap<(usize, u64), NodeId>),
+}
+
+impl Default for Class {
+    fn default() -> Self {
+        Class::Few {
+            len: 0,
+            blocks: [(0, 0, 0); FEW],
+        }
+    }
+}
+
+impl Class {
+    /// The smallest block of the class with at least `request` bytes (ties: lowest address).
+    #[inline]
+    fn fit(&self, request: usize) -> Option<Entry> {
+        match self {
+            Class::Few { len, blocks } => blocks[..usize::from(*len)]
+                .iter()
+                .find(|b| b.0 >= request)
+                .copied(),
+            Class::Many(m) => m
+                .range((request, 0)..)
+                .next()
+                .map(|(&(s, a), &n)| (s, a, n)),
+        }
+    }
+
+    /// The largest block (ties: highest address).
+    fn last(&self) -> Option<Entry> {
+        match self {
+            Class::Few { len, blocks } => blocks[..usize::from(*len)].last().copied(),
+            Class::Many(m) => m.last_key_value().map(|(&(s, a), &n)| (s, a, n)),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        matches!(self, Class::Few { len: 0, .. })
+    }
+
+    /// Adds a block (not in the class).
+    #[inline]
+    fn insert(&mut self, entry: Entry) {
+        match self {
+            Class::Few { len, blocks } => {
+                let n = usize::from(*len);
+                if n < FEW {
+                    let at = blocks[..n].partition_point(|b| (b.0, b.1) < (entry.0, entry.1));
+                    blocks.copy_within(at..n, at + 1);
+                    blocks[at] = entry;
+                    *len += 1;
+                } else {
+                    let mut m: BTreeMap<(usize, u64), NodeId> =
+                        blocks.iter().map(|&(s, a, n)| ((s, a), n)).collect();
+                    m.insert((entry.0, entry.1), entry.2);
+                    *self = Class::Many(m);
+                }
+            }
+            Class::Many(m) => {
+                m.insert((entry.0, entry.1), entry.2);
+            }
+        }
+    }
+
+    /// Removes the block `(size, addr)` and returns its node, if the class holds it.
+    #[inline]
+    fn remove(&mut self, size: usize, addr: u64) -> Option<NodeId> {
+        match self {
+            Class::Few { len, blocks } => {
+                let n = usize::from(*len);
+                let at = blocks[..n]
+                    .iter()
+                    .position(|b| (b.0, b.1) == (size, addr))?;
+                let node = blocks[at].2;
+                blocks.copy_within(at + 1..n, at);
+                *len -= 1;
+                Some(node)
+            }
+            Class::Many(m) => {
+                let node = m.remove(&(size, addr))?;
+                if m.len() <= 2 {
+                    let mut few = [(0, 0, 0); FEW];
+                    for (slot, (&(s, a), &n)) in few.iter_mut().zip(m.iter()) {
+                        *slot = (s, a, n);
+                    }
+                    *self = Class::Few {
+                        len: m.len() as u8,
+                        blocks: few,
+                    };
+                }
+                Some(node)
+            }
+        }
+    }
+
+    /// Replaces the block `old` by `new` when the class holds one block only (then `true`).
+    #[inline]
+    fn replace_single(&mut self, old: (usize, u64), new: Entry) -> bool {
+        match self {
+            Class::Few { len: 1, blocks } if (blocks[0].0, blocks[0].1) == old => {
+                blocks[0] = new;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    #[cfg(test)]
+    fn entries(&self) -> Vec<Entry> {
+        match self {
+            Class::Few { len, blocks } => blocks[..usize::from(*len)].to_vec(),
+            Class::Many(m) => m.iter().map(|(&(s, a), &n)| (s, a, n)).collect(),
+        }
+    }
+}
+
+/// Free blocks by `(size, address)` in size classes (see the [module documentation](self)).
+#[derive(Debug, Clone)]
+pub(crate) struct SizeIndex {
+    /// By class number; grown on demand (the largest block seen so far sets the length).
+    classes: Vec<Class>,
+    /// Bit `c % 64` of word `c / 64`: class `c` holds a block.
+    groups: [u64; GROUPS],
+    /// Bit `g`: word `g` of `groups` is not 0.
+    summary: u64,
+    len: usize,
+}
+
+impl Default for SizeIndex {
+    fn default() -> Self {
+        Self {
+            classes: Vec::new(),
+            groups: [0; GROUPS],
+            summary: 0,
+            len: 0,
+        }
+    }
+}
+
+impl SizeIndex {
+    /// Number of blocks.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Adds block `node` of `size` bytes at `addr` (not already in the index).
+    #[inline]
+    pub(crate) fn insert(&mut self, size: usize, addr: u64, node: NodeId) {
+        let c = class_of(size);
+        if c >= self.classes.len() {
+            self.classes.resize_with(c + 1, Class::default);
+        }
+        let class = &mut self.classes[c];
+        if class.is_empty() {
+            self.groups[c / 64] |= 1 << (c % 64);
+            self.summary |= 1 << (c / 64);
+        }
+        class.insert((size, addr, node));
+        self.len += 1;
+    }
+
+    /// Removes the block of `size` bytes at `addr` and returns its node, if the index holds it.
+    #[inline]
+    pub(crate) fn remove(&mut self, size: usize, addr: u64) -> Option<NodeId> {
+        let c = class_of(size);
+        let class = self.classes.get_mut(c)?;
+        let node = class.remove(size, addr)?;
+        if class.is_empty() {
+            self.groups[c / 64] &= !(1 << (c % 64));
+            if self.groups[c / 64] == 0 {
+                self.summary &= !(1 << (c / 64));
+            }
+        }
+        self.len -= 1;
+        Some(node)
+    }
+
+    /// Replaces block `node`'s entry `old` (`(size, address)`, in the index) by `new`: in place
+    /// when both fall in the same class and that class holds only this block (a block split
+    /// or grown by a little, the common case).
+    #[inline]
+    pub(crate) fn replace(&mut self, old: (usize, u64), new: (usize, u64), node: NodeId) {
+        let c = class_of(old.0);
+        if c == class_of(new.0)
+            && self
+                .classes
+                .get_mut(c)
+                .is_some_and(|class| class.replace_single(old, (new.0, new.1, node)))
+        {
+            return;
+        }
+        self.remove(old.0, old.1);
+        self.insert(new.0, new.1, node);
+    }
+
+    /// The smallest block with at least `request` bytes, ties to the lowest address, left in
+    /// the index: `(size, address, node)`.
+    #[inline]
+    pub(crate) fn best_fit(&self, request: usize) -> Option<(usize, u64, NodeId)> {
+        let c = class_of(request);
+        if let Some(found) = self.classes.get(c).and_then(|class| class.fit(request)) {
+            return Some(found);
+        }
+        // Every block of a higher class is larger than the request: the next class's smallest.
+        let next = self.next_class(c + 1)?;
+        self.classes[next].fit(0)
+    }
+
+    /// A largest block (the one with the highest address among equals).
+    pub(crate) fn largest(&self) -> Option<(usize, u64, NodeId)> {
+        if self.summary == 0 {
+            return None;
+        }
+        let g = 63 - self.summary.leading_zeros() as usize;
+        let c = g * 64 + 63 - self.groups[g].leading_zeros() as usize;
+        self.classes[c].last()
+    }
+
+    /// The first class from `from` on that holds a block.
+    #[inline]
+    fn next_class(&self, from: usize) -> Option<usize> {
+        let g = from / 64;
+        if g >= GROUPS {
+            return None;
+        }
+        let here = self.groups[g] & (u64::MAX << (from % 64));
+        if here != 0 {
+            return Some(g * 64 + here.trailing_zeros() as usize);
+        }
+        let later = if g + 1 >= GROUPS {
+            0
+        } else {
+            self.summary & (u64::MAX << (g + 1))
+        };
+        if later == 0 {
+            return None;
+        }
+        let g = later.trailing_zeros() as usize;
+        Some(g * 64 + self.groups[g].trailing_zeros() as usize)
+    }
+
+    /// Removes every block.
+    pub(crate) fn clear(&mut self) {
+        self.classes.clear();
+        self.groups = [0; GROUPS];
+        self.summary = 0;
+        self.len = 0;
+    }
+
+    /// Every block, `(size, address, node)`, by class (tests), after checking the classes
+    /// and the bitmap.
+    #[cfg(test)]
+    pub(crate) fn entries(&self) -> Vec<(usize, u64, NodeId)> {
+        let mut out = Vec::new();
+        for (c, class) in self.classes.iter().enumerate() {
+            let bit = self.groups[c / 64] >> (c % 64) & 1 == 1;
+            assert_eq!(bit, !class.is_empty(), "class {c} marked wrongly");
+            let entries = class.entries();
+            if let Class::Many(m) = class {
+                assert!(m.len() > 2, "class {c} keeps {} block(s) in a map", m.len());
+            }
+            assert!(entries
+                .windows(2)
+                .all(|w| (w[0].0, w[0].1) < (w[1].0, w[1].1)));
+            for &(s, a, n) in &entries {
+                assert_eq!(class_of(s), c, "block of {s} bytes in class {c}");
+                out.push((s, a, n));
+            }
+        }
+        for (g, &word) in self.groups.iter().enumerate() {
+            assert_eq!(self.summary >> g & 1 == 1, word != 0, "summary bit {g}");
+            if g * 64 >= self.classes.len() {
+                assert_eq!(word, 0, "classes marked past the end");
+            }
+        }
+        assert_eq!(out.len(), self.len);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn classes_are_monotonic_and_fine() {
+        let mut sizes: Vec<usize> = (1..5000).collect();
+        for e in 12..64 {
+            let b = 1usize << e;
+            sizes.extend([b - 1, b, b + 1, b + (b >> 6), b + (b >> 1)]);
+        }
+        sizes.push(usize::MAX);
+        sizes.sort_unstable();
+        for w in sizes.windows(2) {
+            assert!(class_of(w[0]) <= class_of(w[1]), "{} > {}", w[0], w[1]);
+        }
+        assert!(class_of(usize::MAX) < GROUPS * 64);
+        // Exact below 64, 64 classes per power of two above.
+        assert_eq!(class_of(63), 63);
+        assert_eq!(class_of(64), 64);
+        assert_eq!(class_of(127), 127);
+        assert_eq!(class_of(128), 128);
+        assert_eq!(class_of(129), 128);
+        assert_eq!(class_of(130), 129);
+        // 256-byte multiples below 16 KiB all differ.
+        let mut seen = BTreeSet::new();
+        for units in 1..64 {
+            assert!(seen.insert(class_of(units * 256)));
+        }
+    }
+
+    #[test]
+    fn best_fit_ties_and_classes() {
+        let mut x = SizeIndex::default();
+        x.insert(512, 4096, 1);
+        x.insert(512, 1024, 2);
+        x.insert(1 << 30, 0, 3);
+        x.insert(768, 8192, 4);
+        assert_eq!(x.best_fit(1), Some((512, 1024, 2)));
+        assert_eq!(x.best_fit(513), Some((768, 8192, 4)));
+        assert_eq!(x.best_fit(769), Some((1 << 30, 0, 3)));
+        assert_eq!(x.best_fit((1 << 30) + 1), None);
+        assert_eq!(x.largest(), Some((1 << 30, 0, 3)));
+        x.replace((768, 8192), (769, 8192), 4);
+        assert_eq!(x.best_fit(513), Some((769, 8192, 4)));
+        x.replace((769, 8192), (1 << 20, 8192), 4);
+        assert_eq!(x.best_fit(513), Some((1 << 20, 8192, 4)));
+        x.replace((1 << 20, 8192), (768, 8192), 4);
+        assert_eq!(x.remove(512, 1024), Some(2));
+        assert_eq!(x.remove(512, 1024), None);
+        assert_eq!(x.remove(513, 4096), None);
+        assert_eq!(x.best_fit(1), Some((512, 4096, 1)));
+        assert_eq!(x.entries().len(), 3);
+        x.clear();
+        assert_eq!((x.best_fit(1), x.largest(), x.len()), (None, None, 0));
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Insert(usize, u64),
+        Remove(usize),
+        Replace(usize, usize),
+        Fit(usize),
+    }
+
+    fn size() -> impl Strategy<Value = usize> {
+        prop_oneof![
+            1..300usize,
+            (1..64usize).prop_map(|u| u * 256),
+            (0..63u32, any::<u64>()).prop_map(|(e, r)| (1usize << e) + (r as usize % (1 << e))),
+            Just(usize::MAX),
+        ]
+    }
+
+    proptest! {
+        /// Against a `BTreeSet` of `(size, address)`: the same best fit, largest and contents.
+        #[test]
+        fn matches_an_ordered_set(ops in proptest::collection::vec(
+            prop_oneof![
+                3 => (size(), 0..64u64).prop_map(|(s, a)| Op::Insert(s, a * 256)),
+                2 => any::<usize>().prop_map(Op::Remove),
+                2 => (any::<usize>(), size()).prop_map(|(i, s)| Op::Replace(i, s)),
+                2 => size().prop_map(Op::Fit),
+            ],
+            1..200,
+        )) {
+            let mut x = SizeIndex::default();
+            let mut model: BTreeSet<(usize, u64)> = BTreeSet::new();
+            let mut next_node = 0;
+            for op in ops {
+                match op {
+                    Op::Insert(s, a) => {
+                        if model.insert((s, a)) {
+                            x.insert(s, a, next_node);
+                            next_node += 1;
+                        }
+                    }
+                    Op::Remove(i) => {
+                        if let Some(&(s, a)) = model.iter().nth(i % model.len().max(1)) {
+                            model.remove(&(s, a));
+                            prop_assert!(x.remove(s, a).is_some());
+                        }
+                    }
+                    Op::Replace(i, new) => {
+                        if let Some(&(s, a)) = model.iter().nth(i % model.len().max(1)) {
+                            if !model.contains(&(new, a)) {
+                                let node = x.best_fit(s).filter(|&(fs, fa, _)| (fs, fa) == (s, a));
+                                let node = node.map_or(u32::MAX, |(_, _, n)| n);
+                                model.remove(&(s, a));
+                                model.insert((new, a));
+                                x.replace((s, a), (new, a), node);
+                            }
+                        }
+                    }
+                    Op::Fit(r) => {
+                        let expected = model.range((r, 0)..).next().copied();
+                        prop_assert_eq!(x.best_fit(r).map(|(s, a, _)| (s, a)), expected);
+                    }
+                }
+                prop_assert_eq!(x.largest().map(|(s, a, _)| (s, a)), model.last().copied());
+                let mut got: Vec<(usize, u64)> =
+                    x.entries().into_iter().map(|(s, a, _)| (s, a)).collect();
+                got.sort_unstable();
+                prop_assert_eq!(got, model.iter().copied().collect::<Vec<_>>());
+            }
+        }
+    }
+}
