@@ -20,24 +20,65 @@ struct Binning<U: DeviceMemoryResource> {
     /// Every bin; written by `add_bin`, read on the slow paths.
     bins: RwLock<BinTable<SharedResource>>,
     /// The same bins, routed without a lock (up to its capacity).
-    routes: BinRoutes<SharedResource>,
+    routes: BinRoutes<Bin<U>>,
     /// Set when a bin did not fit in `routes`: from then on requests route through `bins`.
     overflow: AtomicBool,
 }
 
+/// A bin as the routes hold it: a fixed-size bin this resource made, called directly (no
+/// dynamic dispatch, no second alignment check), or a bin the caller gave, through the trait.
+enum Bin<U: DeviceMemoryResource> {
+    Fixed(FixedSizeMemoryResource<Arc<U>>),
+    Other(SharedResource),
+}
+
+impl<U: DeviceMemoryResource> Clone for Bin<U> {
+    fn clone(&self) -> Self {
+        match self {
+            Bin::Fixed(f) => Bin::Fixed(f.clone()),
+            Bin::Other(r) => Bin::Other(Arc::clone(r)),
+        }
+    }
+}
+
+impl<U: DeviceMemoryResource> fmt::Debug for Bin<U> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Bin::Fixed(r) => write!(f, "fixed-size bin of {} bytes", r.block_size()),
+            Bin::Other(r) => write!(f, "{r:?}"),
+        }
+    }
+}
+
 /// Where a request goes.
 enum Route<'a> {
-    Bin(&'a SharedResource),
+    Bin(&'a dyn DeviceMemoryResource),
     Owned(SharedResource),
     Upstream,
 }
 
 impl<U: DeviceMemoryResource> Binning<U> {
+    /// The fixed-size bin made here that a request of `bytes` with an alignment of at most
+    /// 256 goes to, found without a lock; `None` for every other case (see [`route`]).
+    ///
+    /// [`route`]: Self::route
+    #[inline]
+    fn fixed_bin(&self, bytes: usize) -> Option<&FixedSizeMemoryResource<Arc<U>>> {
+        if self.overflow.load(Ordering::Acquire) {
+            return None;
+        }
+        match self.routes.route(bytes) {
+            Some((_, Bin::Fixed(bin))) => Some(bin),
+            _ => None,
+        }
+    }
+
     #[inline]
     fn route(&self, bytes: usize) -> Route<'_> {
         if !self.overflow.load(Ordering::Acquire) {
             return match self.routes.route(bytes) {
-                Some((_, bin)) => Route::Bin(bin),
+                Some((_, Bin::Fixed(bin))) => Route::Bin(bin),
+                Some((_, Bin::Other(bin))) => Route::Bin(&**bin),
                 None => Route::Upstream,
             };
         }
@@ -66,7 +107,7 @@ impl<U: DeviceMemoryResource> Binning<U> {
             return f(&*self.upstream);
         }
         match self.route(bytes) {
-            Route::Bin(bin) => f(&**bin),
+            Route::Bin(bin) => f(bin),
             Route::Owned(bin) => f(&*bin),
             Route::Upstream => f(&*self.upstream),
         }
@@ -233,21 +274,29 @@ impl<U: DeviceMemoryResource> BinningMemoryResource<U> {
             .write()
             .unwrap_or_else(PoisonError::into_inner);
         let upstream = &self.inner.upstream;
+        let mut made = None;
         let inserted = bins.add_bin_with(allocation_size, |size| match bin_resource {
-            Some(resource) => Ok(resource),
-            None => FixedSizeMemoryResource::with_options(
-                Arc::clone(upstream),
-                FixedSizeOptions::new().block_size(size),
-            )
-            .map(shared)
-            .map_err(AddBinError::Resource),
+            Some(resource) => Ok::<_, AddBinError>(resource),
+            None => {
+                let bin = FixedSizeMemoryResource::with_options(
+                    Arc::clone(upstream),
+                    FixedSizeOptions::new().block_size(size),
+                )
+                .map_err(AddBinError::Resource)?;
+                made = Some(bin.clone());
+                Ok(shared(bin))
+            }
         })?;
         if inserted {
             // The table accepted the size, so it rounds.
             let size = rounded_bin_size(allocation_size)
                 .map_err(|e| MrError::invalid_argument(e.to_string()))?;
             if let Some(bin) = bins.get(size) {
-                if self.inner.routes.insert(size, Arc::clone(bin)).is_err() {
+                let route = match made {
+                    Some(fixed) => Bin::Fixed(fixed),
+                    None => Bin::Other(Arc::clone(bin)),
+                };
+                if self.inner.routes.insert(size, route).is_err() {
                     self.inner.overflow.store(true, Ordering::Release);
                 }
             }
@@ -300,6 +349,12 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for BinningMemoryResou
         alignment: usize,
     ) -> MrResult<DevicePtr> {
         let required = alignment::check_valid(alignment)?;
+        if required <= ALLOCATION_ALIGNMENT {
+            if let Some(bin) = self.inner.fixed_bin(bytes) {
+                // Its blocks are 256-aligned: as aligned as asked.
+                return bin.allocate_block(stream, bytes);
+            }
+        }
         self.inner.on_route(bytes, required, |mr| {
             let ptr = mr.allocate(stream, bytes, alignment)?;
             if ptr.is_aligned(required) {
@@ -326,6 +381,12 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for BinningMemoryResou
     ) -> MrResult<()> {
         // An alignment no allocation could have had routes by size, as a default one.
         let required = alignment::normalized(alignment).unwrap_or(ALLOCATION_ALIGNMENT);
+        if required <= ALLOCATION_ALIGNMENT {
+            if let Some(bin) = self.inner.fixed_bin(bytes) {
+                // SAFETY: the trait's contract; `bytes` routes to the bin that allocated.
+                return unsafe { bin.deallocate_block(stream, ptr, bytes) };
+            }
+        }
         self.inner.on_route(bytes, required, |mr| {
             // SAFETY: the trait's contract; `bytes` and `alignment` route to the resource that
             // allocated.

@@ -94,6 +94,52 @@ impl FixedBlocks {
     fn refresh(&mut self) {
         self.table = self.ledger.table();
     }
+
+    /// The rest of [`FreeBlocks::hand_out`] after the table refused it with `e`: again with the
+    /// latest table when this one lacks the address.
+    #[cold]
+    #[inline(never)]
+    fn hand_out_again(
+        &mut self,
+        addr: u64,
+        size: usize,
+        origin: Origin,
+        e: FixedSizeError,
+    ) -> Result<(), String> {
+        let mut r = Err(e);
+        if let Err(FixedSizeError::UnknownAddress { .. }) = r {
+            self.refresh();
+            r = self.table.hand_out_tagged(addr, size, origin.to_word());
+        }
+        r.map_err(|e| e.to_string())
+    }
+
+    /// The rest of [`FreeBlocks::take_back`] after the table refused it with `e`: again with the
+    /// latest table when this one lacks the address, then the kind of wrong free.
+    #[cold]
+    #[inline(never)]
+    fn take_back_again(
+        &mut self,
+        addr: u64,
+        size: usize,
+        e: FixedSizeError,
+    ) -> Result<((), Origin), Option<InvalidFree>> {
+        let mut r = Err(e);
+        if let Err(FixedSizeError::UnknownAddress { .. }) = r {
+            self.refresh();
+            r = self.table.take_back_tagged(addr, size);
+        }
+        r.map(|origin| ((), Origin::from_word(origin)))
+            .map_err(|e| {
+                Some(match e {
+                    FixedSizeError::DoubleFree { .. } => InvalidFree::DoubleFree,
+                    FixedSizeError::SizeMismatch { allocated, .. } => {
+                        InvalidFree::SizeMismatch { allocated }
+                    }
+                    _ => InvalidFree::UnknownPointer,
+                })
+            })
+    }
 }
 
 impl FreeBlocks for FixedBlocks {
@@ -148,32 +194,18 @@ impl FreeBlocks for FixedBlocks {
 
     #[inline]
     fn hand_out(&mut self, addr: u64, size: usize, _tag: (), origin: Origin) -> Result<(), String> {
-        let origin = origin.to_word();
-        let mut r = self.table.hand_out_tagged(addr, size, origin);
-        if let Err(FixedSizeError::UnknownAddress { .. }) = r {
-            self.refresh();
-            r = self.table.hand_out_tagged(addr, size, origin);
+        match self.table.hand_out_tagged(addr, size, origin.to_word()) {
+            Ok(()) => Ok(()),
+            Err(e) => self.hand_out_again(addr, size, origin, e),
         }
-        r.map_err(|e| e.to_string())
     }
 
     #[inline]
     fn take_back(&mut self, addr: u64, size: usize) -> Result<((), Origin), Option<InvalidFree>> {
-        let mut r = self.table.take_back_tagged(addr, size);
-        if let Err(FixedSizeError::UnknownAddress { .. }) = r {
-            self.refresh();
-            r = self.table.take_back_tagged(addr, size);
+        match self.table.take_back_tagged(addr, size) {
+            Ok(origin) => Ok(((), Origin::from_word(origin))),
+            Err(e) => self.take_back_again(addr, size, e),
         }
-        r.map(|origin| ((), Origin::from_word(origin)))
-            .map_err(|e| {
-                Some(match e {
-                    FixedSizeError::DoubleFree { .. } => InvalidFree::DoubleFree,
-                    FixedSizeError::SizeMismatch { allocated, .. } => {
-                        InvalidFree::SizeMismatch { allocated }
-                    }
-                    _ => InvalidFree::UnknownPointer,
-                })
-            })
     }
 
     fn handed_out(&self) -> (usize, usize) {
@@ -203,6 +235,18 @@ impl<U: DeviceMemoryResource> Drop for FixedSize<U> {
 
 /// The name in messages.
 const NAME: &str = "fixed_size_memory_resource";
+
+/// RMM's error for a request larger than a block.
+#[cold]
+fn larger_than_a_block(bytes: usize) -> MrError {
+    MrError::out_of_memory(
+        bytes,
+        format!(
+            "Maximum allocation size exceeded (failed to allocate {})",
+            format_bytes(bytes)
+        ),
+    )
+}
 
 /// Hands out blocks of one size from chunks of its upstream (RMM's
 /// `fixed_size_memory_resource`), with the same per-stream free lists, stealing, merging and
@@ -357,18 +401,41 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for FixedSizeMemoryRes
         alignment: usize,
     ) -> MrResult<DevicePtr> {
         alignment::check(alignment, ALLOCATION_ALIGNMENT)?;
+        self.allocate_block(stream, bytes)
+    }
+
+    unsafe fn deallocate(
+        &self,
+        stream: CudaStreamView<'_>,
+        ptr: DevicePtr,
+        bytes: usize,
+        _alignment: usize,
+    ) -> MrResult<()> {
+        // SAFETY: the trait's contract.
+        unsafe { self.deallocate_block(stream, ptr, bytes) }
+    }
+
+    crate::resource::resource_tail! {
+        is_equal: shared(inner),
+        properties: forward(inner.upstream),
+    }
+}
+
+impl<U: DeviceMemoryResource> FixedSizeMemoryResource<U> {
+    /// [`allocate`](DeviceMemoryResource::allocate) once the alignment is known to be at most
+    /// 256 (every block is 256-aligned): for the binning resource, which checked it.
+    #[inline]
+    pub(crate) fn allocate_block(
+        &self,
+        stream: CudaStreamView<'_>,
+        bytes: usize,
+    ) -> MrResult<DevicePtr> {
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
         let inner = &*self.inner;
         if bytes > inner.block_size {
-            return Err(MrError::out_of_memory(
-                bytes,
-                format!(
-                    "Maximum allocation size exceeded (failed to allocate {})",
-                    format_bytes(bytes)
-                ),
-            ));
+            return Err(larger_than_a_block(bytes));
         }
         // `block_size` is a multiple of 256, so this cannot overflow past it.
         let size = align_up(bytes, ALLOCATION_ALIGNMENT);
@@ -383,20 +450,19 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for FixedSizeMemoryRes
         })
     }
 
-    unsafe fn deallocate(
+    /// [`deallocate`](DeviceMemoryResource::deallocate), which ignores the alignment.
+    ///
+    /// # Safety
+    /// As [`DeviceMemoryResource::deallocate`].
+    #[inline]
+    pub(crate) unsafe fn deallocate_block(
         &self,
         stream: CudaStreamView<'_>,
         ptr: DevicePtr,
         bytes: usize,
-        _alignment: usize,
     ) -> MrResult<()> {
-        // SAFETY: the trait's contract.
+        // SAFETY: the caller's contract.
         unsafe { self.inner.core.deallocate(stream, ptr, bytes) }
-    }
-
-    crate::resource::resource_tail! {
-        is_equal: shared(inner),
-        properties: forward(inner.upstream),
     }
 }
 
