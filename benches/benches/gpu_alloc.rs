@@ -7,23 +7,23 @@
 //!    about 2,000 live (fewer on GPUs too small for 16 copies: the live bytes of all threads
 //!    stay within 60 % of the free memory and 75 % of the arena, which gets 90 % of the free
 //!    memory; see `rmm_benches::sizing`). Per-operation cost = wall time / (operations x
-//!    threads); every figure is also given as a ratio to the driver pool measured in the same
-//!    run.
+//!    threads); every figure is also given as a ratio to the driver pool and to the naive
+//!    baseline (`rmm_benches::naive`: one region, one mutex, two B-trees) measured in the same
+//!    run, with the resource's peak reserved bytes and their ratio to the peak live bytes.
 //!
 //! Arguments: `--ops N` (default 100000), `--reps N` (default 3), `--threads 1,4,16`,
 //! `--only NAME[,NAME]` (resources), `--quick` (10,000 ops, 1 rep). Without a GPU it prints one
 //! line and exits successfully (a benchmark, not a test).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Instant;
 
+use rmm_benches::gpu::{build, Spec};
 use rmm_benches::sizing::{live_count_within, DeviceMemory};
+use rmm_benches::table::mib;
 use rmm_benches::{median, replay_threads, Trace};
 use rmm_mr::{
-    ArenaMemoryResource, ArenaOptions, BinningMemoryResource, BinningOptions,
-    CudaAsyncMemoryResource, CudaMemoryResource, DeviceMemoryResource, FixedSizeMemoryResource,
-    FixedSizeOptions, MrResult, PoolMemoryResource, SharedResource, VmmPoolMemoryResource,
+    CudaAsyncMemoryResource, CudaMemoryResource, DeviceMemoryResource, MrResult, PoolMemoryResource,
 };
 use rmm_stream::CudaStream;
 use rmm_sys::mempool;
@@ -66,7 +66,7 @@ fn parse_args() -> Args {
     a
 }
 
-type Factory = Box<dyn Fn(&TraceSpec) -> MrResult<SharedResource>>;
+type Factory = Box<dyn Fn(&TraceSpec) -> MrResult<Spec>>;
 
 struct TraceSpec {
     name: &'static str,
@@ -76,41 +76,37 @@ struct TraceSpec {
 
 /// The resources under test, by name, and whether they run multi-threaded. `driver_pool`
 /// (the driver's pool with release threshold `u64::MAX`, through `CudaAsyncMemoryResource`,
-/// whose overhead the first table measures) is the baseline.
+/// whose overhead the first table measures) and `naive` are the baselines. Each is built by
+/// `rmm_benches::gpu::build`, the sub-allocators over a statistics adaptor over the CUDA
+/// resource (it reads their peak; they call it only to grow).
 fn factories() -> Vec<(&'static str, Factory, bool)> {
-    fn shared<R: DeviceMemoryResource>(r: R) -> SharedResource {
-        Arc::new(r)
-    }
     vec![
         (
             "driver_pool",
-            Box::new(|_: &TraceSpec| Ok(shared(CudaAsyncMemoryResource::new()?))),
+            Box::new(|_: &TraceSpec| Ok(Spec::Async)),
+            true,
+        ),
+        ("cuda", Box::new(|_: &TraceSpec| Ok(Spec::Cuda)), false),
+        (
+            "naive",
+            Box::new(|_: &TraceSpec| {
+                Ok(Spec::Naive {
+                    bytes: DeviceMemory::query()?.arena_bytes(),
+                })
+            }),
             true,
         ),
         (
-            "cuda",
-            Box::new(|_: &TraceSpec| Ok(shared(CudaMemoryResource::new()))),
-            false,
-        ),
-        (
             "pool",
-            Box::new(|_: &TraceSpec| {
-                Ok(shared(PoolMemoryResource::new(
-                    CudaMemoryResource::new(),
-                    0,
-                )?))
-            }),
+            Box::new(|_: &TraceSpec| Ok(Spec::Pool { initial: 0 })),
             true,
         ),
         (
             "fixed_size",
             Box::new(|spec: &TraceSpec| {
-                Ok(shared(FixedSizeMemoryResource::with_options(
-                    CudaMemoryResource::new(),
-                    FixedSizeOptions::new()
-                        .block_size(spec.max_size)
-                        .blocks_to_preallocate(128),
-                )?))
+                Ok(Spec::FixedSize {
+                    block: spec.max_size,
+                })
             }),
             true,
         ),
@@ -119,11 +115,9 @@ fn factories() -> Vec<(&'static str, Factory, bool)> {
             Box::new(|_: &TraceSpec| {
                 // 90 % of the free memory: the default (half of it) is too small for 16
                 // threads of trace (a) on an 80 GB GPU.
-                let bytes = DeviceMemory::query()?.arena_bytes();
-                Ok(shared(ArenaMemoryResource::with_options(
-                    CudaMemoryResource::new(),
-                    ArenaOptions::new().arena_size(bytes),
-                )?))
+                Ok(Spec::Arena {
+                    bytes: DeviceMemory::query()?.arena_bytes(),
+                })
             }),
             true,
         ),
@@ -132,21 +126,21 @@ fn factories() -> Vec<(&'static str, Factory, bool)> {
             Box::new(|_: &TraceSpec| {
                 // The arena's share of the free memory as the maximum (the address range);
                 // nothing mapped up front: the warm-up pass grows it, as it grows the pool.
-                let maximum = DeviceMemory::query()?.arena_bytes();
-                Ok(shared(VmmPoolMemoryResource::new(maximum)?))
+                Ok(Spec::VmmPool {
+                    initial: 0,
+                    maximum: DeviceMemory::query()?.arena_bytes(),
+                })
             }),
             true,
         ),
         (
             "binning",
             Box::new(|_: &TraceSpec| {
-                let pool = PoolMemoryResource::new(CudaMemoryResource::new(), 0)?;
-                Ok(shared(BinningMemoryResource::with_options(
-                    pool,
-                    BinningOptions::new()
-                        .min_size_exponent(18)
-                        .max_size_exponent(22),
-                )?))
+                Ok(Spec::Binning {
+                    pool_initial: 0,
+                    min_exp: 18,
+                    max_exp: 22,
+                })
             }),
             true,
         ),
@@ -263,10 +257,11 @@ fn run(args: &Args) -> MrResult<()> {
             spec.name,
             peak as f64 / (1u64 << 30) as f64
         );
-        let mut table: BTreeMap<usize, Vec<(String, f64)>> = BTreeMap::new();
+        let mut table: BTreeMap<usize, Vec<(String, f64, Option<u64>)>> = BTreeMap::new();
         for (rname, factory, mt) in factories() {
             if let Some(only) = &args.only {
-                if rname != "driver_pool" && !only.iter().any(|o| o == rname) {
+                let baseline = rname == "driver_pool" || rname == "naive";
+                if !baseline && !only.iter().any(|o| o == rname) {
                     continue;
                 }
             }
@@ -283,27 +278,33 @@ fn run(args: &Args) -> MrResult<()> {
                     );
                     continue;
                 }
-                let measure = || -> MrResult<f64> {
+                let measure = || -> MrResult<(f64, Option<u64>)> {
                     let mut samples = Vec::new();
+                    let mut peak_reserved = None;
                     for _ in 0..args.reps {
-                        let mr = factory(spec)?;
+                        let built = build(factory(spec)?)?;
                         let streams = rmm_benches::streams(threads)?;
                         // One untimed warm-up pass so pools have grown, as in steady state.
-                        replay_threads(&*mr, &trace, &streams)?;
-                        let wall = replay_threads(&*mr, &trace, &streams)?;
+                        replay_threads(&*built.mr, &trace, &streams)?;
+                        let wall = replay_threads(&*built.mr, &trace, &streams)?;
                         samples.push(wall.as_nanos() as f64 / (trace.ops.len() * threads) as f64);
+                        peak_reserved = peak_reserved.max(built.peak_reserved());
+                        // The resource goes before its streams.
+                        drop(built);
                     }
-                    Ok(median(&mut samples))
+                    Ok((median(&mut samples), peak_reserved))
                 };
                 eprintln!(
                     "[bench] trace {} / {rname} / {threads} thread(s)",
                     spec.name
                 );
                 match measure() {
-                    Ok(v) => table
-                        .entry(threads)
-                        .or_default()
-                        .push((rname.to_owned(), v)),
+                    Ok((v, reserved)) => {
+                        table
+                            .entry(threads)
+                            .or_default()
+                            .push((rname.to_owned(), v, reserved))
+                    }
                     Err(e) => {
                         println!("({rname} x{threads} failed: {e})");
                         failures += 1;
@@ -311,13 +312,36 @@ fn run(args: &Args) -> MrResult<()> {
                 }
             }
         }
-        println!("| threads | resource | ns per op (median) | ratio to driver_pool |");
-        println!("|---:|---|---:|---:|");
+        println!(
+            "Peak live: the trace's peak bytes times the thread count (threads start together). \
+             Peak reserved: what the resource took from the CUDA resource at most (the arena \
+             and the naive baseline: their region), the driver pool's `ReservedMemHigh`, the \
+             most the VMM pool mapped.\n"
+        );
+        println!(
+            "| threads | resource | ns per op (median) | ratio to driver_pool | ratio to naive \
+             | peak reserved | peak live | reserved / live |"
+        );
+        println!("|---:|---|---:|---:|---:|---:|---:|---:|");
         for (threads, rows) in &table {
-            let base = rows.iter().find(|(n, _)| n == "driver_pool").map(|r| r.1);
-            for (n, v) in rows {
-                let ratio = base.map_or("n/a".to_owned(), |b| format!("{:.2}", v / b));
-                println!("| {threads} | {n} | {v:.0} | {ratio} |");
+            let ratio_to = |name: &str, v: f64| {
+                rows.iter()
+                    .find(|r| r.0 == name)
+                    .map_or("n/a".to_owned(), |b| format!("{:.2}", v / b.1))
+            };
+            let live = u64::try_from(peak.saturating_mul(*threads)).ok();
+            for (n, v, reserved) in rows {
+                let per_live = match (reserved, live) {
+                    (Some(r), Some(l)) if l > 0 => format!("{:.2}", *r as f64 / l as f64),
+                    _ => "n/a".to_owned(),
+                };
+                println!(
+                    "| {threads} | {n} | {v:.0} | {} | {} | {} | {} | {per_live} |",
+                    ratio_to("driver_pool", *v),
+                    ratio_to("naive", *v),
+                    mib(*reserved),
+                    mib(live),
+                );
             }
         }
     }

@@ -7,11 +7,13 @@ use std::ffi::{c_void, CString};
 
 use rmm_mr::{
     ArenaMemoryResource, ArenaOptions, BinningMemoryResource, BinningOptions,
-    CudaAsyncMemoryResource, CudaMemoryResource, MrError, MrResult, PoolMemoryResource,
-    SharedResource, StatisticsResourceAdaptor, VmmPoolMemoryResource, VmmPoolOptions,
+    CudaAsyncMemoryResource, CudaMemoryResource, FixedSizeMemoryResource, FixedSizeOptions,
+    MrError, MrResult, PoolMemoryResource, SharedResource, StatisticsResourceAdaptor,
+    VmmPoolMemoryResource, VmmPoolOptions,
 };
 use rmm_sys::DevicePtr;
 
+use crate::naive::NaiveBestFit;
 use crate::peer::PeerResource;
 use crate::{median, replay_threads, Trace};
 
@@ -39,6 +41,17 @@ pub enum Spec {
         /// The maximum pool size (the reserved address range).
         maximum: usize,
     },
+    /// Blocks of this size, 128 per chunk, over the CUDA resource (RMM's `fixed_size`).
+    FixedSize {
+        /// Block size in bytes.
+        block: usize,
+    },
+    /// The naive baseline over one region of this size from `cuMemAlloc`
+    /// ([`NaiveBestFit`]; no RMM equivalent).
+    Naive {
+        /// Region size in bytes.
+        bytes: usize,
+    },
     /// Fixed-size bins `2^min_exp..=2^max_exp` over a pool of this initial size over the CUDA
     /// resource (RMM's `binning`).
     Binning {
@@ -61,6 +74,8 @@ impl Spec {
             Self::Pool { .. } => "pool",
             Self::Arena { .. } => "arena",
             Self::VmmPool { .. } => "vmm_pool",
+            Self::FixedSize { .. } => "fixed_size",
+            Self::Naive { .. } => "naive",
             Self::Binning { .. } => "binning",
         }
     }
@@ -90,8 +105,8 @@ pub struct Built {
 
 impl Built {
     /// Peak bytes reserved so far: what the resource took from the CUDA resource at most (a
-    /// statistics adaptor sits between them), the driver pool's `ReservedMemHigh`, or the most
-    /// the VMM pool mapped.
+    /// statistics adaptor sits between them), the driver pool's `ReservedMemHigh`, the most
+    /// the VMM pool mapped, or the naive baseline's region.
     #[must_use]
     pub fn peak_reserved(&self) -> Option<u64> {
         (self.peak)()
@@ -145,6 +160,23 @@ pub fn build(spec: Spec) -> MrResult<Built> {
             )?),
             peak: peak_of(stats),
         },
+        Spec::FixedSize { block } => Built {
+            mr: rmm_mr::shared(FixedSizeMemoryResource::with_options(
+                stats.clone(),
+                FixedSizeOptions::new()
+                    .block_size(block)
+                    .blocks_to_preallocate(128),
+            )?),
+            peak: peak_of(stats),
+        },
+        Spec::Naive { bytes } => {
+            let mr = NaiveBestFit::new(bytes)?;
+            let region = u64::try_from(mr.region_size()).ok();
+            Built {
+                mr: rmm_mr::shared(mr),
+                peak: Box::new(move || region),
+            }
+        }
         Spec::Binning {
             pool_initial,
             min_exp,

@@ -10,6 +10,7 @@
 pub mod args;
 pub mod capacity;
 pub mod gpu;
+pub mod naive;
 pub mod peer;
 pub mod sizing;
 pub mod table;
@@ -236,6 +237,22 @@ impl Trace {
             })
             .max()
             .unwrap_or(0)
+    }
+
+    /// The largest number of allocations outstanding at once.
+    #[must_use]
+    pub fn peak_count(&self) -> usize {
+        let (mut cur, mut peak) = (0usize, 0usize);
+        for op in &self.ops {
+            match op {
+                Op::Alloc { .. } => {
+                    cur += 1;
+                    peak = peak.max(cur);
+                }
+                Op::Free { .. } => cur -= 1,
+            }
+        }
+        peak
     }
 
     /// The largest number of bytes outstanding at once.
