@@ -8,9 +8,11 @@
 //! ```
 //!
 //! `plan` generates the workloads, sized from the device's memory, and writes them with the
-//! resource configurations to FILE; `run` replays FILE with rmm-rs's resources and writes the
-//! results; `report` prints the table of rmm-rs / RMM ratios and, last, the line
-//! `peer: N cells compared, M failed` (exit status 1 when a cell failed or none compared).
+//! resource configurations to FILE; `run` replays FILE with rmm-rs's resources (and the naive
+//! baseline) and writes the results; `report` prints the table of rmm-rs / RMM ratios, every
+//! cell with both peaks reserved against the peak live bytes, the table against the naive
+//! baseline and, last, the line `peer: N cells compared, M failed` (exit status 1 when a cell
+//! failed or none compared).
 //! `rmm_peer FILE OUT.tsv` (`benches/peer/rmm_peer.cpp`) is RMM's `run`.
 
 use std::fs::File;
@@ -18,10 +20,10 @@ use std::io::{BufReader, BufWriter, Write};
 use std::process::ExitCode;
 
 use rmm_benches::args::Args;
-use rmm_benches::gpu::{describe_device, measure};
+use rmm_benches::gpu::{describe_device, measure, Spec};
 use rmm_benches::peer::{
     read_plan, read_results, report, standard_plan, write_plan, CellResult, PeerPlan, PlanOptions,
-    RESULTS_HEADER,
+    RESULTS_HEADER_LIVE,
 };
 use rmm_benches::sizing::{DeviceMemory, MIB};
 
@@ -117,12 +119,13 @@ fn run(file: &str, out: &str) -> Result<ExitCode, Error> {
     let mut w = BufWriter::new(File::create(out).map_err(|e| format!("cannot create {out}: {e}"))?);
     writeln!(w, "# side: rmm-rs {}", env!("CARGO_PKG_VERSION"))?;
     writeln!(w, "# device: {}", describe_device()?)?;
-    writeln!(w, "{RESULTS_HEADER}")?;
+    writeln!(w, "{RESULTS_HEADER_LIVE}")?;
     let mut failed = 0;
     for wl in &plan.workloads {
         for r in &plan.resources {
-            for &t in &plan.threads {
-                let m = measure((*r).into(), &wl.trace, t, plan.warmup, plan.reps);
+            for &t in plan.threads.iter().filter(|&&t| r.runs(&wl.trace, t)) {
+                let spec = Spec::of_peer(*r, wl.trace.largest());
+                let m = measure(spec, &wl.trace, t, plan.warmup, plan.reps);
                 let cell = CellResult {
                     side: "rmm-rs".into(),
                     workload: wl.name.clone(),
@@ -130,6 +133,7 @@ fn run(file: &str, out: &str) -> Result<ExitCode, Error> {
                     threads: t,
                     ns_per_op: m.as_ref().ok().map(|c| c.ns_per_op),
                     peak_reserved: m.as_ref().ok().and_then(|c| c.peak_reserved),
+                    peak_live: u64::try_from(wl.trace.peak_bytes().saturating_mul(t)).ok(),
                     status: match &m {
                         Ok(_) => "ok".into(),
                         Err(e) => {
@@ -161,8 +165,18 @@ fn compare(ours: &str, theirs: &str) -> Result<ExitCode, Error> {
     let r = report(&a.cells, &b.cells);
     println!("\n## rmm-rs / RMM (ns per operation; below 1: rmm-rs faster)\n");
     print!("{}", r.summary.render());
-    println!("\n## Every cell (medians; peak reserved memory of each side)\n");
+    println!(
+        "\n## Every cell (medians; peak reserved memory of each side, and over the peak of the \
+         bytes the threads hold live together)\n"
+    );
     print!("{}", r.detail.render());
+    if let Some(baseline) = &r.baseline {
+        println!(
+            "\n## rmm-rs against the naive baseline of the same run (ns per operation over the \
+             naive best-fit allocator's: one region, one mutex, two B-trees)\n"
+        );
+        print!("{}", baseline.render());
+    }
     println!("\npeer: {} cells compared, {} failed", r.compared, r.failed);
     Ok(if r.failed == 0 && r.compared > 0 {
         ExitCode::SUCCESS

@@ -11,6 +11,10 @@
 // together at a barrier, each thread replaying its own copy of the workload on its own stream
 // (allocate/deallocate with alignment 256, then synchronize its stream); a pass costs the
 // slowest thread's wall time / (operations x threads); the cell's figure is the median.
+// Which cells a resource runs is the plan's rule (benches/src/peer.rs, PeerResource::runs):
+// `cuda` on one thread only, `fixed_size MAX` on workloads whose largest allocation is at most
+// MAX (block = that largest allocation, 128 blocks a chunk); `naive` is rmm-rs's baseline and
+// is skipped here.
 //
 // Built on the GPU machine by run.sh with nvcc against the librmm-cu13 and rapids-logger
 // wheels (C++20, the wheel's CCCL headers ahead of the toolkit's). Host code only.
@@ -19,6 +23,7 @@
 #include <rmm/mr/binning_memory_resource.hpp>
 #include <rmm/mr/cuda_async_memory_resource.hpp>
 #include <rmm/mr/cuda_memory_resource.hpp>
+#include <rmm/mr/fixed_size_memory_resource.hpp>
 #include <rmm/mr/pool_memory_resource.hpp>
 #include <rmm/mr/statistics_resource_adaptor.hpp>
 #include <rmm/resource_ref.hpp>
@@ -57,12 +62,24 @@ struct Workload {
   std::string name;
   std::size_t slots{};
   std::vector<Op> ops;
+  std::size_t largest{};  // the largest allocation
 };
 
 struct Resource {
-  std::string kind;     // pool, arena, binning, async
-  std::size_t a{}, b{};  // pool: initial; arena: bytes; binning: min_exp, max_exp
+  std::string kind;      // pool, arena, binning, async, cuda, fixed_size, naive
+  std::size_t a{}, b{};  // pool: initial; arena: bytes; binning: min_exp, max_exp;
+                         // fixed_size: largest block; naive: region bytes (unused here)
 };
+
+// Whether this side measures `res` on `w` with `threads` threads (PeerResource::runs, and
+// `naive` belongs to rmm-rs alone).
+bool runs(Resource const& res, Workload const& w, int threads)
+{
+  if (res.kind == "naive") { return false; }
+  if (res.kind == "cuda") { return threads == 1; }
+  if (res.kind == "fixed_size") { return w.largest <= res.a; }
+  return true;
+}
 
 struct Plan {
   int reps{-1}, warmup{-1};
@@ -127,11 +144,11 @@ Plan read_plan(char const* path)
     } else if (key == "resource") {
       Resource r;
       f >> r.kind;
-      if (r.kind == "pool" || r.kind == "arena") {
+      if (r.kind == "pool" || r.kind == "arena" || r.kind == "fixed_size" || r.kind == "naive") {
         if (!(f >> r.a)) { bad("missing size"); }
       } else if (r.kind == "binning") {
         if (!(f >> r.a >> r.b) || r.a > r.b || r.b > 62) { bad("bad bin exponents"); }
-      } else if (r.kind != "async") {
+      } else if (r.kind != "async" && r.kind != "cuda") {
         bad("unknown resource");
       }
       plan.resources.push_back(r);
@@ -152,6 +169,7 @@ Plan read_plan(char const* path)
           if (!(g >> op.size) || live[op.slot]) { bad("bad allocation"); }
           op.alloc      = true;
           live[op.slot] = 1;
+          w.largest     = std::max(w.largest, op.size);
         } else if (kind == "f") {
           if (!live[op.slot]) { bad("free of an empty slot"); }
           op.alloc      = false;
@@ -304,6 +322,11 @@ CellResult cell(Resource const& res, Workload const& w, int threads, Plan const&
       rmm::mr::binning_memory_resource mr{
         pool, static_cast<std::int8_t>(res.a), static_cast<std::int8_t>(res.b)};
       r = passes(mr, stats_peak, streams, w, plan, device);
+    } else if (res.kind == "fixed_size") {
+      rmm::mr::fixed_size_memory_resource mr{stats, w.largest, 128};
+      r = passes(mr, stats_peak, streams, w, plan, device);
+    } else if (res.kind == "cuda") {
+      r = passes(stats, stats_peak, streams, w, plan, device);
     } else {
       rmm::mr::cuda_async_memory_resource mr{};
       auto pool_peak = [&mr] {
@@ -370,6 +393,7 @@ int main(int argc, char** argv)
   for (auto const& w : plan.workloads) {
     for (auto const& res : plan.resources) {
       for (int t : plan.threads) {
+        if (!runs(res, w, t)) { continue; }
         std::cerr << "[rmm_peer] " << w.name << " / " << res.kind << " / " << t << " thread(s)\n";
         CellResult const r = cell(res, w, t, plan, device);
         if (r.status != "ok") { ++failed; }

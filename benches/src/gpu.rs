@@ -81,9 +81,15 @@ impl Spec {
     }
 }
 
-impl From<PeerResource> for Spec {
-    fn from(r: PeerResource) -> Self {
+impl Spec {
+    /// How the peer comparison's `r` is built for a workload whose largest allocation is
+    /// `largest` bytes (a fixed-size resource's block size).
+    #[must_use]
+    pub fn of_peer(r: PeerResource, largest: usize) -> Self {
         match r {
+            PeerResource::Cuda => Self::Cuda,
+            PeerResource::FixedSize { .. } => Self::FixedSize { block: largest },
+            PeerResource::Naive { bytes } => Self::Naive { bytes },
             PeerResource::Pool { initial } => Self::Pool { initial },
             PeerResource::Arena { bytes } => Self::Arena { bytes },
             PeerResource::Binning { min_exp, max_exp } => Self::Binning {

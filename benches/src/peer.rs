@@ -9,7 +9,8 @@
 //! 2. `rmm_peer FILE RMM.tsv`: the C++ driver (`benches/peer/rmm_peer.cpp`, compiled there
 //!    against the librmm wheel) replays every workload with RMM's resources;
 //! 3. `examples/peer run FILE RS.tsv`: the same with rmm-rs's resources;
-//! 4. `examples/peer report RS.tsv RMM.tsv`: the ratio table ([`report`]).
+//! 4. `examples/peer report RS.tsv RMM.tsv`: the ratio table ([`report`]), and the table of
+//!    rmm-rs's resources against the naive baseline, measured by `run` alone.
 //!
 //! Both sides measure a cell (workload, resource, thread count) the same way: create one
 //! non-blocking stream per thread and the resource (over a statistics adaptor over the CUDA
@@ -34,6 +35,10 @@
 //! resource arena 75161927680      # arena size in bytes
 //! resource binning 18 22          # bins 2^18..2^22 over a pool of initial size 0
 //! resource async                  # the driver's pool, RMM's defaults
+//! resource cuda                   # cuMemAlloc / cuMemFree; one thread only
+//! resource fixed_size 4194304     # workloads whose largest allocation is at most this;
+//!                                 #   block = that largest allocation, 128 blocks a chunk
+//! resource naive 75161927680      # rmm-rs only: the naive baseline over one region
 //! workload a 1024 20000 1 B-4 MiB, ~1000 live   # name, slots, operations, description
 //! a 0 1234                        # allocate 1234 bytes into slot 0
 //! f 0                             # free slot 0
@@ -41,7 +46,8 @@
 //! end
 //! ```
 //!
-//! Every workload is followed by exactly its number of operation lines and `end`.
+//! Every workload is followed by exactly its number of operation lines and `end`. Which cells
+//! a resource runs is [`PeerResource::runs`]; both sides apply it.
 
 use std::fmt;
 use std::io::{self, BufRead, Write};
@@ -53,9 +59,14 @@ use crate::{Op, Trace};
 /// The first line of a plan file.
 pub const PLAN_MAGIC: &str = "rmm-peer-plan 1";
 
-/// The header line of a results file.
+/// The header line of a results file (RMM's side: seven fields).
 pub const RESULTS_HEADER: &str =
     "side\tworkload\tresource\tthreads\tns_per_op\tpeak_reserved\tstatus";
+
+/// The header line of a results file with the optional eighth field, the peak of the bytes the
+/// workload holds live on all threads together (rmm-rs's side writes it).
+pub const RESULTS_HEADER_LIVE: &str =
+    "side\tworkload\tresource\tthreads\tns_per_op\tpeak_reserved\tstatus\tpeak_live";
 
 /// A resource both sides build the same way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +91,22 @@ pub enum PeerResource {
     },
     /// `cuda_async_memory_resource` with RMM's defaults (release threshold `u64::MAX`).
     Async,
+    /// `cuda_memory_resource` (`cuMemAlloc` / `cuMemFree`) under the statistics adaptor, on one
+    /// thread only (`cuMemFree` synchronizes the device: more threads only queue).
+    Cuda,
+    /// `fixed_size_memory_resource` over the CUDA resource, 128 blocks a chunk, its block the
+    /// workload's largest allocation, for workloads whose largest allocation is at most
+    /// `max_block` bytes.
+    FixedSize {
+        /// The largest block size a workload may need to be run.
+        max_block: usize,
+    },
+    /// rmm-rs only (RMM has none; its driver skips it): the naive baseline
+    /// ([`NaiveBestFit`](crate::naive::NaiveBestFit)) over one region of `bytes`.
+    Naive {
+        /// Region size in bytes.
+        bytes: usize,
+    },
 }
 
 impl PeerResource {
@@ -91,7 +118,28 @@ impl PeerResource {
             Self::Arena { .. } => "arena",
             Self::Binning { .. } => "binning",
             Self::Async => "async",
+            Self::Cuda => "cuda",
+            Self::FixedSize { .. } => "fixed_size",
+            Self::Naive { .. } => "naive",
         }
+    }
+
+    /// Whether both sides measure this resource on `workload` with `threads` threads: `cuda`
+    /// on one thread only, `fixed_size` where the workload's largest allocation fits its
+    /// `max_block`; `naive` only on the rmm-rs side ([`Self::is_baseline`]).
+    #[must_use]
+    pub fn runs(&self, workload: &Trace, threads: usize) -> bool {
+        match *self {
+            Self::Cuda => threads == 1,
+            Self::FixedSize { max_block } => workload.largest() <= max_block,
+            _ => true,
+        }
+    }
+
+    /// Whether this is the naive baseline, which only rmm-rs's side measures.
+    #[must_use]
+    pub fn is_baseline(&self) -> bool {
+        matches!(self, Self::Naive { .. })
     }
 }
 
@@ -102,6 +150,9 @@ impl fmt::Display for PeerResource {
             Self::Arena { bytes } => write!(f, "arena {bytes}"),
             Self::Binning { min_exp, max_exp } => write!(f, "binning {min_exp} {max_exp}"),
             Self::Async => f.write_str("async"),
+            Self::Cuda => f.write_str("cuda"),
+            Self::FixedSize { max_block } => write!(f, "fixed_size {max_block}"),
+            Self::Naive { bytes } => write!(f, "naive {bytes}"),
         }
     }
 }
@@ -266,6 +317,13 @@ pub fn read_plan(r: impl BufRead) -> Result<PeerPlan, PeerError> {
                         max_exp: parse_num(n, f.next(), "largest bin exponent")?,
                     },
                     Some("async") => PeerResource::Async,
+                    Some("cuda") => PeerResource::Cuda,
+                    Some("fixed_size") => PeerResource::FixedSize {
+                        max_block: parse_num(n, f.next(), "largest block size")?,
+                    },
+                    Some("naive") => PeerResource::Naive {
+                        bytes: parse_num(n, f.next(), "region size")?,
+                    },
                     other => {
                         return Err(err(
                             n,
@@ -387,7 +445,9 @@ impl Default for PlanOptions {
 ///   allocations up to 1 MiB and up to 64 MiB, `max_usage` the device's live budget divided
 ///   by the largest thread count;
 /// - resources `pool` (initial size 0), `arena` (90 % of the free memory), `binning` (bins
-///   256 KiB..4 MiB over a pool of initial size 0), `async` (the driver's pool).
+///   256 KiB..4 MiB over a pool of initial size 0), `async` (the driver's pool), `cuda` (one
+///   thread), `fixed_size` (workloads up to 4 MiB: `a`, `b`, `r1`) and, rmm-rs only, `naive`
+///   (one region of the arena's size).
 #[must_use]
 pub fn standard_plan(options: &PlanOptions, mem: &DeviceMemory) -> PeerPlan {
     let ops = options.ops;
@@ -407,6 +467,20 @@ pub fn standard_plan(options: &PlanOptions, mem: &DeviceMemory) -> PeerPlan {
         ),
         trace: Trace::rmm_random(ops / 2, max, usage, seed),
     };
+    let workloads = vec![
+        PeerWorkload {
+            name: "a".into(),
+            description: format!("gpu_alloc trace (a): 1 B-4 MiB, ~{live_a} live"),
+            trace: Trace::random(ops, 1, 4 * MIB, live_a, 0xbe_2c4),
+        },
+        PeerWorkload {
+            name: "b".into(),
+            description: format!("gpu_alloc trace (b): 1 B-64 KiB, ~{live_b} live"),
+            trace: Trace::random(ops, 1, 64 << 10, live_b, 0xbe_2c5),
+        },
+        rmm("r1", MIB, 0x5eed_0001),
+        rmm("r64", 64 * MIB, 0x5eed_0040),
+    ];
     PeerPlan {
         reps: options.reps,
         warmup: options.warmup,
@@ -421,22 +495,45 @@ pub fn standard_plan(options: &PlanOptions, mem: &DeviceMemory) -> PeerPlan {
                 max_exp: 22,
             },
             PeerResource::Async,
-        ],
-        workloads: vec![
-            PeerWorkload {
-                name: "a".into(),
-                description: format!("gpu_alloc trace (a): 1 B-4 MiB, ~{live_a} live"),
-                trace: Trace::random(ops, 1, 4 * MIB, live_a, 0xbe_2c4),
+            PeerResource::Cuda,
+            PeerResource::FixedSize {
+                max_block: fixed_size_max_block(&workloads, max_t, mem),
             },
-            PeerWorkload {
-                name: "b".into(),
-                description: format!("gpu_alloc trace (b): 1 B-64 KiB, ~{live_b} live"),
-                trace: Trace::random(ops, 1, 64 << 10, live_b, 0xbe_2c5),
+            PeerResource::Naive {
+                bytes: mem.arena_bytes(),
             },
-            rmm("r1", MIB, 0x5eed_0001),
-            rmm("r64", 64 * MIB, 0x5eed_0040),
         ],
+        workloads,
     }
+}
+
+/// The largest block up to 4 MiB for which every workload whose largest allocation is at most
+/// it fits a fixed-size resource on `threads` threads: a whole block per live allocation, in
+/// 80 % of the free memory (0: none fits).
+fn fixed_size_max_block(workloads: &[PeerWorkload], threads: usize, mem: &DeviceMemory) -> usize {
+    let fits = |w: &PeerWorkload| {
+        w.trace
+            .peak_count()
+            .saturating_mul(w.trace.largest())
+            .saturating_mul(threads)
+            <= mem.free / 10 * 8
+    };
+    let mut sizes: Vec<usize> = workloads
+        .iter()
+        .map(|w| w.trace.largest())
+        .filter(|&s| s <= 4 * MIB)
+        .collect();
+    sizes.sort_unstable();
+    sizes
+        .into_iter()
+        .take_while(|&s| {
+            workloads
+                .iter()
+                .filter(|w| w.trace.largest() <= s)
+                .all(fits)
+        })
+        .last()
+        .unwrap_or(0)
 }
 
 /// One measured cell, as both sides write it.
@@ -456,6 +553,10 @@ pub struct CellResult {
     pub peak_reserved: Option<u64>,
     /// `ok`, or `error: ...`.
     pub status: String,
+    /// The most bytes the workload holds live at once on all threads together (the trace's
+    /// peak times the thread count: threads start together, so their peaks meet), when the
+    /// side wrote it.
+    pub peak_live: Option<u64>,
 }
 
 impl CellResult {
@@ -473,7 +574,7 @@ impl CellResult {
                 }
             })
             .collect();
-        format!(
+        let mut line = format!(
             "{}\t{}\t{}\t{}\t{}\t{}\t{}",
             self.side,
             self.workload,
@@ -482,7 +583,11 @@ impl CellResult {
             self.ns_per_op.map_or("-".to_owned(), |v| format!("{v:.1}")),
             self.peak_reserved.map_or("-".to_owned(), |v| v.to_string()),
             status
-        )
+        );
+        if let Some(live) = self.peak_live {
+            line.push_str(&format!("\t{live}"));
+        }
+        line
     }
 }
 
@@ -501,7 +606,7 @@ pub fn read_results(text: &str) -> Result<Results, PeerError> {
     for (i, line) in text.lines().enumerate() {
         let n = i + 1;
         let line = line.trim_end_matches('\r');
-        if line.trim().is_empty() || line == RESULTS_HEADER {
+        if line.trim().is_empty() || line == RESULTS_HEADER || line == RESULTS_HEADER_LIVE {
             continue;
         }
         if let Some(note) = line.strip_prefix('#') {
@@ -509,10 +614,10 @@ pub fn read_results(text: &str) -> Result<Results, PeerError> {
             continue;
         }
         let f: Vec<&str> = line.split('\t').collect();
-        if f.len() != 7 {
+        if f.len() != 7 && f.len() != 8 {
             return Err(err(
                 n,
-                format!("expected 7 tab-separated fields, found {}", f.len()),
+                format!("expected 7 or 8 tab-separated fields, found {}", f.len()),
             ));
         }
         fn opt(s: &str) -> Option<&str> {
@@ -532,35 +637,55 @@ pub fn read_results(text: &str) -> Result<Results, PeerError> {
             ns_per_op,
             peak_reserved,
             status: f[6].to_owned(),
+            peak_live: f
+                .get(7)
+                .and_then(|&v| opt(v))
+                .map(|v| parse_num::<u64>(n, Some(v), "peak_live"))
+                .transpose()?,
         });
     }
     Ok(out)
 }
 
 /// The comparison: the summary table (rmm-rs / RMM per workload and resource, one column per
-/// thread count), the detail table (both figures, the ratio and both peaks per cell), the
-/// number of cells compared and the number where a side failed or is missing.
+/// thread count), the detail table (both figures, the ratio, both peaks reserved and their
+/// ratios to the peak live bytes per cell), the table of rmm-rs's resources against the naive
+/// baseline of the same run, the number of cells compared and the number where a side failed
+/// or is missing.
 #[derive(Debug, Clone)]
 pub struct Report {
     /// Ratios only.
     pub summary: Table,
     /// Every cell.
     pub detail: Table,
+    /// rmm-rs's ns per operation over the naive baseline's, per workload, resource and thread
+    /// count (`None` when rmm-rs's side measured no baseline).
+    pub baseline: Option<Table>,
     /// Cells with both figures.
     pub compared: usize,
     /// Cells where a side failed or has no row.
     pub failed: usize,
 }
 
-/// Compares rmm-rs's cells (`ours`, in their order) with RMM's (`theirs`).
+/// The name of the naive baseline's cells.
+const BASELINE: &str = "naive";
+
+/// `reserved / live`, two decimals, or `n/a`.
+fn per_live(reserved: Option<u64>, live: Option<u64>) -> String {
+    match (reserved, live) {
+        (Some(r), Some(l)) if l > 0 => format!("{:.2}", r as f64 / l as f64),
+        _ => "n/a".to_owned(),
+    }
+}
+
+/// Compares rmm-rs's cells (`ours`, in their order) with RMM's (`theirs`); the naive
+/// baseline's cells (ours only) make the baseline table and are not compared.
 #[must_use]
 pub fn report(ours: &[CellResult], theirs: &[CellResult]) -> Report {
-    let find = |cells: &[CellResult], c: &CellResult| {
+    let find = |cells: &[CellResult], workload: &str, resource: &str, threads: usize| {
         cells
             .iter()
-            .find(|t| {
-                t.workload == c.workload && t.resource == c.resource && t.threads == c.threads
-            })
+            .find(|t| t.workload == workload && t.resource == resource && t.threads == threads)
             .cloned()
     };
     let mut threads: Vec<usize> = ours.iter().chain(theirs).map(|c| c.threads).collect();
@@ -579,11 +704,14 @@ pub fn report(ours: &[CellResult], theirs: &[CellResult]) -> Report {
             "rmm-rs / RMM",
             "peak reserved rmm-rs",
             "peak reserved RMM",
+            "peak live",
+            "reserved / live rmm-rs",
+            "reserved / live RMM",
             "note",
         ],
         2,
     )
-    .text_columns(&[8]);
+    .text_columns(&[11]);
     let (mut compared, mut failed) = (0, 0);
     // Keys (workload, resource) in first-seen order, ours first, then any only RMM has.
     let mut keys: Vec<(String, String)> = Vec::new();
@@ -593,19 +721,13 @@ pub fn report(ours: &[CellResult], theirs: &[CellResult]) -> Report {
             keys.push(k);
         }
     }
-    for (workload, resource) in &keys {
+    for (workload, resource) in keys.iter().filter(|(_, r)| r != BASELINE) {
         let mut ratios = vec![workload.clone(), resource.clone()];
         for &t in &threads {
-            let probe = CellResult {
-                side: String::new(),
-                workload: workload.clone(),
-                resource: resource.clone(),
-                threads: t,
-                ns_per_op: None,
-                peak_reserved: None,
-                status: String::new(),
-            };
-            let (a, b) = (find(ours, &probe), find(theirs, &probe));
+            let (a, b) = (
+                find(ours, workload, resource, t),
+                find(theirs, workload, resource, t),
+            );
             if a.is_none() && b.is_none() {
                 ratios.push(String::new());
                 continue;
@@ -628,6 +750,14 @@ pub fn report(ours: &[CellResult], theirs: &[CellResult]) -> Report {
                 })
                 .collect::<Vec<_>>()
                 .join("; ");
+            let (ar, br) = (
+                a.as_ref().and_then(|c| c.peak_reserved),
+                b.as_ref().and_then(|c| c.peak_reserved),
+            );
+            let live = a
+                .as_ref()
+                .and_then(|c| c.peak_live)
+                .or(b.as_ref().and_then(|c| c.peak_live));
             ratios.push(ratio(av, bv));
             detail.row([
                 workload.clone(),
@@ -636,16 +766,44 @@ pub fn report(ours: &[CellResult], theirs: &[CellResult]) -> Report {
                 num(av),
                 num(bv),
                 ratio(av, bv),
-                mib(a.as_ref().and_then(|c| c.peak_reserved)),
-                mib(b.as_ref().and_then(|c| c.peak_reserved)),
+                mib(ar),
+                mib(br),
+                mib(live),
+                per_live(ar, live),
+                per_live(br, live),
                 note,
             ]);
         }
         summary.row(ratios);
     }
+    let baseline = ours.iter().any(|c| c.resource == BASELINE).then(|| {
+        let mut table = Table::new(&headers, 2);
+        for (workload, resource) in keys.iter().filter(|(_, r)| r != BASELINE) {
+            let mut row = vec![workload.clone(), resource.clone()];
+            let mut any = false;
+            for &t in &threads {
+                let (a, base) = (
+                    find(ours, workload, resource, t),
+                    find(ours, workload, BASELINE, t),
+                );
+                match a {
+                    Some(a) => {
+                        any = true;
+                        row.push(ratio(a.ns_per_op, base.and_then(|b| b.ns_per_op)));
+                    }
+                    None => row.push(String::new()),
+                }
+            }
+            if any {
+                table.row(row);
+            }
+        }
+        table
+    });
     Report {
         summary,
         detail,
+        baseline,
         compared,
         failed,
     }
@@ -668,6 +826,9 @@ mod tests {
                     max_exp: 22,
                 },
                 PeerResource::Async,
+                PeerResource::Cuda,
+                PeerResource::FixedSize { max_block: 1 << 22 },
+                PeerResource::Naive { bytes: 1 << 30 },
             ],
             workloads: vec![
                 PeerWorkload {
@@ -696,9 +857,23 @@ mod tests {
         let t = text(&p);
         assert!(t.starts_with("rmm-peer-plan 1\n"));
         assert!(t.contains("\nresource binning 18 22\n"));
+        assert!(t.contains("\nresource cuda\nresource fixed_size 4194304\nresource naive"));
         assert!(t.contains("\nworkload a "));
         assert_eq!(read_plan(t.as_bytes()).unwrap(), p);
         assert_eq!(PeerResource::Arena { bytes: 5 }.name(), "arena");
+    }
+
+    #[test]
+    fn which_cells_a_resource_runs() {
+        let p = plan();
+        let (a, r) = (&p.workloads[0].trace, &p.workloads[1].trace);
+        assert!(a.largest() > 1 << 20 && r.largest() <= 1 << 20);
+        let fixed = PeerResource::FixedSize { max_block: 1 << 20 };
+        assert!(fixed.runs(r, 16) && !fixed.runs(a, 1));
+        assert!(PeerResource::Cuda.runs(r, 1) && !PeerResource::Cuda.runs(a, 4));
+        assert!(PeerResource::Async.runs(r, 16));
+        assert!(PeerResource::Naive { bytes: 1 }.is_baseline());
+        assert!(!PeerResource::Pool { initial: 0 }.is_baseline());
     }
 
     #[test]
@@ -715,9 +890,12 @@ mod tests {
             (e.line, e.message.as_str()),
             (3, "reps `three` is not a number")
         );
-        assert!(bad("resource async", "resource cuda")
+        assert!(bad("resource async", "resource warp")
             .message
-            .contains("unknown resource `cuda`"));
+            .contains("unknown resource `warp`"));
+        assert!(bad("resource fixed_size 4194304", "resource fixed_size")
+            .message
+            .contains("missing largest block size"));
         assert!(bad("threads 1 4 16", "threads 1 0")
             .message
             .contains("at least 1"));
@@ -775,6 +953,19 @@ mod tests {
         assert!(plan.resources.contains(&PeerResource::Arena {
             bytes: h100.arena_bytes()
         }));
+        // The fixed-size resource runs a, b and r1 (a whole block per live allocation fits).
+        let fixed = plan
+            .resources
+            .iter()
+            .find(|r| r.name() == "fixed_size")
+            .unwrap();
+        let runs: Vec<&str> = plan
+            .workloads
+            .iter()
+            .filter(|w| fixed.runs(&w.trace, 16))
+            .map(|w| w.name.as_str())
+            .collect();
+        assert_eq!(runs, ["a", "b", "r1"]);
         // It survives its own file format.
         let back = read_plan(text(&plan).as_bytes()).unwrap();
         assert_eq!(back, plan);
@@ -787,6 +978,13 @@ mod tests {
         for w in &plan.workloads {
             assert!(w.trace.peak_bytes() * 16 < small.free / 2, "{}", w.name);
         }
+        // There trace a does not fit a whole 4 MiB block per live allocation 16 times over.
+        let fixed = plan
+            .resources
+            .iter()
+            .find(|r| r.name() == "fixed_size")
+            .unwrap();
+        assert!(!fixed.runs(&plan.workloads[0].trace, 16));
     }
 
     fn cell(side: &str, w: &str, r: &str, t: usize, ns: Option<f64>) -> CellResult {
@@ -797,6 +995,7 @@ mod tests {
             threads: t,
             ns_per_op: ns,
             peak_reserved: ns.map(|_| 3 << 20),
+            peak_live: (side == "rmm-rs").then_some(2 << 20),
             status: if ns.is_some() {
                 "ok".into()
             } else {
@@ -811,14 +1010,19 @@ mod tests {
             cell("rmm-rs", "a", "pool", 1, Some(408.04)),
             cell("rmm-rs", "a", "pool", 16, None),
         ];
-        let mut text = format!("# device: H100\n{RESULTS_HEADER}\n");
+        let mut text = format!("# device: H100\n{RESULTS_HEADER_LIVE}\n");
         for c in &cells {
             text.push_str(&c.to_line());
             text.push('\n');
         }
+        // RMM's side writes seven fields: no peak live.
+        text.push_str(&format!("{RESULTS_HEADER}\nrmm\ta\tpool\t1\t12.5\t-\tok\n"));
         let back = read_results(&text).unwrap();
         assert_eq!(back.notes, vec!["device: H100".to_owned()]);
         assert_eq!(back.cells[0].ns_per_op, Some(408.0));
+        assert_eq!(back.cells[0].peak_live, Some(2 << 20));
+        assert_eq!(back.cells[2].peak_live, None);
+        assert_eq!(back.cells[2].ns_per_op, Some(12.5));
         assert_eq!(back.cells[1].status, "error: out of memory x");
         assert_eq!(back.cells[1].ns_per_op, None);
         let e = read_results("rmm\ta\tpool\t1\t12\n").unwrap_err();
@@ -841,6 +1045,7 @@ mod tests {
             cell("rmm", "b", "async", 4, Some(900.0)),
         ];
         let r = report(&ours, &theirs);
+        assert!(r.baseline.is_none(), "no naive cells, no baseline table");
         assert_eq!((r.compared, r.failed), (2, 2));
         let summary = r.summary.render();
         assert!(
@@ -854,15 +1059,42 @@ mod tests {
         assert!(summary.contains("| a | arena | n/a |  |  |"), "{summary}");
         let detail = r.detail.render();
         assert!(
-            detail.contains("| a | pool | 1 | 400 | 1600 | 0.25 | 3 MiB | 3 MiB |  |"),
+            detail.contains(
+                "| a | pool | 1 | 400 | 1600 | 0.25 | 3 MiB | 3 MiB | 2 MiB | 1.50 | 1.50 |  |"
+            ),
             "{detail}"
         );
         assert!(detail.contains("rmm-rs: error: out of memory"), "{detail}");
         assert!(
             detail.contains(
-                "| b | async | 4 | failed | 900 | n/a | n/a | 3 MiB | rmm-rs: no result |"
+                "| b | async | 4 | failed | 900 | n/a | n/a | 3 MiB | n/a | n/a | n/a | \
+                 rmm-rs: no result |"
             ),
             "{detail}"
         );
+    }
+
+    #[test]
+    fn the_naive_baseline_is_a_table_of_its_own() {
+        let ours = vec![
+            cell("rmm-rs", "a", "pool", 1, Some(100.0)),
+            cell("rmm-rs", "a", "naive", 1, Some(400.0)),
+            cell("rmm-rs", "a", "fixed_size", 1, Some(40.0)),
+            cell("rmm-rs", "a", "naive", 4, None),
+            cell("rmm-rs", "a", "pool", 4, Some(50.0)),
+        ];
+        let theirs = vec![
+            cell("rmm", "a", "pool", 1, Some(1000.0)),
+            cell("rmm", "a", "pool", 4, Some(1000.0)),
+            cell("rmm", "a", "fixed_size", 1, Some(200.0)),
+        ];
+        let r = report(&ours, &theirs);
+        // The baseline is neither compared nor counted as failed.
+        assert_eq!((r.compared, r.failed), (3, 0));
+        assert!(!r.summary.render().contains("naive"));
+        let base = r.baseline.expect("a baseline table").render();
+        assert!(base.contains("| a | pool | 0.25 | n/a |"), "{base}");
+        assert!(base.contains("| a | fixed_size | 0.10 |  |"), "{base}");
+        assert!(!base.contains("| a | naive |"), "{base}");
     }
 }
