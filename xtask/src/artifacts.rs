@@ -124,6 +124,31 @@ pub(crate) fn tests_left_out(metadata: &Value) -> Result<HashSet<(String, String
     Ok(out)
 }
 
+/// Names of the workspace packages (xtask aside) whose bench targets go into the bundle: they
+/// have some and do not leave them out ([`benches_left_out`]). The bundle builds them, and
+/// their examples, without the test-only features: what they measure is the code users run.
+pub(crate) fn measuring_packages(metadata: &Value) -> Result<Vec<String>, Error> {
+    let left_out = benches_left_out(metadata)?;
+    let mut out = Vec::new();
+    for package in cargo::workspace_packages(metadata)? {
+        let Some(name) = package.get("name").and_then(Value::as_str) else {
+            continue;
+        };
+        let has_benches = package["targets"].as_array().is_some_and(|targets| {
+            targets.iter().any(|t| {
+                t["kind"]
+                    .as_array()
+                    .is_some_and(|k| k.iter().any(|k| k == "bench"))
+            })
+        });
+        if has_benches && name != "xtask" && !left_out.contains(name) {
+            out.push(name.to_owned());
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
 /// Selects the executables of `kind` among cargo's `compiler-artifact` messages.
 ///
 /// Tests are artifacts built in test mode (`profile.test`); benches are bench
@@ -283,6 +308,18 @@ mod tests {
     fn names(kind: Kind) -> Vec<String> {
         let selected = select(&messages(), kind, &bundle_packages(&metadata()).unwrap());
         file_names(&selected).unwrap()
+    }
+
+    #[test]
+    fn measuring_packages_have_bundled_benches() {
+        let mut m = metadata();
+        assert!(measuring_packages(&m).unwrap().is_empty());
+        let bench = json!([{ "kind": ["bench"], "name": "pool" }, { "kind": ["lib"] }]);
+        m["packages"][1]["targets"] = bench.clone();
+        m["packages"][2]["targets"] = bench.clone();
+        assert_eq!(measuring_packages(&m).unwrap(), vec!["rmm-rs".to_owned()]);
+        m["packages"][1]["metadata"] = json!({ "gpu-bundle": { "benches": false } });
+        assert!(measuring_packages(&m).unwrap().is_empty());
     }
 
     #[test]

@@ -84,6 +84,18 @@ pub(crate) fn build(out: &Path, with_peer: bool, torch: bool) -> Result<(), Erro
         common.push("--workspace");
     }
     let json = "--message-format=json";
+    // The packages whose benchmarks go in are built apart, without `--all-features`: in one
+    // build with the tests, rmm-sys's `testing` feature would put its fault-injection hook into
+    // every driver call the benchmarks (and the peer comparison) time.
+    let measuring = artifacts::measuring_packages(&metadata)?;
+    let selected: Vec<String> = measuring
+        .iter()
+        .flat_map(|p| ["-p".to_owned(), p.clone()])
+        .collect();
+    let excluded: Vec<String> = measuring
+        .iter()
+        .flat_map(|p| ["--exclude".to_owned(), p.clone()])
+        .collect();
 
     println!("==> building test binaries (profile gpu)");
     let tests = cargo::json_messages(&mut cargo::cargo(
@@ -92,13 +104,26 @@ pub(crate) fn build(out: &Path, with_peer: bool, torch: bool) -> Result<(), Erro
     let (benches, examples) = if torch {
         (Vec::new(), Vec::new())
     } else {
-        println!("==> building bench binaries (profile gpu)");
-        let benches = cargo::json_messages(&mut cargo::cargo(
-            ["bench"].iter().chain(&common).chain(&["--no-run", json]),
-        ))?;
-        println!("==> building examples (profile gpu)");
+        let mut benches = Vec::new();
+        if !measuring.is_empty() {
+            println!(
+                "==> building bench binaries and their packages' examples (profile gpu, no \
+                 test features): {}",
+                measuring.join(", ")
+            );
+            benches = cargo::json_messages(&mut cargo::cargo(
+                ["build", "--profile", "gpu", "--benches", "--examples", json]
+                    .into_iter()
+                    .chain(selected.iter().map(String::as_str)),
+            ))?;
+        }
+        println!("==> building the other examples (profile gpu)");
         let examples = cargo::json_messages(&mut cargo::cargo(
-            ["build"].iter().chain(&common).chain(&["--examples", json]),
+            ["build"]
+                .into_iter()
+                .chain(common.iter().copied())
+                .chain(["--examples", json])
+                .chain(excluded.iter().map(String::as_str)),
         ))?;
         (benches, examples)
     };
@@ -108,6 +133,7 @@ pub(crate) fn build(out: &Path, with_peer: bool, torch: bool) -> Result<(), Erro
     for (messages, kind) in [
         (&tests, Kind::Test),
         (&benches, Kind::Bench),
+        (&benches, Kind::Example),
         (&examples, Kind::Example),
     ] {
         let mut selected = artifacts::select(messages, kind, &packages);
