@@ -129,10 +129,21 @@ impl BlockTable {
     /// [`FixedSizeError::Misaligned`] when it is not the start of a block.
     #[inline]
     pub fn locate(&self, addr: u64) -> Result<(&ChunkBlocks, usize), FixedSizeError> {
-        let after = self.entries.partition_point(|e| e.addr <= addr);
-        let entry = after
+        // The last chunk starting at or below `addr`: a binary search written out, so that it
+        // inlines (the chunks are few and the loop short).
+        let entries = &*self.entries;
+        let (mut lo, mut hi) = (0, entries.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if entries[mid].addr <= addr {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        let entry = lo
             .checked_sub(1)
-            .and_then(|i| self.entries.get(i))
+            .and_then(|i| entries.get(i))
             .filter(|e| addr < e.end)
             .ok_or(FixedSizeError::UnknownAddress { addr })?;
         match entry.block_index(addr) {

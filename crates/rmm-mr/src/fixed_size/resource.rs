@@ -145,6 +145,7 @@ impl FixedBlocks {
 impl FreeBlocks for FixedBlocks {
     type Tag = ();
 
+    #[inline]
     fn take(&mut self, _size: usize) -> Option<(u64, ())> {
         self.free.pop_front().map(|addr| (addr, ()))
     }
@@ -153,6 +154,7 @@ impl FreeBlocks for FixedBlocks {
         !self.free.is_empty()
     }
 
+    #[inline]
     fn put(&mut self, addr: u64, _size: usize, _tag: ()) -> Result<(), String> {
         // Only blocks the ledger just took back, or blocks just taken from a list, come here.
         self.free.push_back(addr);

@@ -247,6 +247,7 @@ impl CoalescingFreeList {
     /// [`FreeListError::Overlap`] when the block overlaps a free block (a double free),
     /// [`FreeListError::ZeroSize`] and [`FreeListError::AddressOverflow`] for malformed blocks.
     /// The list is unchanged on error.
+    #[inline]
     pub fn insert(&mut self, block: Block) -> Result<(), FreeListError> {
         if block.size == 0 {
             return Err(FreeListError::ZeroSize { addr: block.addr });
@@ -370,6 +371,7 @@ impl CoalescingFreeList {
     /// Best fit and split: returns a block of exactly `size` bytes (keeping the head flag of
     /// the block it came from) and keeps the remainder free. `None` for `size == 0` or when no
     /// block is large enough.
+    #[inline]
     pub fn allocate(&mut self, size: usize) -> Option<Block> {
         if size == 0 {
             return None;

@@ -31,6 +31,7 @@ impl FreeBlocks for PoolBlocks {
     /// Whether the block starts an upstream chunk.
     type Tag = bool;
 
+    #[inline]
     fn take(&mut self, size: usize) -> Option<(u64, bool)> {
         self.free.allocate(size).map(|b| (b.addr, b.is_head))
     }
@@ -39,6 +40,7 @@ impl FreeBlocks for PoolBlocks {
         self.free.largest().is_some_and(|b| b.size >= size)
     }
 
+    #[inline]
     fn put(&mut self, addr: u64, size: usize, is_head: bool) -> Result<(), String> {
         self.free
             .insert(Block::new(addr, size, is_head))
