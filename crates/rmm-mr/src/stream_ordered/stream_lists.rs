@@ -5,7 +5,7 @@
 //! pure [`EventPolicy`]), and the orphan list that takes the blocks of retired lists. Why and
 //! how: `docs/internals/stream-ordered.md`, "Stream keys and events" and "Retiring lists".
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
@@ -422,20 +422,22 @@ const CACHE_SLOTS: usize = 16;
 /// check under the list's lock, and the entry is then replaced; entries hold plain numbers, so
 /// a dropped pool leaves nothing alive behind (its entries are merely overwritten later).
 struct ListCache {
-    slots: [Option<CacheSlot>; CACHE_SLOTS],
+    slots: [Cell<Option<CacheSlot>>; CACHE_SLOTS],
     /// The slot of the last hit or insertion (looked at first).
-    last: usize,
+    last: Cell<usize>,
     /// The next slot to overwrite.
-    next: usize,
+    next: Cell<usize>,
 }
 
 thread_local! {
-    static LIST_CACHE: RefCell<ListCache> = const {
-        RefCell::new(ListCache {
-            slots: [None; CACHE_SLOTS],
-            last: 0,
-            next: 0,
-        })
+    // Cells, not a `RefCell`: every access copies a slot in or out and calls nothing while it
+    // holds one, so no borrow needs tracking.
+    static LIST_CACHE: ListCache = const {
+        ListCache {
+            slots: [const { Cell::new(None) }; CACHE_SLOTS],
+            last: Cell::new(0),
+            next: Cell::new(0),
+        }
     };
 }
 
@@ -444,37 +446,46 @@ thread_local! {
 pub(crate) fn cached_list_index(pool: u64, key: StreamKey) -> Option<usize> {
     LIST_CACHE
         .try_with(|c| {
-            let mut c = c.try_borrow_mut().ok()?;
-            let hit = |s: &Option<CacheSlot>| s.is_some_and(|s| s.pool == pool && s.key == key);
-            if hit(&c.slots[c.last]) {
-                return c.slots[c.last].map(|s| s.index);
+            let hit = |s: Option<CacheSlot>| s.filter(|s| s.pool == pool && s.key == key);
+            if let Some(s) = c.slots.get(c.last.get()).and_then(|s| hit(s.get())) {
+                return Some(s.index);
             }
-            let i = c.slots.iter().position(hit)?;
-            c.last = i;
-            c.slots[i].map(|s| s.index)
+            scan_list_cache(c, &hit)
         })
         .ok()
         .flatten()
 }
 
+/// [`cached_list_index`] past the slot looked at first.
+#[inline(never)]
+fn scan_list_cache(
+    c: &ListCache,
+    hit: &dyn Fn(Option<CacheSlot>) -> Option<CacheSlot>,
+) -> Option<usize> {
+    let (i, s) = c
+        .slots
+        .iter()
+        .enumerate()
+        .find_map(|(i, s)| hit(s.get()).map(|s| (i, s)))?;
+    c.last.set(i);
+    Some(s.index)
+}
+
 /// Remembers in this thread's cache that `key`'s list in pool `pool` is list number `index`.
 pub(crate) fn remember_list_index(pool: u64, key: StreamKey, index: usize) {
     let _ = LIST_CACHE.try_with(|c| {
-        let Ok(mut c) = c.try_borrow_mut() else {
-            return;
-        };
         let slot = Some(CacheSlot { pool, key, index });
         // Replace the entry of the same key, else round robin.
         let same = c
             .slots
             .iter()
-            .position(|s| s.is_some_and(|s| s.pool == pool && s.key == key));
-        let i = same.unwrap_or(c.next);
+            .position(|s| s.get().is_some_and(|s| s.pool == pool && s.key == key));
+        let i = same.unwrap_or(c.next.get());
         if same.is_none() {
-            c.next = (i + 1) % CACHE_SLOTS;
+            c.next.set((i + 1) % CACHE_SLOTS);
         }
-        c.slots[i] = slot;
-        c.last = i;
+        c.slots[i].set(slot);
+        c.last.set(i);
     });
 }
 
