@@ -18,6 +18,7 @@ pub(crate) const SUITES: &[(&str, &[&str])] = &[
             "stream_ordered::event_policy::",
             "stream_ordered::append_only::",
             "stream_ordered::handed::",
+            "stream_ordered::addr_table::",
             "pool::growth::",
             "fixed_size::block_table::",
             "util::cross_thread::",

@@ -465,7 +465,9 @@ mod steps {
                 }
                 "event_policy.rs" => return "event policy",
                 "free_list.rs" | "size_index.rs" => return "free list",
-                "handed.rs" | "block_table.rs" | "cross_thread.rs" => return "handed-out record",
+                "handed.rs" | "addr_table.rs" | "block_table.rs" | "cross_thread.rs" => {
+                    return "handed-out record"
+                }
                 "routes.rs" => return "binning route",
                 "pair_count.rs" => return "bench loop",
                 "core.rs" if matches!(inner, "list_for" | "register") => return "stream lookup",

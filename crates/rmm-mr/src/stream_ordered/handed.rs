@@ -1,91 +1,89 @@
-//! The pool's map of handed-out blocks (address → rounded size and tag), shared by every stream
-//! list of one pool: a sharded concurrent map, one short shard lock per operation.
+//! The map of handed-out blocks of a pool (and of the VMM pool): address → rounded size and
+//! tag, shared by every stream list of one resource. A fixed set of shards, each an
+//! [`AddrTable`] behind its own short lock, the shard chosen from middle bits of the same
+//! multiplicative hash the table takes its home slot from: one operation hashes once, locks one
+//! shard and looks at a slot or two.
 
-use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use dashmap::DashMap;
+use crossbeam_utils::CachePadded;
 
-/// A hasher for 256-aligned addresses (splitmix64's finalizer: every output bit depends on
-/// every input bit, so both dashmap's shard bits and hashbrown's bucket bits are mixed).
-#[derive(Default)]
-pub(crate) struct AddrHasher(u64);
+use crate::stream_ordered::addr_table::{shard_bits, AddrTable};
 
-impl Hasher for AddrHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u64(&mut self, v: u64) {
-        self.0 ^= v;
-    }
-
-    fn finish(&self) -> u64 {
-        let mut z = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
+/// Number of shards (a power of two): enough that 16 threads rarely meet on one.
+const SHARDS: usize = 64;
 
 /// What the map remembers of a block.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct Handed<T> {
     /// The request rounded up to 256.
     size: usize,
     tag: T,
 }
 
+/// One shard: a table behind its own lock, on its own cache line.
+type Shard<T> = CachePadded<Mutex<AddrTable<Handed<T>>>>;
+
 /// Handed-out blocks by address.
 #[derive(Debug)]
 pub(crate) struct HandedMap<T> {
-    map: DashMap<u64, Handed<T>, BuildHasherDefault<AddrHasher>>,
+    shards: Box<[Shard<T>]>,
 }
 
-impl<T> Default for HandedMap<T> {
+impl<T: Copy + Default> Default for HandedMap<T> {
     fn default() -> Self {
         Self {
-            map: DashMap::default(),
+            shards: (0..SHARDS)
+                .map(|_| CachePadded::new(Mutex::new(AddrTable::default())))
+                .collect(),
         }
     }
 }
 
-impl<T: Copy> HandedMap<T> {
+impl<T: Copy + Default> HandedMap<T> {
+    #[inline]
+    fn shard(&self, addr: u64) -> MutexGuard<'_, AddrTable<Handed<T>>> {
+        // Every operation leaves its shard consistent (a panic inside one would come before
+        // any change), so a poisoned lock holds a sound table.
+        self.shards[shard_bits(addr) & (SHARDS - 1)]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Records `addr` as handed out with `size` and `tag`; `false` when it already was (the
     /// record is kept as it was).
+    #[inline]
     pub(crate) fn record(&self, addr: u64, size: usize, tag: T) -> bool {
-        match self.map.entry(addr) {
-            dashmap::Entry::Occupied(_) => false,
-            dashmap::Entry::Vacant(slot) => {
-                slot.insert(Handed { size, tag });
-                true
-            }
-        }
+        self.shard(addr).insert(addr, Handed { size, tag })
     }
 
     /// Forgets `addr` if it is handed out with `size` and returns its tag; otherwise
     /// `Err(Some(allocated))` when it is handed out with another size, `Err(None)` when it is not
     /// handed out. Of two concurrent calls for one block, at most one succeeds.
+    #[inline]
     pub(crate) fn release(&self, addr: u64, size: usize) -> Result<T, Option<usize>> {
-        match self.map.remove_if(&addr, |_, h| h.size == size) {
-            Some((_, h)) => Ok(h.tag),
-            None => Err(self.map.get(&addr).map(|h| h.size)),
-        }
+        self.shard(addr)
+            .remove_if(addr, |h| h.size == size)
+            .map(|h| h.tag)
+            .map_err(|kept| kept.map(|h| h.size))
     }
 
-    /// Number of blocks handed out and the sum of their sizes.
+    /// Number of blocks handed out and the sum of their sizes (each shard read under its lock
+    /// in turn: exact when nothing runs concurrently).
     pub(crate) fn totals(&self) -> (usize, usize) {
-        self.map
-            .iter()
-            .fold((0, 0), |(n, bytes), h| (n + 1, bytes + h.size))
+        self.shards.iter().fold((0, 0), |(n, bytes), shard| {
+            let shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            (
+                n + shard.len(),
+                bytes + shard.values().map(|h| h.size).sum::<usize>(),
+            )
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::hash::BuildHasher;
 
     #[test]
     fn record_release_and_mismatch() {
@@ -100,20 +98,24 @@ mod tests {
         assert!(!m.record(0x2000, 1024, true), "a second record is reported");
         assert_eq!(m.totals(), (1, 256), "and the first one kept");
         assert_eq!(m.release(0x2000, 256), Ok(false));
+        assert_eq!(m.totals(), (0, 0));
     }
 
     #[test]
-    fn addresses_spread_over_hash_bits() {
-        let b = BuildHasherDefault::<AddrHasher>::default();
-        let hashes: Vec<u64> = (0..64u64).map(|i| b.hash_one(i * 256)).collect();
-        // Low bits (hashbrown buckets) and high bits (dashmap shards) both vary.
-        let low: std::collections::HashSet<u64> = hashes.iter().map(|h| h & 63).collect();
-        let high: std::collections::HashSet<u64> = hashes.iter().map(|h| h >> 58).collect();
-        assert!(
-            low.len() > 30 && high.len() > 30,
-            "{} {}",
-            low.len(),
-            high.len()
-        );
+    fn concurrent_releases_of_one_block_succeed_once() {
+        let m = HandedMap::default();
+        let rounds = if cfg!(miri) { 4 } else { 200 };
+        for round in 0..rounds {
+            let addr = (1 << 40) + round * 256;
+            assert!(m.record(addr, 256, round));
+            let wins: usize = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..4)
+                    .map(|_| s.spawn(|| usize::from(m.release(addr, 256).is_ok())))
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).sum()
+            });
+            assert_eq!(wins, 1, "round {round}");
+        }
+        assert_eq!(m.totals(), (0, 0));
     }
 }
