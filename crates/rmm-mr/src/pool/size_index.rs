@@ -97,8 +97,12 @@ impl Class {
             Class::Few { len, blocks } => {
                 let n = usize::from(*len);
                 if n < FEW {
-                    let at = blocks[..n].partition_point(|b| (b.0, b.1) < (entry.0, entry.1));
-                    blocks.copy_within(at..n, at + 1);
+                    // Insertion into a sorted array of at most three: element moves, no call.
+                    let mut at = n;
+                    while at > 0 && (blocks[at - 1].0, blocks[at - 1].1) > (entry.0, entry.1) {
+                        blocks[at] = blocks[at - 1];
+                        at -= 1;
+                    }
                     blocks[at] = entry;
                     *len += 1;
                 } else {
@@ -124,7 +128,9 @@ impl Class {
                     .iter()
                     .position(|b| (b.0, b.1) == (size, addr))?;
                 let node = blocks[at].2;
-                blocks.copy_within(at + 1..n, at);
+                for i in at..n - 1 {
+                    blocks[i] = blocks[i + 1];
+                }
                 *len -= 1;
                 Some(node)
             }
