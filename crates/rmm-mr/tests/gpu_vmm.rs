@@ -374,12 +374,13 @@ fn driver_failures_change_nothing() -> Result<(), Failed> {
         "release ignored a failed unmap",
     )?;
     fault::reset();
-    // The first chunk (with `keep`) and the one whose unmap failed stay, one after the other:
-    // a block across both is served without growing.
+    // The first chunk (with `keep`) and the mapping whose unmap failed stay, one after the
+    // other (growth may have mapped the 128 MiB as one mapping or two): a block across them is
+    // served without growing.
     let mapped = vmm.pool_size();
     ensure(
-        mapped == 2 * chunk,
-        format!("{mapped} bytes mapped, expected two chunks"),
+        mapped == 2 * chunk || mapped == 3 * chunk,
+        format!("{mapped} bytes mapped, expected the kept chunk and the failed mapping"),
     )?;
     let q = vmm.allocate(legacy(), chunk, 256)?;
     ensure(vmm.pool_size() == mapped, "the kept chunk was not reused")?;
