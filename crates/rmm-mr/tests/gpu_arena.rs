@@ -320,7 +320,7 @@ fn thread_exit_returns_superblocks() -> Result<(), Failed> {
     .map_err(|_| "thread panicked")??;
     let dump = mr.memory_dump();
     ensure(
-        dump.contains(", 0 lent") && dump.contains("Local arenas: 0"),
+        dump.contains("superblocks lent: 0 ") && dump.contains("Local arenas: 0"),
         dump,
     )
 }
@@ -338,10 +338,6 @@ enum ArenaCrossThread {
     /// A large block of the global arena: thread 2's arena would keep its superblock and
     /// reuse it for its next large request.
     Large,
-    /// A small block whose superblock moved to thread 2's arena (defragmentation gave it back
-    /// to the global arena, partially used, and thread 2's arena then took it): it would be
-    /// freed into thread 2's arena with no fence, and reused first fit.
-    MovedSuperblock,
     /// A small block whose superblock is back in the global arena (defragmentation): it would
     /// be a pending free behind an event on thread 2's idle stream, released at once, its
     /// superblock coalesced and lent to thread 2's arena.
@@ -349,12 +345,11 @@ enum ArenaCrossThread {
 }
 
 impl ArenaCrossThread {
-    const ALL: [Self; 3] = [Self::Large, Self::MovedSuperblock, Self::GlobalSuperblock];
+    const ALL: [Self; 2] = [Self::Large, Self::GlobalSuperblock];
 
     fn name(self) -> &'static str {
         match self {
             Self::Large => "large",
-            Self::MovedSuperblock => "moved_superblock",
             Self::GlobalSuperblock => "global_superblock",
         }
     }
@@ -367,16 +362,18 @@ fn arena_cross_thread_free(
 ) -> Result<(), Failed> {
     use cross_thread::Reuse;
     let small = 256 * KIB;
-    // Defragmentation, asked for by thread 2 before thread 1 queues its work: a large request
-    // no superblock can serve fails after the device is synchronized and every local arena,
-    // thread 1's with its live block at the arena's start, went back to the global arena.
+    // Defragmentation, asked for by thread 2 before thread 1 queues its work: a request of the
+    // whole arena fails (thread 1's block is live) after the reclaim and the defragmentation
+    // synchronized the device and every local arena went back to the global arena.
+    // (A third case, a partially used superblock lent to thread 2's arena, cannot arise since
+    // the arena lends only fresh, empty superblocks: docs/internals/arena.md.)
     let defragment = |mr: &Arena| -> Result<(), Failed> {
-        match mr.allocate(stream.view(), 3 * MIB / 2, 256) {
+        match mr.allocate(stream.view(), 2 * MIB, 256) {
             Err(e) if e.is_out_of_memory() => Ok(()),
             Err(e) => Err(e.into()),
             Ok(p) => {
-                free(mr, stream.view(), p, 3 * MIB / 2)?;
-                Err("setup: 1.5 MiB fit in a 2 MiB arena holding a live block".into())
+                free(mr, stream.view(), p, 2 * MIB)?;
+                Err("setup: the whole 2 MiB arena was served while a block was live".into())
             }
         }
     };
@@ -385,24 +382,6 @@ fn arena_cross_thread_free(
             let mr = arena(64 * MIB)?;
             cross_thread::run(&mr, 4 * MIB, stream, pending, Reuse::Any, &|_| {
                 Ok(Vec::new())
-            })
-        }
-        ArenaCrossThread::MovedSuperblock => {
-            let mr = arena(2 * MIB)?;
-            cross_thread::run(&mr, small, stream, pending, Reuse::Same, &|p| {
-                defragment(&mr)?;
-                // The first fitting superblock is the partially used one: thread 2's arena
-                // takes it whole, thread 1's block still live in it.
-                let q = mr.allocate(stream.view(), small, 256)?;
-                let expected = p.checked_add(small).ok_or("address overflow")?;
-                if q != expected {
-                    free(&mr, stream.view(), q, small)?;
-                    return Err(format!(
-                        "setup: thread 2 got {q}, expected {expected} in thread 1's superblock"
-                    )
-                    .into());
-                }
-                Ok(vec![(q, small)])
             })
         }
         ArenaCrossThread::GlobalSuperblock => {
