@@ -7,13 +7,14 @@
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::PoisonError;
 use std::time::Instant;
 
 use rmm_stream::{CudaEvent, CudaStreamView};
 use rmm_sys::{CudaResult, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
 
 use crate::stream_ordered::event_policy::{EventPolicy, StealAction};
+use crate::sync::{Mutex, MutexGuard};
 use crate::util::cross_thread::Origin;
 
 /// Which free list a stream's blocks go to.
