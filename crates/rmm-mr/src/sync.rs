@@ -171,3 +171,64 @@ pub(crate) fn yield_now() {
     #[cfg(loom)]
     loom::thread::yield_now();
 }
+
+/// Runs loom model `name` (a test's closure, run once per interleaving) with the preemption
+/// bound `LOOM_MAX_PREEMPTIONS` (2 when unset), and prints how many interleavings it explored
+/// (`cargo xtask loom` collects these lines).
+#[cfg(all(test, loom))]
+pub(crate) fn model<F>(name: &str, f: F)
+where
+    F: Fn() + Sync + Send + 'static,
+{
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(2);
+    }
+    let bound = builder.preemption_bound.unwrap_or(0);
+    let runs = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&runs);
+    builder.check(move || {
+        counted.fetch_add(1, Ordering::Relaxed);
+        f();
+    });
+    println!(
+        "loom model {name}: {} interleavings explored (preemption bound {bound})",
+        runs.load(Ordering::Relaxed)
+    );
+}
+
+/// What a loom model's interleavings reached: how many reached each of `N` named outcomes
+/// (counted outside the model). [`check`](Self::check) fails for an outcome never reached, so
+/// a model that stops exploring what it is there for fails too.
+#[cfg(all(test, loom))]
+pub(crate) struct Seen<const N: usize> {
+    names: [&'static str; N],
+    counts: [std::sync::atomic::AtomicU64; N],
+}
+
+#[cfg(all(test, loom))]
+impl<const N: usize> Seen<N> {
+    /// No outcome reached yet.
+    pub(crate) const fn new(names: [&'static str; N]) -> Self {
+        Self {
+            names,
+            counts: [const { std::sync::atomic::AtomicU64::new(0) }; N],
+        }
+    }
+
+    /// An interleaving reached outcome `i`.
+    pub(crate) fn saw(&self, i: usize) {
+        self.counts[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Fails unless every outcome was reached.
+    pub(crate) fn check(&self) {
+        for (name, count) in self.names.iter().zip(&self.counts) {
+            let count = count.load(std::sync::atomic::Ordering::Relaxed);
+            assert!(count > 0, "no interleaving reached: {name}");
+        }
+    }
+}

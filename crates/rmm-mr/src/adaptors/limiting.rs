@@ -594,3 +594,6 @@ mod tests {
         assert_eq!(up.live_allocations(), 0);
     }
 }
+
+#[cfg(all(test, loom))]
+mod loom_tests;

@@ -638,3 +638,6 @@ mod tests {
         }
     }
 }
+
+#[cfg(all(test, loom))]
+mod loom_tests;

@@ -611,3 +611,6 @@ mod tests {
         assert!(!g.is_uncovered());
     }
 }
+
+#[cfg(all(test, loom))]
+mod loom_tests;

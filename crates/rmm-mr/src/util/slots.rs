@@ -101,6 +101,23 @@ pub(crate) fn current() -> Option<usize> {
     SLOT.try_with(|s| s.0.get()).ok().flatten()
 }
 
+/// Loom models: spawns a model thread that gives its slot back when `f` returns, as a thread's
+/// exit does. Loom runs a thread's thread-local destructors only after its `join` returned (and
+/// possibly after the model ended, when the slot statics are gone), so a model thread that
+/// records must be spawned with this.
+#[cfg(all(test, loom))]
+pub(crate) fn spawn<F, T>(f: F) -> loom::thread::JoinHandle<T>
+where
+    F: FnOnce() -> T + 'static,
+    T: 'static,
+{
+    loom::thread::spawn(move || {
+        let result = f();
+        let _ = SLOT.try_with(SlotGuard::give_back);
+        result
+    })
+}
+
 /// Shards at or above this index have never been written (read it after raising the freeze).
 #[inline]
 pub(crate) fn bound() -> usize {
@@ -152,3 +169,6 @@ mod tests {
         }
     }
 }
+
+#[cfg(all(test, loom))]
+mod loom_tests;
