@@ -12,13 +12,14 @@ use loom::sync::Arc;
 use loom::thread;
 
 use super::Limiting;
-use crate::sync::atomic::{AtomicUsize, Ordering};
 use crate::sync::Seen;
 use crate::util::slots;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The counting core of an adaptor with `limit`, and a ghost of the bytes the successful
 /// reservations hold: raised after a reservation succeeded, lowered before its release, so
-/// always at most what they hold.
+/// always at most what they hold. A plain atomic: it follows the order loom runs the threads
+/// in and adds no synchronization to the code checked.
 struct Model {
     limiting: Limiting<()>,
     held: AtomicUsize,

@@ -7,13 +7,15 @@
 use loom::sync::Arc;
 use loom::thread;
 
-use crate::sync::atomic::AtomicBool;
+use std::sync::atomic::AtomicBool;
+
 use crate::sync::Seen;
 
 use super::*;
 
 /// A ghost record of who holds each slot: a claimer marks its slot held and checks that nobody
-/// held it; it clears the mark before exiting (so before its slot is given back).
+/// held it; it clears the mark before exiting (so before its slot is given back). Plain
+/// atomics: they follow the order loom runs the threads in and add no synchronization.
 struct Holders([AtomicBool; SLOTS]);
 
 impl Holders {
