@@ -169,6 +169,9 @@ pub(crate) struct StreamList<L> {
     state: Mutex<ListState<L>>,
 }
 
+/// A locked [`StreamList`] (its lock comes from `crate::sync`, loom's under `--cfg loom`).
+pub(crate) type ListGuard<'a, L> = MutexGuard<'a, ListState<L>>;
+
 impl<L> StreamList<L> {
     /// A list for `key` (`None`: a free slot).
     pub(crate) fn new(key: Option<StreamKey>, blocks: L) -> Self {
@@ -185,7 +188,7 @@ impl<L> StreamList<L> {
 
     /// Locks the list. Never held together with another list's lock.
     #[inline]
-    pub(crate) fn lock(&self) -> MutexGuard<'_, ListState<L>> {
+    pub(crate) fn lock(&self) -> ListGuard<'_, L> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 

@@ -1,11 +1,13 @@
 //! Loom model of the lazy event rule as an ordinary stream's list runs it (`cargo xtask loom`):
-//! the list's lock, [`ListState`](super::ListState)'s `publish`, `serve` and `prepare_steal`,
-//! the pure [`EventPolicy`](crate::stream_ordered::event_policy::EventPolicy) they drive, and
-//! event records that fail. The owner frees and allocates on its stream while a thief takes
+//! the list's lock, [`ListState`](super::ListState)'s `publish`, `serve`, `prepare_steal` and
+//! `synchronized_since` (a thief synchronizes the device with the lock released), the pure
+//! [`EventPolicy`](crate::stream_ordered::event_policy::EventPolicy) they drive, and event
+//! records that fail. The owner frees and allocates on its stream while a thief takes
 //! blocks for another, on rmm-sys's simulated driver (fake streams and events, no GPU) with the
 //! first or the second event record made to fail. It checks, on every interleaving: a thief
 //! told to wait on the event takes only blocks the event covers (freed before a record that
-//! succeeded); after a failed record the next thief synchronizes the device; no block is lost.
+//! succeeded); after a failed record the next thief synchronizes the device, and a
+//! synchronization counts only for blocks that entered before it; no block is lost.
 //!
 //! The simulated driver's state and fault plan are per OS thread, and loom runs a model's
 //! threads on one, so they are the model's. A thief whose request to the owner is still open
@@ -19,19 +21,19 @@ use loom::thread;
 use rmm_stream::CudaStreamView;
 use rmm_sys::fault::{self, DriverCall, Fault, FaultScope};
 
-use super::{StreamKey, StreamList};
+use super::{device_synchronize, Steal, StreamKey, StreamList};
 use crate::sync::Seen;
 
 const KEY: StreamKey = StreamKey::Stream(1);
 
-/// The list's blocks, and a ghost of the owner's stream: each block is the number of the
-/// owner's stream operation it was freed after; `covered` is the last operation a successful
-/// record (or a device synchronization) covers; `failed` whether a record failed since the last
-/// synchronization.
+/// The list's blocks, and a ghost of the owner's stream: each block is the number of its entry
+/// into the list (the frees, counted); `covered` is the last entry a successful record or a
+/// device synchronization covers; `failed` whether a record failed since the last
+/// synchronization the list took into account.
 #[derive(Debug, Default)]
 struct Blocks {
     free: Vec<u64>,
-    work: u64,
+    entries: u64,
     covered: u64,
     failed: bool,
     /// Every block freed, taken by the thief, and allocated by the owner.
@@ -51,23 +53,22 @@ fn calls<R>(call: DriverCall, f: impl FnOnce() -> R) -> (R, bool, bool) {
     )
 }
 
-/// The owner's free of one block (the next stream operation), as the core's free path does it.
+/// The owner's free of one block, as the core's free path does it.
 fn free(list: &StreamList<Blocks>, stream: CudaStreamView<'_>) {
     let mut st = list.lock();
-    st.blocks.work += 1;
-    let block = st.blocks.work;
+    st.blocks.entries += 1;
+    let block = st.blocks.entries;
     st.blocks.free.push(block);
     st.blocks.freed.push(block);
-    let ((), recorded, failed) = calls(DriverCall::EventRecord, || st.publish(KEY, stream, true));
+    let ((), recorded, failed) = calls(DriverCall::EventRecord, || st.publish(stream, true));
     settle_record(&mut st.blocks, recorded, failed);
 }
 
 /// The owner's allocation from its own list, answering a thief's request first.
 fn allocate(list: &StreamList<Blocks>, stream: CudaStreamView<'_>) {
     let mut st = list.lock();
-    let ((), recorded, failed) = calls(DriverCall::EventRecord, || st.serve(KEY, stream));
+    let ((), recorded, failed) = calls(DriverCall::EventRecord, || st.serve(stream));
     settle_record(&mut st.blocks, recorded, failed);
-    st.blocks.work += 1;
     if let Some(block) = st.blocks.free.pop() {
         st.blocks.allocated.push(block);
     }
@@ -77,35 +78,47 @@ fn settle_record(blocks: &mut Blocks, recorded: bool, failed: bool) {
     if failed {
         blocks.failed = true;
     } else if recorded {
-        blocks.covered = blocks.work;
+        blocks.covered = blocks.entries;
     }
 }
 
-/// One steal attempt.
+/// One steal attempt, as the core's steal path makes it: wait on the event and take, or take,
+/// synchronize the device with the lock released, and report it.
 fn steal(list: &StreamList<Blocks>, thief: CudaStreamView<'_>, seen: &Seen<3>) {
     let mut st = list.lock();
     if st.blocks.free.is_empty() || st.policy.is_wanted() {
         return;
     }
-    let (ready, synchronized, _) = calls(DriverCall::Synchronize, || st.prepare_steal(KEY, thief));
-    match ready {
-        Ok(false) => seen.saw(2),
-        Ok(true) => {
+    match st.prepare_steal(thief, true) {
+        Ok(Steal::NotNow) => seen.saw(2),
+        Ok(Steal::Now) => {
+            seen.saw(0);
             let b = &mut st.blocks;
-            if synchronized {
-                seen.saw(1);
-                b.covered = b.work;
-                b.failed = false;
-            } else {
-                seen.saw(0);
-                assert!(!b.failed, "waited on an event whose record failed: {b:?}");
-                assert!(
-                    b.free.iter().all(|&block| block <= b.covered),
-                    "waited on an event that does not cover every block: {b:?}"
-                );
-            }
+            assert!(!b.failed, "waited on an event whose record failed: {b:?}");
+            assert!(
+                b.free.iter().all(|&block| block <= b.covered),
+                "waited on an event that does not cover every block: {b:?}"
+            );
             let block = b.free.remove(0);
             b.taken.push(block);
+        }
+        Ok(Steal::AfterSync(snapshot)) => {
+            seen.saw(1);
+            let block = st.blocks.free.remove(0);
+            st.blocks.taken.push(block);
+            let entries = st.blocks.entries;
+            drop(st);
+            let (synced, called, _) = calls(DriverCall::Synchronize, device_synchronize);
+            assert!(synced.is_ok() && called, "{synced:?}");
+            let mut st = list.lock();
+            st.synchronized_since(snapshot);
+            // Every block that entered before the lock was let go is covered now; the list
+            // takes the synchronization into account only if none entered since.
+            let b = &mut st.blocks;
+            b.covered = b.covered.max(entries);
+            if b.entries == entries {
+                b.failed = false;
+            }
         }
         Err(e) => panic!("the simulated driver failed a steal: {e}"),
     }
@@ -128,7 +141,7 @@ fn loom_thieves_wait_only_on_events_that_cover_the_blocks() {
             if let Some(n) = fail {
                 fault::inject(Fault::nth(DriverCall::EventRecord, n));
             }
-            let list = Arc::new(StreamList::new(KEY, Blocks::default()));
+            let list = Arc::new(StreamList::new(Some(KEY), Blocks::default()));
             let owner = {
                 let list = Arc::clone(&list);
                 thread::spawn(move || {
