@@ -2,6 +2,7 @@
 
 use crate::cargo::{self, Error};
 use crate::layers;
+use crate::loom;
 use std::process::Command;
 
 /// The steps, in the order they run: (name, what it does).
@@ -13,6 +14,10 @@ pub(crate) const STEPS: &[(&str, &str)] = &[
         "cargo clippy --workspace --all-targets --all-features -- -D warnings",
     ),
     ("test", "cargo test --workspace --all-features"),
+    (
+        "loom",
+        "cargo xtask loom --preemptions 2 (rmm-mr's loom models, --cfg loom, target/loom)",
+    ),
     (
         "doc",
         "RUSTDOCFLAGS='-D warnings' cargo doc --workspace --no-deps --all-features",
@@ -85,6 +90,7 @@ fn run_step(name: &str) -> Result<(), Error> {
             "warnings",
         ])),
         "test" => cargo::run_status(&mut cargo::cargo(["test", "--workspace", "--all-features"])),
+        "loom" => loom::run_ci(),
         "doc" => {
             let mut cmd: Command =
                 cargo::cargo(["doc", "--workspace", "--no-deps", "--all-features"]);

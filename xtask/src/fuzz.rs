@@ -199,7 +199,7 @@ pub(crate) fn run(args: &[String]) -> Result<i32, Error> {
 }
 
 /// `1234567` as `1,234,567`.
-fn group_thousands(n: u64) -> String {
+pub(crate) fn group_thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {

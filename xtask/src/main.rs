@@ -1,6 +1,6 @@
 //! The rmm-rs workspace's task runner: `cargo xtask ci`, `cargo xtask gpu bundle`,
 //! `cargo xtask gpu run`, `cargo xtask gpu bench`, `cargo xtask miri`, `cargo xtask fuzz`,
-//! `cargo xtask api-count`. See CONTRIBUTING.md and docs/gpu-testing.md.
+//! `cargo xtask loom`, `cargo xtask api-count`. See CONTRIBUTING.md and docs/gpu-testing.md.
 
 mod api_count;
 mod artifacts;
@@ -11,6 +11,7 @@ mod ci;
 mod fuzz;
 mod gpu;
 mod layers;
+mod loom;
 mod miri;
 mod peer;
 mod runner;
@@ -22,7 +23,8 @@ const USAGE: &str = "\
 usage: cargo xtask <command>
 
 commands:
-  ci [--skip STEP]...       what CI runs: fmt, layers, clippy, test, doc (stops at the first failure)
+  ci [--skip STEP]...       what CI runs: fmt, layers, clippy, test, loom, doc, package (stops at
+                            the first failure)
   gpu bundle [--out DIR] [--peer | --torch]
                             build GPU test/bench/example binaries into DIR (default gpu-bundle/);
                             --peer adds the RMM C++ driver and the librmm wheels (run.sh peer);
@@ -35,6 +37,9 @@ commands:
                             pure cores' unit tests under Miri, compile-fail doctests (nightly)
   fuzz [TARGET] [--time SECS]
                             cargo-fuzz targets, SECS (60) each, from fuzz/corpus (nightly)
+  loom [--preemptions N] [FILTER]
+                            rmm-mr's loom models (--cfg loom, target/loom), preemption bound N
+                            (3; CI runs 2), one table row per model
   api-count [--list] [--no-build] [PACKAGE]...
                             public items of rmm-rs and rmm-mr (or PACKAGEs), by kind (nightly)
   help                      this text";
@@ -46,6 +51,7 @@ fn main() -> ExitCode {
         Some((cmd, rest)) if cmd == "gpu" => gpu::run(rest),
         Some((cmd, rest)) if cmd == "miri" => miri::run(rest),
         Some((cmd, rest)) if cmd == "fuzz" => fuzz::run(rest),
+        Some((cmd, rest)) if cmd == "loom" => loom::run(rest),
         Some((cmd, rest)) if cmd == "api-count" => api_count::run(rest),
         Some((cmd, _)) if matches!(cmd.as_str(), "help" | "-h" | "--help") => {
             println!("{USAGE}");

@@ -39,6 +39,7 @@ mod registry;
 mod resource;
 pub mod resources;
 mod stream_ordered;
+mod sync;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod util;

@@ -1,8 +1,7 @@
 //! The limiting adaptor.
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 
 use crossbeam_utils::CachePadded;
 
@@ -11,6 +10,8 @@ use rmm_sys::{checked_align_up, is_pow2, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{MrError, MrResult};
 use crate::resource::{DeviceMemoryResource, SharedResource};
+use crate::sync::atomic::{AtomicUsize, Ordering};
+use crate::sync::Mutex;
 use crate::util::slots::{self, SLOTS};
 
 /// A counter alone on its cache line (two lines on x86-64, for the adjacent-line prefetcher):
@@ -593,3 +594,6 @@ mod tests {
         assert_eq!(up.live_allocations(), 0);
     }
 }
+
+#[cfg(all(test, loom))]
+mod loom_tests;

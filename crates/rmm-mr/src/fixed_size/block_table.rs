@@ -8,10 +8,11 @@
 //! Pure bookkeeping: no CUDA calls; addresses are `u64`, sizes `usize`.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 
 use crate::fixed_size::chunk::{Chunk, FixedSizeError};
+use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{Mutex, MutexGuard};
 
 /// One block's slot: the size it was handed out with (0: not handed out) and the word the
 /// hand-out recorded with it (one cache line holds both).
@@ -339,7 +340,7 @@ impl BlockLedger {
         self.table().handed_out()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BlockTable> {
+    fn lock(&self) -> MutexGuard<'_, BlockTable> {
         self.latest.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -637,3 +638,6 @@ mod tests {
         }
     }
 }
+
+#[cfg(all(test, loom))]
+mod loom_tests;

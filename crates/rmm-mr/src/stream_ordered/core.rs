@@ -27,7 +27,7 @@ use crate::resource::DeviceMemoryResource;
 use crate::stream_ordered::append_only::AppendOnlyVec;
 use crate::stream_ordered::slot_table::{Placement, SlotTable};
 use crate::stream_ordered::stream_lists::{
-    cached_list_index, device_synchronize, remember_list_index, ListState, Retired, Steal,
+    cached_list_index, device_synchronize, remember_list_index, ListGuard, Retired, Steal,
     StreamKey, StreamList,
 };
 use crate::util::cross_thread::{needs_legacy_order, Origin};
@@ -443,7 +443,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     fn lock_own(
         &self,
         stream: CudaStreamView<'_>,
-    ) -> MrResult<(&StreamList<L>, MutexGuard<'_, ListState<L>>, StreamKey)> {
+    ) -> MrResult<(&StreamList<L>, ListGuard<'_, L>, StreamKey)> {
         if StreamKey::is_legacy(stream) && self.legacy_used.load(Ordering::Acquire) {
             return Ok((&self.legacy, self.legacy.lock(), StreamKey::Legacy));
         }
@@ -457,7 +457,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     fn lock_cached(
         &self,
         stream: CudaStreamView<'_>,
-    ) -> MrResult<(&StreamList<L>, MutexGuard<'_, ListState<L>>, StreamKey)> {
+    ) -> MrResult<(&StreamList<L>, ListGuard<'_, L>, StreamKey)> {
         let key = StreamKey::of(stream)?;
         if key != StreamKey::Legacy {
             if let Some(list) = cached_list_index(self.id, key).and_then(|i| self.lists.get(i)) {
@@ -481,7 +481,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         &self,
         key: StreamKey,
         stream: CudaStreamView<'_>,
-    ) -> MrResult<(&StreamList<L>, MutexGuard<'_, ListState<L>>)> {
+    ) -> MrResult<(&StreamList<L>, ListGuard<'_, L>)> {
         let mut reg = self.lock_registry();
         self.sweep_locked(&mut reg);
         let (index, first_use) = if key == StreamKey::Legacy {

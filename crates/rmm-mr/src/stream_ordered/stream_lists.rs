@@ -7,13 +7,14 @@
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::PoisonError;
 use std::time::Instant;
 
 use rmm_stream::{CudaEvent, CudaStreamView};
 use rmm_sys::{CudaResult, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
 
 use crate::stream_ordered::event_policy::{EventPolicy, StealAction};
+use crate::sync::{Mutex, MutexGuard};
 use crate::util::cross_thread::Origin;
 
 /// Which free list a stream's blocks go to.
@@ -168,6 +169,9 @@ pub(crate) struct StreamList<L> {
     state: Mutex<ListState<L>>,
 }
 
+/// A locked [`StreamList`] (its lock comes from `crate::sync`, loom's under `--cfg loom`).
+pub(crate) type ListGuard<'a, L> = MutexGuard<'a, ListState<L>>;
+
 impl<L> StreamList<L> {
     /// A list for `key` (`None`: a free slot).
     pub(crate) fn new(key: Option<StreamKey>, blocks: L) -> Self {
@@ -184,7 +188,7 @@ impl<L> StreamList<L> {
 
     /// Locks the list. Never held together with another list's lock.
     #[inline]
-    pub(crate) fn lock(&self) -> MutexGuard<'_, ListState<L>> {
+    pub(crate) fn lock(&self) -> ListGuard<'_, L> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -610,3 +614,6 @@ mod tests {
         assert!(!g.is_uncovered());
     }
 }
+
+#[cfg(all(test, loom))]
+mod loom_tests;

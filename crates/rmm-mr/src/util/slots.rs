@@ -15,27 +15,47 @@
 //! handed back and claimed again carries its shard's values over (they are cumulative); the
 //! release store of the exiting owner and the acquiring claim make the new owner see them.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::cell::Cell;
+
+use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Number of thread slots (and of lock-free shards per counter set).
+#[cfg(not(loom))]
 pub(crate) const SLOTS: usize = 64;
 
+/// Number of thread slots: two under loom, so that a model's third thread finds them all taken.
+#[cfg(loom)]
+pub(crate) const SLOTS: usize = 2;
+
+/// The bits of `CLAIMED` that stand for slots.
+const ALL_SLOTS: u64 = u64::MAX >> (64 - SLOTS);
+const _: () = assert!(SLOTS >= 1 && SLOTS <= 64, "one bit of `CLAIMED` per slot");
+
 /// Bit `i` set: slot `i` is owned by a live thread.
+#[cfg(not(loom))]
 static CLAIMED: AtomicU64 = AtomicU64::new(0);
 
 /// One more than the highest slot ever claimed: shards at or above it were never written.
+#[cfg(not(loom))]
 static BOUND: AtomicUsize = AtomicUsize::new(0);
 
+// Loom's atomics are made at run time, anew for each interleaving a model explores.
+#[cfg(loom)]
+loom::lazy_static! {
+    static ref CLAIMED: AtomicU64 = AtomicU64::new(0);
+    static ref BOUND: AtomicUsize = AtomicUsize::new(0);
+}
+
 /// A thread's claim on a slot, given back when the thread exits.
-struct SlotGuard(Option<usize>);
+struct SlotGuard(Cell<Option<usize>>);
 
 impl SlotGuard {
     fn claim() -> SlotGuard {
         let mut claimed = CLAIMED.load(Ordering::Relaxed);
         loop {
-            let free = !claimed;
+            let free = !claimed & ALL_SLOTS;
             if free == 0 {
-                return SlotGuard(None);
+                return SlotGuard(Cell::new(None));
             }
             let slot = free.trailing_zeros() as usize;
             match CLAIMED.compare_exchange_weak(
@@ -48,24 +68,29 @@ impl SlotGuard {
                     // SeqCst: a scan that starts after this thread's first update sees the
                     // bound raised (see `StatisticsCounters`' freeze protocol).
                     BOUND.fetch_max(slot + 1, Ordering::SeqCst);
-                    return SlotGuard(Some(slot));
+                    return SlotGuard(Cell::new(Some(slot)));
                 }
                 Err(now) => claimed = now,
             }
         }
     }
-}
 
-impl Drop for SlotGuard {
-    fn drop(&mut self) {
-        if let Some(slot) = self.0 {
+    /// Gives the slot back (the thread is exiting); from now on the thread has none.
+    fn give_back(&self) {
+        if let Some(slot) = self.0.take() {
             // Release: the next owner of the slot sees this thread's last shard updates.
             CLAIMED.fetch_and(!(1u64 << slot), Ordering::Release);
         }
     }
 }
 
-thread_local! {
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        self.give_back();
+    }
+}
+
+crate::sync::thread_local! {
     static SLOT: SlotGuard = SlotGuard::claim();
 }
 
@@ -73,7 +98,24 @@ thread_local! {
 /// thread's slot was already given back (thread-local destructors running).
 #[inline]
 pub(crate) fn current() -> Option<usize> {
-    SLOT.try_with(|s| s.0).ok().flatten()
+    SLOT.try_with(|s| s.0.get()).ok().flatten()
+}
+
+/// Loom models: spawns a model thread that gives its slot back when `f` returns, as a thread's
+/// exit does. Loom runs a thread's thread-local destructors only after its `join` returned (and
+/// possibly after the model ended, when the slot statics are gone), so a model thread that
+/// records must be spawned with this.
+#[cfg(all(test, loom))]
+pub(crate) fn spawn<F, T>(f: F) -> loom::thread::JoinHandle<T>
+where
+    F: FnOnce() -> T + 'static,
+    T: 'static,
+{
+    loom::thread::spawn(move || {
+        let result = f();
+        let _ = SLOT.try_with(SlotGuard::give_back);
+        result
+    })
 }
 
 /// Shards at or above this index have never been written (read it after raising the freeze).
@@ -127,3 +169,6 @@ mod tests {
         }
     }
 }
+
+#[cfg(all(test, loom))]
+mod loom_tests;

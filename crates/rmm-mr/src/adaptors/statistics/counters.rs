@@ -13,8 +13,10 @@
 //! counts wrap rather than panic.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::PoisonError;
+
+use crate::sync::atomic::{AtomicBool, Ordering};
+use crate::sync::{Mutex, MutexGuard};
 
 use crossbeam_utils::CachePadded;
 
@@ -427,6 +429,43 @@ impl StatisticsCounters {
         self.snapshot(&frozen).sums()
     }
 
+    /// Test only: checks, on a consistent snapshot, what keeps the peak exact: every shard's
+    /// value is within its limit, and the limits (so the values) add up to at most the running
+    /// peak, for both statistics. Returns the snapshot's `(bytes, allocations)` values.
+    #[cfg(test)]
+    pub(super) fn check_invariants(&self) -> Result<(i64, i64), String> {
+        let state = self.state();
+        let frozen = self.freeze(&state);
+        let snapshot = self.snapshot(&frozen);
+        let mut values = (0, 0);
+        for (stat, peak, value) in [
+            (Stat::Bytes, state.bytes_peak, &mut values.0),
+            (Stat::Allocations, state.allocations_peak, &mut values.1),
+        ] {
+            let (mut sum, mut limits) = (0i128, 0i128);
+            for (shard, reading) in self.shards_in_use(snapshot.in_use).zip(snapshot.readings()) {
+                let (v, limit) = (
+                    stat.reading(reading).0,
+                    stat.of(shard).limit.load(Ordering::Relaxed),
+                );
+                if v > limit {
+                    return Err(format!(
+                        "{stat:?}: a shard's value {v} is above its limit {limit}"
+                    ));
+                }
+                sum += i128::from(v);
+                limits += i128::from(limit);
+            }
+            if limits > i128::from(peak) {
+                return Err(format!(
+                    "{stat:?}: the limits add up to {limits}, above the peak {peak}"
+                ));
+            }
+            *value = i64::try_from(sum).map_err(|e| e.to_string())?;
+        }
+        Ok(values)
+    }
+
     /// The top frame's counters, from one consistent snapshot.
     fn read(&self) -> (Counter, Counter) {
         let state = self.state();
@@ -750,6 +789,8 @@ mod tests {
                         }
                     }
                 }
+                let invariants = s.check_invariants();
+                prop_assert!(invariants.is_ok(), "{:?}", invariants);
                 let top = *model.last().unwrap();
                 prop_assert_eq!(s.bytes(), as_counter(top[0]));
                 prop_assert_eq!(s.allocations(), as_counter(top[1]));
@@ -907,6 +948,7 @@ mod tests {
         for w in workers {
             w.join().unwrap();
         }
+        assert_eq!(s.check_invariants(), Ok((0, 0)));
         let (bytes, allocations) = s.counters();
         let n = (THREADS * HOLD) as i64;
         assert_eq!(allocations.value, 0);

@@ -6,6 +6,8 @@ mod adaptor;
 mod budget;
 mod counter;
 pub(crate) mod counters;
+#[cfg(all(test, loom))]
+mod loom_tests;
 mod shard;
 
 pub use adaptor::StatisticsResourceAdaptor;

@@ -3,7 +3,7 @@
 //! `freeze` flag (Dekker's pattern), so that while a scan runs the shards can only decrease.
 //! See `docs/internals/statistics.md`.
 
-use std::sync::atomic::{fence, AtomicBool, AtomicI64, AtomicU64, Ordering};
+use crate::sync::atomic::{fence, AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 /// One statistic's share in a shard.
 #[derive(Debug, Default)]
@@ -151,10 +151,10 @@ impl Shard {
 /// Spins a little, then yields (the thread being waited for may have been preempted).
 pub(super) fn backoff(spins: &mut u32) {
     if *spins < 64 {
-        std::hint::spin_loop();
+        crate::sync::spin_loop();
         *spins += 1;
     } else {
-        std::thread::yield_now();
+        crate::sync::yield_now();
     }
 }
 
