@@ -549,18 +549,24 @@ fn uvector_resizing<T: Pod>(mr: SharedResource) -> Outcome {
     )?;
     v.resize(2 * n, s)?;
     ensure(v.len() == 2 * n && v.capacity() == 2 * n, "resize larger")?;
-    ensure(
-        same(&v.to_vec(s)?[..n / 2], &host[..n / 2]),
-        "resize larger contents",
-    )?;
+    {
+        // Only the first n / 2 elements were written (the rest of a grown vector is
+        // uninitialized; initcheck reports reading it).
+        let mut kept = vec![<T as bytemuck::Zeroable>::zeroed(); n / 2];
+        v.copy_to_host(&mut kept, s)?;
+        ensure(same(&kept, &host[..n / 2]), "resize larger contents")?;
+    }
     v.reserve(n, s)?;
     ensure(v.capacity() == 2 * n, "reserve smaller")?;
     v.reserve(3 * n, s)?;
     ensure(v.capacity() == 3 * n && v.len() == 2 * n, "reserve larger")?;
-    ensure(
-        same(&v.to_vec(s)?[..n / 2], &host[..n / 2]),
-        "reserve contents",
-    )?;
+    {
+        // Only the first n / 2 elements were written (the rest of a grown vector is
+        // uninitialized; initcheck reports reading it).
+        let mut kept = vec![<T as bytemuck::Zeroable>::zeroed(); n / 2];
+        v.copy_to_host(&mut kept, s)?;
+        ensure(same(&kept, &host[..n / 2]), "reserve contents")?;
+    }
     v.resize(0, s)?;
     ensure(
         v.is_empty() && v.capacity() == 3 * n,
