@@ -711,8 +711,9 @@ fn alignment_of_elements() -> Outcome {
 fn scalar_suite<T: Pod + Debug>(mr: SharedResource) -> Outcome {
     let s = CudaStreamView::default();
     let u = DeviceScalar::<T>::new(s, Some(Arc::clone(&mr)))?;
+    // Its value is unwritten: reading it is allowed (any bytes are a `T`) but initcheck
+    // reports it, so the test does not.
     ensure(!u.data().is_null() && u.size() == 1, "uninitialized")?;
-    let _ = u.value(s)?;
     let x = value::<T>(11);
     let a = DeviceScalar::with_value(x, s, Some(Arc::clone(&mr)))?;
     ensure(same(&[a.value(s)?], &[x]), "initial value")?;
