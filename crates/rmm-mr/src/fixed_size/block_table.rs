@@ -291,8 +291,16 @@ impl BlockTable {
                 slot.size.store(size, Ordering::Release);
                 Ok(())
             }
-            _ => self.hand_out_tagged(addr, size, tag),
+            _ => self.hand_out_by_addr(addr, size, tag),
         }
+    }
+
+    /// [`hand_out_tagged`](Self::hand_out_tagged), out of line: the rare case of
+    /// [`hand_out_id`](Self::hand_out_id).
+    #[cold]
+    #[inline(never)]
+    fn hand_out_by_addr(&self, addr: u64, size: usize, tag: u64) -> Result<(), FixedSizeError> {
+        self.hand_out_tagged(addr, size, tag)
     }
 
     /// As [`take_back_tagged`](Self::take_back_tagged), and also returns the block's id.
