@@ -42,13 +42,95 @@ impl Node {
     }
 }
 
+/// Free blocks by start address: a table from start address to slot, in which at most one
+/// block, the last one whose start moved (a split takes the front of a block, a merge extends
+/// one backwards), may still be filed under its former start (`moved`): a pool's most frequent
+/// pattern, a block split off and freed again, then moves a start and moves it back without
+/// touching the table. Every lookup checks the slot's current start, so a former start never
+/// answers.
+#[derive(Debug, Clone, Default)]
+struct StartIndex {
+    table: AddrTable<NodeId>,
+    /// `(key, slot)`: the block in `slot` is filed under `key`, which may not be its start.
+    moved: Option<(u64, NodeId)>,
+}
+
+impl StartIndex {
+    /// The block that starts at `addr`.
+    #[inline(always)]
+    fn get(&self, addr: u64, nodes: &[Node]) -> Option<NodeId> {
+        if let Some((_, m)) = self.moved {
+            if nodes[m as usize].addr == addr {
+                return Some(m);
+            }
+        }
+        self.table
+            .get(addr)
+            .filter(|&n| nodes[n as usize].addr == addr)
+    }
+
+    /// Files the new block `n` (starting at `addr`).
+    #[inline]
+    fn insert(&mut self, addr: u64, n: NodeId, nodes: &[Node]) {
+        if self.moved.is_some_and(|(k, _)| k == addr) {
+            self.flush(nodes);
+        }
+        self.table.insert(addr, n);
+    }
+
+    /// Forgets block `n` (before its slot is reused).
+    #[inline]
+    fn remove(&mut self, n: NodeId, nodes: &[Node]) {
+        let key = match self.moved {
+            Some((k, m)) if m == n => {
+                self.moved = None;
+                k
+            }
+            _ => nodes[n as usize].addr,
+        };
+        self.table.remove_if(key, |_| true).ok();
+    }
+
+    /// Block `n`'s start changed from `old` to its current one.
+    #[inline]
+    fn moved(&mut self, n: NodeId, old: u64, nodes: &[Node]) {
+        match self.moved {
+            Some((k, m)) if m == n => {
+                if nodes[n as usize].addr == k {
+                    self.moved = None;
+                }
+            }
+            _ => {
+                self.flush(nodes);
+                self.moved = Some((old, n));
+            }
+        }
+    }
+
+    /// Files the moved block under its current start.
+    fn flush(&mut self, nodes: &[Node]) {
+        if let Some((k, m)) = self.moved.take() {
+            let addr = nodes[m as usize].addr;
+            if addr != k {
+                self.table.remove_if(k, |_| true).ok();
+                self.table.insert(addr, m);
+            }
+        }
+    }
+
+    /// The slot of every block.
+    fn values(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.table.values()
+    }
+}
+
 /// Free blocks of one pool stream list, coalesced on insert, handed out best fit; O(1)
 /// expected per insertion (two table lookups) plus the size index's work. See the [module
 /// documentation](self).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct BoundaryFreeList {
     /// Start address of every free block → its slot.
-    by_start: AddrTable<NodeId>,
+    by_start: StartIndex,
     /// End address (one past the last byte) of every free block → its slot.
     by_end: AddrTable<NodeId>,
     /// The blocks; `spare` lists the unused slots.
@@ -74,6 +156,7 @@ impl BoundaryFreeList {
     }
 
     /// Total free bytes.
+    #[cfg(test)]
     pub(crate) fn total_bytes(&self) -> usize {
         self.total
     }
@@ -86,14 +169,20 @@ impl BoundaryFreeList {
 
     /// The free blocks in address order (a scan and a sort: tests and cold paths).
     pub(crate) fn blocks(&self) -> Vec<Block> {
-        let mut out: Vec<Block> = self.by_start.values().map(|n| self.node(n).block()).collect();
+        let mut out: Vec<Block> = self
+            .by_start
+            .values()
+            .map(|n| self.node(n).block())
+            .collect();
         out.sort_unstable_by_key(|b| b.addr);
         out
     }
 
     /// The free block that starts exactly at `addr`, if any.
     pub(crate) fn block_at(&self, addr: u64) -> Option<Block> {
-        self.by_start.get(addr).map(|n| self.node(n).block())
+        self.by_start
+            .get(addr, &self.nodes)
+            .map(|n| self.node(n).block())
     }
 
     /// Whether `addr` lies inside a free block (a scan: the classification of a rejected free).
@@ -123,7 +212,7 @@ impl BoundaryFreeList {
             return Err(FreeListError::AddressOverflow { block });
         };
         let prev = self.by_end.get(block.addr);
-        let next = self.by_start.get(end);
+        let next = self.by_start.get(end, &self.nodes);
         if let Some(existing) = self.same_edge(block.addr, end) {
             return Err(FreeListError::Overlap { block, existing });
         }
@@ -138,7 +227,7 @@ impl BoundaryFreeList {
                     Some(p) => {
                         let before = self.node(p);
                         self.by_end.remove_if(before.end, |_| true).ok();
-                        self.by_start.remove_if(before.addr, |_| true).ok();
+                        self.by_start.remove(p, &self.nodes);
                         self.sizes
                             .remove((before.end - before.addr) as usize, before.addr);
                         self.free_node(p);
@@ -146,11 +235,10 @@ impl BoundaryFreeList {
                     }
                     None => block,
                 };
-                self.by_start.remove_if(after.addr, |_| true).ok();
-                self.by_start.insert(head.addr, n);
                 let node = &mut self.nodes[n as usize];
                 node.addr = head.addr;
                 node.is_head = head.is_head;
+                self.by_start.moved(n, after.addr, &self.nodes);
                 self.sizes.replace(
                     ((after.end - after.addr) as usize, after.addr),
                     ((after.end - head.addr) as usize, head.addr),
@@ -179,7 +267,7 @@ impl BoundaryFreeList {
     #[inline]
     fn same_edge(&self, addr: u64, end: u64) -> Option<Block> {
         self.by_start
-            .get(addr)
+            .get(addr, &self.nodes)
             .or_else(|| self.by_end.get(end))
             .map(|n| self.node(n).block())
     }
@@ -195,8 +283,8 @@ impl BoundaryFreeList {
         let (found, addr, n) = self.sizes.best_fit(size)?;
         self.total -= size;
         let node = self.node(n);
-        self.by_start.remove_if(addr, |_| true).ok();
         if found == size {
+            self.by_start.remove(n, &self.nodes);
             self.sizes.remove(found, addr);
             self.by_end.remove_if(node.end, |_| true).ok();
             self.free_node(n);
@@ -204,10 +292,10 @@ impl BoundaryFreeList {
             // The remainder keeps the block's end. The list is maximally coalesced, so it
             // touches no free neighbour it could merge with.
             let rest = addr + size as u64;
-            self.by_start.insert(rest, n);
             let slot = &mut self.nodes[n as usize];
             slot.addr = rest;
             slot.is_head = false;
+            self.by_start.moved(n, addr, &self.nodes);
             self.sizes.replace((found, addr), (found - size, rest), n);
         }
         Some(Block::new(addr, size, node.is_head))
@@ -232,7 +320,10 @@ impl BoundaryFreeList {
     ///
     /// The first [`FreeListError`] met. Nothing is lost: every block is then in exactly one of
     /// the two lists (possibly with the two lists' roles swapped).
-    pub(crate) fn insert_list(&mut self, other: &mut BoundaryFreeList) -> Result<(), FreeListError> {
+    pub(crate) fn insert_list(
+        &mut self,
+        other: &mut BoundaryFreeList,
+    ) -> Result<(), FreeListError> {
         if other.len() > self.len() {
             std::mem::swap(self, other);
         }
@@ -260,7 +351,7 @@ impl BoundaryFreeList {
                 (self.nodes.len() - 1) as NodeId
             }
         };
-        self.by_start.insert(addr, n);
+        self.by_start.insert(addr, n, &self.nodes);
         self.by_end.insert(end, n);
         self.sizes.insert((end - addr) as usize, addr, n);
         self.len += 1;
@@ -269,7 +360,8 @@ impl BoundaryFreeList {
 
     /// Removes a block known to be in the list (its start, end and size as listed).
     fn remove_exact(&mut self, block: Block) {
-        if let Ok(n) = self.by_start.remove_if(block.addr, |_| true) {
+        if let Some(n) = self.by_start.get(block.addr, &self.nodes) {
+            self.by_start.remove(n, &self.nodes);
             self.by_end.remove_if(block.end(), |_| true).ok();
             self.sizes.remove(block.size, block.addr);
             self.total -= block.size;
@@ -312,7 +404,14 @@ impl BoundaryFreeList {
         let mut listed: Vec<(usize, u64)> = blocks.iter().map(|b| (b.size, b.addr)).collect();
         listed.sort_unstable();
         assert_eq!(by_size, listed);
+        assert_eq!(self.by_start.table.len(), self.len);
         for b in &blocks {
+            assert_eq!(
+                self.by_start
+                    .get(b.addr, &self.nodes)
+                    .map(|n| self.node(n).block()),
+                Some(*b)
+            );
             let n = self.by_end.get(b.end()).expect("every end is indexed");
             assert_eq!(self.node(n).block(), *b);
         }

@@ -99,7 +99,11 @@ impl FreeBlocks for PoolBlocks {
 
     #[cfg(test)]
     fn free_blocks(&self) -> Vec<(u64, usize)> {
-        self.free.blocks().iter().map(|b| (b.addr, b.size)).collect()
+        self.free
+            .blocks()
+            .iter()
+            .map(|b| (b.addr, b.size))
+            .collect()
     }
 }
 
