@@ -72,6 +72,7 @@ impl FreeBlocks for PoolBlocks {
         self.free.remove_chunk(addr, size)
     }
 
+    #[inline]
     fn hand_out(
         &mut self,
         addr: u64,
@@ -82,10 +83,11 @@ impl FreeBlocks for PoolBlocks {
         if self.handed.record(addr, size, (is_head, origin.to_word())) {
             Ok(())
         } else {
-            Err(format!("block {addr:#x} was already handed out"))
+            Err(already_handed_out(addr))
         }
     }
 
+    #[inline]
     fn take_back(&mut self, addr: u64, size: usize) -> Result<(bool, Origin), Option<InvalidFree>> {
         self.handed
             .release(addr, size)
@@ -105,6 +107,12 @@ impl FreeBlocks for PoolBlocks {
             .map(|b| (b.addr, b.size))
             .collect()
     }
+}
+
+/// The error of a second record of one block (an internal inconsistency).
+#[cold]
+fn already_handed_out(addr: u64) -> String {
+    format!("block {addr:#x} was already handed out")
 }
 
 struct Pool<U: DeviceMemoryResource> {

@@ -333,6 +333,27 @@ impl SizeIndex {
         new: (usize, u64),
         node: NodeId,
     ) {
+        // The usual case of a large block split or grown back: alone in its class, moving to
+        // an empty class. Two slots and two bits change.
+        if c != d && d < self.classes.len() && matches!(self.classes[d], Class::Few { len: 0, .. })
+        {
+            if let Class::Few { len, blocks } = &mut self.classes[c] {
+                if *len == 1 && (blocks[0].0, blocks[0].1) == old {
+                    *len = 0;
+                    self.classes[d] = Class::Few {
+                        len: 1,
+                        blocks: [(new.0, new.1, node), (0, 0, 0), (0, 0, 0)],
+                    };
+                    self.groups[c / 64] &= !(1 << (c % 64));
+                    if self.groups[c / 64] == 0 {
+                        self.summary &= !(1 << (c / 64));
+                    }
+                    self.groups[d / 64] |= 1 << (d % 64);
+                    self.summary |= 1 << (d / 64);
+                    return;
+                }
+            }
+        }
         self.remove_in(c, old.0, old.1);
         self.insert_in(d, new.0, new.1, node);
     }
