@@ -4,8 +4,9 @@
 //! request's own class and, when that has nothing large enough, a bit search for the next
 //! class that holds a block, whose smallest block is the answer. A class usually holds one to
 //! three blocks, kept inline and sorted, so the common operations touch no tree and allocate
-//! nothing; a class with more keeps them in a `BTreeMap` by `(size, address)`, so ties still go
-//! to the lowest address and a class of many equal blocks stays O(log n). Why:
+//! nothing; a class with more keeps up to 64 in a vector sorted by `(size, address)`
+//! descending (the best fit usually its last entry) and beyond that a `BTreeMap`, so ties still
+//! go to the lowest address and a class of many equal blocks stays O(log n). Why:
 //! `docs/internals/pool.md`, "The free list".
 //!
 //! Pure bookkeeping: no CUDA calls.
