@@ -385,7 +385,9 @@ mod steps {
                     }
                 }
                 "event_policy.rs" => return "event policy",
-                "free_list.rs" | "size_index.rs" | "ring.rs" => return "free list",
+                "free_list.rs" | "size_index.rs" | "ring.rs" | "boundary_list.rs" => {
+                    return "free list"
+                }
                 "handed.rs" | "addr_table.rs" | "block_table.rs" | "cross_thread.rs" => {
                     return "handed-out record"
                 }

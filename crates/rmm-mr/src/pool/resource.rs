@@ -7,7 +7,8 @@ use rmm_stream::CudaStreamView;
 use rmm_sys::{checked_align_up, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{InvalidFree, MrError, MrResult};
-use crate::pool::free_list::{Block, CoalescingFreeList};
+use crate::pool::boundary_list::BoundaryFreeList;
+use crate::pool::free_list::Block;
 use crate::pool::growth::{try_to_expand, PoolSizes};
 use crate::resource::{DeviceMemoryResource, SharedResource};
 use crate::stream_ordered::accept_chunk;
@@ -21,7 +22,7 @@ use crate::util::format::format_bytes;
 /// list of the pool).
 #[derive(Debug, Clone, Default)]
 struct PoolBlocks {
-    free: CoalescingFreeList,
+    free: BoundaryFreeList,
     /// Tagged with whether the block starts an upstream chunk and who allocated it (an
     /// [`Origin`] as a word).
     handed: Arc<HandedMap<(bool, u64)>>,
@@ -64,13 +65,14 @@ impl FreeBlocks for PoolBlocks {
     }
 
     fn holds(&self, addr: u64) -> bool {
-        self.free.contains_range(addr, 0)
+        self.free.holds(addr)
     }
 
     fn remove_chunk(&mut self, addr: u64, size: usize) -> bool {
         self.free.remove_chunk(addr, size)
     }
 
+    #[inline]
     fn hand_out(
         &mut self,
         addr: u64,
@@ -81,10 +83,11 @@ impl FreeBlocks for PoolBlocks {
         if self.handed.record(addr, size, (is_head, origin.to_word())) {
             Ok(())
         } else {
-            Err(format!("block {addr:#x} was already handed out"))
+            Err(already_handed_out(addr))
         }
     }
 
+    #[inline]
     fn take_back(&mut self, addr: u64, size: usize) -> Result<(bool, Origin), Option<InvalidFree>> {
         self.handed
             .release(addr, size)
@@ -98,8 +101,18 @@ impl FreeBlocks for PoolBlocks {
 
     #[cfg(test)]
     fn free_blocks(&self) -> Vec<(u64, usize)> {
-        self.free.iter().map(|b| (b.addr, b.size)).collect()
+        self.free
+            .blocks()
+            .iter()
+            .map(|b| (b.addr, b.size))
+            .collect()
     }
+}
+
+/// The error of a second record of one block (an internal inconsistency).
+#[cold]
+fn already_handed_out(addr: u64) -> String {
+    format!("block {addr:#x} was already handed out")
 }
 
 struct Pool<U: DeviceMemoryResource> {
@@ -249,7 +262,9 @@ impl PoolOptions {
 ///   stream takes or asks for a list's blocks) instead of one mutex and an event per free; a
 ///   thief never uses a block before the work queued before its free has completed, but it may
 ///   grow the pool once where RMM would have taken a block.
-/// - **O(log n)** best fit and coalescing ([`CoalescingFreeList`]).
+/// - **Best fit in size classes and coalescing through boundary tags** (O(1) expected to find
+///   a freed block's neighbours, where RMM's address-ordered list is linear; the same blocks as
+///   the ordered `CoalescingFreeList`).
 /// - **Wrong frees are errors**: a free of an unknown pointer, a double free or a size mismatch
 ///   is [`MrError::InvalidFree`] (RMM corrupts its lists or aborts).
 /// - [`release_unused`](Self::release_unused) gives wholly free chunks back to the upstream
