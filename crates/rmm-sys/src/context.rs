@@ -32,8 +32,32 @@ impl PrimaryContext {
 static CONTEXTS: OnceLock<Vec<OnceLock<CudaResult<PrimaryContext>>>> = OnceLock::new();
 
 thread_local! {
-    /// Whether this thread is known to have a current context.
+    /// Whether this thread is known to have a current context (false inside a
+    /// [`DeferredPrimaryContext`] scope until its context was entered, so that the first call
+    /// needing a context takes the slow path, which enters it).
     static HAS_CONTEXT: Cell<bool> = const { Cell::new(false) };
+    /// The innermost [`DeferredPrimaryContext`] scope of this thread.
+    static DEFERRED: Cell<Deferred> = const { Cell::new(Deferred::NONE) };
+}
+
+/// A deferred primary context scope's state (addresses, so that the cell is `Copy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Deferred {
+    /// The primary context to make current before the scope's first call that needs a
+    /// context; 0: no scope.
+    context: usize,
+    /// Whether it was made current (or found current) in this scope.
+    entered: bool,
+    /// The context it replaced, to put back when the scope ends (0: none to restore).
+    previous: usize,
+}
+
+impl Deferred {
+    const NONE: Deferred = Deferred {
+        context: 0,
+        entered: false,
+        previous: 0,
+    };
 }
 
 /// The primary context of `device`, retained on first use and kept for the process.
@@ -124,6 +148,10 @@ pub fn ensure_current_context() -> CudaResult<()> {
 
 #[cold]
 fn ensure_current_context_slow() -> CudaResult<()> {
+    let deferred = DEFERRED.with(Cell::get);
+    if deferred.context != 0 && !deferred.entered {
+        return enter_deferred(deferred);
+    }
     let api = api()?;
     let mut ctx: raw::CUcontext = std::ptr::null_mut();
     // SAFETY: the driver is initialized; the call writes one handle.
@@ -203,20 +231,111 @@ impl PrimaryContextGuard {
 
 impl Drop for PrimaryContextGuard {
     fn drop(&mut self) {
-        if self.previous == 0 {
-            return;
+        if self.previous != 0 {
+            restore_context(self.previous);
         }
-        let restore = || -> CudaResult<()> {
-            let api = api()?;
-            // SAFETY: the handle was this thread's current context when the guard was made; a
-            // context destroyed since is reported by the driver as an error code.
-            check("cuCtxSetCurrent", unsafe {
-                (api.cuCtxSetCurrent)(self.previous as raw::CUcontext)
+    }
+}
+
+/// Makes a deferred scope's context current (the first call of the scope that needs one).
+fn enter_deferred(mut deferred: Deferred) -> CudaResult<()> {
+    let current = raw_current_context()?;
+    if current as usize != deferred.context {
+        let api = api()?;
+        // SAFETY: the scope's context is a retained primary context that lives for the
+        // process (`DeferredPrimaryContext::enter` takes only those).
+        check("cuCtxSetCurrent", unsafe {
+            (api.cuCtxSetCurrent)(deferred.context as raw::CUcontext)
+        })?;
+        deferred.previous = current as usize;
+    }
+    deferred.entered = true;
+    DEFERRED.with(|d| d.set(deferred));
+    mark_context_current();
+    Ok(())
+}
+
+/// A scope in which the primary context of a device is made current **only if a driver call
+/// needs a context**: what an entry point called from foreign code does when its work usually
+/// needs no driver call at all (a pool allocation served from the pool's free memory), so that
+/// the common case costs no `cuCtxGetCurrent`.
+///
+/// Inside the scope, the first rmm-sys call of the calling thread that needs a current context
+/// (every wrapper but the simulated ones and those that name a device) first does what
+/// [`PrimaryContextGuard::enter`] does: it makes `context` current unless it already is. When
+/// the scope ends, a context it replaced is made current again, and a thread that had none
+/// keeps the primary context, as with the guard. A scope in which no call needed a context
+/// changes nothing and makes no driver call. Calls that name their stream or event run in
+/// `context` like every other, so the special stream handles (`CU_STREAM_LEGACY`,
+/// `CU_STREAM_PER_THREAD`) name the device's streams.
+///
+/// Scopes nest (the inner one applies until it ends). Not `Send`: it restores the thread that
+/// made it.
+#[derive(Debug)]
+#[must_use = "the deferred context applies until the scope drops"]
+pub struct DeferredPrimaryContext {
+    /// The enclosing scope's state, put back on drop.
+    outer: Deferred,
+    /// Whether the thread was known to have a current context before the scope.
+    had_context: bool,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl DeferredPrimaryContext {
+    /// Starts a scope for `context` (see the type's documentation). Makes no driver call.
+    #[inline]
+    pub fn enter(context: PrimaryContext) -> Self {
+        let outer = DEFERRED.with(|d| {
+            d.replace(Deferred {
+                context: context.0,
+                entered: false,
+                previous: 0,
             })
-        };
-        if let Err(e) = restore() {
-            log::error!("rmm: could not restore the previous context: {e}");
+        });
+        let had_context = HAS_CONTEXT.with(|c| c.replace(false));
+        Self {
+            outer,
+            had_context,
+            _not_send: PhantomData,
         }
+    }
+
+    /// Whether a call of this scope needed a context, so that the scope's context was entered.
+    #[must_use]
+    pub fn entered(&self) -> bool {
+        DEFERRED.with(Cell::get).entered
+    }
+}
+
+impl Drop for DeferredPrimaryContext {
+    #[inline]
+    fn drop(&mut self) {
+        let scope = DEFERRED.with(|d| d.replace(self.outer));
+        if scope.entered && scope.previous != 0 {
+            restore_context(scope.previous);
+        }
+        // Known to have a context: had one, or the scope left its own (a restored context is
+        // one too). An enclosing scope not yet entered must still enter its own context.
+        let known =
+            (self.had_context || scope.entered) && (self.outer.context == 0 || self.outer.entered);
+        HAS_CONTEXT.with(|c| c.set(known));
+    }
+}
+
+/// Makes `previous` (a context that was current on this thread) current again; a failure is
+/// logged, as drops cannot return it.
+#[cold]
+fn restore_context(previous: usize) {
+    let restore = || -> CudaResult<()> {
+        let api = api()?;
+        // SAFETY: the handle was this thread's current context when the scope entered its
+        // own; a context destroyed since is reported by the driver as an error code.
+        check("cuCtxSetCurrent", unsafe {
+            (api.cuCtxSetCurrent)(previous as raw::CUcontext)
+        })
+    };
+    if let Err(e) = restore() {
+        log::error!("rmm: could not restore the previous context: {e}");
     }
 }
 
@@ -239,5 +358,76 @@ mod tests {
             let e = PrimaryContextGuard::enter(crate::DeviceId(i32::MAX)).unwrap_err();
             assert!(e.to_string().contains("out of range"), "{e}");
         }
+    }
+
+    /// What a scope leaves on the thread: (known to have a context, the scope state).
+    fn thread_state() -> (bool, Deferred) {
+        (HAS_CONTEXT.with(Cell::get), DEFERRED.with(Cell::get))
+    }
+
+    #[test]
+    fn a_deferred_scope_defers_until_a_call_needs_a_context() {
+        if crate::driver::is_driver_present() {
+            // A fake context must not reach a real driver; the GPU test
+            // `deferred_primary_context` covers this machine.
+            return;
+        }
+        std::thread::spawn(|| {
+            let fake = PrimaryContext(0xdead_0000);
+            // A thread known to have a context (as after an earlier call).
+            mark_context_current();
+            {
+                let scope = DeferredPrimaryContext::enter(fake);
+                assert_eq!(
+                    thread_state(),
+                    (
+                        false,
+                        Deferred {
+                            context: 0xdead_0000,
+                            entered: false,
+                            previous: 0
+                        }
+                    ),
+                    "the next call needing a context does not take the fast path"
+                );
+                // A call the simulation answers needs no context: nothing is entered.
+                #[cfg(feature = "testing")]
+                {
+                    crate::fault::simulate(true);
+                    // SAFETY: a fake stream handle never reaches a driver.
+                    let id = unsafe { crate::stream::stream_get_id(crate::fault::fake_stream(3)) };
+                    assert!(id.is_ok(), "{id:?}");
+                    crate::fault::simulate(false);
+                    assert!(!scope.entered());
+                }
+                // A call that needs one tries to enter the scope's context (here: no driver).
+                assert_eq!(ensure_current_context(), Err(CudaError::DriverNotFound));
+                assert!(!scope.entered(), "entered without a driver");
+                {
+                    let inner = DeferredPrimaryContext::enter(PrimaryContext(0xbeef_0000));
+                    assert_eq!(thread_state().1.context, 0xbeef_0000);
+                    drop(inner);
+                }
+                assert_eq!(
+                    thread_state(),
+                    (
+                        false,
+                        Deferred {
+                            context: 0xdead_0000,
+                            entered: false,
+                            previous: 0
+                        }
+                    ),
+                    "the inner scope did not give the outer one back"
+                );
+            }
+            assert_eq!(
+                thread_state(),
+                (true, Deferred::NONE),
+                "the scope left state behind"
+            );
+        })
+        .join()
+        .unwrap();
     }
 }
