@@ -37,6 +37,9 @@ mod stack;
 pub mod status;
 #[cfg(test)]
 mod test_support;
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub mod testing;
 pub mod torch;
 
 pub use abi::{RmmRsOptions, RmmRsStatistics};
