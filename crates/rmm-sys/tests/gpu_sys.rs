@@ -113,6 +113,24 @@ fn deferred_primary_context() -> Result<(), Failed> {
     .join()
     .map_err(|_| "thread panicked")??;
     ensure(fresh.0, "a scope without calls gave the thread a context")?;
+    // An ordinary stream's id, asked from a thread without a context, is the stream's.
+    let stream = rmm_sys::stream::stream_create(rmm_sys::stream::CU_STREAM_NON_BLOCKING)?;
+    // SAFETY: a live stream, destroyed below.
+    let id = unsafe { rmm_sys::stream::stream_get_id(stream)? };
+    let handle = stream as usize;
+    let elsewhere = std::thread::spawn(move || -> Result<u64, CudaError> {
+        let _scope = DeferredPrimaryContext::enter(rmm_sys::primary_context(0)?);
+        // SAFETY: the stream lives until the thread was joined.
+        unsafe { rmm_sys::stream::stream_get_id(handle as rmm_sys::raw::CUstream) }
+    })
+    .join()
+    .map_err(|_| "thread panicked")??;
+    // SAFETY: created above, no work queued.
+    unsafe { rmm_sys::stream::stream_destroy(stream)? };
+    ensure(
+        id == elsewhere,
+        format!("stream id {id} read as {elsewhere} elsewhere"),
+    )?;
     ensure(fresh.1, "a call in the scope did not enter its context")?;
     ensure(fresh.2, "the thread did not keep the primary context")?;
     // Another device's context comes back when the scope ends (with two devices or more).
