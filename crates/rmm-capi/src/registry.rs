@@ -215,17 +215,22 @@ impl Registry {
         f: impl FnOnce(&DeviceState) -> R,
     ) -> CResult<R> {
         let index = usize::try_from(device).map_err(|_| invalid_device(device))?;
-        if let Some(slot) = self.fast.get(index) {
-            // Acquire: pairs with `publish`.
-            let p = slot.load(Ordering::Acquire);
-            if !p.is_null() {
-                // SAFETY: a published pointer names a stack the registry keeps alive as long as
-                // itself (the invariant of `fast`), and `self` is borrowed for the call.
-                return Ok(f(unsafe { &*p }));
-            }
-        }
-        let state = self.state_slow(device, build)?;
-        Ok(f(&state))
+        // Acquire: pairs with `publish`.
+        let published = self
+            .fast
+            .get(index)
+            .map_or(ptr::null_mut(), |slot| slot.load(Ordering::Acquire));
+        let slow;
+        let state = if published.is_null() {
+            slow = self.state_slow(device, build)?;
+            &*slow
+        } else {
+            // SAFETY: a published pointer names a stack the registry keeps alive as long as
+            // itself (the invariant of `fast`), and `self` is borrowed for the call.
+            unsafe { &*published }
+        };
+        // One call site, so that `f` is inlined here.
+        Ok(f(state))
     }
 
     /// The statistics of `device`: zeros for a configured device not built yet.
