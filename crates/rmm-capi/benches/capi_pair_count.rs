@@ -3,7 +3,7 @@
 //! instructions in (`docs/performance.md`, "The C ABI: instructions per pair").
 //!
 //! ```text
-//! capi_pair_count [--instructions] [RESOURCE [LAYERS [STREAM [SIZE [PAIRS]]]]]
+//! capi_pair_count [--instructions] [--cross] [RESOURCE [LAYERS [STREAM [SIZE [PAIRS]]]]]
 //! ```
 //!
 //! - RESOURCE: `pool` (an rmm-rs pool, 4 GiB initial, over the do-nothing resource, as
@@ -15,6 +15,10 @@
 //!   handle, whose `cuStreamGetId` rmm-sys's simulated driver answers), or `all`;
 //! - SIZE: `1KiB`, `256KiB` or `4MiB` (the sizes of `bench_torch.py`), or `all`;
 //! - PAIRS: pairs in the measured loop (default 100,000; 20,000 with `--instructions`).
+//!
+//! `--cross`: the calling thread allocates and a second thread frees, in batches of 64 handed
+//! over through a channel (PyTorch's autograd thread allocates gradients the main thread frees):
+//! both threads' instructions are counted, channel included.
 //!
 //! Every case runs in a process of its own (the C API has one table per process): the loop
 //! once uncounted, then once measured. Without a flag it prints nanoseconds per pair (a quick
@@ -116,16 +120,74 @@ fn run_pairs(bytes: isize, stream: *mut c_void, pairs: usize) {
     }
 }
 
+/// Allocations handed from the allocating thread to the freeing one at a time (`--cross`).
+const BATCH: usize = 64;
+
+/// The measured pass of `--cross` on the allocating thread: `pairs` allocations of `bytes`,
+/// sent to the freeing thread in batches.
+#[inline(never)]
+fn measured_allocations(
+    bytes: isize,
+    stream: usize,
+    pairs: usize,
+    to: &std::sync::mpsc::SyncSender<Vec<usize>>,
+) {
+    for _ in 0..pairs / BATCH {
+        let batch = (0..BATCH)
+            // SAFETY: as in `run_pairs`.
+            .map(
+                |_| unsafe { rmm_rs_torch_alloc(black_box(bytes), 0, stream as *mut c_void) }
+                    as usize,
+            )
+            .collect();
+        to.send(batch).expect("the freeing thread");
+    }
+}
+
+/// The measured pass of `--cross` on the freeing thread.
+#[inline(never)]
+fn measured_frees(bytes: isize, stream: usize, from: &std::sync::mpsc::Receiver<Vec<usize>>) {
+    for batch in from {
+        for p in batch {
+            // SAFETY: each came from `rmm_rs_torch_alloc` with `bytes` on `stream`; freed once.
+            unsafe {
+                rmm_rs_torch_free(black_box(p as *mut c_void), bytes, 0, stream as *mut c_void)
+            };
+        }
+    }
+}
+
+/// `--cross`: `pairs` allocations on this thread freed on another (see the module
+/// documentation); nanoseconds per pair.
+fn run_cross(bytes: isize, stream: *mut c_void, pairs: usize) -> f64 {
+    let stream = stream as usize;
+    let (to, from) = std::sync::mpsc::sync_channel::<Vec<usize>>(4);
+    let freer = std::thread::spawn(move || {
+        // The raw stream's driver calls are answered by the simulation on this thread too.
+        let _sim = FaultScope::simulated();
+        measured_frees(bytes, stream, &from);
+    });
+    let t = Instant::now();
+    measured_allocations(bytes, stream, pairs, &to);
+    drop(to);
+    freer.join().expect("the freeing thread panicked");
+    t.elapsed().as_nanos() as f64 / pairs.max(1) as f64
+}
+
 /// Runs one case in this process: nanoseconds per pair.
-fn run_here(case: &Case<'_>, pairs: usize) -> f64 {
+fn run_here(case: &Case<'_>, pairs: usize, cross: bool) -> f64 {
     // The raw stream's driver calls are answered by the simulation.
     let _sim = FaultScope::simulated();
     case.configure();
     let (bytes, stream) = (case.bytes(), case.stream());
     run_pairs(bytes, stream, pairs);
-    let t = Instant::now();
-    measured(bytes, stream, pairs);
-    let ns = t.elapsed().as_nanos() as f64 / pairs.max(1) as f64;
+    let ns = if cross {
+        run_cross(bytes, stream, pairs)
+    } else {
+        let t = Instant::now();
+        measured(bytes, stream, pairs);
+        t.elapsed().as_nanos() as f64 / pairs.max(1) as f64
+    };
     let mut s = RmmRsStatistics::default();
     // SAFETY: `s` is writable.
     assert_eq!(unsafe { rmm_rs_get_statistics(0, &mut s) }, 0);
@@ -136,7 +198,7 @@ fn run_here(case: &Case<'_>, pairs: usize) -> f64 {
 
 /// Runs one case in a child process, under callgrind when `instructions`: nanoseconds or
 /// instructions per pair.
-fn run_child(case: &Case<'_>, pairs: usize, instructions: bool) -> f64 {
+fn run_child(case: &Case<'_>, pairs: usize, instructions: bool, cross: bool) -> f64 {
     let me = std::env::current_exe().expect("the benchmark's own path");
     let args = [case.resource, case.layers, case.stream, case.size];
     let out = std::env::temp_dir().join(format!(
@@ -151,6 +213,7 @@ fn run_child(case: &Case<'_>, pairs: usize, instructions: bool) -> f64 {
             .arg(format!("--callgrind-out-file={}", out.display()))
             .arg(me)
             .arg("--child")
+            .args(cross.then_some("--cross"))
             .args(args)
             .arg(pairs.to_string())
             .output()
@@ -158,6 +221,7 @@ fn run_child(case: &Case<'_>, pairs: usize, instructions: bool) -> f64 {
     } else {
         Command::new(me)
             .arg("--child")
+            .args(cross.then_some("--cross"))
             .args(args)
             .arg(pairs.to_string())
             .output()
@@ -202,6 +266,7 @@ fn main() {
     };
     let instructions = flag("--instructions");
     let child = flag("--child");
+    let cross = flag("--cross");
     let arg = |i: usize| args.get(i).map(String::as_str);
     let default_pairs = if instructions { 20_000 } else { 100_000 };
     let pairs: usize = arg(4).map_or(default_pairs, |p| p.parse().expect("PAIRS: a number"));
@@ -212,7 +277,7 @@ fn main() {
             stream: arg(2).expect("STREAM"),
             size: arg(3).expect("SIZE"),
         };
-        println!("ns {}", run_here(&case, pairs));
+        println!("ns {}", run_here(&case, pairs, cross));
         return;
     }
     let resources = pick(arg(0), &["pool", "null"]);
@@ -236,7 +301,7 @@ fn main() {
                         stream,
                         size,
                     };
-                    let v = run_child(&case, pairs, instructions);
+                    let v = run_child(&case, pairs, instructions, cross);
                     println!("| {resource} | {layer} | {stream} | {size} | {v:.0} |");
                 }
             }
