@@ -12,6 +12,8 @@ use rmm::{
     SharedResource,
 };
 
+use rmm::sys::PrimaryContext;
+
 use crate::config::{Config, ResourceKind};
 use crate::registry::Registry;
 use crate::stack::{assemble, pool_options, DeviceState, Holder};
@@ -59,8 +61,9 @@ unsafe impl DeviceMemoryResource for NullResource {
 }
 
 /// Builds `config` over the do-nothing resource: a pool over it (initial size 0 unless set)
-/// or, for the other kinds, the resource itself; statistics and the log as configured; no
-/// context work.
+/// or, for the other kinds, the resource itself; statistics and the log as configured; a fake
+/// primary context, so that each call opens its deferred context scope as on a GPU (nothing
+/// in these stacks makes a call that needs it).
 fn build_fake(config: &Config, device: DeviceId) -> MrResult<DeviceState> {
     let null: SharedResource = Arc::new(NullResource {
         next: AtomicU64::new(1 << 40),
@@ -72,7 +75,7 @@ fn build_fake(config: &Config, device: DeviceId) -> MrResult<DeviceState> {
     } else {
         (null, Holder::Plain)
     };
-    assemble(config, device, base, holder, None)
+    assemble(config, device, base, holder, Some(PrimaryContext::fake()))
 }
 
 /// Makes the C entry points of this process serve fake addresses (never to be dereferenced)

@@ -27,36 +27,49 @@ impl PrimaryContext {
     pub fn as_raw(self) -> raw::CUcontext {
         self.0 as raw::CUcontext
     }
+
+    /// A fake primary context for benchmarks and tests without a GPU (feature `testing`; never
+    /// for real device work): a [`DeferredPrimaryContext`] scope of it "enters" it without a
+    /// driver, and no rmm-sys call passes it to one.
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    #[must_use]
+    pub fn fake() -> Self {
+        PrimaryContext(crate::fault::fake_context())
+    }
 }
 
 static CONTEXTS: OnceLock<Vec<OnceLock<CudaResult<PrimaryContext>>>> = OnceLock::new();
 
 thread_local! {
-    /// Whether this thread is known to have a current context (false inside a
-    /// [`DeferredPrimaryContext`] scope until its context was entered, so that the first call
-    /// needing a context takes the slow path, which enters it).
-    static HAS_CONTEXT: Cell<bool> = const { Cell::new(false) };
-    /// The innermost [`DeferredPrimaryContext`] scope of this thread.
-    static DEFERRED: Cell<Deferred> = const { Cell::new(Deferred::NONE) };
+    /// What this thread knows of its context: one cell, so that a library loaded with
+    /// `dlopen` (where each thread-local access is a `__tls_get_addr` call) reaches it once per
+    /// access site.
+    static THREAD: Cell<ThreadContext> = const { Cell::new(ThreadContext::NONE) };
 }
 
-/// A deferred primary context scope's state (addresses, so that the cell is `Copy`).
+/// A thread's context state (flat, so that saving and restoring it is three words).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Deferred {
-    /// The primary context to make current before the scope's first call that needs a
-    /// context; 0: no scope.
+struct ThreadContext {
+    /// The innermost [`DeferredPrimaryContext`] scope's primary context, to make current
+    /// before the scope's first call that needs a context; 0: no scope.
     context: usize,
-    /// Whether it was made current (or found current) in this scope.
-    entered: bool,
-    /// The context it replaced, to put back when the scope ends (0: none to restore).
+    /// The context the scope's entry replaced, to put back when the scope ends (0: none).
     previous: usize,
+    /// Whether this thread is known to have a current context (false inside a scope until its
+    /// context was entered, so that the first call needing a context takes the slow path,
+    /// which enters it).
+    known: bool,
+    /// Whether the scope's context was made (or found) current.
+    entered: bool,
 }
 
-impl Deferred {
-    const NONE: Deferred = Deferred {
+impl ThreadContext {
+    const NONE: ThreadContext = ThreadContext {
         context: 0,
-        entered: false,
         previous: 0,
+        known: false,
+        entered: false,
     };
 }
 
@@ -140,7 +153,7 @@ pub(crate) fn context_api() -> CudaResult<&'static Api> {
 /// thread: one thread-local read.
 #[inline]
 pub fn ensure_current_context() -> CudaResult<()> {
-    if HAS_CONTEXT.with(Cell::get) {
+    if THREAD.with(|t| t.get().known) {
         return Ok(());
     }
     ensure_current_context_slow()
@@ -148,9 +161,9 @@ pub fn ensure_current_context() -> CudaResult<()> {
 
 #[cold]
 fn ensure_current_context_slow() -> CudaResult<()> {
-    let deferred = DEFERRED.with(Cell::get);
-    if deferred.context != 0 && !deferred.entered {
-        return enter_deferred(deferred);
+    let state = THREAD.with(Cell::get);
+    if state.context != 0 && !state.entered {
+        return enter_deferred(state);
     }
     let api = api()?;
     let mut ctx: raw::CUcontext = std::ptr::null_mut();
@@ -238,20 +251,28 @@ impl Drop for PrimaryContextGuard {
 }
 
 /// Makes a deferred scope's context current (the first call of the scope that needs one).
-fn enter_deferred(mut deferred: Deferred) -> CudaResult<()> {
-    let current = raw_current_context()?;
-    if current as usize != deferred.context {
-        let api = api()?;
-        // SAFETY: the scope's context is a retained primary context that lives for the
-        // process (`DeferredPrimaryContext::enter` takes only those).
-        check("cuCtxSetCurrent", unsafe {
-            (api.cuCtxSetCurrent)(deferred.context as raw::CUcontext)
-        })?;
-        deferred.previous = current as usize;
+fn enter_deferred(mut state: ThreadContext) -> CudaResult<()> {
+    // A fake context (feature `testing`) is entered without a driver, as the simulated driver
+    // answers fake handles.
+    #[cfg(feature = "testing")]
+    let fake = crate::fault::is_fake(state.context);
+    #[cfg(not(feature = "testing"))]
+    let fake = false;
+    if !fake {
+        let current = raw_current_context()?;
+        if current as usize != state.context {
+            let api = api()?;
+            // SAFETY: the scope's context is a retained primary context that lives for the
+            // process (`DeferredPrimaryContext::enter` takes only those).
+            check("cuCtxSetCurrent", unsafe {
+                (api.cuCtxSetCurrent)(state.context as raw::CUcontext)
+            })?;
+            state.previous = current as usize;
+        }
     }
-    deferred.entered = true;
-    DEFERRED.with(|d| d.set(deferred));
-    mark_context_current();
+    state.entered = true;
+    state.known = true;
+    THREAD.with(|t| t.set(state));
     Ok(())
 }
 
@@ -274,10 +295,8 @@ fn enter_deferred(mut deferred: Deferred) -> CudaResult<()> {
 #[derive(Debug)]
 #[must_use = "the deferred context applies until the scope drops"]
 pub struct DeferredPrimaryContext {
-    /// The enclosing scope's state, put back on drop.
-    outer: Deferred,
-    /// Whether the thread was known to have a current context before the scope.
-    had_context: bool,
+    /// The thread's state before the scope (the enclosing scope's), put back on drop.
+    outer: ThreadContext,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -285,17 +304,14 @@ impl DeferredPrimaryContext {
     /// Starts a scope for `context` (see the type's documentation). Makes no driver call.
     #[inline]
     pub fn enter(context: PrimaryContext) -> Self {
-        let outer = DEFERRED.with(|d| {
-            d.replace(Deferred {
+        let outer = THREAD.with(|t| {
+            t.replace(ThreadContext {
                 context: context.0,
-                entered: false,
-                previous: 0,
+                ..ThreadContext::NONE
             })
         });
-        let had_context = HAS_CONTEXT.with(|c| c.replace(false));
         Self {
             outer,
-            had_context,
             _not_send: PhantomData,
         }
     }
@@ -303,22 +319,28 @@ impl DeferredPrimaryContext {
     /// Whether a call of this scope needed a context, so that the scope's context was entered.
     #[must_use]
     pub fn entered(&self) -> bool {
-        DEFERRED.with(Cell::get).entered
+        THREAD.with(|t| t.get().entered)
     }
 }
 
 impl Drop for DeferredPrimaryContext {
     #[inline]
     fn drop(&mut self) {
-        let scope = DEFERRED.with(|d| d.replace(self.outer));
+        let mut outer = self.outer;
+        let scope = THREAD.with(|t| {
+            let scope = t.get();
+            // A thread without a scope around this one keeps the scope's context (or gets its
+            // own back): it is known to have one. An enclosing scope is put back as it was
+            // (not yet entered: still to enter its own context).
+            if scope.entered && outer.context == 0 {
+                outer.known = true;
+            }
+            t.set(outer);
+            scope
+        });
         if scope.entered && scope.previous != 0 {
             restore_context(scope.previous);
         }
-        // Known to have a context: had one, or the scope left its own (a restored context is
-        // one too). An enclosing scope not yet entered must still enter its own context.
-        let known =
-            (self.had_context || scope.entered) && (self.outer.context == 0 || self.outer.entered);
-        HAS_CONTEXT.with(|c| c.set(known));
     }
 }
 
@@ -341,7 +363,11 @@ fn restore_context(previous: usize) {
 
 /// Records that the calling thread now has a current context (after `cuCtxSetCurrent`).
 fn mark_context_current() {
-    HAS_CONTEXT.with(|c| c.set(true));
+    THREAD.with(|t| {
+        let mut state = t.get();
+        state.known = true;
+        t.set(state);
+    });
 }
 
 #[cfg(test)]
@@ -361,69 +387,124 @@ mod tests {
     }
 
     /// What a scope leaves on the thread: (known to have a context, the scope state).
-    fn thread_state() -> (bool, Deferred) {
-        (HAS_CONTEXT.with(Cell::get), DEFERRED.with(Cell::get))
+    fn thread_state() -> (bool, ThreadContext) {
+        let t = THREAD.with(Cell::get);
+        (t.known, t)
+    }
+
+    fn pending(context: usize) -> (bool, ThreadContext) {
+        (
+            false,
+            ThreadContext {
+                context,
+                ..ThreadContext::NONE
+            },
+        )
+    }
+
+    #[cfg(feature = "testing")]
+    #[test]
+    fn a_deferred_scope_enters_at_the_first_call_that_needs_a_context() {
+        std::thread::spawn(|| {
+            let fake = PrimaryContext::fake();
+            assert_eq!(thread_state(), (false, ThreadContext::NONE));
+            {
+                let scope = DeferredPrimaryContext::enter(fake);
+                assert_eq!(thread_state(), pending(fake.0));
+                // A call the simulation answers needs no context: nothing is entered.
+                crate::fault::simulate(true);
+                // SAFETY: a fake stream handle never reaches a driver.
+                let id = unsafe { crate::stream::stream_get_id(crate::fault::fake_stream(3)) };
+                crate::fault::simulate(false);
+                assert!(id.is_ok(), "{id:?}");
+                assert!(!scope.entered());
+                // One that needs a context enters the scope's, once.
+                assert_eq!(ensure_current_context(), Ok(()));
+                assert!(scope.entered());
+                assert_eq!(
+                    thread_state().0,
+                    true,
+                    "entered, yet the slow path stays armed"
+                );
+                {
+                    // A nested scope defers again, and gives the outer one back.
+                    let inner = DeferredPrimaryContext::enter(fake);
+                    assert_eq!(thread_state(), pending(fake.0));
+                    drop(inner);
+                }
+                assert!(scope.entered());
+                assert!(thread_state().0);
+            }
+            // The thread had no context and keeps the scope's (as with the guard).
+            assert_eq!(
+                thread_state(),
+                (
+                    true,
+                    ThreadContext {
+                        known: true,
+                        ..ThreadContext::NONE
+                    }
+                )
+            );
+            {
+                // An enclosing scope not yet entered is armed again after an inner one.
+                let outer = DeferredPrimaryContext::enter(fake);
+                {
+                    let _inner = DeferredPrimaryContext::enter(fake);
+                    assert_eq!(ensure_current_context(), Ok(()));
+                }
+                assert_eq!(
+                    thread_state(),
+                    pending(fake.0),
+                    "the outer scope was disarmed"
+                );
+                assert!(!outer.entered());
+            }
+            assert_eq!(
+                thread_state(),
+                (
+                    true,
+                    ThreadContext {
+                        known: true,
+                        ..ThreadContext::NONE
+                    }
+                )
+            );
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]
-    fn a_deferred_scope_defers_until_a_call_needs_a_context() {
+    fn without_a_driver_a_deferred_scope_fails_where_a_context_is_needed() {
         if crate::driver::is_driver_present() {
-            // A fake context must not reach a real driver; the GPU test
+            // A made-up context must not reach a real driver; the GPU test
             // `deferred_primary_context` covers this machine.
             return;
         }
         std::thread::spawn(|| {
-            let fake = PrimaryContext(0xdead_0000);
             // A thread known to have a context (as after an earlier call).
             mark_context_current();
             {
-                let scope = DeferredPrimaryContext::enter(fake);
-                assert_eq!(
-                    thread_state(),
-                    (
-                        false,
-                        Deferred {
-                            context: 0xdead_0000,
-                            entered: false,
-                            previous: 0
-                        }
-                    ),
-                    "the next call needing a context does not take the fast path"
-                );
-                // A call the simulation answers needs no context: nothing is entered.
-                #[cfg(feature = "testing")]
-                {
-                    crate::fault::simulate(true);
-                    // SAFETY: a fake stream handle never reaches a driver.
-                    let id = unsafe { crate::stream::stream_get_id(crate::fault::fake_stream(3)) };
-                    assert!(id.is_ok(), "{id:?}");
-                    crate::fault::simulate(false);
-                    assert!(!scope.entered());
-                }
-                // A call that needs one tries to enter the scope's context (here: no driver).
+                let scope = DeferredPrimaryContext::enter(PrimaryContext(0xdead_0000));
+                assert_eq!(thread_state(), pending(0xdead_0000));
                 assert_eq!(ensure_current_context(), Err(CudaError::DriverNotFound));
                 assert!(!scope.entered(), "entered without a driver");
-                {
-                    let inner = DeferredPrimaryContext::enter(PrimaryContext(0xbeef_0000));
-                    assert_eq!(thread_state().1.context, 0xbeef_0000);
-                    drop(inner);
-                }
                 assert_eq!(
                     thread_state(),
-                    (
-                        false,
-                        Deferred {
-                            context: 0xdead_0000,
-                            entered: false,
-                            previous: 0
-                        }
-                    ),
-                    "the inner scope did not give the outer one back"
+                    pending(0xdead_0000),
+                    "the scope was disarmed"
                 );
             }
             assert_eq!(
                 thread_state(),
-                (true, Deferred::NONE),
+                (
+                    true,
+                    ThreadContext {
+                        known: true,
+                        ..ThreadContext::NONE
+                    }
+                ),
                 "the scope left state behind"
             );
         })
