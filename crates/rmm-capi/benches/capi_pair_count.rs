@@ -134,11 +134,11 @@ fn measured_allocations(
 ) {
     for _ in 0..pairs / BATCH {
         let batch = (0..BATCH)
-            // SAFETY: as in `run_pairs`.
-            .map(
-                |_| unsafe { rmm_rs_torch_alloc(black_box(bytes), 0, stream as *mut c_void) }
-                    as usize,
-            )
+            .map(|_| {
+                // SAFETY: as in `run_pairs`.
+                let p = unsafe { rmm_rs_torch_alloc(black_box(bytes), 0, stream as *mut c_void) };
+                p as usize
+            })
             .collect();
         to.send(batch).expect("the freeing thread");
     }
