@@ -282,13 +282,19 @@ fn enter_deferred(mut state: ThreadContext) -> CudaResult<()> {
 /// the common case costs no `cuCtxGetCurrent`.
 ///
 /// Inside the scope, the first rmm-sys call of the calling thread that needs a current context
-/// (every wrapper but the simulated ones and those that name a device) first does what
+/// (every wrapper but the simulated ones, those that name a device, and `cuStreamGetId` of an
+/// ordinary stream, which names its own context) first does what
 /// [`PrimaryContextGuard::enter`] does: it makes `context` current unless it already is. When
 /// the scope ends, a context it replaced is made current again, and a thread that had none
 /// keeps the primary context, as with the guard. A scope in which no call needed a context
-/// changes nothing and makes no driver call. Calls that name their stream or event run in
-/// `context` like every other, so the special stream handles (`CU_STREAM_LEGACY`,
-/// `CU_STREAM_PER_THREAD`) name the device's streams.
+/// changes nothing and makes no driver call. Calls that take a stream or an event run with
+/// `context` current like every other, so the special stream handles (`CU_STREAM_LEGACY`,
+/// `CU_STREAM_PER_THREAD`) name the device's streams. A call that makes a context current
+/// itself before the scope's context was entered ([`PrimaryContextGuard`],
+/// [`set_current_device`](crate::set_current_device)) ends the deferral: from then on the
+/// scope's calls run in whatever context is current, as outside a scope.
+/// ([`DeviceGuard`](crate::DeviceGuard) asks for the current device first, which enters the
+/// scope's context.)
 ///
 /// Scopes nest (the inner one applies until it ends). Not `Send`: it restores the thread that
 /// made it.
