@@ -1083,3 +1083,97 @@ fn model_double_free_found_on_a_gpu() {
     ];
     run_model(ops).unwrap();
 }
+
+// --- destroyed streams ----------------------------------------------------------------------
+
+/// Streams of rmm-stream's simulated driver made by these tests: `STREAM_BASE + n`.
+const STREAM_BASE: u32 = 0x00a2_0000;
+
+/// Streams made, allocated on and destroyed one after the other (RMM: each keeps its arena in
+/// the map until memory runs short; the arena here is large enough that it never does).
+const STREAMS: u32 = 1_000;
+
+/// The arenas of destroyed streams leave the map when the next arena is created: after
+/// [`STREAMS`] streams, one arena in the map (the last stream's, destroyed but not yet swept)
+/// and one holding arena of their superblocks. Then a reclaim gives everything back: the whole
+/// arena is one free block.
+///
+/// Figure of `docs/reliability.md`: `cargo test -p rmm-mr --all-features --lib
+/// arenas_of_destroyed_streams_do_not_pile_up -- --nocapture`.
+#[test]
+fn arenas_of_destroyed_streams_do_not_pile_up() {
+    let _sim = rmm_sys::fault::FaultScope::simulated();
+    let size = (STREAMS as usize + 64) * MIB;
+    let (_mock, mr) = arena(size);
+    let mut most = 0;
+    for n in 0..STREAMS {
+        let stream = rmm_stream::CudaStream::simulated(STREAM_BASE + n);
+        let p = alloc(&mr, stream.view(), 4 * KIB);
+        free(&mr, stream.view(), p, 4 * KIB);
+        drop(stream);
+        let s = snapshot(&mr);
+        most = most.max(s.arenas + s.holding);
+    }
+    let s = snapshot(&mr);
+    eprintln!(
+        "arenas alive after {STREAMS} destroyed streams: {} (at most {most} at any time): {} in \
+         the map, {} holding",
+        s.arenas + s.holding,
+        s.arenas,
+        s.holding
+    );
+    assert!(s.arenas + s.holding <= 2 && most <= 2, "{s:?}, at most {most}");
+    // The destroyed streams' superblocks are not lost: a reclaim gives them back.
+    mr.inner.reclaim().unwrap();
+    let s = snapshot(&mr);
+    assert_eq!((s.lent_superblocks, s.holding), (0, 0), "{s:?}");
+    assert!(s.fully_coalesced, "{s:?}");
+    let all = alloc(&mr, legacy(), size);
+    free(&mr, legacy(), all, size);
+}
+
+/// A block allocated on a stream that is then destroyed can still be freed on another stream
+/// (from the holding arena, then from the global arena once a reclaim took its superblock
+/// back), and wrong frees of it are still reported; afterwards the whole arena is free.
+#[test]
+fn blocks_of_destroyed_streams_can_still_be_freed() {
+    let _sim = rmm_sys::fault::FaultScope::simulated();
+    let size = 64 * MIB;
+    let (_mock, mr) = arena(size);
+    let a = rmm_stream::CudaStream::simulated(STREAM_BASE + STREAMS + 1);
+    let p = alloc(&mr, a.view(), 4 * KIB);
+    let q = alloc(&mr, a.view(), 8 * KIB);
+    let big = alloc(&mr, a.view(), 3 * MIB);
+    fill(q, 8 * KIB, 0x5a);
+    drop(a);
+    let b = rmm_stream::CudaStream::simulated(STREAM_BASE + STREAMS + 2);
+    // A new arena: the destroyed stream's leaves the map.
+    let r = alloc(&mr, b.view(), 4 * KIB);
+    let s = snapshot(&mr);
+    assert_eq!((s.arenas, s.holding), (1, 1), "{s:?}");
+    assert!(holds(q, 8 * KIB, 0x5a), "a live block was handed out again");
+    free(&mr, b.view(), p, 4 * KIB);
+    assert_eq!(kind(&try_free(&mr, b.view(), p, 4 * KIB)), InvalidFree::DoubleFree);
+    assert!(matches!(
+        kind(&try_free(&mr, b.view(), q, 4 * KIB)),
+        InvalidFree::SizeMismatch { .. }
+    ));
+    // The reclaim gives the holding arena's superblocks back, `q` still live in them.
+    mr.inner.reclaim().unwrap();
+    let s = snapshot(&mr);
+    assert_eq!((s.arenas, s.holding), (1, 0), "{s:?}");
+    assert!(holds(q, 8 * KIB, 0x5a), "a live block was handed out again");
+    free(&mr, b.view(), q, 8 * KIB);
+    mr.inner.settle();
+    assert_eq!(kind(&try_free(&mr, b.view(), q, 8 * KIB)), InvalidFree::DoubleFree);
+    free(&mr, b.view(), big, 3 * MIB);
+    free(&mr, b.view(), r, 4 * KIB);
+    drop(b);
+    mr.inner.settle();
+    mr.inner.reclaim().unwrap();
+    let s = snapshot(&mr);
+    assert_eq!((s.lent_superblocks, s.holding, s.pending), (0, 0, 0), "{s:?}");
+    assert!(s.fully_coalesced, "{s:?}");
+    let all = alloc(&mr, legacy(), size);
+    free(&mr, legacy(), all, size);
+}
