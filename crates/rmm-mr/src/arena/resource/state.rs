@@ -563,7 +563,7 @@ impl<U: DeviceMemoryResource> State<U> {
     ///
     /// RMM has no such step (its defragmentation moves every superblock back, used or not,
     /// after a device synchronization under an exclusive lock).
-    pub(super) fn reclaim(&self) -> MrResult<()> {
+    fn reclaim(&self) -> MrResult<()> {
         let cells: Vec<Arc<ArenaCell>> = read(&self.arenas).values().cloned().collect();
         let mut taken: Vec<(Arc<ArenaCell>, Vec<Superblock>)> = Vec::new();
         for cell in cells {
@@ -581,7 +581,8 @@ impl<U: DeviceMemoryResource> State<U> {
             drop(slot);
             taken.push((cell, empty));
         }
-        let held: Vec<(Arc<ArenaCell>, Vec<CudaEvent>)> = std::mem::take(&mut *lock(&self.holding))
+        let holding = std::mem::take(&mut *lock(&self.holding));
+        let held: Vec<(Arc<ArenaCell>, Vec<CudaEvent>)> = holding
             .into_iter()
             .map(|cell| {
                 let fences = std::mem::take(&mut cell.lock().fences);
@@ -1144,6 +1145,16 @@ impl<U: DeviceMemoryResource> State<U> {
         live.retain(|(addr, _)| !global.pending_addrs.contains(addr));
         live.sort_unstable();
         live
+    }
+
+    /// A reclaim ([`reclaim`](Self::reclaim)), as an allocation that found no room makes one
+    /// (tests).
+    #[cfg(test)]
+    pub(super) fn reclaim_now(&self) -> MrResult<()> {
+        let _making_room = lock(&self.relieving);
+        self.reclaim()?;
+        self.reliefs.fetch_add(1, Ordering::AcqRel);
+        Ok(())
     }
 
     /// The arena's first address.

@@ -1124,7 +1124,7 @@ fn arenas_of_destroyed_streams_do_not_pile_up() {
     );
     assert!(s.arenas + s.holding <= 2 && most <= 2, "{s:?}, at most {most}");
     // The destroyed streams' superblocks are not lost: a reclaim gives them back.
-    mr.inner.reclaim().unwrap();
+    mr.inner.reclaim_now().unwrap();
     let s = snapshot(&mr);
     assert_eq!((s.lent_superblocks, s.holding), (0, 0), "{s:?}");
     assert!(s.fully_coalesced, "{s:?}");
@@ -1159,7 +1159,7 @@ fn blocks_of_destroyed_streams_can_still_be_freed() {
         InvalidFree::SizeMismatch { .. }
     ));
     // The reclaim gives the holding arena's superblocks back, `q` still live in them.
-    mr.inner.reclaim().unwrap();
+    mr.inner.reclaim_now().unwrap();
     let s = snapshot(&mr);
     assert_eq!((s.arenas, s.holding), (1, 0), "{s:?}");
     assert!(holds(q, 8 * KIB, 0x5a), "a live block was handed out again");
@@ -1170,7 +1170,81 @@ fn blocks_of_destroyed_streams_can_still_be_freed() {
     free(&mr, b.view(), r, 4 * KIB);
     drop(b);
     mr.inner.settle();
-    mr.inner.reclaim().unwrap();
+    mr.inner.reclaim_now().unwrap();
+    let s = snapshot(&mr);
+    assert_eq!((s.lent_superblocks, s.holding, s.pending), (0, 0, 0), "{s:?}");
+    assert!(s.fully_coalesced, "{s:?}");
+    let all = alloc(&mr, legacy(), size);
+    free(&mr, legacy(), all, size);
+}
+
+/// Threads make, use and destroy streams concurrently, pass blocks to each other to free on
+/// their own streams (often after the allocating stream was destroyed) and reclaim now and
+/// then: no live block is ever handed out again, every free succeeds, the arenas stay few,
+/// and at the end the whole arena is free.
+#[test]
+fn streams_die_while_other_threads_free_their_blocks() {
+    const THREADS: u32 = 4;
+    const ROUNDS: u32 = 150;
+    let _sim = rmm_sys::fault::FaultScope::simulated();
+    let size = 64 * MIB;
+    let (_mock, mr) = arena(size);
+    let (senders, receivers): (Vec<_>, Vec<_>) =
+        (0..THREADS).map(|_| mpsc::channel::<(u64, usize, u64)>()).unzip();
+    let handles: Vec<_> = receivers
+        .into_iter()
+        .enumerate()
+        .map(|(t, inbox)| {
+            let t = t as u32;
+            let mr = mr.clone();
+            let next = senders[((t + 1) % THREADS) as usize].clone();
+            std::thread::spawn(move || {
+                let _sim = rmm_sys::fault::FaultScope::simulated();
+                let mut rng = Rng(0x9E37_79B9 + u64::from(t));
+                for i in 0..ROUNDS {
+                    let n = STREAM_BASE + 0x1_0000 + t * 0x1000 + i;
+                    let stream = rmm_stream::CudaStream::simulated(n);
+                    let tag = u64::from(n);
+                    let mine = 256 * (1 + rng.below(64));
+                    let passed = 256 * (1 + rng.below(64));
+                    let p = alloc(&mr, stream.view(), mine);
+                    let q = alloc(&mr, stream.view(), passed);
+                    fill_tag(p, mine, tag);
+                    fill_tag(q, passed, tag);
+                    next.send((q.addr(), passed, tag)).unwrap();
+                    while let Ok((addr, bytes, tag)) = inbox.try_recv() {
+                        let ptr = DevicePtr::from_raw(addr);
+                        assert!(holds_tag(ptr, bytes, tag), "a live block was handed out again");
+                        free(&mr, stream.view(), ptr, bytes);
+                    }
+                    assert!(holds_tag(p, mine, tag), "a live block was handed out again");
+                    free(&mr, stream.view(), p, mine);
+                    drop(stream);
+                    if i % 37 == 36 {
+                        mr.inner.reclaim_now().unwrap();
+                    }
+                }
+                drop(next);
+                inbox
+            })
+        })
+        .collect();
+    drop(senders);
+    let inboxes: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    for inbox in inboxes {
+        for (addr, bytes, tag) in inbox.iter() {
+            let ptr = DevicePtr::from_raw(addr);
+            assert!(holds_tag(ptr, bytes, tag), "a live block was handed out again");
+            free(&mr, legacy(), ptr, bytes);
+        }
+    }
+    let s = snapshot(&mr);
+    assert!(
+        s.arenas <= THREADS as usize + 1 && s.holding <= 1,
+        "arenas of destroyed streams pile up: {s:?}"
+    );
+    mr.inner.settle();
+    mr.inner.reclaim_now().unwrap();
     let s = snapshot(&mr);
     assert_eq!((s.lent_superblocks, s.holding, s.pending), (0, 0, 0), "{s:?}");
     assert!(s.fully_coalesced, "{s:?}");
