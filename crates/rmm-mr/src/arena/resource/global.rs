@@ -280,8 +280,8 @@ impl GlobalState {
 #[cfg(test)]
 mod tests {
     use super::super::ArenaKey;
-    use rmm_stream::CudaStreamView;
     use super::*;
+    use rmm_stream::CudaStreamView;
 
     const MIB: usize = 1 << 20;
     const BASE: u64 = 1 << 40;
@@ -307,7 +307,10 @@ mod tests {
         // The block was freed on another stream: its free waits in the queue.
         global.pending_addrs.insert(block);
 
-        let second = Arc::new(ArenaCell::new(ArenaKey::Stream(7), CudaStreamView::legacy()));
+        let second = Arc::new(ArenaCell::new(
+            ArenaKey::Stream(7),
+            CudaStreamView::legacy(),
+        ));
         let mut slot = second.lock();
         for _ in 0..3 {
             assert!(global.lend(256, &second, &mut slot));

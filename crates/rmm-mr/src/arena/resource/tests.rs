@@ -1122,7 +1122,10 @@ fn arenas_of_destroyed_streams_do_not_pile_up() {
         s.arenas,
         s.holding
     );
-    assert!(s.arenas + s.holding <= 2 && most <= 2, "{s:?}, at most {most}");
+    assert!(
+        s.arenas + s.holding <= 2 && most <= 2,
+        "{s:?}, at most {most}"
+    );
     // The destroyed streams' superblocks are not lost: a reclaim gives them back.
     mr.inner.reclaim_now().unwrap();
     let s = snapshot(&mr);
@@ -1153,7 +1156,10 @@ fn blocks_of_destroyed_streams_can_still_be_freed() {
     assert_eq!((s.arenas, s.holding), (1, 1), "{s:?}");
     assert!(holds(q, 8 * KIB, 0x5a), "a live block was handed out again");
     free(&mr, b.view(), p, 4 * KIB);
-    assert_eq!(kind(&try_free(&mr, b.view(), p, 4 * KIB)), InvalidFree::DoubleFree);
+    assert_eq!(
+        kind(&try_free(&mr, b.view(), p, 4 * KIB)),
+        InvalidFree::DoubleFree
+    );
     assert!(matches!(
         kind(&try_free(&mr, b.view(), q, 4 * KIB)),
         InvalidFree::SizeMismatch { .. }
@@ -1165,14 +1171,21 @@ fn blocks_of_destroyed_streams_can_still_be_freed() {
     assert!(holds(q, 8 * KIB, 0x5a), "a live block was handed out again");
     free(&mr, b.view(), q, 8 * KIB);
     mr.inner.settle();
-    assert_eq!(kind(&try_free(&mr, b.view(), q, 8 * KIB)), InvalidFree::DoubleFree);
+    assert_eq!(
+        kind(&try_free(&mr, b.view(), q, 8 * KIB)),
+        InvalidFree::DoubleFree
+    );
     free(&mr, b.view(), big, 3 * MIB);
     free(&mr, b.view(), r, 4 * KIB);
     drop(b);
     mr.inner.settle();
     mr.inner.reclaim_now().unwrap();
     let s = snapshot(&mr);
-    assert_eq!((s.lent_superblocks, s.holding, s.pending), (0, 0, 0), "{s:?}");
+    assert_eq!(
+        (s.lent_superblocks, s.holding, s.pending),
+        (0, 0, 0),
+        "{s:?}"
+    );
     assert!(s.fully_coalesced, "{s:?}");
     let all = alloc(&mr, legacy(), size);
     free(&mr, legacy(), all, size);
@@ -1189,8 +1202,9 @@ fn streams_die_while_other_threads_free_their_blocks() {
     let _sim = rmm_sys::fault::FaultScope::simulated();
     let size = 64 * MIB;
     let (_mock, mr) = arena(size);
-    let (senders, receivers): (Vec<_>, Vec<_>) =
-        (0..THREADS).map(|_| mpsc::channel::<(u64, usize, u64)>()).unzip();
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..THREADS)
+        .map(|_| mpsc::channel::<(u64, usize, u64)>())
+        .unzip();
     let handles: Vec<_> = receivers
         .into_iter()
         .enumerate()
@@ -1214,7 +1228,10 @@ fn streams_die_while_other_threads_free_their_blocks() {
                     next.send((q.addr(), passed, tag)).unwrap();
                     while let Ok((addr, bytes, tag)) = inbox.try_recv() {
                         let ptr = DevicePtr::from_raw(addr);
-                        assert!(holds_tag(ptr, bytes, tag), "a live block was handed out again");
+                        assert!(
+                            holds_tag(ptr, bytes, tag),
+                            "a live block was handed out again"
+                        );
                         free(&mr, stream.view(), ptr, bytes);
                     }
                     assert!(holds_tag(p, mine, tag), "a live block was handed out again");
@@ -1234,7 +1251,10 @@ fn streams_die_while_other_threads_free_their_blocks() {
     for inbox in inboxes {
         for (addr, bytes, tag) in inbox.iter() {
             let ptr = DevicePtr::from_raw(addr);
-            assert!(holds_tag(ptr, bytes, tag), "a live block was handed out again");
+            assert!(
+                holds_tag(ptr, bytes, tag),
+                "a live block was handed out again"
+            );
             free(&mr, legacy(), ptr, bytes);
         }
     }
@@ -1246,7 +1266,11 @@ fn streams_die_while_other_threads_free_their_blocks() {
     mr.inner.settle();
     mr.inner.reclaim_now().unwrap();
     let s = snapshot(&mr);
-    assert_eq!((s.lent_superblocks, s.holding, s.pending), (0, 0, 0), "{s:?}");
+    assert_eq!(
+        (s.lent_superblocks, s.holding, s.pending),
+        (0, 0, 0),
+        "{s:?}"
+    );
     assert!(s.fully_coalesced, "{s:?}");
     let all = alloc(&mr, legacy(), size);
     free(&mr, legacy(), all, size);
