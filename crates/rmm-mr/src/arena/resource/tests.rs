@@ -1147,6 +1147,15 @@ fn blocks_of_destroyed_streams_can_still_be_freed() {
     let p = alloc(&mr, a.view(), 4 * KIB);
     let q = alloc(&mr, a.view(), 8 * KIB);
     let big = alloc(&mr, a.view(), 3 * MIB);
+    // A large block served by a superblock the stream's arena kept from its own large free.
+    let kept = alloc(&mr, a.view(), 2 * MIB);
+    free(&mr, a.view(), kept, 2 * MIB);
+    let kept = alloc(&mr, a.view(), 2 * MIB);
+    assert_eq!(
+        snapshot(&mr).large_live,
+        1,
+        "the test needs a kept superblock"
+    );
     fill(q, 8 * KIB, 0x5a);
     drop(a);
     let b = rmm_stream::CudaStream::simulated(STREAM_BASE + STREAMS + 2);
@@ -1158,6 +1167,11 @@ fn blocks_of_destroyed_streams_can_still_be_freed() {
     free(&mr, b.view(), p, 4 * KIB);
     assert_eq!(
         kind(&try_free(&mr, b.view(), p, 4 * KIB)),
+        InvalidFree::DoubleFree
+    );
+    free(&mr, b.view(), kept, 2 * MIB);
+    assert_eq!(
+        kind(&try_free(&mr, b.view(), kept, 2 * MIB)),
         InvalidFree::DoubleFree
     );
     assert!(matches!(
