@@ -269,6 +269,55 @@ fn blocks_freed_on_destroyed_stream() -> Result<(), Failed> {
     freed_block_reused_by_another_stream(4 * MIB, 3 * MIB, true)
 }
 
+/// Streams made, used and destroyed one after the other in a 2 MiB arena. Each writes a block
+/// late (behind a stall) and frees it, and leaves another block live when it is destroyed:
+/// the next stream's arena retires the destroyed stream's into the holding arena, whose
+/// superblocks reach other streams only through a reclaim (after a device synchronization).
+/// Every stream's new block must keep its pattern after all work is done (a block handed out
+/// before the destroyed stream's late write would get it), the live block of the destroyed
+/// stream keeps its contents and is freed on the next stream, and at the end the whole arena
+/// is allocatable in one block.
+fn destroyed_streams_arenas_are_retired() -> Result<(), Failed> {
+    const ROUNDS: u32 = 8;
+    const BLOCK: usize = 256 * KIB;
+    const KEPT: usize = 64 * KIB;
+    let size = 2 * MIB;
+    let mr = arena(size)?;
+    let mut carried: Option<(DevicePtr, u32)> = None;
+    for round in 0..ROUNDS {
+        let s = CudaStream::non_blocking()?;
+        let v = s.view();
+        let q = mr.allocate(v, BLOCK, 256)?;
+        let pattern = 0x5eed_0000 | round;
+        set(q, BLOCK, pattern, v)?;
+        // Every late write of the destroyed streams is done.
+        rmm_sys::device_synchronize()?;
+        all_equal(q, BLOCK, pattern, v)?;
+        if let Some((c, kept_pattern)) = carried.take() {
+            // Allocated on the previous stream, destroyed since.
+            all_equal(c, KEPT, kept_pattern, v)?;
+            free(&mr, v, c, KEPT)?;
+        }
+        let c = mr.allocate(v, KEPT, 256)?;
+        set(c, KEPT, !pattern, v)?;
+        carried = Some((c, !pattern));
+        // A late write, then the free: the block may not go to another stream before the
+        // write is done.
+        stall(v, STALL)?;
+        set(q, BLOCK, 0xdead_0000 | round, v)?;
+        free(&mr, v, q, BLOCK)?;
+        drop(s);
+    }
+    let s = CudaStream::non_blocking()?;
+    if let Some((c, kept_pattern)) = carried.take() {
+        rmm_sys::device_synchronize()?;
+        all_equal(c, KEPT, kept_pattern, s.view())?;
+        free(&mr, s.view(), c, KEPT)?;
+    }
+    let all = mr.allocate(s.view(), size, 256)?;
+    free(&mr, s.view(), all, size)
+}
+
 /// A block of `owner`'s arena used and freed (late, stalled) on `other`; `owner` allocates the
 /// same block again and writes it: the owner's stream must wait for `other`'s free.
 fn cross_arena_free(owner: CudaStreamView<'_>, other: CudaStreamView<'_>) -> Result<(), Failed> {
@@ -518,6 +567,10 @@ fn main() {
         gpu(
             "arena::blocks_freed_on_destroyed_stream",
             blocks_freed_on_destroyed_stream,
+        ),
+        gpu(
+            "arena::destroyed_streams_arenas_are_retired",
+            destroyed_streams_arenas_are_retired,
         ),
         gpu("arena::stream_to_stream_free", stream_to_stream_free),
         gpu(

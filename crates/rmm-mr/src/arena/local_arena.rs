@@ -239,6 +239,17 @@ impl LocalArena {
         Ok(first? + second?)
     }
 
+    /// Take out every superblock, empty or not, kept for large requests or not, without giving
+    /// them to the global arena (the resource moves the superblocks of a destroyed stream's
+    /// arena into its arena of retired superblocks, where their live blocks can still be
+    /// freed).
+    pub fn take_all(&mut self) -> Vec<Superblock> {
+        let mut all = self.superblocks.take_all();
+        all.extend(self.kept.take_all());
+        self.kept_free = 0;
+        all
+    }
+
     /// Return only the empty superblocks to `global` (RMM's `arena::defragment`). Returns how
     /// many were returned; refusals are handled as in [`clean`](Self::clean).
     pub fn defragment(&mut self, global: &mut GlobalArena) -> Result<usize, ArenaError> {

@@ -2,10 +2,10 @@
 //! [`ArenaKey`], what selects it.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use rmm_stream::{CudaEvent, CudaStreamView};
+use rmm_stream::{CudaEvent, CudaStreamView, StreamLife};
 
 use super::thread_cache::thread_serial;
 use super::{lock, EventPool};
@@ -23,6 +23,9 @@ pub(super) enum ArenaKey {
     Legacy,
     /// Another stream, by its driver id (unique per stream object, never reused).
     Stream(u64),
+    /// The superblocks of the arenas of destroyed streams, until a reclaim gives them back to
+    /// the global arena (never in the map, never allocates: only frees land here).
+    Retired,
 }
 
 impl ArenaKey {
@@ -44,7 +47,7 @@ impl ArenaKey {
     pub(super) fn thread(self) -> Option<u64> {
         match self {
             Self::Thread(serial) => Some(serial),
-            Self::Legacy | Self::Stream(_) => None,
+            Self::Legacy | Self::Stream(_) | Self::Retired => None,
         }
     }
 
@@ -54,7 +57,7 @@ impl ArenaKey {
     pub(super) fn origin(self) -> Origin {
         match self {
             Self::Thread(serial) => Origin::Thread(serial),
-            Self::Legacy | Self::Stream(_) => Origin::Shared,
+            Self::Legacy | Self::Stream(_) | Self::Retired => Origin::Shared,
         }
     }
 }
@@ -65,6 +68,7 @@ impl fmt::Display for ArenaKey {
             Self::Thread(serial) => write!(f, "per-thread arena (thread #{serial})"),
             Self::Legacy => f.write_str("legacy default stream arena"),
             Self::Stream(id) => write!(f, "stream arena (stream id {id})"),
+            Self::Retired => f.write_str("superblocks of destroyed streams"),
         }
     }
 }
@@ -101,25 +105,52 @@ impl ArenaSlot {
     }
 }
 
-/// One local arena: a key, a lock, and a retired flag.
+/// A cell in use: in the map (or about to be), the arena of its key.
+const CURRENT: u8 = 0;
+/// A cell of [`ArenaKey::Retired`]: out of the map, its superblocks reachable through the
+/// owner table until a reclaim takes them back.
+const HOLDING: u8 = 1;
+/// A cell whose superblocks are gone, for good.
+const RETIRED: u8 = 2;
+
+/// One local arena: a key, a lock, its owner's life and a state.
 ///
 /// A cell is retired (for good) when its superblocks go back to the global arena at
-/// defragmentation, at thread exit or when the resource is dropped; it is then out of the
-/// resource's map, and a thread that still holds it (from its cache) looks the key up again.
-/// The flag is only set while the cell's lock is held, so a holder of the lock sees a stable
-/// value.
+/// defragmentation, at thread exit or when the resource is dropped, or move to the resource's
+/// holding arena when its stream was destroyed; it is then out of the resource's map, and a
+/// thread that still holds it (from its cache) looks the key up again. The state is only
+/// changed while the cell's lock is held, so a holder of the lock sees a stable value.
 #[derive(Debug)]
 pub(super) struct ArenaCell {
     key: ArenaKey,
-    retired: AtomicBool,
+    /// The life of the stream of an [`ArenaKey::Stream`] made by rmm-stream (`None` for the
+    /// other keys and for foreign streams, whose arenas live as long as the resource).
+    life: Option<StreamLife>,
+    state: AtomicU8,
     slot: Mutex<ArenaSlot>,
 }
 
 impl ArenaCell {
-    pub(super) fn new(key: ArenaKey) -> Self {
+    /// The arena of `key`, whose stream is `stream`.
+    pub(super) fn new(key: ArenaKey, stream: CudaStreamView<'_>) -> Self {
+        let life = match key {
+            ArenaKey::Stream(_) => stream.life(),
+            ArenaKey::Thread(_) | ArenaKey::Legacy | ArenaKey::Retired => None,
+        };
         Self {
             key,
-            retired: AtomicBool::new(false),
+            life,
+            state: AtomicU8::new(CURRENT),
+            slot: Mutex::default(),
+        }
+    }
+
+    /// A holding arena for the superblocks of destroyed streams ([`ArenaKey::Retired`]).
+    pub(super) fn holding() -> Self {
+        Self {
+            key: ArenaKey::Retired,
+            life: None,
+            state: AtomicU8::new(HOLDING),
             slot: Mutex::default(),
         }
     }
@@ -128,17 +159,29 @@ impl ArenaCell {
         self.key
     }
 
+    /// Whether the stream of this arena is known to be destroyed (one atomic load).
+    pub(super) fn owner_is_dead(&self) -> bool {
+        self.life.as_ref().is_some_and(|life| !life.is_alive())
+    }
+
     /// Locks the arena.
     pub(super) fn lock(&self) -> MutexGuard<'_, ArenaSlot> {
         lock(&self.slot)
     }
 
+    /// Whether the cell's superblocks are gone for good (frees look their owner up again).
     pub(super) fn is_retired(&self) -> bool {
-        self.retired.load(Ordering::Acquire)
+        self.state.load(Ordering::Acquire) == RETIRED
+    }
+
+    /// Whether the cell is its key's arena (not retired, not a holding arena): only then may
+    /// a stream allocate from it or find it as its own.
+    pub(super) fn is_current(&self) -> bool {
+        self.state.load(Ordering::Acquire) == CURRENT
     }
 
     /// Marks the cell retired. Call with its lock held (the guard proves it).
     pub(super) fn retire(&self, _locked: &mut ArenaSlot) {
-        self.retired.store(true, Ordering::Release);
+        self.state.store(RETIRED, Ordering::Release);
     }
 }

@@ -281,6 +281,7 @@ impl GlobalState {
 mod tests {
     use super::super::ArenaKey;
     use super::*;
+    use rmm_stream::CudaStreamView;
 
     const MIB: usize = 1 << 20;
     const BASE: u64 = 1 << 40;
@@ -293,7 +294,7 @@ mod tests {
     #[test]
     fn a_block_whose_free_is_pending_is_never_lent() {
         let mut global = GlobalState::new(GlobalArena::new(BASE, 4 * MIB).unwrap());
-        let first = Arc::new(ArenaCell::new(ArenaKey::Legacy));
+        let first = Arc::new(ArenaCell::new(ArenaKey::Legacy, CudaStreamView::legacy()));
         let (block, other) = {
             let mut slot = first.lock();
             assert!(global.lend(256, &first, &mut slot));
@@ -306,7 +307,10 @@ mod tests {
         // The block was freed on another stream: its free waits in the queue.
         global.pending_addrs.insert(block);
 
-        let second = Arc::new(ArenaCell::new(ArenaKey::Stream(7)));
+        let second = Arc::new(ArenaCell::new(
+            ArenaKey::Stream(7),
+            CudaStreamView::legacy(),
+        ));
         let mut slot = second.lock();
         for _ in 0..3 {
             assert!(global.lend(256, &second, &mut slot));

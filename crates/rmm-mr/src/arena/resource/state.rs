@@ -41,10 +41,11 @@ static NEXT_RESOURCE_SERIAL: AtomicU64 = AtomicU64::new(1);
 /// Locks, always taken in this order (a lock is never acquired while a later one is held,
 /// except with `try_lock`):
 /// 1. `arenas` (the key -> arena map; read-mostly, written when an arena is created or retired);
-/// 2. a local arena's lock ([`ArenaCell`]); only defragmentation holds several (it holds the
-///    map's write lock, so no two threads ever do);
-/// 3. `global` (the global arena and what goes with it);
-/// 4. the pending-free queue and the event pool (leaves). Events are queried, recorded and
+/// 2. `holding` (the holding arenas of destroyed streams' superblocks);
+/// 3. a local arena's lock ([`ArenaCell`]); only defragmentation and the sweep of destroyed
+///    streams' arenas hold several (both hold the map's write lock, so no two threads ever do);
+/// 4. `global` (the global arena and what goes with it);
+/// 5. the pending-free queue and the event pool (leaves). Events are queried, recorded and
 ///    waited on outside the global lock.
 pub(super) struct State<U: DeviceMemoryResource> {
     pub(super) upstream: U,
@@ -71,6 +72,14 @@ pub(super) struct State<U: DeviceMemoryResource> {
     global: Mutex<GlobalState>,
     pending: PendingQueue,
     arenas: RwLock<HashMap<ArenaKey, Arc<ArenaCell>>>,
+    /// [`rmm_stream::destroyed_streams`] when the map was last swept for the arenas of
+    /// destroyed streams ([`sweep`](Self::sweep)).
+    swept: AtomicU64,
+    /// Holding arenas ([`ArenaKey::Retired`]): the superblocks of the arenas of destroyed
+    /// streams, until a reclaim has synchronized the device and gives them back to the global
+    /// arena. The sweep moves superblocks into the last one only; a reclaim takes them all out
+    /// (normally there is one, or none).
+    holding: Mutex<Vec<Arc<ArenaCell>>>,
     events: EventPool,
 }
 
@@ -170,6 +179,8 @@ impl<U: DeviceMemoryResource> State<U> {
             global: Mutex::new(GlobalState::new(arena)),
             pending: PendingQueue::default(),
             arenas: RwLock::default(),
+            swept: AtomicU64::new(rmm_stream::destroyed_streams()),
+            holding: Mutex::default(),
             events: EventPool::default(),
         })
     }
@@ -220,7 +231,7 @@ impl<U: DeviceMemoryResource> State<U> {
     /// the map (its read lock).
     fn existing_arena(&self, key: ArenaKey) -> Option<Arc<ArenaCell>> {
         if let Some(cell) = thread_cache::cached(self.serial, key) {
-            if !cell.is_retired() {
+            if cell.is_current() {
                 return Some(cell);
             }
             thread_cache::forget(self.serial, key);
@@ -230,9 +241,10 @@ impl<U: DeviceMemoryResource> State<U> {
         Some(cell)
     }
 
-    /// The arena for `key`, created on first use. A new per-thread arena gets a thread-exit
-    /// guard.
-    fn arena(self: &Arc<Self>, key: ArenaKey) -> Arc<ArenaCell> {
+    /// The arena for `key` (whose stream is `stream`), created on first use. A new per-thread
+    /// arena gets a thread-exit guard. Creating one first moves the arenas of destroyed
+    /// streams out of the map ([`sweep`](Self::sweep)).
+    fn arena(self: &Arc<Self>, key: ArenaKey, stream: CudaStreamView<'_>) -> Arc<ArenaCell> {
         if let Some(cell) = self.existing_arena(key) {
             return cell;
         }
@@ -241,7 +253,8 @@ impl<U: DeviceMemoryResource> State<U> {
             match map.get(&key) {
                 Some(cell) => (Arc::clone(cell), false),
                 None => {
-                    let cell = Arc::new(ArenaCell::new(key));
+                    self.sweep(&mut map);
+                    let cell = Arc::new(ArenaCell::new(key, stream));
                     map.insert(key, Arc::clone(&cell));
                     self.arena_count.store(map.len(), Ordering::Relaxed);
                     (cell, true)
@@ -256,6 +269,78 @@ impl<U: DeviceMemoryResource> State<U> {
         }
         thread_cache::remember(self.serial, key, &cell);
         cell
+    }
+
+    /// Moves the arenas of destroyed streams out of `map` (the map, write-locked) if a stream
+    /// was destroyed since the last look (one atomic load otherwise): their superblocks, used
+    /// or not, and their fences go to the last holding arena, where frees of their blocks still
+    /// find them through the owner table (and wrong frees are still detected), and the cells
+    /// retire. Nothing there is handed out again before a reclaim has synchronized the device
+    /// ([`reclaim`](Self::reclaim)): the destroyed stream may still have work queued, and no
+    /// event can be recorded on it any more. So the map holds only the arenas of live streams,
+    /// and the holding arenas are one (or a few after failed synchronizations), however many
+    /// streams come and go. No device call here.
+    fn sweep(&self, map: &mut HashMap<ArenaKey, Arc<ArenaCell>>) {
+        let now = rmm_stream::destroyed_streams();
+        if self.swept.swap(now, Ordering::Relaxed) == now {
+            return;
+        }
+        let dead: Vec<ArenaKey> = map
+            .iter()
+            .filter(|(_, cell)| cell.owner_is_dead())
+            .map(|(key, _)| *key)
+            .collect();
+        if dead.is_empty() {
+            return;
+        }
+        let mut holding = lock(&self.holding);
+        let target = if let Some(last) = holding.last() {
+            Arc::clone(last)
+        } else {
+            let cell = Arc::new(ArenaCell::holding());
+            holding.push(Arc::clone(&cell));
+            cell
+        };
+        let mut into = target.lock();
+        for key in dead {
+            let Some(cell) = map.remove(&key) else {
+                continue;
+            };
+            let mut slot = cell.lock();
+            if cell.is_retired() {
+                continue;
+            }
+            let mut refused = false;
+            let superblocks = slot.arena.take_all();
+            if !superblocks.is_empty() {
+                let mut global = self.lock_global();
+                for sb in superblocks {
+                    let addr = sb.addr();
+                    match into.arena.adopt(sb) {
+                        Ok(()) => {
+                            global.owners.insert(addr, Arc::clone(&target));
+                        }
+                        Err(rejected) => {
+                            // Cannot happen (superblocks never overlap): it stays where it was.
+                            log::error!("arena: retiring a destroyed stream's arena: {rejected}");
+                            if let Err(lost) = slot.arena.adopt(rejected.superblock) {
+                                log::error!("arena: superblock lost: {lost}");
+                            }
+                            refused = true;
+                        }
+                    }
+                }
+            }
+            if refused {
+                // Held as it is, until a reclaim takes its superblocks back.
+                drop(slot);
+                holding.insert(0, cell);
+                continue;
+            }
+            into.fences.append(&mut slot.fences);
+            cell.retire(&mut slot);
+        }
+        self.arena_count.store(map.len(), Ordering::Relaxed);
     }
 
     // --- allocation -------------------------------------------------------------------------
@@ -360,7 +445,7 @@ impl<U: DeviceMemoryResource> State<U> {
             }
             return Ok(self.allocate_large(size, key.origin()));
         }
-        self.with_own_arena(key, |cell, slot| {
+        self.with_own_arena(key, stream, |cell, slot| {
             // Blocks freed here from other streams are reusable once this stream waited.
             slot.wait_fences(stream, &self.events)?;
             // The hot path: only this arena's lock.
@@ -393,12 +478,13 @@ impl<U: DeviceMemoryResource> State<U> {
     fn with_own_arena<R>(
         self: &Arc<Self>,
         key: ArenaKey,
+        stream: CudaStreamView<'_>,
         f: impl FnOnce(&Arc<ArenaCell>, &mut ArenaSlot) -> R,
     ) -> R {
         loop {
-            let cell = self.arena(key);
+            let cell = self.arena(key, stream);
             let mut slot = cell.lock();
-            if cell.is_retired() {
+            if !cell.is_current() {
                 drop(slot);
                 thread_cache::forget(self.serial, key);
                 continue;
@@ -427,7 +513,7 @@ impl<U: DeviceMemoryResource> State<U> {
             return Ok(None);
         };
         let mut slot = cell.lock();
-        if cell.is_retired() || slot.arena.kept_free_bytes() < size {
+        if !cell.is_current() || slot.arena.kept_free_bytes() < size {
             return Ok(None);
         }
         // Blocks other streams freed into this arena are reusable once this stream waited.
@@ -468,6 +554,13 @@ impl<U: DeviceMemoryResource> State<U> {
     /// for the pending frees taken before it. No other arena can touch the superblocks in
     /// between: they are out of their arena, still recorded as lent, with no owner.
     ///
+    /// The holding arenas of destroyed streams' superblocks ([`sweep`](Self::sweep)) are taken
+    /// out too, with their fences, before the synchronization: then everything they hold was
+    /// queued before it (their streams were destroyed before the sweep), and every superblock
+    /// of theirs, used or not, goes back to the global arena (as at defragmentation: live blocks
+    /// stay live there), unless a free from another stream left a new fence meanwhile, which is
+    /// waited for first ([`return_held`](Self::return_held)).
+    ///
     /// RMM has no such step (its defragmentation moves every superblock back, used or not,
     /// after a device synchronization under an exclusive lock).
     fn reclaim(&self) -> MrResult<()> {
@@ -488,15 +581,36 @@ impl<U: DeviceMemoryResource> State<U> {
             drop(slot);
             taken.push((cell, empty));
         }
+        let holding = std::mem::take(&mut *lock(&self.holding));
+        let held: Vec<(Arc<ArenaCell>, Vec<CudaEvent>)> = holding
+            .into_iter()
+            .map(|cell| {
+                let fences = std::mem::take(&mut cell.lock().fences);
+                (cell, fences)
+            })
+            .collect();
         let pending = self.pending.take_all();
-        if taken.is_empty() && pending.is_empty() {
+        if taken.is_empty() && pending.is_empty() && held.is_empty() {
             return Ok(());
         }
         if self.gpu {
             if let Err(e) = fence::device_synchronize() {
-                self.undo_reclaim(taken, pending);
+                self.undo_reclaim(taken, pending, held);
                 return Err(e.into());
             }
+        }
+        let mut still_held = Vec::new();
+        for (cell, fences) in held {
+            // Recorded before the synchronization: complete.
+            for event in fences {
+                self.events.give(event);
+            }
+            if !self.return_held(&cell) {
+                still_held.push(cell);
+            }
+        }
+        if !still_held.is_empty() {
+            lock(&self.holding).splice(0..0, still_held);
         }
         let mut global = self.lock_global();
         let mut emptied = Vec::with_capacity(taken.len());
@@ -526,7 +640,16 @@ impl<U: DeviceMemoryResource> State<U> {
         &self,
         taken: Vec<(Arc<ArenaCell>, Vec<Superblock>)>,
         pending: Vec<PendingFree>,
+        held: Vec<(Arc<ArenaCell>, Vec<CudaEvent>)>,
     ) {
+        let mut back = Vec::with_capacity(held.len());
+        for (cell, mut fences) in held {
+            cell.lock().fences.append(&mut fences);
+            back.push(cell);
+        }
+        if !back.is_empty() {
+            lock(&self.holding).splice(0..0, back);
+        }
         for (cell, superblocks) in taken {
             let mut slot = cell.lock();
             if cell.is_retired() {
@@ -554,13 +677,50 @@ impl<U: DeviceMemoryResource> State<U> {
         }
     }
 
+    /// Gives every superblock of `cell`, a holding arena taken out before a device
+    /// synchronization, back to the global arena, after waiting (with no lock held) for the
+    /// fences frees from other streams left there since; the cell then retires. `false`: a
+    /// fence could not be waited for, or the global arena refused a superblock (a bug); the
+    /// cell stays held.
+    fn return_held(&self, cell: &Arc<ArenaCell>) -> bool {
+        loop {
+            let mut slot = cell.lock();
+            if cell.is_retired() {
+                return true;
+            }
+            let mut fences = std::mem::take(&mut slot.fences);
+            if fences.is_empty() {
+                let mut global = self.lock_global();
+                global.take_back(&mut slot);
+                drop(global);
+                if slot.arena.superblock_count() > 0 {
+                    return false;
+                }
+                cell.retire(&mut slot);
+                return true;
+            }
+            drop(slot);
+            while let Some(event) = fences.pop() {
+                if let Err(e) = event.synchronize() {
+                    log::warn!("arena: waiting for a fence of a destroyed stream's blocks: {e}");
+                    fences.push(event);
+                    cell.lock().fences.append(&mut fences);
+                    return false;
+                }
+                self.events.give(event);
+            }
+        }
+    }
+
     /// RMM's defragmentation: synchronize the device, then move every local arena's
     /// superblocks back to the global arena (which coalesces the empty ones). Every local arena
     /// is retired (threads look their key up again and get a fresh one), so arenas of streams
-    /// that no longer exist do not accumulate.
+    /// that no longer exist do not accumulate. The holding arenas of destroyed streams'
+    /// superblocks go back too.
     fn defragment(&self) -> MrResult<()> {
         let mut map = write(&self.arenas);
-        let cells: Vec<Arc<ArenaCell>> = map.values().cloned().collect();
+        let mut holding = lock(&self.holding);
+        let cells: Vec<Arc<ArenaCell>> = map.values().chain(holding.iter()).cloned().collect();
         let mut slots: Vec<MutexGuard<'_, ArenaSlot>> = cells.iter().map(|c| c.lock()).collect();
         // Held across the synchronization, so that every fence and pending free seen below was
         // recorded before it.
@@ -575,9 +735,12 @@ impl<U: DeviceMemoryResource> State<U> {
             global.take_back(slot);
             if slot.arena.superblock_count() == 0 {
                 cell.retire(slot);
-                map.remove(&cell.key());
+                if map.get(&cell.key()).is_some_and(|c| Arc::ptr_eq(c, cell)) {
+                    map.remove(&cell.key());
+                }
             }
         }
+        holding.retain(|cell| !cell.is_retired());
         self.arena_count.store(map.len(), Ordering::Relaxed);
         // Everything recorded before the synchronization has completed.
         let all = self.pending.take_all();
@@ -613,7 +776,7 @@ impl<U: DeviceMemoryResource> State<U> {
         // The hot path: the block is in this stream's (or thread's) own arena.
         if let Some(cell) = self.existing_arena(key) {
             let mut slot = cell.lock();
-            if !cell.is_retired() && self.free_into(key, &mut slot, ptr, bytes, size, &mut fence)? {
+            if cell.is_current() && self.free_into(key, &mut slot, ptr, bytes, size, &mut fence)? {
                 return Ok(());
             }
         }
@@ -711,7 +874,7 @@ impl<U: DeviceMemoryResource> State<U> {
     ) -> MrResult<()> {
         let addr = ptr.addr();
         let mut fence = FreeFence::new(key);
-        if self.free_large_here(ptr, bytes, size, &mut fence)? {
+        if self.free_large_here(stream, ptr, bytes, size, &mut fence)? {
             return Ok(());
         }
         self.fence_on_freeing_stream(stream, &mut fence)?;
@@ -779,13 +942,14 @@ impl<U: DeviceMemoryResource> State<U> {
     /// ([`GlobalState::keep`]). `Ok(false)`: neither.
     fn free_large_here(
         self: &Arc<Self>,
+        stream: CudaStreamView<'_>,
         ptr: DevicePtr,
         bytes: usize,
         size: usize,
         fence: &mut FreeFence,
     ) -> MrResult<bool> {
         let key = fence.freeing;
-        self.with_own_arena(key, |cell, slot| {
+        self.with_own_arena(key, stream, |cell, slot| {
             if self.free_into(key, slot, ptr, bytes, size, fence)? {
                 return Ok(true);
             }
@@ -899,8 +1063,10 @@ impl<U: DeviceMemoryResource> State<U> {
     /// RMM's memory dump: the global arena (free memory, fragmentation, loans), the frees
     /// waiting for their streams, and a summary line per local arena.
     pub(super) fn memory_dump(&self, failed_request: Option<usize>) -> String {
-        let locals: Vec<(ArenaKey, String, usize, usize, usize)> = read(&self.arenas)
-            .values()
+        let mut cells: Vec<Arc<ArenaCell>> = read(&self.arenas).values().cloned().collect();
+        cells.extend(lock(&self.holding).iter().cloned());
+        let locals: Vec<(ArenaKey, String, usize, usize, usize)> = cells
+            .iter()
             .map(|cell| {
                 let slot = cell.lock();
                 (
@@ -954,6 +1120,7 @@ impl<U: DeviceMemoryResource> State<U> {
         drop(global);
         // Kept superblocks are frees their stream may reuse at once: make them visible too.
         let cells: Vec<Arc<ArenaCell>> = read(&self.arenas).values().cloned().collect();
+        // (Holding arenas wait for a reclaim: their streams are gone, nobody reuses them.)
         for cell in cells {
             let mut slot = cell.lock();
             self.lock_global().take_back_kept(&mut slot);
@@ -964,7 +1131,8 @@ impl<U: DeviceMemoryResource> State<U> {
     /// every superblock, but those whose free is pending (tests).
     #[cfg(test)]
     pub(super) fn live_blocks(&self) -> Vec<(u64, usize)> {
-        let cells: Vec<Arc<ArenaCell>> = read(&self.arenas).values().cloned().collect();
+        let mut cells: Vec<Arc<ArenaCell>> = read(&self.arenas).values().cloned().collect();
+        cells.extend(lock(&self.holding).iter().cloned());
         let mut live = Vec::new();
         for cell in &cells {
             let slot = cell.lock();
@@ -979,6 +1147,16 @@ impl<U: DeviceMemoryResource> State<U> {
         live
     }
 
+    /// A reclaim ([`reclaim`](Self::reclaim)), as an allocation that found no room makes one
+    /// (tests).
+    #[cfg(test)]
+    pub(super) fn reclaim_now(&self) -> MrResult<()> {
+        let _making_room = lock(&self.relieving);
+        self.reclaim()?;
+        self.reliefs.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
     /// The arena's first address.
     #[cfg(test)]
     pub(super) fn base_addr(&self) -> u64 {
@@ -989,8 +1167,10 @@ impl<U: DeviceMemoryResource> State<U> {
     #[cfg(test)]
     pub(super) fn snapshot(&self) -> Snapshot {
         let arenas = read(&self.arenas).len();
+        let holding = lock(&self.holding).len();
         let global = self.lock_global();
         Snapshot {
+            holding,
             free_blocks: global.arena.free_block_count(),
             lent_superblocks: global.arena.lent_superblock_count(),
             fully_coalesced: global.arena.is_fully_coalesced(),
@@ -1010,6 +1190,8 @@ pub(super) struct Snapshot {
     pub(super) lent_superblocks: usize,
     pub(super) fully_coalesced: bool,
     pub(super) arenas: usize,
+    /// Holding arenas of destroyed streams' superblocks.
+    pub(super) holding: usize,
     pub(super) pending: usize,
     pub(super) large_live: usize,
 }
@@ -1078,11 +1260,16 @@ impl<U: DeviceMemoryResource> Drop for State<U> {
                 .get_mut()
                 .unwrap_or_else(PoisonError::into_inner),
         );
+        let holding = std::mem::take(
+            self.holding
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
         let global = self
             .global
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner);
-        for cell in arenas.values() {
+        for cell in arenas.values().chain(holding.iter()) {
             let mut slot = cell.lock();
             for event in std::mem::take(&mut slot.fences) {
                 if gpu {

@@ -1083,3 +1083,209 @@ fn model_double_free_found_on_a_gpu() {
     ];
     run_model(ops).unwrap();
 }
+
+// --- destroyed streams ----------------------------------------------------------------------
+
+/// Streams of rmm-stream's simulated driver made by these tests: `STREAM_BASE + n`.
+const STREAM_BASE: u32 = 0x00a2_0000;
+
+/// Streams made, allocated on and destroyed one after the other (RMM: each keeps its arena in
+/// the map until memory runs short; the arena here is large enough that it never does).
+const STREAMS: u32 = 1_000;
+
+/// The arenas of destroyed streams leave the map when the next arena is created: after
+/// [`STREAMS`] streams, one arena in the map (the last stream's, destroyed but not yet swept)
+/// and one holding arena of their superblocks. Then a reclaim gives everything back: the whole
+/// arena is one free block.
+///
+/// Figure of `docs/reliability.md`: `cargo test -p rmm-mr --all-features --lib
+/// arenas_of_destroyed_streams_do_not_pile_up -- --nocapture`.
+#[test]
+fn arenas_of_destroyed_streams_do_not_pile_up() {
+    let _sim = rmm_sys::fault::FaultScope::simulated();
+    let size = (STREAMS as usize + 64) * MIB;
+    let (_mock, mr) = arena(size);
+    let mut most = 0;
+    for n in 0..STREAMS {
+        let stream = rmm_stream::CudaStream::simulated(STREAM_BASE + n);
+        let p = alloc(&mr, stream.view(), 4 * KIB);
+        free(&mr, stream.view(), p, 4 * KIB);
+        drop(stream);
+        let s = snapshot(&mr);
+        most = most.max(s.arenas + s.holding);
+    }
+    let s = snapshot(&mr);
+    eprintln!(
+        "arenas alive after {STREAMS} destroyed streams: {} (at most {most} at any time): {} in \
+         the map, {} holding",
+        s.arenas + s.holding,
+        s.arenas,
+        s.holding
+    );
+    assert!(
+        s.arenas + s.holding <= 2 && most <= 2,
+        "{s:?}, at most {most}"
+    );
+    // The destroyed streams' superblocks are not lost: a reclaim gives them back.
+    mr.inner.reclaim_now().unwrap();
+    let s = snapshot(&mr);
+    assert_eq!((s.lent_superblocks, s.holding), (0, 0), "{s:?}");
+    assert!(s.fully_coalesced, "{s:?}");
+    let all = alloc(&mr, legacy(), size);
+    free(&mr, legacy(), all, size);
+}
+
+/// A block allocated on a stream that is then destroyed can still be freed on another stream
+/// (from the holding arena, then from the global arena once a reclaim took its superblock
+/// back), and wrong frees of it are still reported; afterwards the whole arena is free.
+#[test]
+fn blocks_of_destroyed_streams_can_still_be_freed() {
+    let _sim = rmm_sys::fault::FaultScope::simulated();
+    let size = 64 * MIB;
+    let (_mock, mr) = arena(size);
+    let a = rmm_stream::CudaStream::simulated(STREAM_BASE + STREAMS + 1);
+    let p = alloc(&mr, a.view(), 4 * KIB);
+    let q = alloc(&mr, a.view(), 8 * KIB);
+    let big = alloc(&mr, a.view(), 3 * MIB);
+    // A large block served by a superblock the stream's arena kept from its own large free.
+    let kept = alloc(&mr, a.view(), 2 * MIB);
+    free(&mr, a.view(), kept, 2 * MIB);
+    let kept = alloc(&mr, a.view(), 2 * MIB);
+    assert_eq!(
+        snapshot(&mr).large_live,
+        1,
+        "the test needs a kept superblock"
+    );
+    fill(q, 8 * KIB, 0x5a);
+    drop(a);
+    let b = rmm_stream::CudaStream::simulated(STREAM_BASE + STREAMS + 2);
+    // A new arena: the destroyed stream's leaves the map.
+    let r = alloc(&mr, b.view(), 4 * KIB);
+    let s = snapshot(&mr);
+    assert_eq!((s.arenas, s.holding), (1, 1), "{s:?}");
+    assert!(holds(q, 8 * KIB, 0x5a), "a live block was handed out again");
+    free(&mr, b.view(), p, 4 * KIB);
+    assert_eq!(
+        kind(&try_free(&mr, b.view(), p, 4 * KIB)),
+        InvalidFree::DoubleFree
+    );
+    free(&mr, b.view(), kept, 2 * MIB);
+    assert_eq!(
+        kind(&try_free(&mr, b.view(), kept, 2 * MIB)),
+        InvalidFree::DoubleFree
+    );
+    assert!(matches!(
+        kind(&try_free(&mr, b.view(), q, 4 * KIB)),
+        InvalidFree::SizeMismatch { .. }
+    ));
+    // The reclaim gives the holding arena's superblocks back, `q` still live in them.
+    mr.inner.reclaim_now().unwrap();
+    let s = snapshot(&mr);
+    assert_eq!((s.arenas, s.holding), (1, 0), "{s:?}");
+    assert!(holds(q, 8 * KIB, 0x5a), "a live block was handed out again");
+    free(&mr, b.view(), q, 8 * KIB);
+    mr.inner.settle();
+    assert_eq!(
+        kind(&try_free(&mr, b.view(), q, 8 * KIB)),
+        InvalidFree::DoubleFree
+    );
+    free(&mr, b.view(), big, 3 * MIB);
+    free(&mr, b.view(), r, 4 * KIB);
+    drop(b);
+    mr.inner.settle();
+    mr.inner.reclaim_now().unwrap();
+    let s = snapshot(&mr);
+    assert_eq!(
+        (s.lent_superblocks, s.holding, s.pending),
+        (0, 0, 0),
+        "{s:?}"
+    );
+    assert!(s.fully_coalesced, "{s:?}");
+    let all = alloc(&mr, legacy(), size);
+    free(&mr, legacy(), all, size);
+}
+
+/// Threads make, use and destroy streams concurrently, pass blocks to each other to free on
+/// their own streams (often after the allocating stream was destroyed) and reclaim now and
+/// then: no live block is ever handed out again, every free succeeds, the arenas stay few,
+/// and at the end the whole arena is free.
+#[test]
+fn streams_die_while_other_threads_free_their_blocks() {
+    const THREADS: u32 = 4;
+    const ROUNDS: u32 = 150;
+    let _sim = rmm_sys::fault::FaultScope::simulated();
+    let size = 64 * MIB;
+    let (_mock, mr) = arena(size);
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..THREADS)
+        .map(|_| mpsc::channel::<(u64, usize, u64)>())
+        .unzip();
+    let handles: Vec<_> = receivers
+        .into_iter()
+        .enumerate()
+        .map(|(t, inbox)| {
+            let t = t as u32;
+            let mr = mr.clone();
+            let next = senders[((t + 1) % THREADS) as usize].clone();
+            std::thread::spawn(move || {
+                let _sim = rmm_sys::fault::FaultScope::simulated();
+                let mut rng = Rng(0x9E37_79B9 + u64::from(t));
+                for i in 0..ROUNDS {
+                    let n = STREAM_BASE + 0x1_0000 + t * 0x1000 + i;
+                    let stream = rmm_stream::CudaStream::simulated(n);
+                    let tag = u64::from(n);
+                    let mine = 256 * (1 + rng.below(64));
+                    let passed = 256 * (1 + rng.below(64));
+                    let p = alloc(&mr, stream.view(), mine);
+                    let q = alloc(&mr, stream.view(), passed);
+                    fill_tag(p, mine, tag);
+                    fill_tag(q, passed, tag);
+                    next.send((q.addr(), passed, tag)).unwrap();
+                    while let Ok((addr, bytes, tag)) = inbox.try_recv() {
+                        let ptr = DevicePtr::from_raw(addr);
+                        assert!(
+                            holds_tag(ptr, bytes, tag),
+                            "a live block was handed out again"
+                        );
+                        free(&mr, stream.view(), ptr, bytes);
+                    }
+                    assert!(holds_tag(p, mine, tag), "a live block was handed out again");
+                    free(&mr, stream.view(), p, mine);
+                    drop(stream);
+                    if i % 37 == 36 {
+                        mr.inner.reclaim_now().unwrap();
+                    }
+                }
+                drop(next);
+                inbox
+            })
+        })
+        .collect();
+    drop(senders);
+    let inboxes: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    for inbox in inboxes {
+        for (addr, bytes, tag) in inbox.iter() {
+            let ptr = DevicePtr::from_raw(addr);
+            assert!(
+                holds_tag(ptr, bytes, tag),
+                "a live block was handed out again"
+            );
+            free(&mr, legacy(), ptr, bytes);
+        }
+    }
+    let s = snapshot(&mr);
+    assert!(
+        s.arenas <= THREADS as usize + 1 && s.holding <= 1,
+        "arenas of destroyed streams pile up: {s:?}"
+    );
+    mr.inner.settle();
+    mr.inner.reclaim_now().unwrap();
+    let s = snapshot(&mr);
+    assert_eq!(
+        (s.lent_superblocks, s.holding, s.pending),
+        (0, 0, 0),
+        "{s:?}"
+    );
+    assert!(s.fully_coalesced, "{s:?}");
+    let all = alloc(&mr, legacy(), size);
+    free(&mr, legacy(), all, size);
+}
