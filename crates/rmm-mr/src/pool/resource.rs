@@ -4,121 +4,39 @@ use std::fmt;
 use std::sync::Arc;
 
 use rmm_stream::CudaStreamView;
-use rmm_sys::{checked_align_up, DevicePtr, ALLOCATION_ALIGNMENT};
+use rmm_sys::{DevicePtr, ALLOCATION_ALIGNMENT};
 
-use crate::error::{InvalidFree, MrError, MrResult};
-use crate::pool::free_list::{Block, CoalescingFreeList};
+use crate::error::{MrError, MrResult};
+use crate::pool::blocks::PoolBlocks;
 use crate::pool::growth::{try_to_expand, PoolSizes};
+use crate::pool::shell::{Growth, Pool};
 use crate::resource::{DeviceMemoryResource, SharedResource};
 use crate::stream_ordered::accept_chunk;
-use crate::stream_ordered::core::{FreeBlocks, StreamLists, StreamOrdered};
-use crate::stream_ordered::handed::HandedMap;
-use crate::util::alignment::{self, OverAligned, MAX_OVER_ALIGNMENT};
-use crate::util::cross_thread::Origin;
-use crate::util::format::format_bytes;
+use crate::stream_ordered::core::StreamLists;
 
-/// One stream's free blocks, with the pool-wide map of handed-out blocks (shared by every
-/// list of the pool).
-#[derive(Debug, Clone, Default)]
-struct PoolBlocks {
-    free: CoalescingFreeList,
-    /// Tagged with whether the block starts an upstream chunk and who allocated it (an
-    /// [`Origin`] as a word).
-    handed: Arc<HandedMap<(bool, u64)>>,
-}
-
-impl FreeBlocks for PoolBlocks {
-    /// Whether the block starts an upstream chunk.
-    type Tag = bool;
-
-    #[inline]
-    fn take(&mut self, size: usize) -> Option<(u64, bool)> {
-        self.free.allocate(size).map(|b| (b.addr, b.is_head))
-    }
-
-    fn fits(&self, size: usize) -> bool {
-        self.free.largest().is_some_and(|b| b.size >= size)
-    }
-
-    #[inline]
-    fn put(&mut self, addr: u64, size: usize, is_head: bool) -> Result<(), String> {
-        self.free
-            .insert(Block::new(addr, size, is_head))
-            .map_err(|e| e.to_string())
-    }
-
-    fn add_chunk(&mut self, addr: u64, size: usize) -> Result<(), String> {
-        self.free
-            .insert(Block::new(addr, size, true))
-            .map_err(|e| e.to_string())
-    }
-
-    fn absorb(&mut self, other: &mut Self) -> Result<(), String> {
-        self.free
-            .insert_list(&mut other.free)
-            .map_err(|e| e.to_string())
-    }
-
-    fn is_empty(&self) -> bool {
-        self.free.is_empty()
-    }
-
-    fn holds(&self, addr: u64) -> bool {
-        self.free.contains_range(addr, 0)
-    }
-
-    fn remove_chunk(&mut self, addr: u64, size: usize) -> bool {
-        self.free.remove_chunk(addr, size)
-    }
-
-    fn hand_out(
-        &mut self,
-        addr: u64,
-        size: usize,
-        is_head: bool,
-        origin: Origin,
-    ) -> Result<(), String> {
-        if self.handed.record(addr, size, (is_head, origin.to_word())) {
-            Ok(())
-        } else {
-            Err(format!("block {addr:#x} was already handed out"))
-        }
-    }
-
-    fn take_back(&mut self, addr: u64, size: usize) -> Result<(bool, Origin), Option<InvalidFree>> {
-        self.handed
-            .release(addr, size)
-            .map(|(is_head, origin)| (is_head, Origin::from_word(origin)))
-            .map_err(|allocated| allocated.map(|allocated| InvalidFree::SizeMismatch { allocated }))
-    }
-
-    fn handed_out(&self) -> (usize, usize) {
-        self.handed.totals()
-    }
-
-    #[cfg(test)]
-    fn free_blocks(&self) -> Vec<(u64, usize)> {
-        self.free.iter().map(|b| (b.addr, b.size)).collect()
-    }
-}
-
-struct Pool<U: DeviceMemoryResource> {
-    core: StreamOrdered<PoolBlocks>,
-    sizes: PoolSizes,
+/// The pool's source of chunks: separate chunks from the upstream, sized by RMM's growth
+/// policy.
+struct FromUpstream<U: DeviceMemoryResource> {
     upstream: U,
-    /// Allocations made with an alignment above 256.
-    over_aligned: OverAligned,
+    sizes: PoolSizes,
 }
 
-impl<U: DeviceMemoryResource> Pool<U> {
+impl<U: DeviceMemoryResource> Growth for FromUpstream<U> {
+    const NAME: &'static str = NAME;
+
+    fn source(&self) -> &dyn DeviceMemoryResource {
+        &self.upstream
+    }
+
     /// RMM's `expand_pool`: one new upstream chunk of `size_to_grow` bytes, halved on failure
-    /// down to `size`, on `stream`. `bytes` is the caller's request (for the error).
-    fn expand(
+    /// down to `size`, on `stream`. Chunks never merge, so the tail is 0.
+    fn grow(
         &self,
         stream: CudaStreamView<'_>,
         bytes: usize,
         size: usize,
         pool_size: usize,
+        _tail: usize,
     ) -> MrResult<(DevicePtr, usize)> {
         let try_size = self.sizes.size_to_grow(pool_size, size);
         grow(
@@ -164,13 +82,6 @@ fn grow<U: DeviceMemoryResource>(
             log::error!("rmm: pool_memory_resource: {oom}");
             Err(MrError::out_of_memory(bytes, oom.to_string()))
         }
-    }
-}
-
-impl<U: DeviceMemoryResource> Drop for Pool<U> {
-    fn drop(&mut self) {
-        self.core
-            .release_all(&self.upstream, "pool_memory_resource");
     }
 }
 
@@ -231,7 +142,7 @@ impl PoolOptions {
 ///   (failure: out-of-memory).
 /// - `allocate(_, 0, _)` is [`DevicePtr::NULL`] and touches nothing; sizes are rounded up to
 ///   256. Beyond RMM (which ignores the alignment argument), an alignment above 256 is
-///   honoured up to [`MAX_OVER_ALIGNMENT`] by taking a block
+///   honoured up to [`MAX_OVER_ALIGNMENT`](crate::MAX_OVER_ALIGNMENT) by taking a block
 ///   `alignment - 256` bytes larger, and refused above it (see the trait's "Alignment"); an
 ///   upstream chunk that is not 256-aligned is given back and refused.
 /// - A request is served from this stream's list (best fit, ties to the lowest address), else by
@@ -262,7 +173,7 @@ impl PoolOptions {
 /// `docs/internals/stream-ordered.md`.
 #[doc(alias = "rmm::mr::pool_memory_resource")]
 pub struct PoolMemoryResource<U: DeviceMemoryResource = SharedResource> {
-    inner: Arc<Pool<U>>,
+    inner: Arc<Pool<FromUpstream<U>>>,
 }
 
 impl<U: DeviceMemoryResource> Clone for PoolMemoryResource<U> {
@@ -298,15 +209,10 @@ impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
         } = options;
         let sizes = PoolSizes::new(initial_pool_size, maximum_pool_size)
             .map_err(|e| MrError::invalid_argument(e.to_string()))?;
-        let pool = Pool {
-            core: StreamOrdered::new(PoolBlocks::default()),
-            sizes,
-            upstream,
-            over_aligned: OverAligned::default(),
-        };
+        let pool = Pool::new(FromUpstream { upstream, sizes }, PoolBlocks::separate());
         if initial_pool_size > 0 {
             let (ptr, size) = grow(
-                &pool.upstream,
+                &pool.growth.upstream,
                 CudaStreamView::legacy(),
                 initial_pool_size,
                 initial_pool_size,
@@ -330,13 +236,13 @@ impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
     /// The maximum pool size, if any.
     #[must_use]
     pub fn maximum_pool_size(&self) -> Option<usize> {
-        self.inner.sizes.maximum()
+        self.inner.growth.sizes.maximum()
     }
 
     /// The upstream resource (RMM's `get_upstream_resource()`).
     #[must_use]
     pub fn upstream(&self) -> &U {
-        &self.inner.upstream
+        &self.inner.growth.upstream
     }
 
     /// Everything the pool's core keeps (tests).
@@ -361,7 +267,7 @@ impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
     /// A failed synchronization (nothing is released) or the first failed upstream
     /// deallocation (the chunks the upstream refused stay in the pool, the others are released).
     pub fn release_unused(&self) -> MrResult<usize> {
-        self.inner.core.release_unused(&self.inner.upstream)
+        self.inner.release_unused()
     }
 }
 
@@ -380,7 +286,7 @@ impl<U: DeviceMemoryResource> fmt::Debug for PoolMemoryResource<U> {
             .field("pool_size", &self.pool_size())
             .field("maximum_pool_size", &self.maximum_pool_size())
             .field("core", &self.inner.core)
-            .field("upstream", &self.inner.upstream)
+            .field("upstream", &self.inner.growth.upstream)
             .finish()
     }
 }
@@ -389,19 +295,17 @@ impl<U: DeviceMemoryResource> fmt::Debug for PoolMemoryResource<U> {
 // this trait's contract) handed out and this resource holds until it is dropped; a block is
 // handed out again only after it was freed, ordered after the freeing stream's work.
 unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for PoolMemoryResource<U> {
+    #[inline]
     fn allocate(
         &self,
         stream: CudaStreamView<'_>,
         bytes: usize,
         alignment: usize,
     ) -> MrResult<DevicePtr> {
-        let alignment = alignment::check(alignment, MAX_OVER_ALIGNMENT)?;
-        if alignment > ALLOCATION_ALIGNMENT {
-            return self.allocate_over_aligned(stream, bytes, alignment);
-        }
-        self.allocate_block(stream, bytes)
+        self.inner.allocate(stream, bytes, alignment)
     }
 
+    #[inline]
     unsafe fn deallocate(
         &self,
         stream: CudaStreamView<'_>,
@@ -409,69 +313,13 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for PoolMemoryResource
         bytes: usize,
         alignment: usize,
     ) -> MrResult<()> {
-        if let Some(alignment) = alignment::over_aligned(alignment, MAX_OVER_ALIGNMENT) {
-            return self
-                .inner
-                .over_aligned
-                .deallocate(ptr, bytes, alignment, |block, size| {
-                    // SAFETY: the trait's contract, for the block the allocation lies in.
-                    unsafe { self.inner.core.deallocate(stream, block, size) }
-                });
-        }
         // SAFETY: the trait's contract.
-        unsafe { self.inner.core.deallocate(stream, ptr, bytes) }
+        unsafe { self.inner.deallocate(stream, ptr, bytes, alignment) }
     }
 
     crate::resource::resource_tail! {
         is_equal: shared(inner),
-        properties: forward(inner.upstream),
-    }
-}
-
-impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
-    /// A block of `bytes` (rounded up to 256) on `stream`.
-    #[inline]
-    fn allocate_block(&self, stream: CudaStreamView<'_>, bytes: usize) -> MrResult<DevicePtr> {
-        if bytes == 0 {
-            return Ok(DevicePtr::NULL);
-        }
-        let size = checked_align_up(bytes, ALLOCATION_ALIGNMENT).ok_or_else(|| {
-            MrError::out_of_memory(
-                bytes,
-                format!(
-                    "Maximum allocation size exceeded (failed to allocate {})",
-                    format_bytes(bytes)
-                ),
-            )
-        })?;
-        let pool = &*self.inner;
-        pool.core
-            .allocate(stream, size, &pool.upstream, |pool_size, _| {
-                pool.expand(stream, bytes, size, pool_size)
-            })
-    }
-
-    /// `bytes` aligned to `alignment` (above 256), from a larger block.
-    #[cold]
-    fn allocate_over_aligned(
-        &self,
-        stream: CudaStreamView<'_>,
-        bytes: usize,
-        alignment: usize,
-    ) -> MrResult<DevicePtr> {
-        let give_back = |block, size| {
-            // SAFETY: the block was just allocated here on `stream` and never handed out.
-            if let Err(e) = unsafe { self.inner.core.deallocate(stream, block, size) } {
-                log::error!("rmm: {NAME} could not take back block {block}: {e}");
-            }
-        };
-        self.inner.over_aligned.allocate(
-            bytes,
-            alignment,
-            NAME,
-            |size| self.allocate_block(stream, size),
-            give_back,
-        )
+        properties: forward(inner.growth.upstream),
     }
 }
 
