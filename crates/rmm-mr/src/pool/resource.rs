@@ -160,11 +160,18 @@ impl PoolOptions {
 ///   stream takes or asks for a list's blocks) instead of one mutex and an event per free; a
 ///   thief never uses a block before the work queued before its free has completed, but it may
 ///   grow the pool once where RMM would have taken a block.
-/// - **O(log n)** best fit and coalescing ([`CoalescingFreeList`]).
+/// - **O(log n)** best fit and coalescing
+///   ([`CoalescingFreeList`](crate::__internals::pool::CoalescingFreeList)).
 /// - **Wrong frees are errors**: a free of an unknown pointer, a double free or a size mismatch
 ///   is [`MrError::InvalidFree`] (RMM corrupts its lists or aborts).
 /// - [`release_unused`](Self::release_unused) gives wholly free chunks back to the upstream
 ///   (RMM's pool never shrinks).
+/// - **Gives free chunks back before it fails**: when it cannot grow, the pool (having merged
+///   every stream's list and reclaimed the blocks no event covers) releases its wholly free
+///   chunks to the upstream, after a device synchronization, and tries to grow once more, now
+///   by one chunk of the request if need be. So free memory split over chunks that never merge
+///   (RMM issues 496, 1957 and 2039's "out of memory with gigabytes free") still serves a large
+///   request once it is free; RMM's pool fails it. The pool is then smaller than before.
 /// - A per-thread default stream has one list per host thread *per pool*; a block allocated on
 ///   one thread's per-thread stream and freed on another's goes to the legacy stream's list, so
 ///   it is reused only after both threads' work (RMM lets the freeing thread reuse it at once).
@@ -1041,6 +1048,104 @@ mod tests {
         }
     }
 
+    const MIB: usize = 1 << 20;
+
+    /// Three ordinary streams of the simulated driver (the caller holds a `FaultScope`).
+    fn three_streams() -> [CudaStreamView<'static>; 3] {
+        [1, 2, 3].map(CudaStreamView::simulated)
+    }
+
+    /// RMM issue 2039's shape: blocks allocated on one stream and freed on another lie, once
+    /// free, in the lists of the streams that freed them, over chunks that never merge (32,
+    /// 16, 8, ... MiB for a maximum of 64 MiB). Before failing, the pool merges the lists,
+    /// gives the wholly free chunks back (after a device synchronization) and grows one chunk
+    /// of what is asked; a chunk with a block in use stays.
+    #[test]
+    fn before_failing_the_pool_gives_free_chunks_back_and_grows_one() {
+        let _sim = rmm_sys::fault::FaultScope::simulated();
+        let max = 64 * MIB;
+        let device = crate::SimulatedMemoryResource::new(max).unwrap();
+        let p = PoolMemoryResource::with_options(
+            device.clone(),
+            PoolOptions::new(0).maximum_pool_size(max),
+        )
+        .unwrap();
+        let st = three_streams();
+        let blocks: Vec<(DevicePtr, usize)> = (0..48)
+            .map(|i| (p.allocate(st[i % 3], MIB, 256).unwrap(), i))
+            .collect();
+        let chunks = p.core_state().chunks.len();
+        assert!(chunks >= 3, "{chunks} chunks");
+        // One block stays in use; the others are freed on the next stream.
+        let (held, held_on) = blocks[47];
+        for &(b, i) in &blocks[..47] {
+            // SAFETY: from `p` with this size, freed once.
+            unsafe { p.deallocate(st[(i + 1) % 3], b, MIB, 256).unwrap() };
+        }
+        assert!(
+            p.core_state().lists.len() >= 3,
+            "the free blocks lie in several lists"
+        );
+        let syncs = rmm_sys::fault::calls(rmm_sys::fault::DriverCall::Synchronize);
+        // The held block's chunk cannot go, so the maximum cannot be had ...
+        let e = p.allocate(st[0], max, 256).unwrap_err();
+        assert!(e.is_out_of_memory(), "{e}");
+        assert!(
+            rmm_sys::fault::calls(rmm_sys::fault::DriverCall::Synchronize) > syncs,
+            "chunks were released without a device synchronization"
+        );
+        // ... but the wholly free chunks went back: only the held block's remains.
+        assert_eq!(p.core_state().chunks.len(), 1);
+        assert_eq!(p.pool_size(), device.used());
+        // What is free now is served in one block.
+        let room = max - p.pool_size();
+        let big = p.allocate(st[1], room, 256).unwrap();
+        // SAFETY: both from `p` with these sizes, freed once.
+        unsafe {
+            p.deallocate(st[1], big, room, 256).unwrap();
+            p.deallocate(st[held_on % 3], held, MIB, 256).unwrap();
+        }
+        // Everything free: the maximum in one block, from one chunk.
+        let all = p.allocate(st[2], max, 256).unwrap();
+        assert_eq!((p.pool_size(), p.core_state().chunks.len()), (max, 1));
+        // SAFETY: from `p` with this size.
+        unsafe { p.deallocate(st[2], all, max, 256).unwrap() };
+        assert_eq!(p.outstanding_allocations(), 0);
+    }
+
+    /// No chunk is given back unless the device synchronization before it succeeded: the
+    /// allocation fails and the pool keeps every chunk.
+    #[test]
+    fn a_failed_synchronization_gives_no_chunk_back() {
+        use rmm_sys::fault::{self, DriverCall};
+        let _sim = fault::FaultScope::simulated();
+        let max = 16 * MIB;
+        let device = crate::SimulatedMemoryResource::new(max).unwrap();
+        let p = PoolMemoryResource::with_options(
+            device.clone(),
+            PoolOptions::new(0).maximum_pool_size(max),
+        )
+        .unwrap();
+        let s = CudaStreamView::legacy();
+        let blocks: Vec<DevicePtr> = (0..12).map(|_| p.allocate(s, MIB, 256).unwrap()).collect();
+        for b in blocks {
+            // SAFETY: from `p` with this size, freed once.
+            unsafe { p.deallocate(s, b, MIB, 256).unwrap() };
+        }
+        let before = p.core_state();
+        assert!(before.chunks.len() > 1);
+        fault::fail_next(DriverCall::Synchronize, 100);
+        let e = p.allocate(s, max, 256).unwrap_err();
+        assert!(e.is_out_of_memory(), "{e}");
+        assert!(fault::injected(DriverCall::Synchronize) > 0);
+        assert_eq!(p.core_state(), before);
+        assert_eq!(device.used(), p.pool_size());
+        fault::disarm(DriverCall::Synchronize);
+        let all = p.allocate(s, max, 256).unwrap();
+        // SAFETY: from `p` with this size.
+        unsafe { p.deallocate(s, all, max, 256).unwrap() };
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
         Alloc(usize),
@@ -1100,6 +1205,48 @@ mod tests {
             let size = p.pool_size();
             prop_assert_eq!(p.release_unused().unwrap(), size);
             prop_assert_eq!(mock.live_allocations(), 0);
+        }
+
+        /// Blocks allocated on one stream and freed on another, under a maximum: whatever the
+        /// order, once everything is free the maximum is served in one block (the lists merge
+        /// and the wholly free chunks go back before the pool fails), and the pool never holds
+        /// more than the maximum or loses track of a byte.
+        #[test]
+        fn multi_stream_frees_leave_the_maximum_servable(ops in proptest::collection::vec((1usize..24, any::<usize>(), any::<bool>()), 1..80)) {
+            let _sim = rmm_sys::fault::FaultScope::simulated();
+            let max = 256 * 256 * 64;
+            let device = crate::SimulatedMemoryResource::new(max).unwrap();
+            let p = PoolMemoryResource::with_options(
+                device.clone(),
+                PoolOptions::new(0).maximum_pool_size(max),
+            )
+            .unwrap();
+            let st = three_streams();
+            let mut live: Vec<(DevicePtr, usize, usize)> = Vec::new();
+            for (i, (units, pick, alloc)) in ops.into_iter().enumerate() {
+                if alloc || live.is_empty() {
+                    let bytes = units * 256 * 64 - 100;
+                    match p.allocate(st[i % 3], bytes, 256) {
+                        Ok(ptr) => live.push((ptr, bytes, i % 3)),
+                        Err(e) => prop_assert!(e.is_out_of_memory(), "{}", e),
+                    }
+                } else {
+                    let (ptr, bytes, s) = live.swap_remove(pick % live.len());
+                    // SAFETY: from `p` with `bytes`, freed once, on another stream.
+                    unsafe { p.deallocate(st[(s + 1 + pick % 2) % 3], ptr, bytes, 256).unwrap() };
+                }
+                prop_assert!(p.pool_size() <= max);
+                prop_assert_eq!(p.pool_size(), device.used());
+            }
+            for (ptr, bytes, s) in live.drain(..) {
+                // SAFETY: as above.
+                unsafe { p.deallocate(st[(s + 1) % 3], ptr, bytes, 256).unwrap() };
+            }
+            let all = p.allocate(st[0], max, 256);
+            prop_assert!(all.is_ok(), "{:?}", all);
+            // SAFETY: from `p` with this size.
+            unsafe { p.deallocate(st[0], all.unwrap(), max, 256).unwrap() };
+            prop_assert_eq!(p.outstanding_allocations(), 0);
         }
     }
 }
