@@ -12,6 +12,7 @@
 //!
 //! Pure bookkeeping: no CUDA calls.
 
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -21,36 +22,86 @@ use crate::stream_ordered::core::FreeBlocks;
 use crate::stream_ordered::handed::HandedMap;
 use crate::util::cross_thread::Origin;
 
-/// One stream's free blocks, with the pool-wide record of handed-out blocks (shared by every
-/// list of the pool) and, for contiguous chunks, the end of the mapped memory (shared with the
-/// resource).
+/// How a pool's chunks lie: the one thing in which the pool's and the VMM pool's free lists
+/// differ (a type, so that each pool's hot path is compiled for its own).
+pub(crate) trait ChunkLayout: Clone + Default + Send + fmt::Debug + 'static {
+    /// Whether a chunk starts with a head block, which never merges with the block before it.
+    const HEADS: bool;
+
+    /// If the chunk `[addr, addr + size)` is wholly free in `free`, removes it.
+    fn remove_chunk(&self, free: &mut CoalescingFreeList, addr: u64, size: usize) -> bool;
+
+    /// [`FreeBlocks::extendable_tail`] of `free`.
+    fn extendable_tail(&self, free: &CoalescingFreeList) -> Option<usize>;
+}
+
+/// Separate chunks (the pool's upstream chunks lie anywhere): a wholly free chunk is one block.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Separate;
+
+impl ChunkLayout for Separate {
+    const HEADS: bool = true;
+
+    fn remove_chunk(&self, free: &mut CoalescingFreeList, addr: u64, size: usize) -> bool {
+        free.remove_chunk(addr, size)
+    }
+
+    fn extendable_tail(&self, _free: &CoalescingFreeList) -> Option<usize> {
+        None
+    }
+}
+
+/// Contiguous chunks (mapped one after the other into one range): a wholly free chunk may be
+/// part of a larger free block and is cut out of it.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct PoolBlocks {
+pub(crate) struct Contiguous {
+    /// The address one past the last mapped byte, kept by the resource as it maps and unmaps.
+    end: Arc<AtomicU64>,
+}
+
+impl Contiguous {
+    /// Chunks that end at `end`, which the resource keeps.
+    pub(crate) fn new(end: Arc<AtomicU64>) -> Self {
+        Self { end }
+    }
+}
+
+impl ChunkLayout for Contiguous {
+    const HEADS: bool = false;
+
+    fn remove_chunk(&self, free: &mut CoalescingFreeList, addr: u64, size: usize) -> bool {
+        free.remove_range(addr, size)
+    }
+
+    fn extendable_tail(&self, free: &CoalescingFreeList) -> Option<usize> {
+        let end = self.end.load(Ordering::Acquire);
+        Some(free.block_ending_at(end).map_or(0, |b| b.size))
+    }
+}
+
+/// One stream's free blocks, with the pool-wide record of handed-out blocks (shared by every
+/// list of the pool) and how its chunks lie.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PoolBlocks<C: ChunkLayout = Separate> {
     free: CoalescingFreeList,
     /// Tagged with whether the block starts a chunk and who allocated it (an [`Origin`] as a
     /// word).
     handed: Arc<HandedMap<(bool, u64)>>,
-    /// `None`: separate chunks. `Some(end)`: contiguous chunks; `end` is the address one past
-    /// the last mapped byte, kept by the resource as it maps and unmaps.
-    end: Option<Arc<AtomicU64>>,
+    chunks: C,
 }
 
-impl PoolBlocks {
-    /// An empty list whose chunks never merge (the default).
-    pub(crate) fn separate() -> Self {
-        Self::default()
-    }
-
-    /// An empty list whose chunks merge with one another, sharing `end` with the resource.
-    pub(crate) fn contiguous(end: Arc<AtomicU64>) -> Self {
+impl<C: ChunkLayout> PoolBlocks<C> {
+    /// An empty list whose chunks lie as `chunks` says.
+    pub(crate) fn new(chunks: C) -> Self {
         Self {
-            end: Some(end),
-            ..Self::default()
+            free: CoalescingFreeList::default(),
+            handed: Arc::default(),
+            chunks,
         }
     }
 }
 
-impl FreeBlocks for PoolBlocks {
+impl<C: ChunkLayout> FreeBlocks for PoolBlocks<C> {
     /// Whether the block starts a chunk (always `false` for contiguous chunks).
     type Tag = bool;
 
@@ -73,7 +124,7 @@ impl FreeBlocks for PoolBlocks {
     /// Separate chunks start with a head; contiguous ones merge with the blocks on either side.
     fn add_chunk(&mut self, addr: u64, size: usize) -> Result<(), String> {
         self.free
-            .insert(Block::new(addr, size, self.end.is_none()))
+            .insert(Block::new(addr, size, C::HEADS))
             .map_err(|e| e.to_string())
     }
 
@@ -91,19 +142,12 @@ impl FreeBlocks for PoolBlocks {
         self.free.contains_range(addr, 0)
     }
 
-    /// A separate chunk that is wholly free is one block; a contiguous one may be part of a
-    /// larger free block and is cut out of it.
     fn remove_chunk(&mut self, addr: u64, size: usize) -> bool {
-        if self.end.is_some() {
-            self.free.remove_range(addr, size)
-        } else {
-            self.free.remove_chunk(addr, size)
-        }
+        self.chunks.remove_chunk(&mut self.free, addr, size)
     }
 
     fn extendable_tail(&self) -> Option<usize> {
-        let end = self.end.as_ref()?.load(Ordering::Acquire);
-        Some(self.free.block_ending_at(end).map_or(0, |b| b.size))
+        self.chunks.extendable_tail(&self.free)
     }
 
     fn hand_out(
@@ -144,9 +188,9 @@ mod tests {
 
     const CHUNK: usize = 4096;
 
-    fn list() -> (PoolBlocks, Arc<AtomicU64>) {
+    fn list() -> (PoolBlocks<Contiguous>, Arc<AtomicU64>) {
         let end = Arc::new(AtomicU64::new(0));
-        (PoolBlocks::contiguous(Arc::clone(&end)), end)
+        (PoolBlocks::new(Contiguous::new(Arc::clone(&end))), end)
     }
 
     #[test]
@@ -204,7 +248,7 @@ mod tests {
 
     #[test]
     fn separate_chunks_never_merge_and_have_no_tail() {
-        let mut l = PoolBlocks::separate();
+        let mut l = PoolBlocks::new(Separate);
         assert_eq!(l.extendable_tail(), None);
         l.add_chunk(0x10000, CHUNK).unwrap();
         l.add_chunk(0x10000 + CHUNK as u64, CHUNK).unwrap();
@@ -232,7 +276,10 @@ mod tests {
             ops in prop::collection::vec((0..4u8, 1..16usize, any::<usize>()), 1..120),
         ) {
             let end = Arc::new(AtomicU64::new(0));
-            let mut lists = [PoolBlocks::contiguous(Arc::clone(&end)), PoolBlocks::contiguous(Arc::clone(&end))];
+            let mut lists = [
+                PoolBlocks::new(Contiguous::new(Arc::clone(&end))),
+                PoolBlocks::new(Contiguous::new(Arc::clone(&end))),
+            ];
             let mut mapped: Vec<u64> = Vec::new();
             let mut live: Vec<(u64, usize)> = Vec::new();
             for (kind, units, pick) in ops {

@@ -7,7 +7,7 @@ use rmm_stream::CudaStreamView;
 use rmm_sys::{DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{MrError, MrResult};
-use crate::pool::blocks::PoolBlocks;
+use crate::pool::blocks::Separate;
 use crate::pool::growth::{try_to_expand, PoolSizes};
 use crate::pool::shell::{Growth, Pool};
 use crate::resource::{DeviceMemoryResource, SharedResource};
@@ -23,6 +23,7 @@ struct FromUpstream<U: DeviceMemoryResource> {
 
 impl<U: DeviceMemoryResource> Growth for FromUpstream<U> {
     const NAME: &'static str = NAME;
+    type Layout = Separate;
 
     fn source(&self) -> &dyn DeviceMemoryResource {
         &self.upstream
@@ -216,7 +217,7 @@ impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
         } = options;
         let sizes = PoolSizes::new(initial_pool_size, maximum_pool_size)
             .map_err(|e| MrError::invalid_argument(e.to_string()))?;
-        let pool = Pool::new(FromUpstream { upstream, sizes }, PoolBlocks::separate());
+        let pool = Pool::new(FromUpstream { upstream, sizes }, Separate);
         if initial_pool_size > 0 {
             let (ptr, size) = grow(
                 &pool.growth.upstream,

@@ -9,7 +9,7 @@ use rmm_stream::CudaStreamView;
 use rmm_sys::{checked_align_up, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{MrError, MrResult};
-use crate::pool::blocks::PoolBlocks;
+use crate::pool::blocks::{ChunkLayout, PoolBlocks};
 use crate::resource::DeviceMemoryResource;
 use crate::stream_ordered::core::StreamOrdered;
 use crate::util::alignment::{self, OverAligned, MAX_OVER_ALIGNMENT};
@@ -19,6 +19,9 @@ use crate::util::format::format_bytes;
 pub(crate) trait Growth: Send + Sync + 'static {
     /// The resource's name in messages.
     const NAME: &'static str;
+
+    /// How the chunks lie (whether they merge).
+    type Layout: ChunkLayout;
 
     /// The resource that hands out the chunks [`grow`](Self::grow) returns and takes them back
     /// (`release_unused`, the drop, a chunk the core refused).
@@ -44,17 +47,17 @@ pub(crate) trait Growth: Send + Sync + 'static {
 /// A coalescing best-fit pool over the stream-ordered core, growing through `G`. See the
 /// [module documentation](self).
 pub(crate) struct Pool<G: Growth> {
-    pub(crate) core: StreamOrdered<PoolBlocks>,
+    pub(crate) core: StreamOrdered<PoolBlocks<G::Layout>>,
     pub(crate) growth: G,
     /// Allocations made with an alignment above 256.
     over_aligned: OverAligned,
 }
 
 impl<G: Growth> Pool<G> {
-    /// A pool without chunks whose lists start as `empty`.
-    pub(crate) fn new(growth: G, empty: PoolBlocks) -> Self {
+    /// A pool without chunks whose chunks will lie as `chunks` says.
+    pub(crate) fn new(growth: G, chunks: G::Layout) -> Self {
         Self {
-            core: StreamOrdered::new(empty),
+            core: StreamOrdered::new(PoolBlocks::new(chunks)),
             growth,
             over_aligned: OverAligned::default(),
         }

@@ -8,7 +8,7 @@ use rmm_sys::vmm::{self as sys_vmm, Granularity};
 use rmm_sys::{AllocationHandleType, DeviceId, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{MrError, MrResult};
-use crate::pool::blocks::PoolBlocks;
+use crate::pool::blocks::Contiguous;
 use crate::pool::shell::{Growth, Pool};
 use crate::resource::DeviceMemoryResource;
 use crate::vmm::mapper::{Mapper, VmmGrowthStatistics, NAME};
@@ -20,6 +20,7 @@ const SIMULATED_GRANULARITY: usize = 2 << 20;
 
 impl Growth for Mapper {
     const NAME: &'static str = NAME;
+    type Layout = Contiguous;
 
     fn source(&self) -> &dyn DeviceMemoryResource {
         self
@@ -197,8 +198,8 @@ impl VmmPoolMemoryResource {
     }
 
     fn build(mapper: Mapper, geometry: Geometry) -> MrResult<Self> {
-        let empty = PoolBlocks::contiguous(mapper.end());
-        let vmm = Pool::new(mapper, empty);
+        let chunks = Contiguous::new(mapper.end());
+        let vmm = Pool::new(mapper, chunks);
         if geometry.initial > 0 {
             let (ptr, size) = vmm.growth.grow(geometry.initial, geometry.initial, 0)?;
             vmm.core.add_initial_chunk(ptr, size)?;
