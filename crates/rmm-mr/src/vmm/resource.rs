@@ -164,6 +164,7 @@ impl VmmPoolMemoryResource {
             geometry.granularity,
             minimum,
         )?;
+        mapper.set_min_growth_percent(options.min_growth_percent);
         Self::build(mapper, geometry)
     }
 
@@ -194,6 +195,7 @@ impl VmmPoolMemoryResource {
         )
         .map_err(MrError::invalid_argument)?;
         let mapper = Mapper::simulated(geometry.capacity, geometry.granularity)?;
+        mapper.set_min_growth_percent(options.min_growth_percent);
         Self::build(mapper, geometry)
     }
 
