@@ -1051,6 +1051,20 @@ mod tests {
 
     const MIB: usize = 1 << 20;
 
+    /// A pool of at most `max` bytes over simulated memory of `max` bytes (which takes freed
+    /// chunks back), and that memory.
+    fn simulated_pool(
+        max: usize,
+    ) -> (
+        PoolMemoryResource<crate::SimulatedMemoryResource>,
+        crate::SimulatedMemoryResource,
+    ) {
+        let device = crate::SimulatedMemoryResource::new(max).unwrap();
+        let options = PoolOptions::new(0).maximum_pool_size(max);
+        let pool = PoolMemoryResource::with_options(device.clone(), options).unwrap();
+        (pool, device)
+    }
+
     /// Three ordinary streams of the simulated driver (the caller holds a `FaultScope`).
     fn three_streams() -> [CudaStreamView<'static>; 3] {
         [1, 2, 3].map(CudaStreamView::simulated)
@@ -1065,12 +1079,7 @@ mod tests {
     fn before_failing_the_pool_gives_free_chunks_back_and_grows_one() {
         let _sim = rmm_sys::fault::FaultScope::simulated();
         let max = 64 * MIB;
-        let device = crate::SimulatedMemoryResource::new(max).unwrap();
-        let p = PoolMemoryResource::with_options(
-            device.clone(),
-            PoolOptions::new(0).maximum_pool_size(max),
-        )
-        .unwrap();
+        let (p, device) = simulated_pool(max);
         let st = three_streams();
         let blocks: Vec<(DevicePtr, usize)> = (0..48)
             .map(|i| (p.allocate(st[i % 3], MIB, 256).unwrap(), i))
@@ -1121,12 +1130,7 @@ mod tests {
         use rmm_sys::fault::{self, DriverCall};
         let _sim = fault::FaultScope::simulated();
         let max = 16 * MIB;
-        let device = crate::SimulatedMemoryResource::new(max).unwrap();
-        let p = PoolMemoryResource::with_options(
-            device.clone(),
-            PoolOptions::new(0).maximum_pool_size(max),
-        )
-        .unwrap();
+        let (p, device) = simulated_pool(max);
         let s = CudaStreamView::legacy();
         let blocks: Vec<DevicePtr> = (0..12).map(|_| p.allocate(s, MIB, 256).unwrap()).collect();
         for b in blocks {
@@ -1216,12 +1220,7 @@ mod tests {
         fn multi_stream_frees_leave_the_maximum_servable(ops in proptest::collection::vec((1usize..24, any::<usize>(), any::<bool>()), 1..80)) {
             let _sim = rmm_sys::fault::FaultScope::simulated();
             let max = 256 * 256 * 64;
-            let device = crate::SimulatedMemoryResource::new(max).unwrap();
-            let p = PoolMemoryResource::with_options(
-                device.clone(),
-                PoolOptions::new(0).maximum_pool_size(max),
-            )
-            .unwrap();
+            let (p, device) = simulated_pool(max);
             let st = three_streams();
             let mut live: Vec<(DevicePtr, usize, usize)> = Vec::new();
             for (i, (units, pick, alloc)) in ops.into_iter().enumerate() {
