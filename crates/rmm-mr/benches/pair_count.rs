@@ -395,6 +395,12 @@ mod steps {
                 }
                 "event_policy.rs" => return "event policy",
                 "free_list.rs" | "size_index.rs" => return "free list",
+                "blocks.rs" if crate_of("/pool/") => {
+                    return match inner {
+                        "hand_out" | "take_back" | "handed_out" => "handed-out record",
+                        _ => "free list",
+                    }
+                }
                 "handed.rs" | "addr_table.rs" | "block_table.rs" | "cross_thread.rs" => {
                     return "handed-out record"
                 }
