@@ -29,6 +29,10 @@ impl<U: DeviceMemoryResource> Growth for FromUpstream<U> {
         &self.upstream
     }
 
+    fn release_limit(&self) -> Option<usize> {
+        self.sizes.maximum()
+    }
+
     /// RMM's `expand_pool`: one new upstream chunk of `size_to_grow` bytes, halved on failure
     /// down to `size`, on `stream`. Chunks never merge, so the tail is 0.
     fn grow(
@@ -167,12 +171,14 @@ impl PoolOptions {
 ///   is [`MrError::InvalidFree`] (RMM corrupts its lists or aborts).
 /// - [`release_unused`](Self::release_unused) gives wholly free chunks back to the upstream
 ///   (RMM's pool never shrinks).
-/// - **Gives free chunks back before it fails**: when it cannot grow, the pool (having merged
-///   every stream's list and reclaimed the blocks no event covers) releases its wholly free
-///   chunks to the upstream, after a device synchronization, and tries to grow once more, now
-///   by one chunk of the request if need be. So free memory split over chunks that never merge
-///   (RMM issues 496, 1957 and 2039's "out of memory with gigabytes free") still serves a large
-///   request once it is free; RMM's pool fails it. The pool is then smaller than before.
+/// - **Gives free chunks back before it fails**: when a pool with a maximum cannot grow for a
+///   request of at most its maximum, it (having merged every stream's list and reclaimed the
+///   blocks no event covers) releases its wholly free chunks to the upstream, after a device
+///   synchronization, and tries to grow once more, now by one chunk of the request if need
+///   be. So free memory split over chunks that never merge (RMM issues 496, 1957 and 2039's
+///   "out of memory with gigabytes free") still serves a large request once it is free; RMM's
+///   pool fails it. The pool is then smaller than before. Without a maximum (the upstream
+///   refused) or for a larger request, a failed allocation changes nothing.
 /// - A per-thread default stream has one list per host thread *per pool*; a block allocated on
 ///   one thread's per-thread stream and freed on another's goes to the legacy stream's list, so
 ///   it is reused only after both threads' work (RMM lets the freeing thread reuse it at once).

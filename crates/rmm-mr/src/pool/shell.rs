@@ -27,6 +27,11 @@ pub(crate) trait Growth: Send + Sync + 'static {
     /// (`release_unused`, the drop, a chunk the core refused).
     fn source(&self) -> &dyn DeviceMemoryResource;
 
+    /// The largest request for which giving the wholly free chunks back can make room to grow
+    /// (the maximum pool size), or `None` when it cannot be known (no maximum: the source
+    /// refused): see `StreamOrdered::release_before_failing`.
+    fn release_limit(&self) -> Option<usize>;
+
     /// A new chunk for a request of `size` bytes (a multiple of 256; `bytes` is the caller's
     /// request, for the error) on `stream`, when the pool holds `pool_size` bytes and the
     /// stream's list has a free block of `tail` bytes at the end of the memory (always 0 for
@@ -57,7 +62,8 @@ impl<G: Growth> Pool<G> {
     /// A pool without chunks whose chunks will lie as `chunks` says.
     pub(crate) fn new(growth: G, chunks: G::Layout) -> Self {
         Self {
-            core: StreamOrdered::new(PoolBlocks::new(chunks)),
+            core: StreamOrdered::new(PoolBlocks::new(chunks))
+                .release_before_failing(growth.release_limit()),
             growth,
             over_aligned: OverAligned::default(),
         }

@@ -347,6 +347,10 @@ pub(crate) struct StreamOrdered<L: FreeBlocks> {
     /// synchronization).
     device: Option<DeviceId>,
     in_flight: InFlight,
+    /// Requests of at most this many bytes give the wholly free chunks back before they fail
+    /// (and grow once more); `None`: never (see
+    /// [`release_before_failing`](Self::release_before_failing)).
+    release_limit: Option<usize>,
 }
 
 impl<L: FreeBlocks> StreamOrdered<L> {
@@ -368,7 +372,17 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             used: AtomicBool::new(false),
             device: rmm_sys::current_device().ok(),
             in_flight: InFlight::default(),
+            release_limit: None,
         }
+    }
+
+    /// Before an allocation of at most `limit` bytes fails for want of memory, the core gives
+    /// its wholly free chunks back (after a device synchronization) and grows once more: for a
+    /// resource whose chunks may hold its free memory apart (the pool, up to its maximum). Off
+    /// by default: a failed call then changes nothing.
+    pub(crate) fn release_before_failing(mut self, limit: Option<usize>) -> Self {
+        self.release_limit = limit;
+        self
     }
 
     /// Adds the constructor's chunk to the legacy list (RMM obtains it on the legacy stream).
@@ -865,7 +879,10 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                         // Free memory split over chunks that never merge (or that the source
                         // still holds): give the wholly free chunks back, after a device
                         // synchronization, and grow once more from the room that made.
-                        None if !released && self.release_for_growth(upstream) => {
+                        None if !released
+                            && self.release_limit.is_some_and(|limit| size <= limit)
+                            && self.release_for_growth(upstream) =>
+                        {
                             released = true;
                             continue;
                         }

@@ -26,6 +26,10 @@ impl Growth for Mapper {
         self
     }
 
+    fn release_limit(&self) -> Option<usize> {
+        Some(self.capacity())
+    }
+
     /// One chunk at the end of the mapped memory, of what the free block there (`tail`) lacks
     /// for the request, rounded up to the granularity ([`Mapper::grow`]).
     fn grow(
