@@ -15,10 +15,12 @@
  *
  * Conventions:
  *   - Every function may be called from any thread, with or without a current CUDA context:
- *     before it touches device N it makes device N's primary context current on the calling
- *     thread (the context the CUDA runtime, PyTorch and CuPy use). A thread that had no
- *     context keeps that one afterwards (as with the runtime); a thread that had another
- *     context gets it back before the call returns.
+ *     before its first CUDA call for device N it makes device N's primary context current on
+ *     the calling thread (the context the CUDA runtime, PyTorch and CuPy use). A thread that
+ *     had no context keeps that one afterwards (as with the runtime); a thread that had another
+ *     context gets it back before the call returns. A call that needs no CUDA call (an
+ *     allocation or free a pool serves from its own memory on stream 0, CU_STREAM_LEGACY or
+ *     CU_STREAM_PER_THREAD) leaves the thread's context as it was.
  *   - Functions returning int return RMM_RS_SUCCESS (0) or an RMM_RS_ERROR_* code; on failure
  *     rmm_rs_last_error() holds the message. No function unwinds (a Rust panic becomes
  *     RMM_RS_ERROR_PANIC) and none aborts, except rmm_rs_torch_alloc, which throws a C++

@@ -24,9 +24,15 @@ fn null_argument(name: &str) -> Error {
 }
 
 /// A byte count from a C `ssize_t`.
+#[inline]
 pub(crate) fn byte_count(size: isize) -> CResult<usize> {
-    usize::try_from(size)
-        .map_err(|_| Error::invalid_argument(format!("size must not be negative, not {size}")))
+    usize::try_from(size).map_err(|_| negative_size(size))
+}
+
+#[cold]
+#[inline(never)]
+fn negative_size(size: isize) -> Error {
+    Error::invalid_argument(format!("size must not be negative, not {size}"))
 }
 
 /// A view of a stream handle from C.
@@ -40,6 +46,7 @@ pub(crate) unsafe fn stream_view<'a>(stream: *mut c_void) -> CudaStreamView<'a> 
 }
 
 /// Allocates `size` bytes on `device` through `registry` (null for 0 bytes).
+#[inline]
 pub(crate) fn alloc_in(
     registry: &Registry,
     size: isize,
@@ -58,6 +65,7 @@ pub(crate) fn alloc_in(
 /// # Safety
 /// `rmm_rs_free`'s contract: `ptr` is null or was allocated through `registry` on `device`
 /// with `size` bytes and no work still uses it that is not ordered before `stream`.
+#[inline]
 pub(crate) unsafe fn free_in(
     registry: &Registry,
     ptr: *mut c_void,

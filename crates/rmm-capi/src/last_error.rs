@@ -67,15 +67,30 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
 
 /// Runs `f` at the C boundary: a panic becomes [`RMM_RS_ERROR_PANIC`] and never unwinds into
 /// the caller; an error (or caught panic) is recorded as the thread's last error and returned.
+/// The success path costs what `f` does (no panic is caught without one, and the failures are
+/// handled out of line).
+#[inline]
 pub(crate) fn boundary<T>(f: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
-    let result = match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(r) => r,
-        Err(payload) => Err(Error::new(RMM_RS_ERROR_PANIC, panic_message(&*payload))),
-    };
-    if let Err(e) = &result {
-        set(e);
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(failed(e)),
+        Err(payload) => Err(panicked(payload)),
     }
-    result
+}
+
+/// Records `e` as the thread's last error and hands it back.
+#[cold]
+#[inline(never)]
+fn failed(e: Error) -> Error {
+    set(&e);
+    e
+}
+
+/// The error of a caught panic, recorded as the thread's last error.
+#[cold]
+#[inline(never)]
+fn panicked(payload: Box<dyn Any + Send>) -> Error {
+    failed(Error::new(RMM_RS_ERROR_PANIC, panic_message(&*payload)))
 }
 
 /// [`boundary`] for entry points that return a status code.

@@ -15,8 +15,13 @@
 //!   a C++ `std::bad_alloc` on failure by design, because PyTorch does not check for null.
 //! - Errors are status codes with a thread-local message (`rmm_rs_last_error`), mapped from
 //!   [`rmm::MrError`] kind by kind, out-of-memory distinct.
-//! - Foreign threads are welcome: before touching device N a call makes N's primary context
-//!   current ([`rmm::sys::PrimaryContextGuard`]).
+//! - Foreign threads are welcome: before its first driver call that needs a context, a call
+//!   for device N makes N's primary context current, and puts back a context it replaced
+//!   ([`rmm::sys::DeferredPrimaryContext`]); a call that needs none (a pool serving from its
+//!   free memory) makes no context call at all.
+//! - The allocation and free entry points are a short path: one atomic load finds the device's
+//!   stack, a pool (with or without statistics) is called directly, failures are handled out
+//!   of line (`benches/capi_pair_count.rs` counts its instructions; `docs/performance.md`).
 //! - Streams from C are foreign handles: wrapping one is `unsafe` in Rust, so the entry points
 //!   that take one are `unsafe extern "C"` functions and the header states the contract the C
 //!   caller takes on.
@@ -37,6 +42,9 @@ mod stack;
 pub mod status;
 #[cfg(test)]
 mod test_support;
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub mod testing;
 pub mod torch;
 
 pub use abi::{RmmRsOptions, RmmRsStatistics};

@@ -2,15 +2,17 @@
 //! lookup every allocation makes.
 //!
 //! A configuration is either for every device (the template: each device builds its stack on
-//! its first use) or for listed devices (built at once). Lookups are the hot path: each thread
-//! caches the stacks it used with the table's generation and takes the lock only on a miss or
-//! after a reconfiguration bumped the generation. A replaced stack is retired, not dropped:
-//! another thread's cache may still name it for a moment, and it must never free memory under
-//! an allocation made through it.
+//! its first use) or for listed devices (built at once). Lookups are the hot path: the built
+//! stack of each device below [`FAST_DEVICES`] is published in a fixed array of atomic
+//! pointers, so a lookup is one load, with no lock, no thread-local and no reference count;
+//! only a device not built yet (or above the array) takes the lock. A stack, once built, is
+//! never dropped while the table lives: a replaced one is retired, because a thread that loaded
+//! its pointer just before the replacement may still allocate or free through it for a moment,
+//! and it must never free memory under an allocation made through it.
 
-use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use rmm::{DeviceId, MrResult};
@@ -20,14 +22,14 @@ use crate::config::Config;
 use crate::stack::{build_on_device, DeviceState};
 use crate::status::{
     CResult, Error, RMM_RS_ERROR_BUSY, RMM_RS_ERROR_INVALID_FREE, RMM_RS_ERROR_NOT_CONFIGURED,
-    RMM_RS_ERROR_PANIC,
 };
 
 /// Builds a device's stack from a configuration.
 pub(crate) type Builder = fn(&Config, DeviceId) -> MrResult<DeviceState>;
 
-/// Devices above this ordinal are looked up under the lock every time (no cache slot).
-const MAX_CACHED_DEVICE: usize = 1024;
+/// Devices at or above this ordinal are looked up under the lock every time (no slot in the
+/// array of built stacks).
+pub(crate) const FAST_DEVICES: usize = 256;
 
 #[derive(Default)]
 struct Inner {
@@ -45,27 +47,17 @@ impl Inner {
 
 /// The table. The entry points use [`Registry::global`]; tests make their own.
 pub(crate) struct Registry {
-    id: u64,
-    generation: AtomicU64,
+    /// Device `d`'s built stack, or null: what lookups read. Written under `inner`'s lock only.
+    /// Invariant: a non-null pointer is that of an `Arc` held in `inner.built` or
+    /// `inner.retired`, and an `Arc` leaves `built` only for `retired`, which is never emptied:
+    /// so the stack it points to lives as long as the registry.
+    fast: Box<[AtomicPtr<DeviceState>]>,
     inner: Mutex<Inner>,
     build: Builder,
 }
 
-struct Cache {
-    registry: u64,
-    generation: u64,
-    states: Vec<Option<Arc<DeviceState>>>,
-}
-
-thread_local! {
-    static CACHE: RefCell<Cache> = const {
-        RefCell::new(Cache {
-            registry: 0,
-            generation: 0,
-            states: Vec::new(),
-        })
-    };
-}
+/// The table of the C API.
+static GLOBAL: OnceLock<Registry> = OnceLock::new();
 
 fn invalid_device(device: i32) -> Error {
     Error::invalid_argument(format!(
@@ -77,23 +69,46 @@ impl Registry {
     /// An empty table whose devices are built with `build`.
     #[must_use]
     pub(crate) fn new(build: Builder) -> Self {
-        static IDS: AtomicU64 = AtomicU64::new(1);
         Self {
-            id: IDS.fetch_add(1, Ordering::Relaxed),
-            generation: AtomicU64::new(1),
+            fast: (0..FAST_DEVICES)
+                .map(|_| AtomicPtr::new(ptr::null_mut()))
+                .collect(),
             inner: Mutex::new(Inner::default()),
             build,
         }
     }
 
-    /// The table of the C API, building stacks on the GPU.
+    /// The table of the C API, building stacks on the GPU (unless [`Registry::install_global`]
+    /// came first).
     pub(crate) fn global() -> &'static Registry {
-        static GLOBAL: OnceLock<Registry> = OnceLock::new();
         GLOBAL.get_or_init(|| Registry::new(build_on_device))
+    }
+
+    /// Makes the table of the C API one that builds its stacks with `build`; false (nothing
+    /// changed) once the table exists.
+    #[cfg(feature = "testing")]
+    pub(crate) fn install_global(build: Builder) -> bool {
+        GLOBAL.set(Registry::new(build)).is_ok()
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Publishes `state` (held in `built`, under the lock `_inner`) as `device`'s stack for
+    /// lookups, or unpublishes the device (`None`).
+    fn publish(
+        &self,
+        _inner: &MutexGuard<'_, Inner>,
+        device: i32,
+        state: Option<&Arc<DeviceState>>,
+    ) {
+        let slot = usize::try_from(device).ok().and_then(|i| self.fast.get(i));
+        if let Some(slot) = slot {
+            let p = state.map_or(ptr::null_mut(), |s| Arc::as_ptr(s).cast_mut());
+            // Release: a lookup that reads the pointer sees the built stack.
+            slot.store(p, Ordering::Release);
+        }
     }
 
     /// Installs `config` (see `rmm_rs_configure`): for every device when it lists none, else for
@@ -127,7 +142,8 @@ impl Registry {
             .iter()
             .filter_map(|d| inner.built.remove(d).map(|s| (*d, s)))
             .collect();
-        for (_, s) in &old {
+        for (d, s) in &old {
+            self.publish(&inner, *d, None);
             s.retire();
         }
         if config.devices.is_empty() {
@@ -145,8 +161,10 @@ impl Registry {
                             s.retire();
                             inner.retired.push(s);
                         }
+                        for (d, s) in &old {
+                            self.publish(&inner, *d, Some(s));
+                        }
                         inner.built.extend(old);
-                        self.generation.fetch_add(1, Ordering::AcqRel);
                         return Err(Error::from(e));
                     }
                 }
@@ -154,10 +172,10 @@ impl Registry {
             inner.retired.extend(old.into_iter().map(|(_, s)| s));
             for (d, s) in fresh {
                 inner.explicit.insert(d, config.clone());
+                self.publish(&inner, d, Some(&s));
                 inner.built.insert(d, s);
             }
         }
-        self.generation.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
 
@@ -181,14 +199,15 @@ impl Registry {
             )
         })?;
         let state = Arc::new((self.build)(&config, DeviceId(device))?);
+        self.publish(&inner, device, Some(&state));
         inner.built.insert(device, Arc::clone(&state));
         Ok(state)
     }
 
     /// Runs `f` on the stack of `device` (built on first use when `build`; else a device not
-    /// built is `RMM_RS_ERROR_INVALID_FREE`, as only frees ask so). The hot path: a
-    /// thread-local read and a generation check when this thread used the device since the last
-    /// configuration.
+    /// built is `RMM_RS_ERROR_INVALID_FREE`, as only frees ask so). The hot path: one atomic
+    /// load.
+    #[inline]
     pub(crate) fn with_state<R>(
         &self,
         device: i32,
@@ -196,42 +215,22 @@ impl Registry {
         f: impl FnOnce(&DeviceState) -> R,
     ) -> CResult<R> {
         let index = usize::try_from(device).map_err(|_| invalid_device(device))?;
-        let generation = self.generation.load(Ordering::Acquire);
-        let mut f = Some(f);
-        // The cache stays borrowed (shared) while `f` runs, so the hit costs no reference
-        // count; a nested lookup from `f` only reads it too.
-        let hit = CACHE.try_with(|cache| {
-            let cache = cache.try_borrow().ok()?;
-            if cache.registry != self.id || cache.generation != generation {
-                return None;
-            }
-            let state = cache.states.get(index)?.as_ref()?;
-            let f = f.take()?;
-            Some(f(state))
-        });
-        if let Ok(Some(r)) = hit {
-            return Ok(r);
-        }
-        let state = self.state_slow(device, build)?;
-        if index < MAX_CACHED_DEVICE {
-            let _ = CACHE.try_with(|cache| {
-                if let Ok(mut cache) = cache.try_borrow_mut() {
-                    if cache.registry != self.id || cache.generation != generation {
-                        cache.registry = self.id;
-                        cache.generation = generation;
-                        cache.states.clear();
-                    }
-                    if cache.states.len() <= index {
-                        cache.states.resize(index + 1, None);
-                    }
-                    cache.states[index] = Some(Arc::clone(&state));
-                }
-            });
-        }
-        let f = f
-            .take()
-            .ok_or_else(|| Error::new(RMM_RS_ERROR_PANIC, "lookup closure already used"))?;
-        Ok(f(&state))
+        // Acquire: pairs with `publish`.
+        let published = self
+            .fast
+            .get(index)
+            .map_or(ptr::null_mut(), |slot| slot.load(Ordering::Acquire));
+        let slow;
+        let state = if published.is_null() {
+            slow = self.state_slow(device, build)?;
+            &*slow
+        } else {
+            // SAFETY: a published pointer names a stack the registry keeps alive as long as
+            // itself (the invariant of `fast`), and `self` is borrowed for the call.
+            unsafe { &*published }
+        };
+        // One call site, so that `f` is inlined here.
+        Ok(f(state))
     }
 
     /// The statistics of `device`: zeros for a configured device not built yet.
@@ -577,12 +576,12 @@ mod tests {
             ..Config::default()
         }))
         .unwrap();
-        // This thread cached device 4's old stack; the generation tells it to look again.
+        // This thread used device 4's old stack; its lookups find the new one.
         let p = alloc(&r, 256, 4).unwrap();
         free(&r, p, 256, 4).unwrap();
         assert_eq!(worker(Arc::clone(&r)).join().unwrap(), 0);
         assert_eq!(r.statistics(4).unwrap().statistics_enabled, 0);
-        // Two tables on one thread do not share the cache.
+        // Two tables on one thread do not share their stacks.
         let other = Registry::new(build_on_host);
         assert_eq!(
             alloc(&other, 256, 4).unwrap_err().code,

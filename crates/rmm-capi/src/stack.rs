@@ -2,6 +2,12 @@
 //! memory; the pool or the driver's pool; statistics; the CSV log. [`DeviceState`] keeps the
 //! top (what allocations go through), handles on the layers it reports on, and the counters
 //! the C API keeps itself.
+//!
+//! The hot path (`allocate`, `deallocate`) is what every PyTorch allocation runs: the common
+//! stacks (a pool, statistics over a pool) are held as concrete types, so that no dynamic call
+//! sits above the pool and the statistics' counting is inlined, and the device's primary
+//! context is made current only if a driver call needs it ([`DeferredPrimaryContext`]): a pool
+//! serving from its free memory makes none.
 
 use std::ffi::c_void;
 use std::io;
@@ -9,18 +15,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
+use rmm::mr::adaptors::statistics::Counter;
 use rmm::reinitialize::per_device_log_file;
-use rmm::sys::{align_down, PrimaryContextGuard};
+use rmm::sys::{
+    align_down, primary_context, DeferredPrimaryContext, PrimaryContext, PrimaryContextGuard,
+};
 use rmm::{
     CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaAsyncOptions, CudaMemoryResource,
     CudaStreamView, DeviceId, DeviceMemoryResource, DevicePtr, LoggingResourceAdaptor,
-    ManagedMemoryResource, MrResult, PoolMemoryResource, PoolOptions, SharedResource,
+    ManagedMemoryResource, MrError, MrResult, PoolMemoryResource, PoolOptions, SharedResource,
     StatisticsResourceAdaptor, ALLOCATION_ALIGNMENT,
 };
 
 use crate::abi::RmmRsStatistics;
 use crate::config::{Config, ResourceKind};
-use crate::status::CResult;
+use crate::status::{CResult, Error};
 
 /// The layer that holds memory from the device, kept to report its size and to give its
 /// memory back when the configuration is replaced.
@@ -37,9 +46,70 @@ pub(crate) enum Holder {
     DriverManaged(CudaAsyncManagedMemoryResource),
 }
 
+/// The top of a stack: what allocations and frees go through.
+#[derive(Debug)]
+enum Top {
+    /// A pool alone.
+    Pool(PoolMemoryResource),
+    /// Statistics over a pool.
+    StatisticsPool(StatisticsResourceAdaptor<PoolMemoryResource>),
+    /// Any other stack (the driver's pools, no pool, the log).
+    Shared(SharedResource),
+}
+
+impl Top {
+    #[inline]
+    fn allocate(&self, stream: CudaStreamView<'_>, bytes: usize) -> MrResult<DevicePtr> {
+        match self {
+            Top::Pool(r) => r.allocate(stream, bytes, ALLOCATION_ALIGNMENT),
+            Top::StatisticsPool(r) => r.allocate(stream, bytes, ALLOCATION_ALIGNMENT),
+            Top::Shared(r) => r.allocate(stream, bytes, ALLOCATION_ALIGNMENT),
+        }
+    }
+
+    /// # Safety
+    /// `DeviceMemoryResource::deallocate`'s contract.
+    #[inline]
+    unsafe fn deallocate(
+        &self,
+        stream: CudaStreamView<'_>,
+        ptr: DevicePtr,
+        bytes: usize,
+    ) -> MrResult<()> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match self {
+                Top::Pool(r) => r.deallocate(stream, ptr, bytes, ALLOCATION_ALIGNMENT),
+                Top::StatisticsPool(r) => r.deallocate(stream, ptr, bytes, ALLOCATION_ALIGNMENT),
+                Top::Shared(r) => r.deallocate(stream, ptr, bytes, ALLOCATION_ALIGNMENT),
+            }
+        }
+    }
+}
+
+/// The statistics layer of a stack, kept to read its counters.
+#[derive(Debug)]
+enum Counted {
+    /// Over a pool ([`Top::StatisticsPool`]).
+    Pool(StatisticsResourceAdaptor<PoolMemoryResource>),
+    /// Over another resource.
+    Shared(StatisticsResourceAdaptor),
+}
+
+impl Counted {
+    /// `(bytes, allocations)`.
+    fn counters(&self) -> (Counter, Counter) {
+        match self {
+            Counted::Pool(s) => s.counters(),
+            Counted::Shared(s) => s.counters(),
+        }
+    }
+}
+
 /// Counters of the C API, on a cache line of their own.
 #[derive(Debug, Default)]
 struct Counters {
+    /// Allocations not yet freed, for stacks whose bottom keeps no record (not a pool).
     outstanding: AtomicU64,
     failed_allocations: AtomicU64,
     failed_frees: AtomicU64,
@@ -50,13 +120,13 @@ struct Counters {
 pub(crate) struct DeviceState {
     device: DeviceId,
     /// The top of the stack: every allocation and free goes through it.
-    resource: SharedResource,
-    statistics: Option<StatisticsResourceAdaptor>,
+    top: Top,
+    statistics: Option<Counted>,
     logging: Option<LoggingResourceAdaptor>,
     holder: Holder,
-    /// Whether calls need the device's primary context current (false for test resources of
-    /// host memory).
-    needs_context: bool,
+    /// The device's primary context, which the stack's driver calls need current (`None` for
+    /// the stacks of tests and benchmarks, which make no context-bound call).
+    context: Option<PrimaryContext>,
     counters: CachePadded<Counters>,
 }
 
@@ -67,6 +137,7 @@ pub(crate) struct DeviceState {
 /// created, a device without memory pools for `_ASYNC`.
 pub(crate) fn build_on_device(config: &Config, device: DeviceId) -> MrResult<DeviceState> {
     let _context = PrimaryContextGuard::enter(device)?;
+    let context = primary_context(device.0)?;
     let (base, holder): (SharedResource, Holder) = match (config.kind, config.managed) {
         (ResourceKind::Async, false) => {
             let mut options = CudaAsyncOptions::new();
@@ -103,7 +174,7 @@ pub(crate) fn build_on_device(config: &Config, device: DeviceId) -> MrResult<Dev
             }
         }
     };
-    assemble(config, device, base, holder, true)
+    assemble(config, device, base, holder, Some(context))
 }
 
 /// The pool options of `config` with `initial` bytes.
@@ -115,77 +186,122 @@ pub(crate) fn pool_options(initial: usize, config: &Config) -> PoolOptions {
     }
 }
 
-/// Puts statistics and the log over `base` as `config` says.
+/// Puts statistics and the log over `base` as `config` says; `context`: the device's primary
+/// context when the stack makes driver calls.
 pub(crate) fn assemble(
     config: &Config,
     device: DeviceId,
     base: SharedResource,
     holder: Holder,
-    needs_context: bool,
+    context: Option<PrimaryContext>,
 ) -> MrResult<DeviceState> {
-    let mut resource = base;
-    let statistics = if config.statistics {
-        let s = StatisticsResourceAdaptor::new(resource);
-        resource = Arc::new(s.clone());
-        Some(s)
-    } else {
-        None
-    };
-    let logging = match &config.log_file {
-        Some(base_name) => {
-            let l = LoggingResourceAdaptor::new(resource, per_device_log_file(base_name, device))?;
-            resource = Arc::new(l.clone());
-            Some(l)
+    let (top, statistics, logging) = match (&holder, config.statistics, &config.log_file) {
+        (Holder::Pool(pool), false, None) => (Top::Pool(pool.clone()), None, None),
+        (Holder::Pool(pool), true, None) => {
+            let s = StatisticsResourceAdaptor::new(pool.clone());
+            (Top::StatisticsPool(s.clone()), Some(Counted::Pool(s)), None)
         }
-        None => None,
+        _ => {
+            let mut resource = base;
+            let statistics = if config.statistics {
+                let s = StatisticsResourceAdaptor::new(resource);
+                resource = Arc::new(s.clone());
+                Some(Counted::Shared(s))
+            } else {
+                None
+            };
+            let logging = match &config.log_file {
+                Some(base_name) => {
+                    let l = LoggingResourceAdaptor::new(
+                        resource,
+                        per_device_log_file(base_name, device),
+                    )?;
+                    resource = Arc::new(l.clone());
+                    Some(l)
+                }
+                None => None,
+            };
+            (Top::Shared(resource), statistics, logging)
+        }
     };
     Ok(DeviceState {
         device,
-        resource,
+        top,
         statistics,
         logging,
         holder,
-        needs_context,
+        context,
         counters: CachePadded::new(Counters::default()),
     })
 }
 
 impl DeviceState {
-    /// Allocations not yet freed.
+    /// Allocations not yet freed: a pool's own record of what it handed out, else the C API's
+    /// count.
     #[must_use]
     pub(crate) fn outstanding(&self) -> u64 {
-        self.counters.outstanding.load(Ordering::Acquire)
-    }
-
-    fn enter(&self) -> CResult<Option<PrimaryContextGuard>> {
-        if self.needs_context {
-            Ok(Some(PrimaryContextGuard::enter(self.device)?))
-        } else {
-            Ok(None)
+        match &self.holder {
+            Holder::Pool(p) => p.outstanding_allocations() as u64,
+            _ => self.counters.outstanding.load(Ordering::Acquire),
         }
     }
 
+    /// Whether the hot path counts allocations outstanding itself (a pool records them
+    /// anyway: two atomic read-modify-writes a pair saved).
+    #[inline]
+    fn counts_outstanding(&self) -> bool {
+        !matches!(self.holder, Holder::Pool(_))
+    }
+
+    /// Makes the device's primary context current now (for the calls that are not on the hot
+    /// path).
+    fn enter(&self) -> CResult<Option<PrimaryContextGuard>> {
+        match self.context {
+            Some(_) => Ok(Some(PrimaryContextGuard::enter(self.device)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The hot path's context: the device's primary context, made current by the first driver
+    /// call that needs it.
+    #[inline]
+    fn defer_context(&self) -> Option<DeferredPrimaryContext> {
+        self.context.map(DeferredPrimaryContext::enter)
+    }
+
     /// Allocates `bytes` (more than 0) on `stream`, 256-byte aligned.
+    #[inline]
     pub(crate) fn allocate(
         &self,
         stream: CudaStreamView<'_>,
         bytes: usize,
     ) -> CResult<*mut c_void> {
-        let _context = self.enter()?;
-        match self.resource.allocate(stream, bytes, ALLOCATION_ALIGNMENT) {
+        let _context = self.defer_context();
+        match self.top.allocate(stream, bytes) {
             Ok(ptr) => {
-                if !ptr.is_null() {
+                if !ptr.is_null() && self.counts_outstanding() {
                     self.counters.outstanding.fetch_add(1, Ordering::AcqRel);
                 }
                 Ok(ptr.as_host_ptr())
             }
-            Err(e) => {
-                self.counters
-                    .failed_allocations
-                    .fetch_add(1, Ordering::Relaxed);
-                Err(e.into())
-            }
+            Err(e) => Err(self.allocation_failed(e)),
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn allocation_failed(&self, e: MrError) -> Error {
+        self.counters
+            .failed_allocations
+            .fetch_add(1, Ordering::Relaxed);
+        e.into()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn free_failed(&self, e: MrError) -> Error {
+        self.counters.failed_frees.fetch_add(1, Ordering::Relaxed);
+        e.into()
     }
 
     /// Frees `ptr` (not null) of `bytes` on `stream`.
@@ -193,34 +309,27 @@ impl DeviceState {
     /// # Safety
     /// `ptr` was allocated here with `bytes` and is no longer used by any work not ordered
     /// before `stream`'s next work (the C contract of `rmm_rs_free`).
+    #[inline]
     pub(crate) unsafe fn deallocate(
         &self,
         stream: CudaStreamView<'_>,
         ptr: *mut c_void,
         bytes: usize,
     ) -> CResult<()> {
-        let result = self.enter().and_then(|_context| {
-            // SAFETY: the caller's contract: `ptr` came from this stack with `bytes` and the
-            // same alignment, and nothing uses it any more.
-            unsafe {
-                self.resource.deallocate(
-                    stream,
-                    DevicePtr::from_host_ptr(ptr),
-                    bytes,
-                    ALLOCATION_ALIGNMENT,
-                )
-            }
-            .map_err(Into::into)
-        });
-        match result {
+        let _context = self.defer_context();
+        // SAFETY: the caller's contract: `ptr` came from this stack with `bytes` and the same
+        // alignment, and nothing uses it any more.
+        match unsafe {
+            self.top
+                .deallocate(stream, DevicePtr::from_host_ptr(ptr), bytes)
+        } {
             Ok(()) => {
-                self.counters.outstanding.fetch_sub(1, Ordering::AcqRel);
+                if self.counts_outstanding() {
+                    self.counters.outstanding.fetch_sub(1, Ordering::AcqRel);
+                }
                 Ok(())
             }
-            Err(e) => {
-                self.counters.failed_frees.fetch_add(1, Ordering::Relaxed);
-                Err(e)
-            }
+            Err(e) => Err(self.free_failed(e)),
         }
     }
 
@@ -249,7 +358,7 @@ impl DeviceState {
         let (bytes, allocations) = self
             .statistics
             .as_ref()
-            .map(StatisticsResourceAdaptor::counters)
+            .map(Counted::counters)
             .unwrap_or_default();
         RmmRsStatistics {
             current_bytes: bytes.value,

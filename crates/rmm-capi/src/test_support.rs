@@ -24,7 +24,7 @@ pub(crate) fn build_on_host(config: &Config, device: DeviceId) -> MrResult<Devic
     } else {
         (mock, Holder::Plain)
     };
-    assemble(config, device, base, holder, false)
+    assemble(config, device, base, holder, None)
 }
 
 /// Builds over host memory except on device 7, which fails like a device without a driver.
@@ -66,5 +66,5 @@ unsafe impl DeviceMemoryResource for Panics {
 
 /// Builds a stack over a resource that panics on allocation.
 pub(crate) fn build_panicking(config: &Config, device: DeviceId) -> MrResult<DeviceState> {
-    assemble(config, device, Arc::new(Panics), Holder::Plain, false)
+    assemble(config, device, Arc::new(Panics), Holder::Plain, None)
 }

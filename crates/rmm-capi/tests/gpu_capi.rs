@@ -167,6 +167,35 @@ fn a_thread_without_a_context_is_served() -> Result<(), Failed> {
     .map_err(|_| "the thread panicked")?
 }
 
+fn a_pool_hit_makes_no_context_call() -> Result<(), Failed> {
+    configure(pool_options(16 * MIB, RMM_RS_SIZE_DEFAULT), Some(&[0]))?;
+    // One pair first, so that the legacy stream's list holds a free block (the first one may
+    // need the driver: its thread keeps the primary context).
+    let p = alloc(4096, LEGACY)?;
+    free(p, 4096, LEGACY)?;
+    std::thread::spawn(|| -> Result<(), Failed> {
+        for _ in 0..3 {
+            let p = alloc(4096, LEGACY)?;
+            free(p, 4096, LEGACY)?;
+        }
+        // Pool hits on the legacy stream made no CUDA call, so no context either.
+        ensure(
+            rmm_sys::raw_current_context()?.is_null(),
+            "pool hits made a context current",
+        )?;
+        // A call that needs the device (the copies) still gets device 0's primary context.
+        let p = alloc(4096, LEGACY)?;
+        round_trip(p, 4096, LEGACY, 5)?;
+        free(p, 4096, LEGACY)?;
+        ensure(
+            rmm_sys::raw_current_context()? == rmm_sys::primary_context(0)?.as_raw(),
+            "the thread did not get device 0's primary context for its copies",
+        )
+    })
+    .join()
+    .map_err(|_| "the thread panicked")?
+}
+
 fn another_devices_context_comes_back() -> Result<(), Failed> {
     configure(pool_options(16 * MIB, RMM_RS_SIZE_DEFAULT), Some(&[0]))?;
     std::thread::spawn(|| -> Result<(), Failed> {
@@ -341,6 +370,10 @@ fn main() {
         gpu(
             "a_thread_without_a_context_is_served",
             a_thread_without_a_context_is_served,
+        ),
+        gpu(
+            "a_pool_hit_makes_no_context_call",
+            a_pool_hit_makes_no_context_call,
         ),
         gpu_if(
             "another_devices_context_comes_back",

@@ -22,6 +22,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("stack.rs", include_str!("../src/stack.rs")),
     ("status.rs", include_str!("../src/status.rs")),
     ("test_support.rs", include_str!("../src/test_support.rs")),
+    ("testing.rs", include_str!("../src/testing.rs")),
     ("torch.rs", include_str!("../src/torch.rs")),
 ];
 

@@ -394,7 +394,9 @@ mod steps {
                     }
                 }
                 "event_policy.rs" => return "event policy",
-                "free_list.rs" | "size_index.rs" => return "free list",
+                "free_list.rs" | "size_index.rs" | "ring.rs" | "boundary_list.rs" => {
+                    return "free list"
+                }
                 "blocks.rs" if crate_of("/pool/") => {
                     return match inner {
                         "hand_out" | "take_back" | "handed_out" => "handed-out record",

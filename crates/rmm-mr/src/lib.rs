@@ -110,7 +110,7 @@ pub mod __internals {
 
     /// The fixed-size resource's chunks and block table, and how many stream lists it keeps.
     pub mod fixed_size {
-        pub use crate::fixed_size::block_table::{BlockLedger, BlockTable, ChunkBlocks};
+        pub use crate::fixed_size::block_table::{BlockId, BlockLedger, BlockTable, ChunkBlocks};
         pub use crate::fixed_size::chunk::{rounded_block_size, Chunk, FixedSizeError};
         pub use crate::fixed_size::resource::stream_lists;
     }

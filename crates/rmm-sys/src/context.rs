@@ -27,13 +27,50 @@ impl PrimaryContext {
     pub fn as_raw(self) -> raw::CUcontext {
         self.0 as raw::CUcontext
     }
+
+    /// A fake primary context for benchmarks and tests without a GPU (feature `testing`; never
+    /// for real device work): a [`DeferredPrimaryContext`] scope of it "enters" it without a
+    /// driver, and no rmm-sys call passes it to one.
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    #[must_use]
+    pub fn fake() -> Self {
+        PrimaryContext(crate::fault::fake_context())
+    }
 }
 
 static CONTEXTS: OnceLock<Vec<OnceLock<CudaResult<PrimaryContext>>>> = OnceLock::new();
 
 thread_local! {
-    /// Whether this thread is known to have a current context.
-    static HAS_CONTEXT: Cell<bool> = const { Cell::new(false) };
+    /// What this thread knows of its context: one cell, so that a library loaded with
+    /// `dlopen` (where each thread-local access is a `__tls_get_addr` call) reaches it once per
+    /// access site.
+    static THREAD: Cell<ThreadContext> = const { Cell::new(ThreadContext::NONE) };
+}
+
+/// A thread's context state (flat, so that saving and restoring it is three words).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ThreadContext {
+    /// The innermost [`DeferredPrimaryContext`] scope's primary context, to make current
+    /// before the scope's first call that needs a context; 0: no scope.
+    context: usize,
+    /// The context the scope's entry replaced, to put back when the scope ends (0: none).
+    previous: usize,
+    /// Whether this thread is known to have a current context (false inside a scope until its
+    /// context was entered, so that the first call needing a context takes the slow path,
+    /// which enters it).
+    known: bool,
+    /// Whether the scope's context was made (or found) current.
+    entered: bool,
+}
+
+impl ThreadContext {
+    const NONE: ThreadContext = ThreadContext {
+        context: 0,
+        previous: 0,
+        known: false,
+        entered: false,
+    };
 }
 
 /// The primary context of `device`, retained on first use and kept for the process.
@@ -116,7 +153,7 @@ pub(crate) fn context_api() -> CudaResult<&'static Api> {
 /// thread: one thread-local read.
 #[inline]
 pub fn ensure_current_context() -> CudaResult<()> {
-    if HAS_CONTEXT.with(Cell::get) {
+    if THREAD.with(|t| t.get().known) {
         return Ok(());
     }
     ensure_current_context_slow()
@@ -124,6 +161,10 @@ pub fn ensure_current_context() -> CudaResult<()> {
 
 #[cold]
 fn ensure_current_context_slow() -> CudaResult<()> {
+    let state = THREAD.with(Cell::get);
+    if state.context != 0 && !state.entered {
+        return enter_deferred(state);
+    }
     let api = api()?;
     let mut ctx: raw::CUcontext = std::ptr::null_mut();
     // SAFETY: the driver is initialized; the call writes one handle.
@@ -203,26 +244,136 @@ impl PrimaryContextGuard {
 
 impl Drop for PrimaryContextGuard {
     fn drop(&mut self) {
-        if self.previous == 0 {
-            return;
+        if self.previous != 0 {
+            restore_context(self.previous);
         }
-        let restore = || -> CudaResult<()> {
+    }
+}
+
+/// Makes a deferred scope's context current (the first call of the scope that needs one).
+fn enter_deferred(mut state: ThreadContext) -> CudaResult<()> {
+    // A fake context (feature `testing`) is entered without a driver, as the simulated driver
+    // answers fake handles.
+    #[cfg(feature = "testing")]
+    let fake = crate::fault::is_fake(state.context);
+    #[cfg(not(feature = "testing"))]
+    let fake = false;
+    if !fake {
+        let current = raw_current_context()?;
+        if current as usize != state.context {
             let api = api()?;
-            // SAFETY: the handle was this thread's current context when the guard was made; a
-            // context destroyed since is reported by the driver as an error code.
+            // SAFETY: the scope's context is a retained primary context that lives for the
+            // process (`DeferredPrimaryContext::enter` takes only those).
             check("cuCtxSetCurrent", unsafe {
-                (api.cuCtxSetCurrent)(self.previous as raw::CUcontext)
-            })
-        };
-        if let Err(e) = restore() {
-            log::error!("rmm: could not restore the previous context: {e}");
+                (api.cuCtxSetCurrent)(state.context as raw::CUcontext)
+            })?;
+            state.previous = current as usize;
         }
+    }
+    state.entered = true;
+    state.known = true;
+    THREAD.with(|t| t.set(state));
+    Ok(())
+}
+
+/// A scope in which the primary context of a device is made current **only if a driver call
+/// needs a context**: what an entry point called from foreign code does when its work usually
+/// needs no driver call at all (a pool allocation served from the pool's free memory), so that
+/// the common case costs no `cuCtxGetCurrent`.
+///
+/// Inside the scope, the first rmm-sys call of the calling thread that needs a current context
+/// (every wrapper but the simulated ones, those that name a device, and `cuStreamGetId` of an
+/// ordinary stream, which names its own context) first does what
+/// [`PrimaryContextGuard::enter`] does: it makes `context` current unless it already is. When
+/// the scope ends, a context it replaced is made current again, and a thread that had none
+/// keeps the primary context, as with the guard. A scope in which no call needed a context
+/// changes nothing and makes no driver call. Calls that take a stream or an event run with
+/// `context` current like every other, so the special stream handles (`CU_STREAM_LEGACY`,
+/// `CU_STREAM_PER_THREAD`) name the device's streams. A call that makes a context current
+/// itself before the scope's context was entered ([`PrimaryContextGuard`],
+/// [`set_current_device`](crate::set_current_device)) ends the deferral: from then on the
+/// scope's calls run in whatever context is current, as outside a scope.
+/// ([`DeviceGuard`](crate::DeviceGuard) asks for the current device first, which enters the
+/// scope's context.)
+///
+/// Scopes nest (the inner one applies until it ends). Not `Send`: it restores the thread that
+/// made it.
+#[derive(Debug)]
+#[must_use = "the deferred context applies until the scope drops"]
+pub struct DeferredPrimaryContext {
+    /// The thread's state before the scope (the enclosing scope's), put back on drop.
+    outer: ThreadContext,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl DeferredPrimaryContext {
+    /// Starts a scope for `context` (see the type's documentation). Makes no driver call.
+    #[inline]
+    pub fn enter(context: PrimaryContext) -> Self {
+        let outer = THREAD.with(|t| {
+            t.replace(ThreadContext {
+                context: context.0,
+                ..ThreadContext::NONE
+            })
+        });
+        Self {
+            outer,
+            _not_send: PhantomData,
+        }
+    }
+
+    /// Whether a call of this scope needed a context, so that the scope's context was entered.
+    #[must_use]
+    pub fn entered(&self) -> bool {
+        THREAD.with(|t| t.get().entered)
+    }
+}
+
+impl Drop for DeferredPrimaryContext {
+    #[inline]
+    fn drop(&mut self) {
+        let mut outer = self.outer;
+        let scope = THREAD.with(|t| {
+            let scope = t.get();
+            // A thread without a scope around this one keeps the scope's context (or gets its
+            // own back): it is known to have one. An enclosing scope is put back as it was
+            // (not yet entered: still to enter its own context).
+            if scope.entered && outer.context == 0 {
+                outer.known = true;
+            }
+            t.set(outer);
+            scope
+        });
+        if scope.entered && scope.previous != 0 {
+            restore_context(scope.previous);
+        }
+    }
+}
+
+/// Makes `previous` (a context that was current on this thread) current again; a failure is
+/// logged, as drops cannot return it.
+#[cold]
+fn restore_context(previous: usize) {
+    let restore = || -> CudaResult<()> {
+        let api = api()?;
+        // SAFETY: the handle was this thread's current context when the scope entered its
+        // own; a context destroyed since is reported by the driver as an error code.
+        check("cuCtxSetCurrent", unsafe {
+            (api.cuCtxSetCurrent)(previous as raw::CUcontext)
+        })
+    };
+    if let Err(e) = restore() {
+        log::error!("rmm: could not restore the previous context: {e}");
     }
 }
 
 /// Records that the calling thread now has a current context (after `cuCtxSetCurrent`).
 fn mark_context_current() {
-    HAS_CONTEXT.with(|c| c.set(true));
+    THREAD.with(|t| {
+        let mut state = t.get();
+        state.known = true;
+        t.set(state);
+    });
 }
 
 #[cfg(test)]
@@ -239,5 +390,130 @@ mod tests {
             let e = PrimaryContextGuard::enter(crate::DeviceId(i32::MAX)).unwrap_err();
             assert!(e.to_string().contains("out of range"), "{e}");
         }
+    }
+
+    /// What a scope leaves on the thread: (known to have a context, the scope state).
+    fn thread_state() -> (bool, ThreadContext) {
+        let t = THREAD.with(Cell::get);
+        (t.known, t)
+    }
+
+    fn pending(context: usize) -> (bool, ThreadContext) {
+        (
+            false,
+            ThreadContext {
+                context,
+                ..ThreadContext::NONE
+            },
+        )
+    }
+
+    #[cfg(feature = "testing")]
+    #[test]
+    fn a_deferred_scope_enters_at_the_first_call_that_needs_a_context() {
+        std::thread::spawn(|| {
+            let fake = PrimaryContext::fake();
+            assert_eq!(thread_state(), (false, ThreadContext::NONE));
+            {
+                let scope = DeferredPrimaryContext::enter(fake);
+                assert_eq!(thread_state(), pending(fake.0));
+                // A call the simulation answers needs no context: nothing is entered.
+                crate::fault::simulate(true);
+                // SAFETY: a fake stream handle never reaches a driver.
+                let id = unsafe { crate::stream::stream_get_id(crate::fault::fake_stream(3)) };
+                crate::fault::simulate(false);
+                assert!(id.is_ok(), "{id:?}");
+                assert!(!scope.entered());
+                // One that needs a context enters the scope's, once.
+                assert_eq!(ensure_current_context(), Ok(()));
+                assert!(scope.entered());
+                assert!(
+                    thread_state().0,
+                    "entered, yet calls still take the slow path"
+                );
+                {
+                    // A nested scope defers again, and gives the outer one back.
+                    let inner = DeferredPrimaryContext::enter(fake);
+                    assert_eq!(thread_state(), pending(fake.0));
+                    drop(inner);
+                }
+                assert!(scope.entered());
+                assert!(thread_state().0);
+            }
+            // The thread had no context and keeps the scope's (as with the guard).
+            assert_eq!(
+                thread_state(),
+                (
+                    true,
+                    ThreadContext {
+                        known: true,
+                        ..ThreadContext::NONE
+                    }
+                )
+            );
+            {
+                // An enclosing scope not yet entered is armed again after an inner one.
+                let outer = DeferredPrimaryContext::enter(fake);
+                {
+                    let _inner = DeferredPrimaryContext::enter(fake);
+                    assert_eq!(ensure_current_context(), Ok(()));
+                }
+                assert_eq!(
+                    thread_state(),
+                    pending(fake.0),
+                    "the outer scope was disarmed"
+                );
+                assert!(!outer.entered());
+            }
+            assert_eq!(
+                thread_state(),
+                (
+                    true,
+                    ThreadContext {
+                        known: true,
+                        ..ThreadContext::NONE
+                    }
+                )
+            );
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn without_a_driver_a_deferred_scope_fails_where_a_context_is_needed() {
+        if crate::driver::is_driver_present() {
+            // A made-up context must not reach a real driver; the GPU test
+            // `deferred_primary_context` covers this machine.
+            return;
+        }
+        std::thread::spawn(|| {
+            // A thread known to have a context (as after an earlier call).
+            mark_context_current();
+            {
+                let scope = DeferredPrimaryContext::enter(PrimaryContext(0xdead_0000));
+                assert_eq!(thread_state(), pending(0xdead_0000));
+                assert_eq!(ensure_current_context(), Err(CudaError::DriverNotFound));
+                assert!(!scope.entered(), "entered without a driver");
+                assert_eq!(
+                    thread_state(),
+                    pending(0xdead_0000),
+                    "the scope was disarmed"
+                );
+            }
+            assert_eq!(
+                thread_state(),
+                (
+                    true,
+                    ThreadContext {
+                        known: true,
+                        ..ThreadContext::NONE
+                    }
+                ),
+                "the scope left state behind"
+            );
+        })
+        .join()
+        .unwrap();
     }
 }

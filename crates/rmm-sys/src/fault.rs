@@ -321,6 +321,7 @@ const FAKE_MASK: usize = 0xffff << 48;
 /// Fake streams and fake events live in different ranges below the tag.
 const FAKE_STREAM: usize = 1 << 40;
 const FAKE_EVENT: usize = 2 << 40;
+const FAKE_CONTEXT: usize = 3 << 40;
 
 static NEXT_FAKE_EVENT: AtomicUsize = AtomicUsize::new(1);
 
@@ -335,6 +336,11 @@ pub fn is_fake(handle: usize) -> bool {
 #[must_use]
 pub fn fake_stream(n: u32) -> raw::CUstream {
     (FAKE_TAG | FAKE_STREAM | n as usize) as raw::CUstream
+}
+
+/// The fake context of `PrimaryContext::fake`.
+pub(crate) fn fake_context() -> usize {
+    FAKE_TAG | FAKE_CONTEXT
 }
 
 pub(crate) fn fake_event() -> raw::CUevent {

@@ -88,8 +88,8 @@ pub use align::{
     is_supported_base_resource_alignment, ALLOCATION_ALIGNMENT,
 };
 pub use context::{
-    ensure_current_context, primary_context, raw_current_context, PrimaryContext,
-    PrimaryContextGuard,
+    ensure_current_context, primary_context, raw_current_context, DeferredPrimaryContext,
+    PrimaryContext, PrimaryContextGuard,
 };
 pub use device::{
     available_device_memory, current_device, device_count, device_name, device_synchronize,

@@ -90,6 +90,20 @@ pub unsafe fn stream_get_id(stream: raw::CUstream) -> CudaResult<u64> {
         StreamId, "cuStreamGetId", stream
         => Ok(crate::fault::fake_stream_id(stream as usize))
     );
+    let special = stream.is_null() || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD;
+    if !special {
+        // An ordinary stream names its context itself: its id needs no current context, so the
+        // context check (a `cuCtxGetCurrent` in a `DeferredPrimaryContext` scope) is skipped,
+        // unless the driver asks for a context after all.
+        let api = crate::driver::api()?;
+        let mut id: std::ffi::c_ulonglong = 0;
+        // SAFETY: the handle is a live stream (caller); writes one integer.
+        let code = unsafe { (api.cuStreamGetId)(stream, &mut id) };
+        if code != ResultCode::INVALID_CONTEXT.0 {
+            check("cuStreamGetId", code)?;
+            return Ok(id);
+        }
+    }
     let api = context_api()?;
     let mut id: std::ffi::c_ulonglong = 0;
     // SAFETY: a context is current; the handle is valid (caller); writes one integer.

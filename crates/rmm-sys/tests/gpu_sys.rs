@@ -6,8 +6,8 @@ use rmm_sys::mempool;
 use rmm_sys::testing::{ensure, gpu, gpu_if, no_vmm};
 use rmm_sys::vmm::{self, Granularity};
 use rmm_sys::{
-    AllocationHandleType, CudaError, DeviceCapabilities, DeviceGuard, DeviceId, DriverVersion,
-    PrimaryContextGuard,
+    AllocationHandleType, CudaError, DeferredPrimaryContext, DeviceCapabilities, DeviceGuard,
+    DeviceId, DriverVersion, PrimaryContextGuard,
 };
 use std::sync::Arc;
 
@@ -81,6 +81,78 @@ fn primary_context_guard_switches_and_restores() -> Result<(), Failed> {
             rmm_sys::raw_current_context()? == primary0,
             "guard did not restore device 0's context",
         )?;
+    }
+    Ok(())
+}
+
+fn deferred_primary_context() -> Result<(), Failed> {
+    // A scope whose calls need no context leaves a fresh thread without one; the first call
+    // that needs one enters the scope's context, which the thread keeps.
+    let fresh = std::thread::spawn(|| -> Result<(bool, bool, bool), CudaError> {
+        let primary = rmm_sys::primary_context(0)?;
+        {
+            let scope = DeferredPrimaryContext::enter(primary);
+            if scope.entered() {
+                return Ok((false, false, false));
+            }
+        }
+        let untouched = rmm_sys::raw_current_context()?.is_null();
+        let entered = {
+            let scope = DeferredPrimaryContext::enter(primary);
+            let p = memory::mem_alloc(1024)?;
+            // SAFETY: `p` came from mem_alloc and is unused.
+            unsafe { memory::mem_free(p)? };
+            scope.entered() && rmm_sys::raw_current_context()? == primary.as_raw()
+        };
+        Ok((
+            untouched,
+            entered,
+            rmm_sys::raw_current_context()? == primary.as_raw(),
+        ))
+    })
+    .join()
+    .map_err(|_| "thread panicked")??;
+    ensure(fresh.0, "a scope without calls gave the thread a context")?;
+    // An ordinary stream's id, asked from a thread without a context, is the stream's.
+    let stream = rmm_sys::stream::stream_create(rmm_sys::stream::CU_STREAM_NON_BLOCKING)?;
+    // SAFETY: a live stream, destroyed below.
+    let id = unsafe { rmm_sys::stream::stream_get_id(stream)? };
+    let handle = stream as usize;
+    let elsewhere = std::thread::spawn(move || -> Result<u64, CudaError> {
+        let _scope = DeferredPrimaryContext::enter(rmm_sys::primary_context(0)?);
+        // SAFETY: the stream lives until the thread was joined.
+        unsafe { rmm_sys::stream::stream_get_id(handle as rmm_sys::raw::CUstream) }
+    })
+    .join()
+    .map_err(|_| "thread panicked")??;
+    // SAFETY: created above, no work queued.
+    unsafe { rmm_sys::stream::stream_destroy(stream)? };
+    ensure(
+        id == elsewhere,
+        format!("stream id {id} read as {elsewhere} elsewhere"),
+    )?;
+    ensure(fresh.1, "a call in the scope did not enter its context")?;
+    ensure(fresh.2, "the thread did not keep the primary context")?;
+    // Another device's context comes back when the scope ends (with two devices or more).
+    let n = rmm_sys::device_count()? as i32;
+    if n > 1 {
+        let last = DeviceId(n - 1);
+        let on_other = std::thread::spawn(move || -> Result<(bool, bool), CudaError> {
+            rmm_sys::set_current_device(DeviceId(0))?;
+            let primary0 = rmm_sys::primary_context(0)?.as_raw();
+            let switched = {
+                let _scope = DeferredPrimaryContext::enter(rmm_sys::primary_context(last.0)?);
+                let p = memory::mem_alloc(1024)?;
+                // SAFETY: `p` came from mem_alloc and is unused.
+                unsafe { memory::mem_free(p)? };
+                rmm_sys::current_device()? == last
+            };
+            Ok((switched, rmm_sys::raw_current_context()? == primary0))
+        })
+        .join()
+        .map_err(|_| "thread panicked")??;
+        ensure(on_other.0, "the scope's call ran on another device")?;
+        ensure(on_other.1, "the scope did not restore device 0's context")?;
     }
     Ok(())
 }
@@ -456,6 +528,7 @@ fn main() {
             "primary_context_guard_switches_and_restores",
             primary_context_guard_switches_and_restores,
         ),
+        gpu("deferred_primary_context", deferred_primary_context),
         gpu("memory_info", memory_info),
         gpu("out_of_memory_is_typed", out_of_memory_is_typed),
         gpu("capabilities", capabilities),

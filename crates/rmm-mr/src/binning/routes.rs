@@ -1,6 +1,8 @@
 //! The binning resource's routes, readable without a lock: [`BinRoutes`] publishes, for each
 //! bin count, an immutable size-ordered version of the bins in a write-once slot (bins are only
-//! ever added), so a request does one acquire load and a search. Capacity is
+//! ever added), so a request does one acquire load and a look-up: each version keeps, per
+//! power-of-two size class, the first bin a request of that class can go to, so a request
+//! compares with one bin (more only when several bins share its class). Capacity is
 //! [`BinRoutes::CAPACITY`] bins; beyond it the resource routes through its locked
 //! [`BinTable`](crate::binning::table::BinTable). Design: `docs/internals/binning.md`.
 //!
@@ -13,8 +15,37 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 /// The most bins [`BinRoutes`] holds.
 const CAPACITY: usize = 64;
 
-/// One published version: `(size, payload)` by increasing size.
-type Version<B> = Box<[(usize, B)]>;
+/// Number of size classes: class 0 holds the requests of 0 and 1 bytes, class `k >= 1` those
+/// of `2^(k-1) + 1 ..= 2^k` bytes (see [`class_of`]).
+const CLASSES: usize = usize::BITS as usize + 1;
+
+/// The size class of a request of `bytes` bytes: the least `k` with `bytes <= 2^k`.
+#[inline]
+fn class_of(bytes: usize) -> usize {
+    (usize::BITS - bytes.saturating_sub(1).leading_zeros()) as usize
+}
+
+/// One published version: `(size, payload)` by increasing size, and per size class the index
+/// of the first bin a request of that class can go to (the smallest bin at least as large as
+/// the class's smallest request; `bins.len()` when there is none).
+struct Version<B> {
+    bins: Box<[(usize, B)]>,
+    first: [u8; CLASSES],
+}
+
+impl<B> Version<B> {
+    fn new(bins: Box<[(usize, B)]>) -> Self {
+        let mut first = [0u8; CLASSES];
+        for (k, f) in first.iter_mut().enumerate() {
+            // The smallest request of class `k`.
+            let least = if k == 0 { 0 } else { (1usize << (k - 1)) + 1 };
+            let at = bins.partition_point(|(s, _)| *s < least);
+            // At most CAPACITY (64) bins: fits.
+            *f = u8::try_from(at).unwrap_or(u8::MAX);
+        }
+        Self { bins, first }
+    }
+}
 
 /// Per bin count, the bins by increasing size (see the module documentation).
 pub struct BinRoutes<B> {
@@ -57,13 +88,18 @@ impl<B> BinRoutes<B> {
         self.len() == 0
     }
 
+    /// The current version, if a bin was added.
+    #[inline]
+    fn version(&self) -> Option<&Version<B>> {
+        self.len()
+            .checked_sub(1)
+            .and_then(|v| self.versions.get(v)?.get())
+    }
+
     /// The current bins by increasing size.
     #[inline]
     fn current(&self) -> &[(usize, B)] {
-        self.len()
-            .checked_sub(1)
-            .and_then(|v| self.versions[v].get())
-            .map_or(&[], |v| &v[..])
+        self.version().map_or(&[], |v| &v.bins[..])
     }
 
     /// The smallest bin whose size is at least `bytes`, with its size, or `None` when the
@@ -71,8 +107,14 @@ impl<B> BinRoutes<B> {
     #[inline]
     #[must_use]
     pub fn route(&self, bytes: usize) -> Option<(usize, &B)> {
-        // A scan: a few bins (five in RMM's benchmark configuration), at most 64.
-        let (size, bin) = self.current().iter().find(|(s, _)| *s >= bytes)?;
+        let v = self.version()?;
+        // The first bin of the request's class, then (only when several bins share the class)
+        // the next ones: for power-of-two bins the first is the one.
+        let from = v
+            .first
+            .get(class_of(bytes))
+            .map_or(usize::MAX, |&f| usize::from(f));
+        let (size, bin) = v.bins.get(from..)?.iter().find(|(s, _)| *s >= bytes)?;
         Some((*size, bin))
     }
 
@@ -100,15 +142,15 @@ impl<B: Clone> BinRoutes<B> {
         if n == Self::CAPACITY {
             return Err(payload);
         }
-        let version: Version<B> = current[..at]
+        let bins: Box<[(usize, B)]> = current[..at]
             .iter()
             .cloned()
             .chain(std::iter::once((size, payload)))
             .chain(current[at..].iter().cloned())
             .collect();
         // Writers are serialized and `n` only grows, so the slot is still empty.
-        if let Err(version) = self.versions[n].set(version) {
-            return Err(version.into_vec().swap_remove(at).1);
+        if let Err(version) = self.versions[n].set(Version::new(bins)) {
+            return Err(version.bins.into_vec().swap_remove(at).1);
         }
         self.published.store(n + 1, Ordering::Release);
         Ok(true)
@@ -147,6 +189,51 @@ mod tests {
             [(1 << 18, "256K"), (1 << 20, "1M"), (1 << 22, "4M")]
         );
         assert!(format!("{r:?}").contains("256K"));
+    }
+
+    #[test]
+    fn size_classes_split_at_powers_of_two() {
+        assert_eq!(
+            (class_of(0), class_of(1), class_of(2), class_of(3)),
+            (0, 0, 1, 2)
+        );
+        for k in 1..usize::BITS as usize {
+            assert_eq!(class_of(1 << k), k);
+            assert_eq!(class_of((1 << k) + 1), k + 1);
+        }
+        assert_eq!(class_of(usize::MAX), CLASSES - 1);
+    }
+
+    #[test]
+    fn routes_near_powers_of_two_match_the_bin_table() {
+        // Bins that share a class, bins on and off powers of two, requests around each.
+        let sizes = [
+            256usize,
+            512,
+            768,
+            1024,
+            1280,
+            4096,
+            1 << 18,
+            3 << 18,
+            1 << 22,
+        ];
+        let routes = BinRoutes::new();
+        let mut table = BinTable::new();
+        for &s in &sizes {
+            routes.insert(s, s).unwrap();
+            table.add_bin(s, s).unwrap();
+        }
+        for k in 0..usize::BITS {
+            let p = 1usize << k;
+            for bytes in [p - 1, p, p + 1, p.saturating_add(255), usize::MAX] {
+                assert_eq!(
+                    routes.route(bytes).map(|(s, p)| (s, *p)),
+                    table.route(bytes).map(|(s, p)| (*s, *p)),
+                    "{bytes}"
+                );
+            }
+        }
     }
 
     #[test]

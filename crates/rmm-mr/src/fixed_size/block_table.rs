@@ -1,9 +1,11 @@
 //! The record of which fixed-size blocks are handed out, shared by every stream list of one
 //! resource: one slot per block (the rounded size it was handed out with, 0 when free, and the
-//! word recorded with it), found by a binary search over the chunk starts. It detects unknown
-//! pointers, double frees — on one stream or two, even at the same time — and size mismatches,
-//! with atomics and no lock; lists read immutable [`BlockTable`] snapshots and refresh them from
-//! the [`BlockLedger`] only when an address is missing. Design: `docs/internals/fixed-size.md`.
+//! word recorded with it), found by a binary search over the chunk starts for a freed address,
+//! and directly by its [`BlockId`] (chunk number and index) for a block a free list hands out.
+//! It detects unknown pointers, double frees — on one stream or two, even at the same time — and
+//! size mismatches, with atomics and no lock; lists read immutable [`BlockTable`] snapshots and
+//! refresh them from the [`BlockLedger`] only when a chunk is missing. Design:
+//! `docs/internals/fixed-size.md`.
 //!
 //! Pure bookkeeping: no CUDA calls; addresses are `u64`, sizes `usize`.
 
@@ -22,18 +24,68 @@ struct Slot {
     tag: AtomicU64,
 }
 
+/// Where a block's slot is: the number of its chunk in the ledger (chunks are numbered in the
+/// order they were added, from 0) and the block's index in the chunk. What a free list keeps
+/// with each free block, so that handing it out needs no search.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct BlockId {
+    chunk: u32,
+    index: u32,
+}
+
+impl BlockId {
+    /// An id no block has (for a block whose chunk number or index does not fit in `u32`:
+    /// found by its address instead).
+    pub const NONE: Self = Self {
+        chunk: u32::MAX,
+        index: u32::MAX,
+    };
+}
+
 /// One chunk's slots: for each block, the size it was handed out with, or 0, and a tag.
 pub struct ChunkBlocks {
     chunk: Chunk,
+    /// The chunk's number in its ledger (the order it was added in), or `u32::MAX` when its
+    /// blocks have no id (its number or its block count does not fit in `u32`).
+    number: u32,
     slots: Box<[Slot]>,
 }
 
 impl ChunkBlocks {
-    fn new(chunk: Chunk) -> Self {
+    fn new(chunk: Chunk, number: usize) -> Self {
+        let number = match (u32::try_from(number), u32::try_from(chunk.count())) {
+            (Ok(n), Ok(_)) => n,
+            _ => u32::MAX,
+        };
         Self {
             chunk,
+            number,
             slots: (0..chunk.count()).map(|_| Slot::default()).collect(),
         }
+    }
+
+    /// The id of block `index` of this chunk ([`BlockId::NONE`] when its blocks have none).
+    #[inline]
+    #[must_use]
+    pub fn id(&self, index: usize) -> BlockId {
+        if self.number == u32::MAX {
+            return BlockId::NONE;
+        }
+        BlockId {
+            chunk: self.number,
+            // The count fits in `u32` (else the number would be `u32::MAX`); a larger index is
+            // no block of the chunk and only cut to an id that names another block, which
+            // `hand_out_id` checks against the address.
+            index: index as u32,
+        }
+    }
+
+    /// The blocks of the chunk with their ids, in address order.
+    pub fn blocks(&self) -> impl ExactSizeIterator<Item = (u64, BlockId)> + '_ {
+        self.chunk
+            .blocks()
+            .enumerate()
+            .map(|(i, addr)| (addr, self.id(i)))
     }
 
     /// The chunk.
@@ -77,7 +129,8 @@ impl fmt::Debug for ChunkBlocks {
 #[derive(Debug, Clone)]
 struct Entry {
     addr: u64,
-    end: u64,
+    /// The chunk's size in bytes.
+    bytes: u64,
     /// log2 of the block size when it is a power of two (an index is then a shift, not a
     /// division), else `u32::MAX`.
     shift: u32,
@@ -97,11 +150,14 @@ impl Entry {
     }
 }
 
-/// An immutable, address-ordered snapshot of the chunks of a [`BlockLedger`]; cloning it is one
-/// reference count. The slots it reaches are the ledger's own (shared, atomic).
+/// An immutable, address-ordered snapshot of the chunks of a [`BlockLedger`]; cloning it is two
+/// reference counts. The slots it reaches are the ledger's own (shared, atomic).
 #[derive(Debug, Clone, Default)]
 pub struct BlockTable {
+    /// By address.
     entries: Arc<[Entry]>,
+    /// The same chunks by number ([`BlockId`]).
+    numbered: Arc<[Arc<ChunkBlocks>]>,
 }
 
 impl BlockTable {
@@ -117,6 +173,11 @@ impl BlockTable {
         self.entries.is_empty()
     }
 
+    /// The chunks by number (the order they were added in).
+    pub fn numbered_chunks(&self) -> impl ExactSizeIterator<Item = &ChunkBlocks> + '_ {
+        self.numbered.iter().map(|c| &**c)
+    }
+
     /// The chunks in address order.
     pub fn chunks(&self) -> impl ExactSizeIterator<Item = &ChunkBlocks> + '_ {
         self.entries.iter().map(|e| &*e.blocks)
@@ -130,22 +191,22 @@ impl BlockTable {
     /// [`FixedSizeError::Misaligned`] when it is not the start of a block.
     #[inline]
     pub fn locate(&self, addr: u64) -> Result<(&ChunkBlocks, usize), FixedSizeError> {
-        // The last chunk starting at or below `addr`: a binary search written out, so that it
-        // inlines (the chunks are few and the loop short).
+        // The last chunk starting at or below `addr` (the first chunk when none does, which
+        // the bounds check below then refuses): a branch-free binary search written out, so
+        // that it inlines (the chunks are few and the loop short; none for one chunk).
         let entries = &*self.entries;
-        let (mut lo, mut hi) = (0, entries.len());
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if entries[mid].addr <= addr {
-                lo = mid + 1;
-            } else {
-                hi = mid;
+        let (mut base, mut len) = (0, entries.len());
+        while len > 1 {
+            let half = len / 2;
+            if entries.get(base + half).is_some_and(|e| e.addr <= addr) {
+                base += half;
             }
+            len -= half;
         }
-        let entry = lo
-            .checked_sub(1)
-            .and_then(|i| entries.get(i))
-            .filter(|e| addr < e.end)
+        let entry = entries
+            .get(base)
+            // Below the chunk, the offset wraps around to a large number.
+            .filter(|e| addr.wrapping_sub(e.addr) < e.bytes)
             .ok_or(FixedSizeError::UnknownAddress { addr })?;
         match entry.block_index(addr) {
             Some(index) => Ok((&entry.blocks, index)),
@@ -199,6 +260,61 @@ impl BlockTable {
         Ok(())
     }
 
+    /// As [`hand_out_tagged`](Self::hand_out_tagged) for the block `id` at `addr`, found by its
+    /// id without a search (the id a free list kept with the block). An id that this table
+    /// does not know, or that names another address, is looked up by `addr` instead.
+    ///
+    /// # Errors
+    ///
+    /// As [`hand_out_tagged`](Self::hand_out_tagged).
+    #[inline]
+    pub fn hand_out_id(
+        &self,
+        id: BlockId,
+        addr: u64,
+        size: usize,
+        tag: u64,
+    ) -> Result<(), FixedSizeError> {
+        let found = self.numbered.get(id.chunk as usize).and_then(|c| {
+            let slot = c.slots.get(id.index as usize)?;
+            // Inside the chunk (the index is below its count), so this cannot overflow.
+            let at = c.chunk.addr() + u64::from(id.index) * c.chunk.block_size() as u64;
+            (at == addr).then_some(slot)
+        });
+        match found {
+            Some(slot) if size != 0 => {
+                if slot.size.load(Ordering::Acquire) != 0 {
+                    return Err(FixedSizeError::HandedOutTwice { addr });
+                }
+                // Published by the size's release store below.
+                slot.tag.store(tag, Ordering::Relaxed);
+                slot.size.store(size, Ordering::Release);
+                Ok(())
+            }
+            _ => self.hand_out_by_addr(addr, size, tag),
+        }
+    }
+
+    /// [`hand_out_tagged`](Self::hand_out_tagged), out of line: the rare case of
+    /// [`hand_out_id`](Self::hand_out_id).
+    #[cold]
+    #[inline(never)]
+    fn hand_out_by_addr(&self, addr: u64, size: usize, tag: u64) -> Result<(), FixedSizeError> {
+        self.hand_out_tagged(addr, size, tag)
+    }
+
+    /// As [`take_back_tagged`](Self::take_back_tagged), and also returns the block's id.
+    ///
+    /// # Errors
+    ///
+    /// As [`take_back_tagged`](Self::take_back_tagged).
+    #[inline]
+    pub fn take_back_id(&self, addr: u64, size: usize) -> Result<(BlockId, u64), FixedSizeError> {
+        let (blocks, index) = self.locate(addr)?;
+        let tag = Self::take_back_slot(blocks, index, addr, size)?;
+        Ok((blocks.id(index), tag))
+    }
+
     /// Checks that the block at `addr` is handed out with `size` bytes and records it as not
     /// handed out. Of two concurrent calls for one block, exactly one succeeds.
     ///
@@ -226,6 +342,17 @@ impl BlockTable {
     #[inline]
     pub fn take_back_tagged(&self, addr: u64, size: usize) -> Result<u64, FixedSizeError> {
         let (blocks, index) = self.locate(addr)?;
+        Self::take_back_slot(blocks, index, addr, size)
+    }
+
+    /// [`take_back_tagged`](Self::take_back_tagged) of block `index` of `blocks`, at `addr`.
+    #[inline]
+    fn take_back_slot(
+        blocks: &ChunkBlocks,
+        index: usize,
+        addr: u64,
+        size: usize,
+    ) -> Result<u64, FixedSizeError> {
         let slot = &blocks.slots[index];
         match slot
             .size
@@ -251,26 +378,28 @@ impl BlockTable {
             .fold((0, 0), |(n, b), (n2, b2)| (n + n2, b + b2))
     }
 
-    /// This table with `chunk` added, or the overlapping chunk.
+    /// This table with `chunk` added as chunk number `self.numbered.len()`, or the overlapping
+    /// chunk.
     fn with(&self, chunk: Chunk) -> Result<Self, Chunk> {
         let at = self.entries.partition_point(|e| e.addr < chunk.addr());
         let before = at.checked_sub(1).and_then(|i| self.entries.get(i));
         let clash = before
-            .filter(|e| e.end > chunk.addr())
+            .filter(|e| e.addr + e.bytes > chunk.addr())
             .or_else(|| self.entries.get(at).filter(|e| e.addr < chunk.end()));
         if let Some(e) = clash {
             return Err(e.blocks.chunk);
         }
         let block_size = chunk.block_size();
+        let blocks = Arc::new(ChunkBlocks::new(chunk, self.numbered.len()));
         let entry = Entry {
             addr: chunk.addr(),
-            end: chunk.end(),
+            bytes: chunk.end() - chunk.addr(),
             shift: if block_size.is_power_of_two() {
                 block_size.trailing_zeros()
             } else {
                 u32::MAX
             },
-            blocks: Arc::new(ChunkBlocks::new(chunk)),
+            blocks: Arc::clone(&blocks),
         };
         let entries = self.entries[..at]
             .iter()
@@ -278,7 +407,13 @@ impl BlockTable {
             .chain(std::iter::once(entry))
             .chain(self.entries[at..].iter().cloned())
             .collect();
-        Ok(Self { entries })
+        let numbered = self
+            .numbered
+            .iter()
+            .cloned()
+            .chain(std::iter::once(blocks))
+            .collect();
+        Ok(Self { entries, numbered })
     }
 }
 
@@ -326,12 +461,26 @@ impl BlockLedger {
     /// Those of [`Chunk::new`]; [`FixedSizeError::ChunkOverlap`] when it shares a byte with a
     /// known chunk (the very same chunk included). The ledger is unchanged on error.
     pub fn add_chunk(&self, addr: u64, count: usize) -> Result<Chunk, FixedSizeError> {
+        self.add_numbered_chunk(addr, count).map(|(chunk, _)| chunk)
+    }
+
+    /// As [`add_chunk`](Self::add_chunk), and returns the latest table (which holds the new
+    /// chunk: the blocks' ids are [`ChunkBlocks::blocks`] of its last-numbered chunk).
+    ///
+    /// # Errors
+    ///
+    /// As [`add_chunk`](Self::add_chunk).
+    pub fn add_numbered_chunk(
+        &self,
+        addr: u64,
+        count: usize,
+    ) -> Result<(Chunk, BlockTable), FixedSizeError> {
         let chunk = Chunk::new(addr, self.block_size, count)?;
         let mut latest = self.lock();
         *latest = latest
             .with(chunk)
             .map_err(|existing| FixedSizeError::ChunkOverlap { chunk, existing })?;
-        Ok(chunk)
+        Ok((chunk, latest.clone()))
     }
 
     /// Number of blocks handed out and the sum of their sizes.
@@ -521,6 +670,63 @@ mod tests {
     }
 
     #[test]
+    fn ids_find_blocks_without_a_search_and_never_another_block() {
+        let ledger = BlockLedger::new(768).unwrap();
+        let (b, _) = ledger.add_numbered_chunk(1 << 20, 3).unwrap();
+        let (a, t) = ledger.add_numbered_chunk(0, 2).unwrap();
+        // Numbered in the order added, whatever the addresses.
+        let numbered: Vec<Chunk> = t.numbered_chunks().map(ChunkBlocks::chunk).collect();
+        assert_eq!(numbered, [b, a]);
+        let all: Vec<(u64, BlockId)> = t.numbered_chunks().flat_map(|c| c.blocks()).collect();
+        assert_eq!(all.len(), 5);
+        for (n, &(addr, id)) in all.iter().enumerate() {
+            t.hand_out_id(id, addr, 256, n as u64).unwrap();
+            assert_eq!(t.locate(addr).map(|(c, i)| c.id(i)), Ok(id));
+        }
+        assert_eq!(t.handed_out(), (5, 5 * 256));
+        for (n, &(addr, id)) in all.iter().enumerate() {
+            assert_eq!(t.take_back_id(addr, 256), Ok((id, n as u64)));
+        }
+        // Another block's id, or none: the address decides which slot is written.
+        let (addr, _) = all[1];
+        let (_, other) = all[3];
+        t.hand_out_id(other, addr, 512, 9).unwrap();
+        t.hand_out_id(BlockId::NONE, all[4].0, 256, 1).unwrap();
+        assert_eq!(
+            t.chunks().map(|c| c.handed_out()).collect::<Vec<_>>(),
+            [(1, 256), (1, 512)]
+        );
+        assert_eq!(t.take_back_id(addr, 512), Ok((all[1].1, 9)));
+        assert_eq!(t.take_back_tagged(all[4].0, 256), Ok(1));
+        // Errors are those of the address.
+        assert_eq!(
+            t.hand_out_id(all[0].1, all[0].0, 0, 0),
+            Err(FixedSizeError::SizeMismatch {
+                addr: all[0].0,
+                allocated: 0,
+                freed: 0
+            })
+        );
+        t.hand_out_id(all[0].1, all[0].0, 256, 0).unwrap();
+        assert_eq!(
+            t.hand_out_id(all[0].1, all[0].0, 256, 0),
+            Err(FixedSizeError::HandedOutTwice { addr: all[0].0 })
+        );
+        assert_eq!(
+            t.hand_out_id(all[0].1, 1 << 30, 256, 0),
+            Err(FixedSizeError::UnknownAddress { addr: 1 << 30 })
+        );
+        // A table that lacks the chunk refuses its ids as unknown addresses.
+        let stale = BlockTable::default();
+        assert_eq!(
+            stale.hand_out_id(all[2].1, all[2].0, 256, 0),
+            Err(FixedSizeError::UnknownAddress { addr: all[2].0 })
+        );
+        t.take_back(all[0].0, 256).unwrap();
+        assert_eq!(ledger.handed_out(), (0, 0));
+    }
+
+    #[test]
     fn concurrent_frees_of_one_block_succeed_once() {
         let ledger = BlockLedger::new(256).unwrap();
         ledger.add_chunk(0, 64).unwrap();
@@ -568,6 +774,8 @@ mod tests {
             // A reader whose snapshot lags: refreshed only on an unknown address.
             let mut stale = ledger.table();
             let mut blocks: Vec<u64> = Vec::new();
+            // Each block's id, as a free list keeps it.
+            let mut ids: Vec<BlockId> = Vec::new();
             let mut model: HashMap<u64, (usize, u64)> = HashMap::new();
             let mut next = 1u64 << 30;
             for op in ops {
@@ -576,18 +784,28 @@ mod tests {
                         if gap {
                             next += 4096;
                         }
-                        let chunk = ledger.add_chunk(next, count).unwrap();
+                        let (chunk, latest) = ledger.add_numbered_chunk(next, count).unwrap();
+                        let numbered = latest.numbered_chunks().last().unwrap();
+                        prop_assert_eq!(numbered.chunk(), chunk);
                         blocks.extend(chunk.blocks());
+                        ids.extend(numbered.blocks().map(|(_, id)| id));
                         next = chunk.end();
                     }
                     Op::HandOut(i, size) if !blocks.is_empty() => {
                         let addr = blocks[i % blocks.len()];
                         // A tag that differs between hand-outs of one block.
                         let tag = i as u64;
-                        let mut r = stale.hand_out_tagged(addr, size, tag);
+                        // Mostly by the block's own id; at times by another block's id or by
+                        // none (both found by the address instead).
+                        let id = match i % 5 {
+                            0 => BlockId::NONE,
+                            1 => ids[(i / 5) % ids.len()],
+                            _ => ids[i % blocks.len()],
+                        };
+                        let mut r = stale.hand_out_id(id, addr, size, tag);
                         if matches!(r, Err(FixedSizeError::UnknownAddress { .. })) {
                             stale = ledger.table();
-                            r = stale.hand_out_tagged(addr, size, tag);
+                            r = stale.hand_out_id(id, addr, size, tag);
                         }
                         match model.get(&addr) {
                             Some(_) => prop_assert_eq!(r, Err(FixedSizeError::HandedOutTwice { addr })),
@@ -599,7 +817,10 @@ mod tests {
                     }
                     Op::TakeBack(i, size) if !blocks.is_empty() => {
                         let addr = blocks[i % blocks.len()];
-                        let r = ledger.table().take_back_tagged(addr, size);
+                        let r = ledger.table().take_back_id(addr, size).map(|(id, tag)| {
+                            assert_eq!(id, ids[i % blocks.len()], "the id of {addr:#x}");
+                            tag
+                        });
                         match model.get(&addr).copied() {
                             None => prop_assert_eq!(r, Err(FixedSizeError::DoubleFree { addr })),
                             Some((allocated, _)) if allocated != size => prop_assert_eq!(

@@ -1,6 +1,5 @@
 //! The fixed-size resource (RMM's `fixed_size_memory_resource`).
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 
@@ -8,8 +7,9 @@ use rmm_stream::CudaStreamView;
 use rmm_sys::{align_up, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{InvalidFree, MrError, MrResult};
-use crate::fixed_size::block_table::{BlockLedger, BlockTable};
+use crate::fixed_size::block_table::{BlockId, BlockLedger, BlockTable};
 use crate::fixed_size::chunk::{rounded_block_size, FixedSizeError};
+use crate::fixed_size::ring::Ring;
 use crate::resource::{DeviceMemoryResource, SharedResource};
 use crate::stream_ordered::accept_chunk;
 use crate::stream_ordered::core::{FreeBlocks, StreamLists, StreamOrdered};
@@ -68,12 +68,13 @@ impl FixedSizeOptions {
     }
 }
 
-/// One stream's free blocks (a FIFO, as RMM's list), with the resource-wide ledger of
-/// handed-out blocks every list shares and this list's snapshot of its chunk table (refreshed
-/// only when an address is missing from it: chunks are only ever added).
+/// One stream's free blocks (a FIFO, as RMM's list: each block's address with the id of its
+/// slot, so handing it out needs no search), with the resource-wide ledger of handed-out blocks
+/// every list shares and this list's snapshot of its chunk table (refreshed only when a chunk
+/// is missing from it: chunks are only ever added).
 #[derive(Debug, Clone)]
 struct FixedBlocks {
-    free: VecDeque<u64>,
+    free: Ring<(u64, BlockId)>,
     ledger: Arc<BlockLedger>,
     table: BlockTable,
 }
@@ -81,14 +82,14 @@ struct FixedBlocks {
 impl FixedBlocks {
     fn new(ledger: BlockLedger) -> Self {
         Self {
-            free: VecDeque::new(),
+            free: Ring::new(),
             ledger: Arc::new(ledger),
             table: BlockTable::default(),
         }
     }
 
-    /// Replaces this list's table by the ledger's latest (called when an address is missing
-    /// from it: chunks are only ever added, so nothing else can make it stale).
+    /// Replaces this list's table by the ledger's latest (called when a chunk is missing from
+    /// it: chunks are only ever added, so nothing else can make it stale).
     #[cold]
     #[inline(never)]
     fn refresh(&mut self) {
@@ -101,6 +102,7 @@ impl FixedBlocks {
     #[inline(never)]
     fn hand_out_again(
         &mut self,
+        id: BlockId,
         addr: u64,
         size: usize,
         origin: Origin,
@@ -109,7 +111,7 @@ impl FixedBlocks {
         let mut r = Err(e);
         if let Err(FixedSizeError::UnknownAddress { .. }) = r {
             self.refresh();
-            r = self.table.hand_out_tagged(addr, size, origin.to_word());
+            r = self.table.hand_out_id(id, addr, size, origin.to_word());
         }
         r.map_err(|e| e.to_string())
     }
@@ -123,13 +125,13 @@ impl FixedBlocks {
         addr: u64,
         size: usize,
         e: FixedSizeError,
-    ) -> Result<((), Origin), Option<InvalidFree>> {
+    ) -> Result<(BlockId, Origin), Option<InvalidFree>> {
         let mut r = Err(e);
         if let Err(FixedSizeError::UnknownAddress { .. }) = r {
             self.refresh();
-            r = self.table.take_back_tagged(addr, size);
+            r = self.table.take_back_id(addr, size);
         }
-        r.map(|origin| ((), Origin::from_word(origin)))
+        r.map(|(id, origin)| (id, Origin::from_word(origin)))
             .map_err(|e| {
                 Some(match e {
                     FixedSizeError::DoubleFree { .. } => InvalidFree::DoubleFree,
@@ -143,11 +145,12 @@ impl FixedBlocks {
 }
 
 impl FreeBlocks for FixedBlocks {
-    type Tag = ();
+    /// Where the block's slot is.
+    type Tag = BlockId;
 
     #[inline]
-    fn take(&mut self, _size: usize) -> Option<(u64, ())> {
-        self.free.pop_front().map(|addr| (addr, ()))
+    fn take(&mut self, _size: usize) -> Option<(u64, BlockId)> {
+        self.free.pop_front()
     }
 
     fn fits(&self, _size: usize) -> bool {
@@ -155,29 +158,31 @@ impl FreeBlocks for FixedBlocks {
     }
 
     #[inline]
-    fn put(&mut self, addr: u64, _size: usize, _tag: ()) -> Result<(), String> {
+    fn put(&mut self, addr: u64, _size: usize, id: BlockId) -> Result<(), String> {
         // Only blocks the ledger just took back, or blocks just taken from a list, come here.
-        self.free.push_back(addr);
+        self.free.push_back((addr, id));
         Ok(())
     }
 
     fn add_chunk(&mut self, addr: u64, size: usize) -> Result<(), String> {
         let count = size / self.ledger.block_size();
-        let chunk = self
+        let (_, table) = self
             .ledger
-            .add_chunk(addr, count)
+            .add_numbered_chunk(addr, count)
             .map_err(|e| e.to_string())?;
-        self.table = self.ledger.table();
+        self.table = table;
+        // The new chunk is the last numbered one.
+        let chunk = self
+            .table
+            .numbered_chunks()
+            .last()
+            .ok_or("the ledger lost the chunk it just added")?;
         self.free.extend(chunk.blocks());
         Ok(())
     }
 
     fn absorb(&mut self, other: &mut Self) -> Result<(), String> {
-        if self.free.is_empty() {
-            std::mem::swap(&mut self.free, &mut other.free);
-        } else {
-            self.free.append(&mut other.free);
-        }
+        self.free.append(&mut other.free);
         Ok(())
     }
 
@@ -186,7 +191,7 @@ impl FreeBlocks for FixedBlocks {
     }
 
     fn holds(&self, addr: u64) -> bool {
-        self.free.contains(&addr)
+        self.free.iter().any(|(a, _)| a == addr)
     }
 
     fn remove_chunk(&mut self, _addr: u64, _size: usize) -> bool {
@@ -195,17 +200,27 @@ impl FreeBlocks for FixedBlocks {
     }
 
     #[inline]
-    fn hand_out(&mut self, addr: u64, size: usize, _tag: (), origin: Origin) -> Result<(), String> {
-        match self.table.hand_out_tagged(addr, size, origin.to_word()) {
+    fn hand_out(
+        &mut self,
+        addr: u64,
+        size: usize,
+        id: BlockId,
+        origin: Origin,
+    ) -> Result<(), String> {
+        match self.table.hand_out_id(id, addr, size, origin.to_word()) {
             Ok(()) => Ok(()),
-            Err(e) => self.hand_out_again(addr, size, origin, e),
+            Err(e) => self.hand_out_again(id, addr, size, origin, e),
         }
     }
 
     #[inline]
-    fn take_back(&mut self, addr: u64, size: usize) -> Result<((), Origin), Option<InvalidFree>> {
-        match self.table.take_back_tagged(addr, size) {
-            Ok(origin) => Ok(((), Origin::from_word(origin))),
+    fn take_back(
+        &mut self,
+        addr: u64,
+        size: usize,
+    ) -> Result<(BlockId, Origin), Option<InvalidFree>> {
+        match self.table.take_back_id(addr, size) {
+            Ok((id, origin)) => Ok((id, Origin::from_word(origin))),
             Err(e) => self.take_back_again(addr, size, e),
         }
     }
@@ -217,7 +232,7 @@ impl FreeBlocks for FixedBlocks {
     #[cfg(test)]
     fn free_blocks(&self) -> Vec<(u64, usize)> {
         let size = self.ledger.block_size();
-        self.free.iter().map(|&addr| (addr, size)).collect()
+        self.free.iter().map(|(addr, _)| (addr, size)).collect()
     }
 }
 

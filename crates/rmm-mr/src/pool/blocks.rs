@@ -1,5 +1,5 @@
 //! The free lists of the pools for the stream-ordered core: the coalescing best-fit list
-//! ([`CoalescingFreeList`]) with the resource-wide record of handed-out blocks, for both the
+//! ([`BoundaryFreeList`]) with the resource-wide record of handed-out blocks, for both the
 //! pool ([`PoolMemoryResource`](crate::PoolMemoryResource)) and the VMM pool
 //! ([`VmmPoolMemoryResource`](crate::VmmPoolMemoryResource)). They differ in one thing only:
 //!
@@ -17,7 +17,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::error::InvalidFree;
-use crate::pool::free_list::{Block, CoalescingFreeList};
+use crate::pool::boundary_list::BoundaryFreeList;
+use crate::pool::free_list::Block;
 use crate::stream_ordered::core::FreeBlocks;
 use crate::stream_ordered::handed::HandedMap;
 use crate::util::cross_thread::Origin;
@@ -29,10 +30,10 @@ pub(crate) trait ChunkLayout: Clone + Default + Send + fmt::Debug + 'static {
     const HEADS: bool;
 
     /// If the chunk `[addr, addr + size)` is wholly free in `free`, removes it.
-    fn remove_chunk(&self, free: &mut CoalescingFreeList, addr: u64, size: usize) -> bool;
+    fn remove_chunk(&self, free: &mut BoundaryFreeList, addr: u64, size: usize) -> bool;
 
     /// [`FreeBlocks::extendable_tail`] of `free`.
-    fn extendable_tail(&self, free: &CoalescingFreeList) -> Option<usize>;
+    fn extendable_tail(&self, free: &BoundaryFreeList) -> Option<usize>;
 }
 
 /// Separate chunks (the pool's upstream chunks lie anywhere): a wholly free chunk is one block.
@@ -42,11 +43,11 @@ pub(crate) struct Separate;
 impl ChunkLayout for Separate {
     const HEADS: bool = true;
 
-    fn remove_chunk(&self, free: &mut CoalescingFreeList, addr: u64, size: usize) -> bool {
+    fn remove_chunk(&self, free: &mut BoundaryFreeList, addr: u64, size: usize) -> bool {
         free.remove_chunk(addr, size)
     }
 
-    fn extendable_tail(&self, _free: &CoalescingFreeList) -> Option<usize> {
+    fn extendable_tail(&self, _free: &BoundaryFreeList) -> Option<usize> {
         None
     }
 }
@@ -69,11 +70,11 @@ impl Contiguous {
 impl ChunkLayout for Contiguous {
     const HEADS: bool = false;
 
-    fn remove_chunk(&self, free: &mut CoalescingFreeList, addr: u64, size: usize) -> bool {
+    fn remove_chunk(&self, free: &mut BoundaryFreeList, addr: u64, size: usize) -> bool {
         free.remove_range(addr, size)
     }
 
-    fn extendable_tail(&self, free: &CoalescingFreeList) -> Option<usize> {
+    fn extendable_tail(&self, free: &BoundaryFreeList) -> Option<usize> {
         let end = self.end.load(Ordering::Acquire);
         Some(free.block_ending_at(end).map_or(0, |b| b.size))
     }
@@ -83,7 +84,7 @@ impl ChunkLayout for Contiguous {
 /// list of the pool) and how its chunks lie.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct PoolBlocks<C: ChunkLayout = Separate> {
-    free: CoalescingFreeList,
+    free: BoundaryFreeList,
     /// Tagged with whether the block starts a chunk and who allocated it (an [`Origin`] as a
     /// word).
     handed: Arc<HandedMap<(bool, u64)>>,
@@ -94,7 +95,7 @@ impl<C: ChunkLayout> PoolBlocks<C> {
     /// An empty list whose chunks lie as `chunks` says.
     pub(crate) fn new(chunks: C) -> Self {
         Self {
-            free: CoalescingFreeList::default(),
+            free: BoundaryFreeList::default(),
             handed: Arc::default(),
             chunks,
         }
@@ -139,7 +140,7 @@ impl<C: ChunkLayout> FreeBlocks for PoolBlocks<C> {
     }
 
     fn holds(&self, addr: u64) -> bool {
-        self.free.contains_range(addr, 0)
+        self.free.holds(addr)
     }
 
     fn remove_chunk(&mut self, addr: u64, size: usize) -> bool {
@@ -150,6 +151,7 @@ impl<C: ChunkLayout> FreeBlocks for PoolBlocks<C> {
         self.chunks.extendable_tail(&self.free)
     }
 
+    #[inline]
     fn hand_out(
         &mut self,
         addr: u64,
@@ -160,10 +162,11 @@ impl<C: ChunkLayout> FreeBlocks for PoolBlocks<C> {
         if self.handed.record(addr, size, (is_head, origin.to_word())) {
             Ok(())
         } else {
-            Err(format!("block {addr:#x} was already handed out"))
+            Err(already_handed_out(addr))
         }
     }
 
+    #[inline]
     fn take_back(&mut self, addr: u64, size: usize) -> Result<(bool, Origin), Option<InvalidFree>> {
         self.handed
             .release(addr, size)
@@ -177,8 +180,18 @@ impl<C: ChunkLayout> FreeBlocks for PoolBlocks<C> {
 
     #[cfg(test)]
     fn free_blocks(&self) -> Vec<(u64, usize)> {
-        self.free.iter().map(|b| (b.addr, b.size)).collect()
+        self.free
+            .blocks()
+            .iter()
+            .map(|b| (b.addr, b.size))
+            .collect()
     }
+}
+
+/// The error of a second record of one block (an internal inconsistency).
+#[cold]
+fn already_handed_out(addr: u64) -> String {
+    format!("block {addr:#x} was already handed out")
 }
 
 #[cfg(test)]
@@ -325,7 +338,7 @@ mod tests {
                 prop_assert_eq!(free + used, mapped.len() * CHUNK);
                 let mut ranges: Vec<(u64, u64)> = lists
                     .iter()
-                    .flat_map(|l| l.free.iter().map(|b| (b.addr, b.end())))
+                    .flat_map(|l| l.free.blocks().into_iter().map(|b| (b.addr, b.end())))
                     .chain(live.iter().map(|&(a, s)| (a, a + s as u64)))
                     .collect();
                 ranges.sort_unstable();

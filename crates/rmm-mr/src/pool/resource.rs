@@ -165,8 +165,9 @@ impl PoolOptions {
 ///   stream takes or asks for a list's blocks) instead of one mutex and an event per free; a
 ///   thief never uses a block before the work queued before its free has completed, but it may
 ///   grow the pool once where RMM would have taken a block.
-/// - **O(log n)** best fit and coalescing
-///   ([`CoalescingFreeList`](crate::__internals::pool::CoalescingFreeList)).
+/// - **Best fit in size classes and coalescing through boundary tags** (O(1) expected to find
+///   a freed block's neighbours, where RMM's address-ordered list is linear; the same blocks as
+///   the ordered `CoalescingFreeList`).
 /// - **Wrong frees are errors**: a free of an unknown pointer, a double free or a size mismatch
 ///   is [`MrError::InvalidFree`] (RMM corrupts its lists or aborts).
 /// - [`release_unused`](Self::release_unused) gives wholly free chunks back to the upstream

@@ -4,8 +4,9 @@
 //! request's own class and, when that has nothing large enough, a bit search for the next
 //! class that holds a block, whose smallest block is the answer. A class usually holds one to
 //! three blocks, kept inline and sorted, so the common operations touch no tree and allocate
-//! nothing; a class with more keeps them in a `BTreeMap` by `(size, address)`, so ties still go
-//! to the lowest address and a class of many equal blocks stays O(log n). Why:
+//! nothing; a class with more keeps up to 64 in a vector sorted by `(size, address)`
+//! descending (the best fit usually its last entry) and beyond that a `BTreeMap`, so ties still
+//! go to the lowest address and a class of many equal blocks stays O(log n). Why:
 //! `docs/internals/pool.md`, "The free list".
 //!
 //! Pure bookkeeping: no CUDA calls.
@@ -37,8 +38,16 @@ pub(crate) fn class_of(size: usize) -> usize {
     ((e + 1 - SUB_BITS) as usize) * (1 << SUB_BITS) + sub as usize
 }
 
-/// Blocks a class keeps inline, sorted, before it needs a map.
+/// Blocks a class keeps inline, sorted, before it needs a vector.
 const FEW: usize = 3;
+
+/// Blocks a class keeps in a sorted vector before it needs a map (insertion and removal move
+/// at most this many entries: a short `memmove`, cheaper than a tree's rebalancing).
+const SORTED: usize = 64;
+
+/// A class with a map goes back to a sorted vector at this many blocks (below [`SORTED`], so
+/// that a class at the boundary does not convert at every operation).
+const SORTED_AGAIN: usize = SORTED / 2;
 
 /// One block of a class: `(size, address, node)`.
 type Entry = (usize, u64, NodeId);
@@ -48,8 +57,12 @@ type Entry = (usize, u64, NodeId);
 enum Class {
     /// Up to [`FEW`] blocks, sorted by `(size, address)` (the first `len`).
     Few { len: u8, blocks: [Entry; FEW] },
-    /// More: a map that stays until the class is down to 2 blocks (so that a class at the
-    /// boundary does not build and drop a map at every operation).
+    /// More, up to [`SORTED`]: sorted by `(size, address)` *descending*, so that the best fit
+    /// of a request below every block (the usual case) is the last entry, taken by a pop. It
+    /// stays until the class is down to 2 blocks (so that a class at the boundary does not
+    /// convert at every operation).
+    Sorted(Vec<Entry>),
+    /// More than [`SORTED`]: a map, until the class is down to [`SORTED_AGAIN`] blocks.
     Many(BTreeMap<(usize, u64), NodeId>),
 }
 
@@ -64,13 +77,31 @@ impl Default for Class {
 
 impl Class {
     /// The smallest block of the class with at least `request` bytes (ties: lowest address).
-    #[inline]
+    #[inline(always)]
     fn fit(&self, request: usize) -> Option<Entry> {
         match self {
             Class::Few { len, blocks } => blocks[..usize::from(*len)]
                 .iter()
                 .find(|b| b.0 >= request)
                 .copied(),
+            _ => self.fit_crowded(request),
+        }
+    }
+
+    /// [`fit`](Self::fit) in a sorted vector or a map.
+    #[inline(never)]
+    fn fit_crowded(&self, request: usize) -> Option<Entry> {
+        match self {
+            Class::Few { .. } => None,
+            Class::Sorted(v) => {
+                let last = *v.last()?;
+                if last.0 >= request {
+                    return Some(last);
+                }
+                // The entries with at least `request` bytes are a prefix; the last of it.
+                let k = v.partition_point(|e| e.0 >= request);
+                k.checked_sub(1).map(|i| v[i])
+            }
             Class::Many(m) => m
                 .range((request, 0)..)
                 .next()
@@ -82,6 +113,7 @@ impl Class {
     fn last(&self) -> Option<Entry> {
         match self {
             Class::Few { len, blocks } => blocks[..usize::from(*len)].last().copied(),
+            Class::Sorted(v) => v.first().copied(),
             Class::Many(m) => m.last_key_value().map(|(&(s, a), &n)| (s, a, n)),
         }
     }
@@ -106,8 +138,19 @@ impl Class {
                     blocks[at] = entry;
                     *len += 1;
                 } else {
+                    let mut v = Vec::with_capacity(2 * FEW);
+                    v.extend(blocks.iter().rev().copied());
+                    *self = Class::Sorted(v);
+                    self.insert(entry);
+                }
+            }
+            Class::Sorted(v) => {
+                if v.len() < SORTED {
+                    let at = v.partition_point(|e| (e.0, e.1) > (entry.0, entry.1));
+                    v.insert(at, entry);
+                } else {
                     let mut m: BTreeMap<(usize, u64), NodeId> =
-                        blocks.iter().map(|&(s, a, n)| ((s, a), n)).collect();
+                        v.iter().map(|&(s, a, n)| ((s, a), n)).collect();
                     m.insert((entry.0, entry.1), entry.2);
                     *self = Class::Many(m);
                 }
@@ -134,17 +177,35 @@ impl Class {
                 *len -= 1;
                 Some(node)
             }
-            Class::Many(m) => {
-                let node = m.remove(&(size, addr))?;
-                if m.len() <= 2 {
+            Class::Sorted(v) => {
+                let at = match v.last() {
+                    Some(&(s, a, _)) if (s, a) == (size, addr) => v.len() - 1,
+                    _ => {
+                        let at = v.partition_point(|e| (e.0, e.1) > (size, addr));
+                        if v.get(at).is_none_or(|e| (e.0, e.1) != (size, addr)) {
+                            return None;
+                        }
+                        at
+                    }
+                };
+                let node = v.remove(at).2;
+                if v.len() <= 2 {
                     let mut few = [(0, 0, 0); FEW];
-                    for (slot, (&(s, a), &n)) in few.iter_mut().zip(m.iter()) {
-                        *slot = (s, a, n);
+                    for (slot, &e) in few.iter_mut().zip(v.iter().rev()) {
+                        *slot = e;
                     }
                     *self = Class::Few {
-                        len: m.len() as u8,
+                        len: v.len() as u8,
                         blocks: few,
                     };
+                }
+                Some(node)
+            }
+            Class::Many(m) => {
+                let node = m.remove(&(size, addr))?;
+                if m.len() <= SORTED_AGAIN {
+                    let v = m.iter().rev().map(|(&(s, a), &n)| (s, a, n)).collect();
+                    *self = Class::Sorted(v);
                 }
                 Some(node)
             }
@@ -152,7 +213,7 @@ impl Class {
     }
 
     /// Replaces the block `old` by `new` when the class holds one block only (then `true`).
-    #[inline]
+    #[inline(always)]
     fn replace_single(&mut self, old: (usize, u64), new: Entry) -> bool {
         match self {
             Class::Few { len: 1, blocks } if (blocks[0].0, blocks[0].1) == old => {
@@ -167,6 +228,7 @@ impl Class {
     fn entries(&self) -> Vec<Entry> {
         match self {
             Class::Few { len, blocks } => blocks[..usize::from(*len)].to_vec(),
+            Class::Sorted(v) => v.iter().rev().copied().collect(),
             Class::Many(m) => m.iter().map(|(&(s, a), &n)| (s, a, n)).collect(),
         }
     }
@@ -205,7 +267,12 @@ impl SizeIndex {
     /// Adds block `node` of `size` bytes at `addr` (not already in the index).
     #[inline]
     pub(crate) fn insert(&mut self, size: usize, addr: u64, node: NodeId) {
-        let c = class_of(size);
+        self.insert_in(class_of(size), size, addr, node);
+    }
+
+    /// [`insert`](Self::insert) into class `c`, the class of `size`.
+    #[inline]
+    fn insert_in(&mut self, c: usize, size: usize, addr: u64, node: NodeId) {
         if c >= self.classes.len() {
             self.classes.resize_with(c + 1, Class::default);
         }
@@ -221,7 +288,12 @@ impl SizeIndex {
     /// Removes the block of `size` bytes at `addr` and returns its node, if the index holds it.
     #[inline]
     pub(crate) fn remove(&mut self, size: usize, addr: u64) -> Option<NodeId> {
-        let c = class_of(size);
+        self.remove_in(class_of(size), size, addr)
+    }
+
+    /// [`remove`](Self::remove) from class `c`, the class of `size`.
+    #[inline]
+    fn remove_in(&mut self, c: usize, size: usize, addr: u64) -> Option<NodeId> {
         let class = self.classes.get_mut(c)?;
         let node = class.remove(size, addr)?;
         if class.is_empty() {
@@ -237,10 +309,11 @@ impl SizeIndex {
     /// Replaces block `node`'s entry `old` (`(size, address)`, in the index) by `new`: in place
     /// when both fall in the same class and that class holds only this block (a block split
     /// or grown by a little, the common case).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn replace(&mut self, old: (usize, u64), new: (usize, u64), node: NodeId) {
         let c = class_of(old.0);
-        if c == class_of(new.0)
+        let d = class_of(new.0);
+        if c == d
             && self
                 .classes
                 .get_mut(c)
@@ -248,8 +321,42 @@ impl SizeIndex {
         {
             return;
         }
-        self.remove(old.0, old.1);
-        self.insert(new.0, new.1, node);
+        self.move_entry(c, d, old, new, node);
+    }
+
+    /// [`replace`](Self::replace) past its in-place case: from class `c` to class `d`.
+    #[inline(never)]
+    fn move_entry(
+        &mut self,
+        c: usize,
+        d: usize,
+        old: (usize, u64),
+        new: (usize, u64),
+        node: NodeId,
+    ) {
+        // The usual case of a large block split or grown back: alone in its class, moving to
+        // an empty class. Two slots and two bits change.
+        if c != d && d < self.classes.len() && matches!(self.classes[d], Class::Few { len: 0, .. })
+        {
+            if let Class::Few { len, blocks } = &mut self.classes[c] {
+                if *len == 1 && (blocks[0].0, blocks[0].1) == old {
+                    *len = 0;
+                    self.classes[d] = Class::Few {
+                        len: 1,
+                        blocks: [(new.0, new.1, node), (0, 0, 0), (0, 0, 0)],
+                    };
+                    self.groups[c / 64] &= !(1 << (c % 64));
+                    if self.groups[c / 64] == 0 {
+                        self.summary &= !(1 << (c / 64));
+                    }
+                    self.groups[d / 64] |= 1 << (d % 64);
+                    self.summary |= 1 << (d / 64);
+                    return;
+                }
+            }
+        }
+        self.remove_in(c, old.0, old.1);
+        self.insert_in(d, new.0, new.1, node);
     }
 
     /// The smallest block with at least `request` bytes, ties to the lowest address, left in
@@ -315,8 +422,18 @@ impl SizeIndex {
             let bit = self.groups[c / 64] >> (c % 64) & 1 == 1;
             assert_eq!(bit, !class.is_empty(), "class {c} marked wrongly");
             let entries = class.entries();
-            if let Class::Many(m) = class {
-                assert!(m.len() > 2, "class {c} keeps {} block(s) in a map", m.len());
+            match class {
+                Class::Sorted(v) => {
+                    assert!(
+                        v.len() > 2 && v.len() <= SORTED,
+                        "class {c}: {} sorted",
+                        v.len()
+                    );
+                }
+                Class::Many(m) => {
+                    assert!(m.len() > SORTED_AGAIN, "class {c}: {} in a map", m.len());
+                }
+                Class::Few { .. } => {}
             }
             assert!(entries
                 .windows(2)
@@ -396,6 +513,50 @@ mod tests {
         assert_eq!((x.best_fit(1), x.largest(), x.len()), (None, None, 0));
     }
 
+    #[test]
+    fn a_crowded_class_goes_through_every_form_and_back() {
+        let mut x = SizeIndex::default();
+        let c = class_of(1 << 20);
+        let form = |x: &SizeIndex| match &x.classes[c] {
+            Class::Few { .. } => "few",
+            Class::Sorted(_) => "sorted",
+            Class::Many(_) => "many",
+        };
+        // Two sizes of one class, addresses interleaved: ties go to the lowest address.
+        let n = 2 * SORTED as u64;
+        for i in (0..n).rev() {
+            let size = (1 << 20) + if i % 2 == 0 { 4096 } else { 0 };
+            x.insert(size, i * 256, i as NodeId);
+            // The smallest blocks are the odd ones; the lowest inserted so far wins.
+            let j = i | 1;
+            assert_eq!(x.best_fit(1 << 20), Some((1 << 20, j * 256, j as NodeId)));
+        }
+        assert_eq!(form(&x), "many");
+        assert_eq!(x.best_fit(1 << 20), Some((1 << 20, 256, 1)));
+        assert_eq!(x.best_fit((1 << 20) + 1), Some(((1 << 20) + 4096, 0, 0)));
+        assert_eq!(
+            x.largest(),
+            Some(((1 << 20) + 4096, (n - 2) * 256, (n - 2) as NodeId))
+        );
+        let mut seen = vec![form(&x)];
+        for i in 0..n {
+            let size = (1 << 20) + if i % 2 == 0 { 4096 } else { 0 };
+            assert_eq!(x.remove(size, i * 256), Some(i as NodeId));
+            assert_eq!(x.remove(size, i * 256), None);
+            if seen.last() != Some(&form(&x)) {
+                seen.push(form(&x));
+            }
+            x.entries();
+            if i + 2 < n {
+                // A larger block (an even one) is left.
+                let best = x.best_fit((1 << 20) + 1).unwrap();
+                assert_eq!(best.0, (1 << 20) + 4096);
+            }
+        }
+        assert_eq!(seen, ["many", "sorted", "few"]);
+        assert_eq!(x.best_fit(1), None);
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
         Insert(usize, u64),
@@ -419,11 +580,14 @@ mod tests {
         fn matches_an_ordered_set(ops in proptest::collection::vec(
             prop_oneof![
                 3 => (size(), 0..64u64).prop_map(|(s, a)| Op::Insert(s, a * 256)),
+                // Crowded classes: past the sorted vector into a map and back.
+                3 => (prop_oneof![Just(512usize), Just(1 << 20), Just((1 << 20) + 4096)], 0..256u64)
+                    .prop_map(|(s, a)| Op::Insert(s, a * 256)),
                 2 => any::<usize>().prop_map(Op::Remove),
                 2 => (any::<usize>(), size()).prop_map(|(i, s)| Op::Replace(i, s)),
                 2 => size().prop_map(Op::Fit),
             ],
-            1..200,
+            1..400,
         )) {
             let mut x = SizeIndex::default();
             let mut model: BTreeSet<(usize, u64)> = BTreeSet::new();

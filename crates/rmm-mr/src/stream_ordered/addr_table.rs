@@ -1,5 +1,6 @@
 //! A hash table from block addresses to small values, for the record of handed-out blocks
-//! ([`crate::stream_ordered::handed`]): open addressing with linear probing, at most half
+//! ([`crate::stream_ordered::handed`]) and the pool's boundary tags
+//! ([`crate::pool::boundary_list`]): open addressing with linear probing, at most half
 //! full, deletion by backward shift (no tombstones, so probes stay short however many blocks
 //! come and go), and a multiplicative hash of the address's 256-byte unit whose top bits pick
 //! the home slot. One insertion or removal is a multiply, a shift and, at that load, one or two
@@ -91,8 +92,8 @@ impl<V: Copy + Default> AddrTable<V> {
         }
     }
 
-    /// The value of `key` (tests).
-    #[cfg(test)]
+    /// The value of `key`.
+    #[inline]
     pub(crate) fn get(&self, key: u64) -> Option<V> {
         if key == EMPTY {
             return self.empty_key;

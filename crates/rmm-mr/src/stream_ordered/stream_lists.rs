@@ -445,27 +445,41 @@ thread_local! {
     };
 }
 
+/// The slot of the list cache where `(pool, key)` goes when it is free or holds the same pair
+/// (looked at first): pools have consecutive numbers, so a thread's lists of one stream in up
+/// to [`CACHE_SLOTS`] pools (a binning resource's bins) have distinct home slots.
+#[inline]
+fn home_slot(pool: u64, key: StreamKey) -> usize {
+    let k = match key {
+        StreamKey::Legacy => 0,
+        StreamKey::PerThread(t) => t,
+        StreamKey::Stream(id) => !id,
+        StreamKey::Orphan => 1,
+    };
+    (pool.wrapping_add(k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize) % CACHE_SLOTS
+}
+
 /// The index of `key`'s list in pool `pool`, if this thread has seen it.
 #[inline]
 pub(crate) fn cached_list_index(pool: u64, key: StreamKey) -> Option<usize> {
     LIST_CACHE
-        .try_with(|c| {
-            let hit = |s: Option<CacheSlot>| s.filter(|s| s.pool == pool && s.key == key);
-            if let Some(s) = c.slots.get(c.last.get()).and_then(|s| hit(s.get())) {
-                return Some(s.index);
-            }
-            scan_list_cache(c, &hit)
-        })
+        .try_with(
+            |c| match c.slots.get(home_slot(pool, key)).and_then(Cell::get) {
+                Some(s) if s.pool == pool && s.key == key => Some(s.index),
+                _ => scan_list_cache(c, pool, key),
+            },
+        )
         .ok()
         .flatten()
 }
 
-/// [`cached_list_index`] past the slot looked at first.
+/// [`cached_list_index`] past the home slot: the slot of the last hit, then every slot.
 #[inline(never)]
-fn scan_list_cache(
-    c: &ListCache,
-    hit: &dyn Fn(Option<CacheSlot>) -> Option<CacheSlot>,
-) -> Option<usize> {
+fn scan_list_cache(c: &ListCache, pool: u64, key: StreamKey) -> Option<usize> {
+    let hit = |s: Option<CacheSlot>| s.filter(|s| s.pool == pool && s.key == key);
+    if let Some(s) = c.slots.get(c.last.get()).and_then(|s| hit(s.get())) {
+        return Some(s.index);
+    }
     let (i, s) = c
         .slots
         .iter()
@@ -479,13 +493,16 @@ fn scan_list_cache(
 pub(crate) fn remember_list_index(pool: u64, key: StreamKey, index: usize) {
     let _ = LIST_CACHE.try_with(|c| {
         let slot = Some(CacheSlot { pool, key, index });
-        // Replace the entry of the same key, else round robin.
+        // Replace the entry of the same key, else take the home slot if it is free, else
+        // round robin.
         let same = c
             .slots
             .iter()
             .position(|s| s.get().is_some_and(|s| s.pool == pool && s.key == key));
-        let i = same.unwrap_or(c.next.get());
-        if same.is_none() {
+        let home = home_slot(pool, key);
+        let free_home = c.slots.get(home).is_some_and(|s| s.get().is_none());
+        let i = same.unwrap_or(if free_home { home } else { c.next.get() });
+        if same.is_none() && !free_home {
             c.next.set((i + 1) % CACHE_SLOTS);
         }
         c.slots[i].set(slot);
@@ -541,6 +558,32 @@ mod tests {
             .join()
             .unwrap();
         assert_eq!(there, None);
+    }
+
+    #[test]
+    fn one_key_in_consecutive_pools_is_found_in_its_home_slots() {
+        std::thread::spawn(|| {
+            // A fresh thread: an empty cache.
+            let key = StreamKey::PerThread(thread_number());
+            let pools = 1000..1000 + CACHE_SLOTS as u64;
+            let homes: std::collections::HashSet<usize> =
+                pools.clone().map(|p| home_slot(p, key)).collect();
+            assert_eq!(homes.len(), CACHE_SLOTS, "home slots collide");
+            for p in pools.clone() {
+                remember_list_index(p, key, p as usize);
+            }
+            for p in pools {
+                assert_eq!(cached_list_index(p, key), Some(p as usize));
+                let home = LIST_CACHE.with(|c| c.slots[home_slot(p, key)].get());
+                assert_eq!(
+                    home.map(|s| s.pool),
+                    Some(p),
+                    "pool {p} is not in its home slot"
+                );
+            }
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

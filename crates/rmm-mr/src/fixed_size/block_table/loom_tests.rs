@@ -52,26 +52,30 @@ fn loom_one_free_of_a_block_wins() {
     SEEN.check();
 }
 
+/// The free list of the models: blocks with their ids, as the resource's lists keep them.
+type FreeList = Mutex<Vec<(u64, BlockId)>>;
+
 /// A thread of the resource, as far as the table is concerned: it takes a block from the free
-/// list, records it as handed out with its own tag on its (possibly stale) table, refreshing the
-/// table when the block's chunk is missing, frees it, and puts it back.
-fn use_a_block(ledger: &BlockLedger, free: &Mutex<Vec<u64>>, table: &mut BlockTable, tag: u64) {
-    let Some(addr) = free.lock().unwrap().pop() else {
+/// list, records it as handed out with its own tag on its (possibly stale) table, by the id the
+/// list kept with it, refreshing the table when the block's chunk is missing, frees it, and
+/// puts it back with the id the free found.
+fn use_a_block(ledger: &BlockLedger, free: &FreeList, table: &mut BlockTable, tag: u64) {
+    let Some((addr, id)) = free.lock().unwrap().pop() else {
         return;
     };
-    let mut handed = table.hand_out_tagged(addr, BLOCK, tag);
+    let mut handed = table.hand_out_id(id, addr, BLOCK, tag);
     if matches!(handed, Err(FixedSizeError::UnknownAddress { .. })) {
         *table = ledger.table();
-        handed = table.hand_out_tagged(addr, BLOCK, tag);
+        handed = table.hand_out_id(id, addr, BLOCK, tag);
     }
     assert_eq!(handed, Ok(()), "block {addr:#x} handed out twice");
     thread::yield_now();
     assert_eq!(
-        table.take_back_tagged(addr, BLOCK),
-        Ok(tag),
+        table.take_back_id(addr, BLOCK),
+        Ok((id, tag)),
         "block {addr:#x}"
     );
-    free.lock().unwrap().push(addr);
+    free.lock().unwrap().push((addr, id));
 }
 
 #[test]
@@ -79,12 +83,14 @@ fn loom_blocks_are_never_lost_or_duplicated() {
     static SEEN: Seen<2> = Seen::new(["a stale table refreshed", "none needed it"]);
     crate::sync::model("block_table::free_list", || {
         let ledger = Arc::new(BlockLedger::new(BLOCK).unwrap());
-        ledger.add_chunk(0, 1).unwrap();
-        let free = Arc::new(Mutex::new(vec![0u64]));
+        let (_, first) = ledger.add_numbered_chunk(0, 1).unwrap();
+        let first: Vec<(u64, BlockId)> = first.numbered_chunks().flat_map(|c| c.blocks()).collect();
+        let free = Arc::new(Mutex::new(first));
         let grower = {
             let (ledger, free) = (Arc::clone(&ledger), Arc::clone(&free));
             thread::spawn(move || {
-                let chunk = ledger.add_chunk(4096, 1).unwrap();
+                let (_, latest) = ledger.add_numbered_chunk(4096, 1).unwrap();
+                let chunk = latest.numbered_chunks().last().unwrap();
                 free.lock().unwrap().extend(chunk.blocks());
             })
         };
@@ -103,7 +109,7 @@ fn loom_blocks_are_never_lost_or_duplicated() {
         grower.join().unwrap();
         let refreshed: Vec<bool> = users.into_iter().map(|u| u.join().unwrap()).collect();
         let refreshed = refreshed.contains(&true);
-        let mut blocks = free.lock().unwrap().clone();
+        let mut blocks: Vec<u64> = free.lock().unwrap().iter().map(|&(a, _)| a).collect();
         blocks.sort_unstable();
         assert_eq!(blocks, [0, 4096], "a block was lost or duplicated");
         assert_eq!(ledger.handed_out(), (0, 0));
