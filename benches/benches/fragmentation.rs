@@ -20,6 +20,11 @@
 //! (`vmm::tests::multi_stream_workload_leaves_one_block`).
 //!
 //! Arguments: `--quick` (1,000 workload steps).
+//!
+//! **`--simulated`**: no GPU, no CUDA call: tables 1-3 for the pool and the arena over
+//! `SimulatedMemoryResource` and for `VmmPoolMemoryResource::simulated`, on the simulated
+//! driver's fake streams (deterministic), with `M` = `--max-mib N` (1024). The driver's pool
+//! and the growth costs need a GPU.
 
 use std::time::Instant;
 
@@ -30,8 +35,8 @@ use rmm_benches::{bench_main, BenchResult};
 use rmm_mr::testing::fragmentation::{largest_allocation, run as run_workload, MultiStream};
 use rmm_mr::{
     ArenaMemoryResource, ArenaOptions, CudaAsyncMemoryResource, CudaMemoryResource,
-    DeviceMemoryResource, MrResult, PoolMemoryResource, PoolOptions, StatisticsResourceAdaptor,
-    VmmPoolMemoryResource, VmmPoolOptions,
+    DeviceMemoryResource, MrResult, PoolMemoryResource, PoolOptions, SimulatedMemoryResource,
+    StatisticsResourceAdaptor, VmmPoolMemoryResource, VmmPoolOptions,
 };
 use rmm_stream::{CudaStream, CudaStreamView};
 use rmm_sys::DevicePtr;
@@ -39,7 +44,57 @@ use rmm_sys::DevicePtr;
 const GIB: usize = 1 << 30;
 
 fn main() {
+    let args = Args::from_env();
+    if args.has("--simulated") {
+        if let Err(e) = simulated(&args) {
+            eprintln!("fragmentation failed: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     bench_main("fragmentation", run);
+}
+
+/// On a GPU, or over simulated memory and streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Gpu,
+    Simulated,
+}
+
+impl Mode {
+    /// The resources measured, in table order.
+    fn names(self) -> &'static [&'static str] {
+        match self {
+            Mode::Gpu => &NAMES,
+            Mode::Simulated => &NAMES[..3],
+        }
+    }
+
+    /// Waits for `stream` (nothing to wait for over simulated streams).
+    fn synchronize(self, stream: CudaStreamView<'_>) -> BenchResult {
+        if self == Mode::Gpu {
+            stream.synchronize()?;
+        }
+        Ok(())
+    }
+}
+
+fn simulated(args: &Args) -> BenchResult {
+    let quick = args.has("--quick");
+    let max = args.usize_or("--max-mib", 1024)? * MIB;
+    // Ordinary streams' ids and events are answered by the simulated driver.
+    let _sim = rmm_sys::fault::FaultScope::simulated();
+    println!(
+        "# rmm-rs fragmentation (simulated: SimulatedMemoryResource, fake streams)\n\nmaximum M: \
+         {} MiB",
+        max / MIB
+    );
+    issue_1957(Mode::Simulated)?;
+    issue_496(Mode::Simulated, max)?;
+    let views: Vec<CudaStreamView<'static>> = (1..=4).map(CudaStreamView::simulated).collect();
+    multi_stream(Mode::Simulated, max, quick, &views)?;
+    Ok(())
 }
 
 /// A resource under test, with how to read the bytes it holds from the device now.
@@ -52,6 +107,52 @@ struct Subject {
 
 /// The resources, in table order.
 const NAMES: [&str; 4] = ["pool", "arena", "vmm_pool", "cuda_async"];
+
+/// The resource `name` over simulated memory of `max` bytes (the pool and the arena; the
+/// reserved bytes are the simulated memory's bytes in use) or a simulated VMM pool.
+fn simulated_subject(name: &'static str, max: usize) -> MrResult<Subject> {
+    let memory = SimulatedMemoryResource::new(max)?;
+    let probe = memory.clone();
+    let held = Box::new(move || probe.used()) as Box<dyn Fn() -> usize>;
+    Ok(match name {
+        "pool" => Subject {
+            name,
+            mr: Box::new(PoolMemoryResource::with_options(
+                memory,
+                PoolOptions::new(0).maximum_pool_size(max),
+            )?),
+            reserved: held,
+            vmm: None,
+        },
+        "arena" => Subject {
+            name,
+            mr: Box::new(ArenaMemoryResource::with_options(
+                memory,
+                ArenaOptions::new().arena_size(max),
+            )?),
+            reserved: held,
+            vmm: None,
+        },
+        _ => {
+            let vmm = VmmPoolMemoryResource::simulated(VmmPoolOptions::new(max))?;
+            let probe = vmm.clone();
+            Subject {
+                name,
+                mr: Box::new(vmm.clone()),
+                reserved: Box::new(move || probe.pool_size()),
+                vmm: Some(vmm),
+            }
+        }
+    })
+}
+
+/// The resource `name` for `mode`, bounded by `max` where it can be.
+fn subject_for(mode: Mode, name: &'static str, max: usize) -> MrResult<Subject> {
+    match mode {
+        Mode::Gpu => subject(name, max),
+        Mode::Simulated => simulated_subject(name, max),
+    }
+}
 
 /// The resource `name`, bounded by `max` where it can be. One at a time: the arena takes its
 /// whole size up front.
@@ -146,25 +247,38 @@ fn run(args: &Args) -> BenchResult {
         "maximum M: {} MiB (40 % of the free memory, at most 8 GiB)",
         max / MIB
     );
-    issue_1957()?;
-    issue_496(max)?;
-    multi_stream(max, quick)?;
+    issue_1957(Mode::Gpu)?;
+    issue_496(Mode::Gpu, max)?;
+    let streams: Vec<CudaStream> = (0..4)
+        .map(|_| CudaStream::non_blocking())
+        .collect::<Result<_, _>>()?;
+    let views: Vec<CudaStreamView<'_>> = streams.iter().map(CudaStream::view).collect();
+    multi_stream(Mode::Gpu, max, quick, &views)?;
     growth(max)?;
     Ok(())
 }
 
-fn issue_1957() -> BenchResult {
+fn issue_1957(mode: Mode) -> BenchResult {
     println!("\n## RMM issue 1957: initial 2 MiB, maximum 64 MiB, one allocation of 64 MiB\n");
     let mut table = Table::new(&["resource", "64 MiB"], 2);
-    let pool = PoolMemoryResource::with_options(
-        CudaMemoryResource::new(),
-        PoolOptions::new(2 * MIB).maximum_pool_size(64 * MIB),
-    )?;
-    let vmm = VmmPoolMemoryResource::with_options(
-        VmmPoolOptions::new(64 * MIB).initial_pool_size(2 * MIB),
-    )?;
+    let pool_options = PoolOptions::new(2 * MIB).maximum_pool_size(64 * MIB);
+    let pool: Box<dyn DeviceMemoryResource> = match mode {
+        Mode::Gpu => Box::new(PoolMemoryResource::with_options(
+            CudaMemoryResource::new(),
+            pool_options,
+        )?),
+        Mode::Simulated => Box::new(PoolMemoryResource::with_options(
+            SimulatedMemoryResource::new(GIB)?,
+            pool_options,
+        )?),
+    };
+    let options = VmmPoolOptions::new(64 * MIB).initial_pool_size(2 * MIB);
+    let vmm = match mode {
+        Mode::Gpu => VmmPoolMemoryResource::with_options(options)?,
+        Mode::Simulated => VmmPoolMemoryResource::simulated(options)?,
+    };
     for (name, mr) in [
-        ("pool", &pool as &dyn DeviceMemoryResource),
+        ("pool", &*pool as &dyn DeviceMemoryResource),
         ("vmm_pool", &vmm),
     ] {
         let p = outcome(mr.allocate(legacy(), 64 * MIB, 256))?;
@@ -177,15 +291,15 @@ fn issue_1957() -> BenchResult {
     Ok(())
 }
 
-fn issue_496(max: usize) -> BenchResult {
+fn issue_496(mode: Mode, max: usize) -> BenchResult {
     println!(
         "\n## RMM issue 496, scaled: grow with 8 MiB allocations to 75 % of M, free them, then \
          two allocations of 40 % of M\n"
     );
     let large = max / 5 * 2 / 256 * 256;
     let mut table = Table::new(&["resource", "first", "second", "reserved (MiB)"], 3);
-    for name in NAMES {
-        let s = subject(name, max)?;
+    for &name in mode.names() {
+        let s = subject_for(mode, name, max)?;
         let mr = &*s.mr;
         let mut small = Vec::new();
         while small.len() * 8 * MIB < max / 4 * 3 {
@@ -205,13 +319,13 @@ fn issue_496(max: usize) -> BenchResult {
         for p in [a, b].into_iter().flatten() {
             free(mr, p, large)?;
         }
-        legacy().synchronize()?;
+        mode.synchronize(legacy())?;
     }
     print!("{}", table.render());
     Ok(())
 }
 
-fn multi_stream(max: usize, quick: bool) -> BenchResult {
+fn multi_stream(mode: Mode, max: usize, quick: bool, views: &[CudaStreamView<'_>]) -> BenchResult {
     let mut workload = MultiStream::scaled(max);
     if quick {
         workload.steps = 1000;
@@ -228,10 +342,6 @@ fn multi_stream(max: usize, quick: bool) -> BenchResult {
         workload.large_percent,
         workload.budget / MIB
     );
-    let streams: Vec<CudaStream> = (0..workload.streams)
-        .map(|_| CudaStream::non_blocking())
-        .collect::<Result<_, _>>()?;
-    let views: Vec<CudaStreamView<'_>> = streams.iter().map(CudaStream::view).collect();
     let mut table = Table::new(
         &[
             "resource",
@@ -246,10 +356,10 @@ fn multi_stream(max: usize, quick: bool) -> BenchResult {
         ],
         1,
     );
-    for name in NAMES {
-        let s = subject(name, max)?;
+    for &name in mode.names() {
+        let s = subject_for(mode, name, max)?;
         let start = Instant::now();
-        let out = run_workload(&*s.mr, &views, &workload, &*s.reserved)?;
+        let out = run_workload(&*s.mr, views, &workload, &*s.reserved)?;
         let largest = largest_allocation(&*s.mr, views[0], max, 2 * MIB)?;
         let seconds = start.elapsed().as_secs_f64();
         table.row([
@@ -266,8 +376,8 @@ fn multi_stream(max: usize, quick: bool) -> BenchResult {
             out.failed.to_string(),
             format!("{seconds:.2}"),
         ]);
-        for v in &views {
-            v.synchronize()?;
+        for &v in views {
+            mode.synchronize(v)?;
         }
     }
     print!("{}", table.render());

@@ -491,6 +491,13 @@ pub trait Subject {
         None
     }
 
+    /// Whether an allocation of `bytes` that fails with out-of-memory may first give wholly
+    /// free chunks back to the upstream (a pool with a maximum, for a request of at most its
+    /// maximum): then the pool size and the mock's bytes may drop together, by whole chunks.
+    fn may_give_back_before_failing(&self, _bytes: usize) -> bool {
+        false
+    }
+
     /// Whether a free of `bytes` goes straight to the host mock (a binning resource's
     /// requests above its largest bin). The mock knows only the addresses it handed out, so a
     /// wrong free that reaches it is safe only where no upstream allocation can start at the
@@ -542,6 +549,9 @@ impl Subject for PoolSubject {
     }
     fn may_run_out(&self, _bytes: usize) -> bool {
         self.pool.maximum_pool_size().is_some()
+    }
+    fn may_give_back_before_failing(&self, bytes: usize) -> bool {
+        self.pool.maximum_pool_size().is_some_and(|m| bytes <= m)
     }
     fn outstanding(&self) -> Option<usize> {
         Some(self.pool.outstanding_allocations())
@@ -761,6 +771,31 @@ impl Checker<'_> {
         }
     }
 
+    /// As [`unchanged`](Self::unchanged), except that the pool may have given chunks back to
+    /// the mock: the outstanding blocks stay, and the pool size and the mock's bytes drop
+    /// together, with fewer mock allocations.
+    fn unchanged_or_given_back(&self, before: Snapshot, what: &str) -> Result<(), String> {
+        let after = self.snapshot();
+        let given_back = before.mock_bytes.checked_sub(after.mock_bytes);
+        let pool_drop = before
+            .pool_size
+            .zip(after.pool_size)
+            .and_then(|(b, a)| b.checked_sub(a));
+        if after == before
+            || (after.outstanding == before.outstanding
+                && after.mock_live < before.mock_live
+                && given_back.is_some()
+                && given_back == pool_drop)
+        {
+            Ok(())
+        } else {
+            Err(format!(
+                "{what} changed the counts other than by giving chunks back: {before:?} -> \
+                 {after:?}"
+            ))
+        }
+    }
+
     fn unchanged(&self, before: Snapshot, what: &str) -> Result<(), String> {
         let after = self.snapshot();
         if after == before {
@@ -853,7 +888,11 @@ impl Checker<'_> {
                     return Err(format!("{what} ran out of memory where it cannot: {e}"));
                 }
                 self.stats.out_of_memory += 1;
-                self.unchanged(before, &what)
+                if self.subject.may_give_back_before_failing(bytes) {
+                    self.unchanged_or_given_back(before, &what)
+                } else {
+                    self.unchanged(before, &what)
+                }
             }
             Err(e) if self.no_gpu && e.is_no_device() => {
                 self.stats.no_device += 1;

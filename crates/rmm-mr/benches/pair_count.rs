@@ -5,7 +5,7 @@
 //! pair_count [--instructions [--steps]] [RESOURCE [SHAPE [MIX [STREAM [PAIRS]]]]]
 //! ```
 //!
-//! - RESOURCE: `pool`, `binning`, `fixed_size`, `arena` or `all` (default);
+//! - RESOURCE: `pool`, `vmm_pool`, `binning`, `fixed_size`, `arena` or `all` (default);
 //! - SHAPE: `pair` (allocate, then free at once, with [`LIVE`] allocations of the mix held in
 //!   the background) or `steady` ([`LIVE`] allocations live; each step frees a pseudo-randomly
 //!   chosen one and allocates a new size in its place), or `all`;
@@ -19,8 +19,10 @@
 //!
 //! Resources are configured as in the GPU benchmark: `pool` of initial size 0, `binning`
 //! (fixed-size bins 256 KiB..4 MiB over such a pool), `fixed_size` (block = the mix's largest
-//! size, 128 blocks per chunk), `arena` (64 GiB). Every case first runs the loop once uncounted
-//! (lists and maps reach their steady size), then once measured.
+//! size, 128 blocks per chunk), `arena` (64 GiB), `vmm_pool` (a simulated VMM pool of at most
+//! 64 GiB with 2 MiB granularity: growth maps nothing, the hot path is the real one). Every
+//! case first runs the loop once uncounted (lists and maps reach their steady size), then once
+//! measured.
 //!
 //! Without a flag it prints nanoseconds per pair (a quick look on a quiet machine, not a
 //! benchmark). `--instructions` runs each case in a child under
@@ -38,7 +40,8 @@ use std::time::Instant;
 
 use rmm_mr::{
     ArenaMemoryResource, ArenaOptions, BinningMemoryResource, BinningOptions, DeviceMemoryResource,
-    FixedSizeMemoryResource, FixedSizeOptions, PoolMemoryResource,
+    FixedSizeMemoryResource, FixedSizeOptions, PoolMemoryResource, VmmPoolMemoryResource,
+    VmmPoolOptions,
 };
 use rmm_stream::CudaStreamView;
 use rmm_sys::DevicePtr;
@@ -75,6 +78,9 @@ fn build(name: &str, max: usize) -> Box<dyn DeviceMemoryResource> {
             )
             .unwrap(),
         ),
+        "vmm_pool" => {
+            Box::new(VmmPoolMemoryResource::simulated(VmmPoolOptions::new(64 << 30)).unwrap())
+        }
         other => panic!("unknown resource {other}"),
     }
 }
@@ -262,7 +268,10 @@ fn main() {
     let instructions = flag("--instructions");
     let steps = flag("--steps");
     let arg = |i: usize| args.get(i).map(String::as_str);
-    let resources = pick(arg(0), &["pool", "binning", "fixed_size", "arena"]);
+    let resources = pick(
+        arg(0),
+        &["pool", "vmm_pool", "binning", "fixed_size", "arena"],
+    );
     let shapes = pick(arg(1), &["pair", "steady"]);
     let mixes = pick(arg(2), &["4MiB", "64KiB"]);
     let streams = pick(arg(3), &["legacy", "per_thread", "stream", "owned"]);
@@ -387,6 +396,12 @@ mod steps {
                 "event_policy.rs" => return "event policy",
                 "free_list.rs" | "size_index.rs" | "ring.rs" | "boundary_list.rs" => {
                     return "free list"
+                }
+                "blocks.rs" if crate_of("/pool/") => {
+                    return match inner {
+                        "hand_out" | "take_back" | "handed_out" => "handed-out record",
+                        _ => "free list",
+                    }
                 }
                 "handed.rs" | "addr_table.rs" | "block_table.rs" | "cross_thread.rs" => {
                     return "handed-out record"

@@ -81,7 +81,9 @@ fn free(mr: &dyn DeviceMemoryResource, p: DevicePtr, bytes: usize) -> Result<(),
 }
 
 /// RMM issue 1957: initial 2 MiB, maximum 64 MiB, one allocation of 64 MiB. The VMM pool
-/// serves it (and the memory holds data end to end); the plain pool cannot.
+/// serves it (and the memory holds data end to end); the plain pool cannot while a block of its
+/// initial chunk is in use, and serves it once that chunk is free (it gives the chunk back and
+/// grows one of 64 MiB; RMM's pool fails).
 fn issue_1957() -> Result<(), Failed> {
     let options = VmmPoolOptions::new(64 * MIB).initial_pool_size(2 * MIB);
     let vmm = VmmPoolMemoryResource::with_options(options)?;
@@ -92,19 +94,30 @@ fn issue_1957() -> Result<(), Failed> {
     free(&vmm, all, 64 * MIB)?;
     let options = PoolOptions::new(2 * MIB).maximum_pool_size(64 * MIB);
     let pool = PoolMemoryResource::with_options(CudaMemoryResource::new(), options)?;
+    let held = pool.allocate(legacy(), 256, 256)?;
     match pool.allocate(legacy(), 64 * MIB, 256) {
-        Err(e) if e.is_out_of_memory() => Ok(()),
-        Err(e) => Err(format!("the plain pool failed with {e}, not out-of-memory").into()),
+        Err(e) if e.is_out_of_memory() => {}
+        Err(e) => return Err(format!("the plain pool failed with {e}, not out-of-memory").into()),
         Ok(p) => {
             free(&pool, p, 64 * MIB)?;
-            Err("the plain pool served 64 MiB from an initial 2 MiB and a 64 MiB maximum".into())
+            return Err("the plain pool served 64 MiB with its initial chunk in use".into());
         }
     }
+    free(&pool, held, 256)?;
+    let all = pool.allocate(legacy(), 64 * MIB, 256)?;
+    fill(all, 64 * MIB, 0x1957, legacy())?;
+    holds(all, 64 * MIB, 0x1957, legacy())?;
+    free(&pool, all, 64 * MIB)?;
+    ensure(
+        pool.pool_size() == 64 * MIB,
+        format!("the plain pool holds {} bytes", pool.pool_size()),
+    )
 }
 
 /// RMM issue 496, scaled to the device: grow with 8 MiB allocations to 75 % of the maximum,
-/// free them all, then two allocations of 40 % each. The VMM pool serves both; the plain pool
-/// (two chunks, half and a quarter of the maximum) cannot serve the second.
+/// free them all, then two allocations of 40 % each. The VMM pool serves both; so does the plain
+/// pool (two chunks, half and a quarter of the maximum, which RMM's cannot merge), by giving
+/// its wholly free chunks back before the second fails.
 fn issue_496() -> Result<(), Failed> {
     let max = scaled(8 * GIB)?;
     let large = max / 5 * 2 / 256 * 256;
@@ -144,36 +157,54 @@ fn issue_496() -> Result<(), Failed> {
     );
     ensure(vmm == (true, true), format!("the VMM pool served {vmm:?}"))?;
     ensure(
-        pool == (true, false),
-        format!("the plain pool served {pool:?}, expected (true, false)"),
+        pool == (true, true),
+        format!("the plain pool served {pool:?}, expected (true, true)"),
     )
 }
 
 /// RMM issue 2039's shape: four streams, mixed sizes, each block freed on another stream than
-/// its own. Afterwards the VMM pool serves at least 95 % of its maximum in one allocation.
+/// its own. Afterwards the VMM pool, and the plain pool (which gives its free chunks back
+/// before it fails), serve at least 95 % of their maximum in one allocation.
 fn multi_stream_workload() -> Result<(), Failed> {
     let max = scaled(4 * GIB)?;
-    let vmm = VmmPoolMemoryResource::new(max)?;
     let streams: Vec<CudaStream> = (0..4)
         .map(|_| CudaStream::non_blocking())
         .collect::<Result<_, _>>()?;
     let views: Vec<CudaStreamView<'_>> = streams.iter().map(CudaStream::view).collect();
-    let out = run(&vmm, &views, &MultiStream::scaled(max), &|| vmm.pool_size())?;
-    let largest = largest_allocation(&vmm, views[0], max, MIB)?;
-    eprintln!(
-        "vmm_pool, maximum {} MiB: {out:?}, largest after {} MiB",
-        max / MIB,
-        largest / MIB
-    );
-    ensure(
-        out.failed == 0,
-        format!("{} allocations failed", out.failed),
+    let vmm = VmmPoolMemoryResource::new(max)?;
+    let pool = PoolMemoryResource::with_options(
+        CudaMemoryResource::new(),
+        PoolOptions::new(0).maximum_pool_size(max),
     )?;
-    ensure(
-        largest >= max / 100 * 95,
-        format!("largest allocation {largest} of {max} free bytes"),
-    )?;
-    ensure(vmm.outstanding_allocations() == 0, "allocations left")
+    for (name, mr, size) in [
+        (
+            "vmm_pool",
+            &vmm as &dyn DeviceMemoryResource,
+            Box::new(|| vmm.pool_size()) as Box<dyn Fn() -> usize>,
+        ),
+        ("pool", &pool, Box::new(|| pool.pool_size())),
+    ] {
+        let out = run(mr, &views, &MultiStream::scaled(max), &*size)?;
+        let largest = largest_allocation(mr, views[0], max, MIB)?;
+        eprintln!(
+            "{name}, maximum {} MiB: {out:?}, largest after {} MiB",
+            max / MIB,
+            largest / MIB
+        );
+        ensure(
+            out.failed == 0,
+            format!("{name}: {} allocations failed", out.failed),
+        )?;
+        ensure(
+            largest >= max / 100 * 95,
+            format!("{name}: largest allocation {largest} of {max} free bytes"),
+        )?;
+        for v in &views {
+            v.synchronize()?;
+        }
+    }
+    ensure(vmm.outstanding_allocations() == 0, "allocations left")?;
+    ensure(pool.outstanding_allocations() == 0, "allocations left")
 }
 
 /// Many growths of one granule, then one block over all of them, written and read end to end.

@@ -313,6 +313,37 @@ impl BoundaryFreeList {
         }
     }
 
+    /// The free block that ends exactly at `end`, if any (the VMM pool's free tail).
+    pub(crate) fn block_ending_at(&self, end: u64) -> Option<Block> {
+        self.by_end.get(end).map(|n| self.node(n).block())
+    }
+
+    /// If `[addr, addr + size)` lies wholly inside one free block, removes that range (the
+    /// parts of the block before and after it stay free; the part before keeps the head flag)
+    /// and returns `true`; otherwise changes nothing and returns `false`. A scan: the VMM
+    /// pool's release of a chunk that may be part of a larger free block (a cold path).
+    pub(crate) fn remove_range(&mut self, addr: u64, size: usize) -> bool {
+        let Some(end) = addr.checked_add(size as u64).filter(|_| size > 0) else {
+            return false;
+        };
+        let Some(block) = self
+            .by_start
+            .values()
+            .map(|n| self.node(n).block())
+            .find(|b| b.addr <= addr && end <= b.end())
+        else {
+            return false;
+        };
+        self.remove_exact(block);
+        if block.addr < addr {
+            self.put_new(block.addr, addr, block.is_head);
+        }
+        if end < block.end() {
+            self.put_new(end, block.end(), false);
+        }
+        true
+    }
+
     /// Moves every block of `other` into `self` (coalescing), leaving `other` empty; the
     /// smaller list goes into the larger one.
     ///
@@ -448,6 +479,27 @@ mod tests {
         l.insert(Block::new(768, 256, false)).unwrap();
         assert_eq!(blocks(&l), vec![(0, 1024, true), (1024, 256, true)]);
         assert_eq!(l.total_bytes(), 1280);
+        l.assert_consistent();
+    }
+
+    #[test]
+    fn a_range_is_cut_out_of_the_free_block_holding_it() {
+        let mut l = BoundaryFreeList::default();
+        l.insert(Block::new(0, 4096, true)).unwrap();
+        l.insert(Block::new(8192, 1024, false)).unwrap();
+        assert_eq!(l.block_ending_at(4096), Some(Block::new(0, 4096, true)));
+        assert_eq!(l.block_ending_at(4095), None);
+        // Not wholly inside one free block: nothing changes.
+        assert!(!l.remove_range(3072, 2048));
+        assert!(!l.remove_range(5000, 256));
+        assert!(!l.remove_range(0, 0));
+        assert!(l.remove_range(1024, 2048));
+        assert_eq!(
+            blocks(&l),
+            vec![(0, 1024, true), (3072, 1024, false), (8192, 1024, false)]
+        );
+        assert!(l.remove_range(8192, 1024));
+        assert_eq!(l.total_bytes(), 2048);
         l.assert_consistent();
     }
 

@@ -4,134 +4,44 @@ use std::fmt;
 use std::sync::Arc;
 
 use rmm_stream::CudaStreamView;
-use rmm_sys::{checked_align_up, DevicePtr, ALLOCATION_ALIGNMENT};
+use rmm_sys::{DevicePtr, ALLOCATION_ALIGNMENT};
 
-use crate::error::{InvalidFree, MrError, MrResult};
-use crate::pool::boundary_list::BoundaryFreeList;
-use crate::pool::free_list::Block;
+use crate::error::{MrError, MrResult};
+use crate::pool::blocks::Separate;
 use crate::pool::growth::{try_to_expand, PoolSizes};
+use crate::pool::shell::{Growth, Pool};
 use crate::resource::{DeviceMemoryResource, SharedResource};
 use crate::stream_ordered::accept_chunk;
-use crate::stream_ordered::core::{FreeBlocks, StreamLists, StreamOrdered};
-use crate::stream_ordered::handed::HandedMap;
-use crate::util::alignment::{self, OverAligned, MAX_OVER_ALIGNMENT};
-use crate::util::cross_thread::Origin;
-use crate::util::format::format_bytes;
+use crate::stream_ordered::core::StreamLists;
 
-/// One stream's free blocks, with the pool-wide map of handed-out blocks (shared by every
-/// list of the pool).
-#[derive(Debug, Clone, Default)]
-struct PoolBlocks {
-    free: BoundaryFreeList,
-    /// Tagged with whether the block starts an upstream chunk and who allocated it (an
-    /// [`Origin`] as a word).
-    handed: Arc<HandedMap<(bool, u64)>>,
-}
-
-impl FreeBlocks for PoolBlocks {
-    /// Whether the block starts an upstream chunk.
-    type Tag = bool;
-
-    #[inline]
-    fn take(&mut self, size: usize) -> Option<(u64, bool)> {
-        self.free.allocate(size).map(|b| (b.addr, b.is_head))
-    }
-
-    fn fits(&self, size: usize) -> bool {
-        self.free.largest().is_some_and(|b| b.size >= size)
-    }
-
-    #[inline]
-    fn put(&mut self, addr: u64, size: usize, is_head: bool) -> Result<(), String> {
-        self.free
-            .insert(Block::new(addr, size, is_head))
-            .map_err(|e| e.to_string())
-    }
-
-    fn add_chunk(&mut self, addr: u64, size: usize) -> Result<(), String> {
-        self.free
-            .insert(Block::new(addr, size, true))
-            .map_err(|e| e.to_string())
-    }
-
-    fn absorb(&mut self, other: &mut Self) -> Result<(), String> {
-        self.free
-            .insert_list(&mut other.free)
-            .map_err(|e| e.to_string())
-    }
-
-    fn is_empty(&self) -> bool {
-        self.free.is_empty()
-    }
-
-    fn holds(&self, addr: u64) -> bool {
-        self.free.holds(addr)
-    }
-
-    fn remove_chunk(&mut self, addr: u64, size: usize) -> bool {
-        self.free.remove_chunk(addr, size)
-    }
-
-    #[inline]
-    fn hand_out(
-        &mut self,
-        addr: u64,
-        size: usize,
-        is_head: bool,
-        origin: Origin,
-    ) -> Result<(), String> {
-        if self.handed.record(addr, size, (is_head, origin.to_word())) {
-            Ok(())
-        } else {
-            Err(already_handed_out(addr))
-        }
-    }
-
-    #[inline]
-    fn take_back(&mut self, addr: u64, size: usize) -> Result<(bool, Origin), Option<InvalidFree>> {
-        self.handed
-            .release(addr, size)
-            .map(|(is_head, origin)| (is_head, Origin::from_word(origin)))
-            .map_err(|allocated| allocated.map(|allocated| InvalidFree::SizeMismatch { allocated }))
-    }
-
-    fn handed_out(&self) -> (usize, usize) {
-        self.handed.totals()
-    }
-
-    #[cfg(test)]
-    fn free_blocks(&self) -> Vec<(u64, usize)> {
-        self.free
-            .blocks()
-            .iter()
-            .map(|b| (b.addr, b.size))
-            .collect()
-    }
-}
-
-/// The error of a second record of one block (an internal inconsistency).
-#[cold]
-fn already_handed_out(addr: u64) -> String {
-    format!("block {addr:#x} was already handed out")
-}
-
-struct Pool<U: DeviceMemoryResource> {
-    core: StreamOrdered<PoolBlocks>,
-    sizes: PoolSizes,
+/// The pool's source of chunks: separate chunks from the upstream, sized by RMM's growth
+/// policy.
+struct FromUpstream<U: DeviceMemoryResource> {
     upstream: U,
-    /// Allocations made with an alignment above 256.
-    over_aligned: OverAligned,
+    sizes: PoolSizes,
 }
 
-impl<U: DeviceMemoryResource> Pool<U> {
+impl<U: DeviceMemoryResource> Growth for FromUpstream<U> {
+    const NAME: &'static str = NAME;
+    type Layout = Separate;
+
+    fn source(&self) -> &dyn DeviceMemoryResource {
+        &self.upstream
+    }
+
+    fn release_limit(&self) -> Option<usize> {
+        self.sizes.maximum()
+    }
+
     /// RMM's `expand_pool`: one new upstream chunk of `size_to_grow` bytes, halved on failure
-    /// down to `size`, on `stream`. `bytes` is the caller's request (for the error).
-    fn expand(
+    /// down to `size`, on `stream`. Chunks never merge, so the tail is 0.
+    fn grow(
         &self,
         stream: CudaStreamView<'_>,
         bytes: usize,
         size: usize,
         pool_size: usize,
+        _tail: usize,
     ) -> MrResult<(DevicePtr, usize)> {
         let try_size = self.sizes.size_to_grow(pool_size, size);
         grow(
@@ -177,13 +87,6 @@ fn grow<U: DeviceMemoryResource>(
             log::error!("rmm: pool_memory_resource: {oom}");
             Err(MrError::out_of_memory(bytes, oom.to_string()))
         }
-    }
-}
-
-impl<U: DeviceMemoryResource> Drop for Pool<U> {
-    fn drop(&mut self) {
-        self.core
-            .release_all(&self.upstream, "pool_memory_resource");
     }
 }
 
@@ -244,7 +147,7 @@ impl PoolOptions {
 ///   (failure: out-of-memory).
 /// - `allocate(_, 0, _)` is [`DevicePtr::NULL`] and touches nothing; sizes are rounded up to
 ///   256. Beyond RMM (which ignores the alignment argument), an alignment above 256 is
-///   honoured up to [`MAX_OVER_ALIGNMENT`] by taking a block
+///   honoured up to [`MAX_OVER_ALIGNMENT`](crate::MAX_OVER_ALIGNMENT) by taking a block
 ///   `alignment - 256` bytes larger, and refused above it (see the trait's "Alignment"); an
 ///   upstream chunk that is not 256-aligned is given back and refused.
 /// - A request is served from this stream's list (best fit, ties to the lowest address), else by
@@ -269,6 +172,14 @@ impl PoolOptions {
 ///   is [`MrError::InvalidFree`] (RMM corrupts its lists or aborts).
 /// - [`release_unused`](Self::release_unused) gives wholly free chunks back to the upstream
 ///   (RMM's pool never shrinks).
+/// - **Gives free chunks back before it fails**: when a pool with a maximum cannot grow for a
+///   request of at most its maximum, it (having merged every stream's list and reclaimed the
+///   blocks no event covers) releases its wholly free chunks to the upstream, after a device
+///   synchronization, and tries to grow once more, now by one chunk of the request if need
+///   be. So free memory split over chunks that never merge (RMM issues 496, 1957 and 2039's
+///   "out of memory with gigabytes free") still serves a large request once it is free; RMM's
+///   pool fails it. The pool is then smaller than before. Without a maximum (the upstream
+///   refused) or for a larger request, a failed allocation changes nothing.
 /// - A per-thread default stream has one list per host thread *per pool*; a block allocated on
 ///   one thread's per-thread stream and freed on another's goes to the legacy stream's list, so
 ///   it is reused only after both threads' work (RMM lets the freeing thread reuse it at once).
@@ -277,7 +188,7 @@ impl PoolOptions {
 /// `docs/internals/stream-ordered.md`.
 #[doc(alias = "rmm::mr::pool_memory_resource")]
 pub struct PoolMemoryResource<U: DeviceMemoryResource = SharedResource> {
-    inner: Arc<Pool<U>>,
+    inner: Arc<Pool<FromUpstream<U>>>,
 }
 
 impl<U: DeviceMemoryResource> Clone for PoolMemoryResource<U> {
@@ -313,15 +224,10 @@ impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
         } = options;
         let sizes = PoolSizes::new(initial_pool_size, maximum_pool_size)
             .map_err(|e| MrError::invalid_argument(e.to_string()))?;
-        let pool = Pool {
-            core: StreamOrdered::new(PoolBlocks::default()),
-            sizes,
-            upstream,
-            over_aligned: OverAligned::default(),
-        };
+        let pool = Pool::new(FromUpstream { upstream, sizes }, Separate);
         if initial_pool_size > 0 {
             let (ptr, size) = grow(
-                &pool.upstream,
+                &pool.growth.upstream,
                 CudaStreamView::legacy(),
                 initial_pool_size,
                 initial_pool_size,
@@ -345,13 +251,13 @@ impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
     /// The maximum pool size, if any.
     #[must_use]
     pub fn maximum_pool_size(&self) -> Option<usize> {
-        self.inner.sizes.maximum()
+        self.inner.growth.sizes.maximum()
     }
 
     /// The upstream resource (RMM's `get_upstream_resource()`).
     #[must_use]
     pub fn upstream(&self) -> &U {
-        &self.inner.upstream
+        &self.inner.growth.upstream
     }
 
     /// Everything the pool's core keeps (tests).
@@ -376,7 +282,7 @@ impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
     /// A failed synchronization (nothing is released) or the first failed upstream
     /// deallocation (the chunks the upstream refused stay in the pool, the others are released).
     pub fn release_unused(&self) -> MrResult<usize> {
-        self.inner.core.release_unused(&self.inner.upstream)
+        self.inner.release_unused()
     }
 }
 
@@ -395,7 +301,7 @@ impl<U: DeviceMemoryResource> fmt::Debug for PoolMemoryResource<U> {
             .field("pool_size", &self.pool_size())
             .field("maximum_pool_size", &self.maximum_pool_size())
             .field("core", &self.inner.core)
-            .field("upstream", &self.inner.upstream)
+            .field("upstream", &self.inner.growth.upstream)
             .finish()
     }
 }
@@ -404,19 +310,17 @@ impl<U: DeviceMemoryResource> fmt::Debug for PoolMemoryResource<U> {
 // this trait's contract) handed out and this resource holds until it is dropped; a block is
 // handed out again only after it was freed, ordered after the freeing stream's work.
 unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for PoolMemoryResource<U> {
+    #[inline]
     fn allocate(
         &self,
         stream: CudaStreamView<'_>,
         bytes: usize,
         alignment: usize,
     ) -> MrResult<DevicePtr> {
-        let alignment = alignment::check(alignment, MAX_OVER_ALIGNMENT)?;
-        if alignment > ALLOCATION_ALIGNMENT {
-            return self.allocate_over_aligned(stream, bytes, alignment);
-        }
-        self.allocate_block(stream, bytes)
+        self.inner.allocate(stream, bytes, alignment)
     }
 
+    #[inline]
     unsafe fn deallocate(
         &self,
         stream: CudaStreamView<'_>,
@@ -424,69 +328,13 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for PoolMemoryResource
         bytes: usize,
         alignment: usize,
     ) -> MrResult<()> {
-        if let Some(alignment) = alignment::over_aligned(alignment, MAX_OVER_ALIGNMENT) {
-            return self
-                .inner
-                .over_aligned
-                .deallocate(ptr, bytes, alignment, |block, size| {
-                    // SAFETY: the trait's contract, for the block the allocation lies in.
-                    unsafe { self.inner.core.deallocate(stream, block, size) }
-                });
-        }
         // SAFETY: the trait's contract.
-        unsafe { self.inner.core.deallocate(stream, ptr, bytes) }
+        unsafe { self.inner.deallocate(stream, ptr, bytes, alignment) }
     }
 
     crate::resource::resource_tail! {
         is_equal: shared(inner),
-        properties: forward(inner.upstream),
-    }
-}
-
-impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
-    /// A block of `bytes` (rounded up to 256) on `stream`.
-    #[inline]
-    fn allocate_block(&self, stream: CudaStreamView<'_>, bytes: usize) -> MrResult<DevicePtr> {
-        if bytes == 0 {
-            return Ok(DevicePtr::NULL);
-        }
-        let size = checked_align_up(bytes, ALLOCATION_ALIGNMENT).ok_or_else(|| {
-            MrError::out_of_memory(
-                bytes,
-                format!(
-                    "Maximum allocation size exceeded (failed to allocate {})",
-                    format_bytes(bytes)
-                ),
-            )
-        })?;
-        let pool = &*self.inner;
-        pool.core
-            .allocate(stream, size, &pool.upstream, |pool_size, _| {
-                pool.expand(stream, bytes, size, pool_size)
-            })
-    }
-
-    /// `bytes` aligned to `alignment` (above 256), from a larger block.
-    #[cold]
-    fn allocate_over_aligned(
-        &self,
-        stream: CudaStreamView<'_>,
-        bytes: usize,
-        alignment: usize,
-    ) -> MrResult<DevicePtr> {
-        let give_back = |block, size| {
-            // SAFETY: the block was just allocated here on `stream` and never handed out.
-            if let Err(e) = unsafe { self.inner.core.deallocate(stream, block, size) } {
-                log::error!("rmm: {NAME} could not take back block {block}: {e}");
-            }
-        };
-        self.inner.over_aligned.allocate(
-            bytes,
-            alignment,
-            NAME,
-            |size| self.allocate_block(stream, size),
-            give_back,
-        )
+        properties: forward(inner.growth.upstream),
     }
 }
 
@@ -1208,6 +1056,108 @@ mod tests {
         }
     }
 
+    const MIB: usize = 1 << 20;
+
+    /// A pool of at most `max` bytes over simulated memory of `max` bytes (which takes freed
+    /// chunks back), and that memory.
+    fn simulated_pool(
+        max: usize,
+    ) -> (
+        PoolMemoryResource<crate::SimulatedMemoryResource>,
+        crate::SimulatedMemoryResource,
+    ) {
+        let device = crate::SimulatedMemoryResource::new(max).unwrap();
+        let options = PoolOptions::new(0).maximum_pool_size(max);
+        let pool = PoolMemoryResource::with_options(device.clone(), options).unwrap();
+        (pool, device)
+    }
+
+    /// Three ordinary streams of the simulated driver (the caller holds a `FaultScope`).
+    fn three_streams() -> [CudaStreamView<'static>; 3] {
+        [1, 2, 3].map(CudaStreamView::simulated)
+    }
+
+    /// RMM issue 2039's shape: blocks allocated on one stream and freed on another lie, once
+    /// free, in the lists of the streams that freed them, over chunks that never merge (32,
+    /// 16, 8, ... MiB for a maximum of 64 MiB). Before failing, the pool merges the lists,
+    /// gives the wholly free chunks back (after a device synchronization) and grows one chunk
+    /// of what is asked; a chunk with a block in use stays.
+    #[test]
+    fn before_failing_the_pool_gives_free_chunks_back_and_grows_one() {
+        let _sim = rmm_sys::fault::FaultScope::simulated();
+        let max = 64 * MIB;
+        let (p, device) = simulated_pool(max);
+        let st = three_streams();
+        let blocks: Vec<(DevicePtr, usize)> = (0..48)
+            .map(|i| (p.allocate(st[i % 3], MIB, 256).unwrap(), i))
+            .collect();
+        let chunks = p.core_state().chunks.len();
+        assert!(chunks >= 3, "{chunks} chunks");
+        // One block stays in use; the others are freed on the next stream.
+        let (held, held_on) = blocks[47];
+        for &(b, i) in &blocks[..47] {
+            // SAFETY: from `p` with this size, freed once.
+            unsafe { p.deallocate(st[(i + 1) % 3], b, MIB, 256).unwrap() };
+        }
+        assert!(
+            p.core_state().lists.len() >= 3,
+            "the free blocks lie in several lists"
+        );
+        let syncs = rmm_sys::fault::calls(rmm_sys::fault::DriverCall::Synchronize);
+        // The held block's chunk cannot go, so the maximum cannot be had ...
+        let e = p.allocate(st[0], max, 256).unwrap_err();
+        assert!(e.is_out_of_memory(), "{e}");
+        assert!(
+            rmm_sys::fault::calls(rmm_sys::fault::DriverCall::Synchronize) > syncs,
+            "chunks were released without a device synchronization"
+        );
+        // ... but the wholly free chunks went back: only the held block's remains.
+        assert_eq!(p.core_state().chunks.len(), 1);
+        assert_eq!(p.pool_size(), device.used());
+        // What is free now is served in one block.
+        let room = max - p.pool_size();
+        let big = p.allocate(st[1], room, 256).unwrap();
+        // SAFETY: both from `p` with these sizes, freed once.
+        unsafe {
+            p.deallocate(st[1], big, room, 256).unwrap();
+            p.deallocate(st[held_on % 3], held, MIB, 256).unwrap();
+        }
+        // Everything free: the maximum in one block, from one chunk.
+        let all = p.allocate(st[2], max, 256).unwrap();
+        assert_eq!((p.pool_size(), p.core_state().chunks.len()), (max, 1));
+        // SAFETY: from `p` with this size.
+        unsafe { p.deallocate(st[2], all, max, 256).unwrap() };
+        assert_eq!(p.outstanding_allocations(), 0);
+    }
+
+    /// No chunk is given back unless the device synchronization before it succeeded: the
+    /// allocation fails and the pool keeps every chunk.
+    #[test]
+    fn a_failed_synchronization_gives_no_chunk_back() {
+        use rmm_sys::fault::{self, DriverCall};
+        let _sim = fault::FaultScope::simulated();
+        let max = 16 * MIB;
+        let (p, device) = simulated_pool(max);
+        let s = CudaStreamView::legacy();
+        let blocks: Vec<DevicePtr> = (0..12).map(|_| p.allocate(s, MIB, 256).unwrap()).collect();
+        for b in blocks {
+            // SAFETY: from `p` with this size, freed once.
+            unsafe { p.deallocate(s, b, MIB, 256).unwrap() };
+        }
+        let before = p.core_state();
+        assert!(before.chunks.len() > 1);
+        fault::fail_next(DriverCall::Synchronize, 100);
+        let e = p.allocate(s, max, 256).unwrap_err();
+        assert!(e.is_out_of_memory(), "{e}");
+        assert!(fault::injected(DriverCall::Synchronize) > 0);
+        assert_eq!(p.core_state(), before);
+        assert_eq!(device.used(), p.pool_size());
+        fault::disarm(DriverCall::Synchronize);
+        let all = p.allocate(s, max, 256).unwrap();
+        // SAFETY: from `p` with this size.
+        unsafe { p.deallocate(s, all, max, 256).unwrap() };
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
         Alloc(usize),
@@ -1267,6 +1217,43 @@ mod tests {
             let size = p.pool_size();
             prop_assert_eq!(p.release_unused().unwrap(), size);
             prop_assert_eq!(mock.live_allocations(), 0);
+        }
+
+        /// Blocks allocated on one stream and freed on another, under a maximum: whatever the
+        /// order, once everything is free the maximum is served in one block (the lists merge
+        /// and the wholly free chunks go back before the pool fails), and the pool never holds
+        /// more than the maximum or loses track of a byte.
+        #[test]
+        fn multi_stream_frees_leave_the_maximum_servable(ops in proptest::collection::vec((1usize..24, any::<usize>(), any::<bool>()), 1..80)) {
+            let _sim = rmm_sys::fault::FaultScope::simulated();
+            let max = 256 * 256 * 64;
+            let (p, device) = simulated_pool(max);
+            let st = three_streams();
+            let mut live: Vec<(DevicePtr, usize, usize)> = Vec::new();
+            for (i, (units, pick, alloc)) in ops.into_iter().enumerate() {
+                if alloc || live.is_empty() {
+                    let bytes = units * 256 * 64 - 100;
+                    match p.allocate(st[i % 3], bytes, 256) {
+                        Ok(ptr) => live.push((ptr, bytes, i % 3)),
+                        Err(e) => prop_assert!(e.is_out_of_memory(), "{}", e),
+                    }
+                } else {
+                    let (ptr, bytes, s) = live.swap_remove(pick % live.len());
+                    // SAFETY: from `p` with `bytes`, freed once, on another stream.
+                    unsafe { p.deallocate(st[(s + 1 + pick % 2) % 3], ptr, bytes, 256).unwrap() };
+                }
+                prop_assert!(p.pool_size() <= max);
+                prop_assert_eq!(p.pool_size(), device.used());
+            }
+            for (ptr, bytes, s) in live.drain(..) {
+                // SAFETY: as above.
+                unsafe { p.deallocate(st[(s + 1) % 3], ptr, bytes, 256).unwrap() };
+            }
+            let all = p.allocate(st[0], max, 256);
+            prop_assert!(all.is_ok(), "{:?}", all);
+            // SAFETY: from `p` with this size.
+            unsafe { p.deallocate(st[0], all.unwrap(), max, 256).unwrap() };
+            prop_assert_eq!(p.outstanding_allocations(), 0);
         }
     }
 }

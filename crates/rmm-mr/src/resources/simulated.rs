@@ -24,8 +24,11 @@ const MAX_SIZE: u64 = 1 << 62;
 struct Simulated {
     /// Bytes of simulated memory (a multiple of 256).
     size: u64,
-    /// Bytes handed out so far, from [`BASE`] (a multiple of 256; only grows).
+    /// Bytes allocated and not freed (a multiple of 256; at most `size`).
     used: AtomicU64,
+    /// Addresses handed out so far, from [`BASE`] (a multiple of 256; only grows, at most
+    /// [`MAX_SIZE`]: addresses are never reused).
+    next: AtomicU64,
 }
 
 /// Memory that is only numbers (RMM's `simulated_memory_resource`): a bump allocator over fake
@@ -37,9 +40,15 @@ struct Simulated {
 ///   fails with [`MrError::OutOfMemory`] ("Simulated memory size exceeded"). The alignment is
 ///   0 (the default) or a power of two up to 256, as for every base resource (every address
 ///   is 256-aligned).
-/// - `deallocate` accepts any address it handed out and **never reuses memory**, as RMM's:
-///   it models a device for resources that take memory from their upstream and keep it
-///   (pool, arena, fixed-size, binning). It is not a resource to replay a workload on directly.
+/// - `deallocate` accepts any address it handed out and gives its bytes back to the simulated
+///   memory (as a device does: a pool that releases chunks, or gives them back before it
+///   fails, can take that memory again), but **never reuses an address**: every allocation gets
+///   fresh ones, so a stale pointer never equals a live one. (RMM's never counts frees: its pool
+///   never gives memory back.) It models a device for resources that take memory from their
+///   upstream (pool, arena, fixed-size, binning), not a resource to replay a workload on
+///   directly.
+/// - If the addresses run out (2^62 bytes handed out in all, over any number of frees), an
+///   allocation fails with out-of-memory.
 /// - Nothing ever touches the memory, and nothing may: [`properties`](Self::properties) says
 ///   it is accessible neither from the host nor from the device, and containers refuse such
 ///   a resource (and any sub-allocator over it, which inherits its properties), so they never
@@ -93,6 +102,7 @@ impl SimulatedMemoryResource {
             inner: Arc::new(Simulated {
                 size: size & !(ALLOCATION_ALIGNMENT as u64 - 1),
                 used: AtomicU64::new(0),
+                next: AtomicU64::new(0),
             }),
         })
     }
@@ -104,7 +114,7 @@ impl SimulatedMemoryResource {
         self.inner.size as usize
     }
 
-    /// Bytes handed out so far (each allocation rounded up to 256; memory is never reused).
+    /// Bytes allocated and not yet freed (each allocation rounded up to 256).
     #[must_use]
     pub fn used(&self) -> usize {
         self.inner.used.load(Ordering::Acquire) as usize
@@ -159,14 +169,24 @@ unsafe impl DeviceMemoryResource for SimulatedMemoryResource {
             .checked_next_multiple_of(ALLOCATION_ALIGNMENT as u64)
             .filter(|&r| r <= size)
             .ok_or_else(|| exceeded(bytes))?;
-        let start = self
-            .inner
+        self.inner
             .used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
                 used.checked_add(rounded).filter(|&end| end <= size)
             })
             .map_err(|_| exceeded(bytes))?;
-        Ok(DevicePtr::from_raw(BASE + start))
+        match self
+            .inner
+            .next
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |next| {
+                next.checked_add(rounded).filter(|&end| end <= MAX_SIZE)
+            }) {
+            Ok(start) => Ok(DevicePtr::from_raw(BASE + start)),
+            Err(_) => {
+                self.inner.used.fetch_sub(rounded, Ordering::AcqRel);
+                Err(exceeded(bytes))
+            }
+        }
     }
 
     unsafe fn deallocate(
@@ -179,8 +199,17 @@ unsafe impl DeviceMemoryResource for SimulatedMemoryResource {
         if ptr.is_null() {
             return Ok(());
         }
-        let handed_out = BASE..BASE + self.inner.used.load(Ordering::Acquire);
+        let handed_out = BASE..BASE + self.inner.next.load(Ordering::Acquire);
         if handed_out.contains(&ptr.addr()) && ptr.is_aligned(ALLOCATION_ALIGNMENT) {
+            // The contract gives the allocation's size; a wrong one cannot take more than
+            // everything back.
+            let rounded = (bytes as u64).next_multiple_of(ALLOCATION_ALIGNMENT as u64);
+            let _ = self
+                .inner
+                .used
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                    Some(used.saturating_sub(rounded))
+                });
             Ok(())
         } else {
             Err(MrError::InvalidFree {
@@ -292,6 +321,12 @@ mod tests {
         assert!(huge.allocate(s(), 512, 256).unwrap_err().is_out_of_memory());
         let last = huge.allocate(s(), 256, 256).unwrap();
         assert_eq!(last.addr(), (1 << 63) - 256);
+        // Freed, the bytes are available again, but no address is left to give.
+        // SAFETY: simulated memory is never touched.
+        unsafe { huge.deallocate(s(), last, 256, 256).unwrap() };
+        assert_eq!(huge.available(), 256);
+        assert!(huge.allocate(s(), 256, 256).unwrap_err().is_out_of_memory());
+        assert_eq!(huge.available(), 256, "a refused allocation takes nothing");
     }
 
     #[test]
@@ -318,8 +353,12 @@ mod tests {
                 );
             }
         }
-        // Never reused.
+        // Its bytes are available again, its address is never reused.
+        assert_eq!(mr.used(), 0);
         assert_ne!(mr.allocate(s(), 512, 256).unwrap(), p);
+        let all = mr.allocate(s(), MIB - 512, 256).unwrap();
+        assert!(all.addr() > p.addr());
+        assert!(mr.allocate(s(), 256, 256).unwrap_err().is_out_of_memory());
     }
 
     #[test]

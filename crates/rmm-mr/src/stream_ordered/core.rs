@@ -4,15 +4,17 @@
 //!
 //! `allocate(stream, size)` takes a best fit from the stream's own list, else steals a block from
 //! another stream's list (after making this stream wait for that list's event), else merges other
-//! lists into this one, else grows; every block handed out is recorded in the free-list type's
-//! resource-wide record, which `deallocate` checks (unknown pointers, double frees, size
-//! mismatches). The lists of threads that exited and of streams that were destroyed are retired
-//! (their blocks go to the legacy list or to the orphan list, behind their event or a device
-//! synchronization) and their slots reused, so the lists stay as many as the live keys. Lock
-//! order: chunk set → registry → one list → the record's inner locks; no thread holds two list
-//! locks, and nothing synchronizes the device while holding any of them. A failed call leaves the
-//! core as it was. The algorithm, the lists, the locks and the failure rules in full:
-//! `docs/internals/stream-ordered.md`.
+//! lists into this one, else grows; when it cannot grow, it reclaims the blocks no event covers
+//! (one device synchronization), then gives the wholly free chunks back (another) and grows once
+//! more. Every block handed out is recorded in the free-list type's resource-wide record, which
+//! `deallocate` checks (unknown pointers, double frees, size mismatches). The lists of threads
+//! that exited and of streams that were destroyed are retired (their blocks go to the legacy list
+//! or to the orphan list, behind their event or a device synchronization) and their slots reused,
+//! so the lists stay as many as the live keys. Lock order: chunk set → registry → one list → the
+//! record's inner locks; no thread holds two list locks, and nothing synchronizes the device while
+//! holding any of them. A failed call leaves the core as it was (but for the wholly free chunks a
+//! failing allocation gave back). The algorithm, the lists, the locks and the failure rules in
+//! full: `docs/internals/stream-ordered.md`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -345,6 +347,10 @@ pub(crate) struct StreamOrdered<L: FreeBlocks> {
     /// synchronization).
     device: Option<DeviceId>,
     in_flight: InFlight,
+    /// Requests of at most this many bytes give the wholly free chunks back before they fail
+    /// (and grow once more); `None`: never (see
+    /// [`release_before_failing`](Self::release_before_failing)).
+    release_limit: Option<usize>,
 }
 
 impl<L: FreeBlocks> StreamOrdered<L> {
@@ -366,7 +372,17 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             used: AtomicBool::new(false),
             device: rmm_sys::current_device().ok(),
             in_flight: InFlight::default(),
+            release_limit: None,
         }
+    }
+
+    /// Before an allocation of at most `limit` bytes fails for want of memory, the core gives
+    /// its wholly free chunks back (after a device synchronization) and grows once more: for a
+    /// resource whose chunks may hold its free memory apart (the pool, up to its maximum). Off
+    /// by default: a failed call then changes nothing.
+    pub(crate) fn release_before_failing(mut self, limit: Option<usize>) -> Self {
+        self.release_limit = limit;
+        self
     }
 
     /// Adds the constructor's chunk to the legacy list (RMM obtains it on the legacy stream).
@@ -831,7 +847,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         if let Some(block) = self.take_from_others(own, key, stream, size, true)? {
             return Ok(block);
         }
-        let mut reclaimed = false;
+        let (mut reclaimed, mut released) = (false, false);
         loop {
             // Grow, holding the growth lock. Threads that missed together queue here; each looks
             // again once it holds the lock, so memory another one just obtained is used instead
@@ -858,6 +874,16 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                         // end, so a smaller chunk may now do; grow again from it, once.
                         None if !reclaimed && tail.is_some() && self.own_tail(own, key) != tail => {
                             reclaimed = true;
+                            continue;
+                        }
+                        // Free memory split over chunks that never merge (or that the source
+                        // still holds): give the wholly free chunks back, after a device
+                        // synchronization, and grow once more from the room that made.
+                        None if !released
+                            && self.release_limit.is_some_and(|limit| size <= limit)
+                            && self.release_for_growth(upstream) =>
+                        {
+                            released = true;
                             continue;
                         }
                         None => return Err(e),
@@ -916,6 +942,21 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                         "new upstream chunk rejected: {e}"
                     )));
                 }
+            }
+        }
+    }
+
+    /// Before an allocation fails for want of memory: [`release_unused`](Self::release_unused)
+    /// (the device is synchronized before any chunk goes), so that growth can take one chunk
+    /// where the free memory was split over several. Whether any chunk was released; a failure
+    /// is logged (the allocation then reports its own out-of-memory).
+    #[cold]
+    fn release_for_growth(&self, upstream: &dyn DeviceMemoryResource) -> bool {
+        match self.release_unused(upstream) {
+            Ok(bytes) => bytes > 0,
+            Err(e) => {
+                log::warn!("rmm: releasing free chunks before failing an allocation failed: {e}");
+                false
             }
         }
     }

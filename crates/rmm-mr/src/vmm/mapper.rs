@@ -156,6 +156,11 @@ impl Mapper {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// See [`MappedRange::set_min_growth_percent`].
+    pub(crate) fn set_min_growth_percent(&self, percent: usize) {
+        self.lock().range.set_min_growth_percent(percent);
+    }
+
     /// The end of the mapped memory, shared with the free lists.
     pub(crate) fn end(&self) -> Arc<AtomicU64> {
         Arc::clone(&self.end)

@@ -2,12 +2,13 @@
 //! [`VmmPoolMemoryResource`], a pool that grows by mapping physical memory at the end of one
 //! reserved range of device addresses, so that its free memory coalesces across growth.
 //!
-//! Built on the stream-ordered core the pool uses, with pure bookkeeping of its own and no CUDA
-//! call: `range`, the map of the reserved range (which chunks are mapped, where the next one
-//! goes), and `blocks`, the free lists whose chunks coalesce. `mapper` is the CUDA glue (or the
-//! simulation) that maps and unmaps chunks. The design: `docs/internals/vmm-pool.md`.
+//! The pool's own resource without its source of chunks (`crate::pool::shell`: the same
+//! stream-ordered core, free lists and hot path; the lists in their contiguous mode, where
+//! chunks coalesce), with pure bookkeeping of its own and no CUDA call: `range`, the map of the
+//! reserved range (which chunks are mapped, where the next one goes). `mapper` is the CUDA glue
+//! (or the simulation) that maps and unmaps chunks, the pool's source of chunks. The design:
+//! `docs/internals/vmm-pool.md`.
 
-pub(crate) mod blocks;
 mod export;
 mod mapper;
 mod options;

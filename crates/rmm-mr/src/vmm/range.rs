@@ -97,6 +97,9 @@ pub(crate) struct MappedRange {
     chunks: BTreeMap<usize, usize>,
     /// Sum of the chunk sizes.
     mapped: usize,
+    /// A chunk at the end is at least this percentage of `mapped` (rounded down to the
+    /// granularity), when it fits.
+    min_growth_percent: usize,
 }
 
 impl MappedRange {
@@ -113,6 +116,7 @@ impl MappedRange {
             granularity,
             chunks: BTreeMap::new(),
             mapped: 0,
+            min_growth_percent: 0,
         })
     }
 
@@ -151,10 +155,19 @@ impl MappedRange {
         self.chunks.iter().map(|(&o, &s)| (o, s))
     }
 
+    /// Makes a chunk placed at the end at least `percent` % (at most 100) of the bytes mapped
+    /// then, rounded down to the granularity, where the range has room for it (0, the default:
+    /// just what the request lacks).
+    pub(crate) fn set_min_growth_percent(&mut self, percent: usize) {
+        self.min_growth_percent = percent.min(100);
+    }
+
     /// Where to map for a request of `request` bytes when the free block ending at
     /// [`end`](Self::end) has `tail` bytes (0 if there is none): at the end, just enough for the
-    /// tail and the new chunk to hold the request (at least one granule); else, when the end
-    /// has no room for that, the lowest hole, whole; else [`RangeError::NoRoom`].
+    /// tail and the new chunk to hold the request (at least one granule), or the minimum growth
+    /// ([`set_min_growth_percent`](Self::set_min_growth_percent)) if that is more and fits;
+    /// else, when the end has no room for the request, the lowest hole, whole; else
+    /// [`RangeError::NoRoom`].
     pub(crate) fn place(&self, request: usize, tail: usize) -> Result<Placement, RangeError> {
         let no_room = || RangeError::NoRoom {
             request,
@@ -169,8 +182,16 @@ impl MappedRange {
         let tail = tail.min(end);
         let need = request.saturating_sub(tail).max(1);
         let size = checked_align_up(need, self.granularity).ok_or_else(no_room)?;
-        if size <= self.capacity - end {
-            return Ok(Placement { offset: end, size });
+        let room = self.capacity - end;
+        if size <= room {
+            let g = self.granularity;
+            // At most `mapped`, which is a usize (the percentage is at most 100).
+            let least = (self.mapped as u128 * self.min_growth_percent as u128 / 100) as usize;
+            let least = least / g * g;
+            return Ok(Placement {
+                offset: end,
+                size: size.max(least.min(room / g * g)),
+            });
         }
         self.holes()
             .next()
@@ -266,6 +287,30 @@ mod tests {
         // Beyond the range: no room, whatever the tail.
         let e = r.place(64 * MIB + 256, 64 * MIB).unwrap_err();
         assert!(e.to_string().starts_with("Not enough room to grow"), "{e}");
+    }
+
+    /// With a minimum growth, a chunk at the end is at least that share of what is mapped
+    /// (rounded down to the granularity), but never more than the range has room for, and never
+    /// less than the request lacks.
+    #[test]
+    fn the_minimum_growth_adds_slack_where_it_fits() {
+        let mut r = MappedRange::new(64 * MIB, G).unwrap();
+        r.set_min_growth_percent(25);
+        // Nothing mapped: the request alone.
+        assert_eq!(r.place(256, 0).unwrap(), at(0, G));
+        r.insert(at(0, 16 * MIB)).unwrap();
+        // 25 % of 16 MiB is 4 MiB: two granules for a request of one.
+        assert_eq!(r.place(256, 0).unwrap(), at(16 * MIB, 4 * MIB));
+        // A request that lacks more gets what it lacks.
+        assert_eq!(r.place(10 * MIB, 0).unwrap(), at(16 * MIB, 10 * MIB));
+        r.insert(at(16 * MIB, 44 * MIB)).unwrap();
+        // 25 % of 60 MiB is 15 MiB, but only 4 MiB are left: those.
+        assert_eq!(r.place(256, 0).unwrap(), at(60 * MIB, 4 * MIB));
+        // Capped at 100 %.
+        r.set_min_growth_percent(1000);
+        assert_eq!(r.min_growth_percent, 100);
+        r.set_min_growth_percent(0);
+        assert_eq!(r.place(256, 0).unwrap(), at(60 * MIB, G));
     }
 
     #[test]

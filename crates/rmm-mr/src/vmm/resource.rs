@@ -5,14 +5,12 @@ use std::sync::Arc;
 
 use rmm_stream::CudaStreamView;
 use rmm_sys::vmm::{self as sys_vmm, Granularity};
-use rmm_sys::{checked_align_up, AllocationHandleType, DeviceId, DevicePtr, ALLOCATION_ALIGNMENT};
+use rmm_sys::{AllocationHandleType, DeviceId, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{MrError, MrResult};
+use crate::pool::blocks::Contiguous;
+use crate::pool::shell::{Growth, Pool};
 use crate::resource::DeviceMemoryResource;
-use crate::stream_ordered::core::StreamOrdered;
-use crate::util::alignment::{self, OverAligned, MAX_OVER_ALIGNMENT};
-use crate::util::format::format_bytes;
-use crate::vmm::blocks::VmmBlocks;
 use crate::vmm::mapper::{Mapper, VmmGrowthStatistics, NAME};
 use crate::vmm::options::{Geometry, VmmPoolOptions};
 
@@ -20,18 +18,29 @@ use crate::vmm::options::{Geometry, VmmPoolOptions};
 /// recommend.
 const SIMULATED_GRANULARITY: usize = 2 << 20;
 
-struct Vmm {
-    core: StreamOrdered<VmmBlocks>,
-    mapper: Mapper,
-    /// Allocations made with an alignment above 256.
-    over_aligned: OverAligned,
-}
+impl Growth for Mapper {
+    const NAME: &'static str = NAME;
+    type Layout = Contiguous;
 
-impl Drop for Vmm {
-    fn drop(&mut self) {
-        // Every chunk is unmapped and released (after a device synchronization if a block was
-        // ever handed out); the address range is freed when the mapper drops after this.
-        self.core.release_all(&self.mapper, NAME);
+    fn source(&self) -> &dyn DeviceMemoryResource {
+        self
+    }
+
+    fn release_limit(&self) -> Option<usize> {
+        Some(self.capacity())
+    }
+
+    /// One chunk at the end of the mapped memory, of what the free block there (`tail`) lacks
+    /// for the request, rounded up to the granularity ([`Mapper::grow`]).
+    fn grow(
+        &self,
+        _stream: CudaStreamView<'_>,
+        bytes: usize,
+        size: usize,
+        _pool_size: usize,
+        tail: usize,
+    ) -> MrResult<(DevicePtr, usize)> {
+        Mapper::grow(self, bytes, size, tail)
     }
 }
 
@@ -48,7 +57,7 @@ impl Drop for Vmm {
 /// - Allocation is [`PoolMemoryResource`](crate::PoolMemoryResource)'s, on the same
 ///   stream-ordered core: per-stream coalescing best-fit free lists, stealing and merging across
 ///   streams with events, the record of handed-out blocks, over-alignment up to
-///   [`MAX_OVER_ALIGNMENT`], wrong frees reported as [`MrError::InvalidFree`].
+///   [`MAX_OVER_ALIGNMENT`](crate::MAX_OVER_ALIGNMENT), wrong frees reported as [`MrError::InvalidFree`].
 /// - When no list can serve a request, the pool maps one more chunk of physical memory
 ///   (`cuMemCreate`, `cuMemMap`, `cuMemSetAccess` for the device and its peers) right after
 ///   the mapped memory, of just what the free block at the end lacks for the request, rounded
@@ -92,7 +101,7 @@ impl Drop for Vmm {
 #[doc(alias = "vmm_pool_memory_resource")]
 #[derive(Clone)]
 pub struct VmmPoolMemoryResource {
-    inner: Arc<Vmm>,
+    inner: Arc<Pool<Mapper>>,
 }
 
 impl VmmPoolMemoryResource {
@@ -159,6 +168,7 @@ impl VmmPoolMemoryResource {
             geometry.granularity,
             minimum,
         )?;
+        mapper.set_min_growth_percent(options.min_growth_percent);
         Self::build(mapper, geometry)
     }
 
@@ -189,17 +199,15 @@ impl VmmPoolMemoryResource {
         )
         .map_err(MrError::invalid_argument)?;
         let mapper = Mapper::simulated(geometry.capacity, geometry.granularity)?;
+        mapper.set_min_growth_percent(options.min_growth_percent);
         Self::build(mapper, geometry)
     }
 
     fn build(mapper: Mapper, geometry: Geometry) -> MrResult<Self> {
-        let vmm = Vmm {
-            core: StreamOrdered::new(VmmBlocks::new(mapper.end())),
-            mapper,
-            over_aligned: OverAligned::default(),
-        };
+        let chunks = Contiguous::new(mapper.end());
+        let vmm = Pool::new(mapper, chunks);
         if geometry.initial > 0 {
-            let (ptr, size) = vmm.mapper.grow(geometry.initial, geometry.initial, 0)?;
+            let (ptr, size) = vmm.growth.grow(geometry.initial, geometry.initial, 0)?;
             vmm.core.add_initial_chunk(ptr, size)?;
         }
         Ok(Self {
@@ -217,32 +225,32 @@ impl VmmPoolMemoryResource {
     /// also the size of its address range.
     #[must_use]
     pub fn maximum_pool_size(&self) -> usize {
-        self.inner.mapper.capacity()
+        self.inner.growth.capacity()
     }
 
     /// The granularity chunks are mapped in.
     #[must_use]
     pub fn granularity(&self) -> usize {
-        self.inner.mapper.granularity()
+        self.inner.growth.granularity()
     }
 
     /// The first address of the reserved range: every allocation lies in
     /// `[address_base, address_base + maximum_pool_size)`.
     #[must_use]
     pub fn address_base(&self) -> DevicePtr {
-        self.inner.mapper.base()
+        self.inner.growth.base()
     }
 
     /// Number of chunks mapped now.
     #[must_use]
     pub fn chunk_count(&self) -> usize {
-        self.inner.mapper.chunk_count()
+        self.inner.growth.chunk_count()
     }
 
     /// The device the pool maps memory on (`None` for a [simulated](Self::simulated) pool).
     #[must_use]
     pub fn device(&self) -> Option<DeviceId> {
-        self.inner.mapper.device_id()
+        self.inner.growth.device_id()
     }
 
     /// Number of allocations handed out and not yet freed.
@@ -254,7 +262,7 @@ impl VmmPoolMemoryResource {
     /// How often the pool mapped and unmapped chunks, and the time that took.
     #[must_use]
     pub fn growth_statistics(&self) -> VmmGrowthStatistics {
-        self.inner.mapper.statistics()
+        self.inner.growth.statistics()
     }
 
     /// Unmaps and releases every chunk no allocation uses and returns the bytes released. The
@@ -267,7 +275,7 @@ impl VmmPoolMemoryResource {
     /// A failed synchronization (nothing is released) or the first failed unmapping (that
     /// chunk stays mapped and in the pool; the others are released).
     pub fn release_unused(&self) -> MrResult<usize> {
-        self.inner.core.release_unused(&self.inner.mapper)
+        self.inner.release_unused()
     }
 
     /// Exports the physical memory of every chunk as a POSIX file descriptor, for another
@@ -280,7 +288,7 @@ impl VmmPoolMemoryResource {
     /// simulated pool.
     #[cfg(unix)]
     pub fn export_chunks(&self) -> MrResult<Vec<crate::vmm::ExportedChunk>> {
-        self.inner.mapper.export_chunks()
+        self.inner.growth.export_chunks()
     }
 
     /// Everything the pool's core keeps (tests).
@@ -292,51 +300,7 @@ impl VmmPoolMemoryResource {
     /// The mapper (tests).
     #[cfg(test)]
     pub(crate) fn mapper(&self) -> &Mapper {
-        &self.inner.mapper
-    }
-
-    /// A block of `bytes` (rounded up to 256) on `stream`.
-    #[inline]
-    fn allocate_block(&self, stream: CudaStreamView<'_>, bytes: usize) -> MrResult<DevicePtr> {
-        if bytes == 0 {
-            return Ok(DevicePtr::NULL);
-        }
-        let size = checked_align_up(bytes, ALLOCATION_ALIGNMENT).ok_or_else(|| {
-            MrError::out_of_memory(
-                bytes,
-                format!(
-                    "Maximum allocation size exceeded (failed to allocate {})",
-                    format_bytes(bytes)
-                ),
-            )
-        })?;
-        let vmm = &*self.inner;
-        vmm.core.allocate(stream, size, &vmm.mapper, |_, tail| {
-            vmm.mapper.grow(bytes, size, tail)
-        })
-    }
-
-    /// `bytes` aligned to `alignment` (above 256), from a larger block.
-    #[cold]
-    fn allocate_over_aligned(
-        &self,
-        stream: CudaStreamView<'_>,
-        bytes: usize,
-        alignment: usize,
-    ) -> MrResult<DevicePtr> {
-        let give_back = |block, size| {
-            // SAFETY: the block was just allocated here on `stream` and never handed out.
-            if let Err(e) = unsafe { self.inner.core.deallocate(stream, block, size) } {
-                log::error!("rmm: {NAME} could not take back block {block}: {e}");
-            }
-        };
-        self.inner.over_aligned.allocate(
-            bytes,
-            alignment,
-            NAME,
-            |size| self.allocate_block(stream, size),
-            give_back,
-        )
+        &self.inner.growth
     }
 }
 
@@ -347,7 +311,7 @@ impl fmt::Debug for VmmPoolMemoryResource {
             .field("maximum_pool_size", &self.maximum_pool_size())
             .field("chunks", &self.chunk_count())
             .field("core", &self.inner.core)
-            .field("mapper", &self.inner.mapper)
+            .field("mapper", &self.inner.growth)
             .finish()
     }
 }
@@ -358,19 +322,17 @@ impl fmt::Debug for VmmPoolMemoryResource {
 // free chunks, after a device synchronization), and a block is handed out again only after it
 // was freed, ordered after the freeing stream's work.
 unsafe impl DeviceMemoryResource for VmmPoolMemoryResource {
+    #[inline]
     fn allocate(
         &self,
         stream: CudaStreamView<'_>,
         bytes: usize,
         alignment: usize,
     ) -> MrResult<DevicePtr> {
-        let alignment = alignment::check(alignment, MAX_OVER_ALIGNMENT)?;
-        if alignment > ALLOCATION_ALIGNMENT {
-            return self.allocate_over_aligned(stream, bytes, alignment);
-        }
-        self.allocate_block(stream, bytes)
+        self.inner.allocate(stream, bytes, alignment)
     }
 
+    #[inline]
     unsafe fn deallocate(
         &self,
         stream: CudaStreamView<'_>,
@@ -378,21 +340,12 @@ unsafe impl DeviceMemoryResource for VmmPoolMemoryResource {
         bytes: usize,
         alignment: usize,
     ) -> MrResult<()> {
-        if let Some(alignment) = alignment::over_aligned(alignment, MAX_OVER_ALIGNMENT) {
-            return self
-                .inner
-                .over_aligned
-                .deallocate(ptr, bytes, alignment, |block, size| {
-                    // SAFETY: the trait's contract, for the block the allocation lies in.
-                    unsafe { self.inner.core.deallocate(stream, block, size) }
-                });
-        }
         // SAFETY: the trait's contract.
-        unsafe { self.inner.core.deallocate(stream, ptr, bytes) }
+        unsafe { self.inner.deallocate(stream, ptr, bytes, alignment) }
     }
 
     crate::resource::resource_tail! {
         is_equal: shared(inner),
-        properties: forward(inner.mapper),
+        properties: forward(inner.growth),
     }
 }

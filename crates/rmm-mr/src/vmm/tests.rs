@@ -88,15 +88,26 @@ fn issue_1957_the_maximum_after_an_initial_size() {
     assert_eq!(vmm.growth_statistics().mappings, 2);
     free(&vmm, all, 64 * MIB).unwrap();
 
-    // The plain pool, the same sizes, with plenty of memory under it: out of memory.
+    // The plain pool, the same sizes, with plenty of memory under it: its initial chunk can
+    // never be part of a 64 MiB block, so it serves the request only by giving that chunk back
+    // first (RMM's pool fails here), and fails while a block of it is in use.
     let device = SimulatedMemoryResource::new(1 << 30).unwrap();
     let pool = PoolMemoryResource::with_options(
         device,
         PoolOptions::new(2 * MIB).maximum_pool_size(64 * MIB),
     )
     .unwrap();
+    let held = pool.allocate(s(), 256, 256).unwrap();
     let e = pool.allocate(s(), 64 * MIB, 256).unwrap_err();
     assert!(e.is_out_of_memory(), "{e}");
+    free(&pool, held, 256).unwrap();
+    let all = pool.allocate(s(), 64 * MIB, 256).unwrap();
+    assert_eq!(
+        pool.pool_size(),
+        64 * MIB,
+        "the initial chunk was given back"
+    );
+    free(&pool, all, 64 * MIB).unwrap();
 }
 
 /// RMM issue 496: after growing with small allocations, two large ones no longer fit.
@@ -123,11 +134,11 @@ fn issue_496_two_large_allocations_after_growth() {
     let device = SimulatedMemoryResource::new(1 << 30).unwrap();
     let pool = PoolMemoryResource::with_options(device, PoolOptions::new(0).maximum_pool_size(max))
         .unwrap();
-    assert_eq!(
-        grow_and_try(&pool),
-        (true, false),
-        "the plain pool no longer fails here"
-    );
+    // The plain pool's chunks (32, 16, 8, 4, ... MiB) never merge; RMM's fails the second
+    // allocation. This one gives the wholly free chunks back before it fails, and grows one
+    // chunk large enough instead.
+    assert_eq!(grow_and_try(&pool), (true, true));
+    assert!(pool.pool_size() <= max);
 }
 
 #[test]
@@ -337,9 +348,11 @@ fn multi_stream_workload_leaves_one_block() {
     assert_eq!(vmm_largest, max);
     assert!(vmm_out.peak_reserved <= max);
     // Side by side: the plain pool's chunks (half the maximum, then a quarter, ...) never
-    // merge, so its largest is its largest chunk.
-    let (_, _, pool_largest) = rows[1];
-    assert!(pool_largest <= max / 2, "{pool_largest}");
+    // merge, so its largest block is its largest chunk (half the maximum: RMM's figure); but
+    // before failing it gives its wholly free chunks back and grows one of the whole maximum.
+    let (_, pool_out, pool_largest) = rows[1];
+    assert_eq!(pool_out.failed, 0, "{pool_out:?}");
+    assert_eq!(pool_largest, max);
     assert_eq!(vmm.outstanding_allocations(), 0);
     // Everything freed coalesced into one block per list, and the lists merge into one.
     assert_eq!(vmm.core_state().free_ranges().len(), 1);

@@ -26,6 +26,7 @@ fn subject<'a>(
         faulty,
         mock,
         state: Box::new(|| format!("{:?}", mr.inner.live_blocks())),
+        memory: None,
         check: Box::new(move |live| {
             let mut want: Vec<u64> = live.iter().map(|l| l.ptr.addr()).collect();
             want.sort_unstable();

@@ -1,0 +1,168 @@
+//! What the pool and the VMM pool share whole: the stream-ordered core over [`PoolBlocks`],
+//! allocations above 256-byte alignment, the hot paths of `allocate` and `deallocate`, the
+//! release of wholly free chunks and the drop. The two resources differ only in where a new
+//! chunk comes from and where a released one goes ([`Growth`]): the pool takes separate chunks
+//! from its upstream; the VMM pool maps chunks at the end of one reserved range, where they
+//! merge with the free block before them.
+
+use rmm_stream::CudaStreamView;
+use rmm_sys::{checked_align_up, DevicePtr, ALLOCATION_ALIGNMENT};
+
+use crate::error::{MrError, MrResult};
+use crate::pool::blocks::{ChunkLayout, PoolBlocks};
+use crate::resource::DeviceMemoryResource;
+use crate::stream_ordered::core::StreamOrdered;
+use crate::util::alignment::{self, OverAligned, MAX_OVER_ALIGNMENT};
+use crate::util::format::format_bytes;
+
+/// Where a pool's chunks come from and go back to.
+pub(crate) trait Growth: Send + Sync + 'static {
+    /// The resource's name in messages.
+    const NAME: &'static str;
+
+    /// How the chunks lie (whether they merge).
+    type Layout: ChunkLayout;
+
+    /// The resource that hands out the chunks [`grow`](Self::grow) returns and takes them back
+    /// (`release_unused`, the drop, a chunk the core refused).
+    fn source(&self) -> &dyn DeviceMemoryResource;
+
+    /// The largest request for which giving the wholly free chunks back can make room to grow
+    /// (the maximum pool size), or `None` when it cannot be known (no maximum: the source
+    /// refused): see `StreamOrdered::release_before_failing`.
+    fn release_limit(&self) -> Option<usize>;
+
+    /// A new chunk for a request of `size` bytes (a multiple of 256; `bytes` is the caller's
+    /// request, for the error) on `stream`, when the pool holds `pool_size` bytes and the
+    /// stream's list has a free block of `tail` bytes at the end of the memory (always 0 for
+    /// chunks that never merge; see [`FreeBlocks::extendable_tail`]). Called with the core's
+    /// growth lock held.
+    ///
+    /// [`FreeBlocks::extendable_tail`]: crate::stream_ordered::core::FreeBlocks::extendable_tail
+    fn grow(
+        &self,
+        stream: CudaStreamView<'_>,
+        bytes: usize,
+        size: usize,
+        pool_size: usize,
+        tail: usize,
+    ) -> MrResult<(DevicePtr, usize)>;
+}
+
+/// A coalescing best-fit pool over the stream-ordered core, growing through `G`. See the
+/// [module documentation](self).
+pub(crate) struct Pool<G: Growth> {
+    pub(crate) core: StreamOrdered<PoolBlocks<G::Layout>>,
+    pub(crate) growth: G,
+    /// Allocations made with an alignment above 256.
+    over_aligned: OverAligned,
+}
+
+impl<G: Growth> Pool<G> {
+    /// A pool without chunks whose chunks will lie as `chunks` says.
+    pub(crate) fn new(growth: G, chunks: G::Layout) -> Self {
+        Self {
+            core: StreamOrdered::new(PoolBlocks::new(chunks))
+                .release_before_failing(growth.release_limit()),
+            growth,
+            over_aligned: OverAligned::default(),
+        }
+    }
+
+    /// [`DeviceMemoryResource::allocate`].
+    #[inline]
+    pub(crate) fn allocate(
+        &self,
+        stream: CudaStreamView<'_>,
+        bytes: usize,
+        alignment: usize,
+    ) -> MrResult<DevicePtr> {
+        let alignment = alignment::check(alignment, MAX_OVER_ALIGNMENT)?;
+        if alignment > ALLOCATION_ALIGNMENT {
+            return self.allocate_over_aligned(stream, bytes, alignment);
+        }
+        self.allocate_block(stream, bytes)
+    }
+
+    /// [`DeviceMemoryResource::deallocate`].
+    ///
+    /// # Safety
+    /// As [`DeviceMemoryResource::deallocate`].
+    #[inline]
+    pub(crate) unsafe fn deallocate(
+        &self,
+        stream: CudaStreamView<'_>,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+    ) -> MrResult<()> {
+        if let Some(alignment) = alignment::over_aligned(alignment, MAX_OVER_ALIGNMENT) {
+            return self
+                .over_aligned
+                .deallocate(ptr, bytes, alignment, |block, size| {
+                    // SAFETY: the caller's contract, for the block the allocation lies in.
+                    unsafe { self.core.deallocate(stream, block, size) }
+                });
+        }
+        // SAFETY: the caller's contract.
+        unsafe { self.core.deallocate(stream, ptr, bytes) }
+    }
+
+    /// Releases every wholly free chunk to the source (after a device synchronization) and
+    /// returns the bytes released.
+    pub(crate) fn release_unused(&self) -> MrResult<usize> {
+        self.core.release_unused(self.growth.source())
+    }
+
+    /// A block of `bytes` (rounded up to 256) on `stream`.
+    #[inline]
+    fn allocate_block(&self, stream: CudaStreamView<'_>, bytes: usize) -> MrResult<DevicePtr> {
+        if bytes == 0 {
+            return Ok(DevicePtr::NULL);
+        }
+        let size = checked_align_up(bytes, ALLOCATION_ALIGNMENT).ok_or_else(|| {
+            MrError::out_of_memory(
+                bytes,
+                format!(
+                    "Maximum allocation size exceeded (failed to allocate {})",
+                    format_bytes(bytes)
+                ),
+            )
+        })?;
+        self.core
+            .allocate(stream, size, self.growth.source(), |pool_size, tail| {
+                self.growth.grow(stream, bytes, size, pool_size, tail)
+            })
+    }
+
+    /// `bytes` aligned to `alignment` (above 256), from a larger block.
+    #[cold]
+    fn allocate_over_aligned(
+        &self,
+        stream: CudaStreamView<'_>,
+        bytes: usize,
+        alignment: usize,
+    ) -> MrResult<DevicePtr> {
+        let give_back = |block, size| {
+            // SAFETY: the block was just allocated here on `stream` and never handed out.
+            if let Err(e) = unsafe { self.core.deallocate(stream, block, size) } {
+                log::error!("rmm: {} could not take back block {block}: {e}", G::NAME);
+            }
+        };
+        self.over_aligned.allocate(
+            bytes,
+            alignment,
+            G::NAME,
+            |size| self.allocate_block(stream, size),
+            give_back,
+        )
+    }
+}
+
+impl<G: Growth> Drop for Pool<G> {
+    fn drop(&mut self) {
+        // Every chunk goes back to the source (after a device synchronization if a block was
+        // ever handed out), allocations outstanding or not.
+        self.core.release_all(self.growth.source(), G::NAME);
+    }
+}
