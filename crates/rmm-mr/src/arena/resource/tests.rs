@@ -1192,17 +1192,7 @@ fn blocks_of_destroyed_streams_can_still_be_freed() {
     free(&mr, b.view(), big, 3 * MIB);
     free(&mr, b.view(), r, 4 * KIB);
     drop(b);
-    mr.inner.settle();
-    mr.inner.reclaim_now().unwrap();
-    let s = snapshot(&mr);
-    assert_eq!(
-        (s.lent_superblocks, s.holding, s.pending),
-        (0, 0, 0),
-        "{s:?}"
-    );
-    assert!(s.fully_coalesced, "{s:?}");
-    let all = alloc(&mr, legacy(), size);
-    free(&mr, legacy(), all, size);
+    reclaim_gives_everything_back(&mr, size);
 }
 
 /// Threads make, use and destroy streams concurrently, pass blocks to each other to free on
@@ -1277,15 +1267,22 @@ fn streams_die_while_other_threads_free_their_blocks() {
         s.arenas <= THREADS as usize + 1 && s.holding <= 1,
         "arenas of destroyed streams pile up: {s:?}"
     );
+    reclaim_gives_everything_back(&mr, size);
+}
+
+/// Once every block is freed: after the pending frees settle and a reclaim, nothing is lent,
+/// held or pending, the arena is one free block again, and all of it (`size` bytes) can be
+/// allocated at once.
+fn reclaim_gives_everything_back(mr: &Arena, size: usize) {
     mr.inner.settle();
     mr.inner.reclaim_now().unwrap();
-    let s = snapshot(&mr);
+    let s = snapshot(mr);
     assert_eq!(
         (s.lent_superblocks, s.holding, s.pending),
         (0, 0, 0),
         "{s:?}"
     );
     assert!(s.fully_coalesced, "{s:?}");
-    let all = alloc(&mr, legacy(), size);
-    free(&mr, legacy(), all, size);
+    let all = alloc(mr, legacy(), size);
+    free(mr, legacy(), all, size);
 }
