@@ -56,6 +56,10 @@
 #                       rmm-mr--gpu_conformance rmm-containers--gpu_containers"; '*' for all)
 #   RMM_SANITIZE_MODES  the stream modes `sanitize` runs each binary in (default "legacy")
 #   RMM_SANITIZE_TIMEOUT  seconds one binary may run under a tool (default 150; 0: no limit)
+#   RMM_SANITIZE_SPLIT  the tools under which each binary runs once per test group (the name up
+#                       to its second '::', or its last '/'), one process each, when no ARGS
+#                       are given (default "initcheck": its device memory grows through a
+#                       process and fills an 80 GB GPU within one run of the conformance suite)
 #   RMM_STRESS_OPS      operations per thread of the stress trials; `sanitize` sets 40
 #                       unless it is set
 #   PYTHON              the Python `torch` and `torch-bench` use (default python3)
@@ -591,6 +595,30 @@ parse_sanitizer() {
   fi
 }
 
+# test_groups BIN: the filters that split BIN's tests into groups, one per line in list order:
+# a name's first two '::' components ("conformance::pool::"), else its part up to the last '/'
+# ("stress/"), else the whole name. Prints nothing when BIN cannot list its tests.
+test_groups() {
+  (cd "$BUNDLE" && "$1" --list 2>/dev/null) | awk '
+    /: test$/ {
+      name = substr($0, 1, length($0) - 6)
+      n = split(name, parts, "::")
+      if (n > 2) { g = parts[1] "::" parts[2] "::" }
+      else if (match(name, /.*\//)) { g = substr(name, 1, RLENGTH) }
+      else { g = name }
+      if (!(g in seen)) { seen[g] = 1; print g }
+    }'
+}
+
+# splits_tool TOOL: whether TOOL is among RMM_SANITIZE_SPLIT.
+splits_tool() {
+  local t
+  for t in ${RMM_SANITIZE_SPLIT-initcheck}; do
+    [[ $t == "$1" ]] && return 0
+  done
+  return 1
+}
+
 # run_sanitize [TOOL...] [-- ARGS...]: the chosen test binaries under compute-sanitizer, once per
 # tool and mode; prints a table, one line per tool and the verdict.
 run_sanitize() {
@@ -679,29 +707,59 @@ run_sanitize() {
       for bin in "${bins[@]}"; do
         name=${bin##*/}
         log="$LOGS/sanitize-$tool--$mode--$name.log"
-        echo "=== [sanitize $tool, $mode] $name"
-        run_captured "$log" env RMM_DEFAULT_STREAM="$mode" RMM_STRESS_OPS="${RMM_STRESS_OPS:-40}" \
-          "$sanitizer" "${opts[@]}" "$bin" --test-threads=1 "${args[@]}"
-        parse_result "$log"
-        parse_sanitizer "$log"
-        errors=$S_ERRORS
-        if ((S_FOUND)) && ((R_FOUND)); then
-          if ((errors > 0)); then
-            status="$errors sanitizer error(s)"
-          elif ((R_FAILED > 0)); then
-            status="tests FAILED"
-          elif ((RC != 0)); then
-            status="exit: $(describe_exit "$RC")"
-            errors=1
-            crashed+=("$tool/$mode/$name ($status)")
+        local -a groups=("")
+        if ((${#args[@]} == 0)) && splits_tool "$tool"; then
+          mapfile -t groups < <(test_groups "$bin")
+          ((${#groups[@]})) || groups=("")
+        fi
+        local group part_log part=0 b_errors=0 b_passed=0 b_failed=0 b_ignored=0 b_crash=""
+        local n_logs=${#RUN_LOGS[@]}
+        : >"$log"
+        for group in "${groups[@]}"; do
+          part=$((part + 1))
+          part_log=$log
+          if ((${#groups[@]} > 1)); then
+            part_log="$LOGS/sanitize-$tool--$mode--$name--part$part.log"
+            echo "=== [sanitize $tool, $mode] $name $group"
           else
-            status=ok
+            echo "=== [sanitize $tool, $mode] $name"
           fi
-        else
-          # No summary from the sanitizer or no result line from the binary: it did not finish.
-          status="CRASHED: $(describe_exit "$RC"), $( ((S_FOUND)) && echo "no test result line" || echo "no sanitizer summary")"
-          ((errors > 0)) || errors=1
+          run_captured "$part_log" env RMM_DEFAULT_STREAM="$mode" RMM_STRESS_OPS="${RMM_STRESS_OPS:-40}" \
+            "$sanitizer" "${opts[@]}" "$bin" --test-threads=1 ${group:+"$group"} "${args[@]}"
+          parse_result "$part_log"
+          parse_sanitizer "$part_log"
+          errors=$S_ERRORS
+          if ((S_FOUND)) && ((R_FOUND)); then
+            if ((errors == 0 && R_FAILED == 0 && RC != 0)); then
+              errors=1
+              [[ -n $b_crash ]] || b_crash="exit: $(describe_exit "$RC")"
+            fi
+          else
+            # No summary from the sanitizer or no result line from the binary: it did not finish.
+            ((errors > 0)) || errors=1
+            [[ -n $b_crash ]] || b_crash="CRASHED: $(describe_exit "$RC"), $( ((S_FOUND)) && echo "no test result line" || echo "no sanitizer summary")"
+          fi
+          b_errors=$((b_errors + errors))
+          b_passed=$((b_passed + R_PASSED))
+          b_failed=$((b_failed + R_FAILED))
+          b_ignored=$((b_ignored + R_IGNORED))
+          if [[ $part_log != "$log" ]]; then
+            cat "$part_log" >>"$log"
+            rm -f "$part_log"
+          fi
+        done
+        RUN_LOGS=("${RUN_LOGS[@]:0:n_logs}" "$log")
+        errors=$b_errors
+        R_PASSED=$b_passed R_FAILED=$b_failed R_IGNORED=$b_ignored
+        if [[ -n $b_crash ]]; then
+          status=$b_crash
           crashed+=("$tool/$mode/$name ($status)")
+        elif ((errors > 0)); then
+          status="$errors sanitizer error(s)"
+        elif ((R_FAILED > 0)); then
+          status="tests FAILED"
+        else
+          status=ok
         fi
         t_errors=$((t_errors + errors))
         t_passed=$((t_passed + R_PASSED))
@@ -785,6 +843,7 @@ st_run() {
   shift
   env -u RMM_GPU_MODES -u RMM_GPU_TIMEOUT -u RMM_GPU_LOG_LIMIT -u OUT -u RMM_BENCH_FILTER -u NVCC \
     -u COMPUTE_SANITIZER -u RMM_SANITIZE_BINS -u RMM_SANITIZE_MODES -u RMM_SANITIZE_TIMEOUT \
+    -u RMM_SANITIZE_SPLIT \
     -u RMM_STRESS_OPS \
     -u PYTHON -u RMM_RS_LIBRARY -u RMM_REPLAY \
     RMM_GPU_NVIDIA_LIB=/nonexistent "${envs[@]}" bash "$@" >"$tmp/$name.txt" 2>&1
@@ -1034,6 +1093,37 @@ echo '$result'"
     "sanitize: memcheck: 0 binaries, not run: no compute-sanitizer"
   expect "and why" file_has "$tmp/sanmissing.txt" \
     "sanitize: compute-sanitizer not found: COMPUTE_SANITIZER=/nonexistent/compute-sanitizer is not an executable file"
+  # initcheck runs a binary once per test group; the parts' counts add up in one log.
+  fake "$b8/bin/rmm-mr--gpu_conformance" "if [[ \$1 == --list ]]; then
+  printf '%s\n' 'conformance::a::x: test' 'conformance::a::y: test' 'conformance::b::x: test' 'other/t1: test'
+  exit 0
+fi
+echo \"group args=\$*\"
+[[ \$* == *conformance::b::* ]] && echo 'SANITIZER-ERROR initcheck'
+echo '$result'"
+  : >"$tmp/san-args.txt"
+  st_run sansplit COMPUTE_SANITIZER="$san" RMM_SANITIZE_BINS="rmm-mr--gpu_conformance" \
+    -- "$b8/run.sh" sanitize initcheck memcheck
+  expect "initcheck's groups add up" file_has "$tmp/sansplit.txt" \
+    "sanitize: initcheck: 1 binaries (legacy), 1 errors, tests: 9 passed, 0 failed, 3 skipped"
+  expect "memcheck runs the binary once" file_has "$tmp/sansplit.txt" \
+    "sanitize: memcheck: 1 binaries (legacy), 0 errors, tests: 3 passed, 0 failed, 1 skipped"
+  local g
+  for g in conformance::a:: conformance::b:: other/; do
+    expect "initcheck runs the group $g" file_has "$tmp/san-args.txt" \
+      "--tool initcheck --error-exitcode 1 --report-api-errors no $b8/bin/rmm-mr--gpu_conformance --test-threads=1 $g"
+  done
+  expect "one log holds every group" file_has \
+    "$b8/logs/sanitize-initcheck--legacy--rmm-mr--gpu_conformance.log" "group args=--test-threads=1 other/"
+  expect "the parts' logs are gone" test ! -e "$b8/logs/sanitize-initcheck--legacy--rmm-mr--gpu_conformance--part1.log"
+  st_run sannosplit COMPUTE_SANITIZER="$san" RMM_SANITIZE_BINS="rmm-mr--gpu_conformance" RMM_SANITIZE_SPLIT= \
+    -- "$b8/run.sh" sanitize initcheck
+  expect "RMM_SANITIZE_SPLIT empty: one run" file_has "$tmp/sannosplit.txt" \
+    "sanitize: initcheck: 1 binaries (legacy), 0 errors, tests: 3 passed, 0 failed, 1 skipped"
+  st_run sanargs COMPUTE_SANITIZER="$san" RMM_SANITIZE_BINS="rmm-mr--gpu_conformance" \
+    -- "$b8/run.sh" sanitize initcheck -- conformance::b::
+  expect "ARGS given: one run" file_has "$tmp/sanargs.txt" \
+    "sanitize: initcheck: 1 binaries (legacy), 1 errors, tests: 3 passed, 0 failed, 1 skipped"
   st_run sanbadtool COMPUTE_SANITIZER="$san" -- "$b8/run.sh" sanitize leakcheck
   expect_eq "an unknown tool exits 2" "$ST_RC" 2
   st_run sannobin COMPUTE_SANITIZER="$san" RMM_SANITIZE_BINS="nope--*" -- "$b8/run.sh" sanitize memcheck
