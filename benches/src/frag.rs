@@ -991,7 +991,7 @@ mod tests {
     fn the_plan_is_the_benchmarks_workload() {
         let m = maximum_for(79 * GIB);
         assert_eq!(m, 8 * GIB);
-        assert_eq!(maximum_for(10 * GIB), 4032 * MIB);
+        assert_eq!(maximum_for(9 * GIB), 3648 * MIB);
         let plan = FragPlan::new(m, false);
         assert_eq!(plan.workload, MultiStream::scaled(m));
         assert_eq!(plan.draws.len(), 16_000);
@@ -1046,6 +1046,33 @@ mod tests {
         let mut bad = small_plan();
         bad.trace.pop();
         assert!(bad.verify().unwrap_err().contains("trace"));
+    }
+
+    /// The C++ side (`benches/peer/rmm_peer.cpp`, compiled on the GPU machine only) reads the
+    /// plan format and writes the results format of this module.
+    #[test]
+    fn the_cpp_side_speaks_these_formats() {
+        let cpp = include_str!("../peer/rmm_peer.cpp");
+        assert!(cpp.contains(&format!("\"{FRAG_PLAN_MAGIC}\"")));
+        assert!(cpp.contains(&format!(
+            "\"{}\\n\"",
+            FRAG_RESULTS_HEADER.replace('\t', "\\t")
+        )));
+        for key in [
+            "\"maximum\"",
+            "\"workload\"",
+            "\"draws\"",
+            "\"trace\"",
+            "\"end\"",
+        ] {
+            assert!(cpp.contains(key), "{key}");
+        }
+        for name in ["1957", "496", "multi_stream", "served", "oom"] {
+            assert!(cpp.contains(&format!("\"{name}\"")), "{name}");
+        }
+        assert!(
+            cpp.contains("char const* const FRAG_KINDS[] = {\"pool\", \"arena\", \"cuda_async\"};")
+        );
     }
 
     fn row(side: &str, scenario: Scenario, resource: &str) -> Row {
