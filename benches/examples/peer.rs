@@ -5,6 +5,9 @@
 //! peer plan FILE [--quick] [--ops N] [--reps N] [--warmup N] [--threads 1,4,16]
 //! peer run FILE OUT.tsv
 //! peer report RMM_RS.tsv RMM.tsv
+//! peer frag-plan FILE [--quick]
+//! peer frag-run FILE OUT.tsv
+//! peer frag-report RMM_RS.tsv RMM.tsv
 //! ```
 //!
 //! `plan` generates the workloads, sized from the device's memory, and writes them with the
@@ -14,25 +17,42 @@
 //! baseline and, last, the line `peer: N cells compared, M failed` (exit status 1 when a cell
 //! failed or none compared).
 //! `rmm_peer FILE OUT.tsv` (`benches/peer/rmm_peer.cpp`) is RMM's `run`.
+//!
+//! `frag-plan`, `frag-run` and `frag-report` are the same for the fragmentation scenarios
+//! (`bash gpu-bundle/run.sh peer-frag`; see `rmm_benches::frag` and
+//! `docs/guide/10-fragmentation.md`): the plan holds the maximum `M` (from the device's free
+//! memory) and the multi-stream workload with the generator's values it draws; `frag-run`
+//! measures rmm-rs's pool, arena, VMM pool and driver pool; `frag-report` prints the tables of
+//! RMM issues 1957 and 496 and of the multi-stream workload, RMM's rows beside rmm-rs's, and,
+//! last, the line `peer-frag: N rmm-rs rows, M RMM rows, F failed` (exit status 1 when a row
+//! failed or a side has none). `rmm_peer --frag FILE OUT.tsv` is RMM's `frag-run`.
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Write};
 use std::process::ExitCode;
 
 use rmm_benches::args::Args;
+use rmm_benches::frag::{
+    self, frag_report, maximum_for, read_frag_plan, read_frag_results, write_frag_plan, FragPlan,
+    Mode, FRAG_RESULTS_HEADER,
+};
 use rmm_benches::gpu::{describe_device, measure, Spec};
 use rmm_benches::peer::{
     read_plan, read_results, report, standard_plan, write_plan, CellResult, PeerPlan, PlanOptions,
     RESULTS_HEADER_LIVE,
 };
 use rmm_benches::sizing::{DeviceMemory, MIB};
+use rmm_stream::{CudaStream, CudaStreamView};
 
 type Error = Box<dyn std::error::Error>;
 
 const USAGE: &str =
     "usage: peer plan FILE [--quick] [--ops N] [--reps N] [--warmup N] [--threads 1,4,16]
        peer run FILE OUT.tsv
-       peer report RMM_RS.tsv RMM.tsv";
+       peer report RMM_RS.tsv RMM.tsv
+       peer frag-plan FILE [--quick]
+       peer frag-run FILE OUT.tsv
+       peer frag-report RMM_RS.tsv RMM.tsv";
 
 fn main() -> ExitCode {
     let args = Args::from_env();
@@ -46,6 +66,9 @@ fn main() -> ExitCode {
         ["plan", file] => gpu_only(|| plan(&args, file)),
         ["run", file, out] => gpu_only(|| run(file, out)),
         ["report", ours, theirs] => compare(ours, theirs),
+        ["frag-plan", file] => gpu_only(|| frag_plan(&args, file)),
+        ["frag-run", file, out] => gpu_only(|| frag_run(file, out)),
+        ["frag-report", ours, theirs] => frag_compare(ours, theirs),
         _ => Err(USAGE.into()),
     };
     match result {
@@ -179,6 +202,98 @@ fn compare(ours: &str, theirs: &str) -> Result<ExitCode, Error> {
     }
     println!("\npeer: {} cells compared, {} failed", r.compared, r.failed);
     Ok(if r.failed == 0 && r.compared > 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn frag_plan(args: &Args, file: &str) -> Result<ExitCode, Error> {
+    let mem = DeviceMemory::query()?;
+    let plan = FragPlan::new(maximum_for(mem.free), args.has("--quick"));
+    let mut w =
+        BufWriter::new(File::create(file).map_err(|e| format!("cannot create {file}: {e}"))?);
+    write_frag_plan(&plan, &mut w)?;
+    w.flush()?;
+    let m = &plan.workload;
+    println!("peer-frag plan: {file}");
+    println!("device: {}", describe_device()?);
+    println!(
+        "maximum M: {} MiB (40 % of the free memory, at most 8 GiB); multi-stream workload: {} \
+         streams, {} steps, sizes {}-{} B and {}-{} MiB ({} % large), at most {} MiB live; {} \
+         draws, {} operations when every allocation succeeds",
+        plan.maximum / MIB,
+        m.streams,
+        m.steps,
+        m.small.0,
+        m.small.1,
+        m.large.0 / MIB,
+        m.large.1 / MIB,
+        m.large_percent,
+        m.budget / MIB,
+        plan.draws.len(),
+        plan.trace.len()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn frag_run(file: &str, out: &str) -> Result<ExitCode, Error> {
+    let plan = read_frag_plan(BufReader::new(
+        File::open(file).map_err(|e| format!("cannot open {file}: {e}"))?,
+    ))
+    .map_err(|e| format!("{file}: {e}"))?;
+    plan.verify().map_err(|e| format!("{file}: {e}"))?;
+    let mut w = BufWriter::new(File::create(out).map_err(|e| format!("cannot create {out}: {e}"))?);
+    writeln!(w, "# side: rmm-rs {}", env!("CARGO_PKG_VERSION"))?;
+    writeln!(w, "# device: {}", describe_device()?)?;
+    writeln!(w, "{FRAG_RESULTS_HEADER}")?;
+    let max = plan.maximum;
+    let mut rows = frag::issue_1957(Mode::Gpu);
+    rows.extend(frag::issue_496(Mode::Gpu, max));
+    let streams: Vec<CudaStream> = (0..plan.workload.streams)
+        .map(|_| CudaStream::non_blocking())
+        .collect::<Result<_, _>>()?;
+    let views: Vec<CudaStreamView<'_>> = streams.iter().map(CudaStream::view).collect();
+    rows.extend(frag::multi_stream(Mode::Gpu, max, &plan.workload, &views));
+    let mut failed = 0;
+    for r in &rows {
+        failed += usize::from(!r.ok());
+        println!("{}", r.to_line());
+        writeln!(w, "{}", r.to_line())?;
+    }
+    w.flush()?;
+    println!("peer-frag run (rmm-rs): {failed} row(s) failed");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn frag_compare(ours: &str, theirs: &str) -> Result<ExitCode, Error> {
+    let read = |f: &str| -> Result<_, Error> {
+        let text = std::fs::read_to_string(f).map_err(|e| format!("cannot read {f}: {e}"))?;
+        Ok(read_frag_results(&text).map_err(|e| format!("{f}: {e}"))?)
+    };
+    let (a, b) = (read(ours)?, read(theirs)?);
+    println!("# Fragmentation: rmm-rs and RMM C++ on the same scenarios\n");
+    for note in a.notes.iter().chain(&b.notes) {
+        println!("- {note}");
+    }
+    let r = frag_report(&a.rows, &b.rows);
+    println!("\n## RMM issue 1957: initial 2 MiB, maximum 64 MiB, one allocation of 64 MiB\n");
+    print!("{}", r.issue_1957.render());
+    println!(
+        "\n## RMM issue 496, scaled: grow with 8 MiB allocations to 75 % of M, free them, then \
+         two allocations of 40 % of M\n"
+    );
+    print!("{}", r.issue_496.render());
+    println!(
+        "\n## Multi-stream workload (RMM issue 2039's shape), then the largest allocation \
+         served on one stream (binary search, 2 MiB resolution) against the free bytes, M\n"
+    );
+    print!("{}", r.multi_stream.render());
+    println!(
+        "\npeer-frag: {} rmm-rs rows, {} RMM rows, {} failed",
+        r.rows.0, r.rows.1, r.failed
+    );
+    Ok(if r.failed == 0 && r.rows.0 > 0 && r.rows.1 > 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE

@@ -1,6 +1,7 @@
 // rmm_peer: the RMM C++ side of rmm-rs's peer comparison (`bash gpu-bundle/run.sh peer`).
 //
 // usage: rmm_peer PLAN OUT.tsv
+//        rmm_peer --frag PLAN OUT.tsv
 //
 // Reads a plan written by rmm-rs (`examples/peer plan`, format in benches/src/peer.rs),
 // replays every workload with RMM 26.10's resources exactly as rmm-rs's `examples/peer run`
@@ -16,9 +17,25 @@
 // MAX (block = that largest allocation, 128 blocks a chunk); `naive` is rmm-rs's baseline and
 // is skipped here.
 //
+// With --frag (`run.sh peer-frag`): PLAN is rmm-rs's fragmentation plan (`examples/peer
+// frag-plan`, format in benches/src/frag.rs): the maximum M and the multi-stream workload with
+// the values rmm-rs's generator draws for it. The program first replays the workload from
+// those values with an allocator that never refuses and checks it gives the plan's trace
+// operation for operation (else it stops), then measures, as rmm-rs's `fragmentation`
+// benchmark does its own: RMM issue 1957 with pool_memory_resource (initial 2 MiB, maximum
+// 64 MiB over cuda_memory_resource, one allocation of 64 MiB), and, for pool_memory_resource
+// (initial 0, maximum M) and arena_memory_resource (size M), each over a statistics adaptor
+// over cuda_memory_resource, and cuda_async_memory_resource (RMM's defaults): issue 496 (8 MiB
+// allocations up to 75 % of M, freed, then two of 40 % of M) and the multi-stream workload on
+// 4 non-blocking streams (out-of-memory allocations counted and skipped; bytes reserved read
+// after every step), then the largest allocation served on the first stream (binary search,
+// 2 MiB resolution). rmm::out_of_memory is "out of memory"; any other exception makes the row
+// an error. One line per row to OUT.tsv, the format of rmm-rs's `frag-run`.
+//
 // Built on the GPU machine by run.sh with nvcc against the librmm-cu13 and rapids-logger
 // wheels (C++20, the wheel's CCCL headers ahead of the toolkit's). Host code only.
 
+#include <rmm/error.hpp>
 #include <rmm/mr/arena_memory_resource.hpp>
 #include <rmm/mr/binning_memory_resource.hpp>
 #include <rmm/mr/cuda_async_memory_resource.hpp>
@@ -42,12 +59,14 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -354,19 +373,416 @@ std::string clean(std::string s)
   return s;
 }
 
-}  // namespace
 
-int main(int argc, char** argv)
+// ---------------------------------------------------------------------------------------------
+// Fragmentation (`rmm_peer --frag PLAN OUT.tsv`, `run.sh peer-frag`): the scenarios of rmm-rs's
+// `fragmentation` benchmark (benches/src/frag.rs) with RMM's pool, arena and driver pool.
+// host-check: begin (no CUDA below this line until `host-check: end`)
+
+// One value of rmm-rs's generator, with the two sizes it stands for
+// (rmm_mr::testing::fragmentation::Draw).
+struct Draw {
+  std::uint64_t raw{};
+  std::size_t small{}, large{};
+};
+
+// One operation of the run in which every allocation succeeds (`a` or `f` in the plan).
+struct FragEvent {
+  bool alloc{};
+  std::size_t step{}, stream{}, bytes{};
+  bool operator==(FragEvent const&) const = default;
+};
+
+// The plan rmm-rs wrote (`examples/peer frag-plan`; format in benches/src/frag.rs).
+struct FragPlan {
+  std::size_t maximum{};
+  std::size_t streams{}, steps{}, budget{}, small_lo{}, small_hi{}, large_lo{}, large_hi{};
+  std::size_t large_percent{};
+  std::uint64_t seed{};
+  std::vector<Draw> draws;
+  std::vector<FragEvent> trace;
+};
+
+FragPlan read_frag_plan(char const* path)
 {
-  if (argc != 3) {
-    std::cerr << "usage: rmm_peer PLAN OUT.tsv\n";
-    return 2;
+  std::ifstream in(path);
+  if (!in) { fail(std::string("cannot open ") + path); }
+  FragPlan plan;
+  std::string line;
+  std::size_t n = 0;
+  auto bad = [&](std::string const& why) {
+    fail(std::string(path) + " line " + std::to_string(n) + ": " + why + ": `" + line + "`");
+  };
+  // The next record, which must start with `key`; its fields after the key.
+  auto record = [&](std::string const& key) {
+    if (!next_line(in, line, n)) { bad("expected `" + key + "`"); }
+    auto f = std::make_unique<std::istringstream>(line);
+    std::string k;
+    *f >> k;
+    if (k != key) { bad("expected `" + key + "`"); }
+    return f;
+  };
+  if (!next_line(in, line, n) || line != "rmm-peer-frag 1") { bad("expected `rmm-peer-frag 1`"); }
+  if (!(*record("maximum") >> plan.maximum)) { bad("bad maximum"); }
+  {
+    auto f = record("workload");
+    if (!(*f >> plan.streams >> plan.steps >> plan.budget >> plan.small_lo >> plan.small_hi >>
+          plan.large_lo >> plan.large_hi >> plan.large_percent >> plan.seed) ||
+        plan.streams < 2) {
+      bad("expected `workload STREAMS STEPS BUDGET SMALL_LO SMALL_HI LARGE_LO LARGE_HI "
+          "LARGE_PERCENT SEED`, at least 2 streams");
+    }
   }
-  Plan const plan = read_plan(argv[1]);
-  std::ofstream out(argv[2]);
-  if (!out) { fail(std::string("cannot create ") + argv[2]); }
+  std::size_t count = 0;
+  if (!(*record("draws") >> count)) { bad("bad draw count"); }
+  plan.draws.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    if (!next_line(in, line, n)) { bad("the draws end early"); }
+    std::istringstream g(line);
+    Draw d;
+    if (!(g >> d.raw >> d.small >> d.large)) { bad("expected `RAW SMALL LARGE`"); }
+    plan.draws.push_back(d);
+  }
+  if (!(*record("trace") >> count)) { bad("bad trace length"); }
+  plan.trace.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    if (!next_line(in, line, n)) { bad("the trace ends early"); }
+    std::istringstream g(line);
+    std::string kind;
+    FragEvent e;
+    if (!(g >> kind >> e.step >> e.stream >> e.bytes) || (kind != "a" && kind != "f")) {
+      bad("expected `a|f STEP STREAM BYTES`");
+    }
+    e.alloc = kind == "a";
+    plan.trace.push_back(e);
+  }
+  if (!next_line(in, line, n) || line != "end") { bad("expected `end`"); }
+  return plan;
+}
 
-  int device = 0;
+struct FragOutcome {
+  std::size_t peak_live{}, peak_reserved{}, reserved_after{}, failed{}, allocations{};
+};
+
+// The multi-stream workload's decisions (rmm_mr::testing::fragmentation's `drive`), replayed
+// from the plan's draws: per step, `raw % 100 < large_percent` (large?), then the next draw's
+// `small` or `large` size; allocate on stream `step % streams` while the bytes live stay
+// within the budget (or nothing is live), else free the block `raw % live` (removed as Rust's
+// `Vec::swap_remove` does) on stream `(own + 1 + raw % (streams - 1)) % streams`; at the end
+// free every block still live, in list order, the same way. `alloc(stream, bytes, step)`
+// returns the block, or nullptr when refused for lack of memory (counted; the run goes on);
+// `release(block, bytes, stream, step)` frees it (step == steps at the end); `reserved()` is
+// read after every step and at the end. If `alloc` or `release` throws, the blocks still live
+// are released (errors ignored) and the exception passed on.
+template <class Alloc, class Release, class Reserved>
+FragOutcome drive(FragPlan const& plan, Alloc&& alloc, Release&& release, Reserved&& reserved)
+{
+  struct Live {
+    void* p;
+    std::size_t bytes, stream;
+  };
+  std::size_t const n = plan.streams;
+  std::size_t next_draw = 0;
+  auto next = [&]() -> Draw const& {
+    if (next_draw >= plan.draws.size()) { throw std::runtime_error("the plan's draws ran out"); }
+    return plan.draws[next_draw++];
+  };
+  auto other_stream = [&](std::size_t own) {
+    return (own + 1 + static_cast<std::size_t>(next().raw % (n - 1))) % n;
+  };
+  std::vector<Live> live;
+  std::size_t live_bytes = 0;
+  FragOutcome out;
+  try {
+    for (std::size_t step = 0; step < plan.steps; ++step) {
+      bool const large        = next().raw % 100 < plan.large_percent;
+      Draw const& size        = next();
+      std::size_t const bytes = large ? size.large : size.small;
+      if (live_bytes + bytes <= plan.budget || live.empty()) {
+        std::size_t const s = step % n;
+        void* p             = alloc(s, bytes, step);
+        if (p != nullptr) {
+          live.push_back({p, bytes, s});
+          live_bytes += bytes;
+          ++out.allocations;
+        } else {
+          ++out.failed;
+        }
+      } else {
+        auto const index  = static_cast<std::size_t>(next().raw % live.size());
+        Live const victim = live[index];
+        live[index]       = live.back();
+        live.pop_back();
+        std::size_t const other = other_stream(victim.stream);
+        live_bytes -= victim.bytes;
+        release(victim.p, victim.bytes, other, step);
+      }
+      out.peak_live     = std::max(out.peak_live, live_bytes);
+      out.peak_reserved = std::max(out.peak_reserved, static_cast<std::size_t>(reserved()));
+    }
+    for (auto& b : live) {
+      std::size_t const other = other_stream(b.stream);
+      void* p                 = b.p;
+      b.p                     = nullptr;
+      release(p, b.bytes, other, plan.steps);
+    }
+    live.clear();
+  } catch (...) {
+    for (auto const& b : live) {
+      if (b.p == nullptr) { continue; }
+      try {
+        release(b.p, b.bytes, b.stream, plan.steps);
+      } catch (...) {
+      }
+    }
+    throw;
+  }
+  out.reserved_after = static_cast<std::size_t>(reserved());
+  out.peak_reserved  = std::max(out.peak_reserved, out.reserved_after);
+  return out;
+}
+
+std::string describe_event(FragEvent const& e)
+{
+  return std::string(e.alloc ? "a " : "f ") + std::to_string(e.step) + " " +
+         std::to_string(e.stream) + " " + std::to_string(e.bytes);
+}
+
+// Replays the plan with an allocator that never refuses and checks that it gives the plan's
+// trace, operation for operation; returns the number of operations.
+std::size_t check_replay(FragPlan const& plan)
+{
+  std::vector<FragEvent> events;
+  std::uintptr_t fake = 0;
+  drive(
+    plan,
+    [&](std::size_t s, std::size_t bytes, std::size_t step) -> void* {
+      events.push_back({true, step, s, bytes});
+      fake += 256;
+      return reinterpret_cast<void*>(fake);
+    },
+    [&](void*, std::size_t bytes, std::size_t s, std::size_t step) {
+      events.push_back({false, step, s, bytes});
+    },
+    [] { return std::size_t{0}; });
+  for (std::size_t i = 0; i < std::max(events.size(), plan.trace.size()); ++i) {
+    if (i >= events.size() || i >= plan.trace.size() || !(events[i] == plan.trace[i])) {
+      fail("the replay of the plan's draws departs from its trace at operation " +
+           std::to_string(i) + ": replay `" +
+           (i < events.size() ? describe_event(events[i]) : std::string("(none)")) +
+           "`, plan `" +
+           (i < plan.trace.size() ? describe_event(plan.trace[i]) : std::string("(none)")) +
+           "`");
+    }
+  }
+  return events.size();
+}
+
+// The largest allocation of at most `upper` bytes that `fits(bytes)` serves, to within
+// `resolution` (rmm_mr::testing::fragmentation::largest_allocation: a binary search).
+template <class Fits>
+std::size_t largest_allocation(std::size_t upper, std::size_t resolution, Fits&& fits)
+{
+  if (upper == 0 || fits(upper)) { return upper; }
+  std::size_t ok = 0, refused = upper;
+  while (refused - ok > std::max<std::size_t>(resolution, 1)) {
+    std::size_t const mid = ok + (refused - ok) / 2;
+    if (fits(mid)) {
+      ok = mid;
+    } else {
+      refused = mid;
+    }
+  }
+  return ok;
+}
+
+// One resource's figures in one scenario: a line of the results file (FRAG_RESULTS_HEADER in
+// benches/src/frag.rs; `-` where a figure does not apply).
+struct FragRow {
+  FragRow(std::string scenario_, std::string resource_)
+    : scenario(std::move(scenario_)), resource(std::move(resource_))
+  {
+  }
+  std::string scenario, resource;
+  std::string first{"-"}, second{"-"};  // served, oom
+  std::optional<std::uint64_t> reserved, peak_live, peak_reserved, largest, free, failed;
+  std::optional<double> seconds;
+  std::string status{"ok"};
+};
+
+std::string frag_line(FragRow const& r)
+{
+  auto num = [](std::optional<std::uint64_t> v) { return v ? std::to_string(*v) : "-"; };
+  std::string secs = "-";
+  if (r.seconds) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.3f", *r.seconds);
+    secs = buf;
+  }
+  std::string status = r.status;
+  std::replace_if(
+    status.begin(), status.end(), [](char c) { return c == '\t' || c == '\n' || c == '\r'; }, ' ');
+  return "rmm\t" + r.scenario + "\t" + r.resource + "\t" + r.first + "\t" + r.second + "\t" +
+         num(r.reserved) + "\t" + num(r.peak_live) + "\t" + num(r.peak_reserved) + "\t" +
+         num(r.largest) + "\t" + num(r.free) + "\t" + num(r.failed) + "\t" + secs + "\t" + status;
+}
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+// host-check: end
+
+// `bytes` from `mr` on `s` with alignment 256, or nullptr when RMM reports out-of-memory
+// (rmm::out_of_memory: the pool's maximum, the arena's size, cudaErrorMemoryAllocation);
+// other failures are thrown.
+void* try_allocate(rmm::device_async_resource_ref mr, cuda::stream_ref s, std::size_t bytes)
+{
+  try {
+    return mr.allocate(s, bytes, 256);
+  } catch (rmm::out_of_memory const&) {
+    return nullptr;
+  }
+}
+
+// Builds RMM's resource `kind` bounded by `max` as rmm-rs's `frag::subject` builds its own
+// (pool: over a statistics adaptor over the CUDA resource, initial 0, maximum `max`; arena:
+// over the same, size `max`; cuda_async: RMM's defaults, no bound) and calls
+// `f(mr, reserved)`, `reserved()` reading the bytes it holds from the device now (the
+// adaptor's current bytes, or the pool's ReservedMemCurrent).
+template <class F>
+void with_frag_resource(std::string const& kind, std::size_t max, F&& f)
+{
+  rmm::mr::statistics_resource_adaptor stats{rmm::mr::cuda_memory_resource{}};
+  std::function<std::uint64_t()> const held = [&stats] {
+    return static_cast<std::uint64_t>(std::max<std::int64_t>(stats.get_bytes_counter().value, 0));
+  };
+  if (kind == "pool") {
+    rmm::mr::pool_memory_resource mr{stats, std::size_t{0}, std::optional<std::size_t>{max}};
+    f(mr, held);
+  } else if (kind == "arena") {
+    rmm::mr::arena_memory_resource mr{stats, std::optional<std::size_t>{max}};
+    f(mr, held);
+  } else {
+    rmm::mr::cuda_async_memory_resource mr{};
+    std::function<std::uint64_t()> const pool_reserved = [&mr] {
+      cuuint64_t bytes = 0;
+      check_cuda(cudaMemPoolGetAttribute(mr.pool_handle(), cudaMemPoolAttrReservedMemCurrent, &bytes),
+                 "cudaMemPoolGetAttribute");
+      return static_cast<std::uint64_t>(bytes);
+    };
+    f(mr, pool_reserved);
+  }
+}
+
+char const* const FRAG_KINDS[] = {"pool", "arena", "cuda_async"};
+
+// RMM issue 1957 on RMM's pool: initial 2 MiB, maximum 64 MiB over the CUDA resource, one
+// allocation of 64 MiB on the legacy stream.
+FragRow frag_1957()
+{
+  FragRow r{"1957", "pool"};
+  try {
+    cuda::stream_ref const legacy{cudaStreamLegacy};
+    rmm::mr::pool_memory_resource mr{
+      rmm::mr::cuda_memory_resource{}, 2 * MiB, std::optional<std::size_t>{64 * MiB}};
+    void* p = try_allocate(mr, legacy, 64 * MiB);
+    r.first = p != nullptr ? "served" : "oom";
+    if (p != nullptr) { mr.deallocate(legacy, p, 64 * MiB, 256); }
+    check_cuda(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize");
+  } catch (std::exception const& e) {
+    r.status = std::string("error: ") + e.what();
+  }
+  return r;
+}
+
+// RMM issue 496, scaled: 8 MiB allocations on the legacy stream while fewer than 75 % of `max`
+// are held, all freed, then two of `max / 5 * 2` rounded down to 256 B; the bytes reserved
+// with both held.
+FragRow frag_496(std::string const& kind, std::size_t max)
+{
+  FragRow r{"496", kind};
+  std::size_t const large = max / 5 * 2 / 256 * 256;
+  try {
+    with_frag_resource(
+      kind,
+      max,
+      [&](rmm::device_async_resource_ref mr, std::function<std::uint64_t()> const& reserved) {
+        cuda::stream_ref const legacy{cudaStreamLegacy};
+        std::vector<void*> small;
+        while (small.size() * 8 * MiB < max / 4 * 3) {
+          small.push_back(mr.allocate(legacy, 8 * MiB, 256));
+        }
+        for (void* p : small) {
+          mr.deallocate(legacy, p, 8 * MiB, 256);
+        }
+        void* a    = try_allocate(mr, legacy, large);
+        void* b    = try_allocate(mr, legacy, large);
+        r.reserved = reserved();
+        for (void* p : {a, b}) {
+          if (p != nullptr) { mr.deallocate(legacy, p, large, 256); }
+        }
+        check_cuda(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize");
+        r.first  = a != nullptr ? "served" : "oom";
+        r.second = b != nullptr ? "served" : "oom";
+      });
+  } catch (std::exception const& e) {
+    r        = FragRow{"496", kind};
+    r.status = std::string("error: ") + e.what();
+  }
+  return r;
+}
+
+// The multi-stream workload on `streams`, then the largest allocation served on the first
+// (binary search from `max` down, 2 MiB resolution); the time of both.
+FragRow frag_multi_stream(std::string const& kind,
+                          FragPlan const& plan,
+                          std::vector<cudaStream_t> const& streams)
+{
+  FragRow r{"multi_stream", kind};
+  std::size_t const max = plan.maximum;
+  try {
+    with_frag_resource(
+      kind,
+      max,
+      [&](rmm::device_async_resource_ref mr, std::function<std::uint64_t()> const& reserved) {
+        auto const t0 = std::chrono::steady_clock::now();
+        FragOutcome const out = drive(
+          plan,
+          [&](std::size_t s, std::size_t bytes, std::size_t) -> void* {
+            return try_allocate(mr, cuda::stream_ref{streams[s]}, bytes);
+          },
+          [&](void* p, std::size_t bytes, std::size_t s, std::size_t) {
+            mr.deallocate(cuda::stream_ref{streams[s]}, p, bytes, 256);
+          },
+          [&] { return reserved(); });
+        cuda::stream_ref const first{streams[0]};
+        std::size_t const largest = largest_allocation(max, 2 * MiB, [&](std::size_t bytes) {
+          void* p = try_allocate(mr, first, bytes);
+          if (p == nullptr) { return false; }
+          mr.deallocate(first, p, bytes, 256);
+          return true;
+        });
+        double const seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        for (auto s : streams) {
+          check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+        }
+        r.peak_live     = out.peak_live;
+        r.peak_reserved = out.peak_reserved;
+        r.largest       = largest;
+        r.free          = max;
+        r.failed        = out.failed;
+        r.seconds       = seconds;
+      });
+  } catch (std::exception const& e) {
+    r        = FragRow{"multi_stream", kind};
+    r.status = std::string("error: ") + e.what();
+  }
+  return r;
+}
+
+// The device this program runs on, in words (and its number in `device`); exits without one.
+std::string device_description(int& device)
+{
   cudaDeviceProp prop{};
   int driver = 0, runtime = 0;
   try {
@@ -383,11 +799,93 @@ int main(int argc, char** argv)
   dev << prop.name << "; driver CUDA " << driver / 1000 << "." << (driver % 1000) / 10
       << "; runtime (this program) " << runtime / 1000 << "." << (runtime % 1000) / 10
       << "; memory " << total_b / (1 << 20) << " MiB total, " << free_b / (1 << 20) << " MiB free";
+  return dev.str();
+}
+
+// `rmm_peer --frag PLAN OUT.tsv`: checks the replay of the plan's draws against its trace,
+// then measures issue 1957 (the pool), issue 496 and the multi-stream workload (the pool, the
+// arena, the driver pool), one result line each.
+int run_frag(char const* plan_path, char const* out_path)
+{
+  FragPlan const plan   = read_frag_plan(plan_path);
+  std::size_t const ops = check_replay(plan);
+  std::ofstream out(out_path);
+  if (!out) { fail(std::string("cannot create ") + out_path); }
+  int device            = 0;
+  std::string const dev = device_description(device);
   out << "# side: rmm " << RMM_VERSION << " (librmm-cu13 wheel, C++ " << __cplusplus << ")\n";
-  out << "# device: " << dev.str() << "\n";
+  out << "# device: " << dev << "\n";
+  out << "# rmm_peer: its replay of the plan's " << plan.draws.size() << " draws gives the plan's "
+      << ops << " operations\n";
+  // FRAG_RESULTS_HEADER in benches/src/frag.rs.
+  out << "side\tscenario\tresource\tfirst\tsecond\treserved\tpeak_live\tpeak_reserved\tlargest\tfree\tfailed\tseconds\tstatus\n";
+  out.flush();
+  std::cout << "rmm_peer --frag: RMM " << RMM_VERSION << " on " << dev << "; maximum "
+            << plan.maximum / MiB << " MiB; replay checked (" << ops << " operations)\n";
+
+  int failed = 0;
+  auto emit  = [&](FragRow const& r) {
+    if (r.status != "ok") { ++failed; }
+    std::string const line = frag_line(r);
+    out << line << "\n";
+    out.flush();
+    std::cout << line << "\n";
+  };
+  std::cerr << "[rmm_peer] 1957 / pool\n";
+  emit(frag_1957());
+  for (char const* kind : FRAG_KINDS) {
+    std::cerr << "[rmm_peer] 496 / " << kind << "\n";
+    emit(frag_496(kind, plan.maximum));
+  }
+  // The workload's streams, made once for every resource (as rmm-rs's side does).
+  std::vector<cudaStream_t> streams(plan.streams, nullptr);
+  std::string stream_error;
+  try {
+    for (auto& s : streams) {
+      check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    }
+  } catch (std::exception const& e) {
+    stream_error = e.what();
+  }
+  for (char const* kind : FRAG_KINDS) {
+    std::cerr << "[rmm_peer] multi_stream / " << kind << "\n";
+    if (stream_error.empty()) {
+      emit(frag_multi_stream(kind, plan, streams));
+    } else {
+      FragRow r{"multi_stream", kind};
+      r.status = "error: " + stream_error;
+      emit(r);
+    }
+  }
+  cudaDeviceSynchronize();
+  for (auto s : streams) {
+    if (s != nullptr) { cudaStreamDestroy(s); }
+  }
+  std::cout << "peer-frag run (rmm): " << failed << " row(s) failed\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv)
+{
+  bool const frag = argc == 4 && std::string(argv[1]) == "--frag";
+  if (argc != 3 && !frag) {
+    std::cerr << "usage: rmm_peer PLAN OUT.tsv\n       rmm_peer --frag PLAN OUT.tsv\n";
+    return 2;
+  }
+  if (frag) { return run_frag(argv[2], argv[3]); }
+  Plan const plan = read_plan(argv[1]);
+  std::ofstream out(argv[2]);
+  if (!out) { fail(std::string("cannot create ") + argv[2]); }
+
+  int device            = 0;
+  std::string const dev = device_description(device);
+  out << "# side: rmm " << RMM_VERSION << " (librmm-cu13 wheel, C++ " << __cplusplus << ")\n";
+  out << "# device: " << dev << "\n";
   out << "side\tworkload\tresource\tthreads\tns_per_op\tpeak_reserved\tstatus\n";
   out.flush();
-  std::cout << "rmm_peer: RMM " << RMM_VERSION << " on " << dev.str() << "\n";
+  std::cout << "rmm_peer: RMM " << RMM_VERSION << " on " << dev << "\n";
 
   int failed = 0;
   for (auto const& w : plan.workloads) {

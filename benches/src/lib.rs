@@ -9,6 +9,7 @@
 
 pub mod args;
 pub mod capacity;
+pub mod frag;
 pub mod gpu;
 pub mod naive;
 pub mod peer;

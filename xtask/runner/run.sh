@@ -16,6 +16,12 @@
 #                                      (with ARGS, e.g. --quick), rmm_peer (RMM C++), examples/peer
 #                                      run (rmm-rs) and examples/peer report; last line
 #                                      "peer: N cells compared, M failed"
+#        run.sh peer-frag [ARGS...]    the fragmentation scenarios (RMM issues 1957 and 496, the
+#                                      multi-stream workload) with RMM C++ beside rmm-rs (a
+#                                      `--peer` bundle): compiles rmm_peer.cpp as `peer` does,
+#                                      then examples/peer frag-plan (ARGS, e.g. --quick),
+#                                      rmm_peer --frag, examples/peer frag-run and frag-report;
+#                                      last line "peer-frag: N rmm-rs rows, M RMM rows, F failed"
 #        run.sh torch [ARGS...]        the C API and PyTorch (a bundle made with `cargo xtask gpu
 #                                      bundle --torch`): capi/test_capi, capi/test_torch_shim,
 #                                      then (python3 with torch) capi/python/tests/test_ctypes.py
@@ -65,7 +71,7 @@
 #   PYTHON              the Python `torch` and `torch-bench` use (default python3)
 #
 # Logs stay in logs/ beside this script: <mode>--<binary>.log, bench--<name>.log,
-# example--<name>.log, peer-*.log, sanitize-<tool>--<mode>--<binary>.log,
+# example--<name>.log, peer-*.log (peer-frag-*.log), sanitize-<tool>--<mode>--<binary>.log,
 # torch--<program>.log, torch-bench.log, summary.txt.
 
 set -uo pipefail
@@ -324,9 +330,12 @@ find_nvcc() {
   fi
 }
 
-# run_peer [ARGS...]: compiles the RMM C++ driver against the bundled wheels, then plans,
-# runs both sides and reports; ARGS go to `examples/peer plan`.
-run_peer() {
+# peer_build LAST_LINE: checks that the bundle has the peer side, unpacks the wheels and
+# compiles the RMM C++ driver into peer/build/rmm_peer; sets PEER_LIBS (the wheels' library
+# folders). On a compile error, writes the summary ending with "LAST_LINE (compile error)".
+# Returns 2 when the bundle has no peer side, 1 on another failure.
+peer_build() {
+  local last_line=$1
   local dir="$BUNDLE/peer" build="$BUNDLE/peer/build" peer="$BUNDLE/examples/peer"
   local report="$LOGS/summary.txt"
   if [[ ! -f $dir/rmm_peer.cpp ]]; then
@@ -383,7 +392,7 @@ run_peer() {
       echo "  ${compile[*]}"
       echo "the compiler's output (last 150 lines; all of it in logs/peer-compile.log):"
       tail -n 150 "$clog"
-      echo "peer: 0 cells compared, 1 failed (compile error)"
+      echo "$last_line (compile error)"
     } >"$report"
     export_out "$report"
     cat "$report"
@@ -391,7 +400,15 @@ run_peer() {
   fi
   RUN_LOGS+=("$clog")
   echo "compiled in $((SECONDS - start)) s"
+  PEER_LIBS=$libs
+}
 
+# run_peer [ARGS...]: compiles the RMM C++ driver against the bundled wheels, then plans,
+# runs both sides and reports; ARGS go to `examples/peer plan`.
+run_peer() {
+  peer_build "peer: 0 cells compared, 1 failed" || return
+  local build="$BUNDLE/peer/build" peer="$BUNDLE/examples/peer" libs=$PEER_LIBS
+  local report="$LOGS/summary.txt"
   local plan="$build/plan.txt" ours="$build/rmm-rs.tsv" theirs="$build/rmm.tsv"
   local -a steps=()
   echo "=== [peer] plan"
@@ -426,6 +443,56 @@ run_peer() {
   if [[ -n ${OUT:-} ]] && mkdir -p "$OUT"; then
     cp "$ours" "$OUT/peer-rmm-rs.tsv" 2>/dev/null
     cp "$theirs" "$OUT/peer-rmm.tsv" 2>/dev/null
+  fi
+  export_out "$report"
+  echo
+  cat "$report"
+  [[ $(tail -n 1 "$report") == *" 0 failed" ]] && ((rc == 0))
+}
+
+# run_peer_frag [ARGS...]: compiles the RMM C++ driver as `peer` does, then the fragmentation
+# scenarios on both sides: examples/peer frag-plan (ARGS, e.g. --quick), rmm_peer --frag (RMM
+# C++), examples/peer frag-run (rmm-rs) and examples/peer frag-report (one table per scenario,
+# RMM's rows beside rmm-rs's).
+run_peer_frag() {
+  local failed_line="peer-frag: 0 rmm-rs rows, 0 RMM rows, 1 failed"
+  peer_build "$failed_line" || return
+  local build="$BUNDLE/peer/build" peer="$BUNDLE/examples/peer" libs=$PEER_LIBS
+  local report="$LOGS/summary.txt"
+  local plan="$build/frag-plan.txt" ours="$build/frag-rmm-rs.tsv" theirs="$build/frag-rmm.tsv"
+  local -a steps=()
+  echo "=== [peer-frag] plan"
+  run_captured "$LOGS/peer-frag-plan.log" env RMM_DEFAULT_STREAM=legacy "$peer" frag-plan "$plan" "$@"
+  steps+=("peer frag-plan: $(describe_exit "$RC")")
+  if ((RC != 0)); then
+    printf '%s\n' "${steps[@]}" "$failed_line (no plan)" >"$report"
+    export_out "$report"
+    cat "$report"
+    return 1
+  fi
+  echo "=== [peer-frag] RMM C++ (rmm_peer --frag)"
+  run_captured "$LOGS/peer-frag-rmm.log" env LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    "$build/rmm_peer" --frag "$plan" "$theirs"
+  steps+=("rmm_peer --frag (RMM): $(describe_exit "$RC")")
+  echo "=== [peer-frag] rmm-rs (examples/peer frag-run)"
+  run_captured "$LOGS/peer-frag-rmm-rs.log" env RMM_DEFAULT_STREAM=legacy "$peer" frag-run "$plan" "$ours"
+  steps+=("peer frag-run (rmm-rs): $(describe_exit "$RC")")
+  echo "=== [peer-frag] report"
+  [[ -f $ours ]] || : >"$ours"
+  [[ -f $theirs ]] || : >"$theirs"
+  run_captured "$LOGS/peer-frag-report.log" "$peer" frag-report "$ours" "$theirs"
+  local rc=$RC
+  {
+    printf '%s\n' "${steps[@]}"
+    echo
+    grep -v '^peer-frag: .* rows, ' "$LOGS/peer-frag-report.log"
+    local last
+    last=$(grep '^peer-frag: .* rows, ' "$LOGS/peer-frag-report.log" | tail -n 1)
+    echo "${last:-$failed_line (no report: $(describe_exit "$rc"))}"
+  } >"$report"
+  if [[ -n ${OUT:-} ]] && mkdir -p "$OUT"; then
+    cp "$ours" "$OUT/peer-frag-rmm-rs.tsv" 2>/dev/null
+    cp "$theirs" "$OUT/peer-frag-rmm.tsv" 2>/dev/null
   fi
   export_out "$report"
   echo
@@ -984,13 +1051,16 @@ echo '$result'"
   fake "$tmp/nvcc" "printf '%s\n' \"\$@\" >'$tmp/nvcc-args.txt'
 out=
 while ((\$#)); do [[ \$1 == -o ]] && out=\$2; shift; done
-printf '#!/usr/bin/env bash\necho \"rmm_peer plan=\$1 ld=\$LD_LIBRARY_PATH\"\nprintf \"rmm\\\\ta\\\\tpool\\\\t1\\\\t400.0\\\\t1024\\\\tok\\\\n\" >\"\$2\"\n' >\"\$out\"
+printf '#!/usr/bin/env bash\nif [[ \$1 == --frag ]]; then echo \"rmm_peer frag plan=\$2\"; echo rmm-frag-row >\"\$3\"; exit 0; fi\necho \"rmm_peer plan=\$1 ld=\$LD_LIBRARY_PATH\"\nprintf \"rmm\\\\ta\\\\tpool\\\\t1\\\\t400.0\\\\t1024\\\\tok\\\\n\" >\"\$2\"\n' >\"\$out\"
 chmod +x \"\$out\""
   fake "$tmp/nvcc-broken" "echo 'rmm_peer.cpp:1: error: boom' >&2; exit 1"
   fake "$b7/examples/peer" "case \$1 in
 plan) echo \"plan args=\$*\"; echo plan >\"\$2\" ;;
 run) printf 'rmm-rs\\ta\\tpool\\t1\\t100.0\\t1024\\tok\\n' >\"\$3\"; echo \"run mode=\$RMM_DEFAULT_STREAM\" ;;
 report) echo \"report of \$(cat \"\$2\" \"\$3\" | wc -l) lines\"; echo 'peer: 1 cells compared, 0 failed' ;;
+frag-plan) echo \"frag-plan args=\$*\"; echo frag-plan >\"\$2\" ;;
+frag-run) echo rmm-rs-frag-row >\"\$3\"; echo \"frag-run mode=\$RMM_DEFAULT_STREAM\" ;;
+frag-report) echo \"frag-report of \$(cat \"\$2\" \"\$3\")\"; echo 'peer-frag: 1 rmm-rs rows, 1 RMM rows, 0 failed' ;;
 esac"
   st_run peer OUT="$tmp/out7" NVCC="$tmp/nvcc" -- "$b7/run.sh" peer --quick
   expect_eq "peer exits 0" "$ST_RC" 0
@@ -1015,6 +1085,26 @@ esac"
   st_run nopeer -- "$b2/run.sh" peer
   expect_eq "a bundle without peer/ exits 2" "$ST_RC" 2
   expect "it says how to build one" file_has "$tmp/nopeer.txt" "cargo xtask gpu bundle --peer"
+  st_run peerfrag OUT="$tmp/out7f" NVCC="$tmp/nvcc" -- "$b7/run.sh" peer-frag --quick
+  expect_eq "peer-frag exits 0" "$ST_RC" 0
+  expect_eq "peer-frag's last line" "$(tail -n 1 "$tmp/peerfrag.txt")" \
+    "peer-frag: 1 rmm-rs rows, 1 RMM rows, 0 failed"
+  expect "the frag plan gets the arguments" file_has "$b7/logs/peer-frag-plan.log" \
+    "frag-plan args=frag-plan $b7/peer/build/frag-plan.txt --quick"
+  expect "rmm_peer runs with --frag on the plan" file_has "$b7/logs/peer-frag-rmm.log" \
+    "rmm_peer frag plan=$b7/peer/build/frag-plan.txt"
+  expect "the rmm-rs frag side runs in legacy mode" file_has "$b7/logs/peer-frag-rmm-rs.log" \
+    "frag-run mode=legacy"
+  expect "the frag report sees rmm-rs's rows" file_has "$tmp/peerfrag.txt" \
+    "frag-report of rmm-rs-frag-row"
+  expect "and RMM's" file_has "$b7/logs/peer-frag-report.log" "rmm-frag-row"
+  expect "OUT gets RMM's frag rows" file_has "$tmp/out7f/peer-frag-rmm.tsv" "rmm-frag-row"
+  st_run peerfragbroken NVCC="$tmp/nvcc-broken" -- "$b7/run.sh" peer-frag
+  expect_eq "a compile error fails peer-frag" "$ST_RC" 1
+  expect_eq "peer-frag's compile error line" "$(tail -n 1 "$tmp/peerfragbroken.txt")" \
+    "peer-frag: 0 rmm-rs rows, 0 RMM rows, 1 failed (compile error)"
+  st_run nopeerfrag -- "$b2/run.sh" peer-frag
+  expect_eq "peer-frag without peer/ exits 2" "$ST_RC" 2
 
   # 8. sanitize: a fake compute-sanitizer that runs the binary and reports the errors it asks for
   # (lines "SANITIZER-ERROR <tool>"), in the two summary formats.
@@ -1201,6 +1291,11 @@ main() {
     shift
     setup_env
     run_peer "$@"
+    ;;
+  peer-frag)
+    shift
+    setup_env
+    run_peer_frag "$@"
     ;;
   example)
     shift

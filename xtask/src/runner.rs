@@ -85,6 +85,22 @@ mod tests {
         assert!(README_TXT.contains("run.sh sanitize"));
     }
 
+    /// `run.sh peer-frag` compiles the driver as `peer` does and runs the fragmentation
+    /// scenarios on both sides (the self-test checks the steps on fake programs).
+    #[test]
+    fn peer_frag_mode_runs_both_sides() {
+        assert!(RUN_SH.contains("  peer-frag)\n"));
+        for step in [
+            "\"$peer\" frag-plan \"$plan\"",
+            "\"$build/rmm_peer\" --frag \"$plan\" \"$theirs\"",
+            "\"$peer\" frag-run \"$plan\" \"$ours\"",
+            "\"$peer\" frag-report \"$ours\" \"$theirs\"",
+        ] {
+            assert!(RUN_SH.contains(step), "{step}");
+        }
+        assert!(README_TXT.contains("run.sh peer-frag"));
+    }
+
     #[test]
     fn running_a_missing_bundle_is_an_error() {
         let err = run(Path::new("/nonexistent/gpu-bundle"), &[], &[]).unwrap_err();

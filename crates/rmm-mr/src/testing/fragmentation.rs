@@ -8,7 +8,6 @@
 //! the figures are the allocator's alone.
 
 use rmm_stream::CudaStreamView;
-use rmm_sys::DevicePtr;
 
 use crate::error::{MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
@@ -34,10 +33,56 @@ impl Rng {
 
     /// Log-uniform in `[lo, hi]` (`0 < lo <= hi`): as many small sizes per octave as large.
     fn log_uniform(&mut self, lo: usize, hi: usize) -> usize {
-        let (l, h) = ((lo as f64).ln(), (hi as f64).ln());
-        let x = l + (h - l) * (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-        (x.exp() as usize).clamp(lo, hi)
+        log_uniform(self.next(), lo, hi)
     }
+}
+
+/// The size in `[lo, hi]` (`0 < lo <= hi`) the generator's value `raw` stands for, log-uniform.
+fn log_uniform(raw: u64, lo: usize, hi: usize) -> usize {
+    let (l, h) = ((lo as f64).ln(), (hi as f64).ln());
+    let x = l + (h - l) * (raw >> 11) as f64 / (1u64 << 53) as f64;
+    (x.exp() as usize).clamp(lo, hi)
+}
+
+/// One value of the workload's generator, with the two sizes it stands for: what another
+/// program needs to replay [`run`]'s decisions exactly, with no generator nor floating point of
+/// its own (the peer comparison with RMM C++ does). A run takes one value per decision, in
+/// order: per step, `raw % 100 < large_percent` (a large allocation?), then the next value's
+/// `small` or `large` (its size); a step that frees takes two more, `raw % live` (which block,
+/// by index in the live list, removed as `Vec::swap_remove` does) and `raw % (streams - 1)` (the
+/// stream it is freed on: `(own + 1 + that) % streams`); at the end every block still live, in
+/// list order, takes one (its stream, the same way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Draw {
+    /// The generator's value.
+    pub raw: u64,
+    /// The small size it stands for (log-uniform in [`MultiStream::small`]).
+    pub small: usize,
+    /// The large size it stands for (log-uniform in [`MultiStream::large`]).
+    pub large: usize,
+}
+
+/// One operation of the run in which every allocation succeeds ([`MultiStream::trace`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// An allocation of `bytes` on `stream` at `step`.
+    Alloc {
+        /// The step (0-based).
+        step: usize,
+        /// The stream it is made on.
+        stream: usize,
+        /// Bytes requested.
+        bytes: usize,
+    },
+    /// A free of a block of `bytes` on `stream` at `step` (`steps` for the frees at the end).
+    Free {
+        /// The step (0-based; the workload's `steps` for the final frees).
+        step: usize,
+        /// The stream it is freed on.
+        stream: usize,
+        /// Bytes of the block.
+        bytes: usize,
+    },
 }
 
 /// The multi-stream workload: `steps` operations over `streams` streams; each step allocates
@@ -85,6 +130,67 @@ impl MultiStream {
     }
 }
 
+impl MultiStream {
+    /// The most generator values one run takes: two per step and, per allocation, two more
+    /// (when it is freed during the steps, or at most that at the end), so at most four per
+    /// step.
+    #[must_use]
+    pub fn max_draws(&self) -> usize {
+        self.steps.saturating_mul(4)
+    }
+
+    /// The first `count` values of the workload's generator, each with the sizes it stands for
+    /// ([`Draw`]); [`MultiStream::max_draws`] values are enough for a whole run.
+    #[must_use]
+    pub fn draws(&self, count: usize) -> Vec<Draw> {
+        let mut rng = Rng(self.seed);
+        (0..count)
+            .map(|_| {
+                let raw = rng.next();
+                Draw {
+                    raw,
+                    small: log_uniform(raw, self.small.0, self.small.1),
+                    large: log_uniform(raw, self.large.0, self.large.1),
+                }
+            })
+            .collect()
+    }
+
+    /// The operations of [`run`] when every allocation succeeds, in order: what another
+    /// program replaying the workload from [`MultiStream::draws`] must do too, as a check of
+    /// its replay. (A refused allocation changes what follows: the run goes on without it.)
+    ///
+    /// # Panics
+    /// If `streams < 2` (the workload needs two).
+    #[must_use]
+    pub fn trace(&self) -> Vec<Event> {
+        assert!(self.streams >= 2, "the workload needs at least 2 streams");
+        let events = std::cell::RefCell::new(Vec::new());
+        let out = drive(
+            self,
+            |stream, bytes, step| {
+                events.borrow_mut().push(Event::Alloc {
+                    step,
+                    stream,
+                    bytes,
+                });
+                Ok(Some(()))
+            },
+            |_, bytes, stream, step| {
+                events.borrow_mut().push(Event::Free {
+                    step,
+                    stream,
+                    bytes,
+                });
+                Ok(())
+            },
+            || 0,
+        );
+        debug_assert!(out.is_ok());
+        events.into_inner()
+    }
+}
+
 /// What a workload left behind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Outcome {
@@ -118,9 +224,35 @@ pub fn run(
             streams.len()
         )));
     }
+    drive(
+        workload,
+        |s, bytes, _| match mr.allocate(streams[s], bytes, 256) {
+            Ok(p) => Ok(Some(p)),
+            Err(e) if e.is_out_of_memory() => Ok(None),
+            Err(e) => Err(e),
+        },
+        |p, bytes, s, _| {
+            // SAFETY: `p` came from `mr` with `bytes`; no work uses it, so any stream may free
+            // it.
+            unsafe { mr.deallocate(streams[s], p, bytes, 256) }
+        },
+        reserved,
+    )
+}
+
+/// The workload's decisions ([`Draw`] says which values it takes, in order), with `alloc(stream,
+/// bytes, step)` (`Ok(None)`: out of memory, the run goes on without it) and `free(block, bytes,
+/// stream, step)` doing the work and `reserved` read after every step.
+fn drive<P>(
+    workload: &MultiStream,
+    mut alloc: impl FnMut(usize, usize, usize) -> MrResult<Option<P>>,
+    mut free: impl FnMut(P, usize, usize, usize) -> MrResult<()>,
+    reserved: impl Fn() -> usize,
+) -> MrResult<Outcome> {
+    let n = workload.streams;
     let mut rng = Rng(workload.seed);
-    // (pointer, bytes, stream it was allocated on)
-    let mut live: Vec<(DevicePtr, usize, usize)> = Vec::new();
+    // (block, bytes, stream it was allocated on)
+    let mut live: Vec<(P, usize, usize)> = Vec::new();
     let mut out = Outcome {
         peak_live: 0,
         peak_reserved: 0,
@@ -140,20 +272,18 @@ pub fn run(
         let bytes = rng.log_uniform(lo, hi);
         if live_bytes + bytes <= workload.budget || live.is_empty() {
             let s = step % n;
-            match mr.allocate(streams[s], bytes, 256) {
-                Ok(p) => {
+            match alloc(s, bytes, step)? {
+                Some(p) => {
                     live.push((p, bytes, s));
                     live_bytes += bytes;
                     out.allocations += 1;
                 }
-                Err(e) if e.is_out_of_memory() => out.failed += 1,
-                Err(e) => return Err(e),
+                None => out.failed += 1,
             }
         } else {
             let (p, bytes, s) = live.swap_remove(rng.below(live.len()));
             let other = free_on_other(&mut rng, s);
-            // SAFETY: `p` came from `mr` with `bytes`; no work uses it, so any stream may free it.
-            unsafe { mr.deallocate(streams[other], p, bytes, 256)? };
+            free(p, bytes, other, step)?;
             live_bytes -= bytes;
         }
         out.peak_live = out.peak_live.max(live_bytes);
@@ -161,8 +291,7 @@ pub fn run(
     }
     for (p, bytes, s) in live.drain(..) {
         let other = free_on_other(&mut rng, s);
-        // SAFETY: as above.
-        unsafe { mr.deallocate(streams[other], p, bytes, 256)? };
+        free(p, bytes, other, workload.steps)?;
     }
     out.reserved_after = reserved();
     out.peak_reserved = out.peak_reserved.max(out.reserved_after);
@@ -250,5 +379,85 @@ mod tests {
         assert_eq!((a.reserved_after, mock.live_allocations()), (0, 0));
         let e = run(&mock, &streams[..1], &w, &probe).unwrap_err();
         assert!(matches!(e, MrError::InvalidArgument(_)), "{e}");
+    }
+
+    /// Replays the workload from its draws the way the peer comparison's C++ side does (no
+    /// generator, no floating point): the rules [`Draw`] states.
+    fn replay_from_draws(w: &MultiStream, draws: &[Draw]) -> Vec<Event> {
+        let mut d = draws.iter();
+        let mut next = || *d.next().expect("max_draws values are enough");
+        let n = w.streams as u64;
+        let mut live: Vec<(usize, usize)> = Vec::new();
+        let (mut live_bytes, mut events) = (0usize, Vec::new());
+        for step in 0..w.steps {
+            let large = next().raw % 100 < w.large_percent as u64;
+            let size = next();
+            let bytes = if large { size.large } else { size.small };
+            if live_bytes + bytes <= w.budget || live.is_empty() {
+                let stream = step % w.streams;
+                events.push(Event::Alloc {
+                    step,
+                    stream,
+                    bytes,
+                });
+                live.push((bytes, stream));
+                live_bytes += bytes;
+            } else {
+                let (bytes, own) = live.swap_remove((next().raw % live.len() as u64) as usize);
+                let stream = ((own as u64 + 1 + next().raw % (n - 1)) % n) as usize;
+                events.push(Event::Free {
+                    step,
+                    stream,
+                    bytes,
+                });
+                live_bytes -= bytes;
+            }
+        }
+        for (bytes, own) in live {
+            let stream = ((own as u64 + 1 + next().raw % (n - 1)) % n) as usize;
+            events.push(Event::Free {
+                step: w.steps,
+                stream,
+                bytes,
+            });
+        }
+        events
+    }
+
+    #[test]
+    fn the_draws_replay_the_trace_and_the_trace_is_the_run() {
+        for w in [
+            MultiStream::scaled(1 << 30),
+            MultiStream {
+                steps: 500,
+                streams: 3,
+                ..MultiStream::scaled(64 << 20)
+            },
+        ] {
+            let trace = w.trace();
+            let draws = w.draws(w.max_draws());
+            assert_eq!(draws.len(), w.steps * 4);
+            assert_eq!(replay_from_draws(&w, &draws), trace);
+            // Every allocation is freed once, on another stream than its own.
+            let allocs = trace
+                .iter()
+                .filter(|e| matches!(e, Event::Alloc { .. }))
+                .count();
+            assert_eq!(allocs * 2, trace.len());
+            assert!(trace
+                .iter()
+                .all(|e| !matches!(e, Event::Free { step, .. } if *step > w.steps)));
+            // The run over a mock makes the same allocations (it fails none).
+            let mock = HostMockResource::new();
+            let streams = vec![CudaStreamView::legacy(); w.streams];
+            let out = run(&mock, &streams, &w, &|| mock.live_bytes()).unwrap();
+            assert_eq!((out.allocations, out.failed), (allocs, 0));
+            // The draws start where the generator does, and their sizes lie in range.
+            assert_eq!(draws[0].raw, Rng(w.seed).next());
+            assert!(draws
+                .iter()
+                .all(|d| (w.small.0..=w.small.1).contains(&d.small)
+                    && (w.large.0..=w.large.1).contains(&d.large)));
+        }
     }
 }
