@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::PoisonError;
 use std::time::Instant;
 
+use crossbeam_utils::CachePadded;
 use rmm_stream::{CudaEvent, CudaStreamView};
 use rmm_sys::{CudaResult, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
 
@@ -164,9 +165,14 @@ pub(crate) enum Steal {
 /// One slot of a resource's list storage: a stream's free list with its event, or a free slot
 /// (a retired list's, until a new key takes it). The key lives under the lock, so a caller that
 /// found the slot through a cache checks, at no extra cost, that it is still its list.
+///
+/// Cache-padded: the lists of a resource lie next to one another (in its `AppendOnlyVec`), and
+/// each is written at every operation by the thread whose stream it serves (its lock, its free
+/// list, its event policy). Unpadded, the last bytes of one list and the lock of the next share
+/// a cache line, which then moves between the two threads' cores at every operation of either.
 #[derive(Debug)]
 pub(crate) struct StreamList<L> {
-    state: Mutex<ListState<L>>,
+    state: CachePadded<Mutex<ListState<L>>>,
 }
 
 /// A locked [`StreamList`] (its lock comes from `crate::sync`, loom's under `--cfg loom`).
@@ -176,13 +182,13 @@ impl<L> StreamList<L> {
     /// A list for `key` (`None`: a free slot).
     pub(crate) fn new(key: Option<StreamKey>, blocks: L) -> Self {
         Self {
-            state: Mutex::new(ListState {
+            state: CachePadded::new(Mutex::new(ListState {
                 key,
                 blocks,
                 event: None,
                 policy: EventPolicy::default(),
                 waits: Vec::new(),
-            }),
+            })),
         }
     }
 
@@ -513,6 +519,24 @@ pub(crate) fn remember_list_index(pool: u64, key: StreamKey, index: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn neighbouring_lists_share_no_cache_line() {
+        let lists = crate::stream_ordered::append_only::AppendOnlyVec::new();
+        for _ in 0..3 {
+            lists.push(StreamList::new(None, [0u8; 100]));
+        }
+        for i in 0..3 {
+            let list = lists.get(i).unwrap();
+            let start = std::ptr::from_ref(list) as usize;
+            assert_eq!(start % 64, 0, "list {i} starts inside a cache line");
+            assert_eq!(
+                std::mem::size_of_val(list) % 64,
+                0,
+                "list {i} ends inside one"
+            );
+        }
+    }
 
     #[test]
     fn special_keys_need_no_cuda() {
