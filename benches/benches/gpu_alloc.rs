@@ -9,23 +9,32 @@
 //!    memory; see `rmm_benches::sizing`). Per-operation cost = wall time / (operations x
 //!    threads); every figure is also given as a ratio to the driver pool and to the naive
 //!    baseline (`rmm_benches::naive`: one region, one mutex, two B-trees) measured in the same
-//!    run, with the resource's peak reserved bytes and their ratio to the peak live bytes.
+//!    run, with the resource's peak reserved bytes and their ratio to the peak live bytes; then,
+//!    per trace, a second table of what growing cost (growth events and their wall time in the
+//!    warm-up and the timed pass, chunks given back in the timed pass) and of the timed pass's
+//!    slow-path driver calls (events recorded, stream waits, synchronizations, per 1,000
+//!    operations). `vmm_pool_x2` is the VMM pool growing by doubling (`min_growth_percent(100)`)
+//!    where `vmm_pool` adds 12 % of what is mapped.
 //!
 //! Arguments: `--ops N` (default 100000), `--reps N` (default 3), `--threads 1,4,16`,
 //! `--only NAME[,NAME]` (resources), `--quick` (10,000 ops, 1 rep). Without a GPU it prints one
-//! line and exits successfully (a benchmark, not a test).
+//! line and exits successfully (a benchmark, not a test). `--simulated`: no GPU needed; the
+//! pool and the VMM pools replay the traces over simulated memory on fake streams, round robin
+//! on one thread, and the second table is printed with counts only (see [`simulated`]).
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use rmm_benches::gpu::{build, Spec};
+use rmm_benches::capacity::replay_round_robin;
+use rmm_benches::gpu::{build, Growth, GrowthMeter, Spec};
 use rmm_benches::sizing::{live_count_within, DeviceMemory};
 use rmm_benches::table::mib;
-use rmm_benches::{median, replay_threads, Trace};
+use rmm_benches::{median, replay_threads, replay_threads_counted, DriverCalls, Trace};
 use rmm_mr::{
-    CudaAsyncMemoryResource, CudaMemoryResource, DeviceMemoryResource, MrResult, PoolMemoryResource,
+    CudaAsyncMemoryResource, CudaMemoryResource, DeviceMemoryResource, MrResult,
+    PoolMemoryResource, SimulatedMemoryResource, VmmPoolMemoryResource, VmmPoolOptions,
 };
-use rmm_stream::CudaStream;
+use rmm_stream::{CudaStream, CudaStreamView};
 use rmm_sys::mempool;
 
 const MIB: usize = 1 << 20;
@@ -36,6 +45,7 @@ struct Args {
     reps: usize,
     threads: Vec<usize>,
     only: Option<Vec<String>>,
+    simulated: bool,
 }
 
 fn parse_args() -> Args {
@@ -44,6 +54,7 @@ fn parse_args() -> Args {
         reps: 3,
         threads: vec![1, 4, 16],
         only: None,
+        simulated: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -56,6 +67,7 @@ fn parse_args() -> Args {
                 }
             }
             "--only" => a.only = it.next().map(|v| v.split(',').map(str::to_owned).collect()),
+            "--simulated" => a.simulated = true,
             "--quick" => {
                 a.ops = 10_000;
                 a.reps = 1;
@@ -129,6 +141,20 @@ fn factories() -> Vec<(&'static str, Factory, bool)> {
                 Ok(Spec::VmmPool {
                     initial: 0,
                     maximum: DeviceMemory::query()?.arena_bytes(),
+                    min_growth_percent: None,
+                })
+            }),
+            true,
+        ),
+        (
+            "vmm_pool_x2",
+            Box::new(|_: &TraceSpec| {
+                // The same, growing as the pool without a maximum does: each growth at least
+                // doubles what is mapped (bounded by the range), rather than adding 12 %.
+                Ok(Spec::VmmPool {
+                    initial: 0,
+                    maximum: DeviceMemory::query()?.arena_bytes(),
+                    min_growth_percent: Some(100),
                 })
             }),
             true,
@@ -144,6 +170,22 @@ fn factories() -> Vec<(&'static str, Factory, bool)> {
             }),
             true,
         ),
+    ]
+}
+
+/// The two traces.
+fn trace_specs() -> [TraceSpec; 2] {
+    [
+        TraceSpec {
+            name: "a: 1 B-4 MiB, ~1000 live",
+            max_size: 4 * MIB,
+            live: 1000,
+        },
+        TraceSpec {
+            name: "b: 1 B-64 KiB, ~2000 live",
+            max_size: 64 * KIB,
+            live: 2000,
+        },
     ]
 }
 
@@ -208,6 +250,13 @@ fn overhead(reps: usize) -> MrResult<()> {
 
 fn main() {
     let args = parse_args();
+    if args.simulated {
+        if let Err(e) = simulated(&args) {
+            eprintln!("gpu bench (simulated) failed: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     if let Some(why) = rmm_sys::gpu_unavailable_reason() {
         println!("gpu bench: skipped ({why})");
         return;
@@ -224,18 +273,7 @@ fn run(args: &Args) -> MrResult<()> {
     let version = rmm_sys::driver_version()?;
     println!("# rmm-rs GPU allocation benchmark\n\ndevice: {name}; driver CUDA {version}; ops per trace: {}; reps: {}", args.ops, args.reps);
     overhead(args.reps)?;
-    let specs = [
-        TraceSpec {
-            name: "a: 1 B-4 MiB, ~1000 live",
-            max_size: 4 * MIB,
-            live: 1000,
-        },
-        TraceSpec {
-            name: "b: 1 B-64 KiB, ~2000 live",
-            max_size: 64 * KIB,
-            live: 2000,
-        },
-    ];
+    let specs = trace_specs();
     let mut failures = 0;
     let max_threads = args.threads.iter().copied().max().unwrap_or(1);
     for spec in &specs {
@@ -257,7 +295,7 @@ fn run(args: &Args) -> MrResult<()> {
             spec.name,
             peak as f64 / (1u64 << 30) as f64
         );
-        let mut table: BTreeMap<usize, Vec<(String, f64, Option<u64>)>> = BTreeMap::new();
+        let mut table: BTreeMap<usize, Vec<Row>> = BTreeMap::new();
         for (rname, factory, mt) in factories() {
             if let Some(only) = &args.only {
                 let baseline = rname == "driver_pool" || rname == "naive";
@@ -278,33 +316,51 @@ fn run(args: &Args) -> MrResult<()> {
                     );
                     continue;
                 }
-                let measure = || -> MrResult<(f64, Option<u64>)> {
+                let measure = || -> MrResult<Row> {
                     let mut samples = Vec::new();
-                    let mut peak_reserved = None;
+                    let mut row = Row {
+                        name: rname.to_owned(),
+                        ns_per_op: 0.0,
+                        peak_reserved: None,
+                        warm_up: None,
+                        timed: None,
+                        calls: DriverCalls::default(),
+                        ops: 0,
+                        reps: 0,
+                    };
                     for _ in 0..args.reps {
                         let built = build(factory(spec)?)?;
                         let streams = rmm_benches::streams(threads)?;
+                        let start = built.growth();
                         // One untimed warm-up pass so pools have grown, as in steady state.
                         replay_threads(&*built.mr, &trace, &streams)?;
-                        let wall = replay_threads(&*built.mr, &trace, &streams)?;
+                        let warm = built.growth();
+                        let (wall, calls) = replay_threads_counted(&*built.mr, &trace, &streams)?;
+                        let timed = built.growth();
                         samples.push(wall.as_nanos() as f64 / (trace.ops.len() * threads) as f64);
-                        peak_reserved = peak_reserved.max(built.peak_reserved());
+                        row.peak_reserved = row.peak_reserved.max(built.peak_reserved());
+                        if let (Some(start), Some(warm), Some(timed)) = (start, warm, timed) {
+                            let sum = |total: Option<Growth>, g: Growth| {
+                                Some(total.unwrap_or_default().plus(g))
+                            };
+                            row.warm_up = sum(row.warm_up, warm.since(start));
+                            row.timed = sum(row.timed, timed.since(warm));
+                        }
+                        row.calls = row.calls.plus(calls);
+                        row.ops += trace.ops.len() * threads;
+                        row.reps += 1;
                         // The resource goes before its streams.
                         drop(built);
                     }
-                    Ok((median(&mut samples), peak_reserved))
+                    row.ns_per_op = median(&mut samples);
+                    Ok(row)
                 };
                 eprintln!(
                     "[bench] trace {} / {rname} / {threads} thread(s)",
                     spec.name
                 );
                 match measure() {
-                    Ok((v, reserved)) => {
-                        table
-                            .entry(threads)
-                            .or_default()
-                            .push((rname.to_owned(), v, reserved))
-                    }
+                    Ok(row) => table.entry(threads).or_default().push(row),
                     Err(e) => {
                         println!("({rname} x{threads} failed: {e})");
                         failures += 1;
@@ -326,30 +382,221 @@ fn run(args: &Args) -> MrResult<()> {
         for (threads, rows) in &table {
             let ratio_to = |name: &str, v: f64| {
                 rows.iter()
-                    .find(|r| r.0 == name)
-                    .map_or("n/a".to_owned(), |b| format!("{:.2}", v / b.1))
+                    .find(|r| r.name == name)
+                    .map_or("n/a".to_owned(), |b| format!("{:.2}", v / b.ns_per_op))
             };
             let live = u64::try_from(peak.saturating_mul(*threads)).ok();
-            for (n, v, reserved) in rows {
+            for row in rows {
+                let (n, v, reserved) = (&row.name, row.ns_per_op, &row.peak_reserved);
                 let per_live = match (reserved, live) {
                     (Some(r), Some(l)) if l > 0 => format!("{:.2}", *r as f64 / l as f64),
                     _ => "n/a".to_owned(),
                 };
                 println!(
                     "| {threads} | {n} | {v:.0} | {} | {} | {} | {} | {per_live} |",
-                    ratio_to("driver_pool", *v),
-                    ratio_to("naive", *v),
+                    ratio_to("driver_pool", v),
+                    ratio_to("naive", v),
                     mib(*reserved),
                     mib(live),
                 );
             }
         }
+        growth_table(&table);
     }
     fragmented_pool(args.reps)?;
     if failures > 0 {
         return Err(rmm_mr::MrError::bad_alloc(format!(
             "{failures} benchmark row(s) failed"
         )));
+    }
+    Ok(())
+}
+
+/// One row of a trace's tables: a resource at one thread count.
+struct Row {
+    name: String,
+    /// Median over the repetitions.
+    ns_per_op: f64,
+    peak_reserved: Option<u64>,
+    /// Growth in the warm-up and the timed passes, summed over the repetitions (`None`: the
+    /// resource does not report it).
+    warm_up: Option<Growth>,
+    timed: Option<Growth>,
+    /// Driver calls of the timed passes, summed over the repetitions.
+    calls: DriverCalls,
+    /// Operations of the timed passes, summed over the repetitions.
+    ops: usize,
+    reps: usize,
+}
+
+/// Per repetition: growths and the time they took, releases and theirs.
+fn growth_cells(g: Option<Growth>, reps: usize) -> [String; 3] {
+    match g {
+        Some(g) if reps > 0 => {
+            let reps = reps as f64;
+            [
+                format!("{:.1}", g.events as f64 / reps),
+                format!("{:.2}", g.time.as_secs_f64() * 1e3 / reps),
+                format!(
+                    "{:.1} ({:.2} ms)",
+                    g.releases as f64 / reps,
+                    g.release_time.as_secs_f64() * 1e3 / reps
+                ),
+            ]
+        }
+        _ => ["n/a".to_owned(), "n/a".to_owned(), "n/a".to_owned()],
+    }
+}
+
+/// Per 1,000 operations, one decimal.
+fn per_kilo_op(count: u64, ops: usize) -> String {
+    if ops == 0 {
+        return "n/a".to_owned();
+    }
+    format!("{:.1}", count as f64 * 1000.0 / ops as f64)
+}
+
+/// The second table of a trace: what growing cost each resource, and the slow-path driver calls
+/// of its timed pass.
+fn growth_table(table: &BTreeMap<usize, Vec<Row>>) {
+    println!(
+        "\nGrowth and slow paths, per repetition: growth events (upstream allocations of the \
+         sub-allocators, chunks mapped by the VMM pool) and the wall time spent in them, summed \
+         over threads, in the warm-up and in the timed pass; chunks given back in the timed pass \
+         (a resource with a maximum gives its wholly free chunks back before it fails) and their \
+         time; and in the timed pass, per 1,000 operations, the events recorded, the waits of one stream on another's event and the \
+         synchronizations (device, stream or event; each thread's final stream synchronization \
+         included).\n"
+    );
+    println!(
+        "| threads | resource | growths (warm-up) | ms growing (warm-up) | growths (timed) \
+         | ms growing (timed) | releases (timed) | records / 1k ops | waits / 1k ops \
+         | syncs / 1k ops |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (threads, rows) in table {
+        for row in rows {
+            let [warm_n, warm_t, _] = growth_cells(row.warm_up, row.reps);
+            let [timed_n, timed_t, released] = growth_cells(row.timed, row.reps);
+            println!(
+                "| {threads} | {} | {warm_n} | {warm_t} | {timed_n} | {timed_t} | {released} \
+                 | {} | {} | {} |",
+                row.name,
+                per_kilo_op(row.calls.event_records, row.ops),
+                per_kilo_op(row.calls.stream_waits, row.ops),
+                per_kilo_op(row.calls.synchronizations, row.ops),
+            );
+        }
+    }
+}
+
+/// A resource of the simulation, with readers of its growth and of the bytes it holds.
+struct SimSubject {
+    mr: Box<dyn DeviceMemoryResource>,
+    growth: Box<dyn Fn() -> Growth>,
+    reserved: Box<dyn Fn() -> usize>,
+}
+
+/// `--simulated`: no GPU, no CUDA call. The pool (over [`SimulatedMemoryResource`] of a notional
+/// 80 GB GPU's free memory, counted by a [`GrowthMeter`]) and the VMM pool (simulated, the
+/// arena's 90 % of that as its maximum; `vmm_pool_x2` growing by doubling) replay the traces as the GPU run sizes them, each copy
+/// on its own fake stream of the simulated driver, round robin on one thread
+/// (`rmm_benches::capacity::replay_round_robin`: operation `i` of every copy before operation
+/// `i + 1` of any, the lockstep that threads started together approach): one warm-up pass, one
+/// counted pass. Prints the growth events of both passes and the slow-path driver calls of the
+/// counted one; no timing (the host is not the GPU machine).
+fn simulated(args: &Args) -> MrResult<()> {
+    const GIB: usize = 1 << 30;
+    let _sim = rmm_sys::fault::FaultScope::simulated();
+    let mem = DeviceMemory {
+        free: 79 * GIB,
+        total: 80 * GIB,
+    };
+    println!(
+        "# rmm-rs GPU allocation benchmark, simulated (no GPU: simulated memory and fake \
+         streams, round robin)\n\nnotional device: {} GiB free; ops per trace: {}",
+        mem.free / GIB,
+        args.ops
+    );
+    let max_threads = args.threads.iter().copied().max().unwrap_or(1);
+    for spec in &trace_specs() {
+        let live = live_count_within(spec.live, spec.max_size, max_threads, mem.trace_budget());
+        let trace = Trace::random(args.ops, 1, spec.max_size, live, 0xbe_2c4);
+        let peak = trace.peak_bytes();
+        println!(
+            "\n## Trace {} ({live} live, peak {:.2} GiB per thread)\n",
+            spec.name,
+            peak as f64 / GIB as f64
+        );
+        println!(
+            "| threads | resource | growths (warm-up) | growths (counted) | releases (counted) \
+             | records / 1k ops | waits / 1k ops | syncs / 1k ops | peak reserved \
+             | reserved / live |"
+        );
+        println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for &threads in &args.threads {
+            let streams: Vec<CudaStreamView<'static>> = (0..threads)
+                .map(|t| CudaStreamView::simulated(u32::try_from(t + 1).unwrap_or(u32::MAX)))
+                .collect();
+            for name in ["pool", "vmm_pool", "vmm_pool_x2"] {
+                let subject = if name == "pool" {
+                    let memory = SimulatedMemoryResource::new(mem.free)?;
+                    let meter = GrowthMeter::new(memory.clone());
+                    let m = meter.clone();
+                    SimSubject {
+                        mr: Box::new(PoolMemoryResource::new(meter, 0)?),
+                        growth: Box::new(move || m.growth()),
+                        // The pool never gives memory back here: what it holds is its peak.
+                        reserved: Box::new(move || memory.used()),
+                    }
+                } else {
+                    let mut options = VmmPoolOptions::new(mem.arena_bytes());
+                    if name == "vmm_pool_x2" {
+                        options = options.min_growth_percent(100);
+                    }
+                    let vmm = VmmPoolMemoryResource::simulated(options)?;
+                    let (g, r) = (vmm.clone(), vmm.clone());
+                    SimSubject {
+                        mr: Box::new(vmm),
+                        growth: Box::new(move || {
+                            let s = g.growth_statistics();
+                            Growth {
+                                events: s.mappings,
+                                time: s.time_mapping,
+                                releases: s.unmappings,
+                                release_time: s.time_unmapping,
+                            }
+                        }),
+                        reserved: Box::new(move || r.growth_statistics().peak_mapped),
+                    }
+                };
+                let SimSubject {
+                    mr,
+                    growth,
+                    reserved,
+                } = subject;
+                let start = growth();
+                replay_round_robin(&*mr, &trace, &streams, 1)?;
+                let warm = growth();
+                let calls = DriverCalls::now();
+                replay_round_robin(&*mr, &trace, &streams, 1)?;
+                let calls = DriverCalls::now().since(calls);
+                let counted = growth();
+                let ops = trace.ops.len() * threads;
+                let live = peak * threads;
+                println!(
+                    "| {threads} | {name} | {} | {} | {} | {} | {} | {} | {} | {:.2} |",
+                    warm.since(start).events,
+                    counted.since(warm).events,
+                    counted.since(warm).releases,
+                    per_kilo_op(calls.event_records, ops),
+                    per_kilo_op(calls.stream_waits, ops),
+                    per_kilo_op(calls.synchronizations, ops),
+                    mib(u64::try_from(reserved()).ok()),
+                    reserved() as f64 / live.max(1) as f64,
+                );
+            }
+        }
     }
     Ok(())
 }

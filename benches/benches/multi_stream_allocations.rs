@@ -78,6 +78,7 @@ fn run(args: &Args) -> BenchResult {
         Spec::VmmPool {
             initial: mem.half_free(),
             maximum: mem.arena_bytes(),
+            min_growth_percent: None,
         },
         Spec::Binning {
             pool_initial: mem.half_free(),

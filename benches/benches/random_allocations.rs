@@ -50,6 +50,7 @@ fn resources(mem: &DeviceMemory) -> Vec<Spec> {
         Spec::VmmPool {
             initial: mem.half_free(),
             maximum: mem.arena_bytes(),
+            min_growth_percent: None,
         },
         Spec::Cuda,
     ]

@@ -1,16 +1,22 @@
 //! GPU helpers shared by the benchmarks: resources built the way RMM's benchmarks build them,
-//! each with a reader of the memory it reserved at its peak; one measured cell (warm-up and
-//! timed passes on several threads, one stream each); a compute-bound kernel for
-//! `multi_stream_allocations`; the line that names the device.
+//! each with a reader of the memory it reserved at its peak and of what growing cost it
+//! ([`GrowthMeter`]); one measured cell (warm-up and timed passes on several threads, one
+//! stream each); a compute-bound kernel for `multi_stream_allocations`; the line that names the
+//! device.
 
+use std::any::Any;
 use std::ffi::{c_void, CString};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use rmm_mr::{
     ArenaMemoryResource, ArenaOptions, BinningMemoryResource, BinningOptions,
-    CudaAsyncMemoryResource, CudaMemoryResource, FixedSizeMemoryResource, FixedSizeOptions,
-    MrError, MrResult, PoolMemoryResource, SharedResource, StatisticsResourceAdaptor,
-    VmmPoolMemoryResource, VmmPoolOptions,
+    CudaAsyncMemoryResource, CudaMemoryResource, DeviceMemoryResource, FixedSizeMemoryResource,
+    FixedSizeOptions, MrError, MrResult, PoolMemoryResource, ResourceProperties, SharedResource,
+    StatisticsResourceAdaptor, VmmPoolMemoryResource, VmmPoolOptions,
 };
+use rmm_stream::CudaStreamView;
 use rmm_sys::DevicePtr;
 
 use crate::naive::NaiveBestFit;
@@ -40,6 +46,8 @@ pub enum Spec {
         initial: usize,
         /// The maximum pool size (the reserved address range).
         maximum: usize,
+        /// `VmmPoolOptions::min_growth_percent` (`None`: the default).
+        min_growth_percent: Option<usize>,
     },
     /// Blocks of this size, 128 per chunk, over the CUDA resource (RMM's `fixed_size`).
     FixedSize {
@@ -102,11 +110,13 @@ impl Spec {
     }
 }
 
-/// A built resource and a reader of the bytes it reserved at its peak so far.
+/// A built resource, a reader of the bytes it reserved at its peak so far and one of what its
+/// growth cost so far.
 pub struct Built {
     /// The resource.
     pub mr: SharedResource,
     peak: Box<dyn Fn() -> Option<u64> + Send + Sync>,
+    growth: Box<dyn Fn() -> Option<Growth> + Send + Sync>,
 }
 
 impl Built {
@@ -117,6 +127,15 @@ impl Built {
     pub fn peak_reserved(&self) -> Option<u64> {
         (self.peak)()
     }
+
+    /// What growing cost so far: the sub-allocators' calls to the CUDA resource under them
+    /// (a [`GrowthMeter`] sits between them) and the VMM pool's chunk mappings
+    /// ([`VmmPoolMemoryResource::growth_statistics`]); `None` for the resources that do not
+    /// grow through either (the CUDA resource itself, the driver's pool, the naive baseline).
+    #[must_use]
+    pub fn growth(&self) -> Option<Growth> {
+        (self.growth)()
+    }
 }
 
 impl std::fmt::Debug for Built {
@@ -125,17 +144,161 @@ impl std::fmt::Debug for Built {
     }
 }
 
+/// Growth events and the wall time spent in them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Growth {
+    /// Upstream allocations that succeeded (the pool's chunks, the arena's superblock region,
+    /// ...) or VMM chunks mapped.
+    pub events: u64,
+    /// Wall time spent growing (failed attempts included), summed over threads.
+    pub time: Duration,
+    /// Chunks given back (the pool's upstream deallocations, the VMM pool's unmappings: before
+    /// an allocation fails, a resource with a maximum gives its wholly free chunks back, after
+    /// a device synchronization, and grows again).
+    pub releases: u64,
+    /// Wall time spent giving them back.
+    pub release_time: Duration,
+}
+
+impl Growth {
+    /// The growth since `before` (an earlier reading of the same resource).
+    #[must_use]
+    pub fn since(self, before: Self) -> Self {
+        Self {
+            events: self.events.saturating_sub(before.events),
+            time: self.time.saturating_sub(before.time),
+            releases: self.releases.saturating_sub(before.releases),
+            release_time: self.release_time.saturating_sub(before.release_time),
+        }
+    }
+
+    /// Both together.
+    #[must_use]
+    pub fn plus(self, other: Self) -> Self {
+        Self {
+            events: self.events + other.events,
+            time: self.time + other.time,
+            releases: self.releases + other.releases,
+            release_time: self.release_time + other.release_time,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct MeterCounts {
+    events: AtomicU64,
+    nanos: AtomicU64,
+    releases: AtomicU64,
+    release_nanos: AtomicU64,
+}
+
+fn nanos_since(started: Instant) -> u64 {
+    u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// An adaptor that counts its upstream's allocations and deallocations and the time they take:
+/// put between a sub-allocator and the resource it grows from, it counts the sub-allocator's
+/// growth (the allocations that succeeded; the time of those that failed, such as the pool's
+/// halving retries, counts too) and what it gives back. Clones share the counts.
+#[derive(Debug, Clone)]
+pub struct GrowthMeter<R> {
+    upstream: R,
+    counts: Arc<MeterCounts>,
+}
+
+impl<R: DeviceMemoryResource> GrowthMeter<R> {
+    /// A meter over `upstream`, at zero.
+    pub fn new(upstream: R) -> Self {
+        Self {
+            upstream,
+            counts: Arc::default(),
+        }
+    }
+
+    /// The allocations so far and their time.
+    #[must_use]
+    pub fn growth(&self) -> Growth {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Growth {
+            events: load(&self.counts.events),
+            time: Duration::from_nanos(load(&self.counts.nanos)),
+            releases: load(&self.counts.releases),
+            release_time: Duration::from_nanos(load(&self.counts.release_nanos)),
+        }
+    }
+}
+
+// SAFETY: every call goes to `upstream` unchanged, which keeps the contract; the adaptor only
+// counts and times the allocations.
+unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for GrowthMeter<R> {
+    fn allocate(
+        &self,
+        stream: CudaStreamView<'_>,
+        bytes: usize,
+        alignment: usize,
+    ) -> MrResult<DevicePtr> {
+        let started = Instant::now();
+        let r = self.upstream.allocate(stream, bytes, alignment);
+        self.counts
+            .nanos
+            .fetch_add(nanos_since(started), Ordering::Relaxed);
+        if r.is_ok() {
+            self.counts.events.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    unsafe fn deallocate(
+        &self,
+        stream: CudaStreamView<'_>,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+    ) -> MrResult<()> {
+        let started = Instant::now();
+        // SAFETY: the caller's contract, passed on.
+        let r = unsafe { self.upstream.deallocate(stream, ptr, bytes, alignment) };
+        self.counts
+            .release_nanos
+            .fetch_add(nanos_since(started), Ordering::Relaxed);
+        self.counts.releases.fetch_add(1, Ordering::Relaxed);
+        r
+    }
+
+    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
+        other
+            .as_any()
+            .downcast_ref::<Self>()
+            .is_some_and(|o| self.upstream.is_equal(&o.upstream))
+    }
+
+    fn properties(&self) -> ResourceProperties {
+        self.upstream.properties()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
 /// Builds `spec` on the current device.
 pub fn build(spec: Spec) -> MrResult<Built> {
     let stats = StatisticsResourceAdaptor::new(CudaMemoryResource::new());
+    let meter = GrowthMeter::new(stats.clone());
     let peak_of = |s: StatisticsResourceAdaptor<CudaMemoryResource>| {
         Box::new(move || u64::try_from(s.bytes_counter().peak).ok())
             as Box<dyn Fn() -> Option<u64> + Send + Sync>
     };
+    let metered = || {
+        let m = meter.clone();
+        Box::new(move || Some(m.growth())) as Box<dyn Fn() -> Option<Growth> + Send + Sync>
+    };
+    let none = || Box::new(|| None) as Box<dyn Fn() -> Option<Growth> + Send + Sync>;
     Ok(match spec {
         Spec::Cuda => Built {
             mr: rmm_mr::shared(stats.clone()),
             peak: peak_of(stats),
+            growth: none(),
         },
         Spec::Async => {
             let mr = CudaAsyncMemoryResource::new()?;
@@ -143,37 +306,57 @@ pub fn build(spec: Spec) -> MrResult<Built> {
             Built {
                 mr: rmm_mr::shared(mr),
                 peak: Box::new(move || handle.statistics().ok().map(|s| s.reserved_high)),
+                growth: none(),
             }
         }
         Spec::Pool { initial } => Built {
-            mr: rmm_mr::shared(PoolMemoryResource::new(stats.clone(), initial)?),
+            mr: rmm_mr::shared(PoolMemoryResource::new(meter.clone(), initial)?),
             peak: peak_of(stats),
+            growth: metered(),
         },
-        Spec::VmmPool { initial, maximum } => {
-            let mr = VmmPoolMemoryResource::with_options(
-                VmmPoolOptions::new(maximum).initial_pool_size(initial),
-            )?;
+        Spec::VmmPool {
+            initial,
+            maximum,
+            min_growth_percent,
+        } => {
+            let mut options = VmmPoolOptions::new(maximum).initial_pool_size(initial);
+            if let Some(percent) = min_growth_percent {
+                options = options.min_growth_percent(percent);
+            }
+            let mr = VmmPoolMemoryResource::with_options(options)?;
             let handle = mr.clone();
+            let growth = mr.clone();
             Built {
                 mr: rmm_mr::shared(mr),
                 peak: Box::new(move || u64::try_from(handle.growth_statistics().peak_mapped).ok()),
+                growth: Box::new(move || {
+                    let g = growth.growth_statistics();
+                    Some(Growth {
+                        events: g.mappings,
+                        time: g.time_mapping,
+                        releases: g.unmappings,
+                        release_time: g.time_unmapping,
+                    })
+                }),
             }
         }
         Spec::Arena { bytes } => Built {
             mr: rmm_mr::shared(ArenaMemoryResource::with_options(
-                stats.clone(),
+                meter.clone(),
                 ArenaOptions::new().arena_size(bytes),
             )?),
             peak: peak_of(stats),
+            growth: metered(),
         },
         Spec::FixedSize { block } => Built {
             mr: rmm_mr::shared(FixedSizeMemoryResource::with_options(
-                stats.clone(),
+                meter.clone(),
                 FixedSizeOptions::new()
                     .block_size(block)
                     .blocks_to_preallocate(128),
             )?),
             peak: peak_of(stats),
+            growth: metered(),
         },
         Spec::Naive { bytes } => {
             let mr = NaiveBestFit::new(bytes)?;
@@ -181,6 +364,7 @@ pub fn build(spec: Spec) -> MrResult<Built> {
             Built {
                 mr: rmm_mr::shared(mr),
                 peak: Box::new(move || region),
+                growth: none(),
             }
         }
         Spec::Binning {
@@ -188,7 +372,7 @@ pub fn build(spec: Spec) -> MrResult<Built> {
             min_exp,
             max_exp,
         } => {
-            let pool = PoolMemoryResource::new(stats.clone(), pool_initial)?;
+            let pool = PoolMemoryResource::new(meter.clone(), pool_initial)?;
             Built {
                 mr: rmm_mr::shared(BinningMemoryResource::with_options(
                     pool,
@@ -197,6 +381,7 @@ pub fn build(spec: Spec) -> MrResult<Built> {
                         .max_size_exponent(max_exp),
                 )?),
                 peak: peak_of(stats),
+                growth: metered(),
             }
         }
     })

@@ -328,19 +328,30 @@ pub fn replay_threads(
     trace: &Trace,
     streams: &[CudaStream],
 ) -> MrResult<Duration> {
+    replay_threads_counted(mr, trace, streams).map(|(wall, _)| wall)
+}
+
+/// [`replay_threads`], and the driver calls the replaying threads made meanwhile, all threads
+/// together ([`DriverCalls`]; each thread's final stream synchronization included).
+pub fn replay_threads_counted(
+    mr: &dyn DeviceMemoryResource,
+    trace: &Trace,
+    streams: &[CudaStream],
+) -> MrResult<(Duration, DriverCalls)> {
     let device = rmm_sys::current_device()?;
     let barrier = Barrier::new(streams.len() + 1);
-    let results: Vec<MrResult<Duration>> = std::thread::scope(|s| {
+    let results: Vec<MrResult<(Duration, DriverCalls)>> = std::thread::scope(|s| {
         let joins: Vec<_> = streams
             .iter()
             .map(|stream| {
                 let barrier = &barrier;
-                s.spawn(move || -> MrResult<Duration> {
+                s.spawn(move || -> MrResult<(Duration, DriverCalls)> {
                     rmm_sys::set_current_device(device)?;
                     barrier.wait();
+                    let calls = DriverCalls::now();
                     let start = Instant::now();
                     replay(mr, stream, trace)?;
-                    Ok(start.elapsed())
+                    Ok((start.elapsed(), DriverCalls::now().since(calls)))
                 })
             })
             .collect();
@@ -354,10 +365,59 @@ pub fn replay_threads(
             .collect()
     });
     let mut worst = Duration::ZERO;
+    let mut calls = DriverCalls::default();
     for r in results {
-        worst = worst.max(r?);
+        let (wall, made) = r?;
+        worst = worst.max(wall);
+        calls = calls.plus(made);
     }
-    Ok(worst)
+    Ok((worst, calls))
+}
+
+/// Counts of the driver calls that make a stream-ordered pool's slow paths cost (rmm-sys's
+/// per-thread call counters, on in the benchmarks' build): events recorded so that another
+/// stream may take a free block, waits of one stream on another's event, and synchronizations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DriverCalls {
+    /// `cuEventRecord`.
+    pub event_records: u64,
+    /// `cuStreamWaitEvent`.
+    pub stream_waits: u64,
+    /// `cuCtxSynchronize`, `cuStreamSynchronize`, `cuEventSynchronize`.
+    pub synchronizations: u64,
+}
+
+impl DriverCalls {
+    /// The calling thread's counts so far.
+    #[must_use]
+    pub fn now() -> Self {
+        use rmm_sys::fault::{calls, DriverCall};
+        Self {
+            event_records: calls(DriverCall::EventRecord),
+            stream_waits: calls(DriverCall::StreamWait),
+            synchronizations: calls(DriverCall::Synchronize),
+        }
+    }
+
+    /// The calls made since `before` (a snapshot of the same thread).
+    #[must_use]
+    pub fn since(self, before: Self) -> Self {
+        Self {
+            event_records: self.event_records.wrapping_sub(before.event_records),
+            stream_waits: self.stream_waits.wrapping_sub(before.stream_waits),
+            synchronizations: self.synchronizations.wrapping_sub(before.synchronizations),
+        }
+    }
+
+    /// Both counts together.
+    #[must_use]
+    pub fn plus(self, other: Self) -> Self {
+        Self {
+            event_records: self.event_records + other.event_records,
+            stream_waits: self.stream_waits + other.stream_waits,
+            synchronizations: self.synchronizations + other.synchronizations,
+        }
+    }
 }
 
 /// What a benchmark body returns.
