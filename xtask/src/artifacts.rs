@@ -246,6 +246,34 @@ pub(crate) fn file_names(artifacts: &[Artifact]) -> Result<Vec<String>, Error> {
     Ok(names)
 }
 
+/// The library packages built with a test-only feature among cargo's `compiler-artifact`
+/// messages, as `package feature` pairs: rmm-sys's `testing` (its fault-injection hook in every
+/// driver call) and rmm-stream's `testing` (which turns it on). The benchmark build of the
+/// bundle must have none, or every driver call it times runs the hook.
+pub(crate) fn test_features(messages: &[Value]) -> Vec<String> {
+    const CHECKED: [(&str, &str); 2] = [("rmm_sys", "testing"), ("rmm_stream", "testing")];
+    let mut found = Vec::new();
+    for msg in messages {
+        if msg.get("reason").and_then(Value::as_str) != Some("compiler-artifact") {
+            continue;
+        }
+        let Some(name) = msg["target"]["name"].as_str() else {
+            continue;
+        };
+        let features: Vec<&str> = msg["features"]
+            .as_array()
+            .map(|f| f.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        for (lib, feature) in CHECKED {
+            let pair = format!("{lib} {feature}");
+            if name == lib && features.contains(&feature) && !found.contains(&pair) {
+                found.push(pair);
+            }
+        }
+    }
+    found
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -411,5 +439,37 @@ mod tests {
         let packages = bundle_packages(&metadata()).unwrap();
         let err = file_names(&select(&msgs, Kind::Example, &packages)).unwrap_err();
         assert!(err.contains("examples/demo"), "{err}");
+    }
+
+    #[test]
+    fn test_features_in_a_build_are_named() {
+        let lib = |name: &str, features: &[&str]| {
+            json!({
+                "reason": "compiler-artifact",
+                "package_id": SYS,
+                "target": { "kind": ["lib"], "name": name },
+                "profile": { "test": false },
+                "features": features,
+                "executable": null,
+            })
+        };
+        let clean = vec![
+            lib("rmm_sys", &["default"]),
+            lib("rmm_stream", &[]),
+            lib("rmm_mr", &["testing"]),
+            json!({ "reason": "build-finished", "success": true }),
+        ];
+        assert!(test_features(&clean).is_empty());
+        let mut hooked = clean.clone();
+        hooked.push(lib("rmm_stream", &["testing"]));
+        hooked.push(lib("rmm_sys", &["testing"]));
+        hooked.push(lib("rmm_sys", &["testing"]));
+        assert_eq!(
+            test_features(&hooked),
+            vec![
+                "rmm_stream testing".to_owned(),
+                "rmm_sys testing".to_owned()
+            ]
+        );
     }
 }

@@ -116,6 +116,16 @@ pub(crate) fn build(out: &Path, with_peer: bool, torch: bool) -> Result<(), Erro
                     .into_iter()
                     .chain(selected.iter().map(String::as_str)),
             ))?;
+            let hooked = artifacts::test_features(&benches);
+            if !hooked.is_empty() {
+                return Err(format!(
+                    "the benchmark build has test-only features ({}): a dependency of {} turns \
+                     them on, and the benchmarks would time rmm-sys's fault hook in every driver \
+                     call (`cargo tree -e features -i rmm-sys` shows which)",
+                    hooked.join(", "),
+                    measuring.join(", ")
+                ));
+            }
         }
         println!("==> building the other examples (profile gpu)");
         let examples = cargo::json_messages(&mut cargo::cargo(
