@@ -7,6 +7,7 @@
 //! the peer driver `examples/peer.rs`; `cargo xtask gpu bundle` builds them and `run.sh bench`
 //! / `run.sh peer` run them on the GPU machine. See `docs/performance.md`.
 
+pub mod ab;
 pub mod args;
 pub mod capacity;
 pub mod frag;
