@@ -151,6 +151,50 @@ fn async_thresholds_and_priming() -> Result<Completion, Failed> {
     done()
 }
 
+/// RMM's `HWDecompressTest`: from CUDA 12.8 the async resource's pool is made with the
+/// hardware-decompression usage, so its memory may serve the decompression engine exactly
+/// where `cuMemAlloc`'s may (a pool without the usage reports false where `cuMemAlloc`'s
+/// reports true).
+fn async_hw_decompress_like_cuda() -> Result<Completion, Failed> {
+    if !caps()?.memory_pools_supported {
+        return Ok(Completion::ignored_with("no memory pools"));
+    }
+    let driver = rmm_sys::driver_version()?;
+    if driver < DriverVersion::CUDA_12_8 {
+        return Ok(Completion::ignored_with(format!(
+            "driver CUDA {driver}: no hardware decompression before 12.8"
+        )));
+    }
+    let s = CudaStreamView::default();
+    let cuda = CudaMemoryResource::new();
+    let mr = CudaAsyncMemoryResource::new()?;
+    let (a, b) = (cuda.allocate(s, 100, 256)?, mr.allocate(s, 100, 256)?);
+    let capable = (
+        memory::pointer_is_hw_decompress_capable(a),
+        memory::pointer_is_hw_decompress_capable(b),
+    );
+    // SAFETY: each pointer came from its resource with these sizes and is freed once.
+    unsafe {
+        mr.deallocate(s, b, 100, 256)?;
+        cuda.deallocate(s, a, 100, 256)?;
+    }
+    s.synchronize()?;
+    let (cuda_capable, async_capable) = (capable.0?, capable.1?);
+    ensure(
+        async_capable == cuda_capable,
+        format!(
+            "cuMemAlloc memory decompress-capable: {cuda_capable}, the async resource's: \
+             {async_capable}"
+        ),
+    )?;
+    if !cuda_capable {
+        return Ok(Completion::ignored_with(
+            "this device reports no memory decompress-capable (compared, both false)",
+        ));
+    }
+    done()
+}
+
 fn async_fabric_handles() -> Result<Completion, Failed> {
     let c = caps()?;
     if !c.supports_handle_type(AllocationHandleType::Fabric) {
@@ -473,6 +517,10 @@ fn main() {
         gpu(
             "cuda_async::thresholds_priming_trim_statistics",
             async_thresholds_and_priming,
+        ),
+        gpu(
+            "cuda_async::hw_decompress_like_cuda",
+            async_hw_decompress_like_cuda,
         ),
         gpu("cuda_async::fabric_handles", async_fabric_handles),
         gpu("cuda_async::posix_fd_handles", async_posix_fd_handles),

@@ -99,7 +99,7 @@ pub use device::{
 pub use driver::{driver_version, init, is_driver_present};
 pub use error::{CudaError, CudaResult, ResultCode};
 pub use memory::MemLocation;
-pub use mempool::{MemPoolAttribute, MemPoolHandle};
+pub use mempool::{MemPoolAttribute, MemPoolHandle, MemPoolUsage};
 pub use ptr::DevicePtr;
 pub use stream::{CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
 pub use version::DriverVersion;

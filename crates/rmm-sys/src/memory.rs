@@ -209,6 +209,47 @@ pub fn pointer_is_managed(ptr: DevicePtr) -> CudaResult<bool> {
     Ok(v != 0)
 }
 
+/// `CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE` (CUDA 12.8).
+const POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE: u32 = 21;
+
+/// `cuPointerGetAttribute` with the attribute as an integer (so that one newer than the
+/// bindings cudarc picked can be asked for).
+type PointerGetAttribute = unsafe extern "C" fn(*mut c_void, u32, raw::CUdeviceptr) -> u32;
+
+/// Whether the memory at `ptr` may be a buffer of the hardware decompression engine
+/// (`CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE`): `cuMemAlloc`'s memory, and a pool's whose
+/// usage says so ([`MemPoolUsage::HwDecompress`](crate::MemPoolUsage::HwDecompress)). An error
+/// naming CUDA 12.8 on older drivers.
+pub fn pointer_is_hw_decompress_capable(ptr: DevicePtr) -> CudaResult<bool> {
+    ensure_current_context()?;
+    static F: OnceLock<CudaResult<PointerGetAttribute>> = OnceLock::new();
+    let f = F
+        .get_or_init(|| {
+            // SAFETY: `PointerGetAttribute` is the ABI of `cuPointerGetAttribute` (its attribute
+            // is a C enum, passed as an unsigned int).
+            unsafe {
+                resolve(
+                    "cuPointerGetAttribute",
+                    c"cuPointerGetAttribute",
+                    DriverVersion::CUDA_12_8,
+                )
+            }
+        })
+        .clone()?;
+    // Zeroed and wider than the attribute (a boolean the driver may write as one byte or four).
+    let mut v: u64 = 0;
+    // SAFETY: a context is current; the call writes at most 8 bytes.
+    let r = unsafe {
+        f(
+            (&mut v as *mut u64).cast(),
+            POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE,
+            ptr.addr(),
+        )
+    };
+    check("cuPointerGetAttribute", r)?;
+    Ok(v != 0)
+}
+
 /// Where memory is prefetched to or preferred at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MemLocation {

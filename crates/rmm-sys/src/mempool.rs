@@ -51,20 +51,75 @@ const ALLOCATION_TYPE_PINNED: u32 = 1;
 /// `CU_MEM_ALLOCATION_TYPE_MANAGED` (CUDA 13).
 const ALLOCATION_TYPE_MANAGED: u32 = 2;
 
-/// `cuMemPoolCreate`: a new pool of pinned device memory on `device`. The caller owns it: it
+/// What a new pool's memory may serve beyond ordinary device work (`CUmemPoolProps::usage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MemPoolUsage {
+    /// Ordinary device memory (`usage` 0).
+    #[default]
+    Default,
+    /// `CU_MEM_POOL_CREATE_USAGE_HW_DECOMPRESS` (CUDA 12.8): the pool's memory may be a buffer of
+    /// the hardware decompression engine, as `cuMemAlloc`'s memory always may be.
+    HwDecompress,
+}
+
+impl MemPoolUsage {
+    /// RMM's choice for the pool of its `cuda_async_memory_resource`: [`HwDecompress`] where the
+    /// driver knows the flag (CUDA 12.8 and later), [`Default`] before.
+    ///
+    /// [`HwDecompress`]: Self::HwDecompress
+    /// [`Default`]: Self::Default
+    #[must_use]
+    pub fn rmm_default(driver: DriverVersion) -> Self {
+        if driver >= DriverVersion::CUDA_12_8 {
+            Self::HwDecompress
+        } else {
+            Self::Default
+        }
+    }
+
+    /// The `usage` bits, and the CUDA version that introduced them.
+    const fn bits(self) -> (u16, DriverVersion) {
+        match self {
+            Self::Default => (0, DriverVersion::MINIMUM),
+            Self::HwDecompress => (0x2, DriverVersion::CUDA_12_8),
+        }
+    }
+}
+
+/// `cuMemPoolCreate`: a new pool of pinned device memory on `device` for ordinary use
+/// ([`MemPoolUsage::Default`]; see [`mem_pool_create_with_usage`]). The caller owns it: it
 /// stays live until passed to [`mem_pool_destroy`], which nothing does for it.
 pub fn mem_pool_create(
     device: DeviceId,
     handle_type: AllocationHandleType,
 ) -> CudaResult<MemPoolHandle> {
+    mem_pool_create_with_usage(device, handle_type, MemPoolUsage::Default)
+}
+
+/// [`mem_pool_create`] with the pool's `usage`. A usage the driver is too old for is an error
+/// naming the CUDA version it needs (the field was reserved before it), not a driver call.
+pub fn mem_pool_create_with_usage(
+    device: DeviceId,
+    handle_type: AllocationHandleType,
+    usage: MemPoolUsage,
+) -> CudaResult<MemPoolHandle> {
     let api = context_api()?;
+    let (usage_bits, required) = usage.bits();
+    let found = crate::driver::driver_version()?;
+    if found < required {
+        return Err(crate::CudaError::EntryPointUnavailable {
+            symbol: "CU_MEM_POOL_CREATE_USAGE_HW_DECOMPRESS",
+            required,
+            found,
+        });
+    }
     let props = RawPoolProps {
         alloc_type: ALLOCATION_TYPE_PINNED,
         handle_types: handle_type as u32,
         location: MemLocation::Device(device.0).into(),
         win32_security_attributes: std::ptr::null_mut(),
         max_size: 0,
-        usage: 0,
+        usage: usage_bits,
         reserved: [0; 54],
     };
     let mut pool: raw::CUmemoryPool = std::ptr::null_mut();
@@ -296,4 +351,38 @@ pub fn default_managed_mem_pool(device: DeviceId) -> CudaResult<MemPoolHandle> {
         f(&mut pool, &mut location, ALLOCATION_TYPE_MANAGED)
     })?;
     Ok(MemPoolHandle::from_raw(pool))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// RMM sets the hardware-decompression usage from CUDA 12.8 on (`hwdecompress::is_supported`:
+    /// driver >= 12080), and the bits are the header's.
+    #[test]
+    fn pool_usage_follows_rmm() {
+        assert_eq!(
+            MemPoolUsage::rmm_default(DriverVersion(12000)),
+            MemPoolUsage::Default
+        );
+        assert_eq!(
+            MemPoolUsage::rmm_default(DriverVersion(12070)),
+            MemPoolUsage::Default
+        );
+        assert_eq!(
+            MemPoolUsage::rmm_default(DriverVersion(12080)),
+            MemPoolUsage::HwDecompress
+        );
+        assert_eq!(
+            MemPoolUsage::rmm_default(DriverVersion(13000)),
+            MemPoolUsage::HwDecompress
+        );
+        assert_eq!(MemPoolUsage::Default.bits(), (0, DriverVersion::MINIMUM));
+        // `CU_MEM_POOL_CREATE_USAGE_HW_DECOMPRESS` is 0x2 in `cuda.h` from 12.8 on (cudarc
+        // names it only in its 12.8+ bindings).
+        assert_eq!(
+            MemPoolUsage::HwDecompress.bits(),
+            (0x2, DriverVersion::CUDA_12_8)
+        );
+    }
 }

@@ -9,6 +9,9 @@ pub struct DriverVersion(pub i32);
 impl DriverVersion {
     /// The oldest driver rmm-rs supports: CUDA 12.0.
     pub const MINIMUM: Self = Self(12000);
+    /// CUDA 12.8, which brought hardware decompression (the `usage` of pools and allocations,
+    /// and the pointer attribute that tells whether memory may serve it).
+    pub const CUDA_12_8: Self = Self(12080);
     /// CUDA 13.0, which brought the default managed pool and the new prefetch ABI.
     pub const CUDA_13_0: Self = Self(13000);
 

@@ -6,7 +6,7 @@ use rmm_stream::CudaStreamView;
 use rmm_sys::mempool::{self};
 use rmm_sys::{
     AllocationHandleType, DeviceCapabilities, DeviceGuard, DeviceId, DevicePtr, MemPoolAttribute,
-    MemPoolHandle,
+    MemPoolHandle, MemPoolUsage,
 };
 
 use crate::error::{MrError, MrResult};
@@ -163,7 +163,10 @@ impl Drop for OwnedPool {
 
 /// Stream-ordered allocation from a driver memory pool this resource creates and owns (RMM's
 /// `cuda_async_memory_resource`): `cuMemAllocFromPoolAsync` / `cuMemFreeAsync` on the
-/// caller's stream. Cross-stream reuse and release are the driver's. Copies share the pool and
+/// caller's stream. The pool is RMM's: pinned device memory of the current device, with the
+/// hardware-decompression usage on drivers for CUDA 12.8 and later
+/// ([`MemPoolUsage::rmm_default`]), so its memory may serve the decompression engine as
+/// `cuMemAlloc`'s may. Cross-stream reuse and release are the driver's. Copies share the pool and
 /// compare equal; two resources own two pools and are unequal.
 ///
 /// Beyond RMM: [`trim_to`](Self::trim_to), live [`statistics`](Self::statistics), and
@@ -207,7 +210,10 @@ impl CudaAsyncMemoryResource {
                 caps.supported_handle_types
             )));
         }
-        let pool = mempool::mem_pool_create(device, handle)?;
+        // RMM's pool: hardware-decompression usage where the driver knows it (12.8+), so that
+        // the pool's memory may serve the decompression engine as `cuMemAlloc`'s may.
+        let usage = MemPoolUsage::rmm_default(rmm_sys::driver_version()?);
+        let pool = mempool::mem_pool_create_with_usage(device, handle, usage)?;
         let this = Self {
             inner: Arc::new(OwnedPool { pool, device }),
         };
