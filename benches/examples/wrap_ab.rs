@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! wrap_ab [--reps N] [--async-reps N] [--ops N] [--sync a,b] [--async r64,a] [--only NAME,...]
-//!         [--no-runtime]
+//!         [--no-runtime | --runtime-first]
 //! ```
 //!
 //! The peer comparison runs RMM C++ and rmm-rs in two processes, one after the other, so a
@@ -30,19 +30,21 @@
 //! variant on a pool and a non-blocking stream of its own, release threshold `u64::MAX`:
 //!
 //! - `rt-calls-rt-pool`: RMM's `cuda_async_memory_resource`: a pool from `cudaMemPoolCreate`
-//!   with RMM's properties, `cudaMallocFromPoolAsync` / `cudaFreeAsync`, a stream from
-//!   `cudaStreamCreateWithFlags`;
-//! - `rt-calls-our-pool`: the runtime's calls on a pool from rmm-sys's `mem_pool_create`;
+//!   with RMM's properties (usage `HW_DECOMPRESS` from CUDA 12.8), `cudaMallocFromPoolAsync` /
+//!   `cudaFreeAsync`, a stream from `cudaStreamCreateWithFlags`;
 //! - `drv-calls-rt-pool`: `cuMemAllocFromPoolAsync` / `cuMemFreeAsync` (dlsym) on a pool from
-//!   `cudaMemPoolCreate`;
-//! - `drv-calls-our-pool`: the driver's calls on a pool from `mem_pool_create`;
+//!   `cudaMemPoolCreate` with RMM's properties;
+//! - `drv-calls-pool-rmm-usage`: the driver's calls on a pool from rmm-sys's
+//!   `mem_pool_create_with_usage` with RMM's usage (what `CudaAsyncMemoryResource` makes now);
+//! - `drv-calls-pool-usage0`: the same on a pool of usage 0 (what it made before);
 //! - `mr-async`: `CudaAsyncMemoryResource`, called directly;
 //! - `mr-async-peer`: the peer comparison's `async` cell (behind an `Arc<dyn ...>`).
 //!
 //! The runtime (`libcudart`) is loaded at run time: `$WRAP_AB_CUDART` if set, else
 //! `libcudart.so.13`, `.12`, `libcudart.so`, then the toolkit's folders (`/usr/local/cuda*/`);
 //! without one the runtime variants are skipped (`--no-runtime` skips them on purpose, to see
-//! whether loading the runtime changes the driver variants). `--only` keeps the variants
+//! whether loading the runtime changes the driver variants; `--runtime-first` lets the runtime
+//! make the primary context, as in RMM's process). `--only` keeps the variants
 //! named (to run one of them alone in a process). Each pool's attributes are printed, read
 //! back from the driver.
 
@@ -63,7 +65,7 @@ use rmm_mr::{
     StatisticsResourceAdaptor,
 };
 use rmm_stream::CudaStream;
-use rmm_sys::mempool::{self, MemPoolAttribute};
+use rmm_sys::mempool::{self, MemPoolAttribute, MemPoolUsage};
 use rmm_sys::{AllocationHandleType, DeviceId};
 
 type Error = Box<dyn std::error::Error>;
@@ -81,6 +83,7 @@ type PoolDestroyFn = unsafe extern "C" fn(*mut c_void) -> Code;
 type IntFn = unsafe extern "C" fn(c_int) -> Code;
 type IntOutFn = unsafe extern "C" fn(*mut c_int) -> Code;
 type StreamCreateFn = unsafe extern "C" fn(*mut *mut c_void, u32) -> Code;
+type PrimaryStateFn = unsafe extern "C" fn(c_int, *mut u32, *mut c_int) -> Code;
 type GetProcFn =
     unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut u32) -> Code;
 
@@ -100,8 +103,9 @@ struct PoolProps {
 const _: () = assert!(std::mem::size_of::<PoolProps>() == 88);
 
 impl PoolProps {
-    /// RMM's `cuda_async_memory_resource_impl`: pinned, no export handle, the device.
-    fn rmm(device: i32) -> Self {
+    /// RMM's `cuda_async_memory_resource_impl`: pinned, no export handle, the device, and
+    /// `usage` (`HW_DECOMPRESS`, 0x2, where the driver is 12.8 or newer).
+    fn rmm(device: i32, usage: u16) -> Self {
         Self {
             alloc_type: 1,
             handle_types: 0,
@@ -109,7 +113,7 @@ impl PoolProps {
             location_id: device,
             win32: std::ptr::null_mut(),
             max_size: 0,
-            usage: 0,
+            usage,
             reserved: [0; 54],
         }
     }
@@ -143,6 +147,7 @@ struct Driver {
     stream_sync: SyncFn,
     pool_get: PoolAttrFn,
     get_proc: GetProcFn,
+    primary_state: PrimaryStateFn,
 }
 
 impl Driver {
@@ -160,6 +165,7 @@ impl Driver {
                 stream_sync: sym(&lib, "cuStreamSynchronize")?,
                 pool_get: sym(&lib, "cuMemPoolGetAttribute")?,
                 get_proc: sym(&lib, "cuGetProcAddress_v2")?,
+                primary_state: sym(&lib, "cuDevicePrimaryCtxGetState")?,
                 _lib: lib,
             })
         }
@@ -189,6 +195,18 @@ impl Driver {
         })
     }
 
+    /// The flags and state of `device`'s primary context (`cuDevicePrimaryCtxGetState`).
+    fn primary_state(&self, device: i32) -> String {
+        let (mut flags, mut active) = (0u32, 0 as c_int);
+        // SAFETY: the driver is initialized; writes the flags and the state.
+        let r = unsafe { (self.primary_state)(device, &mut flags, &mut active) };
+        if r == 0 {
+            format!("flags {flags:#x}, active {active}")
+        } else {
+            format!("cuDevicePrimaryCtxGetState failed with code {r}")
+        }
+    }
+
     /// A pool's reuse flags, release threshold and reserved high watermark.
     fn describe_pool(&self, pool: usize) -> String {
         let int = |attr: c_int| {
@@ -215,12 +233,13 @@ impl Driver {
             }
         };
         format!(
-            "reuse follow-events {}, opportunistic {}, internal-deps {}; release threshold {}; reserved high {}",
+            "reuse follow-events {}, opportunistic {}, internal-deps {}; release threshold {}; reserved high {}; hw-decompress enabled (13.2+) {}",
             int(1),
             int(2),
             int(3),
             u64_(4),
-            u64_(6)
+            u64_(6),
+            int(14)
         )
     }
 }
@@ -332,8 +351,8 @@ impl Runtime {
     }
 
     /// RMM's pool: `cudaMemPoolCreate` with RMM's properties, then the release threshold.
-    fn rmm_pool(&self, device: i32) -> Result<usize, String> {
-        let props = PoolProps::rmm(device);
+    fn rmm_pool(&self, device: i32, usage: u16) -> Result<usize, String> {
+        let props = PoolProps::rmm(device, usage);
         let mut pool: *mut c_void = std::ptr::null_mut();
         // SAFETY: `props` has the layout of `cudaMemPoolProps`; writes one handle.
         ok("cudaMemPoolCreate", unsafe {
@@ -411,7 +430,7 @@ struct Held {
     rt_stream: usize,
     /// Two pools from `cudaMemPoolCreate` (none without the runtime).
     rt_pools: Vec<usize>,
-    /// Two pools from `mem_pool_create`.
+    /// Two pools from `mem_pool_create_with_usage`: RMM's usage, then usage 0.
     our_pools: Vec<rmm_sys::MemPoolHandle>,
 }
 
@@ -540,15 +559,18 @@ fn async_variants<'a>(
             )
         }),
     };
-    // Streams: 0 rt-calls-our-pool, 1 drv-calls-rt-pool, 2 drv-calls-our-pool, 3 mr-async,
-    // 4 mr-async-peer. Pools from mem_pool_create: 0 rt-calls-our-pool, 1 drv-calls-our-pool.
+    // Streams: 0 drv-calls-rt-pool, 1 drv-calls-pool-rmm-usage, 2 drv-calls-pool-usage0,
+    // 3 mr-async, 4 mr-async-peer. Pools from mem_pool_create_with_usage: 0 RMM's usage, 1
+    // usage 0.
     let stream = |i: usize| held.streams[i].as_raw_addr();
     let ours = |i: usize| held.our_pools[i].as_raw() as usize;
     if let Some(rt) = rt {
-        let rt_calls = |name, calls, pool: usize, s: usize| Variant {
-            name,
-            calls,
+        v.push(Variant {
+            name: "rt-calls-rt-pool",
+            calls:
+                "RMM: cudaMallocFromPoolAsync / cudaFreeAsync, cudaMemPoolCreate, runtime stream",
             pass: Box::new(move |t| {
+                let (pool, s) = (held.rt_pools[0], held.rt_stream);
                 replay_raw(
                     t,
                     |n| {
@@ -573,29 +595,23 @@ fn async_variants<'a>(
                     },
                 )
             }),
-        };
-        v.push(rt_calls(
-            "rt-calls-rt-pool",
-            "RMM: cudaMallocFromPoolAsync / cudaFreeAsync, cudaMemPoolCreate, runtime stream",
-            held.rt_pools[0],
-            held.rt_stream,
-        ));
-        v.push(rt_calls(
-            "rt-calls-our-pool",
-            "runtime calls, pool from mem_pool_create",
-            ours(0),
-            stream(0),
-        ));
+        });
         v.push(drv_calls(
             "drv-calls-rt-pool",
-            "cuMemAllocFromPoolAsync / cuMemFreeAsync, pool from cudaMemPoolCreate",
+            "cuMemAllocFromPoolAsync / cuMemFreeAsync, pool from cudaMemPoolCreate (RMM's)",
             held.rt_pools[1],
-            stream(1),
+            stream(0),
         ));
     }
     v.push(drv_calls(
-        "drv-calls-our-pool",
-        "driver calls, pool from mem_pool_create",
+        "drv-calls-pool-rmm-usage",
+        "driver calls, pool from mem_pool_create_with_usage, RMM's usage (rmm-rs now)",
+        ours(0),
+        stream(1),
+    ));
+    v.push(drv_calls(
+        "drv-calls-pool-usage0",
+        "driver calls, pool of usage 0 (rmm-rs before)",
         ours(1),
         stream(2),
     ));
@@ -709,11 +725,31 @@ fn rounds(
 }
 
 fn main() -> ExitCode {
+    let args = Args::from_env();
+    // `--runtime-first`: the runtime makes the primary context (`cudaFree(0)`), as in RMM's
+    // process, before rmm-sys touches the driver.
+    let early = if args.has("--runtime-first") && !args.has("--no-runtime") {
+        match Runtime::load().and_then(|rt| {
+            // SAFETY: `cudaSetDevice(int)`.
+            ok("cudaSetDevice", unsafe { (rt.set_device)(0) })?;
+            // SAFETY: `cudaFree(0)`: frees nothing, makes the context.
+            ok("cudaFree(0)", unsafe { (rt.free)(0) })?;
+            Ok(rt)
+        }) {
+            Ok(rt) => Some(rt),
+            Err(e) => {
+                eprintln!("wrap_ab: --runtime-first: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        None
+    };
     if let Some(why) = rmm_sys::gpu_unavailable_reason() {
         eprintln!("wrap_ab: needs a CUDA GPU: {why}");
         return ExitCode::FAILURE;
     }
-    match run(&Args::from_env()) {
+    match run(&args, early) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("wrap_ab: {e}");
@@ -731,7 +767,7 @@ fn names(args: &Args, flag: &str, default: &str) -> Vec<String> {
         .collect()
 }
 
-fn run(args: &Args) -> Result<(), Error> {
+fn run(args: &Args, early: Option<Runtime>) -> Result<(), Error> {
     let reps = args.usize_or("--reps", 9)?.max(1);
     let async_reps = args.usize_or("--async-reps", 31)?.max(1);
     let ops = args.usize_or("--ops", PlanOptions::default().ops)?.max(100);
@@ -752,13 +788,18 @@ fn run(args: &Args) -> Result<(), Error> {
         println!("# runtime: not loaded (--no-runtime)");
         None
     } else {
-        match Runtime::load() {
+        match early.map_or_else(Runtime::load, Ok) {
             Ok(rt) => {
                 println!(
-                    "# runtime: {} (CUDA {}.{})",
+                    "# runtime: {} (CUDA {}.{}){}",
                     rt.path,
                     rt.version / 1000,
-                    rt.version % 1000 / 10
+                    rt.version % 1000 / 10,
+                    if args.has("--runtime-first") {
+                        "; it made the primary context (--runtime-first)"
+                    } else {
+                        "; loaded after rmm-sys made the primary context"
+                    }
                 );
                 // SAFETY: `cudaSetDevice(int)`: initializes the runtime on the device's primary
                 // context, the one rmm-sys uses.
@@ -771,6 +812,7 @@ fn run(args: &Args) -> Result<(), Error> {
             }
         }
     };
+    println!("# primary context: {}", drv.primary_state(device.0));
     let mem = DeviceMemory::query()?;
     let plan = standard_plan(
         &PlanOptions {
@@ -811,6 +853,14 @@ fn run(args: &Args) -> Result<(), Error> {
     drop(sync_list);
 
     let async_names = names(args, "--async", "r64,a");
+    // RMM's pool usage: hardware decompression from CUDA 12.8 (`hwdecompress::is_supported`).
+    let rmm_usage = MemPoolUsage::rmm_default(rmm_sys::DriverVersion(version));
+    let rmm_usage_bits: u16 = if rmm_usage == MemPoolUsage::HwDecompress {
+        0x2
+    } else {
+        0
+    };
+    println!("# RMM's pool usage on this driver: {rmm_usage:?} ({rmm_usage_bits:#x})");
     if async_names.is_empty() {
         return Ok(());
     }
@@ -824,8 +874,9 @@ fn run(args: &Args) -> Result<(), Error> {
             rt_pools: Vec::new(),
             our_pools: Vec::new(),
         };
-        for _ in 0..2 {
-            let pool = mempool::mem_pool_create(device, AllocationHandleType::None)?;
+        for usage in [rmm_usage, MemPoolUsage::Default] {
+            let pool =
+                mempool::mem_pool_create_with_usage(device, AllocationHandleType::None, usage)?;
             // SAFETY: the pool was just created and is live until destroyed below.
             unsafe {
                 mempool::mem_pool_set_attribute(pool, MemPoolAttribute::ReleaseThreshold, u64::MAX)
@@ -834,7 +885,7 @@ fn run(args: &Args) -> Result<(), Error> {
         }
         if let Some(rt) = &rt {
             for _ in 0..2 {
-                held.rt_pools.push(rt.rmm_pool(device.0)?);
+                held.rt_pools.push(rt.rmm_pool(device.0, rmm_usage_bits)?);
             }
             held.rt_stream = rt.stream()?;
         }
@@ -843,7 +894,8 @@ fn run(args: &Args) -> Result<(), Error> {
         }
         for (i, p) in held.our_pools.iter().enumerate() {
             println!(
-                "mem_pool_create pool {i}: {}",
+                "mem_pool_create_with_usage pool {i} ({}): {}",
+                ["RMM's usage", "usage 0"][i],
                 drv.describe_pool(p.as_raw() as usize)
             );
         }
@@ -858,7 +910,7 @@ fn run(args: &Args) -> Result<(), Error> {
         );
         println!(
             "{}",
-            table(&rows, "rt-calls-rt-pool", Some("drv-calls-our-pool"))
+            table(&rows, "rt-calls-rt-pool", Some("drv-calls-rt-pool"))
         );
         drop(list);
         if let Some(rt) = &rt {
