@@ -10,9 +10,7 @@
 //!   prints one line and exits successfully.
 //! - **`--simulated`**: no GPU, no CUDA call: the arena's upstream is
 //!   `SimulatedMemoryResource` (addresses only) and the copies are replayed on the calling
-//!   thread, round robin, on the simulated driver's fake streams (deterministic). Needs the
-//!   feature `simulated` (`cargo bench -p rmm-benches --features simulated --bench
-//!   arena_capacity -- --simulated`), which the GPU bundle leaves off.
+//!   thread, round robin, on the simulated driver's fake streams (deterministic).
 //!
 //! Occupancy = 16 x the trace's peak live bytes / the arena size (the copies run in step, so
 //! their peaks coincide). Levels (`--levels`, percent): 80, 82, ..., 98, 99, tried in order; the
@@ -22,9 +20,9 @@
 //! round robin on the calling thread instead of one thread per copy).
 
 use rmm_benches::args::Args;
-#[cfg(feature = "simulated")]
-use rmm_benches::capacity::simulate;
-use rmm_benches::capacity::{highest_complete, occupancy, replay_round_robin, scan, Level};
+use rmm_benches::capacity::{
+    highest_complete, occupancy, replay_round_robin, scan, simulate, Level,
+};
 use rmm_benches::sizing::{gib, live_count_within, DeviceMemory, MIB};
 use rmm_benches::{bench_main, replay_threads, BenchResult, Trace};
 use rmm_mr::{ArenaMemoryResource, ArenaOptions, CudaMemoryResource};
@@ -100,16 +98,6 @@ fn report(setup: &Setup, trace: &Trace, levels: &[Level]) {
     }
 }
 
-#[cfg(not(feature = "simulated"))]
-fn simulated(_args: &Args) -> BenchResult {
-    Err(
-        "--simulated needs the feature `simulated`: cargo bench -p rmm-benches --features \
-         simulated --bench arena_capacity -- --simulated"
-            .into(),
-    )
-}
-
-#[cfg(feature = "simulated")]
 fn simulated(args: &Args) -> BenchResult {
     let setup = Setup::from(args)?;
     println!(

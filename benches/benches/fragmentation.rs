@@ -24,9 +24,7 @@
 //! **`--simulated`**: no GPU, no CUDA call: tables 1-3 for the pool and the arena over
 //! `SimulatedMemoryResource` and for `VmmPoolMemoryResource::simulated`, on the simulated
 //! driver's fake streams (deterministic), with `M` = `--max-mib N` (1024). The driver's pool
-//! and the growth costs need a GPU. Needs the feature `simulated` (`cargo bench -p rmm-benches
-//! --features simulated --bench fragmentation -- --simulated`), which the GPU bundle leaves
-//! off.
+//! and the growth costs need a GPU.
 
 use std::time::Instant;
 
@@ -54,16 +52,6 @@ fn main() {
     bench_main("fragmentation", run);
 }
 
-#[cfg(not(feature = "simulated"))]
-fn simulated(_args: &Args) -> BenchResult {
-    Err(
-        "--simulated needs the feature `simulated`: cargo bench -p rmm-benches --features \
-         simulated --bench fragmentation -- --simulated"
-            .into(),
-    )
-}
-
-#[cfg(feature = "simulated")]
 fn simulated(args: &Args) -> BenchResult {
     let quick = args.has("--quick");
     let max = args.usize_or("--max-mib", 1024)? * MIB;

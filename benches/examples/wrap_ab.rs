@@ -777,8 +777,8 @@ fn run(args: &Args, early: Option<Runtime>) -> Result<(), Error> {
     println!("# wrap_ab: {}", describe_device()?);
     println!(
         "# rmm-sys fault hook in driver calls: {}",
-        if cfg!(feature = "simulated") {
-            "compiled in (feature `simulated`)"
+        if cfg!(feature = "driver-hooks") {
+            "compiled in (feature `driver-hooks`: build with --no-default-features)"
         } else {
             "none"
         }

@@ -11,14 +11,14 @@
 //!   operation `i + 1` of any, each copy on its own stream. Deterministic; with
 //!   [`rmm_mr::SimulatedMemoryResource`] as the arena's upstream and
 //!   the simulated driver's fake streams it needs no GPU (the *simulation*, `simulate`, under
-//!   the feature `simulated`).
+//!   the feature `driver-hooks`).
 //! - [`crate::replay_threads`]: one host thread per copy, each on its own real stream (the GPU
 //!   run, as `gpu_alloc` replays its traces).
 //!
 //! [`scan`] tries rising occupancies and reports each outcome; the figure is the highest
 //! occupancy below which every level completed ([`highest_complete`]).
 
-#[cfg(feature = "simulated")]
+#[cfg(feature = "driver-hooks")]
 use rmm_mr::{ArenaMemoryResource, ArenaOptions, SimulatedMemoryResource};
 use rmm_mr::{DeviceMemoryResource, MrError, MrResult};
 use rmm_stream::CudaStreamView;
@@ -83,8 +83,8 @@ fn free_all(
 /// `passes` times against an arena of `arena_bytes` over [`SimulatedMemoryResource`], each copy
 /// on its own fake stream of rmm-sys's simulated driver. No GPU and no CUDA call are needed
 /// (with a GPU present the arena also synchronizes the device when it makes room, which costs
-/// nothing here). Feature `simulated`.
-#[cfg(feature = "simulated")]
+/// nothing here). Feature `driver-hooks` (default).
+#[cfg(feature = "driver-hooks")]
 pub fn simulate(trace: &Trace, threads: usize, passes: usize, arena_bytes: usize) -> MrResult<()> {
     let streams: Vec<CudaStreamView<'static>> = (0..threads)
         .map(|t| CudaStreamView::simulated(u32::try_from(t + 1).unwrap_or(u32::MAX)))
@@ -157,7 +157,7 @@ pub fn highest_complete(levels: &[Level]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    #[cfg(feature = "simulated")]
+    #[cfg(feature = "driver-hooks")]
     use crate::sizing::MIB;
 
     #[test]
@@ -182,7 +182,7 @@ mod tests {
 
     /// The simulation on a shorter trace (a) (20,000 operations instead of 100,000, one pass):
     /// 16 copies complete at 90 % occupancy; at 100 % (more live than the arena) they cannot.
-    #[cfg(feature = "simulated")]
+    #[cfg(feature = "driver-hooks")]
     #[test]
     fn sixteen_copies_of_trace_a_fit_at_ninety_percent() {
         let trace = Trace::random(20_000, 1, 4 * MIB, 1000, 0xbe_2c4);

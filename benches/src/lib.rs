@@ -389,7 +389,9 @@ pub struct DriverCalls {
 }
 
 impl DriverCalls {
-    /// The calling thread's counts so far.
+    /// The calling thread's counts so far (feature `driver-hooks`, the default; without it
+    /// rmm-sys counts nothing and these are 0).
+    #[cfg(feature = "driver-hooks")]
     #[must_use]
     pub fn now() -> Self {
         use rmm_sys::fault::{calls, DriverCall};
@@ -398,6 +400,13 @@ impl DriverCalls {
             stream_waits: calls(DriverCall::StreamWait),
             synchronizations: calls(DriverCall::Synchronize),
         }
+    }
+
+    /// All 0: built without the feature `driver-hooks`, rmm-sys counts nothing.
+    #[cfg(not(feature = "driver-hooks"))]
+    #[must_use]
+    pub fn now() -> Self {
+        Self::default()
     }
 
     /// The calls made since `before` (a snapshot of the same thread).

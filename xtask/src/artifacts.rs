@@ -248,8 +248,9 @@ pub(crate) fn file_names(artifacts: &[Artifact]) -> Result<Vec<String>, Error> {
 
 /// The library packages built with a test-only feature among cargo's `compiler-artifact`
 /// messages, as `package feature` pairs: rmm-sys's `testing` (its fault-injection hook in every
-/// driver call) and rmm-stream's `testing` (which turns it on). The benchmark build of the
-/// bundle must have none, or every driver call it times runs the hook.
+/// driver call) and rmm-stream's `testing` (which turns it on). The bundle's build of the
+/// examples that compare with RMM C++ must have none, or every driver call they time runs the
+/// hook.
 pub(crate) fn test_features(messages: &[Value]) -> Vec<String> {
     const CHECKED: [(&str, &str); 2] = [("rmm_sys", "testing"), ("rmm_stream", "testing")];
     let mut found = Vec::new();

@@ -86,7 +86,8 @@ pub(crate) fn build(out: &Path, with_peer: bool, torch: bool) -> Result<(), Erro
     let json = "--message-format=json";
     // The packages whose benchmarks go in are built apart, without `--all-features`: in one
     // build with the tests, rmm-sys's `testing` feature would put its fault-injection hook into
-    // every driver call the benchmarks (and the peer comparison) time.
+    // every driver call the benchmarks time (and their examples, the peer comparison, are built
+    // without even their default features, below).
     let measuring = artifacts::measuring_packages(&metadata)?;
     let selected: Vec<String> = measuring
         .iter()
@@ -106,26 +107,48 @@ pub(crate) fn build(out: &Path, with_peer: bool, torch: bool) -> Result<(), Erro
     } else {
         let mut benches = Vec::new();
         if !measuring.is_empty() {
+            // The benchmarks with their packages' default features (rmm-benches's
+            // `driver-hooks`: `gpu_alloc`'s counts of slow-path driver calls and the
+            // `--simulated` modes need rmm-sys's hook)...
             println!(
-                "==> building bench binaries and their packages' examples (profile gpu, no \
-                 test features): {}",
+                "==> building bench binaries (profile gpu, default features): {}",
                 measuring.join(", ")
             );
             benches = cargo::json_messages(&mut cargo::cargo(
-                ["build", "--profile", "gpu", "--benches", "--examples", json]
+                ["build", "--profile", "gpu", "--benches", json]
                     .into_iter()
                     .chain(selected.iter().map(String::as_str)),
             ))?;
-            let hooked = artifacts::test_features(&benches);
+            // ...and their examples (the peer comparison with RMM C++, `wrap_ab`) without any:
+            // what they time must have no hook RMM's side lacks.
+            println!(
+                "==> building their packages' examples (profile gpu, no default features, no \
+                 test features): {}",
+                measuring.join(", ")
+            );
+            let comparisons = cargo::json_messages(&mut cargo::cargo(
+                [
+                    "build",
+                    "--profile",
+                    "gpu",
+                    "--examples",
+                    "--no-default-features",
+                    json,
+                ]
+                .into_iter()
+                .chain(selected.iter().map(String::as_str)),
+            ))?;
+            let hooked = artifacts::test_features(&comparisons);
             if !hooked.is_empty() {
                 return Err(format!(
-                    "the benchmark build has test-only features ({}): a dependency of {} turns \
-                     them on, and the benchmarks would time rmm-sys's fault hook in every driver \
-                     call (`cargo tree -e features -i rmm-sys` shows which)",
+                    "the examples' build has test-only features ({}): a dependency of {} turns \
+                     them on, and the peer comparison would time rmm-sys's fault hook in every \
+                     driver call (`cargo tree -e features -i rmm-sys` shows which)",
                     hooked.join(", "),
                     measuring.join(", ")
                 ));
             }
+            benches.extend(comparisons);
         }
         println!("==> building the other examples (profile gpu)");
         let examples = cargo::json_messages(&mut cargo::cargo(
