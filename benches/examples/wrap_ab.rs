@@ -848,7 +848,12 @@ fn run(args: &Args, early: Option<Runtime>) -> Result<(), Error> {
             "## cuda, workload {name} ({} operations)\n",
             trace.ops.len()
         );
-        println!("{}", table(&rows, "rt-malloc", Some("drv-dlsym")));
+        let first = if rt.is_some() {
+            "rt-malloc"
+        } else {
+            "drv-dlsym"
+        };
+        println!("{}", table(&rows, first, Some("drv-dlsym")));
     }
     drop(sync_list);
 
@@ -908,10 +913,13 @@ fn run(args: &Args, early: Option<Runtime>) -> Result<(), Error> {
             "\n## async, workload {name} ({} operations)\n",
             trace.ops.len()
         );
-        println!(
-            "{}",
-            table(&rows, "rt-calls-rt-pool", Some("drv-calls-rt-pool"))
-        );
+        // Without the runtime, the ratios are to the pool as rmm-rs made it before.
+        let (first, second) = if rt.is_some() {
+            ("rt-calls-rt-pool", "drv-calls-rt-pool")
+        } else {
+            ("drv-calls-pool-usage0", "drv-calls-pool-rmm-usage")
+        };
+        println!("{}", table(&rows, first, Some(second)));
         drop(list);
         if let Some(rt) = &rt {
             for p in held.rt_pools.drain(..) {
