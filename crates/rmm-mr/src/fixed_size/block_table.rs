@@ -43,7 +43,7 @@ impl BlockId {
 }
 
 /// Blocks of at least this many bytes get a cache line of slots each (see [`ChunkBlocks`]).
-pub const SPREAD_FROM: usize = 4096;
+pub(crate) const SPREAD_FROM: usize = 4096;
 
 /// log2 of the slots per block when blocks are spread: four 16-byte slots, one per 64-byte line.
 const SPREAD_SHIFT: u32 = 2;
@@ -94,6 +94,24 @@ impl ChunkBlocks {
         if index >= self.chunk.count() {
             return None;
         }
+        self.slots.get(index << self.spread)
+    }
+
+    /// [`slot`](Self::slot) of a [`BlockId`]'s index, on the hand-out path: shifted by at most
+    /// 2 it cannot wrap a `u64`, so the slice's own bound (`count << spread` slots) is the
+    /// chunk's, with no second comparison.
+    #[inline]
+    fn slot_of(&self, index: u32) -> Option<&Slot> {
+        let at = usize::try_from(u64::from(index) << self.spread).ok()?;
+        self.slots.get(at)
+    }
+
+    /// [`slot`](Self::slot) of an index [`BlockTable::locate`] found (below the count, whose
+    /// shifted value was computed without overflow at construction, so this shift cannot
+    /// overflow either), with no second comparison. Any other index still only reaches a slot
+    /// of this chunk, or `None`.
+    #[inline]
+    fn located_slot(&self, index: usize) -> Option<&Slot> {
         self.slots.get(index << self.spread)
     }
 
@@ -283,7 +301,7 @@ impl BlockTable {
                 freed: 0,
             });
         }
-        let Some(slot) = blocks.slot(index) else {
+        let Some(slot) = blocks.located_slot(index) else {
             return Err(FixedSizeError::UnknownAddress { addr });
         };
         if slot.size.load(Ordering::Acquire) != 0 {
@@ -311,7 +329,7 @@ impl BlockTable {
         tag: u64,
     ) -> Result<(), FixedSizeError> {
         let found = self.numbered.get(id.chunk as usize).and_then(|c| {
-            let slot = c.slot(id.index as usize)?;
+            let slot = c.slot_of(id.index)?;
             // Inside the chunk (the index is below its count), so this cannot overflow.
             let at = c.chunk.addr() + u64::from(id.index) * c.chunk.block_size() as u64;
             (at == addr).then_some(slot)
@@ -388,7 +406,7 @@ impl BlockTable {
         addr: u64,
         size: usize,
     ) -> Result<u64, FixedSizeError> {
-        let Some(slot) = blocks.slot(index) else {
+        let Some(slot) = blocks.located_slot(index) else {
             return Err(FixedSizeError::UnknownAddress { addr });
         };
         match slot
