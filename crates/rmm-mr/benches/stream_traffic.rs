@@ -16,11 +16,21 @@
 //! - SCHEDULE: `drift` (default: every step advances one copy drawn at random, so copies drift
 //!   apart as threads do) or `step` (round robin: every copy in step).
 //!
+//! `--timed` runs the copies on real host threads instead, one per stream, started together
+//! (as `gpu_alloc` does), and prints nanoseconds per operation of the timed pass as `gpu_alloc`
+//! counts them (the slowest thread's wall time / (operations x threads)), the median of 5
+//! passes after one warm-up pass on the same resource: a rough figure on a busy machine, for
+//! comparing two builds side by side, not a benchmark.
+//!
 //! Every case builds a fresh resource, replays once untimed (the warm-up pass of `gpu_alloc`),
 //! then once counted. Per operation it prints the event records, stream waits, device
 //! synchronizations and events created (the driver calls a host thread pays for, each a
-//! driver-wide lock on a real GPU), the upstream allocations (growth), and the reserved bytes.
-//! No GPU and no timing: the counts are exact and the same on any machine.
+//! driver-wide lock on a real GPU), the upstream allocations (growth), and the reserved bytes;
+//! for `fixed_size`, also the *slot-line handoffs*: the operations whose block shares a group
+//! of four neighbouring blocks (one 64-byte line of packed 16-byte ledger slots) with a block
+//! another stream wrote last, i.e. the cache-line transfers packed slots would cost (since
+//! blocks of 4 KiB and more have a line of slots each, those transfers no longer happen for
+//! them). No GPU and no timing: the counts are exact and the same on any machine.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -266,7 +276,67 @@ fn run(resource: &str, which: &str, threads: usize, drift: bool) {
     drop(mr);
 }
 
+/// `--timed`: the copies on real threads (see the module documentation); ns per operation.
+fn timed(resource: &str, which: &str, threads: usize) {
+    let (max, live) = match which {
+        "a" => (4 * MIB, 1000),
+        "b" => (64 << 10, 2000),
+        other => panic!("unknown trace {other}"),
+    };
+    let (ops, slots) = trace(max, live);
+    let up = Arc::new(CountingUpstream::default());
+    let mr = build(resource, max, &up);
+    let streams: Vec<CudaStream> = (0..threads)
+        .map(|t| CudaStream::simulated(100 + t as u32))
+        .collect();
+    let barrier = std::sync::Barrier::new(threads);
+    let mut samples = Vec::new();
+    for pass in 0..6 {
+        let walls: Vec<std::time::Duration> = std::thread::scope(|s| {
+            let joins: Vec<_> = streams
+                .iter()
+                .map(|stream| {
+                    let (mr, ops, barrier) = (&*mr, &ops, &barrier);
+                    s.spawn(move || {
+                        let _sim = FaultScope::simulated();
+                        let view = stream.view();
+                        let mut held = vec![(DevicePtr::NULL, 0usize); slots];
+                        barrier.wait();
+                        let start = std::time::Instant::now();
+                        for op in ops {
+                            match *op {
+                                Op::Alloc { slot, size } => {
+                                    held[slot] = (mr.allocate(view, size, 256).unwrap(), size);
+                                }
+                                Op::Free { slot } => {
+                                    let (p, size) =
+                                        std::mem::replace(&mut held[slot], (DevicePtr::NULL, 0));
+                                    // SAFETY: `p` came from `mr` with `size`, freed once.
+                                    unsafe { mr.deallocate(view, p, size, 256).unwrap() };
+                                }
+                            }
+                        }
+                        start.elapsed()
+                    })
+                })
+                .collect();
+            joins.into_iter().map(|j| j.join().unwrap()).collect()
+        });
+        if pass > 0 {
+            let worst = walls.into_iter().max().unwrap_or_default();
+            samples.push(worst.as_nanos() as f64 / (ops.len() * threads) as f64);
+        }
+    }
+    samples.sort_by(f64::total_cmp);
+    println!(
+        "| {resource} | {which} | {threads} | {:.1} |",
+        samples[samples.len() / 2]
+    );
+    drop(mr);
+}
+
 fn main() {
+    let timed_mode = std::env::args().any(|a| a == "--timed");
     let args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))
@@ -285,6 +355,18 @@ fn main() {
         .collect();
     let schedules = pick(3, &["drift"]);
     let _sim = FaultScope::simulated();
+    if timed_mode {
+        println!("| resource | trace | threads | ns per operation (median of 5) |");
+        println!("|---|---|---:|---:|");
+        for r in &resources {
+            for tr in &traces {
+                for &t in &threads {
+                    timed(r, tr, t);
+                }
+            }
+        }
+        return;
+    }
     println!(
         "| resource | trace | streams | schedule | event records / op | stream waits / op | \
          device syncs / op | events created / op | upstream growths (timed pass) | peak reserved MiB | \
