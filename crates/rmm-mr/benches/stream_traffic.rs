@@ -122,10 +122,10 @@ enum Op {
     Free { slot: usize },
 }
 
-/// `gpu_alloc`'s trace rules (`rmm_benches::Trace::random`): below `live` allocate, above free
-/// a random live one, at it flip a coin; everything is freed at the end.
+/// `gpu_alloc`'s traces (`rmm_benches::Trace::random`, same generator and seed): below `live`
+/// allocate, above free a random live one, at it flip a coin; everything is freed at the end.
 fn trace(max: usize, live: usize) -> (Vec<Op>, usize) {
-    let mut rng = Rng(0x00be_2c4);
+    let mut rng = Rng(0x000b_e2c4);
     let (mut out, mut free, mut used, mut slots) = (Vec::new(), Vec::new(), Vec::new(), 0);
     while out.len() + used.len() < OPS {
         if used.len() < live || (used.len() == live && rng.next_u64() & 1 == 0) {
