@@ -53,7 +53,7 @@ const SPREAD_SHIFT: u32 = 2;
 /// Every operation writes its block's slot, and neighbouring blocks often sit in different
 /// streams' free lists (a block moves to the list of the stream that frees it, and a thief
 /// takes single blocks), so threads allocating on their own streams wrote one cache line
-/// whenever their blocks' slots shared it. For blocks of [`SPREAD_FROM`] bytes or more, each
+/// whenever their blocks' slots shared it. For blocks of `SPREAD_FROM` bytes or more, each
 /// block's slot is therefore alone in its 64-byte line (block `i` uses slot `i << 2`; the three
 /// slots after it stay unused), which costs at most 64 bytes of host memory per 4 KiB block
 /// (1.6 %); smaller blocks keep packed slots (16 bytes each).
