@@ -42,8 +42,8 @@ use rmm_benches::frag::{
 };
 use rmm_benches::gpu::{describe_device, measure, Spec};
 use rmm_benches::peer::{
-    read_plan, read_results, report, standard_plan, write_plan, CellResult, PeerPlan,
-    PeerResource, PlanOptions, RESULTS_HEADER_LIVE,
+    read_plan, read_results, report, standard_plan, write_plan, CellResult, PeerPlan, PeerResource,
+    PlanOptions, RESULTS_HEADER_LIVE,
 };
 use rmm_benches::reserve::{simulate_reserved, Replay, SimResource};
 use rmm_benches::sizing::{DeviceMemory, MIB};
