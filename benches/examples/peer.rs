@@ -8,6 +8,7 @@
 //! peer frag-plan FILE [--quick]
 //! peer frag-run FILE OUT.tsv
 //! peer frag-report RMM_RS.tsv RMM.tsv
+//! peer simulate [--ops N] [--passes N] [--threads 1,4,16] [--free-gib G] [--threaded]
 //! ```
 //!
 //! `plan` generates the workloads, sized from the device's memory, and writes them with the
@@ -15,7 +16,10 @@
 //! baseline) and writes the results; `report` prints the table of rmm-rs / RMM ratios, every
 //! cell with both peaks reserved against the peak live bytes, the table against the naive
 //! baseline and, last, the line `peer: N cells compared, M failed` (exit status 1 when a cell
-//! failed or none compared).
+//! failed or none compared). `simulate` needs no GPU: it builds the standard plan for a device
+//! with `G` GiB free (default 79, an 80 GB H100) and replays its `pool` and `binning` cells over
+//! simulated memory on fake streams (`rmm_benches::reserve`; round robin on one thread, or one
+//! thread per copy with `--threaded`), printing peak reserved against peak live.
 //! `rmm_peer FILE OUT.tsv` (`benches/peer/rmm_peer.cpp`) is RMM's `run`.
 //!
 //! `frag-plan`, `frag-run` and `frag-report` are the same for the fragmentation scenarios
@@ -38,9 +42,10 @@ use rmm_benches::frag::{
 };
 use rmm_benches::gpu::{describe_device, measure, Spec};
 use rmm_benches::peer::{
-    read_plan, read_results, report, standard_plan, write_plan, CellResult, PeerPlan, PlanOptions,
-    RESULTS_HEADER_LIVE,
+    read_plan, read_results, report, standard_plan, write_plan, CellResult, PeerPlan, PeerResource,
+    PlanOptions, RESULTS_HEADER_LIVE,
 };
+use rmm_benches::reserve::{simulate_reserved, Replay, SimResource};
 use rmm_benches::sizing::{DeviceMemory, MIB};
 use rmm_stream::{CudaStream, CudaStreamView};
 
@@ -52,11 +57,19 @@ const USAGE: &str =
        peer report RMM_RS.tsv RMM.tsv
        peer frag-plan FILE [--quick]
        peer frag-run FILE OUT.tsv
-       peer frag-report RMM_RS.tsv RMM.tsv";
+       peer frag-report RMM_RS.tsv RMM.tsv
+       peer simulate [--ops N] [--passes N] [--threads 1,4,16] [--free-gib G] [--threaded]";
 
 fn main() -> ExitCode {
     let args = Args::from_env();
-    let pos = args.positional(&["--ops", "--reps", "--warmup", "--threads"]);
+    let pos = args.positional(&[
+        "--ops",
+        "--reps",
+        "--warmup",
+        "--threads",
+        "--passes",
+        "--free-gib",
+    ]);
     let result = match pos
         .iter()
         .map(String::as_str)
@@ -69,6 +82,7 @@ fn main() -> ExitCode {
         ["frag-plan", file] => gpu_only(|| frag_plan(&args, file)),
         ["frag-run", file, out] => gpu_only(|| frag_run(file, out)),
         ["frag-report", ours, theirs] => frag_compare(ours, theirs),
+        ["simulate"] => simulate(&args),
         _ => Err(USAGE.into()),
     };
     match result {
@@ -294,6 +308,74 @@ fn frag_compare(ours: &str, theirs: &str) -> Result<ExitCode, Error> {
         r.rows.0, r.rows.1, r.failed
     );
     Ok(if r.failed == 0 && r.rows.0 > 0 && r.rows.1 > 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// `peer simulate`: the plan's `pool` and `binning` cells over simulated memory (no GPU).
+fn simulate(args: &Args) -> Result<ExitCode, Error> {
+    let free = args.usize_or("--free-gib", 79)? << 30;
+    let mem = DeviceMemory {
+        free,
+        total: free + (1 << 30),
+    };
+    let plan = make_plan(args, &mem)?;
+    let passes = args.usize_or("--passes", plan.warmup + plan.reps)?.max(1);
+    let replay = if args.has("--threaded") {
+        Replay::Threads
+    } else {
+        Replay::RoundRobin
+    };
+    println!(
+        "# peer simulate: {} GiB free, {passes} pass(es), {} operations per copy, {}",
+        free >> 30,
+        plan.workloads.first().map_or(0, |w| w.trace.ops.len()),
+        match replay {
+            Replay::RoundRobin => "round robin on one thread",
+            Replay::Threads => "one thread per copy",
+        }
+    );
+    println!(
+        "\n| workload | resource | threads | peak live MiB | peak reserved MiB | reserved / live \
+         | device synchronizations |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|");
+    let mut failed = 0;
+    for wl in &plan.workloads {
+        for r in &plan.resources {
+            let resource = match *r {
+                PeerResource::Pool { .. } => SimResource::Pool,
+                PeerResource::Binning { min_exp, max_exp } => {
+                    SimResource::Binning { min_exp, max_exp }
+                }
+                _ => continue,
+            };
+            for &t in plan.threads.iter().filter(|&&t| r.runs(&wl.trace, t)) {
+                match simulate_reserved(resource, &wl.trace, t, passes, replay) {
+                    Ok(m) => println!(
+                        "| {} | {} | {t} | {} | {} | {:.2} | {} |",
+                        wl.name,
+                        resource.name(),
+                        m.peak_live / MIB,
+                        m.peak_reserved / MIB,
+                        m.peak_reserved as f64 / m.peak_live.max(1) as f64,
+                        m.synchronizations
+                    ),
+                    Err(e) => {
+                        failed += 1;
+                        println!(
+                            "| {} | {} | {t} | - | - | error: {e} | - |",
+                            wl.name,
+                            resource.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+    Ok(if failed == 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
