@@ -70,7 +70,7 @@ impl StartIndex {
     }
 
     /// Files the new block `n` (starting at `addr`).
-    #[inline]
+    #[inline(always)]
     fn insert(&mut self, addr: u64, n: NodeId, nodes: &[Node]) {
         if self.moved.is_some_and(|(k, _)| k == addr) {
             self.flush(nodes);
@@ -79,7 +79,7 @@ impl StartIndex {
     }
 
     /// Forgets block `n` (before its slot is reused).
-    #[inline]
+    #[inline(always)]
     fn remove(&mut self, n: NodeId, nodes: &[Node]) {
         let key = match self.moved {
             Some((k, m)) if m == n => {
@@ -92,7 +92,7 @@ impl StartIndex {
     }
 
     /// Block `n`'s start changed from `old` to its current one.
-    #[inline]
+    #[inline(always)]
     fn moved(&mut self, n: NodeId, old: u64, nodes: &[Node]) {
         match self.moved {
             Some((k, m)) if m == n => {
@@ -203,7 +203,7 @@ impl BoundaryFreeList {
     /// it ends (other overlaps are the caller's to prevent: see the module documentation),
     /// [`FreeListError::ZeroSize`] and [`FreeListError::AddressOverflow`] for malformed blocks.
     /// The list is unchanged on error.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn insert(&mut self, block: Block) -> Result<(), FreeListError> {
         if block.size == 0 {
             return Err(FreeListError::ZeroSize { addr: block.addr });
@@ -264,7 +264,7 @@ impl BoundaryFreeList {
     }
 
     /// A free block that starts at `addr` or ends at `end`, if any.
-    #[inline]
+    #[inline(always)]
     fn same_edge(&self, addr: u64, end: u64) -> Option<Block> {
         self.by_start
             .get(addr, &self.nodes)
@@ -275,7 +275,7 @@ impl BoundaryFreeList {
     /// Best fit and split: a block of exactly `size` bytes (keeping the head flag of the block
     /// it came from), the remainder kept free. `None` for `size == 0` or when no block is large
     /// enough.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn allocate(&mut self, size: usize) -> Option<Block> {
         if size == 0 {
             return None;

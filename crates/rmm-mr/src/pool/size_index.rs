@@ -286,13 +286,13 @@ impl SizeIndex {
     }
 
     /// Removes the block of `size` bytes at `addr` and returns its node, if the index holds it.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn remove(&mut self, size: usize, addr: u64) -> Option<NodeId> {
         self.remove_in(class_of(size), size, addr)
     }
 
     /// [`remove`](Self::remove) from class `c`, the class of `size`.
-    #[inline]
+    #[inline(always)]
     fn remove_in(&mut self, c: usize, size: usize, addr: u64) -> Option<NodeId> {
         let class = self.classes.get_mut(c)?;
         let node = class.remove(size, addr)?;
@@ -361,7 +361,7 @@ impl SizeIndex {
 
     /// The smallest block with at least `request` bytes, ties to the lowest address, left in
     /// the index: `(size, address, node)`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn best_fit(&self, request: usize) -> Option<(usize, u64, NodeId)> {
         let c = class_of(request);
         if let Some(found) = self.classes.get(c).and_then(|class| class.fit(request)) {
@@ -383,7 +383,7 @@ impl SizeIndex {
     }
 
     /// The first class from `from` on that holds a block.
-    #[inline]
+    #[inline(always)]
     fn next_class(&self, from: usize) -> Option<usize> {
         let g = from / 64;
         if g >= GROUPS {
