@@ -54,6 +54,14 @@ pub(crate) trait FreeBlocks: Clone + Send + 'static {
     /// the list is unchanged.
     fn put(&mut self, addr: u64, size: usize, tag: Self::Tag) -> Result<(), String>;
 
+    /// [`put`](Self::put) of a block [`take_back`](Self::take_back) has just confirmed and
+    /// forgotten: a list may skip checks the record already made (a handed-out block overlaps
+    /// no free block). The default is `put`.
+    #[inline]
+    fn put_released(&mut self, addr: u64, size: usize, tag: Self::Tag) -> Result<(), String> {
+        self.put(addr, size, tag)
+    }
+
     /// Adds a whole, fresh upstream chunk. On error the list is unchanged.
     fn add_chunk(&mut self, addr: u64, size: usize) -> Result<(), String>;
 
@@ -454,7 +462,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     /// The list of `stream`, locked, with its key, registering the key on first use. The legacy
     /// list is found inline; other streams go through this thread's cache
     /// ([`lock_cached`](Self::lock_cached)).
-    #[inline]
+    #[inline(always)]
     #[allow(clippy::type_complexity)]
     fn lock_own(
         &self,
@@ -468,7 +476,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
 
     /// [`lock_own`](Self::lock_own) past the legacy list: a slot found through this thread's
     /// cache that no longer belongs to the key (retired) is looked up again.
-    #[inline(never)]
+    #[inline]
     #[allow(clippy::type_complexity)]
     fn lock_cached(
         &self,
@@ -1089,7 +1097,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             drop(st);
             return self.free_on_legacy(ptr, size, tag, origin);
         }
-        if let Err(e) = st.blocks.put(addr, size, tag) {
+        if let Err(e) = st.blocks.put_released(addr, size, tag) {
             return Err(kept_allocated(&mut st.blocks, ptr, size, tag, origin, &e));
         }
         // Under the same lock: no thief sees the block before the event covers it.
