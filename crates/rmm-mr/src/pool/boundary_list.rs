@@ -307,7 +307,7 @@ impl BoundaryFreeList {
         if size == 0 {
             return None;
         }
-        let (found, addr, n) = self.sizes.best_fit(size)?;
+        let (class, (found, addr, n)) = self.sizes.best_fit_in_class(size)?;
         self.total -= size;
         let node = self.node(n);
         if found == size {
@@ -323,7 +323,8 @@ impl BoundaryFreeList {
             slot.addr = rest;
             slot.is_head = false;
             self.by_start.moved(n, addr, &self.nodes);
-            self.sizes.replace((found, addr), (found - size, rest), n);
+            self.sizes
+                .replace_from(class, (found, addr), (found - size, rest), n);
         }
         Some(Block::new(addr, size, node.is_head))
     }

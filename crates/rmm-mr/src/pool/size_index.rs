@@ -311,7 +311,20 @@ impl SizeIndex {
     /// or grown by a little, the common case).
     #[inline(always)]
     pub(crate) fn replace(&mut self, old: (usize, u64), new: (usize, u64), node: NodeId) {
-        let c = class_of(old.0);
+        self.replace_from(class_of(old.0), old, new, node);
+    }
+
+    /// [`replace`](Self::replace) of an entry `old` of class `c` (its class, as
+    /// [`best_fit`](Self::best_fit) returned it).
+    #[inline(always)]
+    pub(crate) fn replace_from(
+        &mut self,
+        c: usize,
+        old: (usize, u64),
+        new: (usize, u64),
+        node: NodeId,
+    ) {
+        debug_assert_eq!(c, class_of(old.0));
         let d = class_of(new.0);
         if c == d
             && self
@@ -363,13 +376,19 @@ impl SizeIndex {
     /// the index: `(size, address, node)`.
     #[inline(always)]
     pub(crate) fn best_fit(&self, request: usize) -> Option<(usize, u64, NodeId)> {
+        self.best_fit_in_class(request).map(|(_, found)| found)
+    }
+
+    /// [`best_fit`](Self::best_fit) with the class of the block found.
+    #[inline(always)]
+    pub(crate) fn best_fit_in_class(&self, request: usize) -> Option<(usize, Entry)> {
         let c = class_of(request);
         if let Some(found) = self.classes.get(c).and_then(|class| class.fit(request)) {
-            return Some(found);
+            return Some((c, found));
         }
         // Every block of a higher class is larger than the request: the next class's smallest.
         let next = self.next_class(c + 1)?;
-        self.classes[next].fit(0)
+        self.classes[next].fit(0).map(|found| (next, found))
     }
 
     /// A largest block (the one with the highest address among equals).

@@ -27,15 +27,16 @@ type Shard<T> = CachePadded<Mutex<AddrTable<Handed<T>>>>;
 /// Handed-out blocks by address.
 #[derive(Debug)]
 pub(crate) struct HandedMap<T> {
-    shards: Box<[Shard<T>]>,
+    /// A fixed-size array, so that picking a shard needs no bounds check.
+    shards: Box<[Shard<T>; SHARDS]>,
 }
 
 impl<T: Copy + Default> Default for HandedMap<T> {
     fn default() -> Self {
         Self {
-            shards: (0..SHARDS)
-                .map(|_| CachePadded::new(Mutex::new(AddrTable::default())))
-                .collect(),
+            shards: Box::new(std::array::from_fn(|_| {
+                CachePadded::new(Mutex::new(AddrTable::default()))
+            })),
         }
     }
 }
