@@ -29,7 +29,7 @@ use crate::resource::DeviceMemoryResource;
 use crate::stream_ordered::append_only::AppendOnlyVec;
 use crate::stream_ordered::slot_table::{Placement, SlotTable};
 use crate::stream_ordered::stream_lists::{
-    cached_list_index, device_synchronize, remember_list_index, ListGuard, Retired, Steal,
+    cached_list, device_synchronize, remember_list, ListGuard, Retired, Steal,
     StreamKey, StreamList,
 };
 use crate::util::cross_thread::{needs_legacy_order, Origin};
@@ -484,7 +484,14 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     ) -> MrResult<(&StreamList<L>, ListGuard<'_, L>, StreamKey)> {
         let key = StreamKey::of(stream)?;
         if key != StreamKey::Legacy {
-            if let Some(list) = cached_list_index(self.id, key).and_then(|i| self.lists.get(i)) {
+            if let Some(list) = cached_list(self.id, key) {
+                // SAFETY: this thread's cache holds entries of this core (its `id` is
+                // process-unique and never reused) only as `register` wrote them: the address
+                // of `self.lists`' element for `key`, of type `StreamList<L>`. The elements of
+                // an `AppendOnlyVec` never move and are never dropped while it lives, and
+                // `&self` keeps it alive for the returned borrow. Whether that slot still
+                // belongs to `key` is checked under its lock below.
+                let list: &StreamList<L> = unsafe { &*list.cast::<StreamList<L>>() };
                 let st = list.lock();
                 if st.key() == Some(key) {
                     return Ok((list, st, key));
@@ -559,8 +566,9 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             st.assign(key);
         }
         drop(reg);
-        if let Some(i) = index {
-            remember_list_index(self.id, key, i);
+        if index.is_some() {
+            // `list` is an element of `self.lists` (see `lock_cached`).
+            remember_list(self.id, key, std::ptr::from_ref(list).cast());
         }
         Ok((list, st))
     }
