@@ -476,7 +476,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
 
     /// [`lock_own`](Self::lock_own) past the legacy list: a slot found through this thread's
     /// cache that no longer belongs to the key (retired) is looked up again.
-    #[inline]
+    #[inline(always)]
     #[allow(clippy::type_complexity)]
     fn lock_cached(
         &self,
