@@ -29,8 +29,8 @@ use crate::resource::DeviceMemoryResource;
 use crate::stream_ordered::append_only::AppendOnlyVec;
 use crate::stream_ordered::slot_table::{Placement, SlotTable};
 use crate::stream_ordered::stream_lists::{
-    cached_list, device_synchronize, remember_list, ListGuard, Retired, Steal,
-    StreamKey, StreamList,
+    cached_list, device_synchronize, remember_list, ListGuard, Retired, Steal, StreamKey,
+    StreamList,
 };
 use crate::util::cross_thread::{needs_legacy_order, Origin};
 use crate::util::thread_life::{self, ThreadLife};

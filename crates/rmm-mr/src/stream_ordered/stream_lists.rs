@@ -583,20 +583,13 @@ mod tests {
         assert_eq!(cached(2, StreamKey::Legacy), None);
         assert_eq!(cached(1, StreamKey::Stream(1)), None);
         remember_list(1, StreamKey::Legacy, at(8));
-        assert_eq!(
-            cached(1, StreamKey::Legacy),
-            Some(8),
-            "stale entry"
-        );
+        assert_eq!(cached(1, StreamKey::Legacy), Some(8), "stale entry");
         // More pools than slots: the oldest entries are replaced, nothing breaks.
         for p in 10..10 + 2 * CACHE_SLOTS as u64 {
             remember_list(p, StreamKey::Stream(p), at(p as usize));
         }
         let last = 9 + 2 * CACHE_SLOTS as u64;
-        assert_eq!(
-            cached(last, StreamKey::Stream(last)),
-            Some(last as usize)
-        );
+        assert_eq!(cached(last, StreamKey::Stream(last)), Some(last as usize));
         assert_eq!(cached(10, StreamKey::Stream(10)), None);
         assert_eq!(cached(1, StreamKey::Legacy), None);
         // Another thread has its own cache.
