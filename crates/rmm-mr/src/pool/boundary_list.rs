@@ -531,6 +531,32 @@ mod tests {
         l.assert_consistent();
     }
 
+    /// A released block coalesces exactly as an inserted one does.
+    #[test]
+    fn a_released_block_merges_as_an_inserted_one() {
+        let mut a = BoundaryFreeList::default();
+        let mut b = BoundaryFreeList::default();
+        for l in [&mut a, &mut b] {
+            l.insert(Block::new(0, 1024, true)).unwrap();
+            l.insert(Block::new(2048, 1024, false)).unwrap();
+        }
+        a.insert(Block::new(1024, 1024, false)).unwrap();
+        b.insert_released(Block::new(1024, 1024, false)).unwrap();
+        assert_eq!(blocks(&a), vec![(0, 3072, true)]);
+        assert_eq!(blocks(&a), blocks(&b));
+        b.assert_consistent();
+    }
+
+    /// Debug builds still make the check a released block skips, and panic when it fails.
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "shares an edge with free block")]
+    fn a_released_block_sharing_an_edge_panics_in_debug_builds() {
+        let mut l = BoundaryFreeList::default();
+        l.insert(Block::new(4096, 1024, true)).unwrap();
+        let _ = l.insert_released(Block::new(4096, 256, true));
+    }
+
     #[test]
     fn refuses_blocks_sharing_an_edge_with_a_free_block() {
         let mut l = BoundaryFreeList::default();
