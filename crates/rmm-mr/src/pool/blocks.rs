@@ -122,6 +122,15 @@ impl<C: ChunkLayout> FreeBlocks for PoolBlocks<C> {
             .map_err(|e| e.to_string())
     }
 
+    /// Skips the list's same-edge check: the record has just confirmed the block was handed
+    /// out with this size, and handed-out blocks overlap no free block.
+    #[inline]
+    fn put_released(&mut self, addr: u64, size: usize, is_head: bool) -> Result<(), String> {
+        self.free
+            .insert_released(Block::new(addr, size, is_head))
+            .map_err(|e| e.to_string())
+    }
+
     /// Separate chunks start with a head; contiguous ones merge with the blocks on either side.
     fn add_chunk(&mut self, addr: u64, size: usize) -> Result<(), String> {
         self.free

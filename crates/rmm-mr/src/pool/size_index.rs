@@ -286,13 +286,13 @@ impl SizeIndex {
     }
 
     /// Removes the block of `size` bytes at `addr` and returns its node, if the index holds it.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn remove(&mut self, size: usize, addr: u64) -> Option<NodeId> {
         self.remove_in(class_of(size), size, addr)
     }
 
     /// [`remove`](Self::remove) from class `c`, the class of `size`.
-    #[inline]
+    #[inline(always)]
     fn remove_in(&mut self, c: usize, size: usize, addr: u64) -> Option<NodeId> {
         let class = self.classes.get_mut(c)?;
         let node = class.remove(size, addr)?;
@@ -311,7 +311,20 @@ impl SizeIndex {
     /// or grown by a little, the common case).
     #[inline(always)]
     pub(crate) fn replace(&mut self, old: (usize, u64), new: (usize, u64), node: NodeId) {
-        let c = class_of(old.0);
+        self.replace_from(class_of(old.0), old, new, node);
+    }
+
+    /// [`replace`](Self::replace) of an entry `old` of class `c` (its class, as
+    /// [`best_fit`](Self::best_fit) returned it).
+    #[inline(always)]
+    pub(crate) fn replace_from(
+        &mut self,
+        c: usize,
+        old: (usize, u64),
+        new: (usize, u64),
+        node: NodeId,
+    ) {
+        debug_assert_eq!(c, class_of(old.0));
         let d = class_of(new.0);
         if c == d
             && self
@@ -361,15 +374,21 @@ impl SizeIndex {
 
     /// The smallest block with at least `request` bytes, ties to the lowest address, left in
     /// the index: `(size, address, node)`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn best_fit(&self, request: usize) -> Option<(usize, u64, NodeId)> {
+        self.best_fit_in_class(request).map(|(_, found)| found)
+    }
+
+    /// [`best_fit`](Self::best_fit) with the class of the block found.
+    #[inline(always)]
+    pub(crate) fn best_fit_in_class(&self, request: usize) -> Option<(usize, Entry)> {
         let c = class_of(request);
         if let Some(found) = self.classes.get(c).and_then(|class| class.fit(request)) {
-            return Some(found);
+            return Some((c, found));
         }
         // Every block of a higher class is larger than the request: the next class's smallest.
         let next = self.next_class(c + 1)?;
-        self.classes[next].fit(0)
+        self.classes[next].fit(0).map(|found| (next, found))
     }
 
     /// A largest block (the one with the highest address among equals).
@@ -383,7 +402,7 @@ impl SizeIndex {
     }
 
     /// The first class from `from` on that holds a block.
-    #[inline]
+    #[inline(always)]
     fn next_class(&self, from: usize) -> Option<usize> {
         let g = from / 64;
         if g >= GROUPS {

@@ -77,7 +77,7 @@ impl<V: Copy + Default> AddrTable<V> {
     }
 
     /// The slot holding `key`, if any.
-    #[inline]
+    #[inline(always)]
     fn find(&self, key: u64) -> Option<usize> {
         let mut i = self.home(key);
         loop {
@@ -93,7 +93,7 @@ impl<V: Copy + Default> AddrTable<V> {
     }
 
     /// The value of `key`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn get(&self, key: u64) -> Option<V> {
         if key == EMPTY {
             return self.empty_key;
@@ -102,7 +102,7 @@ impl<V: Copy + Default> AddrTable<V> {
     }
 
     /// Adds `key` with `value`; `false` (and nothing changed) when the key is present.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn insert(&mut self, key: u64, value: V) -> bool {
         if key == EMPTY {
             if self.empty_key.is_some() {
@@ -131,7 +131,7 @@ impl<V: Copy + Default> AddrTable<V> {
 
     /// Removes `key` when `remove` says so of its value: returns `Ok(value)` when removed,
     /// `Err(Some(value))` when kept, `Err(None)` when absent.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn remove_if(
         &mut self,
         key: u64,

@@ -29,8 +29,8 @@ use crate::resource::DeviceMemoryResource;
 use crate::stream_ordered::append_only::AppendOnlyVec;
 use crate::stream_ordered::slot_table::{Placement, SlotTable};
 use crate::stream_ordered::stream_lists::{
-    cached_list_index, device_synchronize, remember_list_index, ListGuard, Retired, Steal,
-    StreamKey, StreamList, SyncMode,
+    cached_list, device_synchronize, remember_list, ListGuard, Retired, Steal, StreamKey,
+    StreamList, SyncMode,
 };
 use crate::util::cross_thread::{needs_legacy_order, Origin};
 use crate::util::thread_life::{self, ThreadLife};
@@ -53,6 +53,14 @@ pub(crate) trait FreeBlocks: Clone + Send + 'static {
     /// Returns a block handed out by [`take`](Self::take) with this `size` and `tag`. On error
     /// the list is unchanged.
     fn put(&mut self, addr: u64, size: usize, tag: Self::Tag) -> Result<(), String>;
+
+    /// [`put`](Self::put) of a block [`take_back`](Self::take_back) has just confirmed and
+    /// forgotten: a list may skip checks the record already made (a handed-out block overlaps
+    /// no free block). The default is `put`.
+    #[inline]
+    fn put_released(&mut self, addr: u64, size: usize, tag: Self::Tag) -> Result<(), String> {
+        self.put(addr, size, tag)
+    }
 
     /// Adds a whole, fresh upstream chunk. On error the list is unchanged.
     fn add_chunk(&mut self, addr: u64, size: usize) -> Result<(), String>;
@@ -465,7 +473,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     /// The list of `stream`, locked, with its key, registering the key on first use. The legacy
     /// list is found inline; other streams go through this thread's cache
     /// ([`lock_cached`](Self::lock_cached)).
-    #[inline]
+    #[inline(always)]
     #[allow(clippy::type_complexity)]
     fn lock_own(
         &self,
@@ -479,7 +487,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
 
     /// [`lock_own`](Self::lock_own) past the legacy list: a slot found through this thread's
     /// cache that no longer belongs to the key (retired) is looked up again.
-    #[inline(never)]
+    #[inline(always)]
     #[allow(clippy::type_complexity)]
     fn lock_cached(
         &self,
@@ -487,7 +495,14 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     ) -> MrResult<(&StreamList<L>, ListGuard<'_, L>, StreamKey)> {
         let key = StreamKey::of(stream)?;
         if key != StreamKey::Legacy {
-            if let Some(list) = cached_list_index(self.id, key).and_then(|i| self.lists.get(i)) {
+            if let Some(list) = cached_list(self.id, key) {
+                // SAFETY: this thread's cache holds entries of this core (its `id` is
+                // process-unique and never reused) only as `register` wrote them: the address
+                // of `self.lists`' element for `key`, of type `StreamList<L>`. The elements of
+                // an `AppendOnlyVec` never move and are never dropped while it lives, and
+                // `&self` keeps it alive for the returned borrow. Whether that slot still
+                // belongs to `key` is checked under its lock below.
+                let list: &StreamList<L> = unsafe { &*list.cast::<StreamList<L>>() };
                 let st = list.lock();
                 if st.key() == Some(key) {
                     return Ok((list, st, key));
@@ -562,8 +577,9 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             st.assign(key);
         }
         drop(reg);
-        if let Some(i) = index {
-            remember_list_index(self.id, key, i);
+        if index.is_some() {
+            // `list` is an element of `self.lists` (see `lock_cached`).
+            remember_list(self.id, key, std::ptr::from_ref(list).cast());
         }
         Ok((list, st))
     }
@@ -1170,7 +1186,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             drop(st);
             return self.free_on_legacy(ptr, size, tag, origin);
         }
-        if let Err(e) = st.blocks.put(addr, size, tag) {
+        if let Err(e) = st.blocks.put_released(addr, size, tag) {
             return Err(kept_allocated(&mut st.blocks, ptr, size, tag, origin, &e));
         }
         // Under the same lock: no thief sees the block before the event covers it.

@@ -27,21 +27,22 @@ type Shard<T> = CachePadded<Mutex<AddrTable<Handed<T>>>>;
 /// Handed-out blocks by address.
 #[derive(Debug)]
 pub(crate) struct HandedMap<T> {
-    shards: Box<[Shard<T>]>,
+    /// A fixed-size array, so that picking a shard needs no bounds check.
+    shards: Box<[Shard<T>; SHARDS]>,
 }
 
 impl<T: Copy + Default> Default for HandedMap<T> {
     fn default() -> Self {
         Self {
-            shards: (0..SHARDS)
-                .map(|_| CachePadded::new(Mutex::new(AddrTable::default())))
-                .collect(),
+            shards: Box::new(std::array::from_fn(|_| {
+                CachePadded::new(Mutex::new(AddrTable::default()))
+            })),
         }
     }
 }
 
 impl<T: Copy + Default> HandedMap<T> {
-    #[inline]
+    #[inline(always)]
     fn shard(&self, addr: u64) -> MutexGuard<'_, AddrTable<Handed<T>>> {
         // Every operation leaves its shard consistent (a panic inside one would come before
         // any change), so a poisoned lock holds a sound table.
@@ -52,7 +53,7 @@ impl<T: Copy + Default> HandedMap<T> {
 
     /// Records `addr` as handed out with `size` and `tag`; `false` when it already was (the
     /// record is kept as it was).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn record(&self, addr: u64, size: usize, tag: T) -> bool {
         self.shard(addr).insert(addr, Handed { size, tag })
     }
@@ -60,7 +61,7 @@ impl<T: Copy + Default> HandedMap<T> {
     /// Forgets `addr` if it is handed out with `size` and returns its tag; otherwise
     /// `Err(Some(allocated))` when it is handed out with another size, `Err(None)` when it is not
     /// handed out. Of two concurrent calls for one block, at most one succeeds.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn release(&self, addr: u64, size: usize) -> Result<T, Option<usize>> {
         self.shard(addr)
             .remove_if(addr, |h| h.size == size)

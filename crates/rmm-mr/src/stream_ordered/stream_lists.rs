@@ -427,13 +427,14 @@ impl<L> ListState<L> {
     }
 }
 
-/// A slot of the per-thread list cache: in the resource numbered `pool`, `key`'s list is list
-/// number `index`.
+/// A slot of the per-thread list cache: in the resource numbered `pool`, `key`'s list is at
+/// address `list` (in the resource's append-only list storage, where it never moves while the
+/// resource lives).
 #[derive(Debug, Clone, Copy)]
 struct CacheSlot {
     pool: u64,
     key: StreamKey,
-    index: usize,
+    list: *const (),
 }
 
 /// Number of slots of the per-thread list cache (a binning resource's bins are several pools,
@@ -479,13 +480,20 @@ fn home_slot(pool: u64, key: StreamKey) -> usize {
     (pool.wrapping_add(k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize) % CACHE_SLOTS
 }
 
-/// The index of `key`'s list in pool `pool`, if this thread has seen it.
+/// The address of `key`'s list in pool `pool` as [`remember_list`] was given it, if this
+/// thread has seen it.
 #[inline]
-pub(crate) fn cached_list_index(pool: u64, key: StreamKey) -> Option<usize> {
+pub(crate) fn cached_list(pool: u64, key: StreamKey) -> Option<*const ()> {
+    cached_slot(pool, key).map(|s| s.list)
+}
+
+/// The cache entry of `key`'s list in pool `pool`, if this thread has seen it.
+#[inline]
+fn cached_slot(pool: u64, key: StreamKey) -> Option<CacheSlot> {
     LIST_CACHE
         .try_with(
             |c| match c.slots.get(home_slot(pool, key)).and_then(Cell::get) {
-                Some(s) if s.pool == pool && s.key == key => Some(s.index),
+                Some(s) if s.pool == pool && s.key == key => Some(s),
                 _ => scan_list_cache(c, pool, key),
             },
         )
@@ -493,12 +501,12 @@ pub(crate) fn cached_list_index(pool: u64, key: StreamKey) -> Option<usize> {
         .flatten()
 }
 
-/// [`cached_list_index`] past the home slot: the slot of the last hit, then every slot.
+/// [`cached_slot`] past the home slot: the slot of the last hit, then every slot.
 #[inline(never)]
-fn scan_list_cache(c: &ListCache, pool: u64, key: StreamKey) -> Option<usize> {
+fn scan_list_cache(c: &ListCache, pool: u64, key: StreamKey) -> Option<CacheSlot> {
     let hit = |s: Option<CacheSlot>| s.filter(|s| s.pool == pool && s.key == key);
     if let Some(s) = c.slots.get(c.last.get()).and_then(|s| hit(s.get())) {
-        return Some(s.index);
+        return Some(s);
     }
     let (i, s) = c
         .slots
@@ -506,13 +514,17 @@ fn scan_list_cache(c: &ListCache, pool: u64, key: StreamKey) -> Option<usize> {
         .enumerate()
         .find_map(|(i, s)| hit(s.get()).map(|s| (i, s)))?;
     c.last.set(i);
-    Some(s.index)
+    Some(s)
 }
 
-/// Remembers in this thread's cache that `key`'s list in pool `pool` is list number `index`.
-pub(crate) fn remember_list_index(pool: u64, key: StreamKey, index: usize) {
+/// Remembers in this thread's cache that `key`'s list in pool `pool` is at address `list`. The
+/// address is only stored and handed back by [`cached_list`]: whoever
+/// dereferences it vouches that pool `pool` is alive and keeps its lists in place (pool
+/// numbers are process-unique and never reused, so an entry of a dropped pool is never asked
+/// for).
+pub(crate) fn remember_list(pool: u64, key: StreamKey, list: *const ()) {
     let _ = LIST_CACHE.try_with(|c| {
-        let slot = Some(CacheSlot { pool, key, index });
+        let slot = Some(CacheSlot { pool, key, list });
         // Replace the entry of the same key, else take the home slot if it is free, else
         // round robin.
         let same = c
@@ -533,6 +545,16 @@ pub(crate) fn remember_list_index(pool: u64, key: StreamKey, index: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fake list address (the cache only stores and returns it).
+    fn at(n: usize) -> *const () {
+        std::ptr::without_provenance(n)
+    }
+
+    /// The cached list address of `(pool, key)` as a number.
+    fn cached(pool: u64, key: StreamKey) -> Option<usize> {
+        cached_list(pool, key).map(|p| p.addr())
+    }
 
     #[test]
     fn neighbouring_lists_share_no_cache_line() {
@@ -570,29 +592,22 @@ mod tests {
 
     #[test]
     fn cache_is_per_pool_and_per_key() {
-        remember_list_index(1, StreamKey::Legacy, 7);
-        assert_eq!(cached_list_index(1, StreamKey::Legacy), Some(7));
-        assert_eq!(cached_list_index(2, StreamKey::Legacy), None);
-        assert_eq!(cached_list_index(1, StreamKey::Stream(1)), None);
-        remember_list_index(1, StreamKey::Legacy, 8);
-        assert_eq!(
-            cached_list_index(1, StreamKey::Legacy),
-            Some(8),
-            "stale entry"
-        );
+        remember_list(1, StreamKey::Legacy, at(7));
+        assert_eq!(cached(1, StreamKey::Legacy), Some(7));
+        assert_eq!(cached(2, StreamKey::Legacy), None);
+        assert_eq!(cached(1, StreamKey::Stream(1)), None);
+        remember_list(1, StreamKey::Legacy, at(8));
+        assert_eq!(cached(1, StreamKey::Legacy), Some(8), "stale entry");
         // More pools than slots: the oldest entries are replaced, nothing breaks.
         for p in 10..10 + 2 * CACHE_SLOTS as u64 {
-            remember_list_index(p, StreamKey::Stream(p), p as usize);
+            remember_list(p, StreamKey::Stream(p), at(p as usize));
         }
         let last = 9 + 2 * CACHE_SLOTS as u64;
-        assert_eq!(
-            cached_list_index(last, StreamKey::Stream(last)),
-            Some(last as usize)
-        );
-        assert_eq!(cached_list_index(10, StreamKey::Stream(10)), None);
-        assert_eq!(cached_list_index(1, StreamKey::Legacy), None);
+        assert_eq!(cached(last, StreamKey::Stream(last)), Some(last as usize));
+        assert_eq!(cached(10, StreamKey::Stream(10)), None);
+        assert_eq!(cached(1, StreamKey::Legacy), None);
         // Another thread has its own cache.
-        let there = std::thread::spawn(move || cached_list_index(last, StreamKey::Stream(last)))
+        let there = std::thread::spawn(move || cached(last, StreamKey::Stream(last)))
             .join()
             .unwrap();
         assert_eq!(there, None);
@@ -608,10 +623,10 @@ mod tests {
                 pools.clone().map(|p| home_slot(p, key)).collect();
             assert_eq!(homes.len(), CACHE_SLOTS, "home slots collide");
             for p in pools.clone() {
-                remember_list_index(p, key, p as usize);
+                remember_list(p, key, at(p as usize));
             }
             for p in pools {
-                assert_eq!(cached_list_index(p, key), Some(p as usize));
+                assert_eq!(cached(p, key), Some(p as usize));
                 let home = LIST_CACHE.with(|c| c.slots[home_slot(p, key)].get());
                 assert_eq!(
                     home.map(|s| s.pool),
