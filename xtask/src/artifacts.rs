@@ -134,14 +134,34 @@ pub(crate) fn measuring_packages(metadata: &Value) -> Result<Vec<String>, Error>
         let Some(name) = package.get("name").and_then(Value::as_str) else {
             continue;
         };
-        let has_benches = package["targets"].as_array().is_some_and(|targets| {
-            targets.iter().any(|t| {
-                t["kind"]
-                    .as_array()
-                    .is_some_and(|k| k.iter().any(|k| k == "bench"))
-            })
-        });
-        if has_benches && name != "xtask" && !left_out.contains(name) {
+        if has_target(package, "bench") && name != "xtask" && !left_out.contains(name) {
+            out.push(name.to_owned());
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Whether `package` (an entry of `cargo metadata`'s packages) has a target of `kind`.
+fn has_target(package: &Value, kind: &str) -> bool {
+    package["targets"].as_array().is_some_and(|targets| {
+        targets.iter().any(|t| {
+            t["kind"]
+                .as_array()
+                .is_some_and(|k| k.iter().any(|k| k == kind))
+        })
+    })
+}
+
+/// Those of `among` (package names) that have examples. Building a package's examples builds
+/// its dev-dependencies too, whose features would reach every example of the same build.
+pub(crate) fn with_examples(metadata: &Value, among: &[String]) -> Result<Vec<String>, Error> {
+    let mut out = Vec::new();
+    for package in cargo::workspace_packages(metadata)? {
+        let Some(name) = package.get("name").and_then(Value::as_str) else {
+            continue;
+        };
+        if among.iter().any(|a| a == name) && has_target(package, "example") {
             out.push(name.to_owned());
         }
     }
@@ -349,6 +369,17 @@ mod tests {
         assert_eq!(measuring_packages(&m).unwrap(), vec!["rmm-rs".to_owned()]);
         m["packages"][1]["metadata"] = json!({ "gpu-bundle": { "benches": false } });
         assert!(measuring_packages(&m).unwrap().is_empty());
+    }
+
+    #[test]
+    fn only_packages_with_examples_build_theirs() {
+        let mut m = metadata();
+        let both = vec!["rmm-sys".to_owned(), "rmm-rs".to_owned()];
+        assert!(with_examples(&m, &both).unwrap().is_empty());
+        m["packages"][0]["targets"] = json!([{ "kind": ["bench"], "name": "b" }]);
+        m["packages"][1]["targets"] = json!([{ "kind": ["example"], "name": "peer" }]);
+        assert_eq!(with_examples(&m, &both).unwrap(), vec!["rmm-rs".to_owned()]);
+        assert!(with_examples(&m, &both[..1]).unwrap().is_empty());
     }
 
     #[test]

@@ -120,35 +120,44 @@ pub(crate) fn build(out: &Path, with_peer: bool, torch: bool) -> Result<(), Erro
                     .chain(selected.iter().map(String::as_str)),
             ))?;
             // ...and their examples (the peer comparison with RMM C++, `wrap_ab`) without any:
-            // what they time must have no hook RMM's side lacks.
-            println!(
-                "==> building their packages' examples (profile gpu, no default features, no \
-                 test features): {}",
-                measuring.join(", ")
-            );
-            let comparisons = cargo::json_messages(&mut cargo::cargo(
-                [
-                    "build",
-                    "--profile",
-                    "gpu",
-                    "--examples",
-                    "--no-default-features",
-                    json,
-                ]
-                .into_iter()
-                .chain(selected.iter().map(String::as_str)),
-            ))?;
-            let hooked = artifacts::test_features(&comparisons);
-            if !hooked.is_empty() {
-                return Err(format!(
-                    "the examples' build has test-only features ({}): a dependency of {} turns \
-                     them on, and the peer comparison would time rmm-sys's fault hook in every \
-                     driver call (`cargo tree -e features -i rmm-sys` shows which)",
-                    hooked.join(", "),
-                    measuring.join(", ")
-                ));
+            // what they time must have no hook RMM's side lacks. Only packages that have
+            // examples: building another's (rmm-capi's) would bring its dev-dependencies' test
+            // features into the same build.
+            let comparing = artifacts::with_examples(&metadata, &measuring)?;
+            if !comparing.is_empty() {
+                println!(
+                    "==> building their packages' examples (profile gpu, no default features, \
+                     no test features): {}",
+                    comparing.join(", ")
+                );
+                let comparing_args: Vec<String> = comparing
+                    .iter()
+                    .flat_map(|p| ["-p".to_owned(), p.clone()])
+                    .collect();
+                let comparisons = cargo::json_messages(&mut cargo::cargo(
+                    [
+                        "build",
+                        "--profile",
+                        "gpu",
+                        "--examples",
+                        "--no-default-features",
+                        json,
+                    ]
+                    .into_iter()
+                    .chain(comparing_args.iter().map(String::as_str)),
+                ))?;
+                let hooked = artifacts::test_features(&comparisons);
+                if !hooked.is_empty() {
+                    return Err(format!(
+                        "the examples' build has test-only features ({}): a dependency of {} \
+                         turns them on, and the peer comparison would time rmm-sys's fault hook \
+                         in every driver call (`cargo tree -e features -i rmm-sys` shows which)",
+                        hooked.join(", "),
+                        comparing.join(", ")
+                    ));
+                }
+                benches.extend(comparisons);
             }
-            benches.extend(comparisons);
         }
         println!("==> building the other examples (profile gpu)");
         let examples = cargo::json_messages(&mut cargo::cargo(
