@@ -42,11 +42,15 @@ use rmm_benches::frag::{
 };
 use rmm_benches::gpu::{describe_device, measure, Spec};
 use rmm_benches::peer::{
-    read_plan, read_results, report, standard_plan, write_plan, CellResult, PeerPlan, PeerResource,
-    PlanOptions, RESULTS_HEADER_LIVE,
+    read_plan, read_results, report, standard_plan, write_plan, CellResult, PeerPlan, PlanOptions,
+    RESULTS_HEADER_LIVE,
 };
-use rmm_benches::reserve::{simulate_reserved, Replay, SimResource};
 use rmm_benches::sizing::{DeviceMemory, MIB};
+#[cfg(feature = "driver-hooks")]
+use rmm_benches::{
+    peer::PeerResource,
+    reserve::{simulate_reserved, Replay, SimResource},
+};
 use rmm_stream::{CudaStream, CudaStreamView};
 
 type Error = Box<dyn std::error::Error>;
@@ -315,6 +319,7 @@ fn frag_compare(ours: &str, theirs: &str) -> Result<ExitCode, Error> {
 }
 
 /// `peer simulate`: the plan's `pool` and `binning` cells over simulated memory (no GPU).
+#[cfg(feature = "driver-hooks")]
 fn simulate(args: &Args) -> Result<ExitCode, Error> {
     let free = args.usize_or("--free-gib", 79)? << 30;
     let mem = DeviceMemory {
@@ -380,4 +385,15 @@ fn simulate(args: &Args) -> Result<ExitCode, Error> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// `simulate` replays the plan over simulated memory through rmm-sys's driver hook, which the
+/// comparison's build (`--no-default-features`) leaves out on purpose.
+#[cfg(not(feature = "driver-hooks"))]
+fn simulate(_args: &Args) -> Result<ExitCode, Error> {
+    Err(
+        "peer simulate needs rmm-benches's feature `driver-hooks` (the default): \
+         cargo run --release -p rmm-benches --example peer -- simulate"
+            .into(),
+    )
 }
