@@ -13,6 +13,11 @@ pub(crate) const STEPS: &[(&str, &str)] = &[
         "clippy",
         "cargo clippy --workspace --all-targets --all-features -- -D warnings",
     ),
+    (
+        "comparisons",
+        "cargo clippy -p rmm-benches --examples --no-default-features -- -D warnings (the peer \
+         comparison's build, without rmm-sys's driver hook)",
+    ),
     ("test", "cargo test --workspace --all-features"),
     (
         "loom",
@@ -85,6 +90,16 @@ fn run_step(name: &str) -> Result<(), Error> {
             "--workspace",
             "--all-targets",
             "--all-features",
+            "--",
+            "-D",
+            "warnings",
+        ])),
+        "comparisons" => cargo::run_status(&mut cargo::cargo([
+            "clippy",
+            "-p",
+            "rmm-benches",
+            "--examples",
+            "--no-default-features",
             "--",
             "-D",
             "warnings",
