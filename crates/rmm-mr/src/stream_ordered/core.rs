@@ -30,7 +30,7 @@ use crate::stream_ordered::append_only::AppendOnlyVec;
 use crate::stream_ordered::slot_table::{Placement, SlotTable};
 use crate::stream_ordered::stream_lists::{
     cached_list, device_synchronize, remember_list, ListGuard, Retired, Steal, StreamKey,
-    StreamList, SyncMode,
+    StreamList,
 };
 use crate::util::cross_thread::{needs_legacy_order, Origin};
 use crate::util::thread_life::{self, ThreadLife};
@@ -282,17 +282,6 @@ impl Drop for InFlightGuard<'_> {
             self.0.idle.notify_all();
         }
     }
-}
-
-/// What the other lists hold for a request ([`StreamOrdered::held_elsewhere`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Elsewhere {
-    /// A block that fits.
-    Fits,
-    /// No block that fits, but blocks no event covers (which may coalesce with others).
-    Uncovered,
-    /// Neither.
-    Nothing,
 }
 
 /// How often an allocation that found the resource full waits for synchronizations in flight
@@ -772,59 +761,25 @@ impl<L: FreeBlocks> StreamOrdered<L> {
 
     /// Steals one fitting block from another stream's list (the remainder stays there), else
     /// merges other lists into `own` until one fits; the stream waits on each victim's event.
-    /// A victim that needs a device synchronization is skipped unless `sync` allows it
-    /// ([`SyncMode`]); then the blocks are taken out under its lock and the device is
-    /// synchronized with no lock held.
+    /// A victim that needs a device synchronization is skipped unless `may_sync`; then the
+    /// blocks are taken out under its lock and the device is synchronized with no lock held.
     fn take_from_others(
         &self,
         own: &StreamList<L>,
         key: StreamKey,
         stream: CudaStreamView<'_>,
         size: usize,
-        sync: SyncMode,
+        may_sync: bool,
     ) -> MrResult<Option<(u64, L::Tag)>> {
-        if let Some(block) = self.steal_one(own, stream, size, sync)? {
-            return Ok(Some(block));
-        }
-        self.merge_others(own, key, stream, size, sync)
-    }
-
-    /// What the lists other than `own` hold for a request of `size` bytes, whatever covers it
-    /// (the growth path asks before it grows).
-    fn held_elsewhere(&self, own: &StreamList<L>, size: usize) -> Elsewhere {
-        let mut held = Elsewhere::Nothing;
-        for l in self.lists().filter(|l| !std::ptr::eq(*l, own)) {
-            let st = l.lock();
-            if st.key().is_none() || st.blocks.is_empty() {
-                continue;
-            }
-            if st.blocks.fits(size) {
-                return Elsewhere::Fits;
-            }
-            if st.is_uncovered() {
-                held = Elsewhere::Uncovered;
-            }
-        }
-        held
-    }
-
-    /// Steals one block of at least `size` bytes from a list other than `own` (the remainder
-    /// stays with its stream), after making `stream` wait for what the list's event covers, or
-    /// after a device synchronization (with no lock held) where `sync` allows it.
-    fn steal_one(
-        &self,
-        own: &StreamList<L>,
-        stream: CudaStreamView<'_>,
-        size: usize,
-        sync: SyncMode,
-    ) -> MrResult<Option<(u64, L::Tag)>> {
-        for victim in self.lists().filter(|l| !std::ptr::eq(*l, own)) {
+        let others: Vec<&StreamList<L>> = self.lists().filter(|l| !std::ptr::eq(*l, own)).collect();
+        // Steal one block; the remainder stays with its stream.
+        for victim in &others {
             let mut st = victim.lock();
             // Nothing is taken before the stream waits, so a failed wait takes nothing.
             if !st.blocks.fits(size) {
                 continue;
             }
-            match st.prepare_steal(stream, sync)? {
+            match st.prepare_steal(stream, may_sync)? {
                 Steal::NotNow => {}
                 Steal::Now => {
                     if let Some(block) = st.blocks.take(size) {
@@ -856,26 +811,14 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 }
             }
         }
-        Ok(None)
-    }
-
-    /// Merges whole lists other than `own` into it, retrying after each, until a block of
-    /// `size` bytes can be taken; `sync` as for [`steal_one`](Self::steal_one).
-    fn merge_others(
-        &self,
-        own: &StreamList<L>,
-        key: StreamKey,
-        stream: CudaStreamView<'_>,
-        size: usize,
-        sync: SyncMode,
-    ) -> MrResult<Option<(u64, L::Tag)>> {
-        for victim in self.lists().filter(|l| !std::ptr::eq(*l, own)) {
+        // Merge whole lists into this one, retrying after each.
+        for victim in &others {
             let (moved, victim_key, sync) = {
                 let mut st = victim.lock();
                 if st.blocks.is_empty() {
                     continue;
                 }
-                let sync = match st.prepare_steal(stream, sync)? {
+                let sync = match st.prepare_steal(stream, may_sync)? {
                     Steal::NotNow => continue,
                     Steal::Now => None,
                     Steal::AfterSync(snapshot) => Some(snapshot),
@@ -917,10 +860,10 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         mut expand: impl FnMut(usize, usize) -> MrResult<(DevicePtr, usize)>,
     ) -> MrResult<(u64, L::Tag)> {
         self.sweep();
-        if let Some(block) = self.take_from_others(own, key, stream, size, SyncMode::AfterGrace)? {
+        if let Some(block) = self.take_from_others(own, key, stream, size, true)? {
             return Ok(block);
         }
-        let (mut reclaimed, mut released, mut stolen) = (false, false, false);
+        let (mut reclaimed, mut released) = (false, false);
         loop {
             // Grow, holding the growth lock. Threads that missed together queue here; each looks
             // again once it holds the lock, so memory another one just obtained is used instead
@@ -930,32 +873,8 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             if let Some(block) = self.take_own(own, key, size) {
                 return Ok(block);
             }
-            if let Some(block) = self.take_from_others(own, key, stream, size, SyncMode::Never)? {
+            if let Some(block) = self.take_from_others(own, key, stream, size, false)? {
                 return Ok(block);
-            }
-            // Never grow while another stream's list holds a block that fits (RMM steals before
-            // it grows, and its pool at least doubles, so one growth too many doubles the
-            // memory): if its owner has not recorded an event that covers it, take it behind a
-            // device synchronization, made without the growth lock (or any other) held.
-            // Likewise, RMM merges every list before it grows: the uncovered blocks of the other
-            // lists, which may coalesce with this list's, come here behind one synchronization.
-            if !stolen {
-                let held = self.held_elsewhere(own, size);
-                if held != Elsewhere::Nothing {
-                    drop(chunks);
-                    stolen = true;
-                    let block = if held == Elsewhere::Fits {
-                        self.steal_one(own, stream, size, SyncMode::Now)?
-                    } else {
-                        self.reclaim_unrecorded(own, key, stream, size)?
-                    };
-                    if let Some(block) = block {
-                        return Ok(block);
-                    }
-                    // Another thread took it meanwhile, or nothing coalesced: look again, then
-                    // grow.
-                    continue;
-                }
             }
             // Chunks that merge grow the free block at the end of the memory by what it lacks.
             let tail = self.own_tail(own, key);
@@ -1092,7 +1011,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             if let Some(block) = self.take_own(own, key, size) {
                 return Ok(Some(block));
             }
-            if let Some(block) = self.take_from_others(own, key, stream, size, SyncMode::Never)? {
+            if let Some(block) = self.take_from_others(own, key, stream, size, false)? {
                 return Ok(Some(block));
             }
         }

@@ -149,19 +149,6 @@ pub(crate) mod sync_hook {
     }
 }
 
-/// When a thief may synchronize the device to take a list's blocks that no event covers
-/// ([`ListState::prepare_steal`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum SyncMode {
-    /// Never (the caller holds a lock, or will look again).
-    Never,
-    /// Once the owner has not answered a thief's request within the grace period of the
-    /// [`EventPolicy`].
-    AfterGrace,
-    /// At once: the block is needed now, and the caller would otherwise grow the resource.
-    Now,
-}
-
 /// What a thief may do with a list it has locked ([`ListState::prepare_steal`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Steal {
@@ -387,14 +374,13 @@ impl<L> ListState<L> {
     }
 
     /// Makes `thief` wait for all work that may still use this list's free blocks (see the
-    /// [module documentation](self)), or says what else to do ([`Steal`]). Whether a list whose
-    /// blocks no event covers answers [`Steal::AfterSync`] or [`Steal::NotNow`] is `sync`'s
-    /// choice ([`SyncMode`]); either way its owner is asked to record. The calls made here
+    /// [module documentation](self)), or says what else to do ([`Steal`]). A list that needs a
+    /// device synchronization answers [`Steal::NotNow`] unless `may_sync`. The calls made here
     /// (event records, stream waits) do not block the host.
     pub(crate) fn prepare_steal(
         &mut self,
         thief: CudaStreamView<'_>,
-        sync: SyncMode,
+        may_sync: bool,
     ) -> CudaResult<Steal> {
         let on = match self.key {
             None => return Ok(Steal::NotNow),
@@ -404,14 +390,14 @@ impl<L> ListState<L> {
             }
             Some(StreamKey::PerThread(_)) => CudaStreamView::legacy(),
             Some(StreamKey::Stream(_) | StreamKey::Orphan) => {
-                return match (self.policy.on_steal(Instant::now()), sync) {
-                    (StealAction::Ask, SyncMode::Now)
-                    | (StealAction::SyncDevice, SyncMode::Now | SyncMode::AfterGrace) => {
+                return match self.policy.on_steal(Instant::now()) {
+                    StealAction::Ask => Ok(Steal::NotNow),
+                    StealAction::SyncDevice if may_sync => {
                         Ok(Steal::AfterSync(self.policy.entered()))
                     }
-                    (StealAction::Ask | StealAction::SyncDevice, _) => Ok(Steal::NotNow),
+                    StealAction::SyncDevice => Ok(Steal::NotNow),
                     // Covered: recorded after every block that entered, or never needed.
-                    (StealAction::WaitEvent, _) => {
+                    StealAction::WaitEvent => {
                         for ev in self.event.iter().chain(&self.waits) {
                             ev.wait(thief)?;
                         }
@@ -662,8 +648,7 @@ mod tests {
         assert!(g.event.is_none() && !g.policy.is_record_failed() && g.is_uncovered());
         // A thief asks (no CUDA call), and cannot take yet.
         assert_eq!(
-            g.prepare_steal(CudaStreamView::legacy(), SyncMode::AfterGrace)
-                .unwrap(),
+            g.prepare_steal(CudaStreamView::legacy(), true).unwrap(),
             Steal::NotNow
         );
         assert!(g.event.is_none() && g.policy.is_wanted());
@@ -674,14 +659,12 @@ mod tests {
             assert!(g.event.is_none() && g.policy.is_record_failed() && !g.policy.is_wanted());
             let snapshot = g.entered();
             assert_eq!(
-                g.prepare_steal(CudaStreamView::legacy(), SyncMode::Never)
-                    .unwrap(),
+                g.prepare_steal(CudaStreamView::legacy(), false).unwrap(),
                 Steal::NotNow,
                 "synchronized where it may not"
             );
             assert_eq!(
-                g.prepare_steal(CudaStreamView::legacy(), SyncMode::AfterGrace)
-                    .unwrap(),
+                g.prepare_steal(CudaStreamView::legacy(), true).unwrap(),
                 Steal::AfterSync(snapshot)
             );
             g.synchronized_since(snapshot);
@@ -695,8 +678,7 @@ mod tests {
         let mut g = list.lock();
         assert_eq!(g.key(), None);
         assert_eq!(
-            g.prepare_steal(CudaStreamView::legacy(), SyncMode::AfterGrace)
-                .unwrap(),
+            g.prepare_steal(CudaStreamView::legacy(), true).unwrap(),
             Steal::NotNow
         );
         assert!(g.retire(()).is_none());

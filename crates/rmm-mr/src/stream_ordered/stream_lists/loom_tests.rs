@@ -21,7 +21,7 @@ use loom::thread;
 use rmm_stream::CudaStreamView;
 use rmm_sys::fault::{self, DriverCall, Fault, FaultScope};
 
-use super::{device_synchronize, Steal, StreamKey, StreamList, SyncMode};
+use super::{device_synchronize, Steal, StreamKey, StreamList};
 use crate::sync::Seen;
 
 const KEY: StreamKey = StreamKey::Stream(1);
@@ -89,7 +89,7 @@ fn steal(list: &StreamList<Blocks>, thief: CudaStreamView<'_>, seen: &Seen<3>) {
     if st.blocks.free.is_empty() || st.policy.is_wanted() {
         return;
     }
-    match st.prepare_steal(thief, SyncMode::AfterGrace) {
+    match st.prepare_steal(thief, true) {
         Ok(Steal::NotNow) => seen.saw(2),
         Ok(Steal::Now) => {
             seen.saw(0);
