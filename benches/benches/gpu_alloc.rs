@@ -17,7 +17,8 @@
 //!    where `vmm_pool` adds 12 % of what is mapped.
 //!
 //! Arguments: `--ops N` (default 100000), `--reps N` (default 3), `--threads 1,4,16`,
-//! `--only NAME[,NAME]` (resources), `--quick` (10,000 ops, 1 rep). Without a GPU it prints one
+//! `--only NAME[,NAME]` (resources; `vmm_pool_gP` adds the VMM pool growing by at least `P` %
+//! of what is mapped, for sweeps of the growth step), `--quick` (10,000 ops, 1 rep). Without a GPU it prints one
 //! line and exits successfully (a benchmark, not a test). `--simulated`: no GPU needed; the
 //! pool and the VMM pools replay the traces over simulated memory on fake streams, round robin
 //! on one thread, and the second table is printed with counts only (see [`simulated`]).
@@ -91,8 +92,11 @@ struct TraceSpec {
 /// whose overhead the first table measures) and `naive` are the baselines. Each is built by
 /// `rmm_benches::gpu::build`, the sub-allocators over a statistics adaptor over the CUDA
 /// resource (it reads their peak; they call it only to grow).
-fn factories() -> Vec<(&'static str, Factory, bool)> {
-    vec![
+///
+/// `--only vmm_pool_gP` (any `P`) adds the VMM pool growing by at least `P` % of what is
+/// mapped (`min_growth_percent(P)`), for sweeps of the growth step.
+fn factories(only: Option<&[String]>) -> Vec<(&'static str, Factory, bool)> {
+    let mut list: Vec<(&'static str, Factory, bool)> = vec![
         (
             "driver_pool",
             Box::new(|_: &TraceSpec| Ok(Spec::Async)),
@@ -170,7 +174,29 @@ fn factories() -> Vec<(&'static str, Factory, bool)> {
             }),
             true,
         ),
-    ]
+    ];
+    for name in only.unwrap_or_default() {
+        let Some(percent) = name
+            .strip_prefix("vmm_pool_g")
+            .and_then(|p| p.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        // A bench binary's names live as long as the run.
+        let name: &'static str = Box::leak(name.clone().into_boxed_str());
+        list.push((
+            name,
+            Box::new(move |_: &TraceSpec| {
+                Ok(Spec::VmmPool {
+                    initial: 0,
+                    maximum: DeviceMemory::query()?.arena_bytes(),
+                    min_growth_percent: Some(percent),
+                })
+            }),
+            true,
+        ));
+    }
+    list
 }
 
 /// The two traces.
@@ -296,7 +322,7 @@ fn run(args: &Args) -> MrResult<()> {
             peak as f64 / (1u64 << 30) as f64
         );
         let mut table: BTreeMap<usize, Vec<Row>> = BTreeMap::new();
-        for (rname, factory, mt) in factories() {
+        for (rname, factory, mt) in factories(args.only.as_deref()) {
             if let Some(only) = &args.only {
                 let baseline = rname == "driver_pool" || rname == "naive";
                 if !baseline && !only.iter().any(|o| o == rname) {
