@@ -18,7 +18,9 @@
 //!
 //! Arguments: `--ops N` (default 100000), `--reps N` (default 3), `--threads 1,4,16`,
 //! `--only NAME[,NAME]` (resources; `vmm_pool_gP` adds the VMM pool growing by at least `P` %
-//! of what is mapped, for sweeps of the growth step), `--quick` (10,000 ops, 1 rep). Without a GPU it prints one
+//! of what is mapped, for sweeps of the growth step), `--no-baselines` (leave out
+//! `driver_pool` and `naive` unless `--only` names them; their ratio columns then read n/a),
+//! `--quick` (10,000 ops, 1 rep). Without a GPU it prints one
 //! line and exits successfully (a benchmark, not a test). `--simulated`: no GPU needed; the
 //! pool and the VMM pools replay the traces over simulated memory on fake streams, round robin
 //! on one thread, and the second table is printed with counts only (see [`simulated`]).
@@ -46,6 +48,7 @@ struct Args {
     reps: usize,
     threads: Vec<usize>,
     only: Option<Vec<String>>,
+    no_baselines: bool,
     simulated: bool,
 }
 
@@ -55,6 +58,7 @@ fn parse_args() -> Args {
         reps: 3,
         threads: vec![1, 4, 16],
         only: None,
+        no_baselines: false,
         simulated: false,
     };
     let mut it = std::env::args().skip(1);
@@ -68,6 +72,7 @@ fn parse_args() -> Args {
                 }
             }
             "--only" => a.only = it.next().map(|v| v.split(',').map(str::to_owned).collect()),
+            "--no-baselines" => a.no_baselines = true,
             "--simulated" => a.simulated = true,
             "--quick" => {
                 a.ops = 10_000;
@@ -323,11 +328,16 @@ fn run(args: &Args) -> MrResult<()> {
         );
         let mut table: BTreeMap<usize, Vec<Row>> = BTreeMap::new();
         for (rname, factory, mt) in factories(args.only.as_deref()) {
-            if let Some(only) = &args.only {
-                let baseline = rname == "driver_pool" || rname == "naive";
-                if !baseline && !only.iter().any(|o| o == rname) {
-                    continue;
-                }
+            let baseline = rname == "driver_pool" || rname == "naive";
+            let named = args
+                .only
+                .as_ref()
+                .is_some_and(|o| o.iter().any(|n| n == rname));
+            if baseline && args.no_baselines && !named {
+                continue;
+            }
+            if !baseline && args.only.is_some() && !named {
+                continue;
             }
             for &threads in &args.threads {
                 if threads > 1 && !mt {
