@@ -403,51 +403,68 @@ peer_build() {
   PEER_LIBS=$libs
 }
 
-# run_peer [ARGS...]: compiles the RMM C++ driver against the bundled wheels, then plans,
-# runs both sides and reports; ARGS go to `examples/peer plan`.
-run_peer() {
-  peer_build "peer: 0 cells compared, 1 failed" || return
+# peer_steps TAG PREFIX FAILED_LINE LAST_RE [ARGS...]: after peer_build, the four steps of
+# a comparison with RMM C++: examples/peer PREFIXplan (ARGS), rmm_peer (with
+# --frag when PREFIX is `frag-`), examples/peer PREFIXrun (rmm-rs) and PREFIXreport. Logs are
+# logs/TAG-*.log, files peer/build/PREFIX*, OUT gets TAG-rmm-rs.tsv and TAG-rmm.tsv; the last
+# line of the summary is the report's last line matching LAST_RE, else FAILED_LINE with why.
+peer_steps() {
+  local tag=$1 prefix=$2 failed_line=$3 last_re=$4
+  shift 4
   local build="$BUNDLE/peer/build" peer="$BUNDLE/examples/peer" libs=$PEER_LIBS
   local report="$LOGS/summary.txt"
-  local plan="$build/plan.txt" ours="$build/rmm-rs.tsv" theirs="$build/rmm.tsv"
+  local plan="$build/${prefix}plan.txt" ours="$build/${prefix}rmm-rs.tsv"
+  local theirs="$build/${prefix}rmm.tsv"
   local -a steps=()
-  echo "=== [peer] plan"
-  run_captured "$LOGS/peer-plan.log" env RMM_DEFAULT_STREAM=legacy "$peer" plan "$plan" "$@"
-  steps+=("peer plan: $(describe_exit "$RC")")
+  local flag=""
+  if [[ $prefix == frag- ]]; then
+    flag=--frag
+  fi
+  echo "=== [$tag] plan"
+  run_captured "$LOGS/$tag-plan.log" env RMM_DEFAULT_STREAM=legacy "$peer" "${prefix}plan" "$plan" "$@"
+  steps+=("peer ${prefix}plan: $(describe_exit "$RC")")
   if ((RC != 0)); then
-    printf '%s\n' "${steps[@]}" "peer: 0 cells compared, 1 failed (no plan)" >"$report"
+    printf '%s\n' "${steps[@]}" "$failed_line (no plan)" >"$report"
     export_out "$report"
     cat "$report"
     return 1
   fi
-  echo "=== [peer] RMM C++ (rmm_peer)"
-  run_captured "$LOGS/peer-rmm.log" env LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    "$build/rmm_peer" "$plan" "$theirs"
-  steps+=("rmm_peer (RMM): $(describe_exit "$RC")")
-  echo "=== [peer] rmm-rs (examples/peer run)"
-  run_captured "$LOGS/peer-rmm-rs.log" env RMM_DEFAULT_STREAM=legacy "$peer" run "$plan" "$ours"
-  steps+=("peer run (rmm-rs): $(describe_exit "$RC")")
-  echo "=== [peer] report"
+  echo "=== [$tag] RMM C++ (rmm_peer${flag:+ $flag})"
+  run_captured "$LOGS/$tag-rmm.log" env LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    "$build/rmm_peer" ${flag:+"$flag"} "$plan" "$theirs"
+  steps+=("rmm_peer${flag:+ $flag} (RMM): $(describe_exit "$RC")")
+  echo "=== [$tag] rmm-rs (examples/peer ${prefix}run)"
+  run_captured "$LOGS/$tag-rmm-rs.log" env RMM_DEFAULT_STREAM=legacy "$peer" "${prefix}run" "$plan" "$ours"
+  steps+=("peer ${prefix}run (rmm-rs): $(describe_exit "$RC")")
+  echo "=== [$tag] report"
   [[ -f $ours ]] || : >"$ours"
   [[ -f $theirs ]] || : >"$theirs"
-  run_captured "$LOGS/peer-report.log" "$peer" report "$ours" "$theirs"
+  run_captured "$LOGS/$tag-report.log" "$peer" "${prefix}report" "$ours" "$theirs"
   local rc=$RC
   {
     printf '%s\n' "${steps[@]}"
     echo
-    grep -v '^peer: .* cells compared' "$LOGS/peer-report.log"
+    grep -v "$last_re" "$LOGS/$tag-report.log"
     local last
-    last=$(grep '^peer: .* cells compared' "$LOGS/peer-report.log" | tail -n 1)
-    echo "${last:-peer: 0 cells compared, 1 failed (no report: $(describe_exit "$rc"))}"
+    last=$(grep "$last_re" "$LOGS/$tag-report.log" | tail -n 1)
+    echo "${last:-$failed_line (no report: $(describe_exit "$rc"))}"
   } >"$report"
   if [[ -n ${OUT:-} ]] && mkdir -p "$OUT"; then
-    cp "$ours" "$OUT/peer-rmm-rs.tsv" 2>/dev/null
-    cp "$theirs" "$OUT/peer-rmm.tsv" 2>/dev/null
+    cp "$ours" "$OUT/$tag-rmm-rs.tsv" 2>/dev/null
+    cp "$theirs" "$OUT/$tag-rmm.tsv" 2>/dev/null
   fi
   export_out "$report"
   echo
   cat "$report"
   [[ $(tail -n 1 "$report") == *" 0 failed" ]] && ((rc == 0))
+}
+
+# run_peer [ARGS...]: compiles the RMM C++ driver against the bundled wheels, then plans,
+# runs both sides and reports; ARGS go to `examples/peer plan`.
+run_peer() {
+  local failed_line="peer: 0 cells compared, 1 failed"
+  peer_build "$failed_line" || return
+  peer_steps peer "" "$failed_line" '^peer: .* cells compared' "$@"
 }
 
 # run_peer_frag [ARGS...]: compiles the RMM C++ driver as `peer` does, then the fragmentation
@@ -457,47 +474,7 @@ run_peer() {
 run_peer_frag() {
   local failed_line="peer-frag: 0 rmm-rs rows, 0 RMM rows, 1 failed"
   peer_build "$failed_line" || return
-  local build="$BUNDLE/peer/build" peer="$BUNDLE/examples/peer" libs=$PEER_LIBS
-  local report="$LOGS/summary.txt"
-  local plan="$build/frag-plan.txt" ours="$build/frag-rmm-rs.tsv" theirs="$build/frag-rmm.tsv"
-  local -a steps=()
-  echo "=== [peer-frag] plan"
-  run_captured "$LOGS/peer-frag-plan.log" env RMM_DEFAULT_STREAM=legacy "$peer" frag-plan "$plan" "$@"
-  steps+=("peer frag-plan: $(describe_exit "$RC")")
-  if ((RC != 0)); then
-    printf '%s\n' "${steps[@]}" "$failed_line (no plan)" >"$report"
-    export_out "$report"
-    cat "$report"
-    return 1
-  fi
-  echo "=== [peer-frag] RMM C++ (rmm_peer --frag)"
-  run_captured "$LOGS/peer-frag-rmm.log" env LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    "$build/rmm_peer" --frag "$plan" "$theirs"
-  steps+=("rmm_peer --frag (RMM): $(describe_exit "$RC")")
-  echo "=== [peer-frag] rmm-rs (examples/peer frag-run)"
-  run_captured "$LOGS/peer-frag-rmm-rs.log" env RMM_DEFAULT_STREAM=legacy "$peer" frag-run "$plan" "$ours"
-  steps+=("peer frag-run (rmm-rs): $(describe_exit "$RC")")
-  echo "=== [peer-frag] report"
-  [[ -f $ours ]] || : >"$ours"
-  [[ -f $theirs ]] || : >"$theirs"
-  run_captured "$LOGS/peer-frag-report.log" "$peer" frag-report "$ours" "$theirs"
-  local rc=$RC
-  {
-    printf '%s\n' "${steps[@]}"
-    echo
-    grep -v '^peer-frag: .* rows, ' "$LOGS/peer-frag-report.log"
-    local last
-    last=$(grep '^peer-frag: .* rows, ' "$LOGS/peer-frag-report.log" | tail -n 1)
-    echo "${last:-$failed_line (no report: $(describe_exit "$rc"))}"
-  } >"$report"
-  if [[ -n ${OUT:-} ]] && mkdir -p "$OUT"; then
-    cp "$ours" "$OUT/peer-frag-rmm-rs.tsv" 2>/dev/null
-    cp "$theirs" "$OUT/peer-frag-rmm.tsv" 2>/dev/null
-  fi
-  export_out "$report"
-  echo
-  cat "$report"
-  [[ $(tail -n 1 "$report") == *" 0 failed" ]] && ((rc == 0))
+  peer_steps peer-frag frag- "$failed_line" '^peer-frag: .* rows, ' "$@"
 }
 
 # parse_plain LOG LABEL: sets P_FOUND, P_PASSED, P_FAILED, P_SKIPPED from the last

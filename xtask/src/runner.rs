@@ -90,11 +90,14 @@ mod tests {
     #[test]
     fn peer_frag_mode_runs_both_sides() {
         assert!(RUN_SH.contains("  peer-frag)\n"));
+        // `peer` and `peer-frag` share `peer_steps`; `frag-` names the subcommands and files.
+        assert!(RUN_SH.contains("peer_steps peer-frag frag- "));
+        assert!(RUN_SH.contains("if [[ $prefix == frag- ]]; then\n    flag=--frag\n"));
         for step in [
-            "\"$peer\" frag-plan \"$plan\"",
-            "\"$build/rmm_peer\" --frag \"$plan\" \"$theirs\"",
-            "\"$peer\" frag-run \"$plan\" \"$ours\"",
-            "\"$peer\" frag-report \"$ours\" \"$theirs\"",
+            "\"$peer\" \"${prefix}plan\" \"$plan\"",
+            "\"$build/rmm_peer\" ${flag:+\"$flag\"} \"$plan\" \"$theirs\"",
+            "\"$peer\" \"${prefix}run\" \"$plan\" \"$ours\"",
+            "\"$peer\" \"${prefix}report\" \"$ours\" \"$theirs\"",
         ] {
             assert!(RUN_SH.contains(step), "{step}");
         }
