@@ -6,8 +6,8 @@
 //! ```
 //!
 //! - RESOURCE: `pool`, `vmm_pool`, `binning`, `fixed_size`, `arena`, `naive` (the GPU
-//!   benchmarks' naive `Mutex<BTreeMap>` baseline over a fake region, for comparison) or `all`
-//!   (default; every one but `naive`);
+//!   benchmarks' naive `Mutex<BTreeMap>` baseline, `rmm_mr::testing::naive`, over a fake
+//!   region, for comparison) or `all` (default; every one but `naive`);
 //! - SHAPE: `pair` (allocate, then free at once, with [`LIVE`] allocations of the mix held in
 //!   the background) or `steady` ([`LIVE`] allocations live; each step frees a pseudo-randomly
 //!   chosen one and allocates a new size in its place), or `all`;
@@ -40,6 +40,7 @@ use std::hint::black_box;
 use std::process::Command;
 use std::time::Instant;
 
+use rmm_mr::testing::naive::NaiveRegion;
 use rmm_mr::{
     ArenaMemoryResource, ArenaOptions, BinningMemoryResource, BinningOptions, DeviceMemoryResource,
     FixedSizeMemoryResource, FixedSizeOptions, PoolMemoryResource, VmmPoolMemoryResource,
@@ -83,135 +84,10 @@ fn build(name: &str, max: usize) -> Box<dyn DeviceMemoryResource> {
         "vmm_pool" => {
             Box::new(VmmPoolMemoryResource::simulated(VmmPoolOptions::new(64 << 30)).unwrap())
         }
-        "naive" => Box::new(naive::Naive::new(1 << 40, 64 << 30)),
+        // The GPU benchmarks' baseline (`rmm_benches::naive::NaiveBestFit` hands its region to
+        // the same `NaiveRegion`) over a fake region.
+        "naive" => Box::new(NaiveRegion::new(1 << 40, 64 << 30)),
         other => panic!("unknown resource {other}"),
-    }
-}
-
-/// The GPU benchmarks' naive baseline (`rmm_benches::naive::NaiveBestFit`) over a fake region:
-/// a best-fit coalescing allocator, its free blocks in two B-trees (by address, by `(size,
-/// address)`) behind one `Mutex`, no record of what it handed out, no stream ordering. The
-/// same bookkeeping, copied here because this crate cannot depend on `rmm-benches`.
-mod naive {
-    use std::any::Any;
-    use std::collections::{BTreeMap, BTreeSet};
-    use std::sync::{Mutex, PoisonError};
-
-    use rmm_mr::{DeviceMemoryResource, MrError, MrResult};
-    use rmm_stream::CudaStreamView;
-    use rmm_sys::DevicePtr;
-
-    #[derive(Debug, Default)]
-    struct FreeBlocks {
-        by_addr: BTreeMap<u64, usize>,
-        by_size: BTreeSet<(usize, u64)>,
-    }
-
-    impl FreeBlocks {
-        fn put(&mut self, addr: u64, size: usize) {
-            self.by_addr.insert(addr, size);
-            self.by_size.insert((size, addr));
-        }
-
-        fn remove(&mut self, addr: u64, size: usize) {
-            self.by_addr.remove(&addr);
-            self.by_size.remove(&(size, addr));
-        }
-
-        fn take(&mut self, size: usize) -> Option<u64> {
-            let &(found, addr) = self.by_size.range((size, 0)..).next()?;
-            self.remove(addr, found);
-            if found > size {
-                self.put(addr + size as u64, found - size);
-            }
-            Some(addr)
-        }
-
-        fn give(&mut self, addr: u64, size: usize) {
-            let (mut start, mut len) = (addr, size);
-            if let Some((&before, &before_size)) = self.by_addr.range(..addr).next_back() {
-                if before + before_size as u64 == addr {
-                    self.remove(before, before_size);
-                    start = before;
-                    len += before_size;
-                }
-            }
-            let end = addr + size as u64;
-            if let Some(&after_size) = self.by_addr.get(&end) {
-                self.remove(end, after_size);
-                len += after_size;
-            }
-            self.put(start, len);
-        }
-    }
-
-    /// The naive baseline over the fake region `[addr, addr + size)`.
-    #[derive(Debug)]
-    pub(crate) struct Naive {
-        free: Mutex<FreeBlocks>,
-    }
-
-    impl Naive {
-        pub(crate) fn new(addr: u64, size: usize) -> Self {
-            let mut free = FreeBlocks::default();
-            free.put(addr, size);
-            Self {
-                free: Mutex::new(free),
-            }
-        }
-    }
-
-    // SAFETY: a benchmark double over a fake region, never touched; blocks handed out are
-    // disjoint while held.
-    unsafe impl DeviceMemoryResource for Naive {
-        fn allocate(
-            &self,
-            _stream: CudaStreamView<'_>,
-            bytes: usize,
-            _alignment: usize,
-        ) -> MrResult<DevicePtr> {
-            if bytes == 0 {
-                return Ok(DevicePtr::NULL);
-            }
-            let size = bytes.div_ceil(256) * 256;
-            let taken = self
-                .free
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take(size);
-            taken
-                .map(DevicePtr::from_raw)
-                .ok_or_else(|| MrError::out_of_memory(bytes, "naive: region full"))
-        }
-
-        unsafe fn deallocate(
-            &self,
-            _stream: CudaStreamView<'_>,
-            ptr: DevicePtr,
-            bytes: usize,
-            _alignment: usize,
-        ) -> MrResult<()> {
-            if ptr.is_null() || bytes == 0 {
-                return Ok(());
-            }
-            let size = bytes.div_ceil(256) * 256;
-            self.free
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .give(ptr.addr(), size);
-            Ok(())
-        }
-
-        fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-            std::ptr::eq(
-                self as *const Self as *const u8,
-                other.as_any() as *const dyn Any as *const u8,
-            )
-        }
-
-        fn as_any(&self) -> &dyn Any {
-            self
-        }
     }
 }
 
@@ -537,7 +413,10 @@ mod steps {
                     return "handed-out record"
                 }
                 "routes.rs" => return "binning route",
+                // The naive baseline counts as the benchmark's own code (it was copied into
+                // this file before it moved to `testing`).
                 "pair_count.rs" => return "bench loop",
+                "naive.rs" if crate_of("/testing/") => return "bench loop",
                 "core.rs" if matches!(inner, "list_for" | "register") => return "stream lookup",
                 "resource.rs" if crate_of("/binning/") => return "binning route",
                 "resource.rs" if matches!(inner, "take" | "put" | "fits") => return "free list",
@@ -583,7 +462,7 @@ mod steps {
             ),
             ("event policy", &["publish", "serve", "EventPolicy"]),
             ("binning route", &["binning"]),
-            ("bench loop", &["pair_count"]),
+            ("bench loop", &["pair_count", "testing::naive"]),
         ];
         by_outer
             .iter()

@@ -1,6 +1,6 @@
 //! A host-memory resource for tests and benchmarks on machines without a GPU, an upstream
-//! that fails on demand ([`FaultyResource`]), and the fragmentation workloads the benchmarks
-//! and tests share ([`fragmentation`]).
+//! that fails on demand ([`FaultyResource`]), the fragmentation workloads the benchmarks
+//! and tests share ([`fragmentation`]) and the benchmarks' naive baseline ([`naive`]).
 
 use std::alloc::Layout;
 use std::collections::HashMap;
@@ -16,6 +16,7 @@ use crate::util::alignment::{self, MAX_OVER_ALIGNMENT};
 
 mod faulty;
 pub mod fragmentation;
+pub mod naive;
 
 pub use faulty::{FaultKind, FaultyResource};
 
