@@ -820,90 +820,84 @@ fn served_cell(v: Option<bool>) -> &'static str {
     }
 }
 
-/// The side and resource cells of a row: the resource alone, or `side`, `resource`; an error
-/// replaces the figures.
-fn lead(row: &Row, with_side: bool) -> Vec<String> {
-    let mut cells = Vec::new();
+/// A table of `rows`, one per row: the side (`with_side`) and the resource, then the
+/// columns `figures` names, `text` of them text (left-aligned) and the rest numbers; a row that
+/// failed has its status in place of its figures.
+fn figures_table(
+    rows: &[&Row],
+    with_side: bool,
+    text: usize,
+    figures: &[&str],
+    cells: impl Fn(&Row) -> Vec<String>,
+) -> Table {
+    let mut headers: Vec<&str> = Vec::new();
     if with_side {
-        cells.push(row.side.clone());
+        headers.push("side");
     }
-    cells.push(row.resource.clone());
-    cells
-}
-
-fn headers(with_side: bool, rest: &[&str]) -> Vec<String> {
-    let mut h: Vec<String> = Vec::new();
-    if with_side {
-        h.push("side".into());
+    headers.push("resource");
+    headers.extend(figures);
+    let mut t = Table::new(&headers, usize::from(with_side) + 1 + text);
+    for r in rows {
+        let mut row = Vec::new();
+        if with_side {
+            row.push(r.side.clone());
+        }
+        row.push(r.resource.clone());
+        if r.ok() {
+            row.extend(cells(r));
+        } else {
+            row.push(r.status.clone());
+        }
+        t.row(row);
     }
-    h.push("resource".into());
-    h.extend(rest.iter().map(|s| (*s).to_owned()));
-    h
+    t
 }
 
 /// The table of issue 1957 (`with_side`: a first column naming the side).
 #[must_use]
 pub fn table_1957(rows: &[&Row], with_side: bool) -> Table {
-    let left = usize::from(with_side) + 2;
-    let mut t = Table::new(&headers(with_side, &["64 MiB"]), left);
-    for r in rows {
-        let mut cells = lead(r, with_side);
-        cells.push(if r.ok() {
-            served_cell(r.first).to_owned()
-        } else {
-            r.status.clone()
-        });
-        t.row(cells);
-    }
-    t
+    figures_table(rows, with_side, 1, &["64 MiB"], |r| {
+        vec![served_cell(r.first).to_owned()]
+    })
 }
 
 /// The table of issue 496 (`with_side`: a first column naming the side).
 #[must_use]
 pub fn table_496(rows: &[&Row], with_side: bool) -> Table {
-    let left = usize::from(with_side) + 3;
-    let mut t = Table::new(
-        &headers(with_side, &["first", "second", "reserved (MiB)"]),
-        left,
-    );
-    for r in rows {
-        let mut cells = lead(r, with_side);
-        if r.ok() {
-            cells.push(served_cell(r.first).to_owned());
-            cells.push(served_cell(r.second).to_owned());
-            cells.push(mib(r.reserved));
-        } else {
-            cells.push(r.status.clone());
-        }
-        t.row(cells);
-    }
-    t
+    figures_table(
+        rows,
+        with_side,
+        2,
+        &["first", "second", "reserved (MiB)"],
+        |r| {
+            vec![
+                served_cell(r.first).to_owned(),
+                served_cell(r.second).to_owned(),
+                mib(r.reserved),
+            ]
+        },
+    )
 }
 
 /// The table of the multi-stream workload (`with_side`: a first column naming the side).
 #[must_use]
 pub fn table_multi_stream(rows: &[&Row], with_side: bool) -> Table {
-    let left = usize::from(with_side) + 1;
-    let mut t = Table::new(
-        &headers(
-            with_side,
-            &[
-                "peak live (MiB)",
-                "peak reserved (MiB)",
-                "reserved / live",
-                "free after (MiB)",
-                "largest after (MiB)",
-                "largest / free",
-                "failed allocations",
-                "seconds",
-            ],
-        ),
-        left,
-    );
-    for r in rows {
-        let mut cells = lead(r, with_side);
-        if r.ok() {
-            cells.extend([
+    figures_table(
+        rows,
+        with_side,
+        0,
+        &[
+            "peak live (MiB)",
+            "peak reserved (MiB)",
+            "reserved / live",
+            "free after (MiB)",
+            "largest after (MiB)",
+            "largest / free",
+            "failed allocations",
+            "seconds",
+        ],
+        |r| {
+            vec![
                 mib(r.peak_live),
                 mib(r.peak_reserved),
                 fraction(r.peak_reserved, r.peak_live, 2),
@@ -912,13 +906,9 @@ pub fn table_multi_stream(rows: &[&Row], with_side: bool) -> Table {
                 fraction(r.largest, r.free, 3),
                 dash(r.failed),
                 r.seconds.map_or("-".to_owned(), |s| format!("{s:.2}")),
-            ]);
-        } else {
-            cells.push(r.status.clone());
-        }
-        t.row(cells);
-    }
-    t
+            ]
+        },
+    )
 }
 
 /// The comparison: one table per scenario, each resource's rmm-rs row then RMM's.
@@ -1082,6 +1072,21 @@ mod tests {
         }
     }
 
+    /// A multi-stream row: peak live, peak reserved, largest and free (MiB), failed
+    /// allocations and seconds.
+    fn multi(side: &str, resource: &str, in_mib: [usize; 4], failed: u64, seconds: f64) -> Row {
+        let [live, reserved, largest, free] = in_mib.map(|m| (m * MIB) as u64);
+        Row {
+            peak_live: Some(live),
+            peak_reserved: Some(reserved),
+            largest: Some(largest),
+            free: Some(free),
+            failed: Some(failed),
+            seconds: Some(seconds),
+            ..row(side, Scenario::MultiStream, resource)
+        }
+    }
+
     #[test]
     fn rows_read_back_as_written() {
         let rows = vec![
@@ -1095,15 +1100,7 @@ mod tests {
                 reserved: Some(8 << 30),
                 ..row("rmm-rs", Scenario::Issue496, "arena")
             },
-            Row {
-                peak_live: Some(4915 * MIB as u64),
-                peak_reserved: Some(7680 * MIB as u64),
-                largest: Some(4096 * MIB as u64),
-                free: Some(8192 * MIB as u64),
-                failed: Some(3),
-                seconds: Some(1.25),
-                ..row("rmm", Scenario::MultiStream, "cuda_async")
-            },
+            multi("rmm", "cuda_async", [4915, 7680, 4096, 8192], 3, 1.25),
             Row {
                 status: "error: out\tof memory".into(),
                 ..row("rmm", Scenario::MultiStream, "arena")
@@ -1131,30 +1128,14 @@ mod tests {
     fn the_report_puts_rmms_rows_beside_ours() {
         let ours: Vec<Row> = NAMES
             .iter()
-            .map(|n| Row {
-                peak_live: Some(100 * MIB as u64),
-                peak_reserved: Some(150 * MIB as u64),
-                largest: Some(1024 * MIB as u64),
-                free: Some(1024 * MIB as u64),
-                failed: Some(0),
-                seconds: Some(0.5),
-                ..row("rmm-rs", Scenario::MultiStream, n)
-            })
+            .map(|n| multi("rmm-rs", n, [100, 150, 1024, 1024], 0, 0.5))
             .chain([Row {
                 first: Some(true),
                 ..row("rmm-rs", Scenario::Issue1957, "pool")
             }])
             .collect();
         let theirs = vec![
-            Row {
-                peak_live: Some(100 * MIB as u64),
-                peak_reserved: Some(200 * MIB as u64),
-                largest: Some(512 * MIB as u64),
-                free: Some(1024 * MIB as u64),
-                failed: Some(2),
-                seconds: Some(0.25),
-                ..row("rmm", Scenario::MultiStream, "pool")
-            },
+            multi("rmm", "pool", [100, 200, 512, 1024], 2, 0.25),
             Row {
                 status: "error: boom".into(),
                 ..row("rmm", Scenario::MultiStream, "cuda_async")
