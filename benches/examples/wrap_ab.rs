@@ -422,6 +422,20 @@ struct Variant<'a> {
     pass: Pass<'a>,
 }
 
+impl<'a> Variant<'a> {
+    fn new(
+        name: &'static str,
+        calls: &'static str,
+        pass: impl Fn(&Trace) -> Result<Duration, String> + Send + Sync + 'a,
+    ) -> Self {
+        Self {
+            name,
+            calls,
+            pass: Box::new(pass),
+        }
+    }
+}
+
 /// What the variants of one kind need to live as long as they run.
 struct Held {
     /// Five non-blocking streams made by rmm-stream.
@@ -432,6 +446,115 @@ struct Held {
     rt_pools: Vec<usize>,
     /// Two pools from `mem_pool_create_with_usage`: RMM's usage, then usage 0.
     our_pools: Vec<rmm_sys::MemPoolHandle>,
+}
+
+/// An entry point and its name (for errors).
+type Named<F> = (&'static str, F);
+
+/// The pointer `call` writes, or the error of the call `name`.
+fn written(name: &str, call: impl FnOnce(&mut u64) -> Code) -> Result<u64, String> {
+    let mut p = 0u64;
+    ok(name, call(&mut p)).map(|()| p)
+}
+
+/// A variant that replays through raw calls: `alloc(bytes)` returns the pointer, `free(p)`
+/// frees it, `sync()` waits for the stream.
+fn raw_variant<'a>(
+    name: &'static str,
+    calls: &'static str,
+    alloc: impl Fn(usize) -> Result<u64, String> + Send + Sync + 'a,
+    free: impl Fn(u64) -> Result<(), String> + Send + Sync + 'a,
+    sync: impl Fn() -> Result<(), String> + Send + Sync + 'a,
+) -> Variant<'a> {
+    Variant::new(name, calls, move |t| replay_raw(t, &alloc, &free, &sync))
+}
+
+/// A variant of synchronous calls: `cudaMalloc` / `cudaFree` or `cuMemAlloc` / `cuMemFree`
+/// (the same signatures), waiting with `sync`.
+fn malloc_variant<'a>(
+    name: &'static str,
+    calls: &'static str,
+    (alloc_name, alloc): Named<AllocFn>,
+    (free_name, free): Named<FreeFn>,
+    sync: impl Fn() -> Result<(), String> + Send + Sync + 'a,
+) -> Variant<'a> {
+    raw_variant(
+        name,
+        calls,
+        // SAFETY: a context is current (the pass thread's, the runtime's device set where it
+        // is loaded); writes one pointer.
+        move |n| written(alloc_name, |p| unsafe { alloc(p, n) }),
+        // SAFETY: `p` came from the matching allocation call and is freed once.
+        move |p| ok(free_name, unsafe { free(p) }),
+        sync,
+    )
+}
+
+/// A variant of stream-ordered calls on `pool` and the stream `s`: the runtime's
+/// `cudaMallocFromPoolAsync` / `cudaFreeAsync` / `cudaStreamSynchronize` or the driver's
+/// `cuMemAllocFromPoolAsync` / `cuMemFreeAsync` / `cuStreamSynchronize` (the same signatures).
+fn pool_variant<'a>(
+    name: &'static str,
+    calls: &'static str,
+    (alloc_name, alloc): Named<PoolAllocFn>,
+    (free_name, free): Named<FreeAsyncFn>,
+    (sync_name, sync): Named<SyncFn>,
+    (pool, s): (usize, usize),
+) -> Variant<'a> {
+    raw_variant(
+        name,
+        calls,
+        move |n| {
+            // SAFETY: a live pool and stream; writes one pointer.
+            written(alloc_name, |p| unsafe {
+                alloc(p, n, pool as *mut c_void, s as *mut c_void)
+            })
+        },
+        // SAFETY: `p` came from the pool on this stream and is freed once.
+        move |p| ok(free_name, unsafe { free(p, s as *mut c_void) }),
+        // SAFETY: a live stream.
+        move || ok(sync_name, unsafe { sync(s as *mut c_void) }),
+    )
+}
+
+/// A variant that replays through `mr` on `stream`, waiting with `sync`.
+fn mr_variant<'a, R: DeviceMemoryResource>(
+    name: &'static str,
+    calls: &'static str,
+    mr: R,
+    stream: &'a CudaStream,
+    sync: impl Fn() -> Result<(), String> + Send + Sync + 'a,
+) -> Variant<'a> {
+    Variant::new(name, calls, move |t| {
+        let view = stream.view();
+        replay_raw(
+            t,
+            |n| {
+                mr.allocate(view, n, 256)
+                    .map(|p| p.addr())
+                    .map_err(|e| e.to_string())
+            },
+            |p| {
+                // SAFETY: `p` came from `mr` on this stream and is freed once (the size is not
+                // used).
+                unsafe { mr.deallocate(view, rmm_sys::DevicePtr::from_raw(p), 0, 256) }
+                    .map_err(|e| e.to_string())
+            },
+            &sync,
+        )
+    })
+}
+
+/// The peer comparison's cell: `peer` replayed by `rmm_benches::replay` on `stream`.
+fn peer_variant<'a>(
+    name: &'static str,
+    calls: &'static str,
+    peer: SharedResource,
+    stream: &'a CudaStream,
+) -> Variant<'a> {
+    Variant::new(name, calls, move |t| {
+        rmm_benches::replay(&*peer, stream, t).map_err(|e| e.to_string())
+    })
 }
 
 fn sync_variants<'a>(
@@ -449,78 +572,42 @@ fn sync_variants<'a>(
     };
     let mut v = Vec::new();
     if let Some(rt) = rt {
-        v.push(Variant {
-            name: "rt-malloc",
-            calls: "cudaMalloc / cudaFree (RMM)",
-            pass: Box::new(move |t| {
-                replay_raw(
-                    t,
-                    |n| {
-                        let mut p = 0u64;
-                        // SAFETY: writes one pointer.
-                        ok("cudaMalloc", unsafe { (rt.malloc)(&mut p, n) }).map(|()| p)
-                    },
-                    // SAFETY: `p` came from cudaMalloc and is freed once.
-                    |p| ok("cudaFree", unsafe { (rt.free)(p) }),
-                    sync,
-                )
-            }),
-        });
+        v.push(malloc_variant(
+            "rt-malloc",
+            "cudaMalloc / cudaFree (RMM)",
+            ("cudaMalloc", rt.malloc),
+            ("cudaFree", rt.free),
+            sync,
+        ));
     }
-    let raw = |name, calls, alloc: AllocFn, free: FreeFn| Variant {
-        name,
-        calls,
-        pass: Box::new(move |t| {
-            replay_raw(
-                t,
-                |n| {
-                    let mut p = 0u64;
-                    // SAFETY: a context is current (the pass thread's); writes one pointer.
-                    ok("cuMemAlloc", unsafe { alloc(&mut p, n) }).map(|()| p)
-                },
-                // SAFETY: `p` came from cuMemAlloc and is freed once.
-                |p| ok("cuMemFree", unsafe { free(p) }),
-                sync,
-            )
-        }),
-    };
-    v.push(raw(
+    v.push(malloc_variant(
         "drv-dlsym",
         "cuMemAlloc_v2 / cuMemFree_v2 (dlsym)",
-        drv.alloc,
-        drv.free,
+        ("cuMemAlloc", drv.alloc),
+        ("cuMemFree", drv.free),
+        sync,
     ));
     let (a, f) = drv.by_proc_address(version)?;
-    v.push(raw("drv-procaddr", "the same, from cuGetProcAddress", a, f));
-    v.push(Variant {
-        name: "mr-cuda",
-        calls: "CudaMemoryResource (direct)",
-        pass: Box::new(move |t| {
-            let mr = CudaMemoryResource::new();
-            let view = stream.view();
-            replay_raw(
-                t,
-                |n| {
-                    mr.allocate(view, n, 256)
-                        .map(|p| p.addr())
-                        .map_err(|e| e.to_string())
-                },
-                |p| {
-                    // SAFETY: `p` came from `mr` and is freed once (the size is not used).
-                    unsafe { mr.deallocate(view, rmm_sys::DevicePtr::from_raw(p), 0, 256) }
-                        .map_err(|e| e.to_string())
-                },
-                sync,
-            )
-        }),
-    });
-    let peer: SharedResource =
-        rmm_mr::shared(StatisticsResourceAdaptor::new(CudaMemoryResource::new()));
-    v.push(Variant {
-        name: "mr-cuda-peer",
-        calls: "the peer's cell: Arc<dyn> statistics over CudaMemoryResource",
-        pass: Box::new(move |t| rmm_benches::replay(&*peer, stream, t).map_err(|e| e.to_string())),
-    });
+    v.push(malloc_variant(
+        "drv-procaddr",
+        "the same, from cuGetProcAddress",
+        ("cuMemAlloc", a),
+        ("cuMemFree", f),
+        sync,
+    ));
+    v.push(mr_variant(
+        "mr-cuda",
+        "CudaMemoryResource (direct)",
+        CudaMemoryResource::new(),
+        stream,
+        sync,
+    ));
+    v.push(peer_variant(
+        "mr-cuda-peer",
+        "the peer's cell: Arc<dyn> statistics over CudaMemoryResource",
+        rmm_mr::shared(StatisticsResourceAdaptor::new(CudaMemoryResource::new())),
+        stream,
+    ));
     Ok(v)
 }
 
@@ -530,34 +617,15 @@ fn async_variants<'a>(
     held: &'a Held,
 ) -> Vec<Variant<'a>> {
     let mut v = Vec::new();
-    let drv_calls = |name, calls, pool: usize, s: usize| Variant {
-        name,
-        calls,
-        pass: Box::new(move |t| {
-            replay_raw(
-                t,
-                |n| {
-                    let mut p = 0u64;
-                    // SAFETY: a live pool and stream; writes one pointer.
-                    ok("cuMemAllocFromPoolAsync", unsafe {
-                        (drv.pool_alloc)(&mut p, n, pool as *mut c_void, s as *mut c_void)
-                    })
-                    .map(|()| p)
-                },
-                |p| {
-                    // SAFETY: `p` came from the pool on this stream and is freed once.
-                    ok("cuMemFreeAsync", unsafe {
-                        (drv.free_async)(p, s as *mut c_void)
-                    })
-                },
-                || {
-                    // SAFETY: a live stream.
-                    ok("cuStreamSynchronize", unsafe {
-                        (drv.stream_sync)(s as *mut c_void)
-                    })
-                },
-            )
-        }),
+    let drv_calls = |name, calls, pool: usize, s: usize| {
+        pool_variant(
+            name,
+            calls,
+            ("cuMemAllocFromPoolAsync", drv.pool_alloc),
+            ("cuMemFreeAsync", drv.free_async),
+            ("cuStreamSynchronize", drv.stream_sync),
+            (pool, s),
+        )
     };
     // Streams: 0 drv-calls-rt-pool, 1 drv-calls-pool-rmm-usage, 2 drv-calls-pool-usage0,
     // 3 mr-async, 4 mr-async-peer. Pools from mem_pool_create_with_usage: 0 RMM's usage, 1
@@ -565,37 +633,14 @@ fn async_variants<'a>(
     let stream = |i: usize| held.streams[i].as_raw_addr();
     let ours = |i: usize| held.our_pools[i].as_raw() as usize;
     if let Some(rt) = rt {
-        v.push(Variant {
-            name: "rt-calls-rt-pool",
-            calls:
-                "RMM: cudaMallocFromPoolAsync / cudaFreeAsync, cudaMemPoolCreate, runtime stream",
-            pass: Box::new(move |t| {
-                let (pool, s) = (held.rt_pools[0], held.rt_stream);
-                replay_raw(
-                    t,
-                    |n| {
-                        let mut p = 0u64;
-                        // SAFETY: a live pool and stream; writes one pointer.
-                        ok("cudaMallocFromPoolAsync", unsafe {
-                            (rt.pool_alloc)(&mut p, n, pool as *mut c_void, s as *mut c_void)
-                        })
-                        .map(|()| p)
-                    },
-                    |p| {
-                        // SAFETY: `p` came from the pool on this stream and is freed once.
-                        ok("cudaFreeAsync", unsafe {
-                            (rt.free_async)(p, s as *mut c_void)
-                        })
-                    },
-                    || {
-                        // SAFETY: a live stream.
-                        ok("cudaStreamSynchronize", unsafe {
-                            (rt.stream_sync)(s as *mut c_void)
-                        })
-                    },
-                )
-            }),
-        });
+        v.push(pool_variant(
+            "rt-calls-rt-pool",
+            "RMM: cudaMallocFromPoolAsync / cudaFreeAsync, cudaMemPoolCreate, runtime stream",
+            ("cudaMallocFromPoolAsync", rt.pool_alloc),
+            ("cudaFreeAsync", rt.free_async),
+            ("cudaStreamSynchronize", rt.stream_sync),
+            (held.rt_pools[0], held.rt_stream),
+        ));
         v.push(drv_calls(
             "drv-calls-rt-pool",
             "cuMemAllocFromPoolAsync / cuMemFreeAsync, pool from cudaMemPoolCreate (RMM's)",
@@ -615,54 +660,38 @@ fn async_variants<'a>(
         ours(1),
         stream(2),
     ));
-    match CudaAsyncMemoryResource::new() {
+    // A resource of its own for `name`, its pool's attributes printed (`None`, said, if it
+    // cannot be made).
+    let resource = |name: &str| match CudaAsyncMemoryResource::new() {
         Ok(mr) => {
-            let stream = &held.streams[3];
             println!(
-                "pool of mr-async: {}",
+                "pool of {name}: {}",
                 drv.describe_pool(mr.pool_handle().as_raw() as usize)
             );
-            v.push(Variant {
-                name: "mr-async",
-                calls: "CudaAsyncMemoryResource (direct)",
-                pass: Box::new(move |t| {
-                    let view = stream.view();
-                    replay_raw(
-                        t,
-                        |n| {
-                            mr.allocate(view, n, 256)
-                                .map(|p| p.addr())
-                                .map_err(|e| e.to_string())
-                        },
-                        |p| {
-                            // SAFETY: `p` came from `mr` on this stream and is freed once.
-                            unsafe { mr.deallocate(view, rmm_sys::DevicePtr::from_raw(p), 0, 256) }
-                                .map_err(|e| e.to_string())
-                        },
-                        || view.synchronize().map_err(|e| e.to_string()),
-                    )
-                }),
-            });
+            Some(mr)
         }
-        Err(e) => println!("mr-async: skipped ({e})"),
+        Err(e) => {
+            println!("{name}: skipped ({e})");
+            None
+        }
+    };
+    if let Some(mr) = resource("mr-async") {
+        let stream = &held.streams[3];
+        v.push(mr_variant(
+            "mr-async",
+            "CudaAsyncMemoryResource (direct)",
+            mr,
+            stream,
+            move || stream.view().synchronize().map_err(|e| e.to_string()),
+        ));
     }
-    match CudaAsyncMemoryResource::new() {
-        Ok(mr) => {
-            let stream = &held.streams[4];
-            println!(
-                "pool of mr-async-peer: {}",
-                drv.describe_pool(mr.pool_handle().as_raw() as usize)
-            );
-            let peer: SharedResource = rmm_mr::shared(mr);
-            v.push(Variant {
-                name: "mr-async-peer",
-                calls: "the peer's cell: Arc<dyn> CudaAsyncMemoryResource",
-                pass: Box::new(move |t| {
-                    rmm_benches::replay(&*peer, stream, t).map_err(|e| e.to_string())
-                }),
-            });
-        }
-        Err(e) => println!("mr-async-peer: skipped ({e})"),
+    if let Some(mr) = resource("mr-async-peer") {
+        v.push(peer_variant(
+            "mr-async-peer",
+            "the peer's cell: Arc<dyn> CudaAsyncMemoryResource",
+            rmm_mr::shared(mr),
+            &held.streams[4],
+        ));
     }
     v
 }
