@@ -4,17 +4,18 @@
 //!
 //! `allocate(stream, size)` takes a best fit from the stream's own list, else steals a block from
 //! another stream's list (after making this stream wait for that list's event), else merges other
-//! lists into this one, else grows; when it cannot grow, it reclaims the blocks no event covers
-//! (one device synchronization), then gives the wholly free chunks back (another) and grows once
-//! more. Every block handed out is recorded in the free-list type's resource-wide record, which
-//! `deallocate` checks (unknown pointers, double frees, size mismatches). The lists of threads
-//! that exited and of streams that were destroyed are retired (their blocks go to the legacy list
-//! or to the orphan list, behind their event or a device synchronization) and their slots reused,
-//! so the lists stay as many as the live keys. Lock order: chunk set → registry → one list → the
-//! record's inner locks; no thread holds two list locks, and nothing synchronizes the device while
-//! holding any of them. A failed call leaves the core as it was (but for the wholly free chunks a
-//! failing allocation gave back). The algorithm, the lists, the locks and the failure rules in
-//! full: `docs/internals/stream-ordered.md`.
+//! lists into this one, else grows (by the request only when another list holds a fitting block
+//! that no event covers yet: growth under pressure, `pressure.rs`); when it cannot grow, it
+//! reclaims the blocks no event covers (one device synchronization), then gives the wholly free
+//! chunks back (another) and grows once more. Every block handed out is recorded in the free-list
+//! type's resource-wide record, which `deallocate` checks (unknown pointers, double frees, size
+//! mismatches). The lists of threads that exited and of streams that were destroyed are retired
+//! (their blocks go to the legacy list or to the orphan list, behind their event or a device
+//! synchronization) and their slots reused, so the lists stay as many as the live keys. Lock order:
+//! chunk set → registry → one list → the record's inner locks; no thread holds two list locks, and
+//! nothing synchronizes the device while holding any of them. A failed call leaves the core as it
+//! was (but for the wholly free chunks a failing allocation gave back). The algorithm, the lists,
+//! the locks and the failure rules in full: `docs/internals/stream-ordered.md`.
 
 use std::collections::BTreeMap;
 use std::fmt;
