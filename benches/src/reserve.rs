@@ -191,7 +191,6 @@ mod tests {
     /// copy alone would need four times over (the pool's growth doubles, so one growth too many
     /// would double it).
     #[test]
-    #[ignore = "steal-before-grow was reverted (docs/performance.md, Memory): the target it checks is open"]
     fn four_streams_reserve_what_they_live() {
         let trace = Trace::random(4000, 1, 64 << 10, 200, 7);
         let one = simulate_reserved(SimResource::Pool, &trace, 1, 2, Replay::RoundRobin).unwrap();

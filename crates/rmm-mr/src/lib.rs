@@ -101,8 +101,8 @@ pub mod __internals {
     pub mod pool {
         pub use crate::pool::free_list::{Block, CoalescingFreeList, FreeListError};
         pub use crate::pool::growth::{
-            size_to_grow, try_to_expand, Grown, GrowthError, GrowthFailure, GrowthPlan,
-            PoolOutOfMemory, PoolSizes,
+            size_to_grow, size_under_pressure, try_to_expand, Grown, GrowthError, GrowthFailure,
+            GrowthPlan, PoolOutOfMemory, PoolSizes,
         };
         pub use crate::pool::resource::stream_lists;
         pub use crate::stream_ordered::core::StreamLists;

@@ -456,7 +456,10 @@ impl<U: DeviceMemoryResource> FixedSizeMemoryResource<U> {
         }
         // `block_size` is a multiple of 256, so this cannot overflow past it.
         let size = align_up(bytes, ALLOCATION_ALIGNMENT);
-        inner.core.allocate(stream, size, &inner.upstream, |_, _| {
+        inner.core.allocate(stream, size, &inner.upstream, |_| {
+            // One chunk of the configured block count, under pressure too (RMM's growth; it
+            // never doubles). A pool beneath sees the pressure (`PressureScope`) and grows by
+            // this chunk only.
             let size = inner.chunk_size;
             let chunk = inner
                 .upstream
@@ -492,6 +495,56 @@ mod tests {
 
     fn s() -> CudaStreamView<'static> {
         CudaStreamView::legacy()
+    }
+
+    /// A fixed-size resource over a pool (a binning resource's bin): when the bin grows under
+    /// pressure (stream B misses while stream A's list holds a block no event covers yet), the
+    /// pool beneath grows by the bin's chunk only, not by its own size.
+    #[test]
+    fn a_bins_growth_under_pressure_grows_the_pool_beneath_by_one_chunk() {
+        use crate::{PoolMemoryResource, SimulatedMemoryResource};
+        const MIB: usize = 1 << 20;
+        let _sim = rmm_sys::fault::FaultScope::simulated();
+        let device = SimulatedMemoryResource::new(1 << 40).unwrap();
+        let pool = PoolMemoryResource::new(device.clone(), 0).unwrap();
+        let held = pool.allocate(s(), 16 * MIB, 256).unwrap();
+        // The bin's first chunk (4 MiB) makes the pool grow by its size: 16 + 16 MiB.
+        let bin = FixedSizeMemoryResource::with_options(
+            pool.clone(),
+            FixedSizeOptions::new()
+                .block_size(MIB)
+                .blocks_to_preallocate(4),
+        )
+        .unwrap();
+        assert_eq!(pool.pool_size(), 32 * MIB);
+        // The rest of the pool is used: its next growth must come from the upstream.
+        let filler = pool.allocate(s(), 12 * MIB, 256).unwrap();
+        let [a, b] = [1, 2].map(CudaStreamView::simulated);
+        let mut blocks: Vec<DevicePtr> =
+            (0..4).map(|_| bin.allocate(a, MIB, 256).unwrap()).collect();
+        assert_eq!(bin.pool_size(), 4 * MIB);
+        let freed = blocks.pop().unwrap();
+        // SAFETY: from `bin` with this size on `a`, freed once.
+        unsafe { bin.deallocate(a, freed, MIB, 256).unwrap() };
+        // B finds A's block uncovered: the bin grows one chunk under pressure, and the pool
+        // beneath by that chunk (RMM's rule would have doubled it: 32 MiB more).
+        let got = bin.allocate(b, MIB, 256).unwrap();
+        assert_eq!(bin.pool_size(), 8 * MIB);
+        assert_eq!(
+            pool.pool_size(),
+            36 * MIB,
+            "the pool beneath grew by its own size"
+        );
+        assert_eq!(device.used(), 36 * MIB);
+        // SAFETY: every block from `bin` or `pool` with these sizes, freed once.
+        unsafe {
+            for p in blocks {
+                bin.deallocate(a, p, MIB, 256).unwrap();
+            }
+            bin.deallocate(b, got, MIB, 256).unwrap();
+            pool.deallocate(s(), filler, 12 * MIB, 256).unwrap();
+            pool.deallocate(s(), held, 16 * MIB, 256).unwrap();
+        }
     }
 
     fn fixed(

@@ -105,6 +105,12 @@ impl PoolSizes {
     pub fn size_to_grow(&self, pool_size: usize, request: usize) -> usize {
         size_to_grow(pool_size, request, self.maximum)
     }
+
+    /// [`size_under_pressure`] with this pool's maximum.
+    #[must_use]
+    pub fn size_under_pressure(&self, pool_size: usize, request: usize) -> usize {
+        size_under_pressure(pool_size, request, self.maximum)
+    }
 }
 
 /// The size of the next upstream chunk for a pool of `pool_size` bytes that cannot serve
@@ -126,6 +132,39 @@ pub fn size_to_grow(pool_size: usize, request: usize, maximum: Option<usize>) ->
             }
         }
         None => request.max(pool_size),
+    }
+}
+
+/// The size of the next upstream chunk when the pool grows *under pressure*: another stream's
+/// list holds a block that would serve `request`, but no event covers it yet (the stream-ordered
+/// core's lazy event rule asked its owner to record, and the block is stealable after the
+/// owner's next operation). The memory exists, so the pool takes only what the request needs:
+/// `align_up(request, 256)`, or 0 when that does not fit under the maximum (as
+/// [`size_to_grow`]). For a request that is a multiple of 256 (as the pool asks), never more
+/// than [`size_to_grow`], 0 exactly when it is 0, and equal to it for an empty pool without a
+/// maximum.
+///
+/// ```
+/// use rmm_mr::__internals::pool::{size_to_grow, size_under_pressure};
+/// // 1 GiB pool, 1000-byte request: RMM's rule doubles the pool, pressure takes 1 KiB.
+/// assert_eq!(size_to_grow(1 << 30, 1000, None), 1 << 30);
+/// assert_eq!(size_under_pressure(1 << 30, 1000, None), 1024);
+/// ```
+#[must_use]
+pub fn size_under_pressure(pool_size: usize, request: usize, maximum: Option<usize>) -> usize {
+    let Some(aligned) = rmm_sys::align::checked_align_up(request, ALLOCATION_ALIGNMENT) else {
+        return 0;
+    };
+    match maximum {
+        Some(maximum) => {
+            let remaining = align_up(maximum.saturating_sub(pool_size), ALLOCATION_ALIGNMENT);
+            if aligned <= remaining {
+                aligned
+            } else {
+                0
+            }
+        }
+        None => aligned,
     }
 }
 
@@ -355,6 +394,24 @@ mod tests {
     }
 
     #[test]
+    fn size_under_pressure_cases() {
+        // Unbounded: the request, rounded to 256, whatever the pool holds.
+        assert_eq!(size_under_pressure(0, 1000, None), 1024);
+        assert_eq!(size_under_pressure(1 << 30, 1000, None), 1024);
+        assert_eq!(size_under_pressure(5120, 512, None), 512);
+        // Bounded: the request if it fits under the maximum, else 0 (as size_to_grow).
+        assert_eq!(size_under_pressure(0, 1024, Some(8192)), 1024);
+        assert_eq!(size_under_pressure(4096, 4096, Some(8192)), 4096);
+        assert_eq!(size_under_pressure(4096, 4097, Some(8192)), 0);
+        assert_eq!(size_under_pressure(1024, 256, Some(1024)), 0);
+        assert_eq!(size_under_pressure(8000, 256, Some(8192)), 256);
+        assert_eq!(size_under_pressure(0, usize::MAX, None), 0);
+        assert_eq!(size_under_pressure(0, usize::MAX, Some(8192)), 0);
+        let sizes = PoolSizes::new(0, Some(8192)).unwrap();
+        assert_eq!(sizes.size_under_pressure(4096, 1000), 1024);
+    }
+
+    #[test]
     fn plan_halves_down_to_min() {
         assert_eq!(
             GrowthPlan::new(5760, 2048).collect::<Vec<_>>(),
@@ -560,6 +617,31 @@ mod tests {
                 prop_assert!(pool + grow <= align_up(maximum, ALLOCATION_ALIGNMENT) + 255);
             }
             prop_assert!(size_to_grow(pool, request, None) >= request.max(pool));
+        }
+
+        /// Under pressure the pool takes exactly the rounded request when the maximum allows
+        /// it, never more than RMM's rule, and fails exactly where RMM's rule fails.
+        #[test]
+        fn pressure_takes_the_request_and_fails_like_rmm(
+            pool in 0usize..1 << 40,
+            extra in 0usize..1 << 40,
+            units in 1usize..1 << 30,
+            bounded in any::<bool>(),
+        ) {
+            let request = units * ALLOCATION_ALIGNMENT;
+            let maximum = bounded.then(|| align_up(pool + extra, ALLOCATION_ALIGNMENT));
+            let ordinary = size_to_grow(pool, request, maximum);
+            let pressure = size_under_pressure(pool, request, maximum);
+            prop_assert!(pressure <= ordinary);
+            prop_assert_eq!(pressure == 0, ordinary == 0);
+            if pressure != 0 {
+                prop_assert_eq!(pressure, request);
+            }
+            // The halving plan then asks the upstream for the request alone.
+            prop_assert_eq!(
+                GrowthPlan::new(pressure, request).collect::<Vec<_>>(),
+                if pressure == 0 { vec![] } else { vec![request] }
+            );
         }
     }
 }

@@ -12,7 +12,7 @@ use crate::pool::growth::{try_to_expand, PoolSizes};
 use crate::pool::shell::{Growth, Pool};
 use crate::resource::{DeviceMemoryResource, SharedResource};
 use crate::stream_ordered::accept_chunk;
-use crate::stream_ordered::core::StreamLists;
+use crate::stream_ordered::core::{Expand, GrowthCause, StreamLists};
 
 /// The pool's source of chunks: separate chunks from the upstream, sized by RMM's growth
 /// policy.
@@ -34,23 +34,26 @@ impl<U: DeviceMemoryResource> Growth for FromUpstream<U> {
     }
 
     /// RMM's `expand_pool`: one new upstream chunk of `size_to_grow` bytes, halved on failure
-    /// down to `size`, on `stream`. Chunks never merge, so the tail is 0.
+    /// down to `size`, on `stream`; under pressure (a fitting block waits on its owner's event)
+    /// just `size` ([`PoolSizes::size_under_pressure`]). Chunks never merge, so the tail is 0.
     fn grow(
         &self,
         stream: CudaStreamView<'_>,
         bytes: usize,
         size: usize,
-        pool_size: usize,
-        _tail: usize,
+        ask: Expand,
     ) -> MrResult<(DevicePtr, usize)> {
-        let try_size = self.sizes.size_to_grow(pool_size, size);
+        let try_size = match ask.cause {
+            GrowthCause::Ordinary => self.sizes.size_to_grow(ask.pool_size, size),
+            GrowthCause::Pressure => self.sizes.size_under_pressure(ask.pool_size, size),
+        };
         grow(
             &self.upstream,
             stream,
             bytes,
             try_size,
             size,
-            pool_size,
+            ask.pool_size,
             self.sizes,
         )
     }
@@ -1075,6 +1078,50 @@ mod tests {
     /// Three ordinary streams of the simulated driver (the caller holds a `FaultScope`).
     fn three_streams() -> [CudaStreamView<'static>; 3] {
         [1, 2, 3].map(CudaStreamView::simulated)
+    }
+
+    /// Growth under pressure: stream B misses while stream A's list holds a fitting block no
+    /// event covers yet (A's list is lazy). B asks A to record and grows by its request only,
+    /// not by `size_to_grow`'s doubling; once A recorded, B steals instead of growing; and a
+    /// miss that no list could serve still grows by RMM's rule.
+    #[test]
+    fn a_withheld_block_makes_the_pool_grow_by_the_request_only() {
+        let _sim = rmm_sys::fault::FaultScope::simulated();
+        let device = crate::SimulatedMemoryResource::new(1 << 40).unwrap();
+        let p = PoolMemoryResource::new(device.clone(), 0).unwrap();
+        let [a, b, _] = three_streams();
+        // A grows the pool 1 + 1 + 2 MiB (RMM's rule) and frees everything, unrecorded.
+        let blocks: Vec<DevicePtr> = (0..4).map(|_| p.allocate(a, MIB, 256).unwrap()).collect();
+        assert_eq!(p.pool_size(), 4 * MIB);
+        for &x in &blocks {
+            // SAFETY: from `p` with this size, freed once.
+            unsafe { p.deallocate(a, x, MIB, 256).unwrap() };
+        }
+        // B's first allocation finds A's blocks uncovered: 1 MiB more, not 4.
+        let b1 = p.allocate(b, MIB, 256).unwrap();
+        assert_eq!(
+            p.pool_size(),
+            5 * MIB,
+            "the pool grew by its size, not the request"
+        );
+        assert_eq!(device.used(), 5 * MIB);
+        // A's next operation records; B's next allocation steals one of A's blocks.
+        let a1 = p.allocate(a, MIB, 256).unwrap();
+        // SAFETY: from `p` with this size, freed once.
+        unsafe { p.deallocate(a, a1, MIB, 256).unwrap() };
+        let b2 = p.allocate(b, MIB, 256).unwrap();
+        assert!(blocks.contains(&b2), "B did not steal A's block");
+        assert_eq!(p.pool_size(), 5 * MIB);
+        // 3 MiB fit in no list (chunks never merge): an ordinary growth, max(3 MiB, 5 MiB).
+        let b3 = p.allocate(b, 3 * MIB, 256).unwrap();
+        assert_eq!(p.pool_size(), 10 * MIB);
+        // SAFETY: from `p` with these sizes, freed once.
+        unsafe {
+            p.deallocate(b, b1, MIB, 256).unwrap();
+            p.deallocate(b, b2, MIB, 256).unwrap();
+            p.deallocate(b, b3, 3 * MIB, 256).unwrap();
+        }
+        assert_eq!(p.outstanding_allocations(), 0);
     }
 
     /// RMM issue 2039's shape: blocks allocated on one stream and freed on another lie, once

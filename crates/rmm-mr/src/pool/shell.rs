@@ -11,7 +11,7 @@ use rmm_sys::{checked_align_up, DevicePtr, ALLOCATION_ALIGNMENT};
 use crate::error::{MrError, MrResult};
 use crate::pool::blocks::{ChunkLayout, PoolBlocks};
 use crate::resource::DeviceMemoryResource;
-use crate::stream_ordered::core::StreamOrdered;
+use crate::stream_ordered::core::{Expand, StreamOrdered};
 use crate::util::alignment::{self, OverAligned, MAX_OVER_ALIGNMENT};
 use crate::util::format::format_bytes;
 
@@ -33,19 +33,23 @@ pub(crate) trait Growth: Send + Sync + 'static {
     fn release_limit(&self) -> Option<usize>;
 
     /// A new chunk for a request of `size` bytes (a multiple of 256; `bytes` is the caller's
-    /// request, for the error) on `stream`, when the pool holds `pool_size` bytes and the
-    /// stream's list has a free block of `tail` bytes at the end of the memory (always 0 for
-    /// chunks that never merge; see [`FreeBlocks::extendable_tail`]). Called with the core's
-    /// growth lock held.
+    /// request, for the error) on `stream`, when the pool holds `ask.pool_size` bytes and the
+    /// stream's list has a free block of `ask.tail` bytes at the end of the memory (always 0
+    /// for chunks that never merge; see [`FreeBlocks::extendable_tail`]). For
+    /// [`GrowthCause::Ordinary`] the chunk follows the resource's growth rule; for
+    /// [`GrowthCause::Pressure`] (memory that fits exists but waits on its owner's event) it is
+    /// only what the request needs, rounded to the resource's granularity. Called with the
+    /// core's growth lock held.
     ///
     /// [`FreeBlocks::extendable_tail`]: crate::stream_ordered::core::FreeBlocks::extendable_tail
+    /// [`GrowthCause::Ordinary`]: crate::stream_ordered::core::GrowthCause::Ordinary
+    /// [`GrowthCause::Pressure`]: crate::stream_ordered::core::GrowthCause::Pressure
     fn grow(
         &self,
         stream: CudaStreamView<'_>,
         bytes: usize,
         size: usize,
-        pool_size: usize,
-        tail: usize,
+        ask: Expand,
     ) -> MrResult<(DevicePtr, usize)>;
 }
 
@@ -130,8 +134,8 @@ impl<G: Growth> Pool<G> {
             )
         })?;
         self.core
-            .allocate(stream, size, self.growth.source(), |pool_size, tail| {
-                self.growth.grow(stream, bytes, size, pool_size, tail)
+            .allocate(stream, size, self.growth.source(), |ask| {
+                self.growth.grow(stream, bytes, size, ask)
             })
     }
 

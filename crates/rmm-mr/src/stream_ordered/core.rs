@@ -4,17 +4,18 @@
 //!
 //! `allocate(stream, size)` takes a best fit from the stream's own list, else steals a block from
 //! another stream's list (after making this stream wait for that list's event), else merges other
-//! lists into this one, else grows; when it cannot grow, it reclaims the blocks no event covers
-//! (one device synchronization), then gives the wholly free chunks back (another) and grows once
-//! more. Every block handed out is recorded in the free-list type's resource-wide record, which
-//! `deallocate` checks (unknown pointers, double frees, size mismatches). The lists of threads
-//! that exited and of streams that were destroyed are retired (their blocks go to the legacy list
-//! or to the orphan list, behind their event or a device synchronization) and their slots reused,
-//! so the lists stay as many as the live keys. Lock order: chunk set → registry → one list → the
-//! record's inner locks; no thread holds two list locks, and nothing synchronizes the device while
-//! holding any of them. A failed call leaves the core as it was (but for the wholly free chunks a
-//! failing allocation gave back). The algorithm, the lists, the locks and the failure rules in
-//! full: `docs/internals/stream-ordered.md`.
+//! lists into this one, else grows (by the request only when another list holds a fitting block
+//! that no event covers yet: growth under pressure, `pressure.rs`); when it cannot grow, it
+//! reclaims the blocks no event covers (one device synchronization), then gives the wholly free
+//! chunks back (another) and grows once more. Every block handed out is recorded in the free-list
+//! type's resource-wide record, which `deallocate` checks (unknown pointers, double frees, size
+//! mismatches). The lists of threads that exited and of streams that were destroyed are retired
+//! (their blocks go to the legacy list or to the orphan list, behind their event or a device
+//! synchronization) and their slots reused, so the lists stay as many as the live keys. Lock order:
+//! chunk set → registry → one list → the record's inner locks; no thread holds two list locks, and
+//! nothing synchronizes the device while holding any of them. A failed call leaves the core as it
+//! was (but for the wholly free chunks a failing allocation gave back). The algorithm, the lists,
+//! the locks and the failure rules in full: `docs/internals/stream-ordered.md`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -27,6 +28,8 @@ use rmm_sys::{checked_align_up, DeviceGuard, DeviceId, DevicePtr, ALLOCATION_ALI
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
 use crate::stream_ordered::append_only::AppendOnlyVec;
+pub(crate) use crate::stream_ordered::pressure::GrowthCause;
+use crate::stream_ordered::pressure::PressureScope;
 use crate::stream_ordered::slot_table::{Placement, SlotTable};
 use crate::stream_ordered::stream_lists::{
     cached_list, device_synchronize, remember_list, ListGuard, Retired, Steal, StreamKey,
@@ -120,6 +123,30 @@ pub(crate) trait FreeBlocks: Clone + Send + 'static {
     /// The free blocks of this list, `(address, size)`, in the list's order (tests).
     #[cfg(test)]
     fn free_blocks(&self) -> Vec<(u64, usize)>;
+}
+
+/// What the core asks of its resource's growth (the `expand` closure of
+/// [`StreamOrdered::allocate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Expand {
+    /// Bytes the core holds from its upstream now.
+    pub(crate) pool_size: usize,
+    /// [`FreeBlocks::extendable_tail`] of the stream's list (0 for chunks that never merge).
+    pub(crate) tail: usize,
+    /// Why it grows.
+    pub(crate) cause: GrowthCause,
+}
+
+/// What a search of the other lists ([`StreamOrdered::take_from_others`]) found.
+#[derive(Debug)]
+enum Search<T> {
+    /// A block, taken.
+    Taken((u64, T)),
+    /// Nothing taken; `withheld`: some list holds a fitting block that no event covers yet.
+    Missed {
+        /// See [`GrowthCause::decide`].
+        withheld: bool,
+    },
 }
 
 /// Everything a core keeps, for tests that check a failed call changed nothing.
@@ -668,18 +695,19 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     }
 
     /// Allocates a block of `size` bytes (a multiple of 256 the resource accepts) on `stream`;
-    /// `expand(pool_size, tail)` obtains a new upstream chunk from `upstream` on `stream`
-    /// (called with the growth lock held) and returns it with its size. `tail` is
-    /// [`FreeBlocks::extendable_tail`] of this stream's list (0 for chunks that never merge);
-    /// only for chunks that merge may `expand` be called again, when the chunk merged with less
-    /// than `tail` said (another thread took part of it meanwhile).
+    /// `expand` obtains a new upstream chunk from `upstream` on `stream` (called with the
+    /// growth lock held) and returns it with its size, given the pool size, the
+    /// [`FreeBlocks::extendable_tail`] of this stream's list (0 for chunks that never merge) and
+    /// the [`GrowthCause`] ([`Expand`]); only for chunks that merge may `expand` be called
+    /// again, when the chunk merged with less than the tail said (another thread took part of
+    /// it meanwhile).
     #[inline]
     pub(crate) fn allocate(
         &self,
         stream: CudaStreamView<'_>,
         size: usize,
         upstream: &dyn DeviceMemoryResource,
-        expand: impl FnMut(usize, usize) -> MrResult<(DevicePtr, usize)>,
+        expand: impl FnMut(Expand) -> MrResult<(DevicePtr, usize)>,
     ) -> MrResult<DevicePtr> {
         let (own, mut st, key) = self.lock_own(stream)?;
         st.serve(stream);
@@ -763,6 +791,8 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     /// merges other lists into `own` until one fits; the stream waits on each victim's event.
     /// A victim that needs a device synchronization is skipped unless `may_sync`; then the
     /// blocks are taken out under its lock and the device is synchronized with no lock held.
+    /// When nothing is taken, says whether a fitting block was withheld for want of an event
+    /// (the growth that follows is then [`GrowthCause::Pressure`]).
     fn take_from_others(
         &self,
         own: &StreamList<L>,
@@ -770,8 +800,9 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         stream: CudaStreamView<'_>,
         size: usize,
         may_sync: bool,
-    ) -> MrResult<Option<(u64, L::Tag)>> {
+    ) -> MrResult<Search<L::Tag>> {
         let others: Vec<&StreamList<L>> = self.lists().filter(|l| !std::ptr::eq(*l, own)).collect();
+        let mut withheld = false;
         // Steal one block; the remainder stays with its stream.
         for victim in &others {
             let mut st = victim.lock();
@@ -780,11 +811,13 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 continue;
             }
             match st.prepare_steal(stream, may_sync)? {
-                Steal::NotNow => {}
+                // The block is there, but no event covers it yet (its owner was asked to
+                // record, or only a device synchronization would do).
+                Steal::NotNow => withheld = true,
                 Steal::Now => {
                     if let Some(block) = st.blocks.take(size) {
                         st.after_take();
-                        return Ok(Some(block));
+                        return Ok(Search::Taken(block));
                     }
                 }
                 Steal::AfterSync(snapshot) => {
@@ -807,7 +840,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                         return Err(e);
                     }
                     victim.lock().synchronized_since(snapshot);
-                    return Ok(Some(block));
+                    return Ok(Search::Taken(block));
                 }
             }
         }
@@ -836,7 +869,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 victim.lock().synchronized_since(snapshot);
             }
             match self.deposit_and_take(own, key, stream, moved, size) {
-                Ok(Some(block)) => return Ok(Some(block)),
+                Ok(Some(block)) => return Ok(Search::Taken(block)),
                 Ok(None) => {}
                 Err((rest, e)) => {
                     self.give_back(victim, victim_key, rest);
@@ -846,7 +879,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 }
             }
         }
-        Ok(None)
+        Ok(Search::Missed { withheld })
     }
 
     #[cold]
@@ -857,10 +890,10 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         stream: CudaStreamView<'_>,
         size: usize,
         upstream: &dyn DeviceMemoryResource,
-        mut expand: impl FnMut(usize, usize) -> MrResult<(DevicePtr, usize)>,
+        mut expand: impl FnMut(Expand) -> MrResult<(DevicePtr, usize)>,
     ) -> MrResult<(u64, L::Tag)> {
         self.sweep();
-        if let Some(block) = self.take_from_others(own, key, stream, size, true)? {
+        if let Search::Taken(block) = self.take_from_others(own, key, stream, size, true)? {
             return Ok(block);
         }
         let (mut reclaimed, mut released) = (false, false);
@@ -873,12 +906,25 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             if let Some(block) = self.take_own(own, key, size) {
                 return Ok(block);
             }
-            if let Some(block) = self.take_from_others(own, key, stream, size, false)? {
-                return Ok(block);
-            }
+            let withheld = match self.take_from_others(own, key, stream, size, false)? {
+                Search::Taken(block) => return Ok(block),
+                Search::Missed { withheld } => withheld,
+            };
             // Chunks that merge grow the free block at the end of the memory by what it lacks.
+            // A fitting block withheld for want of an event (its owner will record at its next
+            // operation) makes this growth a pressure growth: only what the request needs.
             let tail = self.own_tail(own, key);
-            let (ptr, chunk_size) = match expand(self.pool_size(), tail.unwrap_or(0)) {
+            let cause = GrowthCause::decide(withheld, PressureScope::is_active());
+            let grown = {
+                // What `expand` allocates from a stream-ordered upstream grows it likewise.
+                let _pressure = PressureScope::enter(cause);
+                expand(Expand {
+                    pool_size: self.pool_size(),
+                    tail: tail.unwrap_or(0),
+                    cause,
+                })
+            };
+            let (ptr, chunk_size) = match grown {
                 Ok(chunk) => chunk,
                 Err(e) if e.is_out_of_memory() => {
                     drop(chunks);
@@ -1011,7 +1057,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             if let Some(block) = self.take_own(own, key, size) {
                 return Ok(Some(block));
             }
-            if let Some(block) = self.take_from_others(own, key, stream, size, false)? {
+            if let Search::Taken(block) = self.take_from_others(own, key, stream, size, false)? {
                 return Ok(Some(block));
             }
         }
@@ -1333,6 +1379,10 @@ impl<L: FreeBlocks> fmt::Debug for StreamOrdered<L> {
 mod retire_tests;
 
 #[cfg(test)]
+#[path = "pressure_tests.rs"]
+mod pressure_tests;
+
+#[cfg(test)]
 mod fault_tests {
     //! The core's rollback, driven through a model free list whose operations can be made to
     //! fail, and through rmm-sys's simulated driver for the stream calls.
@@ -1477,7 +1527,7 @@ mod fault_tests {
         mock: &HostMockResource,
         stream: CudaStreamView<'_>,
     ) -> MrResult<DevicePtr> {
-        core.allocate(stream, BLOCK, mock, |_, _| {
+        core.allocate(stream, BLOCK, mock, |_| {
             mock.allocate(stream, CHUNK, 256).map(|p| (p, CHUNK))
         })
     }

@@ -23,7 +23,7 @@ fn allocate_full(
     mock: &HostMockResource,
     stream: CudaStreamView<'_>,
 ) -> MrResult<DevicePtr> {
-    core.allocate(stream, BLOCK, mock, |_, _| {
+    core.allocate(stream, BLOCK, mock, |_| {
         Err(MrError::out_of_memory(BLOCK, "the test's upstream is full"))
     })
 }

@@ -16,6 +16,7 @@ use rmm_sys::{align_up, AllocationHandleType, DeviceId, DevicePtr, ALLOCATION_AL
 
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::{DeviceMemoryResource, ResourceProperties};
+use crate::stream_ordered::core::GrowthCause;
 use crate::util::format::format_bytes;
 use crate::vmm::range::{MappedRange, Placement, RangeError};
 
@@ -213,7 +214,8 @@ impl Mapper {
 
     /// Maps a chunk for a request of `request` bytes (a multiple of 256) when the free block at
     /// the end of the mapped memory has `tail` bytes, and returns it with its size (see
-    /// [`MappedRange::place`]). `bytes` is the caller's request, for the error.
+    /// [`MappedRange::place`]; under [`GrowthCause::Pressure`], [`MappedRange::place_exact`]:
+    /// no minimum growth). `bytes` is the caller's request, for the error.
     ///
     /// # Errors
     /// Out-of-memory when no chunk can be placed (the maximum is reached) or the device has no
@@ -223,9 +225,14 @@ impl Mapper {
         bytes: usize,
         request: usize,
         tail: usize,
+        cause: GrowthCause,
     ) -> MrResult<(DevicePtr, usize)> {
         let mut st = self.lock();
-        let p = st.range.place(request, tail).map_err(|e| {
+        let placed = match cause {
+            GrowthCause::Ordinary => st.range.place(request, tail),
+            GrowthCause::Pressure => st.range.place_exact(request, tail),
+        };
+        let p = placed.map_err(|e| {
             MrError::out_of_memory(
                 bytes,
                 format!(
@@ -393,8 +400,13 @@ unsafe impl DeviceMemoryResource for Mapper {
                 format!("{NAME}: {} exceed the range", format_bytes(bytes)),
             ));
         }
-        self.grow(bytes, align_up(bytes, ALLOCATION_ALIGNMENT), 0)
-            .map(|(ptr, _)| ptr)
+        self.grow(
+            bytes,
+            align_up(bytes, ALLOCATION_ALIGNMENT),
+            0,
+            GrowthCause::Ordinary,
+        )
+        .map(|(ptr, _)| ptr)
     }
 
     /// Unmaps the chunk at `ptr` (`bytes` rounded up to the granularity) at once.

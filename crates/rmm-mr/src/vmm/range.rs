@@ -169,6 +169,23 @@ impl MappedRange {
     /// else, when the end has no room for the request, the lowest hole, whole; else
     /// [`RangeError::NoRoom`].
     pub(crate) fn place(&self, request: usize, tail: usize) -> Result<Placement, RangeError> {
+        self.place_growing(request, tail, self.min_growth_percent)
+    }
+
+    /// [`place`](Self::place) without the minimum growth: a chunk at the end is just what the
+    /// request lacks beyond the tail, rounded up to the granularity (growth under pressure,
+    /// when free memory that fits waits on another stream's event).
+    pub(crate) fn place_exact(&self, request: usize, tail: usize) -> Result<Placement, RangeError> {
+        self.place_growing(request, tail, 0)
+    }
+
+    /// [`place`](Self::place) with a minimum growth of `min_growth_percent` (at most 100).
+    fn place_growing(
+        &self,
+        request: usize,
+        tail: usize,
+        min_growth_percent: usize,
+    ) -> Result<Placement, RangeError> {
         let no_room = || RangeError::NoRoom {
             request,
             tail,
@@ -186,7 +203,7 @@ impl MappedRange {
         if size <= room {
             let g = self.granularity;
             // At most `mapped`, which is a usize (the percentage is at most 100).
-            let least = (self.mapped as u128 * self.min_growth_percent as u128 / 100) as usize;
+            let least = (self.mapped as u128 * min_growth_percent.min(100) as u128 / 100) as usize;
             let least = least / g * g;
             return Ok(Placement {
                 offset: end,
@@ -301,6 +318,9 @@ mod tests {
         r.insert(at(0, 16 * MIB)).unwrap();
         // 25 % of 16 MiB is 4 MiB: two granules for a request of one.
         assert_eq!(r.place(256, 0).unwrap(), at(16 * MIB, 4 * MIB));
+        // Under pressure, no minimum: just what the request lacks beyond the tail.
+        assert_eq!(r.place_exact(256, 0).unwrap(), at(16 * MIB, G));
+        assert_eq!(r.place_exact(5 * MIB, MIB).unwrap(), at(16 * MIB, 4 * MIB));
         // A request that lacks more gets what it lacks.
         assert_eq!(r.place(10 * MIB, 0).unwrap(), at(16 * MIB, 10 * MIB));
         r.insert(at(16 * MIB, 44 * MIB)).unwrap();
@@ -388,6 +408,8 @@ mod tests {
                     Op::Grow { units, tail } => {
                         let request = units * 256;
                         let tail = (tail * G).min(r.end());
+                        // No minimum growth is set: `place` and `place_exact` agree.
+                        prop_assert_eq!(r.place(request, tail), r.place_exact(request, tail));
                         match r.place(request, tail) {
                             Ok(p) => {
                                 let need = request.saturating_sub(tail).max(1).div_ceil(G) * G;

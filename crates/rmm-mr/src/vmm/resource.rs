@@ -11,6 +11,7 @@ use crate::error::{MrError, MrResult};
 use crate::pool::blocks::Contiguous;
 use crate::pool::shell::{Growth, Pool};
 use crate::resource::DeviceMemoryResource;
+use crate::stream_ordered::core::{Expand, GrowthCause};
 use crate::vmm::mapper::{Mapper, VmmGrowthStatistics, NAME};
 use crate::vmm::options::{Geometry, VmmPoolOptions};
 
@@ -31,16 +32,16 @@ impl Growth for Mapper {
     }
 
     /// One chunk at the end of the mapped memory, of what the free block there (`tail`) lacks
-    /// for the request, rounded up to the granularity ([`Mapper::grow`]).
+    /// for the request, rounded up to the granularity, or the minimum growth if more
+    /// ([`Mapper::grow`]); under pressure, without the minimum growth.
     fn grow(
         &self,
         _stream: CudaStreamView<'_>,
         bytes: usize,
         size: usize,
-        _pool_size: usize,
-        tail: usize,
+        ask: Expand,
     ) -> MrResult<(DevicePtr, usize)> {
-        Mapper::grow(self, bytes, size, tail)
+        Mapper::grow(self, bytes, size, ask.tail, ask.cause)
     }
 }
 
@@ -207,7 +208,9 @@ impl VmmPoolMemoryResource {
         let chunks = Contiguous::new(mapper.end());
         let vmm = Pool::new(mapper, chunks);
         if geometry.initial > 0 {
-            let (ptr, size) = vmm.growth.grow(geometry.initial, geometry.initial, 0)?;
+            let (ptr, size) =
+                vmm.growth
+                    .grow(geometry.initial, geometry.initial, 0, GrowthCause::Ordinary)?;
             vmm.core.add_initial_chunk(ptr, size)?;
         }
         Ok(Self {

@@ -163,6 +163,38 @@ fn growth_maps_only_what_the_free_tail_lacks() {
     free(&p, all, 3 * G).unwrap();
 }
 
+/// Growth under pressure: stream B misses while stream A's list holds a fitting block no event
+/// covers yet. B maps just what its request lacks (one granule), not the minimum growth (12 %
+/// of what is mapped by default), which an ordinary miss keeps.
+#[test]
+fn a_withheld_block_maps_only_what_the_request_lacks() {
+    let _sim = rmm_sys::fault::FaultScope::simulated();
+    let p = VmmPoolMemoryResource::simulated(VmmPoolOptions::new(1 << 30)).unwrap();
+    let a = CudaStreamView::simulated(0x7f01);
+    let b = CudaStreamView::simulated(0x7f02);
+    let big = p.allocate(a, 64 * MIB, 256).unwrap();
+    assert_eq!(p.pool_size(), 64 * MIB);
+    // An ordinary miss: 12 % of 64 MiB, rounded down to the granularity: 6 MiB.
+    let small = p.allocate(a, 256, 256).unwrap();
+    assert_eq!(p.pool_size(), 70 * MIB);
+    // SAFETY: from `p` with these sizes on `a`, freed once.
+    unsafe {
+        p.deallocate(a, big, 64 * MIB, 256).unwrap();
+        p.deallocate(a, small, 256, 256).unwrap();
+    }
+    // A's free blocks are uncovered: B asks A to record and maps one granule, not 12 % of
+    // 70 MiB (8 MiB).
+    let b1 = p.allocate(b, G, 256).unwrap();
+    assert_eq!(
+        p.pool_size(),
+        70 * MIB + G,
+        "mapped more than the request lacks"
+    );
+    // SAFETY: from `p` with this size on `b`, freed once.
+    unsafe { p.deallocate(b, b1, G, 256).unwrap() };
+    assert_eq!(p.outstanding_allocations(), 0);
+}
+
 #[test]
 fn release_unused_unmaps_wholly_free_chunks_and_holes_are_refilled() {
     let p = sim(12 * MIB, 0);
