@@ -10,7 +10,7 @@
 //! Pure bookkeeping: no CUDA calls; addresses are `u64`, sizes `usize`.
 
 use std::fmt;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 
 use crate::fixed_size::chunk::{Chunk, FixedSizeError};
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -545,7 +545,7 @@ impl BlockLedger {
     }
 
     fn lock(&self) -> MutexGuard<'_, BlockTable> {
-        self.latest.lock().unwrap_or_else(PoisonError::into_inner)
+        self.latest.lock()
     }
 }
 
