@@ -243,19 +243,20 @@ impl BlockTable {
     #[inline]
     pub fn locate(&self, addr: u64) -> Result<(&ChunkBlocks, usize), FixedSizeError> {
         // The last chunk starting at or below `addr` (the first chunk when none does, which
-        // the bounds check below then refuses): a branch-free binary search written out, so
-        // that it inlines (the chunks are few and the loop short; none for one chunk).
-        let entries = &*self.entries;
-        let (mut base, mut len) = (0, entries.len());
-        while len > 1 {
-            let half = len / 2;
-            if entries.get(base + half).is_some_and(|e| e.addr <= addr) {
-                base += half;
-            }
-            len -= half;
+        // the bounds check below then refuses): a binary search written out on a shrinking
+        // slice, so that it inlines and needs no bounds check (`half < len`; the chunks are few
+        // and the loop short; none for one chunk).
+        let mut entries = &*self.entries;
+        while entries.len() > 1 {
+            let half = entries.len() / 2;
+            entries = if entries[half].addr <= addr {
+                &entries[half..]
+            } else {
+                &entries[..half]
+            };
         }
         let entry = entries
-            .get(base)
+            .first()
             // Below the chunk, the offset wraps around to a large number.
             .filter(|e| addr.wrapping_sub(e.addr) < e.bytes)
             .ok_or(FixedSizeError::UnknownAddress { addr })?;
