@@ -1,7 +1,6 @@
 //! The binning resource (RMM's `binning_memory_resource`).
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 
 use rmm_stream::CudaStreamView;
@@ -19,10 +18,9 @@ struct Binning<U: DeviceMemoryResource> {
     upstream: Arc<U>,
     /// Every bin; written by `add_bin`, read on the slow paths.
     bins: RwLock<BinTable<SharedResource>>,
-    /// The same bins, routed without a lock (up to its capacity).
+    /// The same bins, routed without a lock (up to its capacity; closed when a bin did not
+    /// fit, and requests then route through `bins`).
     routes: BinRoutes<Bin<U>>,
-    /// Set when a bin did not fit in `routes`: from then on requests route through `bins`.
-    overflow: AtomicBool,
 }
 
 /// A bin as the routes hold it: a fixed-size bin this resource made, called directly (no
@@ -64,9 +62,7 @@ impl<U: DeviceMemoryResource> Binning<U> {
     /// [`route`]: Self::route
     #[inline]
     fn fixed_bin(&self, bytes: usize) -> Option<&FixedSizeMemoryResource<Arc<U>>> {
-        if self.overflow.load(Ordering::Acquire) {
-            return None;
-        }
+        // Closed routes answer `None`.
         match self.routes.route(bytes) {
             Some((_, Bin::Fixed(bin))) => Some(bin),
             _ => None,
@@ -75,14 +71,14 @@ impl<U: DeviceMemoryResource> Binning<U> {
 
     #[inline]
     fn route(&self, bytes: usize) -> Route<'_> {
-        if !self.overflow.load(Ordering::Acquire) {
-            return match self.routes.route(bytes) {
-                Some((_, Bin::Fixed(bin))) => Route::Bin(bin),
-                Some((_, Bin::Other(bin))) => Route::Bin(&**bin),
-                None => Route::Upstream,
-            };
+        match self.routes.route(bytes) {
+            Some((_, Bin::Fixed(bin))) => Route::Bin(bin),
+            Some((_, Bin::Other(bin))) => Route::Bin(&**bin),
+            // `None` from routes still open is the upstream's; closing is for good, so routes
+            // that answered while closed are seen closed here.
+            None if !self.routes.is_closed() => Route::Upstream,
+            None => self.route_locked(bytes),
         }
-        self.route_locked(bytes)
     }
 
     #[cold]
@@ -218,7 +214,6 @@ impl<U: DeviceMemoryResource> BinningMemoryResource<U> {
                 upstream: Arc::new(upstream),
                 bins: RwLock::new(BinTable::new()),
                 routes: BinRoutes::new(),
-                overflow: AtomicBool::new(false),
             }),
         }
     }
@@ -296,9 +291,8 @@ impl<U: DeviceMemoryResource> BinningMemoryResource<U> {
                     Some(fixed) => Bin::Fixed(fixed),
                     None => Bin::Other(Arc::clone(bin)),
                 };
-                if self.inner.routes.insert(size, route).is_err() {
-                    self.inner.overflow.store(true, Ordering::Release);
-                }
+                // A bin that does not fit closes the routes: requests route through `bins`.
+                let _ = self.inner.routes.insert(size, route);
             }
         }
         Ok(())
