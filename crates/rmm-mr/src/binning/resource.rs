@@ -342,13 +342,13 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for BinningMemoryResou
         bytes: usize,
         alignment: usize,
     ) -> MrResult<DevicePtr> {
-        let required = alignment::check_valid(alignment)?;
-        if required <= ALLOCATION_ALIGNMENT {
+        if alignment::is_default(alignment) {
             if let Some(bin) = self.inner.fixed_bin(bytes) {
                 // Its blocks are 256-aligned: as aligned as asked.
                 return bin.allocate_block(stream, bytes);
             }
         }
+        let required = alignment::check_valid(alignment)?;
         self.inner.on_route(bytes, required, |mr| {
             let ptr = mr.allocate(stream, bytes, alignment)?;
             if ptr.is_aligned(required) {

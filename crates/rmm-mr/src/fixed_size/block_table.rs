@@ -185,6 +185,8 @@ struct Entry {
     /// log2 of the block size when it is a power of two (an index is then a shift, not a
     /// division), else `u32::MAX`.
     shift: u32,
+    /// The block size less one when it is a power of two (the offset bits inside a block).
+    mask: u64,
     blocks: Arc<ChunkBlocks>,
 }
 
@@ -194,8 +196,7 @@ impl Entry {
     fn block_index(&self, addr: u64) -> Option<usize> {
         let offset = addr - self.addr;
         if self.shift != u32::MAX {
-            let mask = (1u64 << self.shift) - 1;
-            return (offset & mask == 0).then(|| (offset >> self.shift) as usize);
+            return (offset & self.mask == 0).then(|| (offset >> self.shift) as usize);
         }
         self.blocks.chunk.block_index(addr)
     }
@@ -455,6 +456,7 @@ impl BlockTable {
             } else {
                 u32::MAX
             },
+            mask: (block_size as u64).wrapping_sub(1),
             blocks: Arc::clone(&blocks),
         };
         let entries = self.entries[..at]
