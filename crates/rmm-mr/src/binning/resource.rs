@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 
 use rmm_stream::CudaStreamView;
-use rmm_sys::{DevicePtr, ALLOCATION_ALIGNMENT};
+use rmm_sys::{is_pow2, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::binning::routes::BinRoutes;
 use crate::binning::table::{exponent_sizes, rounded_bin_size, BinTable, BinningError};
@@ -374,13 +374,13 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for BinningMemoryResou
         alignment: usize,
     ) -> MrResult<()> {
         // An alignment no allocation could have had routes by size, as a default one.
-        let required = alignment::normalized(alignment).unwrap_or(ALLOCATION_ALIGNMENT);
-        if required <= ALLOCATION_ALIGNMENT {
+        if alignment <= ALLOCATION_ALIGNMENT || !is_pow2(alignment) {
             if let Some(bin) = self.inner.fixed_bin(bytes) {
                 // SAFETY: the trait's contract; `bytes` routes to the bin that allocated.
                 return unsafe { bin.deallocate_block(stream, ptr, bytes) };
             }
         }
+        let required = alignment::normalized(alignment).unwrap_or(ALLOCATION_ALIGNMENT);
         self.inner.on_route(bytes, required, |mr| {
             // SAFETY: the trait's contract; `bytes` and `alignment` route to the resource that
             // allocated.
