@@ -10,7 +10,8 @@
 //! Pure bookkeeping: no CUDA calls.
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 /// The most bins [`BinRoutes`] holds.
@@ -53,8 +54,12 @@ impl<B> Version<B> {
 
 /// Per bin count, the bins by increasing size (see the module documentation).
 pub struct BinRoutes<B> {
-    /// `versions[n - 1]`: the first `n` bins added.
-    versions: [OnceLock<Version<B>>; CAPACITY],
+    /// `versions[n - 1]`: the first `n` bins added. On the heap, so that `current` stays
+    /// valid when the routes move; a version, once set, is neither changed nor dropped
+    /// before the routes are.
+    versions: Box<[OnceLock<Version<B>>]>,
+    /// The latest version (null: no bin yet, or closed): what a request reads, one load.
+    current: AtomicPtr<Version<B>>,
     /// Number of bins published, with [`CLOSED`] set once a bin did not fit.
     published: AtomicUsize,
     write: Mutex<()>,
@@ -74,7 +79,8 @@ impl<B> BinRoutes<B> {
     #[must_use]
     pub fn new() -> Self {
         Self {
-            versions: std::array::from_fn(|_| OnceLock::new()),
+            versions: (0..CAPACITY).map(|_| OnceLock::new()).collect(),
+            current: AtomicPtr::new(ptr::null_mut()),
             published: AtomicUsize::new(0),
             write: Mutex::new(()),
         }
@@ -118,8 +124,12 @@ impl<B> BinRoutes<B> {
     #[inline]
     #[must_use]
     pub fn route(&self, bytes: usize) -> Option<(usize, &B)> {
-        // A closed count is no version's: `None`, with the one load.
-        let v = self.version_of(self.published.load(Ordering::Acquire))?;
+        let v = self.current.load(Ordering::Acquire);
+        // SAFETY: `current` is null or was stored (release, after the slot was set) by `insert`
+        // from `OnceLock::get` of a slot of `self.versions`: a heap slot that is never set
+        // again, moved or dropped while `self` lives, so the shared reference is valid for
+        // the borrow of `self`, and the acquire load sees the version complete.
+        let v = unsafe { v.as_ref() }?;
         // The first bin of the request's class, then (only when several bins share the class)
         // the next ones: for power-of-two bins the first is the one.
         let from = usize::from(*v.first.get(class_of(bytes))?);
@@ -164,6 +174,7 @@ impl<B: Clone> BinRoutes<B> {
         if n == Self::CAPACITY {
             // Readers that saw the last version may still route by it (the bins it holds are
             // still bins); from now on they route by the caller's table.
+            self.current.store(ptr::null_mut(), Ordering::Release);
             self.published.fetch_or(CLOSED, Ordering::Release);
             return Err(payload);
         }
@@ -174,12 +185,25 @@ impl<B: Clone> BinRoutes<B> {
             .chain(current[at..].iter().cloned())
             .collect();
         // Writers are serialized and `n` only grows, so the slot is still empty.
-        if let Err(version) = self.versions[n].set(Version::new(bins)) {
-            return Err(version.bins.into_vec().swap_remove(at).1);
+        let Some(slot) = self.versions.get(n) else {
+            return Err(payload_of(bins, at));
+        };
+        if let Err(version) = slot.set(Version::new(bins)) {
+            return Err(payload_of(version.bins, at));
+        }
+        if let Some(version) = slot.get() {
+            // Only ever read through (see `route`).
+            self.current
+                .store(ptr::from_ref(version).cast_mut(), Ordering::Release);
         }
         self.published.store(n + 1, Ordering::Release);
         Ok(true)
     }
+}
+
+/// The payload at `at` of bins that were not published.
+fn payload_of<B>(bins: Box<[(usize, B)]>, at: usize) -> B {
+    bins.into_vec().swap_remove(at).1
 }
 
 impl<B: fmt::Debug> fmt::Debug for BinRoutes<B> {
@@ -214,6 +238,10 @@ mod tests {
             [(1 << 18, "256K"), (1 << 20, "1M"), (1 << 22, "4M")]
         );
         assert!(format!("{r:?}").contains("256K"));
+        // Moved, the routes still route (their versions are on the heap).
+        let moved = Box::new(r);
+        assert_eq!(moved.route(1 << 22), Some((1 << 22, &"4M")));
+        assert_eq!(moved.route(1), Some((1 << 18, &"256K")));
     }
 
     #[test]
