@@ -1,7 +1,8 @@
 //! The synchronization primitives of the lock-free parts (the statistics shards and their freeze
 //! handshake, the limiting adaptor's release totals, the thread slots, the fixed-size block
-//! table, the stream lists' locks), in one place: the standard library's in normal builds,
-//! [loom](https://docs.rs/loom)'s checked versions under `--cfg loom`, where the models
+//! table, the stream lists' locks), in one place: the standard library's in normal builds (the
+//! mutex: `parking_lot`'s), [loom](https://docs.rs/loom)'s checked versions under `--cfg loom`,
+//! where the models
 //! (`loom_tests` modules, run by `cargo xtask loom`) explore their interleavings.
 //!
 //! Loom checks `SeqCst` *accesses* only as acquire/release (its documented limit), which would
