@@ -305,7 +305,9 @@ fn settle(r: MrResult<()>) -> MrResult<()> {
 #[cold]
 #[inline(never)]
 fn recorded_twice(addr: u64, e: &str) -> MrError {
-    log::error!("rmm: stream-ordered resource: free block {addr:#x} is recorded as handed out: {e}");
+    log::error!(
+        "rmm: stream-ordered resource: free block {addr:#x} is recorded as handed out: {e}"
+    );
     MrError::bad_alloc(format!(
         "inconsistent stream-ordered resource: free block {addr:#x} is recorded as handed out \
          ({e})"

@@ -278,7 +278,11 @@ mod tests {
     #[test]
     fn is_default_is_normalized_to_256() {
         for a in (0..=4096).chain([usize::MAX, 1 << 40, (1 << 40) + 256]) {
-            assert_eq!(is_default(a), normalized(a) == Some(ALLOCATION_ALIGNMENT), "{a}");
+            assert_eq!(
+                is_default(a),
+                normalized(a) == Some(ALLOCATION_ALIGNMENT),
+                "{a}"
+            );
         }
     }
 
