@@ -380,7 +380,11 @@ mod steps {
         if outer.contains("arena") || file.contains("/arena/") {
             return "arena";
         }
-        if file.contains("dashmap") || file.contains("hashbrown") || file.contains("lock_api") {
+        if file.contains("parking_lot") || file.contains("lock_api") {
+            // The stream lists' mutex (`crate::sync::Mutex`).
+            return "list lock";
+        }
+        if file.contains("dashmap") || file.contains("hashbrown") {
             return "handed-out record";
         }
         if file.starts_with("./") || outer.starts_with("__mem") || outer.contains("malloc") {

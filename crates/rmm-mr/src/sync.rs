@@ -1,7 +1,8 @@
 //! The synchronization primitives of the lock-free parts (the statistics shards and their freeze
 //! handshake, the limiting adaptor's release totals, the thread slots, the fixed-size block
-//! table, the stream lists' locks), in one place: the standard library's in normal builds,
-//! [loom](https://docs.rs/loom)'s checked versions under `--cfg loom`, where the models
+//! table, the stream lists' locks), in one place: the standard library's in normal builds (the
+//! mutex: `parking_lot`'s), [loom](https://docs.rs/loom)'s checked versions under `--cfg loom`,
+//! where the models
 //! (`loom_tests` modules, run by `cargo xtask loom`) explore their interleavings.
 //!
 //! Loom checks `SeqCst` *accesses* only as acquire/release (its documented limit), which would
@@ -10,15 +11,51 @@
 //! (around every `SeqCst` read-modify-write), which loom does check. See
 //! `docs/internals/loom.md`.
 
+// The mutex of the hot paths (the stream lists, the fixed-size ledger, the statistics'
+// counters): `parking_lot`'s, whose lock and unlock fast paths are one inlined atomic each and
+// which has no poisoning (these locks ignored poisoning anyway: every critical section leaves
+// its state consistent before anything in it can panic). `lock()` returns the guard itself.
 #[cfg(not(loom))]
-pub(crate) use std::sync::{Mutex, MutexGuard};
+pub(crate) use parking_lot::{Mutex, MutexGuard};
 #[cfg(not(loom))]
 pub(crate) use std::thread_local;
 
 #[cfg(loom)]
-pub(crate) use loom::sync::{Mutex, MutexGuard};
-#[cfg(loom)]
 pub(crate) use loom::thread_local;
+#[cfg(loom)]
+pub(crate) use loom_mutex::{Mutex, MutexGuard};
+
+/// Loom's mutex with `parking_lot`'s interface (`lock()` returns the guard, poisoning
+/// ignored), so the code above it is the same in both builds.
+#[cfg(loom)]
+mod loom_mutex {
+    use std::sync::PoisonError;
+
+    pub(crate) use loom::sync::MutexGuard;
+
+    /// [`loom::sync::Mutex`], locked as `parking_lot::Mutex` is.
+    #[derive(Debug)]
+    pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
+
+    #[allow(dead_code)]
+    impl<T> Mutex<T> {
+        pub(crate) fn new(v: T) -> Self {
+            Self(loom::sync::Mutex::new(v))
+        }
+
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+            self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        }
+
+        pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+            match self.0.try_lock() {
+                Ok(g) => Some(g),
+                Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            }
+        }
+    }
+}
 
 /// Atomics and fences (see the [module docs](self)).
 #[cfg(not(loom))]

@@ -1,7 +1,7 @@
 //! The limiting adaptor.
 
 use std::fmt;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
 
@@ -124,10 +124,7 @@ impl<U> Limiting<U> {
 
     /// Takes every release made so far off the reservations.
     fn collect(&self) {
-        let mut collected = self
-            .collected
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut collected = self.collected.lock();
         let mut freed = 0usize;
         for (seen, total) in collected.iter_mut().zip(&self.released[..slots::bound()]) {
             let now = total.load(Ordering::Acquire);
@@ -548,7 +545,7 @@ mod tests {
             for _ in 0..2 {
                 let (l, rx) = (&l, &rx);
                 sc.spawn(move || loop {
-                    let next = rx.lock().unwrap().recv();
+                    let next = rx.lock().recv();
                     match next {
                         Ok(size) => l.release(size),
                         Err(_) => break,

@@ -1,11 +1,10 @@
 //! The binning resource (RMM's `binning_memory_resource`).
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 
 use rmm_stream::CudaStreamView;
-use rmm_sys::{DevicePtr, ALLOCATION_ALIGNMENT};
+use rmm_sys::{is_pow2, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::binning::routes::BinRoutes;
 use crate::binning::table::{exponent_sizes, rounded_bin_size, BinTable, BinningError};
@@ -19,10 +18,9 @@ struct Binning<U: DeviceMemoryResource> {
     upstream: Arc<U>,
     /// Every bin; written by `add_bin`, read on the slow paths.
     bins: RwLock<BinTable<SharedResource>>,
-    /// The same bins, routed without a lock (up to its capacity).
+    /// The same bins, routed without a lock (up to its capacity; closed when a bin did not
+    /// fit, and requests then route through `bins`).
     routes: BinRoutes<Bin<U>>,
-    /// Set when a bin did not fit in `routes`: from then on requests route through `bins`.
-    overflow: AtomicBool,
 }
 
 /// A bin as the routes hold it: a fixed-size bin this resource made, called directly (no
@@ -64,9 +62,7 @@ impl<U: DeviceMemoryResource> Binning<U> {
     /// [`route`]: Self::route
     #[inline]
     fn fixed_bin(&self, bytes: usize) -> Option<&FixedSizeMemoryResource<Arc<U>>> {
-        if self.overflow.load(Ordering::Acquire) {
-            return None;
-        }
+        // Closed routes answer `None`.
         match self.routes.route(bytes) {
             Some((_, Bin::Fixed(bin))) => Some(bin),
             _ => None,
@@ -75,14 +71,14 @@ impl<U: DeviceMemoryResource> Binning<U> {
 
     #[inline]
     fn route(&self, bytes: usize) -> Route<'_> {
-        if !self.overflow.load(Ordering::Acquire) {
-            return match self.routes.route(bytes) {
-                Some((_, Bin::Fixed(bin))) => Route::Bin(bin),
-                Some((_, Bin::Other(bin))) => Route::Bin(&**bin),
-                None => Route::Upstream,
-            };
+        match self.routes.route(bytes) {
+            Some((_, Bin::Fixed(bin))) => Route::Bin(bin),
+            Some((_, Bin::Other(bin))) => Route::Bin(&**bin),
+            // `None` from routes still open is the upstream's; closing is for good, so routes
+            // that answered while closed are seen closed here.
+            None if !self.routes.is_closed() => Route::Upstream,
+            None => self.route_locked(bytes),
         }
-        self.route_locked(bytes)
     }
 
     #[cold]
@@ -218,7 +214,6 @@ impl<U: DeviceMemoryResource> BinningMemoryResource<U> {
                 upstream: Arc::new(upstream),
                 bins: RwLock::new(BinTable::new()),
                 routes: BinRoutes::new(),
-                overflow: AtomicBool::new(false),
             }),
         }
     }
@@ -296,9 +291,8 @@ impl<U: DeviceMemoryResource> BinningMemoryResource<U> {
                     Some(fixed) => Bin::Fixed(fixed),
                     None => Bin::Other(Arc::clone(bin)),
                 };
-                if self.inner.routes.insert(size, route).is_err() {
-                    self.inner.overflow.store(true, Ordering::Release);
-                }
+                // A bin that does not fit closes the routes: requests route through `bins`.
+                let _ = self.inner.routes.insert(size, route);
             }
         }
         Ok(())
@@ -348,13 +342,13 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for BinningMemoryResou
         bytes: usize,
         alignment: usize,
     ) -> MrResult<DevicePtr> {
-        let required = alignment::check_valid(alignment)?;
-        if required <= ALLOCATION_ALIGNMENT {
+        if alignment::is_default(alignment) {
             if let Some(bin) = self.inner.fixed_bin(bytes) {
                 // Its blocks are 256-aligned: as aligned as asked.
                 return bin.allocate_block(stream, bytes);
             }
         }
+        let required = alignment::check_valid(alignment)?;
         self.inner.on_route(bytes, required, |mr| {
             let ptr = mr.allocate(stream, bytes, alignment)?;
             if ptr.is_aligned(required) {
@@ -380,13 +374,13 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for BinningMemoryResou
         alignment: usize,
     ) -> MrResult<()> {
         // An alignment no allocation could have had routes by size, as a default one.
-        let required = alignment::normalized(alignment).unwrap_or(ALLOCATION_ALIGNMENT);
-        if required <= ALLOCATION_ALIGNMENT {
+        if alignment <= ALLOCATION_ALIGNMENT || !is_pow2(alignment) {
             if let Some(bin) = self.inner.fixed_bin(bytes) {
                 // SAFETY: the trait's contract; `bytes` routes to the bin that allocated.
                 return unsafe { bin.deallocate_block(stream, ptr, bytes) };
             }
         }
+        let required = alignment::normalized(alignment).unwrap_or(ALLOCATION_ALIGNMENT);
         self.inner.on_route(bytes, required, |mr| {
             // SAFETY: the trait's contract; `bytes` and `alignment` route to the resource that
             // allocated.

@@ -3,17 +3,22 @@
 //! ever added), so a request does one acquire load and a look-up: each version keeps, per
 //! power-of-two size class, the first bin a request of that class can go to, so a request
 //! compares with one bin (more only when several bins share its class). Capacity is
-//! [`BinRoutes::CAPACITY`] bins; beyond it the resource routes through its locked
-//! [`BinTable`](crate::binning::table::BinTable). Design: `docs/internals/binning.md`.
+//! [`BinRoutes::CAPACITY`] bins; an insertion beyond it *closes* the routes (every look-up
+//! answers `None` from then on, [`BinRoutes::is_closed`]) and the resource routes through its
+//! locked [`BinTable`](crate::binning::table::BinTable). Design: `docs/internals/binning.md`.
 //!
 //! Pure bookkeeping: no CUDA calls.
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 /// The most bins [`BinRoutes`] holds.
 const CAPACITY: usize = 64;
+
+/// The bit of [`BinRoutes`]' count that says the routes are closed (a bin did not fit).
+const CLOSED: usize = 1 << (usize::BITS - 1);
 
 /// Number of size classes: class 0 holds the requests of 0 and 1 bytes, class `k >= 1` those
 /// of `2^(k-1) + 1 ..= 2^k` bytes (see [`class_of`]).
@@ -49,9 +54,13 @@ impl<B> Version<B> {
 
 /// Per bin count, the bins by increasing size (see the module documentation).
 pub struct BinRoutes<B> {
-    /// `versions[n - 1]`: the first `n` bins added.
-    versions: [OnceLock<Version<B>>; CAPACITY],
-    /// Number of bins published.
+    /// `versions[n - 1]`: the first `n` bins added. On the heap, so that `current` stays
+    /// valid when the routes move; a version, once set, is neither changed nor dropped
+    /// before the routes are.
+    versions: Box<[OnceLock<Version<B>>]>,
+    /// The latest version (null: no bin yet, or closed): what a request reads, one load.
+    current: AtomicPtr<Version<B>>,
+    /// Number of bins published, with [`CLOSED`] set once a bin did not fit.
     published: AtomicUsize,
     write: Mutex<()>,
 }
@@ -70,7 +79,8 @@ impl<B> BinRoutes<B> {
     #[must_use]
     pub fn new() -> Self {
         Self {
-            versions: std::array::from_fn(|_| OnceLock::new()),
+            versions: (0..CAPACITY).map(|_| OnceLock::new()).collect(),
+            current: AtomicPtr::new(ptr::null_mut()),
             published: AtomicUsize::new(0),
             write: Mutex::new(()),
         }
@@ -79,7 +89,15 @@ impl<B> BinRoutes<B> {
     /// Number of bins.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.published.load(Ordering::Acquire)
+        self.published.load(Ordering::Acquire) & !CLOSED
+    }
+
+    /// Whether a bin did not fit (then [`route`](Self::route) answers `None` for every
+    /// request, and the caller routes by its own table). Once closed, always closed.
+    #[inline]
+    #[must_use]
+    pub fn is_closed(&self) -> bool {
+        self.published.load(Ordering::Acquire) & CLOSED != 0
     }
 
     /// Whether there is no bin.
@@ -88,32 +106,45 @@ impl<B> BinRoutes<B> {
         self.len() == 0
     }
 
-    /// The current version, if a bin was added.
+    /// The version of the first `n` bins, if `n` is at least 1 (and below [`CLOSED`]).
     #[inline]
-    fn version(&self) -> Option<&Version<B>> {
-        self.len()
-            .checked_sub(1)
-            .and_then(|v| self.versions.get(v)?.get())
+    fn version_of(&self, n: usize) -> Option<&Version<B>> {
+        n.checked_sub(1).and_then(|v| self.versions.get(v)?.get())
     }
 
-    /// The current bins by increasing size.
+    /// The current bins by increasing size (closed or not).
     #[inline]
     fn current(&self) -> &[(usize, B)] {
-        self.version().map_or(&[], |v| &v.bins[..])
+        self.version_of(self.len()).map_or(&[], |v| &v.bins[..])
     }
 
     /// The smallest bin whose size is at least `bytes`, with its size, or `None` when the
-    /// request belongs to the upstream (as [`BinTable::route`](crate::binning::table::BinTable::route)).
+    /// request belongs to the upstream (as [`BinTable::route`](crate::binning::table::BinTable::route))
+    /// or the routes are [closed](Self::is_closed).
     #[inline]
     #[must_use]
     pub fn route(&self, bytes: usize) -> Option<(usize, &B)> {
-        let v = self.version()?;
+        let v = self.current.load(Ordering::Acquire);
+        // SAFETY: `current` is null or was stored (release, after the slot was set) by `insert`
+        // from `OnceLock::get` of a slot of `self.versions`: a heap slot that is never set
+        // again, moved or dropped while `self` lives, so the shared reference is valid for
+        // the borrow of `self`, and the acquire load sees the version complete.
+        let v = unsafe { v.as_ref() }?;
         // The first bin of the request's class, then (only when several bins share the class)
         // the next ones: for power-of-two bins the first is the one.
-        let from = v
-            .first
-            .get(class_of(bytes))
-            .map_or(usize::MAX, |&f| usize::from(f));
+        let from = usize::from(*v.first.get(class_of(bytes))?);
+        let (size, bin) = v.bins.get(from)?;
+        if *size >= bytes {
+            return Some((*size, bin));
+        }
+        Self::route_past(v, from + 1, bytes)
+    }
+
+    /// The rest of [`route`](Self::route): the first bin from `from` on that is at least
+    /// `bytes` (several bins share the request's class).
+    #[cold]
+    #[inline(never)]
+    fn route_past(v: &Version<B>, from: usize, bytes: usize) -> Option<(usize, &B)> {
         let (size, bin) = v.bins.get(from..)?.iter().find(|(s, _)| *s >= bytes)?;
         Some((*size, bin))
     }
@@ -130,16 +161,21 @@ impl<B: Clone> BinRoutes<B> {
     ///
     /// # Errors
     ///
-    /// `payload` back when the routes already hold [`CAPACITY`](Self::CAPACITY) bins.
+    /// `payload` back when the routes already hold [`CAPACITY`](Self::CAPACITY) bins: the
+    /// routes are then [closed](Self::is_closed).
     pub fn insert(&self, size: usize, payload: B) -> Result<bool, B> {
         let _serial = self.write.lock().unwrap_or_else(PoisonError::into_inner);
-        let n = self.published.load(Ordering::Relaxed);
+        let n = self.published.load(Ordering::Relaxed) & !CLOSED;
         let current = self.current();
         let at = current.partition_point(|(s, _)| *s < size);
         if current.get(at).is_some_and(|(s, _)| *s == size) {
             return Ok(false);
         }
         if n == Self::CAPACITY {
+            // Readers that saw the last version may still route by it (the bins it holds are
+            // still bins); from now on they route by the caller's table.
+            self.current.store(ptr::null_mut(), Ordering::Release);
+            self.published.fetch_or(CLOSED, Ordering::Release);
             return Err(payload);
         }
         let bins: Box<[(usize, B)]> = current[..at]
@@ -149,12 +185,25 @@ impl<B: Clone> BinRoutes<B> {
             .chain(current[at..].iter().cloned())
             .collect();
         // Writers are serialized and `n` only grows, so the slot is still empty.
-        if let Err(version) = self.versions[n].set(Version::new(bins)) {
-            return Err(version.bins.into_vec().swap_remove(at).1);
+        let Some(slot) = self.versions.get(n) else {
+            return Err(payload_of(bins, at));
+        };
+        if let Err(version) = slot.set(Version::new(bins)) {
+            return Err(payload_of(version.bins, at));
+        }
+        if let Some(version) = slot.get() {
+            // Only ever read through (see `route`).
+            self.current
+                .store(ptr::from_ref(version).cast_mut(), Ordering::Release);
         }
         self.published.store(n + 1, Ordering::Release);
         Ok(true)
     }
+}
+
+/// The payload at `at` of bins that were not published.
+fn payload_of<B>(bins: Box<[(usize, B)]>, at: usize) -> B {
+    bins.into_vec().swap_remove(at).1
 }
 
 impl<B: fmt::Debug> fmt::Debug for BinRoutes<B> {
@@ -189,6 +238,10 @@ mod tests {
             [(1 << 18, "256K"), (1 << 20, "1M"), (1 << 22, "4M")]
         );
         assert!(format!("{r:?}").contains("256K"));
+        // Moved, the routes still route (their versions are on the heap).
+        let moved = Box::new(r);
+        assert_eq!(moved.route(1 << 22), Some((1 << 22, &"4M")));
+        assert_eq!(moved.route(1), Some((1 << 18, &"256K")));
     }
 
     #[test]
@@ -242,6 +295,8 @@ mod tests {
         for i in 0..BinRoutes::<usize>::CAPACITY {
             assert_eq!(r.insert(256 * (i + 1), i), Ok(true));
         }
+        assert!(!r.is_closed());
+        assert_eq!(r.route(256), Some((256, &0)));
         assert_eq!(r.insert(1 << 40, 99), Err(99));
         assert_eq!(
             r.insert(256, 7),
@@ -249,7 +304,10 @@ mod tests {
             "an existing size is not a new bin"
         );
         assert_eq!(r.len(), BinRoutes::<usize>::CAPACITY);
+        assert!(r.is_closed(), "a bin that did not fit closes the routes");
         assert_eq!(r.route(1 << 30), None);
+        assert_eq!(r.route(256), None, "closed routes route nothing");
+        assert_eq!(r.bins().len(), BinRoutes::<usize>::CAPACITY);
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! Pure bookkeeping: no CUDA calls; addresses are `u64`, sizes `usize`.
 
 use std::fmt;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 
 use crate::fixed_size::chunk::{Chunk, FixedSizeError};
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -185,6 +185,8 @@ struct Entry {
     /// log2 of the block size when it is a power of two (an index is then a shift, not a
     /// division), else `u32::MAX`.
     shift: u32,
+    /// The block size less one when it is a power of two (the offset bits inside a block).
+    mask: u64,
     blocks: Arc<ChunkBlocks>,
 }
 
@@ -194,8 +196,7 @@ impl Entry {
     fn block_index(&self, addr: u64) -> Option<usize> {
         let offset = addr - self.addr;
         if self.shift != u32::MAX {
-            let mask = (1u64 << self.shift) - 1;
-            return (offset & mask == 0).then(|| (offset >> self.shift) as usize);
+            return (offset & self.mask == 0).then(|| (offset >> self.shift) as usize);
         }
         self.blocks.chunk.block_index(addr)
     }
@@ -243,19 +244,20 @@ impl BlockTable {
     #[inline]
     pub fn locate(&self, addr: u64) -> Result<(&ChunkBlocks, usize), FixedSizeError> {
         // The last chunk starting at or below `addr` (the first chunk when none does, which
-        // the bounds check below then refuses): a branch-free binary search written out, so
-        // that it inlines (the chunks are few and the loop short; none for one chunk).
-        let entries = &*self.entries;
-        let (mut base, mut len) = (0, entries.len());
-        while len > 1 {
-            let half = len / 2;
-            if entries.get(base + half).is_some_and(|e| e.addr <= addr) {
-                base += half;
-            }
-            len -= half;
+        // the bounds check below then refuses): a binary search written out on a shrinking
+        // slice, so that it inlines and needs no bounds check (`half < len`; the chunks are few
+        // and the loop short; none for one chunk).
+        let mut entries = &*self.entries;
+        while entries.len() > 1 {
+            let half = entries.len() / 2;
+            entries = if entries[half].addr <= addr {
+                &entries[half..]
+            } else {
+                &entries[..half]
+            };
         }
         let entry = entries
-            .get(base)
+            .first()
             // Below the chunk, the offset wraps around to a large number.
             .filter(|e| addr.wrapping_sub(e.addr) < e.bytes)
             .ok_or(FixedSizeError::UnknownAddress { addr })?;
@@ -454,6 +456,7 @@ impl BlockTable {
             } else {
                 u32::MAX
             },
+            mask: (block_size as u64).wrapping_sub(1),
             blocks: Arc::clone(&blocks),
         };
         let entries = self.entries[..at]
@@ -545,7 +548,7 @@ impl BlockLedger {
     }
 
     fn lock(&self) -> MutexGuard<'_, BlockTable> {
-        self.latest.lock().unwrap_or_else(PoisonError::into_inner)
+        self.latest.lock()
     }
 }
 

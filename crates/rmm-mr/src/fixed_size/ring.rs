@@ -43,9 +43,14 @@ impl<T: Copy + Default> Ring<T> {
         if self.len == self.buf.len() {
             self.grow();
         }
-        let mask = self.buf.len() - 1;
-        self.buf[(self.head + self.len) & mask] = item;
-        self.len += 1;
+        // At least one slot is free, so the storage is not empty and the masked index is in
+        // bounds (the compiler sees it when the mask comes from the same length).
+        let cap = self.buf.len();
+        let at = (self.head + self.len) & cap.wrapping_sub(1);
+        if let Some(slot) = self.buf.get_mut(at) {
+            *slot = item;
+            self.len += 1;
+        }
     }
 
     /// Removes and returns the front (oldest) item.

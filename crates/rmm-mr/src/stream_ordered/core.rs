@@ -326,6 +326,21 @@ fn settle(r: MrResult<()>) -> MrResult<()> {
     }
 }
 
+/// The error of a free block that the record says is handed out (`e`): handing it out again
+/// would give two owners the same memory, so it stays out of every list, and its recorded
+/// owner's free returns it.
+#[cold]
+#[inline(never)]
+fn recorded_twice(addr: u64, e: &str) -> MrError {
+    log::error!(
+        "rmm: stream-ordered resource: free block {addr:#x} is recorded as handed out: {e}"
+    );
+    MrError::bad_alloc(format!(
+        "inconsistent stream-ordered resource: free block {addr:#x} is recorded as handed out \
+         ({e})"
+    ))
+}
+
 /// The error of a free whose block cannot return to a free list (it overlaps a free block:
 /// an inconsistency), after recording the block as handed out again: it is still allocated, and
 /// neither lost nor free twice.
@@ -721,19 +736,11 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             }
         };
         // The record is the resource's, shared by every list: any list's handle will do.
-        let recorded = st.blocks.hand_out(addr, size, tag, key.origin());
-        drop(st);
-        if let Err(e) = recorded {
-            // Handing it out again would give two owners the same memory. It stays out of
-            // every list; its recorded owner's free returns it.
-            log::error!(
-                "rmm: stream-ordered resource: free block {addr:#x} is recorded as handed out: {e}"
-            );
-            return Err(MrError::bad_alloc(format!(
-                "inconsistent stream-ordered resource: free block {addr:#x} is recorded as \
-                 handed out ({e})"
-            )));
+        if let Err(e) = st.blocks.hand_out(addr, size, tag, key.origin()) {
+            drop(st);
+            return Err(recorded_twice(addr, &e));
         }
+        drop(st);
         if !self.used.load(Ordering::Relaxed) {
             self.used.store(true, Ordering::Relaxed);
         }

@@ -7,7 +7,6 @@
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::PoisonError;
 use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
@@ -195,16 +194,13 @@ impl<L> StreamList<L> {
     /// Locks the list. Never held together with another list's lock.
     #[inline]
     pub(crate) fn lock(&self) -> ListGuard<'_, L> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state.lock()
     }
 
     /// Whether some thread holds the list's lock now (tests).
     #[cfg(test)]
     pub(crate) fn is_locked(&self) -> bool {
-        matches!(
-            self.state.try_lock(),
-            Err(std::sync::TryLockError::WouldBlock)
-        )
+        self.state.try_lock().is_none()
     }
 }
 

@@ -50,6 +50,14 @@ pub(crate) const fn normalized(alignment: usize) -> Option<usize> {
     }
 }
 
+/// Whether `alignment` is 0 or a power of two up to 256: one that [`normalized`] takes to 256,
+/// met by every 256-aligned address (a two-comparison test for the hot paths).
+#[inline]
+#[must_use]
+pub(crate) const fn is_default(alignment: usize) -> bool {
+    alignment & alignment.wrapping_sub(1) == 0 && alignment <= ALLOCATION_ALIGNMENT
+}
+
 /// Checks a requested `alignment` against the `largest` alignment a resource honours and
 /// returns the alignment to honour (a power of two, at least 256).
 ///
@@ -267,6 +275,17 @@ impl OverAligned {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn is_default_is_normalized_to_256() {
+        for a in (0..=4096).chain([usize::MAX, 1 << 40, (1 << 40) + 256]) {
+            assert_eq!(
+                is_default(a),
+                normalized(a) == Some(ALLOCATION_ALIGNMENT),
+                "{a}"
+            );
+        }
+    }
+
     use super::*;
     use proptest::prelude::*;
     use std::cell::{Cell, RefCell};

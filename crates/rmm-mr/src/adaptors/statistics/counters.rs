@@ -13,7 +13,6 @@
 //! counts wrap rather than panic.
 
 use std::fmt;
-use std::sync::PoisonError;
 
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::{Mutex, MutexGuard};
@@ -238,7 +237,7 @@ impl StatisticsCounters {
 
     fn state(&self) -> MutexGuard<'_, State> {
         // Nothing panics while the lock is held, and the state stays valid regardless.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state.lock()
     }
 
     /// The shard of `slot`, or the overflow shard (lock holders only) for `None`.
