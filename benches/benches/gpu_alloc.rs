@@ -13,8 +13,9 @@
 //!    per trace, a second table of what growing cost (growth events and their wall time in the
 //!    warm-up and the timed pass, chunks given back in the timed pass) and of the timed pass's
 //!    slow-path driver calls (events recorded, stream waits, synchronizations, per 1,000
-//!    operations). `vmm_pool_x2` is the VMM pool growing by doubling (`min_growth_percent(100)`)
-//!    where `vmm_pool` adds 12 % of what is mapped.
+//!    operations). `vmm_pool` grows as the pool does (its default: each growth at least doubles
+//!    what is mapped); `vmm_pool_12` adds 12 % of what is mapped (`min_growth_percent(12)`,
+//!    the frugal step, the default until 2026-11-26).
 //!
 //! Arguments: `--ops N` (default 100000), `--reps N` (default 3), `--threads 1,4,16`,
 //! `--only NAME[,NAME]` (resources; `vmm_pool_gP` adds the VMM pool growing by at least `P` %
@@ -156,14 +157,14 @@ fn factories(only: Option<&[String]>) -> Vec<(&'static str, Factory, bool)> {
             true,
         ),
         (
-            "vmm_pool_x2",
+            "vmm_pool_12",
             Box::new(|_: &TraceSpec| {
-                // The same, growing as the pool without a maximum does: each growth at least
-                // doubles what is mapped (bounded by the range), rather than adding 12 %.
+                // The same, growing by 12 % of what is mapped rather than doubling: less
+                // memory, more thefts between streams.
                 Ok(Spec::VmmPool {
                     initial: 0,
                     maximum: DeviceMemory::query()?.arena_bytes(),
-                    min_growth_percent: Some(100),
+                    min_growth_percent: Some(12),
                 })
             }),
             true,
@@ -535,7 +536,7 @@ struct SimSubject {
 
 /// `--simulated`: no GPU, no CUDA call. The pool (over [`SimulatedMemoryResource`] of a notional
 /// 80 GB GPU's free memory, counted by a [`GrowthMeter`]) and the VMM pool (simulated, the
-/// arena's 90 % of that as its maximum; `vmm_pool_x2` growing by doubling) replay the traces as the GPU run sizes them, each copy
+/// arena's 90 % of that as its maximum; `vmm_pool_12` growing by 12 %) replay the traces as the GPU run sizes them, each copy
 /// on its own fake stream of the simulated driver, round robin on one thread
 /// (`rmm_benches::capacity::replay_round_robin`: operation `i` of every copy before operation
 /// `i + 1` of any, the lockstep that threads started together approach): one warm-up pass, one
@@ -574,7 +575,7 @@ fn simulated(args: &Args) -> MrResult<()> {
             let streams: Vec<CudaStreamView<'static>> = (0..threads)
                 .map(|t| CudaStreamView::simulated(u32::try_from(t + 1).unwrap_or(u32::MAX)))
                 .collect();
-            for name in ["pool", "vmm_pool", "vmm_pool_x2"] {
+            for name in ["pool", "vmm_pool", "vmm_pool_12"] {
                 let subject = if name == "pool" {
                     let memory = SimulatedMemoryResource::new(mem.free)?;
                     let meter = GrowthMeter::new(memory.clone());
@@ -587,8 +588,8 @@ fn simulated(args: &Args) -> MrResult<()> {
                     }
                 } else {
                     let mut options = VmmPoolOptions::new(mem.arena_bytes());
-                    if name == "vmm_pool_x2" {
-                        options = options.min_growth_percent(100);
+                    if name == "vmm_pool_12" {
+                        options = options.min_growth_percent(12);
                     }
                     let vmm = VmmPoolMemoryResource::simulated(options)?;
                     let (g, r) = (vmm.clone(), vmm.clone());

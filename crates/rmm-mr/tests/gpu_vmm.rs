@@ -209,7 +209,8 @@ fn multi_stream_workload() -> Result<(), Failed> {
 
 /// Many growths of one granule, then one block over all of them, written and read end to end.
 fn blocks_span_chunks_and_hold_data() -> Result<(), Failed> {
-    let vmm = VmmPoolMemoryResource::new(GIB)?;
+    // Growth by what the request lacks only (the default would double and map fewer chunks).
+    let vmm = VmmPoolMemoryResource::with_options(VmmPoolOptions::new(GIB).min_growth_percent(0))?;
     let g = vmm.granularity();
     let pieces: Vec<DevicePtr> = (0..16)
         .map(|_| vmm.allocate(legacy(), g, 256))
@@ -243,7 +244,10 @@ fn blocks_span_chunks_and_hold_data() -> Result<(), Failed> {
 fn release_unused_returns_memory() -> Result<(), Failed> {
     let _serial = rmm_sys::testing::one_at_a_time();
     let chunk = 256 * MIB;
-    let options = VmmPoolOptions::new(4 * GIB).granularity(chunk);
+    // One chunk per block: growth by what the request lacks only.
+    let options = VmmPoolOptions::new(4 * GIB)
+        .granularity(chunk)
+        .min_growth_percent(0);
     let free_now = || rmm_sys::available_device_memory().map(|m| m.0);
     let start = free_now()?;
     let vmm = VmmPoolMemoryResource::with_options(options)?;
@@ -357,7 +361,11 @@ fn driver_failures_change_nothing() -> Result<(), Failed> {
         other => return Err(format!("reservation fault: {other:?}").into()),
     }
     let chunk = 64 * MIB;
-    let vmm = VmmPoolMemoryResource::with_options(VmmPoolOptions::new(GIB).granularity(chunk))?;
+    let vmm = VmmPoolMemoryResource::with_options(
+        VmmPoolOptions::new(GIB)
+            .granularity(chunk)
+            .min_growth_percent(0),
+    )?;
     let keep = vmm.allocate(legacy(), MIB, 256)?;
     let free_before = rmm_sys::available_device_memory()?.0;
     for fault in [

@@ -19,9 +19,15 @@ fn s() -> CudaStreamView<'static> {
     CudaStreamView::legacy()
 }
 
+/// A simulated pool growing by at least 12 % of what is mapped (the frugal step the growth
+/// tests below are written for; the default doubles, see `the_default_growth_doubles`).
 fn sim(maximum: usize, initial: usize) -> VmmPoolMemoryResource {
-    VmmPoolMemoryResource::simulated(VmmPoolOptions::new(maximum).initial_pool_size(initial))
-        .unwrap()
+    VmmPoolMemoryResource::simulated(
+        VmmPoolOptions::new(maximum)
+            .initial_pool_size(initial)
+            .min_growth_percent(12),
+    )
+    .unwrap()
 }
 
 /// Frees `ptr` of `bytes` on the legacy stream.
@@ -141,6 +147,37 @@ fn issue_496_two_large_allocations_after_growth() {
     assert!(pool.pool_size() <= max);
 }
 
+/// By default each growth maps at least what is mapped already (the plain pool's rule), and
+/// the range bounds it.
+#[test]
+fn the_default_growth_doubles() {
+    let p = VmmPoolMemoryResource::simulated(VmmPoolOptions::new(64 * MIB)).unwrap();
+    let a = p.allocate(s(), MIB, 256).unwrap();
+    assert_eq!(p.pool_size(), G);
+    let b = p.allocate(s(), 2 * MIB, 256).unwrap();
+    // The free 1 MiB at the end lacks 1 MiB: one granule, which is also what is mapped.
+    assert_eq!(p.pool_size(), 2 * G);
+    // Lacks 3 MiB (4 in granules), and 4 MiB are mapped: 4 MiB either way. Then `e` lacks
+    // one granule, and the default maps what is mapped (8 MiB).
+    let c = p.allocate(s(), 4 * MIB, 256).unwrap();
+    assert_eq!(p.pool_size(), 4 * G);
+    let e = p.allocate(s(), 2 * MIB, 256).unwrap();
+    assert_eq!(p.pool_size(), 8 * G, "grew by less than what was mapped");
+    let d = p.allocate(s(), 40 * MIB, 256).unwrap();
+    // 7 MiB are free at the end: the request lacks 33 MiB (34 in granules), more than the
+    // 16 MiB mapped, so it wins.
+    assert_eq!(p.pool_size(), 50 * MIB);
+    for (ptr, bytes) in [
+        (a, MIB),
+        (b, 2 * MIB),
+        (c, 4 * MIB),
+        (e, 2 * MIB),
+        (d, 40 * MIB),
+    ] {
+        free(&p, ptr, bytes).unwrap();
+    }
+}
+
 #[test]
 fn growth_maps_only_what_the_free_tail_lacks() {
     let p = sim(64 * MIB, 0);
@@ -165,11 +202,12 @@ fn growth_maps_only_what_the_free_tail_lacks() {
 
 /// Growth under pressure: stream B misses while stream A's list holds a fitting block no event
 /// covers yet. B maps just what its request lacks (one granule), not the minimum growth (12 %
-/// of what is mapped by default), which an ordinary miss keeps.
+/// of what is mapped here), which an ordinary miss keeps.
 #[test]
 fn a_withheld_block_maps_only_what_the_request_lacks() {
     let _sim = rmm_sys::fault::FaultScope::simulated();
-    let p = VmmPoolMemoryResource::simulated(VmmPoolOptions::new(1 << 30)).unwrap();
+    let p = VmmPoolMemoryResource::simulated(VmmPoolOptions::new(1 << 30).min_growth_percent(12))
+        .unwrap();
     let a = CudaStreamView::simulated(0x7f01);
     let b = CudaStreamView::simulated(0x7f02);
     let big = p.allocate(a, 64 * MIB, 256).unwrap();
