@@ -43,6 +43,8 @@ use rmm_sys::mempool;
 
 const MIB: usize = 1 << 20;
 const KIB: usize = 1 << 10;
+/// `vmm_pool_12`'s growth step (the VMM pool's default until 2026-11-26).
+const FRUGAL_PERCENT: usize = 12;
 
 struct Args {
     ops: usize,
@@ -143,32 +145,12 @@ fn factories(only: Option<&[String]>) -> Vec<(&'static str, Factory, bool)> {
             }),
             true,
         ),
-        (
-            "vmm_pool",
-            Box::new(|_: &TraceSpec| {
-                // The arena's share of the free memory as the maximum (the address range);
-                // nothing mapped up front: the warm-up pass grows it, as it grows the pool.
-                Ok(Spec::VmmPool {
-                    initial: 0,
-                    maximum: DeviceMemory::query()?.arena_bytes(),
-                    min_growth_percent: None,
-                })
-            }),
-            true,
-        ),
-        (
-            "vmm_pool_12",
-            Box::new(|_: &TraceSpec| {
-                // The same, growing by 12 % of what is mapped rather than doubling: less
-                // memory, more thefts between streams.
-                Ok(Spec::VmmPool {
-                    initial: 0,
-                    maximum: DeviceMemory::query()?.arena_bytes(),
-                    min_growth_percent: Some(12),
-                })
-            }),
-            true,
-        ),
+        // The arena's share of the free memory as the maximum (the address range); nothing
+        // mapped up front: the warm-up pass grows it, as it grows the pool. `vmm_pool_12`
+        // grows by 12 % of what is mapped rather than doubling: less memory, more thefts
+        // between streams.
+        ("vmm_pool", vmm_pool(None), true),
+        ("vmm_pool_12", vmm_pool(Some(FRUGAL_PERCENT)), true),
         (
             "binning",
             Box::new(|_: &TraceSpec| {
@@ -190,19 +172,21 @@ fn factories(only: Option<&[String]>) -> Vec<(&'static str, Factory, bool)> {
         };
         // A bench binary's names live as long as the run.
         let name: &'static str = Box::leak(name.clone().into_boxed_str());
-        list.push((
-            name,
-            Box::new(move |_: &TraceSpec| {
-                Ok(Spec::VmmPool {
-                    initial: 0,
-                    maximum: DeviceMemory::query()?.arena_bytes(),
-                    min_growth_percent: Some(percent),
-                })
-            }),
-            true,
-        ));
+        list.push((name, vmm_pool(Some(percent)), true));
     }
     list
+}
+
+/// The VMM pool with nothing mapped up front, the arena's share of the free memory as its
+/// maximum, growing by at least `min_growth_percent` % of what is mapped (`None`: the default).
+fn vmm_pool(min_growth_percent: Option<usize>) -> Factory {
+    Box::new(move |_: &TraceSpec| {
+        Ok(Spec::VmmPool {
+            initial: 0,
+            maximum: DeviceMemory::query()?.arena_bytes(),
+            min_growth_percent,
+        })
+    })
 }
 
 /// The two traces.
@@ -589,7 +573,7 @@ fn simulated(args: &Args) -> MrResult<()> {
                 } else {
                     let mut options = VmmPoolOptions::new(mem.arena_bytes());
                     if name == "vmm_pool_12" {
-                        options = options.min_growth_percent(12);
+                        options = options.min_growth_percent(FRUGAL_PERCENT);
                     }
                     let vmm = VmmPoolMemoryResource::simulated(options)?;
                     let (g, r) = (vmm.clone(), vmm.clone());
