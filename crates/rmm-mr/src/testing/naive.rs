@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, PoisonError};
 
 use rmm_stream::CudaStreamView;
-use rmm_sys::{DevicePtr, ALLOCATION_ALIGNMENT};
+use rmm_sys::{checked_align_up, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
@@ -128,7 +128,12 @@ unsafe impl DeviceMemoryResource for NaiveRegion {
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
-        let size = bytes.div_ceil(ALLOCATION_ALIGNMENT) * ALLOCATION_ALIGNMENT;
+        let Some(size) = checked_align_up(bytes, ALLOCATION_ALIGNMENT) else {
+            return Err(MrError::out_of_memory(
+                bytes,
+                format!("naive baseline: {bytes} bytes exceed the address space"),
+            ));
+        };
         let taken = self
             .free
             .lock()
@@ -152,7 +157,10 @@ unsafe impl DeviceMemoryResource for NaiveRegion {
         if ptr.is_null() || bytes == 0 {
             return Ok(());
         }
-        let size = bytes.div_ceil(ALLOCATION_ALIGNMENT) * ALLOCATION_ALIGNMENT;
+        // A size no allocation could have had: nothing of it was handed out.
+        let Some(size) = checked_align_up(bytes, ALLOCATION_ALIGNMENT) else {
+            return Ok(());
+        };
         self.free
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -205,6 +213,11 @@ mod tests {
         assert!(matches!(
             mr.allocate(legacy, 1, 512),
             Err(MrError::BadAlloc { .. })
+        ));
+        // Rounding up would overflow: out of memory, not a panic or a wrapped size of 0.
+        assert!(matches!(
+            mr.allocate(legacy, usize::MAX, 256),
+            Err(MrError::OutOfMemory { .. })
         ));
         // SAFETY: both came from `mr` with these sizes and are freed once.
         unsafe {
