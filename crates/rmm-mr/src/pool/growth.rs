@@ -152,19 +152,10 @@ pub fn size_to_grow(pool_size: usize, request: usize, maximum: Option<usize>) ->
 /// ```
 #[must_use]
 pub fn size_under_pressure(pool_size: usize, request: usize, maximum: Option<usize>) -> usize {
-    let Some(aligned) = rmm_sys::align::checked_align_up(request, ALLOCATION_ALIGNMENT) else {
-        return 0;
-    };
-    match maximum {
-        Some(maximum) => {
-            let remaining = align_up(maximum.saturating_sub(pool_size), ALLOCATION_ALIGNMENT);
-            if aligned <= remaining {
-                aligned
-            } else {
-                0
-            }
-        }
-        None => aligned,
+    // The request, rounded, wherever RMM's rule would grow at all (its maximum check).
+    match rmm_sys::align::checked_align_up(request, ALLOCATION_ALIGNMENT) {
+        Some(aligned) if size_to_grow(pool_size, request, maximum) != 0 => aligned,
+        _ => 0,
     }
 }
 
