@@ -27,7 +27,7 @@ pub mod view;
 
 pub use error::StreamError;
 pub use event::CudaEvent;
-pub use life::{destroyed_streams, StreamLife};
+pub use life::{destroyed_streams, StreamLife, StreamPin};
 pub use mode::{default_stream_mode, set_default_stream_mode, DefaultStreamMode};
 pub use pool::CudaStreamPool;
 #[cfg(feature = "testing")]
@@ -58,6 +58,7 @@ mod send_sync {
         assert_send_sync::<CudaStreamPool>();
         assert_send_sync::<CudaEvent>();
         assert_send_sync::<StreamLife>();
+        assert_send_sync::<StreamPin>();
         assert_send_sync::<StreamError>();
         assert_send_sync::<DefaultStreamMode>();
     };

@@ -56,7 +56,7 @@ impl CudaStream {
         Ok(Self {
             handle,
             device,
-            live: Some(LiveStream::register(handle)),
+            live: Some(LiveStream::register(handle, id, device, true)),
             id,
         })
     }
@@ -75,7 +75,7 @@ impl CudaStream {
         Self {
             handle,
             device: DeviceId(0),
-            live: Some(LiveStream::register(handle)),
+            live: Some(LiveStream::register(handle, id, DeviceId(0), false)),
             id,
         }
     }
@@ -118,20 +118,10 @@ impl CudaStream {
 
 impl Drop for CudaStream {
     fn drop(&mut self) {
-        // Dead before destroyed: per-stream state of its users is never used after this.
+        // Dead at once: per-stream state of its users is never used after this. The stream is
+        // destroyed now, or by the last pin that a thief of a stream-ordered resource holds
+        // for an event record ([`crate::life`]); views borrow `self`, so none is left.
         drop(self.live.take());
-        #[cfg(feature = "testing")]
-        if rmm_sys::fault::is_fake(self.handle) {
-            return;
-        }
-        // The stream's context may not be the caller's; make it current for the destroy.
-        let guard = rmm_sys::DeviceGuard::new(self.device);
-        // SAFETY: the handle came from `stream_create` and no view outlives `self`.
-        let r = unsafe { raw::stream_destroy(self.value()) };
-        drop(guard);
-        if let Err(e) = r {
-            log::error!("rmm: failed to destroy stream {:#x}: {e}", self.handle);
-        }
     }
 }
 
