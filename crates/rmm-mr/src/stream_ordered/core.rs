@@ -605,7 +605,11 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         }
         let mut st = list.lock();
         if st.key().is_none() {
-            st.assign(key);
+            let owner = match key {
+                StreamKey::Stream(_) => stream.life(),
+                _ => None,
+            };
+            st.assign(key, owner);
         }
         drop(reg);
         if index.is_some() {

@@ -10,6 +10,11 @@
 //! ([`EventPolicy::synchronized_since`]). The list of a dead owner's blocks (the *orphan* list)
 //! follows the same policy without an owner ([`EventPolicy::on_orphaned`]). The rule and why it
 //! is safe: `docs/internals/stream-ordered.md`, "The lazy event rule as a state machine".
+//!
+//! When the owner's stream is an rmm-stream [`CudaStream`](rmm_stream::CudaStream), a thief can
+//! keep it from being destroyed for a moment ([`rmm_stream::StreamLife::pin`]) and record the
+//! list's event on it itself, after every block in the list ([`EventPolicy::on_steal_pinned`]):
+//! then nobody asks, waits for the owner, synchronizes or starts a recording run.
 
 use std::time::{Duration, Instant};
 
@@ -27,6 +32,10 @@ pub(crate) const MAX_ORPHAN_WAITS: usize = 8;
 pub(crate) enum StealAction {
     /// Every block is covered by the list's event: wait on it (if it was ever recorded), take.
     WaitEvent,
+    /// The thief holds the owner's stream alive: record the list's event on it (after every
+    /// block in the list), wait on it, take. If the record fails, report it
+    /// ([`EventPolicy::record_failed`]) and take nothing.
+    RecordThenWait,
     /// Some blocks are not covered; the owner has been asked to record. Look elsewhere.
     Ask,
     /// The owner did not answer within [`OWNER_GRACE`]: synchronize the device, then take
@@ -108,6 +117,21 @@ impl EventPolicy {
             Some(since) if now.saturating_duration_since(since) < OWNER_GRACE => StealAction::Ask,
             Some(_) => StealAction::SyncDevice,
         }
+    }
+
+    /// A thief that holds the owner's stream alive (a pin, so it may record on that stream
+    /// itself) wants blocks of this list. Uncovered blocks, or a failed record, make it record
+    /// the event on the owner's stream now, which covers every block in the list; covered
+    /// blocks need only the wait. No request to the owner and no recording run: the next thief
+    /// records again if blocks entered since.
+    pub(crate) fn on_steal_pinned(&mut self) -> StealAction {
+        if self.unrecorded || self.record_failed {
+            self.unrecorded = false;
+            self.record_failed = false;
+            self.wanted_since = None;
+            return StealAction::RecordThenWait;
+        }
+        StealAction::WaitEvent
     }
 
     /// The device was synchronized after every block now in the list entered it: they are all
@@ -350,8 +374,31 @@ mod tests {
     }
 
     #[test]
+    fn a_pinned_thief_records_itself_and_starts_no_run() {
+        let mut p = EventPolicy::default();
+        assert!(!p.on_enter());
+        assert_eq!(p.on_steal_pinned(), StealAction::RecordThenWait);
+        assert!(!p.is_uncovered() && !p.is_wanted());
+        // Covered now: the next pinned thief only waits; the owner keeps freeing lazily.
+        assert_eq!(p.on_steal_pinned(), StealAction::WaitEvent);
+        assert!(!p.on_enter(), "a pinned steal started a recording run");
+        assert_eq!(p.on_steal_pinned(), StealAction::RecordThenWait);
+        // A failed record is mended by the next pinned thief's own record, not a
+        // synchronization.
+        p.record_failed();
+        assert_eq!(p.on_steal_pinned(), StealAction::RecordThenWait);
+        assert!(!p.is_record_failed());
+        // An open request of an unpinned thief is answered by the pinned thief's record.
+        assert!(!p.on_enter());
+        assert_eq!(p.on_steal(Instant::now()), StealAction::Ask);
+        assert_eq!(p.on_steal_pinned(), StealAction::RecordThenWait);
+        assert!(!p.is_wanted());
+        assert!(!p.on_owner_allocate(), "the owner answered a request already answered");
+    }
+
+    #[test]
     fn every_unrecorded_block_is_either_asked_for_or_covered() {
-        // Model check over all sequences of length 8 of the four events: a thief is told
+        // Model check over all sequences of length 8 of the five events: a thief is told
         // WaitEvent only when no block entered since the last record or synchronization.
         #[derive(Clone, Copy, Debug)]
         enum Op {
@@ -359,20 +406,35 @@ mod tests {
             OwnerAllocate,
             Steal,
             LateSteal,
+            PinnedSteal,
         }
-        let ops = [Op::Free, Op::OwnerAllocate, Op::Steal, Op::LateSteal];
-        for mut code in 0..4usize.pow(8) {
+        let ops = [
+            Op::Free,
+            Op::OwnerAllocate,
+            Op::Steal,
+            Op::LateSteal,
+            Op::PinnedSteal,
+        ];
+        for mut code in 0..ops.len().pow(8) {
             let mut p = EventPolicy::default();
             let mut uncovered = false; // the model: a block entered after the last record
             let t0 = Instant::now();
             let mut clock = t0;
             let mut seq = Vec::new();
             for _ in 0..8 {
-                let op = ops[code % 4];
-                code /= 4;
+                let op = ops[code % ops.len()];
+                code /= ops.len();
                 seq.push(op);
                 match op {
                     Op::Free => uncovered = !p.on_enter(),
+                    Op::PinnedSteal => match p.on_steal_pinned() {
+                        StealAction::WaitEvent => {
+                            assert!(!uncovered, "uncovered blocks handed over: {seq:?}")
+                        }
+                        // The thief's record covers every block in the list.
+                        StealAction::RecordThenWait => uncovered = false,
+                        other => panic!("a pinned thief was told {other:?}: {seq:?}"),
+                    },
                     Op::OwnerAllocate => {
                         if p.on_owner_allocate() {
                             uncovered = false;
@@ -390,6 +452,9 @@ mod tests {
                             StealAction::SyncDevice => {
                                 p.synchronized();
                                 uncovered = false;
+                            }
+                            StealAction::RecordThenWait => {
+                                panic!("an unpinned thief was told to record: {seq:?}")
                             }
                         }
                     }
@@ -413,6 +478,7 @@ mod tests {
             LateSteal,
             BeginSync,
             EndSync,
+            PinnedSteal,
         }
         let ops = [
             Op::Free,
@@ -421,6 +487,7 @@ mod tests {
             Op::LateSteal,
             Op::BeginSync,
             Op::EndSync,
+            Op::PinnedSteal,
         ];
         const LEN: u32 = 7;
         for mut code in 0..ops.len().pow(LEN) {
@@ -456,6 +523,13 @@ mod tests {
                             assert!(!uncovered, "uncovered blocks handed over: {seq:?}");
                         }
                     }
+                    Op::PinnedSteal => match p.on_steal_pinned() {
+                        StealAction::WaitEvent => {
+                            assert!(!uncovered, "uncovered blocks handed over: {seq:?}")
+                        }
+                        StealAction::RecordThenWait => uncovered = false,
+                        other => panic!("a pinned thief was told {other:?}: {seq:?}"),
+                    },
                     Op::BeginSync => {
                         if sync.is_none() {
                             sync = Some((p.entered(), false));

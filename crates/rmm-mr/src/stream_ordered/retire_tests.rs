@@ -120,21 +120,22 @@ fn a_destroyed_streams_recorded_list_is_taken_behind_its_event() {
     let a = CudaStream::simulated(0x7b01);
     let b = CudaStreamView::simulated(0x7b02);
     let (first, mut held) = a_takes_everything(&core, &mock, a.view());
-    // B asks A to record (its block is unrecorded) and grows instead.
-    let mut b_held: Vec<DevicePtr> = vec![allocate(&core, &mock, b).unwrap()];
-    assert_eq!(core.pool_size(), 2 * CHUNK);
-    // A's next free answers: the list is recorded and covers both blocks.
     let second = held.pop().unwrap();
     free(&core, a.view(), second);
+    // A's list is lazy (nothing recorded), but A is an owning stream: B pins it, records A's
+    // event on it itself (covering both blocks), waits on it and takes one; nothing grows.
+    let records = fault::calls(DriverCall::EventRecord);
+    let b_first = allocate(&core, &mock, b).unwrap();
+    assert!(b_first == first || b_first == second, "{b_first} is not A's");
+    assert_eq!(fault::calls(DriverCall::EventRecord), records + 1);
+    assert_eq!(core.pool_size(), CHUNK, "B grew instead of recording on A");
+    // A dies with its list covered by that event.
     drop(a);
-    b_held.extend((1..CHUNK / BLOCK).map(|_| allocate(&core, &mock, b).unwrap()));
     let syncs = fault::calls(DriverCall::Synchronize);
     let waits = fault::calls(DriverCall::StreamWait);
     let got = allocate(&core, &mock, b).unwrap();
-    assert!(
-        got == first || got == second,
-        "{got} is not one of A's blocks"
-    );
+    let other = if b_first == first { second } else { first };
+    assert_eq!(got, other, "B did not take A's other block");
     assert_eq!(
         fault::calls(DriverCall::Synchronize),
         syncs,
@@ -144,12 +145,37 @@ fn a_destroyed_streams_recorded_list_is_taken_behind_its_event() {
         fault::calls(DriverCall::StreamWait) > waits,
         "B did not wait on A's event"
     );
-    let other = if got == first { second } else { first };
-    assert_eq!(core.list_holding(other.addr()), Some(StreamKey::Orphan));
-    assert_eq!(core.pool_size(), 2 * CHUNK);
-    for p in held.into_iter().chain(b_held).chain([got]) {
+    assert_eq!(core.pool_size(), CHUNK);
+    for p in held.into_iter().chain([b_first, got]) {
         free(&core, b, p);
     }
+    drop_core(core, &mock);
+}
+
+#[test]
+fn a_foreign_streams_unrecorded_list_makes_a_thief_ask_and_grow() {
+    // The same start with A a foreign stream (a view of a handle rmm-stream did not create):
+    // nobody can keep it alive, so B asks A to record and grows instead.
+    let _sim = FaultScope::simulated();
+    let (core, mock, _) = core();
+    let legacy = CudaStreamView::legacy();
+    free(&core, legacy, allocate(&core, &mock, legacy).unwrap());
+    let a = CudaStreamView::simulated(0x7b11);
+    let b = CudaStreamView::simulated(0x7b12);
+    let (first, mut held) = a_takes_everything(&core, &mock, a);
+    let records = fault::calls(DriverCall::EventRecord);
+    let grown = allocate(&core, &mock, b).unwrap();
+    assert_ne!(grown, first);
+    assert_eq!(core.pool_size(), 2 * CHUNK, "B did not grow");
+    assert_eq!(fault::calls(DriverCall::EventRecord), records, "B recorded on A");
+    // A's next free answers the request.
+    let second = held.pop().unwrap();
+    free(&core, a, second);
+    assert_eq!(fault::calls(DriverCall::EventRecord), records + 1);
+    for p in held {
+        free(&core, a, p);
+    }
+    free(&core, b, grown);
     drop_core(core, &mock);
 }
 

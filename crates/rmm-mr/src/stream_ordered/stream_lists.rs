@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
-use rmm_stream::{CudaEvent, CudaStreamView};
+use rmm_stream::{CudaEvent, CudaStreamView, StreamLife};
 use rmm_sys::{CudaResult, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
 
 use crate::stream_ordered::event_policy::{EventPolicy, StealAction};
@@ -187,6 +187,7 @@ impl<L> StreamList<L> {
                 event: None,
                 policy: EventPolicy::default(),
                 waits: Vec::new(),
+                owner: None,
             })),
         }
     }
@@ -231,6 +232,10 @@ pub(crate) struct ListState<L> {
     /// The orphan list only: the events of the retired lists whose blocks it holds (each
     /// recorded after its list's last block entered); a thief waits on all of them.
     waits: Vec<CudaEvent>,
+    /// An ordinary stream's list whose stream is an rmm-stream `CudaStream`: its life, which a
+    /// thief pins to record the list's event on that stream itself
+    /// ([`EventPolicy::on_steal_pinned`]).
+    owner: Option<StreamLife>,
 }
 
 impl<L> ListState<L> {
@@ -240,13 +245,15 @@ impl<L> ListState<L> {
         self.key
     }
 
-    /// Gives the free slot to `key`.
-    pub(crate) fn assign(&mut self, key: StreamKey) {
+    /// Gives the free slot to `key`; `owner`: the life of its stream when that is an owning
+    /// rmm-stream stream (ordinary keys only).
+    pub(crate) fn assign(&mut self, key: StreamKey, owner: Option<StreamLife>) {
         debug_assert!(self.key.is_none());
         self.key = Some(key);
         self.event = None;
         self.policy = EventPolicy::default();
         self.waits.clear();
+        self.owner = owner.filter(|_| matches!(key, StreamKey::Stream(_)));
     }
 
     /// Retires the list: its blocks (replaced by `empty`), event and coverage go to the caller,
@@ -255,6 +262,7 @@ impl<L> ListState<L> {
         self.key.take()?;
         let policy = std::mem::take(&mut self.policy);
         self.waits.clear();
+        self.owner = None;
         Some(Retired {
             blocks: std::mem::replace(&mut self.blocks, empty),
             event: self.event.take(),
@@ -386,12 +394,41 @@ impl<L> ListState<L> {
             }
             Some(StreamKey::PerThread(_)) => CudaStreamView::legacy(),
             Some(StreamKey::Stream(_) | StreamKey::Orphan) => {
+                // An owning stream that is still alive stays so while pinned: record on it.
+                if let Some(pin) = self.owner.as_ref().and_then(StreamLife::pin) {
+                    return match self.policy.on_steal_pinned() {
+                        StealAction::RecordThenWait => {
+                            if let Err(e) = self.event().and_then(|ev| ev.record(pin.view())) {
+                                log::warn!(
+                                    "rmm: could not record a pool event on stream {} ({e}); the \
+                                     next thief of its blocks will synchronize the device",
+                                    pin.view()
+                                );
+                                self.policy.record_failed();
+                                return Ok(Steal::NotNow);
+                            }
+                            drop(pin);
+                            self.event()?.wait(thief)?;
+                            Ok(Steal::Now)
+                        }
+                        StealAction::WaitEvent => {
+                            drop(pin);
+                            if let Some(ev) = &self.event {
+                                ev.wait(thief)?;
+                            }
+                            Ok(Steal::Now)
+                        }
+                        StealAction::Ask | StealAction::SyncDevice => Ok(Steal::NotNow),
+                    };
+                }
                 return match self.policy.on_steal(Instant::now()) {
                     StealAction::Ask => Ok(Steal::NotNow),
                     StealAction::SyncDevice if may_sync => {
                         Ok(Steal::AfterSync(self.policy.entered()))
                     }
                     StealAction::SyncDevice => Ok(Steal::NotNow),
+                    // Unpinned thieves are never told to record.
+                    StealAction::RecordThenWait => Ok(Steal::NotNow),
                     // Covered: recorded after every block that entered, or never needed.
                     StealAction::WaitEvent => {
                         for ev in self.event.iter().chain(&self.waits) {
@@ -678,17 +715,17 @@ mod tests {
             Steal::NotNow
         );
         assert!(g.retire(()).is_none());
-        g.assign(StreamKey::Stream(9));
+        g.assign(StreamKey::Stream(9), None);
         assert_eq!(g.key(), Some(StreamKey::Stream(9)));
         let r = g.retire(()).unwrap();
         assert!(r.covered && r.event.is_none());
         assert_eq!(g.key(), None);
-        g.assign(StreamKey::Stream(10));
+        g.assign(StreamKey::Stream(10), None);
         g.publish(CudaStreamView::legacy(), true);
         let r = g.retire(()).unwrap();
         assert!(!r.covered, "an unrecorded list retired as covered");
         // Given to a new key, the slot starts afresh.
-        g.assign(StreamKey::Stream(11));
+        g.assign(StreamKey::Stream(11), None);
         assert!(!g.is_uncovered());
     }
 }
