@@ -556,9 +556,11 @@ fn simulated(args: &Args) -> MrResult<()> {
         );
         println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
         for &threads in &args.threads {
-            let streams: Vec<CudaStreamView<'static>> = (0..threads)
-                .map(|t| CudaStreamView::simulated(u32::try_from(t + 1).unwrap_or(u32::MAX)))
+            // Owning streams, as on the GPU: a thief can pin one and record on it.
+            let owned: Vec<CudaStream> = (0..threads)
+                .map(|t| CudaStream::simulated(u32::try_from(t + 1).unwrap_or(u32::MAX)))
                 .collect();
+            let streams: Vec<CudaStreamView<'_>> = owned.iter().map(CudaStream::view).collect();
             for name in ["pool", "vmm_pool", "vmm_pool_12"] {
                 let subject = if name == "pool" {
                     let memory = SimulatedMemoryResource::new(mem.free)?;

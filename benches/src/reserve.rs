@@ -19,7 +19,7 @@ use rmm_mr::{
     BinningMemoryResource, BinningOptions, DeviceMemoryResource, MrError, MrResult,
     PoolMemoryResource, SimulatedMemoryResource, StatisticsResourceAdaptor,
 };
-use rmm_stream::CudaStreamView;
+use rmm_stream::{CudaStream, CudaStreamView};
 use rmm_sys::fault::DriverCall;
 use rmm_sys::DevicePtr;
 
@@ -97,9 +97,11 @@ pub fn simulate_reserved(
                 .max_size_exponent(max_exp),
         )?),
     };
-    let streams: Vec<CudaStreamView<'static>> = (0..threads)
-        .map(|t| CudaStreamView::simulated(u32::try_from(t + 1).unwrap_or(u32::MAX)))
+    // Owning streams, as on the GPU: a thief can pin one and record on it.
+    let owned: Vec<CudaStream> = (0..threads)
+        .map(|t| CudaStream::simulated(u32::try_from(t + 1).unwrap_or(u32::MAX)))
         .collect();
+    let streams: Vec<CudaStreamView<'_>> = owned.iter().map(CudaStream::view).collect();
     let synchronizations = match replay {
         Replay::RoundRobin => {
             crate::capacity::replay_round_robin(&*mr, trace, &streams, passes)?;
@@ -120,7 +122,7 @@ pub fn simulate_reserved(
 fn replay_on_threads(
     mr: &dyn DeviceMemoryResource,
     trace: &Trace,
-    streams: &[CudaStreamView<'static>],
+    streams: &[CudaStreamView<'_>],
     passes: usize,
 ) -> MrResult<u64> {
     let barrier = Barrier::new(streams.len());
