@@ -138,7 +138,7 @@ fn check_b_wins(
     checked
 }
 
-/// Takes `BYTES` on `b` once: the block A freed on an ordinary stream is covered by no event
+/// Takes `BYTES` on `b` once: the block A freed on a foreign stream is covered by no event
 /// yet, so B must not get it (its owner is asked to record instead). Returns B's block.
 fn first_try_is_not_p(
     r: &dyn DeviceMemoryResource,
@@ -151,11 +151,35 @@ fn first_try_is_not_p(
         // SAFETY: `q` came from `r` on `b`; `b` was synchronized.
         unsafe { r.deallocate(b, q, BYTES, 256)? };
         return Err(format!(
-            "stream B got {p}, freed on stream A with no event recorded after the free"
+            "stream B got {p}, freed on foreign stream A with no event recorded after the free"
         )
         .into());
     }
     Ok(q)
+}
+
+/// A stream rmm-stream did not make (as cudarc's or another library's): created and destroyed
+/// with the raw driver calls, used through a view of its handle, so a thief cannot pin it.
+struct ForeignStream(rmm_sys::raw::CUstream);
+
+impl ForeignStream {
+    fn non_blocking() -> Result<Self, Failed> {
+        Ok(Self(rmm_sys::stream::stream_create(
+            rmm_sys::stream::CU_STREAM_NON_BLOCKING,
+        )?))
+    }
+
+    fn view(&self) -> CudaStreamView<'_> {
+        // SAFETY: the stream lives until `self` is dropped, and the view borrows `self`.
+        unsafe { CudaStreamView::from_raw(self.0) }
+    }
+}
+
+impl Drop for ForeignStream {
+    fn drop(&mut self) {
+        // SAFETY: created by `stream_create`, destroyed once, no view outlives `self`.
+        let _ = unsafe { rmm_sys::stream::stream_destroy(self.0) };
+    }
 }
 
 /// Uses `r` once on the legacy stream, so the resource has seen a stream key already (stream A
@@ -173,12 +197,17 @@ fn warm_up(r: &dyn DeviceMemoryResource, bytes: usize) -> Result<(), Failed> {
 /// Which variant of the cross-stream check to run.
 #[derive(Debug, Clone, Copy)]
 enum Steal {
-    /// The resource already knew a stream when A frees. B's first try must not get A's block;
-    /// A's next allocation answers B's request by recording its event; B then steals the block
-    /// and waits on the event.
+    /// The resource already knew a stream when A (an rmm-stream `CudaStream`) frees: B's first
+    /// try pins A, records A's event on it itself, waits on it and takes A's block.
     Eager,
     /// A is the only stream the resource has seen when B appears; then as `Eager`.
     FirstToSecondStream,
+    /// As `Eager` with A a foreign stream (no pin): B's first try must not get A's block; A's
+    /// next allocation answers B's request by recording its event; B then steals the block
+    /// and waits on the event.
+    ForeignEager,
+    /// As `FirstToSecondStream` with A a foreign stream; then as `ForeignEager`.
+    ForeignFirstToSecondStream,
     /// Like `Eager`, and stream A is destroyed before B asks: its list is retired into the
     /// orphan list, from which B takes the block after a device synchronization.
     DestroyedStream,
@@ -202,6 +231,14 @@ fn steal_check(r: &dyn DeviceMemoryResource, variant: Steal) -> Result<(), Faile
                 warm_up(r, 256)?;
             }
             let a = CudaStream::non_blocking()?;
+            let (p, done) = free_behind_a_stall(r, a.view())?;
+            take_on_b_and_check(r, p, &done, b)
+        }
+        Steal::ForeignEager | Steal::ForeignFirstToSecondStream => {
+            if matches!(variant, Steal::ForeignEager) {
+                warm_up(r, 256)?;
+            }
+            let a = ForeignStream::non_blocking()?;
             let (p, done) = free_behind_a_stall(r, a.view())?;
             let q1 = first_try_is_not_p(r, p, b)?;
             // A's owner answers at its next operation: it takes the block back (the best fit
@@ -734,6 +771,8 @@ fn main() {
     let steals = [
         ("eager", Steal::Eager),
         ("first_to_second_stream", Steal::FirstToSecondStream),
+        ("foreign_eager", Steal::ForeignEager),
+        ("foreign_first_to_second_stream", Steal::ForeignFirstToSecondStream),
         ("destroyed_stream", Steal::DestroyedStream),
         ("destroyed_sole_stream", Steal::DestroyedSoleStream),
         ("exhausted", Steal::Exhausted),

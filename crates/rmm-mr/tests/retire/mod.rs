@@ -6,8 +6,8 @@
 //!   is destroyed with them). A new stream's first allocation retires their lists: the lists
 //!   alive stay at the legacy list and the live streams', and the slots at the most alive at
 //!   once, however many rounds run.
-//! - `thief_holds_no_lock`: stream A's blocks are freed behind a gate (a host function that
-//!   holds A until the test opens it). A thief on stream B, past the owner's grace period,
+//! - `thief_holds_no_lock`: the blocks of stream A (a foreign stream, which no thief can pin)
+//!   are freed behind a gate (a host function that holds A until the test opens it). A thief on stream B, past the owner's grace period,
 //!   must synchronize the device to take one of them; while that synchronization is held up by
 //!   the gate, A's owner allocates from its own list, which must complete before the gate is
 //!   opened (with the old code the thief held A's list lock while it waited). Ordering is
@@ -197,9 +197,28 @@ pub fn thief_holds_no_lock(up: SharedResource) -> Result<(), Failed> {
         up,
         PoolOptions::new(2 * BLOCK).maximum_pool_size(3 * BLOCK),
     )?;
-    let a = CudaStream::non_blocking()?;
+    // A is a foreign stream (made with the raw driver call): a thief cannot pin it to record
+    // on it, so it asks, and synchronizes once the owner's grace period is over.
+    let a_raw = rmm_sys::stream::stream_create(rmm_sys::stream::CU_STREAM_NON_BLOCKING)?;
+    let result = {
+        // SAFETY: `a_raw` lives until it is destroyed below, after every use of this view.
+        let a = unsafe { CudaStreamView::from_raw(a_raw) };
+        thief_holds_no_lock_on::<BLOCK>(&pool, a)
+    };
+    // SAFETY: created above, destroyed once; the view is gone.
+    let destroyed = unsafe { rmm_sys::stream::stream_destroy(a_raw) };
+    result?;
+    destroyed?;
+    ensure(pool.outstanding_allocations() == 0, "allocations left")
+}
+
+/// [`thief_holds_no_lock`] with A's stream given; blocks of `BLOCK` bytes.
+fn thief_holds_no_lock_on<const BLOCK: usize>(
+    pool: &PoolMemoryResource,
+    a: CudaStreamView<'_>,
+) -> Result<(), Failed> {
     let b = CudaStream::non_blocking()?;
-    let (a, b) = (a.view(), b.view());
+    let b = b.view();
     // A takes the initial chunk in two blocks and frees them behind the gate.
     let x = pool.allocate(a, BLOCK, 256)?;
     let y = pool.allocate(a, BLOCK, 256)?;
@@ -265,6 +284,5 @@ pub fn thief_holds_no_lock(up: SharedResource) -> Result<(), Failed> {
     });
     drop(gate);
     a.synchronize()?;
-    result?;
-    ensure(pool.outstanding_allocations() == 0, "allocations left")
+    result
 }
