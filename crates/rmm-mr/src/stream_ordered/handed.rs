@@ -4,11 +4,10 @@
 //! multiplicative hash the table takes its home slot from: one operation hashes once, locks one
 //! shard and looks at a slot or two.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
-
 use crossbeam_utils::CachePadded;
 
 use crate::stream_ordered::addr_table::{shard_bits, AddrTable};
+use crate::sync::{Mutex, MutexGuard};
 
 /// Number of shards (a power of two): enough that 16 threads rarely meet on one.
 const SHARDS: usize = 64;
@@ -45,10 +44,8 @@ impl<T: Copy + Default> HandedMap<T> {
     #[inline(always)]
     fn shard(&self, addr: u64) -> MutexGuard<'_, AddrTable<Handed<T>>> {
         // Every operation leaves its shard consistent (a panic inside one would come before
-        // any change), so a poisoned lock holds a sound table.
-        self.shards[shard_bits(addr) & (SHARDS - 1)]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        // any change), so the lock needs no poisoning (`crate::sync`'s has none).
+        self.shards[shard_bits(addr) & (SHARDS - 1)].lock()
     }
 
     /// Records `addr` as handed out with `size` and `tag`; `false` when it already was (the
@@ -73,7 +70,7 @@ impl<T: Copy + Default> HandedMap<T> {
     /// in turn: exact when nothing runs concurrently).
     pub(crate) fn totals(&self) -> (usize, usize) {
         self.shards.iter().fold((0, 0), |(n, bytes), shard| {
-            let shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            let shard = shard.lock();
             (
                 n + shard.len(),
                 bytes + shard.values().map(|h| h.size).sum::<usize>(),
