@@ -13,6 +13,10 @@
 //! - **Threads**: every type here is `Send + Sync`; streams, pools and events may be shared
 //!   between threads (the driver serializes what it must). [`CudaStreamPool::get_stream`] is
 //!   lock-free.
+//! - A [`CudaStream`] is destroyed by the last of itself and its [`StreamPin`]s: another thread
+//!   (rmm-mr's thief recording an event after the owner's work) can pin a live stream for a
+//!   few calls without racing its destruction; dropping the `CudaStream` still ends its life
+//!   at once ([`life`]).
 //! - No driver: every constructor and operation returns an error, nothing panics.
 
 pub mod error;

@@ -99,6 +99,18 @@ impl StreamLife {
 }
 
 /// A live owning stream that cannot be destroyed while this is held ([`StreamLife::pin`]).
+///
+/// Its views borrow the pin, so none outlives it:
+///
+/// ```compile_fail,E0505
+/// use rmm_stream::CudaStream;
+///
+/// let stream = CudaStream::non_blocking().unwrap();
+/// let pin = stream.view().life().unwrap().pin().unwrap();
+/// let view = pin.view();
+/// drop(pin); // cannot move out of `pin` while it is borrowed
+/// let _ = view.synchronize();
+/// ```
 #[derive(Debug)]
 pub struct StreamPin(Arc<Ident>);
 
