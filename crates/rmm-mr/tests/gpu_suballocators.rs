@@ -772,7 +772,10 @@ fn main() {
         ("eager", Steal::Eager),
         ("first_to_second_stream", Steal::FirstToSecondStream),
         ("foreign_eager", Steal::ForeignEager),
-        ("foreign_first_to_second_stream", Steal::ForeignFirstToSecondStream),
+        (
+            "foreign_first_to_second_stream",
+            Steal::ForeignFirstToSecondStream,
+        ),
         ("destroyed_stream", Steal::DestroyedStream),
         ("destroyed_sole_stream", Steal::DestroyedSoleStream),
         ("exhausted", Steal::Exhausted),

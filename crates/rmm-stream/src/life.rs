@@ -20,8 +20,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
-use rmm_sys::stream as raw;
 use rmm_sys::raw::CUstream;
+use rmm_sys::stream as raw;
 use rmm_sys::{DeviceGuard, DeviceId};
 
 use crate::CudaStreamView;

@@ -393,7 +393,10 @@ mod tests {
         assert_eq!(p.on_steal(Instant::now()), StealAction::Ask);
         assert_eq!(p.on_steal_pinned(), StealAction::RecordThenWait);
         assert!(!p.is_wanted());
-        assert!(!p.on_owner_allocate(), "the owner answered a request already answered");
+        assert!(
+            !p.on_owner_allocate(),
+            "the owner answered a request already answered"
+        );
     }
 
     #[test]

@@ -126,7 +126,10 @@ fn a_destroyed_streams_recorded_list_is_taken_behind_its_event() {
     // event on it itself (covering both blocks), waits on it and takes one; nothing grows.
     let records = fault::calls(DriverCall::EventRecord);
     let b_first = allocate(&core, &mock, b).unwrap();
-    assert!(b_first == first || b_first == second, "{b_first} is not A's");
+    assert!(
+        b_first == first || b_first == second,
+        "{b_first} is not A's"
+    );
     assert_eq!(fault::calls(DriverCall::EventRecord), records + 1);
     assert_eq!(core.pool_size(), CHUNK, "B grew instead of recording on A");
     // A dies with its list covered by that event.
@@ -167,7 +170,11 @@ fn a_foreign_streams_unrecorded_list_makes_a_thief_ask_and_grow() {
     let grown = allocate(&core, &mock, b).unwrap();
     assert_ne!(grown, first);
     assert_eq!(core.pool_size(), 2 * CHUNK, "B did not grow");
-    assert_eq!(fault::calls(DriverCall::EventRecord), records, "B recorded on A");
+    assert_eq!(
+        fault::calls(DriverCall::EventRecord),
+        records,
+        "B recorded on A"
+    );
     // A's next free answers the request.
     let second = held.pop().unwrap();
     free(&core, a, second);
