@@ -5,6 +5,7 @@
 //! peer plan FILE [--quick] [--ops N] [--reps N] [--warmup N] [--threads 1,4,16]
 //! peer run FILE OUT.tsv
 //! peer report RMM_RS.tsv RMM.tsv
+//! peer report-rounds RMM_RS_1.tsv[,RMM_RS_2.tsv...] RMM_1.tsv[,RMM_2.tsv...]
 //! peer frag-plan FILE [--quick]
 //! peer frag-run FILE OUT.tsv
 //! peer frag-report RMM_RS.tsv RMM.tsv
@@ -20,7 +21,10 @@
 //! with `G` GiB free (default 79, an 80 GB H100) and replays its `pool` and `binning` cells over
 //! simulated memory on fake streams (`rmm_benches::reserve`; round robin on one thread, or one
 //! thread per copy with `--threaded`), printing peak reserved against peak live.
-//! `rmm_peer FILE OUT.tsv` (`benches/peer/rmm_peer.cpp`) is RMM's `run`.
+//! `rmm_peer FILE OUT.tsv` (`benches/peer/rmm_peer.cpp`) is RMM's `run`. `report-rounds`
+//! reduces several processes' results a side (comma-separated lists) to per-cell medians and
+//! prints `peer-wrap: N cells, M above 1.00, K incomplete` (`bash gpu-bundle/run.sh
+//! peer-wrap`, which runs the `cuda` and `async` cells that way; `rmm_benches::peer_rounds`).
 //!
 //! `frag-plan`, `frag-run` and `frag-report` are the same for the fragmentation scenarios
 //! (`bash gpu-bundle/run.sh peer-frag`; see `rmm_benches::frag` and
@@ -45,6 +49,7 @@ use rmm_benches::peer::{
     read_plan, read_results, report, standard_plan, write_plan, CellResult, PeerPlan, PlanOptions,
     RESULTS_HEADER_LIVE,
 };
+use rmm_benches::peer_rounds::rounds_report;
 use rmm_benches::sizing::{DeviceMemory, MIB};
 #[cfg(feature = "driver-hooks")]
 use rmm_benches::{
@@ -59,6 +64,7 @@ const USAGE: &str =
     "usage: peer plan FILE [--quick] [--ops N] [--reps N] [--warmup N] [--threads 1,4,16]
        peer run FILE OUT.tsv
        peer report RMM_RS.tsv RMM.tsv
+       peer report-rounds RMM_RS_1.tsv[,RMM_RS_2.tsv...] RMM_1.tsv[,RMM_2.tsv...]
        peer frag-plan FILE [--quick]
        peer frag-run FILE OUT.tsv
        peer frag-report RMM_RS.tsv RMM.tsv
@@ -83,6 +89,7 @@ fn main() -> ExitCode {
         ["plan", file] => gpu_only(|| plan(&args, file)),
         ["run", file, out] => gpu_only(|| run(file, out)),
         ["report", ours, theirs] => compare(ours, theirs),
+        ["report-rounds", ours, theirs] => compare_rounds(ours, theirs),
         ["frag-plan", file] => gpu_only(|| frag_plan(&args, file)),
         ["frag-run", file, out] => gpu_only(|| frag_run(file, out)),
         ["frag-report", ours, theirs] => frag_compare(ours, theirs),
@@ -191,6 +198,39 @@ fn run(file: &str, out: &str) -> Result<ExitCode, Error> {
     }
     println!("peer run (rmm-rs): {failed} cell(s) failed");
     Ok(ExitCode::SUCCESS)
+}
+
+/// `peer report-rounds`: each side's results files (comma-separated, one per process) reduced
+/// per cell to medians over the processes (`rmm_benches::peer_rounds`, `run.sh peer-wrap`).
+fn compare_rounds(ours: &str, theirs: &str) -> Result<ExitCode, Error> {
+    let read_all = |list: &str| -> Result<Vec<Vec<CellResult>>, Error> {
+        list.split(',')
+            .filter(|f| !f.is_empty())
+            .map(|f| {
+                let text =
+                    std::fs::read_to_string(f).map_err(|e| format!("cannot read {f}: {e}"))?;
+                Ok(read_results(&text).map_err(|e| format!("{f}: {e}"))?.cells)
+            })
+            .collect()
+    };
+    let (a, b) = (read_all(ours)?, read_all(theirs)?);
+    println!(
+        "# Wrapper cells over {} rmm-rs and {} RMM processes (ABBA order; medians over the \
+         processes)\n",
+        a.len(),
+        b.len()
+    );
+    let r = rounds_report(&a, &b);
+    print!("{}", r.table.render());
+    println!(
+        "\npeer-wrap: {} cells, {} above 1.00, {} incomplete",
+        r.cells, r.above, r.incomplete
+    );
+    Ok(if r.cells > 0 && r.incomplete == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn compare(ours: &str, theirs: &str) -> Result<ExitCode, Error> {

@@ -14,6 +14,7 @@ pub mod frag;
 pub mod gpu;
 pub mod naive;
 pub mod peer;
+pub mod peer_rounds;
 #[cfg(feature = "driver-hooks")]
 pub mod reserve;
 pub mod sizing;

@@ -16,6 +16,11 @@
 #                                      (with ARGS, e.g. --quick), rmm_peer (RMM C++), examples/peer
 #                                      run (rmm-rs) and examples/peer report; last line
 #                                      "peer: N cells compared, M failed"
+#        run.sh peer-wrap [ROUNDS]     the peer plan's `cuda` and `async` cells only, each side in
+#                                      ROUNDS (default 3) fresh processes in ABBA order (RMM,
+#                                      rmm-rs, rmm-rs, RMM, ...), reduced by examples/peer
+#                                      report-rounds to per-cell medians; last line
+#                                      "peer-wrap: N cells, M above 1.00, K incomplete"
 #        run.sh peer-frag [ARGS...]    the fragmentation scenarios (RMM issues 1957 and 496, the
 #                                      multi-stream workload) with RMM C++ beside rmm-rs (a
 #                                      `--peer` bundle): compiles rmm_peer.cpp as `peer` does,
@@ -465,6 +470,70 @@ run_peer() {
   local failed_line="peer: 0 cells compared, 1 failed"
   peer_build "$failed_line" || return
   peer_steps peer "" "$failed_line" '^peer: .* cells compared' "$@"
+}
+
+# run_peer_wrap [ROUNDS]: compiles the RMM C++ driver as `peer` does, plans, keeps the plan's
+# `cuda` and `async` cells, and runs them ROUNDS times a side, each in a fresh process, in
+# ABBA order (RMM, rmm-rs, rmm-rs, RMM, RMM, rmm-rs, ...) so that neither side always runs
+# first; then examples/peer report-rounds (per-cell medians over the processes).
+run_peer_wrap() {
+  local rounds=${1:-3}
+  local failed_line="peer-wrap: 0 cells, 0 above 1.00, 1 incomplete"
+  if ! [[ $rounds =~ ^[1-9][0-9]*$ ]]; then
+    echo "run.sh: peer-wrap: ROUNDS must be a positive number, not '$rounds'" >&2
+    echo "$failed_line (bad ROUNDS)"
+    return 1
+  fi
+  peer_build "$failed_line" || return
+  local build="$BUNDLE/peer/build" peer="$BUNDLE/examples/peer" libs=$PEER_LIBS
+  local report="$LOGS/summary.txt" all="$build/wrap-plan-all.txt" plan="$build/wrap-plan.txt"
+  local -a steps=()
+  echo "=== [peer-wrap] plan"
+  run_captured "$LOGS/peer-wrap-plan.log" env RMM_DEFAULT_STREAM=legacy "$peer" plan "$all"
+  steps+=("peer plan: $(describe_exit "$RC")")
+  if ((RC != 0)); then
+    printf '%s\n' "${steps[@]}" "$failed_line (no plan)" >"$report"
+    export_out "$report"
+    cat "$report"
+    return 1
+  fi
+  grep -v -E '^resource (pool|arena|binning|fixed_size|naive)( |$)' "$all" >"$plan"
+  local ours="" theirs="" i n side out
+  for ((i = 0; i < 2 * rounds; i++)); do
+    n=$((i / 2 + 1))
+    # Pairs alternate which side goes first: (RMM, rmm-rs), (rmm-rs, RMM), ...
+    if (((i / 2) % 2 == i % 2)); then side=rmm; else side=rmm-rs; fi
+    out="$build/wrap-$side-$n.tsv"
+    rm -f "$out"
+    echo "=== [peer-wrap] process $((i + 1)) of $((2 * rounds)): $side"
+    if [[ $side == rmm ]]; then
+      run_captured "$LOGS/peer-wrap-rmm-$n.log" env LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+        "$build/rmm_peer" "$plan" "$out"
+      theirs+="${theirs:+,}$out"
+    else
+      run_captured "$LOGS/peer-wrap-rmm-rs-$n.log" env RMM_DEFAULT_STREAM=legacy "$peer" run "$plan" "$out"
+      ours+="${ours:+,}$out"
+    fi
+    steps+=("$side process $n: $(describe_exit "$RC")")
+    [[ -f $out ]] || : >"$out"
+  done
+  echo "=== [peer-wrap] report"
+  run_captured "$LOGS/peer-wrap-report.log" "$peer" report-rounds "$ours" "$theirs"
+  local rc=$RC last
+  {
+    printf '%s\n' "${steps[@]}"
+    echo
+    grep -v '^peer-wrap: ' "$LOGS/peer-wrap-report.log"
+    last=$(grep '^peer-wrap: ' "$LOGS/peer-wrap-report.log" | tail -n 1)
+    echo "${last:-$failed_line (no report: $(describe_exit "$rc"))}"
+  } >"$report"
+  if [[ -n ${OUT:-} ]] && mkdir -p "$OUT"; then
+    cp "$LOGS/peer-wrap-report.log" "$OUT/peer-wrap-report.txt" 2>/dev/null
+  fi
+  export_out "$report"
+  echo
+  cat "$report"
+  [[ $(tail -n 1 "$report") == *" 0 incomplete" ]] && ((rc == 0))
 }
 
 # run_peer_frag [ARGS...]: compiles the RMM C++ driver as `peer` does, then the fragmentation
@@ -1038,6 +1107,7 @@ report) echo \"report of \$(cat \"\$2\" \"\$3\" | wc -l) lines\"; echo 'peer: 1 
 frag-plan) echo \"frag-plan args=\$*\"; echo frag-plan >\"\$2\" ;;
 frag-run) echo rmm-rs-frag-row >\"\$3\"; echo \"frag-run mode=\$RMM_DEFAULT_STREAM\" ;;
 frag-report) echo \"frag-report of \$(cat \"\$2\" \"\$3\")\"; echo 'peer-frag: 1 rmm-rs rows, 1 RMM rows, 0 failed' ;;
+report-rounds) echo \"rounds ours=\$2 theirs=\$3\"; echo 'peer-wrap: 1 cells, 0 above 1.00, 0 incomplete' ;;
 esac"
   st_run peer OUT="$tmp/out7" NVCC="$tmp/nvcc" -- "$b7/run.sh" peer --quick
   expect_eq "peer exits 0" "$ST_RC" 0
@@ -1082,6 +1152,17 @@ esac"
     "peer-frag: 0 rmm-rs rows, 0 RMM rows, 1 failed (compile error)"
   st_run nopeerfrag -- "$b2/run.sh" peer-frag
   expect_eq "peer-frag without peer/ exits 2" "$ST_RC" 2
+  st_run peerwrap OUT="$tmp/out7w" NVCC="$tmp/nvcc" -- "$b7/run.sh" peer-wrap 2
+  expect_eq "peer-wrap exits 0" "$ST_RC" 0
+  expect_eq "peer-wrap's last line" "$(tail -n 1 "$tmp/peerwrap.txt")" \
+    "peer-wrap: 1 cells, 0 above 1.00, 0 incomplete"
+  expect_eq "the processes alternate ABBA" \
+    "$(grep -E '^(rmm|rmm-rs) process ' "$b7/logs/summary.txt" | cut -d: -f1 | tr '\n' ,)" \
+    "rmm process 1,rmm-rs process 1,rmm-rs process 2,rmm process 2,"
+  expect "report-rounds gets every process's results" file_has "$b7/logs/peer-wrap-report.log" \
+    "rounds ours=$b7/peer/build/wrap-rmm-rs-1.tsv,$b7/peer/build/wrap-rmm-rs-2.tsv theirs=$b7/peer/build/wrap-rmm-1.tsv,$b7/peer/build/wrap-rmm-2.tsv"
+  st_run peerwrapbad NVCC="$tmp/nvcc" -- "$b7/run.sh" peer-wrap x
+  expect_eq "a bad ROUNDS fails peer-wrap" "$ST_RC" 1
 
   # 8. sanitize: a fake compute-sanitizer that runs the binary and reports the errors it asks for
   # (lines "SANITIZER-ERROR <tool>"), in the two summary formats.
@@ -1268,6 +1349,11 @@ main() {
     shift
     setup_env
     run_peer "$@"
+    ;;
+  peer-wrap)
+    shift
+    setup_env
+    run_peer_wrap "$@"
     ;;
   peer-frag)
     shift

@@ -239,7 +239,8 @@ pub(crate) fn build(out: &Path, with_peer: bool, torch: bool) -> Result<(), Erro
     if with_peer {
         println!(
             "the peer comparison with RMM C++: bash {0}/run.sh peer; the fragmentation \
-             scenarios beside RMM's: bash {0}/run.sh peer-frag",
+             scenarios beside RMM's: bash {0}/run.sh peer-frag; the wrapper cells over \
+             several processes a side: bash {0}/run.sh peer-wrap",
             out.display()
         );
     }

@@ -104,6 +104,18 @@ mod tests {
         assert!(README_TXT.contains("run.sh peer-frag"));
     }
 
+    /// `run.sh peer-wrap` runs the wrapper cells in fresh processes, alternating sides, and
+    /// reduces them with `report-rounds` (the self-test checks the order on fake programs).
+    #[test]
+    fn peer_wrap_mode_alternates_processes() {
+        assert!(RUN_SH.contains("  peer-wrap)\n"));
+        assert!(
+            RUN_SH.contains("grep -v -E '^resource (pool|arena|binning|fixed_size|naive)( |$)'")
+        );
+        assert!(RUN_SH.contains("\"$peer\" report-rounds \"$ours\" \"$theirs\""));
+        assert!(README_TXT.contains("run.sh peer-wrap"));
+    }
+
     #[test]
     fn running_a_missing_bundle_is_an_error() {
         let err = run(Path::new("/nonexistent/gpu-bundle"), &[], &[]).unwrap_err();
