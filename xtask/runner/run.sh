@@ -408,6 +408,37 @@ peer_build() {
   PEER_LIBS=$libs
 }
 
+# peer_plan TAG SUBCOMMAND PLAN FAILED_LINE [ARGS...]: examples/peer SUBCOMMAND PLAN ARGS (the
+# rmm-rs side writes the plan both sides replay), its exit appended to the caller's `steps`;
+# when it fails, writes and shows the summary (`steps`, then FAILED_LINE) and returns 1.
+peer_plan() {
+  local tag=$1 sub=$2 plan=$3 failed_line=$4
+  shift 4
+  echo "=== [$tag] plan"
+  run_captured "$LOGS/$tag-plan.log" env RMM_DEFAULT_STREAM=legacy "$BUNDLE/examples/peer" "$sub" "$plan" "$@"
+  steps+=("peer $sub: $(describe_exit "$RC")")
+  if ((RC != 0)); then
+    printf '%s\n' "${steps[@]}" "$failed_line (no plan)" >"$LOGS/summary.txt"
+    export_out "$LOGS/summary.txt"
+    cat "$LOGS/summary.txt"
+    return 1
+  fi
+}
+
+# peer_summary LOG LAST_RE FAILED_LINE RC: writes the summary of a comparison: the caller's
+# `steps`, the report LOG without its lines matching LAST_RE, then the last of those (else
+# FAILED_LINE with how the report ended, RC).
+peer_summary() {
+  local log=$1 last_re=$2 failed_line=$3 rc=$4 last
+  {
+    printf '%s\n' "${steps[@]}"
+    echo
+    grep -v "$last_re" "$log"
+    last=$(grep "$last_re" "$log" | tail -n 1)
+    echo "${last:-$failed_line (no report: $(describe_exit "$rc"))}"
+  } >"$LOGS/summary.txt"
+}
+
 # peer_steps TAG PREFIX FAILED_LINE LAST_RE [ARGS...]: after peer_build, the four steps of
 # a comparison with RMM C++: examples/peer PREFIXplan (ARGS), rmm_peer (with
 # --frag when PREFIX is `frag-`), examples/peer PREFIXrun (rmm-rs) and PREFIXreport. Logs are
@@ -425,15 +456,7 @@ peer_steps() {
   if [[ $prefix == frag- ]]; then
     flag=--frag
   fi
-  echo "=== [$tag] plan"
-  run_captured "$LOGS/$tag-plan.log" env RMM_DEFAULT_STREAM=legacy "$peer" "${prefix}plan" "$plan" "$@"
-  steps+=("peer ${prefix}plan: $(describe_exit "$RC")")
-  if ((RC != 0)); then
-    printf '%s\n' "${steps[@]}" "$failed_line (no plan)" >"$report"
-    export_out "$report"
-    cat "$report"
-    return 1
-  fi
+  peer_plan "$tag" "${prefix}plan" "$plan" "$failed_line" "$@" || return 1
   echo "=== [$tag] RMM C++ (rmm_peer${flag:+ $flag})"
   run_captured "$LOGS/$tag-rmm.log" env LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     "$build/rmm_peer" ${flag:+"$flag"} "$plan" "$theirs"
@@ -446,14 +469,7 @@ peer_steps() {
   [[ -f $theirs ]] || : >"$theirs"
   run_captured "$LOGS/$tag-report.log" "$peer" "${prefix}report" "$ours" "$theirs"
   local rc=$RC
-  {
-    printf '%s\n' "${steps[@]}"
-    echo
-    grep -v "$last_re" "$LOGS/$tag-report.log"
-    local last
-    last=$(grep "$last_re" "$LOGS/$tag-report.log" | tail -n 1)
-    echo "${last:-$failed_line (no report: $(describe_exit "$rc"))}"
-  } >"$report"
+  peer_summary "$LOGS/$tag-report.log" "$last_re" "$failed_line" "$rc"
   if [[ -n ${OUT:-} ]] && mkdir -p "$OUT"; then
     cp "$ours" "$OUT/$tag-rmm-rs.tsv" 2>/dev/null
     cp "$theirs" "$OUT/$tag-rmm.tsv" 2>/dev/null
@@ -488,15 +504,7 @@ run_peer_wrap() {
   local build="$BUNDLE/peer/build" peer="$BUNDLE/examples/peer" libs=$PEER_LIBS
   local report="$LOGS/summary.txt" all="$build/wrap-plan-all.txt" plan="$build/wrap-plan.txt"
   local -a steps=()
-  echo "=== [peer-wrap] plan"
-  run_captured "$LOGS/peer-wrap-plan.log" env RMM_DEFAULT_STREAM=legacy "$peer" plan "$all"
-  steps+=("peer plan: $(describe_exit "$RC")")
-  if ((RC != 0)); then
-    printf '%s\n' "${steps[@]}" "$failed_line (no plan)" >"$report"
-    export_out "$report"
-    cat "$report"
-    return 1
-  fi
+  peer_plan peer-wrap plan "$all" "$failed_line" || return 1
   grep -v -E '^resource (pool|arena|binning|fixed_size|naive)( |$)' "$all" >"$plan"
   local ours="" theirs="" i n side out
   for ((i = 0; i < 2 * rounds; i++)); do
@@ -519,14 +527,8 @@ run_peer_wrap() {
   done
   echo "=== [peer-wrap] report"
   run_captured "$LOGS/peer-wrap-report.log" "$peer" report-rounds "$ours" "$theirs"
-  local rc=$RC last
-  {
-    printf '%s\n' "${steps[@]}"
-    echo
-    grep -v '^peer-wrap: ' "$LOGS/peer-wrap-report.log"
-    last=$(grep '^peer-wrap: ' "$LOGS/peer-wrap-report.log" | tail -n 1)
-    echo "${last:-$failed_line (no report: $(describe_exit "$rc"))}"
-  } >"$report"
+  local rc=$RC
+  peer_summary "$LOGS/peer-wrap-report.log" '^peer-wrap: ' "$failed_line" "$rc"
   if [[ -n ${OUT:-} ]] && mkdir -p "$OUT"; then
     cp "$LOGS/peer-wrap-report.log" "$OUT/peer-wrap-report.txt" 2>/dev/null
   fi

@@ -94,7 +94,7 @@ mod tests {
         assert!(RUN_SH.contains("peer_steps peer-frag frag- "));
         assert!(RUN_SH.contains("if [[ $prefix == frag- ]]; then\n    flag=--frag\n"));
         for step in [
-            "\"$peer\" \"${prefix}plan\" \"$plan\"",
+            "peer_plan \"$tag\" \"${prefix}plan\" \"$plan\"",
             "\"$build/rmm_peer\" ${flag:+\"$flag\"} \"$plan\" \"$theirs\"",
             "\"$peer\" \"${prefix}run\" \"$plan\" \"$ours\"",
             "\"$peer\" \"${prefix}report\" \"$ours\" \"$theirs\"",
