@@ -6,9 +6,9 @@
 //! A [`StreamLife`] can also *pin* its stream ([`StreamLife::pin`]) while it is alive: while a
 //! [`StreamPin`] is held the stream is not destroyed, so another thread may enqueue on it, e.g.
 //! record an event after the owner's work. Dropping the [`CudaStream`](crate::CudaStream) still
-//! ends the stream's life at once (no new pin, [`StreamLife::is_alive`] false once no pin is
-//! left); the driver's stream is destroyed by whichever goes last, the `CudaStream` or a pin,
-//! and only then counted in [`destroyed_streams`]. Nothing waits for a pin.
+//! ends the stream's life at once (no new pin, [`StreamLife::is_alive`] false); the driver's
+//! stream is destroyed by whichever goes last, the `CudaStream` or a pin, and only then counted
+//! in [`destroyed_streams`]. Nothing waits for a pin.
 //!
 //! Only streams created by [`CudaStream`](crate::CudaStream) (and so by
 //! [`CudaStreamPool`](crate::CudaStreamPool)) are known here. The special streams never die, and
@@ -76,8 +76,8 @@ impl Drop for Ident {
 pub struct StreamLife(Weak<Ident>);
 
 impl StreamLife {
-    /// `false` once the stream has been destroyed (or is being destroyed and no
-    /// [`StreamPin`] holds it any more).
+    /// `false` once its [`CudaStream`](crate::CudaStream) was dropped (the driver's stream may
+    /// still wait for a [`StreamPin`] to go before it is destroyed).
     #[must_use]
     pub fn is_alive(&self) -> bool {
         self.0
