@@ -22,9 +22,12 @@
 //! simulated memory on fake streams (`rmm_benches::reserve`; round robin on one thread, or one
 //! thread per copy with `--threaded`), printing peak reserved against peak live.
 //! `rmm_peer FILE OUT.tsv` (`benches/peer/rmm_peer.cpp`) is RMM's `run`. `report-rounds`
-//! reduces several processes' results a side (comma-separated lists) to per-cell medians and
-//! prints `peer-wrap: N cells, M above 1.00, K incomplete` (`bash gpu-bundle/run.sh
-//! peer-wrap`, which runs the `cuda` and `async` cells that way; `rmm_benches::peer_rounds`).
+//! reduces several processes' results a side (comma-separated lists, each in the order its
+//! processes ran) to per-cell medians, with each side's range and the ratio of the medians, and
+//! prints last `peer-wrappers: N cells, M above 1.00` (exit status 1 when a cell is missing or
+//! failed in some process). `bash gpu-bundle/run.sh peer` runs the `cuda` and `async` cells
+//! that way after its main comparison, and `run.sh peer-wrap` alone
+//! (`rmm_benches::peer_rounds`).
 //!
 //! `frag-plan`, `frag-run` and `frag-report` are the same for the fragmentation scenarios
 //! (`bash gpu-bundle/run.sh peer-frag`; see `rmm_benches::frag` and
@@ -49,7 +52,7 @@ use rmm_benches::peer::{
     read_plan, read_results, report, standard_plan, write_plan, CellResult, PeerPlan, PlanOptions,
     RESULTS_HEADER_LIVE,
 };
-use rmm_benches::peer_rounds::rounds_report;
+use rmm_benches::peer_rounds::{read_side, rounds_report, SideRuns};
 use rmm_benches::sizing::{DeviceMemory, MIB};
 #[cfg(feature = "driver-hooks")]
 use rmm_benches::{
@@ -200,33 +203,47 @@ fn run(file: &str, out: &str) -> Result<ExitCode, Error> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `peer report-rounds`: each side's results files (comma-separated, one per process) reduced
-/// per cell to medians over the processes (`rmm_benches::peer_rounds`, `run.sh peer-wrap`).
+/// `peer report-rounds`: each side's results files (comma-separated, one per process, in the
+/// order they ran) reduced per cell to medians over the processes (`rmm_benches::peer_rounds`;
+/// `run.sh peer` after its main comparison, `run.sh peer-wrap`). Exit status 1 when a cell
+/// is missing or failed in some process, or none was reduced.
 fn compare_rounds(ours: &str, theirs: &str) -> Result<ExitCode, Error> {
-    let read_all = |list: &str| -> Result<Vec<Vec<CellResult>>, Error> {
-        list.split(',')
+    let read_all = |list: &str| -> Result<SideRuns, Error> {
+        let files = list
+            .split(',')
             .filter(|f| !f.is_empty())
             .map(|f| {
                 let text =
                     std::fs::read_to_string(f).map_err(|e| format!("cannot read {f}: {e}"))?;
-                Ok(read_results(&text).map_err(|e| format!("{f}: {e}"))?.cells)
+                Ok((f.to_owned(), text))
             })
-            .collect()
+            .collect::<Result<Vec<_>, Error>>()?;
+        Ok(read_side(&files)?)
     };
     let (a, b) = (read_all(ours)?, read_all(theirs)?);
     println!(
-        "# Wrapper cells over {} rmm-rs and {} RMM processes (ABBA order; medians over the \
-         processes)\n",
-        a.len(),
-        b.len()
+        "# The wrapper cells (`async`, `cuda`) alone, {} rmm-rs and {} RMM processes in ABBA \
+         order (RMM, rmm-rs, rmm-rs, RMM, ...); medians over the processes\n",
+        a.runs.len(),
+        b.runs.len()
     );
-    let r = rounds_report(&a, &b);
-    print!("{}", r.table.render());
+    for note in a.notes.iter().chain(&b.notes) {
+        println!("- {note}");
+    }
+    let r = rounds_report(&a.runs, &b.runs);
     println!(
-        "\npeer-wrap: {} cells, {} above 1.00, {} incomplete",
-        r.cells, r.above, r.incomplete
+        "\n## rmm-rs / RMM, medians over the processes (ns per operation; below 1: rmm-rs \
+         faster; min-max: the range over one side's processes)\n"
     );
-    Ok(if r.cells > 0 && r.incomplete == 0 {
+    print!("{}", r.table.render());
+    if !r.incomplete.is_empty() {
+        println!(
+            "\nnot reduced (missing or failed in some process): {}",
+            r.incomplete.join(", ")
+        );
+    }
+    println!("\n{}", r.summary_line());
+    Ok(if r.complete() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE

@@ -14,13 +14,15 @@
 #                                      peer/rmm_peer.cpp with nvcc against the bundled librmm
 #                                      and rapids-logger wheels, then runs examples/peer plan
 #                                      (with ARGS, e.g. --quick), rmm_peer (RMM C++), examples/peer
-#                                      run (rmm-rs) and examples/peer report; last line
-#                                      "peer: N cells compared, M failed"
-#        run.sh peer-wrap [ROUNDS]     the peer plan's `cuda` and `async` cells only, each side in
-#                                      ROUNDS (default 3) fresh processes in ABBA order (RMM,
-#                                      rmm-rs, rmm-rs, RMM, ...), reduced by examples/peer
-#                                      report-rounds to per-cell medians; last line
-#                                      "peer-wrap: N cells, M above 1.00, K incomplete"
+#                                      run (rmm-rs) and examples/peer report, whose last line is
+#                                      "peer: N cells compared, M failed"; then the plan's `cuda`
+#                                      and `async` cells again, alone, each side in
+#                                      RMM_PEER_WRAP_ROUNDS (default 3; 0: skip) fresh processes
+#                                      in ABBA order (RMM, rmm-rs, rmm-rs, RMM, ...), reduced by
+#                                      examples/peer report-rounds to per-cell medians; last line
+#                                      "peer-wrappers: N cells, M above 1.00"
+#        run.sh peer-wrap [ROUNDS]     those wrapper rounds alone (ROUNDS a side, default 3), on a
+#                                      fresh plan; last line "peer-wrappers: N cells, M above 1.00"
 #        run.sh peer-frag [ARGS...]    the fragmentation scenarios (RMM issues 1957 and 496, the
 #                                      multi-stream workload) with RMM C++ beside rmm-rs (a
 #                                      `--peer` bundle): compiles rmm_peer.cpp as `peer` does,
@@ -59,6 +61,8 @@
 #                       (default /usr/local/nvidia/lib64)
 #   RMM_BENCH_FILTER    `bench` runs only the bench binaries whose name matches this glob
 #                       (e.g. '*--random_allocations'; default: all)
+#   RMM_PEER_WRAP_ROUNDS  fresh processes a side for `peer`'s wrapper rounds (default 3; 0:
+#                       none)
 #   NVCC                the compiler `peer` uses (default: nvcc on PATH, else
 #                       /usr/local/cuda/bin/nvcc or /usr/local/cuda-*/bin/nvcc)
 #   COMPUTE_SANITIZER   the compute-sanitizer `sanitize` uses (default: on PATH, else
@@ -76,7 +80,7 @@
 #   PYTHON              the Python `torch` and `torch-bench` use (default python3)
 #
 # Logs stay in logs/ beside this script: <mode>--<binary>.log, bench--<name>.log,
-# example--<name>.log, peer-*.log (peer-frag-*.log), sanitize-<tool>--<mode>--<binary>.log,
+# example--<name>.log, peer-*.log (peer-frag-*.log, peer-wrap-*.log), sanitize-<tool>--<mode>--<binary>.log,
 # torch--<program>.log, torch-bench.log, summary.txt.
 
 set -uo pipefail
@@ -480,33 +484,28 @@ peer_steps() {
   [[ $(tail -n 1 "$report") == *" 0 failed" ]] && ((rc == 0))
 }
 
-# run_peer [ARGS...]: compiles the RMM C++ driver against the bundled wheels, then plans,
-# runs both sides and reports; ARGS go to `examples/peer plan`.
-run_peer() {
-  local failed_line="peer: 0 cells compared, 1 failed"
-  peer_build "$failed_line" || return
-  peer_steps peer "" "$failed_line" '^peer: .* cells compared' "$@"
-}
-
-# run_peer_wrap [ROUNDS]: compiles the RMM C++ driver as `peer` does, plans, keeps the plan's
-# `cuda` and `async` cells, and runs them ROUNDS times a side, each in a fresh process, in
-# ABBA order (RMM, rmm-rs, rmm-rs, RMM, RMM, rmm-rs, ...) so that neither side always runs
-# first; then examples/peer report-rounds (per-cell medians over the processes).
-run_peer_wrap() {
-  local rounds=${1:-3}
-  local failed_line="peer-wrap: 0 cells, 0 above 1.00, 1 incomplete"
-  if ! [[ $rounds =~ ^[1-9][0-9]*$ ]]; then
-    echo "run.sh: peer-wrap: ROUNDS must be a positive number, not '$rounds'" >&2
-    echo "$failed_line (bad ROUNDS)"
+# peer_rounds PLAN ROUNDS: after peer_build, the wrapper cells again, alone: PLAN's `async` and
+# `cuda` resources (every other `resource` line dropped, the workloads kept) in
+# peer/build/wrap-plan.txt, each side in ROUNDS fresh processes in ABBA order (RMM, rmm-rs,
+# rmm-rs, RMM, RMM, rmm-rs, ...) so that neither side always runs first, then examples/peer
+# report-rounds (per-cell medians over the processes). Each process's exit is appended to the
+# caller's `steps`; logs are logs/peer-wrap-*.log, OUT gets peer-wrap-report.txt and every
+# process's peer-wrap-<side>-<n>.tsv. Writes the summary (`steps`, the report, its last
+# `peer-wrappers:` line or WRAP_FAILED with why) and returns 0 when report-rounds reduced
+# every cell.
+WRAP_FAILED="peer-wrappers: 0 cells, 0 above 1.00"
+peer_rounds() {
+  local all=$1 rounds=$2
+  local build="$BUNDLE/peer/build" peer="$BUNDLE/examples/peer" libs=$PEER_LIBS
+  local plan="$build/wrap-plan.txt"
+  sed -E '/^resource /{/^resource (async|cuda)$/!d;}' "$all" >"$plan"
+  if [[ $(grep -c -E '^resource ' "$plan") != 2 ]]; then
+    echo "run.sh: the plan $all lacks \`resource async\` or \`resource cuda\`" >&2
+    printf '%s\n' "${steps[@]}" "$WRAP_FAILED (no wrapper cells in the plan)" >"$LOGS/summary.txt"
     return 1
   fi
-  peer_build "$failed_line" || return
-  local build="$BUNDLE/peer/build" peer="$BUNDLE/examples/peer" libs=$PEER_LIBS
-  local report="$LOGS/summary.txt" all="$build/wrap-plan-all.txt" plan="$build/wrap-plan.txt"
-  local -a steps=()
-  peer_plan peer-wrap plan "$all" "$failed_line" || return 1
-  grep -v -E '^resource (pool|arena|binning|fixed_size|naive)( |$)' "$all" >"$plan"
   local ours="" theirs="" i n side out
+  local -a files=()
   for ((i = 0; i < 2 * rounds; i++)); do
     n=$((i / 2 + 1))
     # Pairs alternate which side goes first: (RMM, rmm-rs), (rmm-rs, RMM), ...
@@ -522,20 +521,84 @@ run_peer_wrap() {
       run_captured "$LOGS/peer-wrap-rmm-rs-$n.log" env RMM_DEFAULT_STREAM=legacy "$peer" run "$plan" "$out"
       ours+="${ours:+,}$out"
     fi
-    steps+=("$side process $n: $(describe_exit "$RC")")
+    steps+=("wrapper cells, $side process $n: $(describe_exit "$RC")")
     [[ -f $out ]] || : >"$out"
+    files+=("$out")
   done
   echo "=== [peer-wrap] report"
   run_captured "$LOGS/peer-wrap-report.log" "$peer" report-rounds "$ours" "$theirs"
   local rc=$RC
-  peer_summary "$LOGS/peer-wrap-report.log" '^peer-wrap: ' "$failed_line" "$rc"
+  peer_summary "$LOGS/peer-wrap-report.log" '^peer-wrappers: ' "$WRAP_FAILED" "$rc"
   if [[ -n ${OUT:-} ]] && mkdir -p "$OUT"; then
     cp "$LOGS/peer-wrap-report.log" "$OUT/peer-wrap-report.txt" 2>/dev/null
+    for out in "${files[@]}"; do
+      cp "$out" "$OUT/peer-${out##*/}" 2>/dev/null
+    done
   fi
-  export_out "$report"
+  return "$rc"
+}
+
+# wrap_rounds VALUE WHAT MIN: checks a number of processes a side (at least MIN); says why not.
+wrap_rounds() {
+  if [[ $1 =~ ^[0-9]+$ ]] && ((10#$1 >= $3)); then
+    return 0
+  fi
+  echo "run.sh: $2 must be a whole number of processes a side, at least $3, not '$1'" >&2
+  return 1
+}
+
+# run_peer [ARGS...]: compiles the RMM C++ driver against the bundled wheels, then plans,
+# runs both sides and reports; ARGS go to `examples/peer plan`. Then, unless
+# RMM_PEER_WRAP_ROUNDS is 0, the plan's wrapper cells again in fresh processes (peer_rounds,
+# RMM_PEER_WRAP_ROUNDS a side, default 3); the summary ends with their `peer-wrappers:` line.
+run_peer() {
+  local failed_line="peer: 0 cells compared, 1 failed"
+  local rounds=${RMM_PEER_WRAP_ROUNDS:-3}
+  if ! wrap_rounds "$rounds" RMM_PEER_WRAP_ROUNDS 0; then
+    echo "$failed_line (bad RMM_PEER_WRAP_ROUNDS)"
+    return 1
+  fi
+  rounds=$((10#$rounds))
+  peer_build "$failed_line" || return
+  local ok=0
+  peer_steps peer "" "$failed_line" '^peer: .* cells compared' "$@" || ok=1
+  ((rounds > 0)) || return "$ok"
+  if [[ $(tail -n 1 "$LOGS/summary.txt") == "$failed_line (no plan)" ]]; then
+    return 1
+  fi
+  local main="$LOGS/peer-main-summary.txt" wrap="$LOGS/peer-wrap-summary.txt"
+  cp "$LOGS/summary.txt" "$main"
+  local -a steps=()
   echo
-  cat "$report"
-  [[ $(tail -n 1 "$report") == *" 0 incomplete" ]] && ((rc == 0))
+  echo "=== [peer-wrap] the wrapper cells again, alone: $rounds fresh processes a side, ABBA order"
+  peer_rounds "$BUNDLE/peer/build/plan.txt" "$rounds" || ok=1
+  cp "$LOGS/summary.txt" "$wrap"
+  { cat "$main" && echo && cat "$wrap"; } >"$LOGS/summary.txt"
+  export_out "$LOGS/summary.txt"
+  echo
+  cat "$wrap"
+  return "$ok"
+}
+
+# run_peer_wrap [ROUNDS]: `run_peer`'s wrapper rounds alone (ROUNDS a side, default
+# RMM_PEER_WRAP_ROUNDS or 3) on a fresh plan with no arguments: compiles the RMM C++ driver as
+# `peer` does, plans, then peer_rounds.
+run_peer_wrap() {
+  local rounds=${1:-${RMM_PEER_WRAP_ROUNDS:-3}}
+  if ! wrap_rounds "$rounds" ROUNDS 1; then
+    echo "$WRAP_FAILED (bad ROUNDS)"
+    return 1
+  fi
+  rounds=$((10#$rounds))
+  peer_build "$WRAP_FAILED" || return
+  local all="$BUNDLE/peer/build/wrap-plan-all.txt" rc=0
+  local -a steps=()
+  peer_plan peer-wrap plan "$all" "$WRAP_FAILED" || return 1
+  peer_rounds "$all" "$rounds" || rc=1
+  export_out "$LOGS/summary.txt"
+  echo
+  cat "$LOGS/summary.txt"
+  return "$rc"
 }
 
 # run_peer_frag [ARGS...]: compiles the RMM C++ driver as `peer` does, then the fragmentation
@@ -959,7 +1022,7 @@ st_run() {
   env -u RMM_GPU_MODES -u RMM_GPU_TIMEOUT -u RMM_GPU_LOG_LIMIT -u OUT -u RMM_BENCH_FILTER -u NVCC \
     -u COMPUTE_SANITIZER -u RMM_SANITIZE_BINS -u RMM_SANITIZE_MODES -u RMM_SANITIZE_TIMEOUT \
     -u RMM_SANITIZE_SPLIT \
-    -u RMM_STRESS_OPS \
+    -u RMM_STRESS_OPS -u RMM_PEER_WRAP_ROUNDS \
     -u PYTHON -u RMM_RS_LIBRARY -u RMM_REPLAY \
     RMM_GPU_NVIDIA_LIB=/nonexistent "${envs[@]}" bash "$@" >"$tmp/$name.txt" 2>&1
   ST_RC=$?
@@ -1103,17 +1166,40 @@ printf '#!/usr/bin/env bash\nif [[ \$1 == --frag ]]; then echo \"rmm_peer frag p
 chmod +x \"\$out\""
   fake "$tmp/nvcc-broken" "echo 'rmm_peer.cpp:1: error: boom' >&2; exit 1"
   fake "$b7/examples/peer" "case \$1 in
-plan) echo \"plan args=\$*\"; echo plan >\"\$2\" ;;
+plan) echo \"plan args=\$*\"; printf 'rmm-peer-plan 1\\nreps 1\\nresource pool 0\\nresource async\\nresource cuda\\nresource fixed_size 8\\nresource naive 64\\nworkload a 1 2 x\\na 0 8\\nf 0\\nend\\n' >\"\$2\" ;;
 run) printf 'rmm-rs\\ta\\tpool\\t1\\t100.0\\t1024\\tok\\n' >\"\$3\"; echo \"run mode=\$RMM_DEFAULT_STREAM\" ;;
 report) echo \"report of \$(cat \"\$2\" \"\$3\" | wc -l) lines\"; echo 'peer: 1 cells compared, 0 failed' ;;
 frag-plan) echo \"frag-plan args=\$*\"; echo frag-plan >\"\$2\" ;;
 frag-run) echo rmm-rs-frag-row >\"\$3\"; echo \"frag-run mode=\$RMM_DEFAULT_STREAM\" ;;
 frag-report) echo \"frag-report of \$(cat \"\$2\" \"\$3\")\"; echo 'peer-frag: 1 rmm-rs rows, 1 RMM rows, 0 failed' ;;
-report-rounds) echo \"rounds ours=\$2 theirs=\$3\"; echo 'peer-wrap: 1 cells, 0 above 1.00, 0 incomplete' ;;
+report-rounds) echo \"rounds ours=\$2 theirs=\$3\"; [[ -n \${FAKE_ROUNDS_FAIL:-} ]] && exit 1; echo 'peer-wrappers: 1 cells, 0 above 1.00' ;;
 esac"
   st_run peer OUT="$tmp/out7" NVCC="$tmp/nvcc" -- "$b7/run.sh" peer --quick
   expect_eq "peer exits 0" "$ST_RC" 0
-  expect_eq "peer's last line" "$(tail -n 1 "$tmp/peer.txt")" "peer: 1 cells compared, 0 failed"
+  expect_eq "peer's last line is the wrapper rounds'" "$(tail -n 1 "$tmp/peer.txt")" \
+    "peer-wrappers: 1 cells, 0 above 1.00"
+  expect "the main comparison's line stays in the summary" file_has "$b7/logs/summary.txt" \
+    "$(printf 'report of 2 lines\npeer: 1 cells compared, 0 failed\n')"
+  expect_eq "the summary ends with the wrapper rounds' line" "$(tail -n 1 "$b7/logs/summary.txt")" \
+    "peer-wrappers: 1 cells, 0 above 1.00"
+  expect_eq "peer runs 3 processes a side in ABBA order" \
+    "$(grep -E '^wrapper cells, ' "$b7/logs/summary.txt" | cut -d: -f1 | tr '\n' ,)" \
+    "wrapper cells, rmm process 1,wrapper cells, rmm-rs process 1,wrapper cells, rmm-rs process 2,wrapper cells, rmm process 2,wrapper cells, rmm process 3,wrapper cells, rmm-rs process 3,"
+  expect_eq "the wrapper plan keeps async and cuda only" \
+    "$(grep '^resource ' "$b7/peer/build/wrap-plan.txt" | tr '\n' ,)" "resource async,resource cuda,"
+  expect_eq "and every other line of the main plan" \
+    "$(grep -v '^resource ' "$b7/peer/build/wrap-plan.txt")" \
+    "$(grep -v '^resource ' "$b7/peer/build/plan.txt")"
+  expect "RMM's processes replay the wrapper plan" file_has "$b7/logs/peer-wrap-rmm-3.log" \
+    "rmm_peer plan=$b7/peer/build/wrap-plan.txt ld=$b7/peer/build/librmm/librmm/lib64:"
+  expect "rmm-rs's processes run in legacy mode" file_has "$b7/logs/peer-wrap-rmm-rs-3.log" \
+    "run mode=legacy"
+  expect "report-rounds gets the three processes a side" file_has "$b7/logs/peer-wrap-report.log" \
+    "rounds ours=$b7/peer/build/wrap-rmm-rs-1.tsv,$b7/peer/build/wrap-rmm-rs-2.tsv,$b7/peer/build/wrap-rmm-rs-3.tsv theirs=$b7/peer/build/wrap-rmm-1.tsv,$b7/peer/build/wrap-rmm-2.tsv,$b7/peer/build/wrap-rmm-3.tsv"
+  expect "OUT gets the wrapper report" file_has "$tmp/out7/peer-wrap-report.txt" "peer-wrappers: 1 cells"
+  expect "OUT gets every wrapper process's results" file_has "$tmp/out7/peer-wrap-rmm-rs-3.tsv" "100.0"
+  expect_eq "OUT's summary ends with the wrapper line" "$(tail -n 1 "$tmp/out7/gpu-summary.txt")" \
+    "peer-wrappers: 1 cells, 0 above 1.00"
   expect "the plan gets the arguments" file_has "$b7/logs/peer-plan.log" "plan args=plan $b7/peer/build/plan.txt --quick"
   expect "nvcc compiles C++20" file_has "$tmp/nvcc-args.txt" "-std=c++20"
   expect_eq "the wheel's CCCL headers come first" "$(grep -m1 '^-I' "$tmp/nvcc-args.txt")" \
@@ -1126,6 +1212,19 @@ esac"
   expect "the report sees both results" file_has "$tmp/peer.txt" "report of 2 lines"
   expect "OUT gets RMM's results" file_has "$tmp/out7/peer-rmm.tsv" "400.0"
   expect "OUT gets the summary" file_has "$tmp/out7/gpu-summary.txt" "rmm_peer (RMM): exit status 0"
+  st_run peer0 RMM_PEER_WRAP_ROUNDS=0 NVCC="$tmp/nvcc" -- "$b7/run.sh" peer
+  expect_eq "RMM_PEER_WRAP_ROUNDS=0: peer exits 0" "$ST_RC" 0
+  expect_eq "RMM_PEER_WRAP_ROUNDS=0: the last line is the comparison's" \
+    "$(tail -n 1 "$tmp/peer0.txt")" "peer: 1 cells compared, 0 failed"
+  expect "RMM_PEER_WRAP_ROUNDS=0: no wrapper process" test ! -e "$b7/peer/build/wrap-plan.txt"
+  st_run peer1 RMM_PEER_WRAP_ROUNDS=1 FAKE_ROUNDS_FAIL=1 NVCC="$tmp/nvcc" -- "$b7/run.sh" peer
+  expect_eq "a failed report-rounds fails peer" "$ST_RC" 1
+  expect_eq "and says so last" "$(tail -n 1 "$tmp/peer1.txt")" \
+    "peer-wrappers: 0 cells, 0 above 1.00 (no report: exit status 1)"
+  expect_eq "RMM_PEER_WRAP_ROUNDS=1 runs one process a side" \
+    "$(grep -c -E '^wrapper cells, ' "$b7/logs/summary.txt")" 2
+  st_run peerbadrounds RMM_PEER_WRAP_ROUNDS=two NVCC="$tmp/nvcc" -- "$b7/run.sh" peer
+  expect_eq "a bad RMM_PEER_WRAP_ROUNDS fails peer" "$ST_RC" 1
   st_run peerbroken NVCC="$tmp/nvcc-broken" -- "$b7/run.sh" peer
   expect_eq "a compile error exits 1" "$ST_RC" 1
   expect "the compile error is shown" file_has "$tmp/peerbroken.txt" "rmm_peer.cpp:1: error: boom"
@@ -1157,10 +1256,12 @@ esac"
   st_run peerwrap OUT="$tmp/out7w" NVCC="$tmp/nvcc" -- "$b7/run.sh" peer-wrap 2
   expect_eq "peer-wrap exits 0" "$ST_RC" 0
   expect_eq "peer-wrap's last line" "$(tail -n 1 "$tmp/peerwrap.txt")" \
-    "peer-wrap: 1 cells, 0 above 1.00, 0 incomplete"
+    "peer-wrappers: 1 cells, 0 above 1.00"
   expect_eq "the processes alternate ABBA" \
-    "$(grep -E '^(rmm|rmm-rs) process ' "$b7/logs/summary.txt" | cut -d: -f1 | tr '\n' ,)" \
-    "rmm process 1,rmm-rs process 1,rmm-rs process 2,rmm process 2,"
+    "$(grep -E '^wrapper cells, ' "$b7/logs/summary.txt" | cut -d: -f1 | tr '\n' ,)" \
+    "wrapper cells, rmm process 1,wrapper cells, rmm-rs process 1,wrapper cells, rmm-rs process 2,wrapper cells, rmm process 2,"
+  expect "peer-wrap plans afresh" file_has "$b7/logs/peer-wrap-plan.log" \
+    "plan args=plan $b7/peer/build/wrap-plan-all.txt"
   expect "report-rounds gets every process's results" file_has "$b7/logs/peer-wrap-report.log" \
     "rounds ours=$b7/peer/build/wrap-rmm-rs-1.tsv,$b7/peer/build/wrap-rmm-rs-2.tsv theirs=$b7/peer/build/wrap-rmm-1.tsv,$b7/peer/build/wrap-rmm-2.tsv"
   st_run peerwrapbad NVCC="$tmp/nvcc" -- "$b7/run.sh" peer-wrap x

@@ -104,16 +104,18 @@ mod tests {
         assert!(README_TXT.contains("run.sh peer-frag"));
     }
 
-    /// `run.sh peer-wrap` runs the wrapper cells in fresh processes, alternating sides, and
-    /// reduces them with `report-rounds` (the self-test checks the order on fake programs).
+    /// `run.sh peer` runs the wrapper cells again after its main comparison, and `run.sh
+    /// peer-wrap` alone: a plan with only `async` and `cuda`, fresh processes alternating
+    /// sides, reduced by `report-rounds` (the self-test checks the order on fake programs).
     #[test]
     fn peer_wrap_mode_alternates_processes() {
         assert!(RUN_SH.contains("  peer-wrap)\n"));
-        assert!(
-            RUN_SH.contains("grep -v -E '^resource (pool|arena|binning|fixed_size|naive)( |$)'")
-        );
+        assert!(RUN_SH.contains("sed -E '/^resource /{/^resource (async|cuda)$/!d;}'"));
+        assert!(RUN_SH.contains("local rounds=${RMM_PEER_WRAP_ROUNDS:-3}"));
+        assert!(RUN_SH.contains("peer_rounds \"$BUNDLE/peer/build/plan.txt\" \"$rounds\""));
         assert!(RUN_SH.contains("\"$peer\" report-rounds \"$ours\" \"$theirs\""));
         assert!(README_TXT.contains("run.sh peer-wrap"));
+        assert!(README_TXT.contains("RMM_PEER_WRAP_ROUNDS"));
     }
 
     #[test]
