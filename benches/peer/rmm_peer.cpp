@@ -215,14 +215,16 @@ Plan read_plan(char const* path)
 
 // One thread's replay of `w` on `stream` through `mr`; returns its wall time from the barrier
 // to the end of its stream's work, or throws. Frees what it holds if an operation throws.
+// As rmm-rs's `replay_threads` and `replay` (benches/src/lib.rs): the thread waits at the
+// barrier, then makes its table of held pointers, then starts its clock.
 double replay(rmm::device_async_resource_ref mr,
               cudaStream_t stream,
               Workload const& w,
               std::barrier<>& start_line)
 {
+  start_line.arrive_and_wait();
   std::vector<std::pair<void*, std::size_t>> held(w.slots, {nullptr, 0});
   cuda::stream_ref s{stream};
-  start_line.arrive_and_wait();
   auto const t0 = std::chrono::steady_clock::now();
   std::size_t i = 0;
   try {
@@ -249,12 +251,14 @@ double replay(rmm::device_async_resource_ref mr,
 }
 
 // One pass: `streams.size()` threads, each replaying `w` on its stream; the slowest wall time.
+// The threads start when all of them and this thread have reached the barrier, as in rmm-rs's
+// `replay_threads`.
 double pass(rmm::device_async_resource_ref mr,
             std::vector<cudaStream_t> const& streams,
             Workload const& w,
             int device)
 {
-  std::barrier<> start_line(static_cast<std::ptrdiff_t>(streams.size()));
+  std::barrier<> start_line(static_cast<std::ptrdiff_t>(streams.size()) + 1);
   std::vector<double> walls(streams.size(), 0.0);
   std::vector<std::string> errors(streams.size());
   std::vector<std::thread> threads;
@@ -275,6 +279,7 @@ double pass(rmm::device_async_resource_ref mr,
       }
     });
   }
+  start_line.arrive_and_wait();
   for (auto& th : threads) {
     th.join();
   }

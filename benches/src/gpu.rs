@@ -401,7 +401,8 @@ pub struct Cell {
 /// Measures one cell: builds `spec`, creates one non-blocking stream per thread, replays
 /// `trace` `warmup` times untimed and `reps` times timed on `threads` threads (each its own
 /// copy on its own stream, started together); a pass costs the slowest thread's wall time /
-/// (operations x threads). The resource is dropped before the streams.
+/// (operations x threads). The resource is dropped, then the device synchronized, then the
+/// streams destroyed, as `rmm_peer`'s cell does (`benches/peer/rmm_peer.cpp`).
 pub fn measure(
     spec: Spec,
     trace: &Trace,
@@ -421,6 +422,8 @@ pub fn measure(
     }
     let peak_reserved = built.peak_reserved();
     drop(built);
+    // Untimed, and its result unused, as RMM's side ignores its `cudaDeviceSynchronize`'s.
+    let _ = rmm_sys::device_synchronize();
     drop(streams);
     let ns_per_op = median(&mut samples.clone());
     Ok(Cell {
