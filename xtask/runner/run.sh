@@ -22,7 +22,8 @@
 #                                      examples/peer report-rounds to per-cell medians; last line
 #                                      "peer-wrappers: N cells, M above 1.00"
 #        run.sh peer-wrap [ROUNDS]     those wrapper rounds alone (ROUNDS a side, default 3), on a
-#                                      fresh plan; last line "peer-wrappers: N cells, M above 1.00"
+#                                      fresh plan, reusing the rmm_peer an earlier `peer`
+#                                      compiled; last line "peer-wrappers: N cells, M above 1.00"
 #        run.sh peer-frag [ARGS...]    the fragmentation scenarios (RMM issues 1957 and 496, the
 #                                      multi-stream workload) with RMM C++ beside rmm-rs (a
 #                                      `--peer` bundle): compiles rmm_peer.cpp as `peer` does,
@@ -339,12 +340,14 @@ find_nvcc() {
   fi
 }
 
-# peer_build LAST_LINE: checks that the bundle has the peer side, unpacks the wheels and
+# peer_build LAST_LINE [reuse]: checks that the bundle has the peer side, unpacks the wheels and
 # compiles the RMM C++ driver into peer/build/rmm_peer; sets PEER_LIBS (the wheels' library
-# folders). On a compile error, writes the summary ending with "LAST_LINE (compile error)".
-# Returns 2 when the bundle has no peer side, 1 on another failure.
+# folders). With `reuse`, keeps peer/build as it is when its rmm_peer is newer than
+# rmm_peer.cpp and the wheels (an earlier `peer` compiled it). On a compile error, writes the
+# summary ending with "LAST_LINE (compile error)". Returns 2 when the bundle has no peer side,
+# 1 on another failure.
 peer_build() {
-  local last_line=$1
+  local last_line=$1 reuse=${2:-}
   local dir="$BUNDLE/peer" build="$BUNDLE/peer/build" peer="$BUNDLE/examples/peer"
   local report="$LOGS/summary.txt"
   if [[ ! -f $dir/rmm_peer.cpp ]]; then
@@ -364,12 +367,19 @@ peer_build() {
     echo "run.sh: peer/wheels/ must hold one librmm_cu13-*.whl and one rapids_logger-*.whl (found ${#rmm_whl[@]} and ${#log_whl[@]})" >&2
     return 2
   fi
+  local rmm_root="$build/librmm/librmm" log_root="$build/rapids_logger/rapids_logger" f
+  if [[ $reuse == reuse && -x $build/rmm_peer && $build/rmm_peer -nt $dir/rmm_peer.cpp &&
+    $build/rmm_peer -nt ${rmm_whl[0]} && $build/rmm_peer -nt ${log_whl[0]} &&
+    -f $rmm_root/lib64/librmm.so && -f $log_root/lib64/librapids_logger.so ]]; then
+    echo "=== [peer] reusing peer/build/rmm_peer (newer than rmm_peer.cpp and the wheels)"
+    PEER_LIBS="$rmm_root/lib64:$log_root/lib64"
+    return 0
+  fi
   rm -rf "$build"
   mkdir -p "$build"
   echo "=== [peer] unpacking ${rmm_whl[0]##*/} and ${log_whl[0]##*/}"
   unpack "${rmm_whl[0]}" "$build/librmm" || return 1
   unpack "${log_whl[0]}" "$build/rapids_logger" || return 1
-  local rmm_root="$build/librmm/librmm" log_root="$build/rapids_logger/rapids_logger" f
   for f in "$rmm_root/include/rmm" "$rmm_root/include/rapids/cuda" "$rmm_root/lib64/librmm.so" \
     "$log_root/include" "$log_root/lib64/librapids_logger.so"; do
     if [[ ! -e $f ]]; then
@@ -582,7 +592,7 @@ run_peer() {
 
 # run_peer_wrap [ROUNDS]: `run_peer`'s wrapper rounds alone (ROUNDS a side, default
 # RMM_PEER_WRAP_ROUNDS or 3) on a fresh plan with no arguments: compiles the RMM C++ driver as
-# `peer` does, plans, then peer_rounds.
+# `peer` does (or reuses the one an earlier `peer` compiled), plans, then peer_rounds.
 run_peer_wrap() {
   local rounds=${1:-${RMM_PEER_WRAP_ROUNDS:-3}}
   if ! wrap_rounds "$rounds" ROUNDS 1; then
@@ -590,7 +600,7 @@ run_peer_wrap() {
     return 1
   fi
   rounds=$((10#$rounds))
-  peer_build "$WRAP_FAILED" || return
+  peer_build "$WRAP_FAILED" reuse || return
   local all="$BUNDLE/peer/build/wrap-plan-all.txt" rc=0
   local -a steps=()
   peer_plan peer-wrap plan "$all" "$WRAP_FAILED" || return 1
@@ -1266,6 +1276,19 @@ esac"
     "rounds ours=$b7/peer/build/wrap-rmm-rs-1.tsv,$b7/peer/build/wrap-rmm-rs-2.tsv theirs=$b7/peer/build/wrap-rmm-1.tsv,$b7/peer/build/wrap-rmm-2.tsv"
   st_run peerwrapbad NVCC="$tmp/nvcc" -- "$b7/run.sh" peer-wrap x
   expect_eq "a bad ROUNDS fails peer-wrap" "$ST_RC" 1
+  # peer-wrap reuses the driver compiled before (a broken compiler shows it is not called)...
+  touch -d @1000000000 "$b7/peer/rmm_peer.cpp" "$b7"/peer/wheels/*.whl
+  st_run peerwrapreuse RMM_PEER_WRAP_ROUNDS=1 NVCC="$tmp/nvcc-broken" -- "$b7/run.sh" peer-wrap
+  expect_eq "peer-wrap reuses the compiled driver" "$ST_RC" 0
+  expect "and says so" file_has "$tmp/peerwrapreuse.txt" "reusing peer/build/rmm_peer"
+  expect_eq "RMM_PEER_WRAP_ROUNDS sets peer-wrap's default" \
+    "$(grep -c -E '^wrapper cells, ' "$b7/logs/summary.txt")" 2
+  # ... but not one older than its source.
+  touch -d "@$(($(date +%s) + 100))" "$b7/peer/rmm_peer.cpp"
+  st_run peerwrapstale NVCC="$tmp/nvcc-broken" -- "$b7/run.sh" peer-wrap 1
+  expect_eq "a newer rmm_peer.cpp is compiled again" "$ST_RC" 1
+  expect_eq "peer-wrap's compile error line" "$(tail -n 1 "$tmp/peerwrapstale.txt")" \
+    "peer-wrappers: 0 cells, 0 above 1.00 (compile error)"
 
   # 8. sanitize: a fake compute-sanitizer that runs the binary and reports the errors it asks for
   # (lines "SANITIZER-ERROR <tool>"), in the two summary formats.
