@@ -238,9 +238,10 @@ pub(crate) fn build(out: &Path, with_peer: bool, torch: bool) -> Result<(), Erro
     }
     if with_peer {
         println!(
-            "the peer comparison with RMM C++: bash {0}/run.sh peer; the fragmentation \
-             scenarios beside RMM's: bash {0}/run.sh peer-frag; the wrapper cells over \
-             several processes a side: bash {0}/run.sh peer-wrap",
+            "the peer comparison with RMM C++, then its wrapper cells over several \
+             processes a side: bash {0}/run.sh peer (RMM_PEER_WRAP_ROUNDS=0: the comparison \
+             alone; run.sh peer-wrap: the wrapper cells alone); the fragmentation scenarios \
+             beside RMM's: bash {0}/run.sh peer-frag",
             out.display()
         );
     }
