@@ -9,7 +9,7 @@
 //! peer frag-plan FILE [--quick]
 //! peer frag-run FILE OUT.tsv
 //! peer frag-report RMM_RS.tsv RMM.tsv
-//! peer simulate [--ops N] [--passes N] [--threads 1,4,16] [--free-gib G] [--threaded]
+//! peer simulate [--ops N] [--passes N] [--threads 1,4,16] [--free-gib G] [--threaded | --shuffled [--seed S]]
 //! ```
 //!
 //! `plan` generates the workloads, sized from the device's memory, and writes them with the
@@ -71,7 +71,7 @@ const USAGE: &str =
        peer frag-plan FILE [--quick]
        peer frag-run FILE OUT.tsv
        peer frag-report RMM_RS.tsv RMM.tsv
-       peer simulate [--ops N] [--passes N] [--threads 1,4,16] [--free-gib G] [--threaded]";
+       peer simulate [--ops N] [--passes N] [--threads 1,4,16] [--free-gib G] [--threaded | --shuffled [--seed S]]";
 
 fn main() -> ExitCode {
     let args = Args::from_env();
@@ -82,6 +82,7 @@ fn main() -> ExitCode {
         "--threads",
         "--passes",
         "--free-gib",
+        "--seed",
     ]);
     let result = match pos
         .iter()
@@ -387,6 +388,10 @@ fn simulate(args: &Args) -> Result<ExitCode, Error> {
     let passes = args.usize_or("--passes", plan.warmup + plan.reps)?.max(1);
     let replay = if args.has("--threaded") {
         Replay::Threads
+    } else if args.has("--shuffled") {
+        Replay::Shuffled {
+            seed: args.usize_or("--seed", 1)? as u64,
+        }
     } else {
         Replay::RoundRobin
     };
@@ -395,8 +400,9 @@ fn simulate(args: &Args) -> Result<ExitCode, Error> {
         free >> 30,
         plan.workloads.first().map_or(0, |w| w.trace.ops.len()),
         match replay {
-            Replay::RoundRobin => "round robin on one thread",
-            Replay::Threads => "one thread per copy",
+            Replay::RoundRobin => "round robin on one thread".to_string(),
+            Replay::Threads => "one thread per copy".to_string(),
+            Replay::Shuffled { seed } => format!("a random copy at each step, seed {seed}"),
         }
     );
     println!(

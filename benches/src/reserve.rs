@@ -62,6 +62,11 @@ pub enum Replay {
     RoundRobin,
     /// One host thread per copy.
     Threads,
+    /// One thread, a random copy at each step (seeded).
+    Shuffled {
+        /// The generator's seed.
+        seed: u64,
+    },
 }
 
 /// The memory figures of one simulated cell.
@@ -108,6 +113,10 @@ pub fn simulate_reserved(
             rmm_sys::fault::calls(DriverCall::Synchronize)
         }
         Replay::Threads => replay_on_threads(&*mr, trace, &streams, passes)?,
+        Replay::Shuffled { seed } => {
+            replay_shuffled(&*mr, trace, &streams, passes, seed)?;
+            rmm_sys::fault::calls(DriverCall::Synchronize)
+        }
     };
     drop(mr);
     Ok(Reserved {
@@ -150,6 +159,68 @@ fn replay_on_threads(
                 .map(|n| sum + n)
         })
     })
+}
+
+/// On the calling thread, `passes` times: every copy (one per stream) replays `trace`, a copy
+/// drawn at random (seeded) taking the next step; a pass ends when every copy finished it.
+fn replay_shuffled(
+    mr: &dyn DeviceMemoryResource,
+    trace: &Trace,
+    streams: &[CudaStreamView<'_>],
+    passes: usize,
+    seed: u64,
+) -> MrResult<()> {
+    let mut rng = crate::Rng::new(seed);
+    let mut held = vec![vec![(DevicePtr::NULL, 0usize); trace.slots]; streams.len()];
+    let mut result = Ok(());
+    'passes: for _ in 0..passes {
+        let mut next = vec![0usize; streams.len()];
+        // The copies not yet through this pass.
+        let mut running: Vec<usize> = (0..streams.len()).collect();
+        while !running.is_empty() {
+            let k = rng.range(0, running.len() - 1);
+            let t = running[k];
+            let (stream, i) = (streams[t], next[t]);
+            if let Err(e) = step(mr, stream, &mut held[t], trace.ops[i]) {
+                result = Err(MrError::bad_alloc(format!(
+                    "copy {t}, operation {i} of {} failed: {e}",
+                    trace.ops.len()
+                )));
+                break 'passes;
+            }
+            next[t] += 1;
+            if next[t] == trace.ops.len() {
+                running.swap_remove(k);
+            }
+        }
+    }
+    for (&stream, slots) in streams.iter().zip(held) {
+        for (p, size) in slots.into_iter().filter(|(p, _)| !p.is_null()) {
+            // SAFETY: each live slot holds a pointer from `mr` with its size, freed once.
+            let _ = unsafe { mr.deallocate(stream, p, size, 256) };
+        }
+    }
+    result
+}
+
+/// One operation of a copy on `stream`, its live pointers in `held` (by slot).
+fn step(
+    mr: &dyn DeviceMemoryResource,
+    stream: CudaStreamView<'_>,
+    held: &mut [(DevicePtr, usize)],
+    op: Op,
+) -> MrResult<()> {
+    match op {
+        Op::Alloc { slot, size } => mr.allocate(stream, size, 256).map(|p| {
+            held[slot as usize] = (p, size);
+        }),
+        Op::Free { slot } => {
+            let (p, size) = std::mem::replace(&mut held[slot as usize], (DevicePtr::NULL, 0));
+            // SAFETY: `p` came from `mr` with `size` on this stream, freed once (the slot is
+            // emptied here).
+            unsafe { mr.deallocate(stream, p, size, 256) }
+        }
+    }
 }
 
 /// Replays `trace` once on `stream`, freeing what it holds if an operation fails.
