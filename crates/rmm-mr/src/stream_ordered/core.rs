@@ -28,6 +28,7 @@ use rmm_sys::{checked_align_up, DeviceGuard, DeviceId, DevicePtr, ALLOCATION_ALI
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
 use crate::stream_ordered::append_only::AppendOnlyVec;
+use crate::stream_ordered::moves::{Moves, SETTLE_TRIES};
 pub(crate) use crate::stream_ordered::pressure::GrowthCause;
 use crate::stream_ordered::pressure::PressureScope;
 use crate::stream_ordered::slot_table::{Placement, SlotTable};
@@ -397,6 +398,9 @@ pub(crate) struct StreamOrdered<L: FreeBlocks> {
     /// synchronization).
     device: Option<DeviceId>,
     in_flight: InFlight,
+    /// The merges made outside the growth lock, counted so that a grower does not miss their
+    /// blocks in transit (see [`moves`](crate::stream_ordered::moves)).
+    moves: Moves,
     /// Requests of at most this many bytes give the wholly free chunks back before they fail
     /// (and grow once more); `None`: never (see
     /// [`release_before_failing`](Self::release_before_failing)).
@@ -422,6 +426,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             used: AtomicBool::new(false),
             device: rmm_sys::current_device().ok(),
             in_flight: InFlight::default(),
+            moves: Moves::new(),
             release_limit: None,
         }
     }
@@ -444,6 +449,12 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             .blocks
             .add_chunk(ptr.addr(), size)
             .map_err(|e| MrError::bad_alloc(format!("initial chunk rejected: {e}")))
+    }
+
+    /// The merges in transit (tests set its hooks).
+    #[cfg(test)]
+    pub(crate) fn moves(&self) -> &Moves {
+        &self.moves
     }
 
     /// Bytes obtained from the upstream and not given back.
@@ -803,7 +814,9 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     /// A victim that needs a device synchronization is skipped unless `may_sync`; then the
     /// blocks are taken out under its lock and the device is synchronized with no lock held.
     /// When nothing is taken, says whether a fitting block was withheld for want of an event
-    /// (the growth that follows is then [`GrowthCause::Pressure`]).
+    /// (the growth that follows is then [`GrowthCause::Pressure`]). `may_sync` is true exactly
+    /// outside the growth lock, where the merges that need no synchronization are counted in
+    /// [`Moves`] while their blocks are in transit.
     fn take_from_others(
         &self,
         own: &StreamList<L>,
@@ -857,7 +870,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         }
         // Merge whole lists into this one, retrying after each.
         for victim in &others {
-            let (moved, victim_key, sync) = {
+            let (moved, victim_key, sync, _transit) = {
                 let mut st = victim.lock();
                 if st.blocks.is_empty() {
                     continue;
@@ -867,10 +880,17 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                     Steal::Now => None,
                     Steal::AfterSync(snapshot) => Some(snapshot),
                 };
+                // Outside the growth lock, a grower must not miss these blocks while they are
+                // in no list (until `deposit_and_take` below). A merge behind a synchronization
+                // is not counted: no grower waits for another thread's synchronization.
+                let transit = (may_sync && sync.is_none()).then(|| self.moves.begin());
                 let moved = std::mem::replace(&mut st.blocks, self.empty.clone());
                 st.after_take();
-                (moved, st.key(), sync)
+                (moved, st.key(), sync, transit)
             };
+            if _transit.is_some() {
+                self.moves.in_transit_point();
+            }
             let _busy = sync.map(|_| self.in_flight.begin());
             if let Some(snapshot) = sync {
                 if let Err(e) = self.synchronize_device() {
@@ -914,12 +934,27 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             // of growing the pool once per waiting thread (RMM serializes everything on one mutex
             // and so never races here). Nothing synchronizes the device under this lock.
             let mut chunks = self.lock_chunks();
-            if let Some(block) = self.take_own(own, key, size) {
-                return Ok(block);
-            }
-            let withheld = match self.take_from_others(own, key, stream, size, false)? {
-                Search::Taken(block) => return Ok(block),
-                Search::Missed { withheld } => withheld,
+            let mut tries = 0;
+            let withheld = loop {
+                let since = self.moves.snapshot();
+                if let Some(block) = self.take_own(own, key, size) {
+                    return Ok(block);
+                }
+                match self.take_from_others(own, key, stream, size, false)? {
+                    Search::Taken(block) => return Ok(block),
+                    // Grow only once no merge outside this lock could have hidden free blocks
+                    // from the search (in transit, or moved behind it); see `moves`.
+                    Search::Missed { withheld }
+                        if tries == SETTLE_TRIES || self.moves.settled_since(since) =>
+                    {
+                        break withheld;
+                    }
+                    Search::Missed { .. } => {
+                        self.moves.unsettled_point();
+                        tries += 1;
+                        std::thread::yield_now();
+                    }
+                }
             };
             // Chunks that merge grow the free block at the end of the memory by what it lacks.
             // A fitting block withheld for want of an event (its owner will record at its next

@@ -8,6 +8,7 @@ pub(crate) mod append_only;
 pub(crate) mod core;
 pub(crate) mod event_policy;
 pub(crate) mod handed;
+pub(crate) mod moves;
 pub(crate) mod pressure;
 pub(crate) mod slot_table;
 pub(crate) mod stream_lists;
