@@ -277,4 +277,33 @@ mod tests {
             one.peak_reserved
         );
     }
+
+    /// The same bound with the copies drifting apart ([`Replay::Shuffled`]), for the pool and
+    /// for binning (small bins over the pool, whose doubling quantizes what it reserves); and a
+    /// seed replays the same schedule.
+    #[test]
+    fn four_streams_reserve_what_they_live_in_any_order() {
+        let trace = Trace::random(4000, 1, 64 << 10, 200, 7);
+        let binning = SimResource::Binning {
+            min_exp: 10,
+            max_exp: 14,
+        };
+        for resource in [SimResource::Pool, binning] {
+            let one = simulate_reserved(resource, &trace, 1, 2, Replay::RoundRobin).unwrap();
+            for seed in 1..=3 {
+                let replay = Replay::Shuffled { seed };
+                let four = simulate_reserved(resource, &trace, 4, 2, replay).unwrap();
+                assert!(four.peak_reserved >= four.peak_live);
+                assert!(
+                    four.peak_reserved <= 4 * one.peak_reserved,
+                    "{}, seed {seed}: 4 streams reserve {} bytes, 1 stream {}",
+                    resource.name(),
+                    four.peak_reserved,
+                    one.peak_reserved
+                );
+                let again = simulate_reserved(resource, &trace, 4, 2, replay).unwrap();
+                assert_eq!(again, four, "seed {seed} replayed differently");
+            }
+        }
+    }
 }
