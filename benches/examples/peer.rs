@@ -19,8 +19,9 @@
 //! baseline and, last, the line `peer: N cells compared, M failed` (exit status 1 when a cell
 //! failed or none compared). `simulate` needs no GPU: it builds the standard plan for a device
 //! with `G` GiB free (default 79, an 80 GB H100) and replays its `pool` and `binning` cells over
-//! simulated memory on fake streams (`rmm_benches::reserve`; round robin on one thread, or one
-//! thread per copy with `--threaded`), printing peak reserved against peak live.
+//! simulated memory on fake streams (`rmm_benches::reserve`; round robin on one thread, one
+//! thread per copy with `--threaded`, or a seeded random copy at each step with `--shuffled
+//! [--seed S]`, default seed 1), printing peak reserved against peak live.
 //! `rmm_peer FILE OUT.tsv` (`benches/peer/rmm_peer.cpp`) is RMM's `run`. `report-rounds`
 //! reduces several processes' results a side (comma-separated lists, each in the order its
 //! processes ran) to per-cell medians, with each side's range and the ratio of the medians, and
