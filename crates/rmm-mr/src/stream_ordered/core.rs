@@ -870,7 +870,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         }
         // Merge whole lists into this one, retrying after each.
         for victim in &others {
-            let (moved, victim_key, sync, _transit) = {
+            let (moved, victim_key, sync, transit) = {
                 let mut st = victim.lock();
                 if st.blocks.is_empty() {
                     continue;
@@ -888,7 +888,8 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 st.after_take();
                 (moved, st.key(), sync, transit)
             };
-            if _transit.is_some() {
+            // `transit` lives to the end of this iteration, after the deposit.
+            if transit.is_some() {
                 self.moves.in_transit_point();
             }
             let _busy = sync.map(|_| self.in_flight.begin());
