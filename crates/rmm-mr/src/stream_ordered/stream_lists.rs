@@ -394,48 +394,43 @@ impl<L> ListState<L> {
             }
             Some(StreamKey::PerThread(_)) => CudaStreamView::legacy(),
             Some(StreamKey::Stream(_) | StreamKey::Orphan) => {
-                // An owning stream that is still alive stays so while pinned: record on it.
-                if let Some(pin) = self.owner.as_ref().and_then(StreamLife::pin) {
-                    return match self.policy.on_steal_pinned() {
-                        StealAction::RecordThenWait => {
-                            if let Err(e) = self.event().and_then(|ev| ev.record(pin.view())) {
-                                log::warn!(
-                                    "rmm: could not record a pool event on stream {} ({e}); the \
-                                     next thief of its blocks will synchronize the device",
-                                    pin.view()
-                                );
-                                self.policy.record_failed();
-                                return Ok(Steal::NotNow);
-                            }
-                            drop(pin);
-                            self.event()?.wait(thief)?;
-                            Ok(Steal::Now)
+                // An owning stream that is still alive stays so while pinned: the thief may
+                // record on it itself. Other lists follow the ask / synchronize rule.
+                let pin = self.owner.as_ref().and_then(StreamLife::pin);
+                let action = match pin {
+                    Some(_) => self.policy.on_steal_pinned(),
+                    None => self.policy.on_steal(Instant::now()),
+                };
+                return match (action, pin) {
+                    (StealAction::RecordThenWait, Some(pin)) => {
+                        if let Err(e) = self.event().and_then(|ev| ev.record(pin.view())) {
+                            log::warn!(
+                                "rmm: could not record a pool event on stream {} ({e}); the \
+                                 next thief of its blocks will synchronize the device",
+                                pin.view()
+                            );
+                            self.policy.record_failed();
+                            return Ok(Steal::NotNow);
                         }
-                        StealAction::WaitEvent => {
-                            drop(pin);
-                            if let Some(ev) = &self.event {
-                                ev.wait(thief)?;
-                            }
-                            Ok(Steal::Now)
-                        }
-                        StealAction::Ask | StealAction::SyncDevice => Ok(Steal::NotNow),
-                    };
-                }
-                return match self.policy.on_steal(Instant::now()) {
-                    StealAction::Ask => Ok(Steal::NotNow),
-                    StealAction::SyncDevice if may_sync => {
-                        Ok(Steal::AfterSync(self.policy.entered()))
+                        drop(pin);
+                        self.event()?.wait(thief)?;
+                        Ok(Steal::Now)
                     }
-                    StealAction::SyncDevice => Ok(Steal::NotNow),
                     // Unpinned thieves are never told to record.
-                    StealAction::RecordThenWait => Ok(Steal::NotNow),
-                    // Covered: recorded after every block that entered, or never needed.
-                    StealAction::WaitEvent => {
+                    (StealAction::RecordThenWait, None) => Ok(Steal::NotNow),
+                    // Covered: recorded after every block that entered, or never needed (only
+                    // the orphan list has `waits`; it is never pinned).
+                    (StealAction::WaitEvent, pin) => {
+                        drop(pin);
                         for ev in self.event.iter().chain(&self.waits) {
                             ev.wait(thief)?;
                         }
                         Ok(Steal::Now)
                     }
+                    (StealAction::SyncDevice, _) if may_sync => {
+                        Ok(Steal::AfterSync(self.policy.entered()))
+                    }
+                    (StealAction::Ask | StealAction::SyncDevice, _) => Ok(Steal::NotNow),
                 };
             }
         };
