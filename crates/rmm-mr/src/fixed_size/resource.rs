@@ -17,6 +17,11 @@ use crate::util::alignment;
 use crate::util::cross_thread::Origin;
 use crate::util::format::format_bytes;
 
+/// The most blocks a thief takes along from another stream's list besides the one it needs
+/// (half the list at most): a stream whose own list ran dry then waits on another stream's
+/// event once per batch, not once per allocation.
+const THIEF_SHARE: usize = 32;
+
 /// RMM's default block size: 1 MiB.
 pub const DEFAULT_BLOCK_SIZE: usize = 1 << 20;
 
@@ -188,6 +193,16 @@ impl FreeBlocks for FixedBlocks {
 
     fn is_empty(&self) -> bool {
         self.free.is_empty()
+    }
+
+    /// Half the victim's blocks, at most [`THIEF_SHARE`]: every block fits every request.
+    fn share_with_thief(&mut self, _size: usize, into: &mut Self) {
+        for _ in 0..(self.free.len() / 2).min(THIEF_SHARE) {
+            match self.free.pop_front() {
+                Some(block) => into.free.push_back(block),
+                None => break,
+            }
+        }
     }
 
     fn holds(&self, addr: u64) -> bool {
@@ -566,6 +581,38 @@ mod tests {
         match r {
             Err(MrError::InvalidFree { kind, .. }) => kind,
             other => panic!("expected an invalid free, got {other:?}"),
+        }
+    }
+
+    /// A stream whose list is empty steals one block and takes half the victim's others
+    /// along (at most `THIEF_SHARE`), so that its next allocations need no steal (and no wait).
+    #[test]
+    fn a_thief_takes_a_share_of_the_victims_blocks_along() {
+        use crate::stream_ordered::stream_lists::StreamKey;
+        let _sim = rmm_sys::fault::FaultScope::simulated();
+        let (r, _mock) = fixed(1024, 9);
+        let blocks: Vec<DevicePtr> = (0..9).map(|_| r.allocate(s(), 1024, 256).unwrap()).collect();
+        for &p in &blocks {
+            // SAFETY: from `r` with this size, freed once.
+            unsafe { r.deallocate(s(), p, 1024, 256).unwrap() };
+        }
+        let holder = |ptr: DevicePtr| r.inner.core.list_holding(ptr.addr());
+        let count = |key: Option<StreamKey>| blocks.iter().filter(|&&p| holder(p) == key).count();
+        assert_eq!(count(Some(StreamKey::Legacy)), 9);
+        let b = CudaStreamView::simulated(2);
+        let first = r.allocate(b, 1024, 256).unwrap();
+        assert_eq!(r.pool_size(), 9 * 1024, "grew instead of stealing");
+        // One taken, half of the other 8 moved to b's list.
+        assert_eq!(count(Some(StreamKey::Legacy)), 4);
+        assert_eq!(count(None), 1);
+        let mine: Vec<DevicePtr> = (0..4).map(|_| r.allocate(b, 1024, 256).unwrap()).collect();
+        assert_eq!(count(Some(StreamKey::Legacy)), 4, "b stole again instead of using its share");
+        assert_eq!(count(None), 5);
+        // SAFETY: from `r` with this size, each freed once.
+        unsafe {
+            for p in mine.into_iter().chain([first]) {
+                r.deallocate(b, p, 1024, 256).unwrap();
+            }
         }
     }
 

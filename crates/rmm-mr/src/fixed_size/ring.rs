@@ -37,6 +37,12 @@ impl<T: Copy + Default> Ring<T> {
         self.len == 0
     }
 
+    /// Number of items.
+    #[must_use]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
     /// Appends `item` at the back.
     #[inline]
     pub(crate) fn push_back(&mut self, item: T) {

@@ -76,6 +76,14 @@ pub(crate) trait FreeBlocks: Clone + Send + 'static {
     /// Whether the list holds no block.
     fn is_empty(&self) -> bool;
 
+    /// A thief whose stream has just waited for every block of this list took one for `size`
+    /// bytes: moves into `into` (empty) the blocks it may take along for its next requests, so
+    /// that a stream whose list ran dry does not steal (and wait) once per allocation. The
+    /// default moves nothing: a coalescing list keeps its remainder with its stream.
+    fn share_with_thief(&mut self, size: usize, into: &mut Self) {
+        let _ = (size, into);
+    }
+
     /// Whether `addr` lies in a free block of this list (to tell a double free from an unknown
     /// pointer).
     fn holds(&self, addr: u64) -> bool;
@@ -799,6 +807,26 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         Ok(block)
     }
 
+    /// Moves `blocks`, which `stream` may use (it waited for them), into `own`, the list of
+    /// `key`; to the orphan list if `own` was retired meanwhile. On error the blocks not
+    /// absorbed are returned.
+    fn deposit(
+        &self,
+        own: &StreamList<L>,
+        key: StreamKey,
+        stream: CudaStreamView<'_>,
+        mut blocks: L,
+    ) -> Result<(), (L, String)> {
+        let mut st = own.lock();
+        if st.key() == Some(key) {
+            st.publish(stream, self.is_eager());
+            return st.blocks.absorb(&mut blocks).map_err(|e| (blocks, e));
+        }
+        drop(st);
+        self.to_orphan(blocks);
+        Ok(())
+    }
+
     /// Synchronizes the device of this resource (made current for the call), with no lock of
     /// the resource held by the caller.
     fn synchronize_device(&self) -> MrResult<()> {
@@ -839,10 +867,29 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 // record, or only a device synchronization would do).
                 Steal::NotNow => withheld = true,
                 Steal::Now => {
-                    if let Some(block) = st.blocks.take(size) {
-                        st.after_take();
+                    let Some(block) = st.blocks.take(size) else {
+                        continue;
+                    };
+                    let mut share = self.empty.clone();
+                    st.blocks.share_with_thief(size, &mut share);
+                    st.after_take();
+                    if share.is_empty() {
                         return Ok(Search::Taken(block));
                     }
+                    // As a merge: outside the growth lock a grower must not miss the share
+                    // while it is in no list.
+                    let transit = may_sync.then(|| self.moves.begin());
+                    let victim_key = st.key();
+                    drop(st);
+                    if transit.is_some() {
+                        self.moves.in_transit_point();
+                    }
+                    if let Err((rest, e)) = self.deposit(own, key, stream, share) {
+                        log::error!("rmm: inconsistent free lists after a steal: {e}");
+                        self.give_back(victim, victim_key, rest);
+                    }
+                    drop(transit);
+                    return Ok(Search::Taken(block));
                 }
                 Steal::AfterSync(snapshot) => {
                     let victim_key = st.key();
