@@ -591,7 +591,9 @@ mod tests {
         use crate::stream_ordered::stream_lists::StreamKey;
         let _sim = rmm_sys::fault::FaultScope::simulated();
         let (r, _mock) = fixed(1024, 9);
-        let blocks: Vec<DevicePtr> = (0..9).map(|_| r.allocate(s(), 1024, 256).unwrap()).collect();
+        let blocks: Vec<DevicePtr> = (0..9)
+            .map(|_| r.allocate(s(), 1024, 256).unwrap())
+            .collect();
         for &p in &blocks {
             // SAFETY: from `r` with this size, freed once.
             unsafe { r.deallocate(s(), p, 1024, 256).unwrap() };
@@ -606,7 +608,11 @@ mod tests {
         assert_eq!(count(Some(StreamKey::Legacy)), 4);
         assert_eq!(count(None), 1);
         let mine: Vec<DevicePtr> = (0..4).map(|_| r.allocate(b, 1024, 256).unwrap()).collect();
-        assert_eq!(count(Some(StreamKey::Legacy)), 4, "b stole again instead of using its share");
+        assert_eq!(
+            count(Some(StreamKey::Legacy)),
+            4,
+            "b stole again instead of using its share"
+        );
         assert_eq!(count(None), 5);
         // SAFETY: from `r` with this size, each freed once.
         unsafe {
