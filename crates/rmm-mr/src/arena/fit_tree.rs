@@ -110,17 +110,44 @@ impl<T> FitTree<T> {
         self.at_mut(i).max_fit = max;
     }
 
-    /// Refresh the maxima from `i` up to the root, stopping at the first node whose maximum
-    /// does not change (its ancestors then cannot change either).
-    fn fix_up(&mut self, mut i: Idx) {
+    /// The maxima from `i` up after a fit in `i`'s subtree rose to `fit` (nothing else
+    /// changed): each ancestor below `fit` takes it, up to the first at or above it. One
+    /// comparison per level, no look at the siblings.
+    fn raise(&mut self, mut i: Idx, fit: usize) {
         while i != NIL {
-            let max = self.recompute(i);
-            let node = self.at_mut(i);
-            if node.max_fit == max {
+            let node = &mut self.nodes[i as usize];
+            if node.max_fit >= fit {
                 return;
             }
-            node.max_fit = max;
+            node.max_fit = fit;
             i = node.parent;
+        }
+    }
+
+    /// The maxima from `i` up after a fit `old` in `i`'s subtree fell or left (nothing else
+    /// changed): only a subtree whose maximum was exactly `old` can change, and once one still
+    /// has `old` (another item has that fit) or had more, none above changes either.
+    fn lower(&mut self, mut i: Idx, old: usize) {
+        while i != NIL {
+            if self.at(i).max_fit != old {
+                return;
+            }
+            let max = self.recompute(i);
+            let node = self.at_mut(i);
+            node.max_fit = max;
+            if max == old {
+                return;
+            }
+            i = node.parent;
+        }
+    }
+
+    /// The maxima from `i` up after `i`'s own fit changed from `old` to `new`.
+    fn refit(&mut self, i: Idx, old: usize, new: usize) {
+        match new.cmp(&old) {
+            Ordering::Greater => self.raise(i, new),
+            Ordering::Less => self.lower(i, old),
+            Ordering::Equal => {}
         }
     }
 
@@ -404,7 +431,8 @@ impl<T: FitItem> FitTree<T> {
             }
             self.rotate_up(idx);
         }
-        self.fix_up(self.at(idx).parent);
+        // Rotations kept the maxima of the subtrees they moved; above them only `fit` is new.
+        self.raise(self.at(idx).parent, fit);
         self.len += 1;
         self.fitting += u32::from(fit > 0);
         Ok(())
@@ -440,11 +468,12 @@ impl<T: FitItem> FitTree<T> {
         } else {
             node.right
         };
-        let parent = node.parent;
+        let (parent, fit) = (node.parent, node.fit);
         self.replace_child(parent, idx, child);
-        self.fix_up(parent);
+        // Rotations kept the maxima of the subtrees they moved; above them only `fit` left.
+        self.lower(parent, fit);
         self.len -= 1;
-        self.fitting -= u32::from(self.at(idx).fit > 0);
+        self.fitting -= u32::from(fit > 0);
         let vacant = self.vacant;
         self.vacant = idx;
         let node = self.at_mut(idx);
@@ -463,21 +492,17 @@ impl<T: FitItem> FitTree<T> {
 
     /// [`update`](Self::update) the item `h` names.
     pub(crate) fn update_at<R>(&mut self, h: Handle, f: impl FnOnce(&mut T) -> R) -> Option<R> {
-        if !self.live(h) {
-            return None;
-        }
-        let item = self.items[h.0 as usize].as_mut()?;
+        let item = self.items.get_mut(h.0 as usize)?.as_mut()?;
         let result = f(item);
         let fit = item.fit();
-        debug_assert_eq!(
-            item.key(),
-            self.at(h.0).key,
-            "FitTree item key changed in update"
-        );
-        let was_fitting = self.at(h.0).fit > 0;
-        self.fitting = self.fitting + u32::from(fit > 0) - u32::from(was_fitting);
-        self.at_mut(h.0).fit = fit;
-        self.fix_up(h.0);
+        let key = item.key();
+        let node = self.at_mut(h.0);
+        debug_assert_eq!(key, node.key, "FitTree item key changed in update");
+        let old = std::mem::replace(&mut node.fit, fit);
+        if old != fit {
+            self.fitting = self.fitting + u32::from(fit > 0) - u32::from(old > 0);
+            self.refit(h.0, old, fit);
+        }
         Some(result)
     }
 
