@@ -322,6 +322,8 @@ impl GlobalArena {
     ///
     /// A superblock that this arena did not lend (or already got back) is refused with
     /// [`ArenaError::ForeignSuperblock`] and handed back.
+    // A refused superblock comes back whole, by value, so it is never lost (a cold path).
+    #[allow(clippy::result_large_err)]
     pub fn release(&mut self, superblock: Superblock) -> Result<(), RejectedSuperblock> {
         let span = superblock.span();
         let lent = self.pieces.find_handle(span.addr).and_then(|h| {
@@ -368,6 +370,8 @@ impl GlobalArena {
 
     /// Release every superblock of `superblocks` (RMM's `release(std::set<superblock>&)`); stops
     /// at the first refused one, which is returned with the error (the rest stay in the iterator).
+    // A refused superblock comes back whole, by value, so it is never lost (a cold path).
+    #[allow(clippy::result_large_err)]
     pub fn release_all(
         &mut self,
         superblocks: impl IntoIterator<Item = Superblock>,

@@ -125,6 +125,8 @@ impl LocalArena {
     }
 
     /// The refusal of a superblock that overlaps one held here.
+    // A refused superblock comes back whole, by value, so it is never lost (a cold path).
+    #[allow(clippy::result_large_err)]
     fn check_disjoint(&self, superblock: Superblock) -> Result<Superblock, RejectedSuperblock> {
         let span = superblock.span();
         if overlaps_any(&self.superblocks, span) || overlaps_any(&self.kept, span) {
@@ -139,6 +141,8 @@ impl LocalArena {
         Ok(superblock)
     }
 
+    // A refused superblock comes back whole, by value, so it is never lost (a cold path).
+    #[allow(clippy::result_large_err)]
     fn insert_into(
         tree: &mut FitTree<Superblock>,
         superblock: Superblock,
@@ -157,6 +161,8 @@ impl LocalArena {
     ///
     /// Refused with [`ArenaError::ForeignSuperblock`] (and handed back) if it overlaps one this
     /// arena already holds.
+    // A refused superblock comes back whole, by value, so it is never lost (a cold path).
+    #[allow(clippy::result_large_err)]
     pub fn adopt(&mut self, superblock: Superblock) -> Result<(), RejectedSuperblock> {
         let superblock = self.check_disjoint(superblock)?;
         Self::insert_into(&mut self.superblocks, superblock)
@@ -166,6 +172,8 @@ impl LocalArena {
     /// requests ([`allocate_kept`](Self::allocate_kept)); small requests never use it.
     ///
     /// Refused like [`adopt`](Self::adopt).
+    // A refused superblock comes back whole, by value, so it is never lost (a cold path).
+    #[allow(clippy::result_large_err)]
     pub fn keep(&mut self, superblock: Superblock) -> Result<(), RejectedSuperblock> {
         let superblock = self.check_disjoint(superblock)?;
         let free = superblock.total_free_size();

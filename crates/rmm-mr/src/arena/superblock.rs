@@ -20,10 +20,6 @@ struct Piece {
 }
 
 impl Piece {
-    fn end(&self) -> u64 {
-        self.addr.saturating_add(self.size as u64)
-    }
-
     fn block(&self) -> Block {
         Block::new(self.addr, self.size)
     }
@@ -64,8 +60,13 @@ impl FitItem for Piece {
 #[doc(alias = "rmm::mr::detail::arena::superblock")]
 pub struct Superblock {
     span: Block,
-    /// Every block by address, indexed by the largest free one.
+    /// Every block by address but the trailing free one, indexed by the largest free one.
     pieces: FitTree<Piece>,
+    /// Size of the free block that ends the span (0: the last block is live). It is kept out of
+    /// `pieces`: it has the highest address, so it serves a request only when no free block in
+    /// `pieces` fits, and handing out from it or freeing next to it touches no fit in the tree.
+    /// A free block that ends the span is always this one, never a piece.
+    tail: usize,
     /// Sum of the sizes of the free blocks.
     free_bytes: usize,
 }
@@ -92,20 +93,22 @@ impl Superblock {
 
     /// An entirely free superblock over an already validated span.
     pub(crate) fn fresh(span: Block) -> Self {
-        let mut pieces = FitTree::new();
-        let inserted = pieces
-            .insert(Piece {
-                addr: span.addr,
-                size: span.size,
-                free: true,
-            })
-            .is_ok();
-        debug_assert!(inserted);
         Self {
             span,
-            pieces,
+            pieces: FitTree::new(),
+            tail: span.size,
             free_bytes: span.size,
         }
+    }
+
+    /// Where the trailing free block starts (the span's end when there is none).
+    fn tail_addr(&self) -> u64 {
+        self.span.end() - self.tail as u64
+    }
+
+    /// The trailing free block, if any.
+    fn tail_block(&self) -> Option<Block> {
+        (self.tail > 0).then(|| Block::new(self.tail_addr(), self.tail))
     }
 
     /// First address.
@@ -135,7 +138,7 @@ impl Superblock {
 
     /// Number of free blocks (RMM's `free_blocks()`).
     pub fn free_block_count(&self) -> usize {
-        self.pieces.fitting_len()
+        self.pieces.fitting_len() + usize::from(self.tail > 0)
     }
 
     /// Number of live (handed out) blocks.
@@ -205,7 +208,10 @@ impl Superblock {
         if size == 0 {
             return None;
         }
-        let found = self.pieces.first_fit_handle(size)?;
+        // Every piece lies below the trailing free block: it serves only when none fits.
+        let Some(found) = self.pieces.first_fit_handle(size) else {
+            return self.allocate_from_tail(size);
+        };
         let (addr, rest) = self.pieces.update_at(found, |piece| {
             let rest = piece.size - size;
             piece.size = size;
@@ -226,6 +232,26 @@ impl Superblock {
                 .is_ok();
             debug_assert!(inserted);
         }
+        self.free_bytes -= size;
+        Some(Block::new(addr, size))
+    }
+
+    /// Hand out the first `size` bytes (rounded, not 0) of the trailing free block.
+    fn allocate_from_tail(&mut self, size: usize) -> Option<Block> {
+        if self.tail < size {
+            return None;
+        }
+        let addr = self.tail_addr();
+        let inserted = self
+            .pieces
+            .insert(Piece {
+                addr,
+                size,
+                free: false,
+            })
+            .is_ok();
+        debug_assert!(inserted);
+        self.tail -= size;
         self.free_bytes -= size;
         Some(Block::new(addr, size))
     }
@@ -280,6 +306,19 @@ impl Superblock {
             })
         };
         let prev = free_piece(self.pieces.prev(this));
+        if addr + size as u64 == self.tail_addr() {
+            // The block ends where the trailing free block starts (or ends the span): it joins
+            // that block, and so does a free block before it.
+            self.pieces.remove_at(this);
+            let mut joined = size;
+            if let Some((prev, prev_size)) = prev {
+                self.pieces.remove_at(prev);
+                joined += prev_size;
+            }
+            self.tail += joined;
+            self.freed(size);
+            return Ok(());
+        }
         let next = free_piece(self.pieces.next(this));
         match (prev, next) {
             (None, None) => {
@@ -303,12 +342,17 @@ impl Superblock {
                     .update_at(prev, |piece| piece.size += size + next_size);
             }
         }
+        self.freed(size);
+        Ok(())
+    }
+
+    /// The accounting after `size` bytes were freed.
+    fn freed(&mut self, size: usize) {
         self.free_bytes += size;
         if self.is_empty() && self.pieces.capacity() > SHRINK_ABOVE {
-            // Once many blocks, now one: give the slab's memory back.
+            // Once many blocks, now none in the tree: give the slab's memory back.
             *self = Self::fresh(self.span);
         }
-        Ok(())
     }
 
     /// Whether `[addr, addr + size)` shares a byte with a free block (a zero-size range counts
@@ -316,10 +360,15 @@ impl Superblock {
     fn overlaps_free(&self, addr: u64, size: usize) -> bool {
         let end = addr.saturating_add(size as u64).max(addr.saturating_add(1));
         // Free blocks are disjoint and sorted: only the last one starting before `end` can
-        // reach past `addr`.
-        self.pieces
-            .last_fit_at_or_before(end - 1, 1)
-            .is_some_and(|blk| blk.end() > addr && (size > 0 || blk.addr < addr))
+        // reach past `addr` (the trailing one if it does, else one of the pieces).
+        let last = match self.tail_block() {
+            Some(tail) if tail.addr < end => Some(tail),
+            _ => self
+                .pieces
+                .last_fit_at_or_before(end - 1, 1)
+                .map(Piece::block),
+        };
+        last.is_some_and(|blk| blk.end() > addr && (size > 0 || blk.addr < addr))
     }
 
     /// Total free bytes (`O(1)`).
@@ -334,12 +383,16 @@ impl Superblock {
 
     /// Size of the largest free block, 0 when full (`O(1)`).
     pub fn max_free_size(&self) -> usize {
-        self.pieces.max_fit()
+        self.pieces.max_fit().max(self.tail)
     }
 
     /// The free blocks in address order.
     pub fn free_blocks(&self) -> impl Iterator<Item = Block> + '_ {
-        self.pieces.iter().filter(|p| p.free).map(Piece::block)
+        self.pieces
+            .iter()
+            .filter(|p| p.free)
+            .map(Piece::block)
+            .chain(self.tail_block())
     }
 
     /// The live blocks in address order.
@@ -349,7 +402,10 @@ impl Superblock {
 
     /// Every block in address order, with whether it is free (they tile the span).
     pub(crate) fn blocks(&self) -> impl Iterator<Item = (Block, bool)> + '_ {
-        self.pieces.iter().map(|p| (p.block(), p.free))
+        self.pieces
+            .iter()
+            .map(|p| (p.block(), p.free))
+            .chain(self.tail_block().map(|tail| (tail, true)))
     }
 
     /// Whether a live block starts at `addr`, and its size.
@@ -685,6 +741,48 @@ mod tests {
         assert_eq!(alloc(&mut s, MIN), Block::new(A3, MIN));
     }
 
+    #[test]
+    fn the_trailing_free_block_behaves_like_any_free_block() {
+        let mut s = sb(A3, MIN);
+        let a = alloc(&mut s, KIB);
+        let b = alloc(&mut s, KIB);
+        assert_eq!(s.tail, MIN - 2 * KIB);
+        // Inside the trailing free block: double frees; past the span: unknown.
+        let tail = A3 + 2 * KIB as u64;
+        for (addr, size) in [(tail, KIB), (tail + 256, 256), (tail - 256, 512)] {
+            assert_eq!(
+                s.deallocate(Block::new(addr, size)),
+                Err(ArenaError::DoubleFree { addr, size })
+            );
+        }
+        let past = s.end();
+        assert_eq!(
+            s.deallocate(Block::new(past, KIB)),
+            Err(ArenaError::NotFound {
+                addr: past,
+                size: KIB
+            })
+        );
+        assert_eq!(s.free_block_count(), 1);
+        // `a` is freed into a hole; freeing `b` joins the hole and the trailing block.
+        assert_eq!(s.deallocate(a), Ok(()));
+        assert_eq!(s.free_block_count(), 2);
+        assert_eq!(s.max_free_size(), MIN - 2 * KIB);
+        assert_eq!(s.deallocate(b), Ok(()));
+        assert!(s.is_empty());
+        assert_eq!(s.free_block_count(), 1);
+        assert_eq!(s.pieces.len(), 0);
+        assert_eq!(
+            s.blocks().collect::<Vec<_>>(),
+            vec![(Block::new(A3, MIN), true)]
+        );
+        // A full superblock has no trailing block; its last block freed becomes it.
+        let all = alloc(&mut s, MIN);
+        assert_eq!((s.tail, s.max_free_size(), s.free_block_count()), (0, 0, 0));
+        assert_eq!(s.deallocate(all), Ok(()));
+        assert_eq!(s.tail, MIN);
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
         Alloc(usize),
@@ -756,6 +854,9 @@ mod tests {
                 prop_assert_eq!(s.total_free_size(), free.iter().map(|b| b.size).sum::<usize>());
                 prop_assert_eq!(s.max_free_size(), free.iter().map(|b| b.size).max().unwrap_or(0));
                 prop_assert_eq!(s.is_empty(), used.is_empty());
+                // A free block that ends the span is the trailing one, never a piece.
+                prop_assert!(s.pieces.iter().last().is_none_or(|p| !p.free));
+                prop_assert_eq!(s.tail_block(), free.last().filter(|b| b.end() == s.end()).copied());
             }
         }
     }
