@@ -149,6 +149,7 @@ impl<'a> CudaStreamView<'a> {
     /// Whether this is the per-thread default stream: `CU_STREAM_PER_THREAD`, or the default
     /// stream in per-thread mode.
     #[must_use]
+    #[inline]
     pub fn is_per_thread_default(&self) -> bool {
         self.handle == PER_THREAD
             || (self.handle == 0 && default_stream_mode() == DefaultStreamMode::PerThread)
@@ -157,6 +158,7 @@ impl<'a> CudaStreamView<'a> {
     /// Whether this is the legacy default stream: `CU_STREAM_LEGACY`, or the default stream in
     /// legacy mode.
     #[must_use]
+    #[inline]
     pub fn is_default(&self) -> bool {
         self.handle == LEGACY
             || (self.handle == 0 && default_stream_mode() == DefaultStreamMode::Legacy)

@@ -305,6 +305,7 @@ impl<U: DeviceMemoryResource> ArenaMemoryResource<U> {
 
 /// Locks a mutex, ignoring poisoning (the bookkeeping stays consistent: no operation panics
 /// half-way through an update).
+#[inline]
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -32,6 +32,7 @@ impl ArenaKey {
     /// The key of `stream`. The per-thread default stream and the legacy default stream are
     /// recognised from the view alone, without any CUDA call; only other streams ask the driver
     /// for their id.
+    #[inline]
     pub(super) fn of(stream: CudaStreamView<'_>) -> MrResult<Self> {
         if stream.is_per_thread_default() {
             Ok(Self::Thread(thread_serial()))
@@ -89,11 +90,22 @@ pub(super) struct ArenaSlot {
 
 impl ArenaSlot {
     /// Makes `stream` (this arena's stream) wait on every fence, then recycles them.
+    #[inline]
     pub(super) fn wait_fences(
         &mut self,
         stream: CudaStreamView<'_>,
         events: &EventPool,
     ) -> MrResult<()> {
+        if self.fences.is_empty() {
+            return Ok(());
+        }
+        self.wait_fences_slow(stream, events)
+    }
+
+    /// [`wait_fences`](Self::wait_fences) when there are fences.
+    #[cold]
+    #[inline(never)]
+    fn wait_fences_slow(&mut self, stream: CudaStreamView<'_>, events: &EventPool) -> MrResult<()> {
         while let Some(event) = self.fences.pop() {
             if let Err(e) = event.wait(stream) {
                 self.fences.push(event);
@@ -165,6 +177,7 @@ impl ArenaCell {
     }
 
     /// Locks the arena.
+    #[inline]
     pub(super) fn lock(&self) -> MutexGuard<'_, ArenaSlot> {
         lock(&self.slot)
     }
@@ -176,6 +189,7 @@ impl ArenaCell {
 
     /// Whether the cell is its key's arena (not retired, not a holding arena): only then may
     /// a stream allocate from it or find it as its own.
+    #[inline]
     pub(super) fn is_current(&self) -> bool {
         self.state.load(Ordering::Acquire) == CURRENT
     }

@@ -229,6 +229,7 @@ impl<U: DeviceMemoryResource> State<U> {
 
     /// The arena for `key` if it exists: from this thread's cache (no shared lock), else from
     /// the map (its read lock).
+    #[inline]
     fn existing_arena(&self, key: ArenaKey) -> Option<Arc<ArenaCell>> {
         if let Some(cell) = thread_cache::cached(self.serial, key) {
             if cell.is_current() {
@@ -236,6 +237,12 @@ impl<U: DeviceMemoryResource> State<U> {
             }
             thread_cache::forget(self.serial, key);
         }
+        self.mapped_arena(key)
+    }
+
+    /// The arena for `key` from the map (its read lock), then cached for this thread.
+    #[inline(never)]
+    fn mapped_arena(&self, key: ArenaKey) -> Option<Arc<ArenaCell>> {
         let cell = read(&self.arenas).get(&key).cloned()?;
         thread_cache::remember(self.serial, key, &cell);
         Some(cell)
@@ -244,10 +251,18 @@ impl<U: DeviceMemoryResource> State<U> {
     /// The arena for `key` (whose stream is `stream`), created on first use. A new per-thread
     /// arena gets a thread-exit guard. Creating one first moves the arenas of destroyed
     /// streams out of the map ([`sweep`](Self::sweep)).
+    #[inline]
     fn arena(self: &Arc<Self>, key: ArenaKey, stream: CudaStreamView<'_>) -> Arc<ArenaCell> {
         if let Some(cell) = self.existing_arena(key) {
             return cell;
         }
+        self.new_arena(key, stream)
+    }
+
+    /// [`arena`](Self::arena) when no arena for `key` exists yet (or it was just retired).
+    #[cold]
+    #[inline(never)]
+    fn new_arena(self: &Arc<Self>, key: ArenaKey, stream: CudaStreamView<'_>) -> Arc<ArenaCell> {
         let (cell, created) = {
             let mut map = write(&self.arenas);
             match map.get(&key) {

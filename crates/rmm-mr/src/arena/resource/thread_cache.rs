@@ -69,6 +69,7 @@ pub(super) fn thread_serial() -> u64 {
 }
 
 /// The arena this thread last used for `key` in resource `resource`, if cached.
+#[inline]
 pub(super) fn cached(resource: u64, key: ArenaKey) -> Option<Arc<ArenaCell>> {
     CACHE
         .try_with(|cache| {
