@@ -128,17 +128,25 @@ impl<T> FitTree<T> {
     /// changed): only a subtree whose maximum was exactly `old` can change, and once one still
     /// has `old` (another item has that fit) or had more, none above changes either.
     fn lower(&mut self, mut i: Idx, old: usize) {
-        while i != NIL {
-            if self.at(i).max_fit != old {
-                return;
-            }
-            let max = self.recompute(i);
+        if i == NIL || self.at(i).max_fit != old {
+            return;
+        }
+        let mut max = self.recompute(i);
+        loop {
             let node = self.at_mut(i);
             node.max_fit = max;
-            if max == old {
+            let parent = node.parent;
+            if max == old || parent == NIL {
                 return;
             }
-            i = node.parent;
+            let up = self.at(parent);
+            if up.max_fit != old {
+                return;
+            }
+            // Only the subtree of `i` changed: the sibling's maximum still holds.
+            let sibling = if up.left == i { up.right } else { up.left };
+            max = up.fit.max(max).max(self.max_of(sibling));
+            i = parent;
         }
     }
 
@@ -867,6 +875,38 @@ mod tests {
             (key.clone(), 0usize..100).prop_map(|(k, f)| Op::UpdateAt(k, f)),
             key.prop_map(Op::RemoveAt),
         ]
+    }
+
+    /// Maxima follow fits that rise, fall to a tie, fall below it and leave, wherever the
+    /// items sit (the walks up stop early only when nothing above can change).
+    #[test]
+    fn maxima_follow_ties_rises_and_falls() {
+        let mut tree = FitTree::new();
+        for key in 0..32u64 {
+            assert!(tree.insert(Item { key, fit: 1 }).is_ok());
+        }
+        let check = |tree: &FitTree<Item>| {
+            assert_eq!(check_node(tree, tree.root, None, None), tree.len());
+        };
+        for (key, fit, max) in [
+            (5, 50, 50),
+            (27, 50, 50),
+            (5, 10, 50),
+            (27, 20, 20),
+            (27, 20, 20),
+            (5, 0, 20),
+            (27, 1, 1),
+            (31, 70, 70),
+        ] {
+            assert!(tree.update(key, |i| i.fit = fit).is_some());
+            check(&tree);
+            assert_eq!(tree.max_fit(), max);
+        }
+        assert_eq!(tree.first_fit(2).map(|i| i.key), Some(31));
+        assert_eq!(tree.remove(31).map(|i| i.fit), Some(70));
+        check(&tree);
+        assert_eq!(tree.max_fit(), 1);
+        assert_eq!(tree.fitting_len(), 30);
     }
 
     proptest! {
