@@ -103,8 +103,9 @@ impl std::error::Error for ArenaError {}
 pub struct RejectedSuperblock {
     /// Why it was refused (always [`ArenaError::ForeignSuperblock`] today).
     pub error: ArenaError,
-    /// The superblock itself, unchanged.
-    pub superblock: Superblock,
+    /// The superblock itself, unchanged (boxed: the error stays small on the `Ok` path of
+    /// every call that can return it).
+    pub superblock: Box<Superblock>,
 }
 
 impl fmt::Display for RejectedSuperblock {

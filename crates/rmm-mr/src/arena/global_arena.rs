@@ -322,8 +322,6 @@ impl GlobalArena {
     ///
     /// A superblock that this arena did not lend (or already got back) is refused with
     /// [`ArenaError::ForeignSuperblock`] and handed back.
-    // A refused superblock comes back whole, by value, so it is never lost (a cold path).
-    #[allow(clippy::result_large_err)]
     pub fn release(&mut self, superblock: Superblock) -> Result<(), RejectedSuperblock> {
         let span = superblock.span();
         let lent = self.pieces.find_handle(span.addr).and_then(|h| {
@@ -337,7 +335,7 @@ impl GlobalArena {
                     addr: span.addr,
                     size: span.size,
                 },
-                superblock,
+                superblock: Box::new(superblock),
             });
         };
         if superblock.is_empty() {
@@ -370,8 +368,6 @@ impl GlobalArena {
 
     /// Release every superblock of `superblocks` (RMM's `release(std::set<superblock>&)`); stops
     /// at the first refused one, which is returned with the error (the rest stay in the iterator).
-    // A refused superblock comes back whole, by value, so it is never lost (a cold path).
-    #[allow(clippy::result_large_err)]
     pub fn release_all(
         &mut self,
         superblocks: impl IntoIterator<Item = Superblock>,

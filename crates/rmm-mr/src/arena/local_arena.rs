@@ -92,7 +92,7 @@ impl LocalArena {
             Err(rejected) => {
                 // Only possible if `global` lent a superblock overlapping one held here, i.e.
                 // this arena was fed from another global arena. Give it straight back.
-                let _ = global.release(rejected.superblock);
+                let _ = global.release(*rejected.superblock);
                 None
             }
         }
@@ -125,8 +125,6 @@ impl LocalArena {
     }
 
     /// The refusal of a superblock that overlaps one held here.
-    // A refused superblock comes back whole, by value, so it is never lost (a cold path).
-    #[allow(clippy::result_large_err)]
     fn check_disjoint(&self, superblock: Superblock) -> Result<Superblock, RejectedSuperblock> {
         let span = superblock.span();
         if overlaps_any(&self.superblocks, span) || overlaps_any(&self.kept, span) {
@@ -135,14 +133,12 @@ impl LocalArena {
                     addr: span.addr,
                     size: span.size,
                 },
-                superblock,
+                superblock: Box::new(superblock),
             });
         }
         Ok(superblock)
     }
 
-    // A refused superblock comes back whole, by value, so it is never lost (a cold path).
-    #[allow(clippy::result_large_err)]
     fn insert_into(
         tree: &mut FitTree<Superblock>,
         superblock: Superblock,
@@ -153,7 +149,7 @@ impl LocalArena {
                     addr: superblock.addr(),
                     size: superblock.size(),
                 },
-                superblock,
+                superblock: Box::new(superblock),
             })
     }
 
@@ -161,8 +157,6 @@ impl LocalArena {
     ///
     /// Refused with [`ArenaError::ForeignSuperblock`] (and handed back) if it overlaps one this
     /// arena already holds.
-    // A refused superblock comes back whole, by value, so it is never lost (a cold path).
-    #[allow(clippy::result_large_err)]
     pub fn adopt(&mut self, superblock: Superblock) -> Result<(), RejectedSuperblock> {
         let superblock = self.check_disjoint(superblock)?;
         Self::insert_into(&mut self.superblocks, superblock)
@@ -172,8 +166,6 @@ impl LocalArena {
     /// requests ([`allocate_kept`](Self::allocate_kept)); small requests never use it.
     ///
     /// Refused like [`adopt`](Self::adopt).
-    // A refused superblock comes back whole, by value, so it is never lost (a cold path).
-    #[allow(clippy::result_large_err)]
     pub fn keep(&mut self, superblock: Superblock) -> Result<(), RejectedSuperblock> {
         let superblock = self.check_disjoint(superblock)?;
         let free = superblock.total_free_size();
@@ -324,7 +316,7 @@ impl LocalArena {
                     } else {
                         &mut self.superblocks
                     };
-                    let back = tree.insert(sb).is_ok();
+                    let back = tree.insert(*sb).is_ok();
                     debug_assert!(back);
                 }
             }

@@ -191,7 +191,7 @@ impl GlobalState {
             }
             Err(rejected) => {
                 log::error!("arena: {rejected}");
-                if let Err(lost) = self.arena.release(rejected.superblock) {
+                if let Err(lost) = self.arena.release(*rejected.superblock) {
                     log::error!("arena: superblock lost: {lost}");
                 }
                 false
@@ -259,7 +259,7 @@ impl GlobalState {
                 // Cannot happen (the arena held nothing there): the block is free, the
                 // superblock empty; give it back.
                 log::error!("arena: {rejected}");
-                if let Err(lost) = self.arena.release(rejected.superblock) {
+                if let Err(lost) = self.arena.release(*rejected.superblock) {
                     log::error!("arena: superblock lost: {lost}");
                 }
             }

@@ -338,7 +338,7 @@ impl<U: DeviceMemoryResource> State<U> {
                         Err(rejected) => {
                             // Cannot happen (superblocks never overlap): it stays where it was.
                             log::error!("arena: retiring a destroyed stream's arena: {rejected}");
-                            if let Err(lost) = slot.arena.adopt(rejected.superblock) {
+                            if let Err(lost) = slot.arena.adopt(*rejected.superblock) {
                                 log::error!("arena: superblock lost: {lost}");
                             }
                             refused = true;
