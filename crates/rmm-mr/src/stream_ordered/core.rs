@@ -781,17 +781,17 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     }
 
     /// Puts `blocks` (safe for `stream` now) into `own`, `key`'s list, as entering on `stream`,
-    /// and takes `size` bytes from it. If `own` was retired meanwhile, the block comes from
-    /// `blocks` and the rest goes to the orphan list. On error (an inconsistency) the blocks
-    /// `own` refused come back.
+    /// and takes `size` bytes from it (`None`: takes nothing). If `own` was retired meanwhile,
+    /// the block comes from `blocks` and the rest goes to the orphan list. On error (an
+    /// inconsistency) the blocks `own` refused come back.
     #[allow(clippy::type_complexity)]
-    fn deposit_and_take(
+    fn deposit(
         &self,
         own: &StreamList<L>,
         key: StreamKey,
         stream: CudaStreamView<'_>,
         mut blocks: L,
-        size: usize,
+        size: Option<usize>,
     ) -> Result<Option<(u64, L::Tag)>, (L, String)> {
         let mut st = own.lock();
         if st.key() == Some(key) {
@@ -799,32 +799,12 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             if let Err(e) = st.blocks.absorb(&mut blocks) {
                 return Err((blocks, e));
             }
-            return Ok(st.blocks.take(size));
+            return Ok(size.and_then(|size| st.blocks.take(size)));
         }
         drop(st);
-        let block = blocks.take(size);
+        let block = size.and_then(|size| blocks.take(size));
         self.to_orphan(blocks);
         Ok(block)
-    }
-
-    /// Moves `blocks`, which `stream` may use (it waited for them), into `own`, the list of
-    /// `key`; to the orphan list if `own` was retired meanwhile. On error the blocks not
-    /// absorbed are returned.
-    fn deposit(
-        &self,
-        own: &StreamList<L>,
-        key: StreamKey,
-        stream: CudaStreamView<'_>,
-        mut blocks: L,
-    ) -> Result<(), (L, String)> {
-        let mut st = own.lock();
-        if st.key() == Some(key) {
-            st.publish(stream, self.is_eager());
-            return st.blocks.absorb(&mut blocks).map_err(|e| (blocks, e));
-        }
-        drop(st);
-        self.to_orphan(blocks);
-        Ok(())
     }
 
     /// Synchronizes the device of this resource (made current for the call), with no lock of
@@ -884,7 +864,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                     if transit.is_some() {
                         self.moves.in_transit_point();
                     }
-                    if let Err((rest, e)) = self.deposit(own, key, stream, share) {
+                    if let Err((rest, e)) = self.deposit(own, key, stream, share, None) {
                         log::error!("rmm: inconsistent free lists after a steal: {e}");
                         self.give_back(victim, victim_key, rest);
                     }
@@ -928,7 +908,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                     Steal::AfterSync(snapshot) => Some(snapshot),
                 };
                 // Outside the growth lock, a grower must not miss these blocks while they are
-                // in no list (until `deposit_and_take` below). A merge behind a synchronization
+                // in no list (until `deposit` below). A merge behind a synchronization
                 // is not counted: no grower waits for another thread's synchronization.
                 let transit = (may_sync && sync.is_none()).then(|| self.moves.begin());
                 let moved = std::mem::replace(&mut st.blocks, self.empty.clone());
@@ -947,7 +927,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 }
                 victim.lock().synchronized_since(snapshot);
             }
-            match self.deposit_and_take(own, key, stream, moved, size) {
+            match self.deposit(own, key, stream, moved, Some(size)) {
                 Ok(Some(block)) => return Ok(Search::Taken(block)),
                 Ok(None) => {}
                 Err((rest, e)) => {
@@ -1201,7 +1181,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 rejected.push((victim, victim_key, blocks));
             }
         }
-        let block = match self.deposit_and_take(own, key, stream, all, size) {
+        let block = match self.deposit(own, key, stream, all, Some(size)) {
             Ok(block) => block,
             Err((rest, e)) => {
                 log::error!("rmm: inconsistent free lists while reclaiming: {e}");
