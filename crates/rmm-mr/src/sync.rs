@@ -217,13 +217,21 @@ pub(crate) fn model<F>(name: &str, f: F)
 where
     F: Fn() + Sync + Send + 'static,
 {
+    model_preempting(name, 0, f);
+}
+
+/// [`model`] with a preemption bound of at least `at_least`, for a model whose race needs more
+/// preemptions than CI's bound (and that is small enough to afford them).
+#[cfg(all(test, loom))]
+pub(crate) fn model_preempting<F>(name: &str, at_least: usize, f: F)
+where
+    F: Fn() + Sync + Send + 'static,
+{
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
 
     let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(2);
-    }
+    builder.preemption_bound = Some(builder.preemption_bound.unwrap_or(2).max(at_least));
     let bound = builder.preemption_bound.unwrap_or(0);
     let runs = Arc::new(AtomicU64::new(0));
     let counted = Arc::clone(&runs);

@@ -28,7 +28,7 @@ use rmm_sys::{checked_align_up, DeviceGuard, DeviceId, DevicePtr, ALLOCATION_ALI
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
 use crate::stream_ordered::append_only::AppendOnlyVec;
-use crate::stream_ordered::moves::{Moves, SETTLE_TRIES};
+use crate::stream_ordered::moves::{MoveGuard, Moves, Settled, SETTLE_TRIES};
 pub(crate) use crate::stream_ordered::pressure::GrowthCause;
 use crate::stream_ordered::pressure::PressureScope;
 use crate::stream_ordered::slot_table::{Placement, SlotTable};
@@ -781,8 +781,9 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     }
 
     /// Puts `blocks` (safe for `stream` now) into `own`, `key`'s list, as entering on `stream`,
-    /// and takes `size` bytes from it (`None`: takes nothing). If `own` was retired meanwhile,
-    /// the block comes from `blocks` and the rest goes to the orphan list. On error (an
+    /// and takes `size` bytes from it (`None`: takes nothing); a merge in `transit` then says
+    /// whether the list fits the searching grower. If `own` was retired meanwhile, the block
+    /// comes from `blocks` and the rest goes to the orphan list. On error (an
     /// inconsistency) the blocks `own` refused come back.
     #[allow(clippy::type_complexity)]
     fn deposit(
@@ -792,6 +793,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         stream: CudaStreamView<'_>,
         mut blocks: L,
         size: Option<usize>,
+        transit: Option<&mut MoveGuard<'_>>,
     ) -> Result<Option<(u64, L::Tag)>, (L, String)> {
         let mut st = own.lock();
         if st.key() == Some(key) {
@@ -799,7 +801,11 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             if let Err(e) = st.blocks.absorb(&mut blocks) {
                 return Err((blocks, e));
             }
-            return Ok(size.and_then(|size| st.blocks.take(size)));
+            let block = size.and_then(|size| st.blocks.take(size));
+            if let Some(transit) = transit {
+                transit.landed(|wanted| st.blocks.fits(wanted));
+            }
+            return Ok(block);
         }
         drop(st);
         let block = size.and_then(|size| blocks.take(size));
@@ -858,13 +864,15 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                     }
                     // As a merge: outside the growth lock a grower must not miss the share
                     // while it is in no list.
-                    let transit = may_sync.then(|| self.moves.begin());
+                    let mut transit = may_sync.then(|| self.moves.begin());
                     let victim_key = st.key();
                     drop(st);
                     if transit.is_some() {
                         self.moves.in_transit_point();
                     }
-                    if let Err((rest, e)) = self.deposit(own, key, stream, share, None) {
+                    if let Err((rest, e)) =
+                        self.deposit(own, key, stream, share, None, transit.as_mut())
+                    {
                         log::error!("rmm: inconsistent free lists after a steal: {e}");
                         self.give_back(victim, victim_key, rest);
                     }
@@ -897,7 +905,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         }
         // Merge whole lists into this one, retrying after each.
         for victim in &others {
-            let (moved, victim_key, sync, transit) = {
+            let (moved, victim_key, sync, mut transit) = {
                 let mut st = victim.lock();
                 if st.blocks.is_empty() {
                     continue;
@@ -927,7 +935,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 }
                 victim.lock().synchronized_since(snapshot);
             }
-            match self.deposit(own, key, stream, moved, Some(size)) {
+            match self.deposit(own, key, stream, moved, Some(size), transit.as_mut()) {
                 Ok(Some(block)) => return Ok(Search::Taken(block)),
                 Ok(None) => {}
                 Err((rest, e)) => {
@@ -964,24 +972,18 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             let mut chunks = self.lock_chunks();
             let mut tries = 0;
             let withheld = loop {
-                let since = self.moves.snapshot();
+                let watch = self.moves.watch(size);
                 if let Some(block) = self.take_own(own, key, size) {
                     return Ok(block);
                 }
                 match self.take_from_others(own, key, stream, size, false)? {
                     Search::Taken(block) => return Ok(block),
-                    // Grow only once no merge outside this lock could have hidden free blocks
-                    // from the search (in transit, or moved behind it); see `moves`.
-                    Search::Missed { withheld }
-                        if tries == SETTLE_TRIES || self.moves.settled_since(since) =>
-                    {
-                        break withheld;
-                    }
-                    Search::Missed { .. } => {
-                        self.moves.unsettled_point();
-                        tries += 1;
-                        std::thread::yield_now();
-                    }
+                    // Grow only once no merge outside this lock hid a fitting block from the
+                    // search (in transit, or moved behind it); see `moves`.
+                    Search::Missed { withheld } => match watch.settle() {
+                        Settled::SearchAgain if tries < SETTLE_TRIES => tries += 1,
+                        Settled::SearchAgain | Settled::Grow | Settled::GaveUp => break withheld,
+                    },
                 }
             };
             // Chunks that merge grow the free block at the end of the memory by what it lacks.
@@ -1181,7 +1183,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 rejected.push((victim, victim_key, blocks));
             }
         }
-        let block = match self.deposit(own, key, stream, all, Some(size)) {
+        let block = match self.deposit(own, key, stream, all, Some(size), None) {
             Ok(block) => block,
             Err((rest, e)) => {
                 log::error!("rmm: inconsistent free lists while reclaiming: {e}");

@@ -6,29 +6,52 @@
 //! the pool at least doubles, for memory that was free all along. RMM makes every move under
 //! its one mutex and never races so.
 //!
-//! [`Moves`] counts the merges made outside the growth lock: [`Moves::begin`] before the blocks
-//! leave the victim's list, the guard's drop after they are in the thief's. The grower takes a
-//! [`MovesSnapshot`] before its search and, when the search missed, grows only if
-//! [`Moves::settled_since`] says that no merge was in transit and none ended meanwhile; else it
-//! searches again (a bounded number of times, [`SETTLE_TRIES`]; then it grows, as before).
+//! [`Moves`] counts the merges made outside the growth lock, by epoch: [`Moves::begin`] before
+//! the blocks leave the victim's list (counted in the current epoch), the guard's drop after
+//! they are in the thief's. The thief, under its own list's lock once the blocks are in, says
+//! whether that list now fits the request of the grower that is searching
+//! ([`MoveGuard::landed`]). The grower (one at a time: it holds
+//! the growth lock) announces its size with [`Moves::watch`] before its search, and when the
+//! search missed, [`Watch::settle`] ends the epoch, waits for the merges counted in it to land
+//! (a merge begun after that could not hide a block from the search: its victim had been
+//! searched before), and says to search again only if one of them left a fitting block behind.
+//! So a grower never re-searches for merges that cannot serve it, and never waits for merges
+//! that began after its search. Its re-searches are bounded ([`SETTLE_TRIES`]), as is its wait
+//! ([`DRAIN_SPINS`]: a merger preempted between its two locks must not hold growth back long);
+//! past either it grows, as before.
+//!
 //! Pure bookkeeping: no CUDA calls. Why and the figures: `docs/performance.md`, "Memory:
-//! blocks in transit".
+//! blocks in transit" and "The pool on `r64` at 16 threads: waiting for the merges that
+//! matter"; the protocol's loom model: `moves/loom_tests.rs`.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::yield_now;
 #[cfg(test)]
 use std::sync::Mutex;
 
-/// How many times a grower searches again for blocks in transit before it grows anyway (a
-/// merging thread the scheduler preempted between its two locks could hold it back longer).
+/// How many times a grower searches again, after merges left a fitting block, before it grows
+/// anyway (other threads may take each such block first).
 pub(crate) const SETTLE_TRIES: u32 = 64;
 
-/// The merges in transit and ended (see the [module documentation](self)).
+/// How many times a grower yields while waiting for the merges of its epoch to land before it
+/// grows anyway.
+pub(crate) const DRAIN_SPINS: u32 = 1 << 12;
+
+/// [`Moves::wanted`] while no grower is searching: no list fits it.
+const NOBODY: usize = usize::MAX;
+
+/// The merges in transit (see the [module documentation](self)).
 #[derive(Debug)]
 pub(crate) struct Moves {
-    /// Merges begun and not ended.
-    in_transit: AtomicUsize,
-    /// Merges ended, ever.
-    ended: AtomicU64,
+    /// The epoch: a grower's [`Watch::settle`] ends one.
+    epoch: AtomicU64,
+    /// Merges begun and not ended, by the parity of the epoch they were counted in.
+    in_transit: [AtomicUsize; 2],
+    /// The size the searching grower wants ([`NOBODY`]: none searches).
+    wanted: AtomicUsize,
+    /// Since the grower's [`Moves::watch`], a merge landed where its thief's list then fitted
+    /// the grower's size (or could not say).
+    fit_landed: AtomicBool,
     /// Tests' hooks at the points where threads race (see [`TestHooks`]).
     #[cfg(test)]
     pub(crate) hooks: TestHooks,
@@ -45,8 +68,8 @@ pub(crate) type Hook = Box<dyn FnOnce() + Send>;
 pub(crate) struct TestHooks {
     /// A merger whose blocks are in transit ([`Moves::in_transit_point`]).
     pub(crate) in_transit: Mutex<Option<Hook>>,
-    /// A grower whose search missed while moves were unsettled, before it searches again
-    /// ([`Moves::unsettled_point`]); it holds the growth lock.
+    /// A grower whose search missed while merges of its epoch are in transit, before it waits
+    /// for them ([`Watch::settle`]); it holds the growth lock.
     pub(crate) unsettled: Mutex<Option<Hook>>,
     /// A merge that just ended.
     pub(crate) ended: Mutex<Option<Hook>>,
@@ -70,10 +93,22 @@ fn run(hook: &Mutex<Option<Hook>>) {
     }
 }
 
-/// What [`Moves`] had seen end when a search began.
+/// A grower's search, from [`Moves::watch`] to [`Watch::settle`] or the drop.
+#[derive(Debug)]
+#[must_use = "a search the grower announced; `settle` it after a miss"]
+pub(crate) struct Watch<'a> {
+    moves: &'a Moves,
+}
+
+/// What [`Watch::settle`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct MovesSnapshot {
-    ended: u64,
+pub(crate) enum Settled {
+    /// No merge that could have hidden blocks from the search left a fitting block: grow.
+    Grow,
+    /// A merge left a fitting block (or could not say): search again.
+    SearchAgain,
+    /// The wait for the epoch's merges ran out ([`DRAIN_SPINS`]): grow, as before.
+    GaveUp,
 }
 
 /// A merge in transit, from [`Moves::begin`] until dropped (after the blocks are in a list).
@@ -81,14 +116,21 @@ pub(crate) struct MovesSnapshot {
 #[must_use = "the move ends when the guard is dropped"]
 pub(crate) struct MoveGuard<'a> {
     moves: &'a Moves,
+    /// The parity of the epoch the merge is counted in.
+    slot: usize,
+    /// Whether the thief's list may fit the grower's size once the blocks are in: true until
+    /// [`MoveGuard::landed`] says otherwise (a merge that ends on an error path could not say).
+    fits: bool,
 }
 
 impl Moves {
-    /// No merge in transit, none ended.
-    pub(crate) const fn new() -> Self {
+    /// No merge in transit, no grower searching.
+    pub(crate) fn new() -> Self {
         Self {
-            in_transit: AtomicUsize::new(0),
-            ended: AtomicU64::new(0),
+            epoch: AtomicU64::new(0),
+            in_transit: [AtomicUsize::new(0), AtomicUsize::new(0)],
+            wanted: AtomicUsize::new(NOBODY),
+            fit_landed: AtomicBool::new(false),
             #[cfg(test)]
             hooks: TestHooks {
                 in_transit: Mutex::new(None),
@@ -105,81 +147,201 @@ impl Moves {
         run(&self.hooks.in_transit);
     }
 
-    /// A grower's search missed while moves were unsettled (a test's hook point; nothing
-    /// otherwise).
-    #[inline]
-    pub(crate) fn unsettled_point(&self) {
-        #[cfg(test)]
-        run(&self.hooks.unsettled);
-    }
-
-    /// A merge begins: called before its blocks leave the victim's list.
+    /// A merge begins: called before its blocks leave the victim's list. It is counted in the
+    /// epoch that is current once the count is up, so a grower that ends an epoch and finds
+    /// its count at zero has seen every merge that had begun by then.
     pub(crate) fn begin(&self) -> MoveGuard<'_> {
-        self.in_transit.fetch_add(1, Ordering::SeqCst);
-        MoveGuard { moves: self }
-    }
-
-    /// Taken before a search of the lists.
-    pub(crate) fn snapshot(&self) -> MovesSnapshot {
-        MovesSnapshot {
-            ended: self.ended.load(Ordering::SeqCst),
+        loop {
+            let epoch = self.epoch.load(Ordering::SeqCst);
+            let slot = (epoch & 1) as usize;
+            self.in_transit[slot].fetch_add(1, Ordering::SeqCst);
+            if self.epoch.load(Ordering::SeqCst) == epoch {
+                return MoveGuard {
+                    moves: self,
+                    slot,
+                    fits: true,
+                };
+            }
+            // A grower ended the epoch meanwhile and may have found its count at zero: count
+            // the merge in the new one.
+            self.in_transit[slot].fetch_sub(1, Ordering::SeqCst);
         }
     }
 
-    /// Whether no merge is in transit now and none ended since `since`: then a search made
-    /// after `since` saw every block that was in a list at its start and stayed free.
-    pub(crate) fn settled_since(&self, since: MovesSnapshot) -> bool {
-        // In this order: a merge that ended after the first load raised `ended` before it
-        // left `in_transit` (see `drop`), so the second load sees it.
-        self.in_transit.load(Ordering::SeqCst) == 0
-            && self.ended.load(Ordering::SeqCst) == since.ended
+    /// Before a search under the growth lock for `size` bytes (one grower at a time): merges
+    /// that land from now on say whether they leave a block of `size` bytes.
+    pub(crate) fn watch(&self, size: usize) -> Watch<'_> {
+        self.fit_landed.store(false, Ordering::SeqCst);
+        self.wanted.store(size, Ordering::SeqCst);
+        Watch { moves: self }
+    }
+}
+
+impl Watch<'_> {
+    /// After a search that missed: ends the epoch, waits for the merges counted in it to land
+    /// and says whether one of them left a fitting block since the [`Moves::watch`].
+    pub(crate) fn settle(self) -> Settled {
+        self.settle_within(DRAIN_SPINS)
+    }
+
+    /// [`Watch::settle`], giving up after `spins_left` yields.
+    fn settle_within(self, spins_left: u32) -> Settled {
+        let m = self.moves;
+        let slot = (m.epoch.fetch_add(1, Ordering::SeqCst) & 1) as usize;
+        let mut spins = 0;
+        while m.in_transit[slot].load(Ordering::SeqCst) != 0 {
+            if spins == 0 {
+                #[cfg(test)]
+                run(&m.hooks.unsettled);
+            }
+            if spins == spins_left {
+                return Settled::GaveUp;
+            }
+            spins += 1;
+            yield_now();
+        }
+        // After the wait: a merge sets the flag before its count goes down.
+        if m.fit_landed.load(Ordering::SeqCst) {
+            Settled::SearchAgain
+        } else {
+            Settled::Grow
+        }
+    }
+}
+
+impl Drop for Watch<'_> {
+    fn drop(&mut self) {
+        self.moves.wanted.store(NOBODY, Ordering::SeqCst);
+    }
+}
+
+impl MoveGuard<'_> {
+    /// The blocks are in the thief's list: called under that list's lock, after they went in,
+    /// with the list's `fits`; asks it about the searching grower's size, if one searches.
+    pub(crate) fn landed(&mut self, fits: impl FnOnce(usize) -> bool) {
+        let wanted = self.moves.wanted.load(Ordering::SeqCst);
+        self.fits = wanted != NOBODY && fits(wanted);
     }
 }
 
 impl Drop for MoveGuard<'_> {
     fn drop(&mut self) {
-        // `ended` first: a grower that sees the merge out of transit sees it ended.
-        self.moves.ended.fetch_add(1, Ordering::SeqCst);
-        self.moves.in_transit.fetch_sub(1, Ordering::SeqCst);
+        // The flag first: a grower that sees the merge out of transit sees it.
+        if self.fits {
+            self.moves.fit_landed.store(true, Ordering::SeqCst);
+        }
+        self.moves.in_transit[self.slot].fetch_sub(1, Ordering::SeqCst);
         #[cfg(test)]
         run(&self.moves.hooks.ended);
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, loom))]
+mod loom_tests;
+
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use proptest::prelude::*;
 
     #[test]
-    fn settled_without_moves() {
+    fn a_search_without_merges_grows() {
         let m = Moves::new();
-        let s = m.snapshot();
-        assert!(m.settled_since(s));
+        let w = m.watch(4);
+        assert_eq!(w.settle(), Settled::Grow);
     }
 
     #[test]
-    fn a_move_in_transit_unsettles() {
+    fn a_merge_that_left_a_fitting_block_sends_the_grower_back() {
         let m = Moves::new();
-        let s = m.snapshot();
-        let g = m.begin();
-        assert!(!m.settled_since(s));
+        let w = m.watch(4);
+        let mut g = m.begin();
+        g.landed(|wanted| wanted <= 8);
         drop(g);
-        // It ended after the snapshot: the search may have missed its blocks.
-        assert!(!m.settled_since(s));
-        // A search begun after it sees them.
-        assert!(m.settled_since(m.snapshot()));
+        assert_eq!(w.settle(), Settled::SearchAgain);
+        // The next search starts afresh.
+        let w = m.watch(4);
+        assert_eq!(w.settle(), Settled::Grow);
     }
 
     #[test]
-    fn a_move_begun_before_the_snapshot_unsettles_until_it_ends() {
+    fn a_merge_that_left_nothing_fitting_does_not() {
         let m = Moves::new();
-        let g = m.begin();
-        let s = m.snapshot();
-        assert!(!m.settled_since(s));
+        let w = m.watch(16);
+        let mut g = m.begin();
+        g.landed(|wanted| wanted <= 8);
         drop(g);
-        assert!(!m.settled_since(s));
-        assert!(m.settled_since(m.snapshot()));
+        assert_eq!(w.settle(), Settled::Grow);
+    }
+
+    #[test]
+    fn a_merge_that_could_not_say_sends_the_grower_back() {
+        let m = Moves::new();
+        let w = m.watch(16);
+        drop(m.begin());
+        assert_eq!(w.settle(), Settled::SearchAgain);
+    }
+
+    #[test]
+    fn without_a_grower_a_merge_asks_nothing() {
+        let m = Moves::new();
+        let mut g = m.begin();
+        g.landed(|_| panic!("nobody searches"));
+        drop(g);
+        let w = m.watch(16);
+        assert_eq!(w.settle(), Settled::Grow);
+    }
+
+    #[test]
+    fn the_grower_waits_for_the_merges_of_its_epoch_only() {
+        let m: &'static Moves = Box::leak(Box::new(Moves::new()));
+        let early = m.begin();
+        let w = m.watch(4);
+        // Still in transit: the wait runs out.
+        assert_eq!(w.settle_within(3), Settled::GaveUp);
+        drop(early);
+        // While the grower waits, `early2` ends and `late` begins: the grower does not wait
+        // for `late` (its victim was searched before it began).
+        let early2 = m.begin();
+        let late = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let keep = std::sync::Arc::clone(&late);
+        *m.hooks.unsettled.lock().unwrap() = Some(Box::new(move || {
+            *keep.lock().unwrap() = Some(m.begin());
+            let mut early2 = early2;
+            early2.landed(|_| false);
+        }));
+        let w = m.watch(4);
+        assert_eq!(w.settle_within(3), Settled::Grow);
+        assert!(late.lock().unwrap().is_some(), "the hook ran");
+        // `late` is of the next epoch.
+        let w = m.watch(4);
+        assert_eq!(w.settle_within(3), Settled::GaveUp);
+        drop(late.lock().unwrap().take());
+        let w = m.watch(4);
+        assert_eq!(w.settle_within(3), Settled::Grow);
+    }
+
+    #[test]
+    fn a_grower_waits_for_a_merger_on_another_thread() {
+        use std::sync::mpsc;
+        let m: &'static Moves = Box::leak(Box::new(Moves::new()));
+        let mut g = m.begin();
+        let (waiting, grower_waits) = mpsc::channel();
+        let (go, wait_go) = mpsc::channel::<()>();
+        // The grower, finding the merge in transit, says so and waits until it landed.
+        *m.hooks.unsettled.lock().unwrap() = Some(Box::new(move || {
+            waiting.send(()).unwrap();
+            wait_go.recv().unwrap();
+        }));
+        let w = m.watch(4);
+        std::thread::scope(|s| {
+            let grower = s.spawn(move || w.settle());
+            grower_waits.recv().unwrap();
+            g.landed(|wanted| wanted == 4);
+            drop(g);
+            go.send(()).unwrap();
+            assert_eq!(grower.join().unwrap(), Settled::SearchAgain);
+        });
     }
 
     #[test]
@@ -189,57 +351,87 @@ mod tests {
             for _ in 0..4 {
                 s.spawn(|| {
                     for _ in 0..1000 {
-                        let _g = m.begin();
+                        let mut g = m.begin();
+                        g.landed(|_| false);
                     }
                 });
             }
+            for _ in 0..100 {
+                let w = m.watch(1);
+                let _ = w.settle();
+            }
         });
-        let snap = m.snapshot();
-        assert_eq!(snap.ended, 4000);
-        assert!(m.settled_since(snap));
+        assert_eq!(m.in_transit[0].load(Ordering::SeqCst), 0);
+        assert_eq!(m.in_transit[1].load(Ordering::SeqCst), 0);
     }
 
-    /// An operation of the model: begin a move, end the oldest move in transit, take a
-    /// snapshot, or check the last snapshot.
+    /// An operation of the model: begin a move, land the oldest move in transit (fitting the
+    /// grower's size or not), end it, watch, or settle (with a wait that runs out at once).
     #[derive(Debug, Clone, Copy)]
     enum Op {
         Begin,
+        Land(bool),
         End,
-        Snapshot,
-        Check,
+        Watch,
+        Settle,
     }
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             Just(Op::Begin),
+            any::<bool>().prop_map(Op::Land),
             Just(Op::End),
-            Just(Op::Snapshot),
-            Just(Op::Check)
+            Just(Op::Watch),
+            Just(Op::Settle),
         ]
     }
 
     proptest! {
-        /// Against a model that remembers, for the last snapshot, whether a move was in
-        /// transit at it or began after it: settled exactly when none was, and none is now.
+        /// Against a model that keeps each move's epoch and whether it said it fits: a settle
+        /// gives up while a move counted in an epoch of the ended one's parity is in transit,
+        /// else sends the grower back exactly when a move that fitted (or never said) ended
+        /// since the watch.
         #[test]
-        fn settled_matches_the_model(ops in proptest::collection::vec(op(), 0..64)) {
+        fn settle_matches_the_model(ops in proptest::collection::vec(op(), 0..64)) {
             let m = Moves::new();
+            // (guard, epoch, fits)
             let mut guards = std::collections::VecDeque::new();
-            // (snapshot, a move was in transit at it or began after it)
-            let mut snap: Option<(MovesSnapshot, bool)> = None;
+            let mut epoch = 0u64;
+            let mut watch: Option<(Watch<'_>, bool)> = None;
             for op in ops {
                 match op {
-                    Op::Begin => {
-                        guards.push_back(m.begin());
-                        if let Some((_, touched)) = &mut snap {
-                            *touched = true;
+                    Op::Begin => guards.push_back((m.begin(), epoch, true)),
+                    Op::Land(fits) => {
+                        if let Some((g, _, f)) = guards.front_mut() {
+                            let watching = watch.is_some();
+                            g.landed(|_| fits);
+                            *f = watching && fits;
                         }
                     }
-                    Op::End => drop(guards.pop_front()),
-                    Op::Snapshot => snap = Some((m.snapshot(), !guards.is_empty())),
-                    Op::Check => {
-                        if let Some((s, touched)) = snap {
-                            prop_assert_eq!(m.settled_since(s), !touched && guards.is_empty());
+                    Op::End => {
+                        if let Some((g, _, fits)) = guards.pop_front() {
+                            drop(g);
+                            if let Some((_, fit)) = &mut watch {
+                                *fit |= fits;
+                            }
+                        }
+                    }
+                    Op::Watch => {
+                        drop(watch.take());
+                        watch = Some((m.watch(1), false));
+                    }
+                    Op::Settle => {
+                        if let Some((w, fit)) = watch.take() {
+                            let busy = guards.iter().any(|(_, e, _)| e % 2 == epoch % 2);
+                            let want = if busy {
+                                Settled::GaveUp
+                            } else if fit {
+                                Settled::SearchAgain
+                            } else {
+                                Settled::Grow
+                            };
+                            epoch += 1;
+                            prop_assert_eq!(w.settle_within(0), want);
                         }
                     }
                 }
