@@ -1232,6 +1232,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         }
         // Under the same lock: no thief sees the block before the event covers it.
         st.publish(stream, self.is_eager());
+        self.moves.freed(|wanted| st.blocks.fits(wanted));
         Ok(())
     }
 

@@ -26,6 +26,7 @@
 
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use crate::sync::yield_now;
+use crossbeam_utils::CachePadded;
 #[cfg(test)]
 use std::sync::Mutex;
 
@@ -37,6 +38,15 @@ pub(crate) const SETTLE_TRIES: u32 = 64;
 /// grows anyway.
 pub(crate) const DRAIN_SPINS: u32 = 1 << 12;
 
+/// How many times at most a grower whose miss was real (no merge hid a fitting block) yields,
+/// waiting for a free or a merge to leave a fitting block, before it grows: growing doubles the
+/// pool, and at 16 threads other threads' frees often leave such a block within a millisecond.
+pub(crate) const PATIENCE: u32 = 1024;
+
+/// The grower stops waiting early when no free at all happened in this many yields (one
+/// thread alone, or threads that only allocate: nothing will come).
+pub(crate) const IDLE_WINDOW: u32 = 32;
+
 /// [`Moves::wanted`] while no grower is searching: no list fits it.
 const NOBODY: usize = usize::MAX;
 
@@ -47,11 +57,14 @@ pub(crate) struct Moves {
     epoch: AtomicU64,
     /// Merges begun and not ended, by the parity of the epoch they were counted in.
     in_transit: [AtomicUsize; 2],
-    /// The size the searching grower wants ([`NOBODY`]: none searches).
-    wanted: AtomicUsize,
-    /// Since the grower's [`Moves::watch`], a merge landed where its thief's list then fitted
+    /// The size the searching grower wants ([`NOBODY`]: none searches). Read by every free,
+    /// written only by growers: on a cache line of its own.
+    wanted: CachePadded<AtomicUsize>,
+    /// Since the grower's [`Moves::watch`], a merge or a free landed where its list then fitted
     /// the grower's size (or could not say).
     fit_landed: AtomicBool,
+    /// Frees made while a grower watched (fitting or not): the grower's sign of life.
+    frees_seen: AtomicU64,
     /// Tests' hooks at the points where threads race (see [`TestHooks`]).
     #[cfg(test)]
     pub(crate) hooks: TestHooks,
@@ -129,8 +142,9 @@ impl Moves {
         Self {
             epoch: AtomicU64::new(0),
             in_transit: [AtomicUsize::new(0), AtomicUsize::new(0)],
-            wanted: AtomicUsize::new(NOBODY),
+            wanted: CachePadded::new(AtomicUsize::new(NOBODY)),
             fit_landed: AtomicBool::new(false),
+            frees_seen: AtomicU64::new(0),
             #[cfg(test)]
             hooks: TestHooks {
                 in_transit: Mutex::new(None),
@@ -168,6 +182,19 @@ impl Moves {
         }
     }
 
+    /// A block was freed into a list: called under its lock, after the block went in, with
+    /// the list's `fits`; asks it about the searching grower's size, if one searches.
+    #[inline]
+    pub(crate) fn freed(&self, fits: impl FnOnce(usize) -> bool) {
+        let wanted = self.wanted.load(Ordering::SeqCst);
+        if wanted != NOBODY {
+            self.frees_seen.fetch_add(1, Ordering::Relaxed);
+            if fits(wanted) {
+                self.fit_landed.store(true, Ordering::SeqCst);
+            }
+        }
+    }
+
     /// Before a search under the growth lock for `size` bytes (one grower at a time): merges
     /// that land from now on say whether they leave a block of `size` bytes.
     pub(crate) fn watch(&self, size: usize) -> Watch<'_> {
@@ -181,11 +208,40 @@ impl Watch<'_> {
     /// After a search that missed: ends the epoch, waits for the merges counted in it to land
     /// and says whether one of them left a fitting block since the [`Moves::watch`].
     pub(crate) fn settle(self) -> Settled {
-        self.settle_within(DRAIN_SPINS)
+        match self.settle_within(DRAIN_SPINS) {
+            Settled::Grow => self.wait_for_fit(PATIENCE, IDLE_WINDOW),
+            other => other,
+        }
+    }
+
+    /// After a real miss: waits up to `patience` yields for a free or a merge to leave a
+    /// fitting block, and gives up early after `idle` yields with no free at all.
+    fn wait_for_fit(&self, patience: u32, idle: u32) -> Settled {
+        let m = self.moves;
+        let mut seen = m.frees_seen.load(Ordering::Relaxed);
+        for spin in 1..=patience {
+            if m.fit_landed.load(Ordering::SeqCst) {
+                return Settled::SearchAgain;
+            }
+            yield_now();
+            if spin % idle == 0 {
+                let now = m.frees_seen.load(Ordering::Relaxed);
+                if now == seen {
+                    break;
+                }
+                seen = now;
+            }
+        }
+        // A last look: a free may have landed during the last yield.
+        if m.fit_landed.load(Ordering::SeqCst) {
+            Settled::SearchAgain
+        } else {
+            Settled::Grow
+        }
     }
 
     /// [`Watch::settle`], giving up after `spins_left` yields.
-    fn settle_within(self, spins_left: u32) -> Settled {
+    fn settle_within(&self, spins_left: u32) -> Settled {
         let m = self.moves;
         let slot = (m.epoch.fetch_add(1, Ordering::SeqCst) & 1) as usize;
         let mut spins = 0;
@@ -342,6 +398,41 @@ mod tests {
             go.send(()).unwrap();
             assert_eq!(grower.join().unwrap(), Settled::SearchAgain);
         });
+    }
+
+    #[test]
+    fn a_free_that_leaves_a_fitting_block_sends_the_grower_back() {
+        let m = Moves::new();
+        let w = m.watch(4);
+        m.freed(|wanted| wanted <= 2);
+        assert!(!m.fit_landed.load(Ordering::SeqCst), "2 bytes do not fit 4");
+        m.freed(|wanted| wanted <= 8);
+        assert_eq!(w.settle(), Settled::SearchAgain);
+        // Without a grower a free asks nothing.
+        m.freed(|_| panic!("nobody searches"));
+    }
+
+    #[test]
+    fn a_grower_waits_for_a_fitting_free_on_another_thread() {
+        let m = Moves::new();
+        let w = m.watch(4);
+        std::thread::scope(|s| {
+            // No limit and no idle rule: it returns only once the free landed.
+            let grower = s.spawn(|| w.wait_for_fit(u32::MAX, u32::MAX));
+            for _ in 0..3 {
+                m.freed(|_| false);
+            }
+            m.freed(|wanted| wanted == 4);
+            assert_eq!(grower.join().unwrap(), Settled::SearchAgain);
+        });
+    }
+
+    #[test]
+    fn a_grower_stops_waiting_when_nothing_is_freed() {
+        let m = Moves::new();
+        let w = m.watch(4);
+        // Without the idle rule this would yield u32::MAX times.
+        assert_eq!(w.wait_for_fit(u32::MAX, 4), Settled::Grow);
     }
 
     #[test]
