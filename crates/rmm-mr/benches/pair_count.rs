@@ -12,9 +12,9 @@
 //!   the background) or `steady` ([`LIVE`] allocations live; each step frees a pseudo-randomly
 //!   chosen one and allocates a new size in its place), or `all` (these two); or one of the
 //!   peer comparison's traces `a`, `b`, `r1`, `r64` (`common::traces`: the operations the GPU
-//!   peer run replays on an 80 GB device, 20,000 of them), replayed once uncounted and once
-//!   measured, MIX and PAIRS ignored, counted **per operation** (an allocation or a free), not
-//!   per pair;
+//!   peer run replays on an 80 GB device, 20,000 of them), replayed once uncounted and then
+//!   PAIRS / 20,000 times (at least once) measured, MIX ignored, counted **per operation** (an
+//!   allocation or a free), not per pair;
 //! - MIX: `4MiB` (sizes uniform in 1 B-4 MiB) or `64KiB` (1 B-64 KiB), or `all`;
 //! - STREAM: `legacy` (no CUDA call at all), `per_thread` (the calling thread's per-thread
 //!   default stream), `stream` (an ordinary stream made from a raw handle, as a foreign stream
@@ -149,10 +149,12 @@ struct TraceCase {
     held: Vec<(DevicePtr, usize)>,
 }
 
-/// The measured replay (see [`measured`]).
+/// The measured replays (see [`measured`]).
 #[inline(never)]
-fn measured_trace(case: &mut TraceCase) {
-    replay(case);
+fn measured_trace(case: &mut TraceCase, reps: usize) {
+    for _ in 0..reps {
+        replay(case);
+    }
 }
 
 /// One replay of the trace (every allocation is freed by its end).
@@ -269,9 +271,10 @@ impl CaseName<'_> {
             };
             replay(&mut case);
             let grown = UPSTREAM_CALLS.load(std::sync::atomic::Ordering::Relaxed);
+            let reps = pairs.div_ceil(case.ops.len()).max(1);
             let t = Instant::now();
-            measured_trace(&mut case);
-            let ns = t.elapsed().as_nanos() as f64 / case.ops.len() as f64;
+            measured_trace(&mut case, reps);
+            let ns = t.elapsed().as_nanos() as f64 / (reps * case.ops.len()) as f64;
             let grew = UPSTREAM_CALLS.load(std::sync::atomic::Ordering::Relaxed) - grown;
             if grew > 0 {
                 eprintln!("pair_count: the measured replay called the upstream {grew} times");
@@ -309,7 +312,10 @@ impl CaseName<'_> {
         let log = String::from_utf8_lossy(&child.stderr);
         assert!(child.status.success(), "callgrind failed:\n{log}");
         let per = match self.trace() {
-            Some(name) => traces::peer(name).0.len(),
+            Some(name) => {
+                let ops = traces::peer(name).0.len();
+                pairs.div_ceil(ops).max(1) * ops
+            }
             None => pairs,
         };
         let collected: u64 = log
