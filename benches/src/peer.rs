@@ -934,6 +934,43 @@ mod tests {
         assert!(e.message.contains("leaves allocations live"), "{e}");
     }
 
+    /// `rmm-mr`'s host benchmark `pair_count` replays copies of these traces (it cannot depend
+    /// on this crate) and checks them against the same figures (`benches/common/mod.rs`,
+    /// `traces::PINNED`): operations, sum of the allocated sizes, slots.
+    #[test]
+    fn pair_count_traces_match() {
+        let h100 = DeviceMemory {
+            free: 79 << 30,
+            total: 80 << 30,
+        };
+        let plan = standard_plan(&PlanOptions::default(), &h100);
+        let prints: Vec<(&str, (usize, usize, usize))> = plan
+            .workloads
+            .iter()
+            .map(|w| {
+                let bytes = w
+                    .trace
+                    .ops
+                    .iter()
+                    .map(|op| match *op {
+                        Op::Alloc { size, .. } => size,
+                        Op::Free { .. } => 0,
+                    })
+                    .sum();
+                (w.name.as_str(), (w.trace.ops.len(), bytes, w.trace.slots))
+            })
+            .collect();
+        assert_eq!(
+            prints,
+            [
+                ("a", (20_000, 21_078_149_594, 1001)),
+                ("b", (20_000, 324_932_589, 2001)),
+                ("r1", (20_000, 4_685_516_381, 2395)),
+                ("r64", (20_000, 281_108_201_673, 49)),
+            ]
+        );
+    }
+
     #[test]
     fn the_standard_plan_fits_an_h100_and_a_16_gb_gpu() {
         let h100 = DeviceMemory {

@@ -10,7 +10,11 @@
 //!   region, for comparison) or `all` (default; every one but `naive`);
 //! - SHAPE: `pair` (allocate, then free at once, with [`LIVE`] allocations of the mix held in
 //!   the background) or `steady` ([`LIVE`] allocations live; each step frees a pseudo-randomly
-//!   chosen one and allocates a new size in its place), or `all`;
+//!   chosen one and allocates a new size in its place), or `all` (these two); or one of the
+//!   peer comparison's traces `a`, `b`, `r1`, `r64` (`common::traces`: the operations the GPU
+//!   peer run replays on an 80 GB device, 20,000 of them), replayed once uncounted and then
+//!   PAIRS / 20,000 times (at least once) measured, MIX ignored, counted **per operation** (an
+//!   allocation or a free), not per pair;
 //! - MIX: `4MiB` (sizes uniform in 1 B-4 MiB) or `64KiB` (1 B-64 KiB), or `all`;
 //! - STREAM: `legacy` (no CUDA call at all), `per_thread` (the calling thread's per-thread
 //!   default stream), `stream` (an ordinary stream made from a raw handle, as a foreign stream
@@ -51,7 +55,8 @@ use rmm_sys::DevicePtr;
 
 mod common;
 
-use common::{sequences, NullUpstream, LIVE, SEQ};
+use common::traces::{self, Op};
+use common::{sequences, NullUpstream, LIVE, SEQ, UPSTREAM_CALLS};
 
 fn build(name: &str, max: usize) -> Box<dyn DeviceMemoryResource> {
     match name {
@@ -136,6 +141,43 @@ fn measured(case: &mut Case, steady: bool, pairs: usize) {
     run_pairs(case, steady, pairs);
 }
 
+/// A peer trace's replay: the resource, its stream, the operations and what each slot holds.
+struct TraceCase {
+    mr: Box<dyn DeviceMemoryResource>,
+    stream: CudaStreamView<'static>,
+    ops: Vec<Op>,
+    held: Vec<(DevicePtr, usize)>,
+}
+
+/// The measured replays (see [`measured`]).
+#[inline(never)]
+fn measured_trace(case: &mut TraceCase, reps: usize) {
+    for _ in 0..reps {
+        replay(case);
+    }
+}
+
+/// One replay of the trace (every allocation is freed by its end).
+#[inline(never)]
+fn replay(case: &mut TraceCase) {
+    let mr = &*case.mr;
+    let stream = case.stream;
+    for op in &case.ops {
+        match *op {
+            Op::Alloc { slot, size } => {
+                let p = mr.allocate(stream, black_box(size), 256).unwrap();
+                case.held[slot as usize] = (p, size);
+            }
+            Op::Free { slot } => {
+                let (p, size) = case.held[slot as usize];
+                // SAFETY: the slot holds an allocation of `mr` with its size; the trace frees
+                // each allocation once.
+                unsafe { mr.deallocate(stream, black_box(p), size, 256).unwrap() };
+            }
+        }
+    }
+}
+
 /// `pairs` allocate + free pairs, `steady` or not (see the module documentation).
 #[inline(never)]
 fn run_pairs(case: &mut Case, steady: bool, pairs: usize) {
@@ -185,6 +227,13 @@ impl CaseName<'_> {
         }
     }
 
+    /// The peer trace this case replays, if its shape names one.
+    fn trace(&self) -> Option<&str> {
+        ["a", "b", "r1", "r64"]
+            .contains(&self.shape)
+            .then_some(self.shape)
+    }
+
     fn steady(&self) -> bool {
         match self.shape {
             "pair" => false,
@@ -209,8 +258,29 @@ impl CaseName<'_> {
         }
     }
 
-    /// Runs the case once uncounted and once measured; nanoseconds per pair.
+    /// Runs the case once uncounted and once measured; nanoseconds per pair (per operation
+    /// for a trace).
     fn run(&self, pairs: usize) -> f64 {
+        if let Some(name) = self.trace() {
+            let (ops, slots) = traces::peer(name);
+            let mut case = TraceCase {
+                mr: build(self.resource, 64 << 20),
+                stream: self.stream(),
+                held: vec![(DevicePtr::NULL, 0); slots],
+                ops,
+            };
+            replay(&mut case);
+            let grown = UPSTREAM_CALLS.load(std::sync::atomic::Ordering::Relaxed);
+            let reps = pairs.div_ceil(case.ops.len()).max(1);
+            let t = Instant::now();
+            measured_trace(&mut case, reps);
+            let ns = t.elapsed().as_nanos() as f64 / (reps * case.ops.len()) as f64;
+            let grew = UPSTREAM_CALLS.load(std::sync::atomic::Ordering::Relaxed) - grown;
+            if grew > 0 {
+                eprintln!("pair_count: the measured replay called the upstream {grew} times");
+            }
+            return ns;
+        }
         let mut case = Case::new(self.resource, self.max(), self.stream());
         run_pairs(&mut case, self.steady(), pairs);
         let t = Instant::now();
@@ -241,6 +311,13 @@ impl CaseName<'_> {
             .expect("valgrind could not be started (is it installed?)");
         let log = String::from_utf8_lossy(&child.stderr);
         assert!(child.status.success(), "callgrind failed:\n{log}");
+        let per = match self.trace() {
+            Some(name) => {
+                let ops = traces::peer(name).0.len();
+                pairs.div_ceil(ops).max(1) * ops
+            }
+            None => pairs,
+        };
         let collected: u64 = log
             .lines()
             .find_map(|l| l.split("Collected :").nth(1))
@@ -250,14 +327,14 @@ impl CaseName<'_> {
             let text = std::fs::read_to_string(&out).expect("callgrind's output");
             let mut by_step = steps::split(&text);
             for (_, ir) in &mut by_step {
-                *ir /= pairs as u64;
+                *ir /= per as u64;
             }
             by_step
         } else {
             Vec::new()
         };
         let _ = std::fs::remove_file(&out);
-        (collected / pairs as u64, split)
+        (collected / per as u64, split)
     }
 }
 
@@ -279,7 +356,11 @@ fn main() {
         &["pool", "vmm_pool", "binning", "fixed_size", "arena"],
     );
     let shapes = pick(arg(1), &["pair", "steady"]);
-    let mixes = pick(arg(2), &["4MiB", "64KiB"]);
+    let mut mixes = pick(arg(2), &["4MiB", "64KiB"]);
+    if shapes.iter().all(|s| ["a", "b", "r1", "r64"].contains(s)) {
+        // A trace has its own sizes.
+        mixes.truncate(1);
+    }
     let streams = pick(arg(3), &["legacy", "per_thread", "stream", "owned"]);
     let default_pairs = if instructions { 20_000 } else { 100_000 };
     let pairs: usize = arg(4).map_or(default_pairs, |p| p.parse().expect("PAIRS: a number"));
@@ -287,7 +368,7 @@ fn main() {
     // answered by the simulation.
     let _sim = rmm_sys::fault::FaultScope::simulated();
     if instructions {
-        println!("| resource | shape | mix | stream | instructions per pair |");
+        println!("| resource | shape | mix | stream | instructions per pair (per op: traces) |");
     } else {
         println!("| resource | shape | mix | stream | ns per pair |");
     }

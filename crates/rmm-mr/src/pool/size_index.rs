@@ -338,7 +338,14 @@ impl SizeIndex {
     }
 
     /// [`replace`](Self::replace) past its in-place case: from class `c` to class `d`.
-    #[inline(never)]
+    ///
+    /// The usual case, a large block split or grown back, alone in its class and moving to an
+    /// empty class, changes two lengths, one entry and two bits in place (writing a whole
+    /// `Class` would write its three entries and drop the old value, and both classes are
+    /// random slots of a table of a thousand or more: the stores and their cache lines are
+    /// what this path cost, `docs/performance.md`, "The pool on `r64`"). That case is inlined
+    /// into the caller; the general one is [`move_entry_slow`](Self::move_entry_slow).
+    #[inline(always)]
     fn move_entry(
         &mut self,
         c: usize,
@@ -347,27 +354,44 @@ impl SizeIndex {
         new: (usize, u64),
         node: NodeId,
     ) {
-        // The usual case of a large block split or grown back: alone in its class, moving to
-        // an empty class. Two slots and two bits change.
-        if c != d && d < self.classes.len() && matches!(self.classes[d], Class::Few { len: 0, .. })
-        {
-            if let Class::Few { len, blocks } = &mut self.classes[c] {
-                if *len == 1 && (blocks[0].0, blocks[0].1) == old {
-                    *len = 0;
-                    self.classes[d] = Class::Few {
-                        len: 1,
-                        blocks: [(new.0, new.1, node), (0, 0, 0), (0, 0, 0)],
-                    };
-                    self.groups[c / 64] &= !(1 << (c % 64));
-                    if self.groups[c / 64] == 0 {
-                        self.summary &= !(1 << (c / 64));
-                    }
-                    self.groups[d / 64] |= 1 << (d % 64);
-                    self.summary |= 1 << (d / 64);
-                    return;
-                }
+        let alone = c != d
+            && matches!(self.classes.get(d), Some(Class::Few { len: 0, .. }))
+            && matches!(
+                self.classes.get(c),
+                Some(Class::Few { len: 1, blocks }) if (blocks[0].0, blocks[0].1) == old
+            );
+        if alone {
+            if let Some(Class::Few { len, .. }) = self.classes.get_mut(c) {
+                *len = 0;
             }
+            if let Some(Class::Few { len, blocks }) = self.classes.get_mut(d) {
+                blocks[0] = (new.0, new.1, node);
+                *len = 1;
+            }
+            // Classes are below 64 * GROUPS (`class_of(usize::MAX) / 64 < GROUPS`): the masks
+            // only spare the bounds checks.
+            let (gc, gd) = ((c / 64) & (GROUPS - 1), (d / 64) & (GROUPS - 1));
+            self.groups[gc] &= !(1 << (c % 64));
+            if self.groups[gc] == 0 {
+                self.summary &= !(1 << gc);
+            }
+            self.groups[gd] |= 1 << (d % 64);
+            self.summary |= 1 << gd;
+            return;
         }
+        self.move_entry_slow(c, d, old, new, node);
+    }
+
+    /// [`move_entry`](Self::move_entry) past its usual case: a removal and an insertion.
+    #[inline(never)]
+    fn move_entry_slow(
+        &mut self,
+        c: usize,
+        d: usize,
+        old: (usize, u64),
+        new: (usize, u64),
+        node: NodeId,
+    ) {
         self.remove_in(c, old.0, old.1);
         self.insert_in(d, new.0, new.1, node);
     }

@@ -1,11 +1,11 @@
 //! A hash table from block addresses to small values, for the record of handed-out blocks
 //! ([`crate::stream_ordered::handed`]) and the pool's boundary tags
-//! ([`crate::pool::boundary_list`]): open addressing with linear probing, at most half
-//! full, deletion by backward shift (no tombstones, so probes stay short however many blocks
-//! come and go), and a multiplicative hash of the address's 256-byte unit whose top bits pick
-//! the home slot. One insertion or removal is a multiply, a shift and, at that load, one or two
-//! slots looked at: a fraction of a general-purpose map's work, which is what the record costs
-//! on every allocation and free.
+//! ([`crate::pool::boundary_list`]): open addressing with linear probing, at most a quarter
+//! full ([`MAX_LOAD`]), deletion by backward shift (no tombstones, so probes stay short however
+//! many blocks come and go), and a multiplicative hash of the address's 256-byte unit whose top
+//! bits pick the home slot. One insertion or removal is a multiply, a shift and, at that load,
+//! usually the home slot alone: a fraction of a general-purpose map's work, which is what the
+//! record costs on every allocation and free.
 //!
 //! Pure bookkeeping: no CUDA calls.
 
@@ -28,6 +28,15 @@ pub(crate) fn shard_bits(addr: u64) -> usize {
 /// The key that marks an empty slot. Block addresses are 256-aligned and never equal it; the
 /// table still accepts it, in a slot of its own.
 const EMPTY: u64 = u64::MAX;
+
+/// A table grows (doubles) before more than `1 / MAX_LOAD` of its slots would be used. Filled
+/// to between a quarter and a half (the former limit), a key's home slot is taken by another
+/// key that often, and whether a probe stops there is a coin toss the processor's branch
+/// predictor loses: on the pool's `r64` trace about 1.5 of 5.1 mispredicted branches an
+/// operation went away at a quarter (`docs/performance.md`, "The pool on `r64`"), for twice
+/// the slots: 4 to 8 a key instead of 2 to 4 (slots of 16 bytes in the boundary tables, 32 in
+/// the record).
+const MAX_LOAD: usize = 4;
 
 /// Slots of a new table (a power of two).
 const INITIAL: usize = 16;
@@ -111,7 +120,7 @@ impl<V: Copy + Default> AddrTable<V> {
             self.empty_key = Some(value);
             return true;
         }
-        if (self.len + 1) * 2 > self.slots.len() {
+        if (self.len + 1) * MAX_LOAD > self.slots.len() {
             self.grow();
         }
         let mut i = self.home(key);
