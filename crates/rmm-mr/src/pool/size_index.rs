@@ -24,6 +24,9 @@ const SUB_BITS: u32 = 6;
 /// Number of 64-bit words of the class bitmap: enough for the class of `usize::MAX`.
 const GROUPS: usize = 64;
 
+// `move_entry` masks group indices with `GROUPS - 1`.
+const _: () = assert!(GROUPS.is_power_of_two());
+
 /// The class of a block or request of `size` bytes: sizes below 64 have a class each; above,
 /// every power of two is cut into 64 classes of equal width. Larger sizes never have smaller
 /// classes.
