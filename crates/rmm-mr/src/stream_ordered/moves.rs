@@ -20,6 +20,11 @@
 //! ([`DRAIN_SPINS`]: a merger preempted between its two locks must not hold growth back long);
 //! past either it grows, as before.
 //!
+//! A miss no merge caused is real, and growing doubles the pool; at 16 threads another
+//! thread's free often leaves a fitting block a moment later. So frees made while a grower
+//! watches say so too ([`Moves::freed`]), and after a real miss the grower waits up to
+//! [`PATIENCE`] yields for one, stopping after [`IDLE_WINDOW`] yields without any free.
+//!
 //! Pure bookkeeping: no CUDA calls. Why and the figures: `docs/performance.md`, "Memory:
 //! blocks in transit" and "The pool on `r64` at 16 threads: waiting for the merges that
 //! matter"; the protocol's loom model: `moves/loom_tests.rs`.
