@@ -934,8 +934,9 @@ mod tests {
         assert!(e.message.contains("leaves allocations live"), "{e}");
     }
 
-    /// `rmm-mr`'s host benchmark `pair_count` replays copies of these traces (it cannot depend
-    /// on this crate) and checks them against the same figures (`benches/common/mod.rs`,
+    /// `rmm-mr`'s host benchmark `pair_count` replays these traces, from the same generators
+    /// (`rmm_mr::testing::trace`) with its own copy of the plan's parameters (it cannot depend
+    /// on this crate), and checks them against the same figures (`benches/common/mod.rs`,
     /// `traces::PINNED`): operations, sum of the allocated sizes, slots.
     #[test]
     fn pair_count_traces_match() {

@@ -1,6 +1,7 @@
 //! A host-memory resource for tests and benchmarks on machines without a GPU, an upstream
 //! that fails on demand ([`FaultyResource`]), the fragmentation workloads the benchmarks
-//! and tests share ([`fragmentation`]) and the benchmarks' naive baseline ([`naive`]).
+//! and tests share ([`fragmentation`]), the benchmarks' naive baseline ([`naive`]) and the
+//! allocation traces they replay ([`trace`]).
 
 use std::alloc::Layout;
 use std::collections::HashMap;
@@ -17,6 +18,7 @@ use crate::util::alignment::{self, MAX_OVER_ALIGNMENT};
 mod faulty;
 pub mod fragmentation;
 pub mod naive;
+pub mod trace;
 
 pub use faulty::{FaultKind, FaultyResource};
 

@@ -95,99 +95,17 @@ pub(crate) fn sequences(max: usize) -> (Vec<usize>, Vec<usize>) {
 }
 
 /// The peer comparison's traces (`rmm_benches::peer::standard_plan` for an 80 GB GPU at its
-/// default 20,000 operations and 16 threads), copied here because rmm-benches depends on this
-/// crate: the same generators ([`TraceRng`] is `rmm_benches::Rng`, splitmix64), parameters and
-/// seeds, so the same operations. `rmm_benches`'s test `pair_count_traces_match` pins the
-/// fingerprint [`fingerprint`] computes for each.
+/// default 20,000 operations and 16 threads), from the generators the peer comparison uses
+/// (`rmm_mr::testing::trace`) with its parameters and seeds, which are repeated here because
+/// rmm-benches depends on this crate: `rmm_benches`'s test `pair_count_traces_match` pins the
+/// fingerprint [`fingerprint`] computes for each, so the two cannot drift apart.
+#[cfg(feature = "testing")]
 #[allow(dead_code)] // Each bench target uses its own part of the module.
 pub(crate) mod traces {
     const MIB: usize = 1 << 20;
 
-    /// One operation: allocate `size` bytes into a slot, or free what a slot holds.
-    #[derive(Debug, Clone, Copy)]
-    pub(crate) enum Op {
-        Alloc { slot: u32, size: usize },
-        Free { slot: u32 },
-    }
-
-    /// splitmix64 (`rmm_benches::Rng`).
-    struct TraceRng(u64);
-
-    impl TraceRng {
-        fn next_u64(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        }
-
-        fn range(&mut self, lo: usize, hi: usize) -> usize {
-            lo + (self.next_u64() % (hi - lo + 1) as u64) as usize
-        }
-    }
-
-    /// `rmm_benches::Trace::random`.
-    fn random(ops: usize, min: usize, max: usize, live: usize, seed: u64) -> (Vec<Op>, usize) {
-        let mut rng = TraceRng(seed);
-        let (mut out, mut free_slots, mut used) = (Vec::with_capacity(ops), Vec::new(), Vec::new());
-        let mut slots = 0u32;
-        while out.len() + used.len() < ops {
-            let alloc = used.len() < live || (used.len() == live && rng.next_u64() & 1 == 0);
-            if alloc {
-                let slot = free_slots.pop().unwrap_or_else(|| {
-                    slots += 1;
-                    slots - 1
-                });
-                out.push(Op::Alloc {
-                    slot,
-                    size: rng.range(min, max),
-                });
-                used.push(slot);
-            } else {
-                let i = rng.range(0, used.len() - 1);
-                let slot = used.swap_remove(i);
-                out.push(Op::Free { slot });
-                free_slots.push(slot);
-            }
-        }
-        out.extend(used.into_iter().map(|slot| Op::Free { slot }));
-        (out, slots as usize)
-    }
-
-    /// `rmm_benches::Trace::rmm_random` (RMM's `random_allocations`).
-    fn rmm_random(n: usize, max_size: usize, max_usage: usize, seed: u64) -> (Vec<Op>, usize) {
-        let max_size = max_size.min(max_usage).max(1);
-        let mut rng = TraceRng(seed);
-        let (mut out, mut free_slots) = (Vec::new(), Vec::new());
-        let mut live: Vec<(u32, usize)> = Vec::new();
-        let (mut slots, mut count, mut live_bytes) = (0u32, 0usize, 0usize);
-        for _ in 0..2 * n {
-            let size = rng.range(1, max_size);
-            let alloc = live.is_empty() || {
-                let chance = rng.range(0, 99);
-                chance < 73 && count < n && live_bytes + size < max_usage
-            };
-            if alloc {
-                let slot = free_slots.pop().unwrap_or_else(|| {
-                    slots += 1;
-                    slots - 1
-                });
-                out.push(Op::Alloc { slot, size });
-                live.push((slot, size));
-                count += 1;
-                live_bytes += size;
-            } else {
-                let index = rng.range(0, n.max(1) - 1) % live.len();
-                let (slot, size) = live.swap_remove(index);
-                out.push(Op::Free { slot });
-                free_slots.push(slot);
-                live_bytes -= size;
-            }
-        }
-        out.extend(live.into_iter().map(|(slot, _)| Op::Free { slot }));
-        (out, slots as usize)
-    }
+    pub(crate) use rmm_mr::testing::trace::Op;
+    use rmm_mr::testing::trace::{random, rmm_random};
 
     /// [`fingerprint`] of each trace [`peer`] makes; rmm-benches's test
     /// `pair_count_traces_match` pins the same figures for its own generators.
