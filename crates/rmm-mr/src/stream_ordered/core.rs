@@ -979,7 +979,8 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 match self.take_from_others(own, key, stream, size, false)? {
                     Search::Taken(block) => return Ok(block),
                     // Grow only once no merge outside this lock hid a fitting block from the
-                    // search (in transit, or moved behind it); see `moves`.
+                    // search (in transit, or moved behind it), and, after such a real miss, no
+                    // free left one within the grower's patience; see `moves`.
                     Search::Missed { withheld } => match watch.settle() {
                         Settled::SearchAgain if tries < SETTLE_TRIES => tries += 1,
                         Settled::SearchAgain | Settled::Grow | Settled::GaveUp => break withheld,
@@ -1267,6 +1268,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             return Err(kept_allocated(&mut st.blocks, ptr, size, tag, origin, &e));
         }
         st.publish(CudaStreamView::legacy(), self.is_eager());
+        self.moves.freed(|wanted| st.blocks.fits(wanted));
         Ok(())
     }
 
