@@ -107,16 +107,24 @@ pub(crate) fn command(options: &Options) -> Command {
 struct Explored {
     model: String,
     interleavings: u64,
+    /// The bound the model ran with, when the line says (a model may raise it).
+    bound: Option<u32>,
 }
 
 /// The model a test's output line reports on, if it is such a line.
 fn explored_in(line: &str) -> Option<Explored> {
     let rest = line.trim().strip_prefix("loom model ")?;
     let (model, rest) = rest.split_once(": ")?;
-    let (n, _) = rest.split_once(" interleavings explored")?;
+    let (n, rest) = rest.split_once(" interleavings explored")?;
+    let bound = rest
+        .trim()
+        .strip_prefix("(preemption bound ")
+        .and_then(|b| b.strip_suffix(')'))
+        .and_then(|b| b.parse().ok());
     Some(Explored {
         model: model.to_owned(),
         interleavings: n.parse().ok()?,
+        bound,
     })
 }
 
@@ -172,7 +180,7 @@ pub(crate) fn run_with(options: &Options) -> Result<(), Error> {
             "| `{}` | {} | {} | `{command}` |",
             m.model,
             group_thousands(m.interleavings),
-            options.preemptions
+            m.bound.unwrap_or(options.preemptions)
         );
     }
     let total: u64 = models.iter().map(|m| m.interleavings).sum();
@@ -258,8 +266,15 @@ mod tests {
             ),
             Some(Explored {
                 model: "statistics::freeze".into(),
-                interleavings: 75
+                interleavings: 75,
+                bound: Some(2),
             })
+        );
+        assert_eq!(
+            explored_in("loom model m: 811 interleavings explored (preemption bound 4)")
+                .and_then(|m| m.bound),
+            Some(4),
+            "a model that raised its bound says so"
         );
         assert_eq!(explored_in("test a::loom_x ... ok"), None);
         assert_eq!(
