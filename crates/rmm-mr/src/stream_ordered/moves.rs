@@ -26,8 +26,8 @@
 //! [`PATIENCE`] yields for one, stopping after [`IDLE_WINDOW`] yields without any free.
 //!
 //! Pure bookkeeping: no CUDA calls. Why and the figures: `docs/performance.md`, "Memory:
-//! blocks in transit" and "The pool on `r64` at 16 threads: waiting for the merges that
-//! matter"; the protocol's loom model: `moves/loom_tests.rs`.
+//! blocks in transit" and "The pool on `r64` at 16 threads: waiting only for the merges that
+//! matter"; the protocol's loom models: `moves/loom_tests.rs`.
 
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use crate::sync::yield_now;
@@ -52,7 +52,7 @@ pub(crate) const PATIENCE: u32 = 1024;
 /// thread alone, or threads that only allocate: nothing will come).
 pub(crate) const IDLE_WINDOW: u32 = 32;
 
-/// [`Moves::wanted`] while no grower is searching: no list fits it.
+/// The grower's size while no grower is searching ([`Moves::wanted`]).
 const NOBODY: usize = usize::MAX;
 
 /// The merges in transit (see the [module documentation](self)).
@@ -191,12 +191,28 @@ impl Moves {
     /// the list's `fits`; asks it about the searching grower's size, if one searches.
     #[inline]
     pub(crate) fn freed(&self, fits: impl FnOnce(usize) -> bool) {
-        let wanted = self.wanted.load(Ordering::SeqCst);
-        if wanted != NOBODY {
+        if let Some(wanted) = self.wanted() {
             self.frees_seen.fetch_add(1, Ordering::Relaxed);
             if fits(wanted) {
                 self.fit_landed.store(true, Ordering::SeqCst);
             }
+        }
+    }
+
+    /// The size the searching grower wants, if one searches.
+    #[inline]
+    fn wanted(&self) -> Option<usize> {
+        let wanted = self.wanted.load(Ordering::SeqCst);
+        (wanted != NOBODY).then_some(wanted)
+    }
+
+    /// What a grower does once the merges it waits for have landed: search again if a merge or
+    /// a free left a fitting block since its watch, else grow.
+    fn verdict(&self) -> Settled {
+        if self.fit_landed.load(Ordering::SeqCst) {
+            Settled::SearchAgain
+        } else {
+            Settled::Grow
         }
     }
 
@@ -238,11 +254,7 @@ impl Watch<'_> {
             }
         }
         // A last look: a free may have landed during the last yield.
-        if m.fit_landed.load(Ordering::SeqCst) {
-            Settled::SearchAgain
-        } else {
-            Settled::Grow
-        }
+        m.verdict()
     }
 
     /// [`Watch::settle`], giving up after `spins_left` yields.
@@ -262,11 +274,7 @@ impl Watch<'_> {
             yield_now();
         }
         // After the wait: a merge sets the flag before its count goes down.
-        if m.fit_landed.load(Ordering::SeqCst) {
-            Settled::SearchAgain
-        } else {
-            Settled::Grow
-        }
+        m.verdict()
     }
 }
 
@@ -280,8 +288,7 @@ impl MoveGuard<'_> {
     /// The blocks are in the thief's list: called under that list's lock, after they went in,
     /// with the list's `fits`; asks it about the searching grower's size, if one searches.
     pub(crate) fn landed(&mut self, fits: impl FnOnce(usize) -> bool) {
-        let wanted = self.moves.wanted.load(Ordering::SeqCst);
-        self.fits = wanted != NOBODY && fits(wanted);
+        self.fits = self.moves.wanted().is_some_and(fits);
     }
 }
 
