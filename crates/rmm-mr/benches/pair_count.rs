@@ -229,9 +229,7 @@ impl CaseName<'_> {
 
     /// The peer trace this case replays, if its shape names one.
     fn trace(&self) -> Option<&str> {
-        ["a", "b", "r1", "r64"]
-            .contains(&self.shape)
-            .then_some(self.shape)
+        traces::NAMES.contains(&self.shape).then_some(self.shape)
     }
 
     fn steady(&self) -> bool {
@@ -357,7 +355,7 @@ fn main() {
     );
     let shapes = pick(arg(1), &["pair", "steady"]);
     let mut mixes = pick(arg(2), &["4MiB", "64KiB"]);
-    if shapes.iter().all(|s| ["a", "b", "r1", "r64"].contains(s)) {
+    if shapes.iter().all(|s| traces::NAMES.contains(s)) {
         // A trace has its own sizes.
         mixes.truncate(1);
     }

@@ -107,6 +107,9 @@ pub(crate) mod traces {
     pub(crate) use rmm_mr::testing::trace::Op;
     use rmm_mr::testing::trace::{random, rmm_random};
 
+    /// The peer comparison's traces, by name.
+    pub(crate) const NAMES: [&str; 4] = ["a", "b", "r1", "r64"];
+
     /// [`fingerprint`] of each trace [`peer`] makes; rmm-benches's test
     /// `pair_count_traces_match` pins the same figures for its own generators.
     pub(crate) const PINNED: [(&str, (usize, usize, usize)); 4] = [
