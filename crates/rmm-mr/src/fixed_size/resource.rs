@@ -656,6 +656,37 @@ mod tests {
         unsafe { r.deallocate(s(), a, 1024, 256).unwrap() };
     }
 
+    /// A grower waiting after a real miss hears of every free that leaves a fitting block:
+    /// into the freeing stream's list, or into the legacy list when another thread frees a
+    /// per-thread block (`stream_ordered::moves`, "Patience after a real miss").
+    #[test]
+    fn frees_tell_a_watching_grower_wherever_the_block_goes() {
+        let pt = CudaStreamView::per_thread();
+        // One block per chunk: the legacy stream takes the first, the per-thread stream grows
+        // its own (no steal, so no CUDA call).
+        let (r, _mock) = fixed(1024, 1);
+        let b = r.allocate(s(), 1024, 256).unwrap();
+        let a = r.allocate(pt, 1024, 256).unwrap();
+        let moves = r.inner.core.moves();
+        let watch = moves.watch(1024);
+        assert!(!moves.fit_landed());
+        // SAFETY: `b` came from `r`, freed once.
+        unsafe { r.deallocate(s(), b, 1024, 256).unwrap() };
+        assert!(moves.fit_landed(), "an ordinary free");
+        drop(watch);
+        let watch = moves.watch(1024);
+        std::thread::scope(|sc| {
+            // SAFETY: `a` came from `r`, freed once.
+            sc.spawn(|| unsafe { r.deallocate(pt, a, 1024, 256).unwrap() });
+        });
+        assert_eq!(
+            r.inner.core.list_holding(a.addr()),
+            Some(crate::stream_ordered::stream_lists::StreamKey::Legacy)
+        );
+        assert!(moves.fit_landed(), "a free sent to the legacy list");
+        drop(watch);
+    }
+
     #[test]
     fn construction_preallocates_one_chunk() {
         let (r, mock) = fixed(1000, 4);

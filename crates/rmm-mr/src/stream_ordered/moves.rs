@@ -216,6 +216,12 @@ impl Moves {
         }
     }
 
+    /// Whether a merge or a free left a fitting block since the grower's watch (tests).
+    #[cfg(test)]
+    pub(crate) fn fit_landed(&self) -> bool {
+        self.fit_landed.load(Ordering::SeqCst)
+    }
+
     /// Before a search under the growth lock for `size` bytes (one grower at a time): merges
     /// that land from now on say whether they leave a block of `size` bytes.
     pub(crate) fn watch(&self, size: usize) -> Watch<'_> {
