@@ -117,8 +117,8 @@ pub mod __internals {
 
     /// The binning resource's bin table and lock-free routes.
     pub mod binning {
-        pub use crate::binning::routes::BinRoutes;
-        pub use crate::binning::table::{exponent_sizes, rounded_bin_size, BinTable, BinningError};
+        pub use crate::binning::routes::{BinRoutes, InsertError, Version};
+        pub use crate::binning::table::{exponent_sizes, rounded_bin_size, BinningError};
     }
 
     /// The statistics adaptor's sharded counters.

@@ -1,14 +1,14 @@
 //! The binning resource (RMM's `binning_memory_resource`).
 
 use std::fmt;
-use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::Arc;
 
 use rmm_stream::CudaStreamView;
 use rmm_sys::{is_pow2, DevicePtr, ALLOCATION_ALIGNMENT};
 
-use crate::binning::routes::BinRoutes;
-use crate::binning::table::{exponent_sizes, rounded_bin_size, BinTable, BinningError};
-use crate::error::{MrError, MrResult};
+use crate::binning::routes::{BinRoutes, InsertError, Version};
+use crate::binning::table::{exponent_sizes, rounded_bin_size};
+use crate::error::{InvalidFree, MrError, MrResult};
 use crate::fixed_size::{FixedSizeMemoryResource, FixedSizeOptions};
 use crate::resource::{shared, DeviceMemoryResource, SharedResource};
 use crate::util::alignment;
@@ -16,15 +16,13 @@ use crate::util::alignment;
 struct Binning<U: DeviceMemoryResource> {
     /// Shared with the fixed-size bins made for it.
     upstream: Arc<U>,
-    /// Every bin; written by `add_bin`, read on the slow paths.
-    bins: RwLock<BinTable<SharedResource>>,
-    /// The same bins, routed without a lock (up to its capacity; closed when a bin did not
-    /// fit, and requests then route through `bins`).
+    /// The bins, routed without a lock, and which versions of them handed out memory.
     routes: BinRoutes<Bin<U>>,
 }
 
 /// A bin as the routes hold it: a fixed-size bin this resource made, called directly (no
-/// dynamic dispatch, no second alignment check), or a bin the caller gave, through the trait.
+/// dynamic dispatch, no second alignment check) and able to tell whether it owns a block, or a
+/// bin the caller gave, through the trait.
 enum Bin<U: DeviceMemoryResource> {
     Fixed(FixedSizeMemoryResource<Arc<U>>),
     Other(SharedResource),
@@ -48,88 +46,96 @@ impl<U: DeviceMemoryResource> fmt::Debug for Bin<U> {
     }
 }
 
-/// Where a request goes.
-enum Route<'a> {
-    Bin(&'a dyn DeviceMemoryResource),
-    Owned(SharedResource),
-    Upstream,
+impl<U: DeviceMemoryResource> Bin<U> {
+    fn resource(&self) -> &dyn DeviceMemoryResource {
+        match self {
+            Bin::Fixed(f) => f,
+            Bin::Other(r) => &**r,
+        }
+    }
+}
+
+/// The fixed-size bin made here that version `v` routes a request of `bytes` to; `None` for a
+/// bin the caller gave or the upstream.
+#[inline]
+fn fixed_bin<U: DeviceMemoryResource>(
+    v: &Version<Bin<U>>,
+    bytes: usize,
+) -> Option<&FixedSizeMemoryResource<Arc<U>>> {
+    match v.route(bytes) {
+        Some((_, Bin::Fixed(bin))) => Some(bin),
+        _ => None,
+    }
 }
 
 impl<U: DeviceMemoryResource> Binning<U> {
-    /// The fixed-size bin made here that a request of `bytes` with an alignment of at most
-    /// 256 goes to, found without a lock; `None` for every other case (see [`route`]).
-    ///
-    /// [`route`]: Self::route
+    /// The resource a request of `bytes` with this (normalized) `alignment` goes to under
+    /// version `v`: the upstream for alignments above 256, else the bin or the upstream by size.
     #[inline]
-    fn fixed_bin(&self, bytes: usize) -> Option<&FixedSizeMemoryResource<Arc<U>>> {
-        // Closed routes answer `None`.
-        match self.routes.route(bytes) {
-            Some((_, Bin::Fixed(bin))) => Some(bin),
-            _ => None,
-        }
-    }
-
-    #[inline]
-    fn route(&self, bytes: usize) -> Route<'_> {
-        match self.routes.route(bytes) {
-            Some((_, Bin::Fixed(bin))) => Route::Bin(bin),
-            Some((_, Bin::Other(bin))) => Route::Bin(&**bin),
-            // `None` from routes still open is the upstream's; closing is for good, so routes
-            // that answered while closed are seen closed here.
-            None if !self.routes.is_closed() => Route::Upstream,
-            None => self.route_locked(bytes),
-        }
-    }
-
-    #[cold]
-    fn route_locked(&self, bytes: usize) -> Route<'_> {
-        let bins = self.bins.read().unwrap_or_else(PoisonError::into_inner);
-        match bins.route(bytes) {
-            Some((_, bin)) => Route::Owned(Arc::clone(bin)),
-            None => Route::Upstream,
-        }
-    }
-
-    /// Calls `f` with the resource a request of `bytes` with this (normalized) `alignment`
-    /// goes to: the upstream for alignments above 256, else the bin or the upstream by size.
-    #[inline]
-    fn on_route<R>(
-        &self,
+    fn route<'a>(
+        &'a self,
+        v: &'a Version<Bin<U>>,
         bytes: usize,
         alignment: usize,
-        f: impl FnOnce(&dyn DeviceMemoryResource) -> R,
-    ) -> R {
+    ) -> &'a dyn DeviceMemoryResource {
         if alignment > ALLOCATION_ALIGNMENT {
-            return f(&*self.upstream);
+            return &*self.upstream;
         }
-        match self.route(bytes) {
-            Route::Bin(bin) => f(bin),
-            Route::Owned(bin) => f(&*bin),
-            Route::Upstream => f(&*self.upstream),
+        match v.route(bytes) {
+            Some((_, bin)) => bin.resource(),
+            None => &*self.upstream,
+        }
+    }
+
+    /// A free whose size was routed differently by an earlier version of the bins that handed
+    /// out memory of its size (a bin was added since): the block goes to the fixed-size bin
+    /// among the candidates that owns it, else to the one resource among them that cannot
+    /// tell (the bin rule of [`add_bin`](BinningMemoryResource::add_bin) keeps it to one).
+    ///
+    /// # Safety
+    /// As [`DeviceMemoryResource::deallocate`].
+    unsafe fn deallocate_across_versions(
+        &self,
+        v: &Version<Bin<U>>,
+        stream: CudaStreamView<'_>,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+    ) -> MrResult<()> {
+        let mut other: Option<&dyn DeviceMemoryResource> = None;
+        for candidate in self.routes.candidates(v, bytes) {
+            match candidate {
+                Some(Bin::Fixed(bin)) => {
+                    if bin.owns(ptr) {
+                        // SAFETY: the caller's contract; the bin owns the block.
+                        return unsafe { bin.deallocate_block(stream, ptr, bytes) };
+                    }
+                }
+                Some(Bin::Other(r)) => other = other.or(Some(&**r)),
+                None => other = other.or(Some(&*self.upstream)),
+            }
+        }
+        match other {
+            // SAFETY: the caller's contract; no fixed-size bin owns the block, and every other
+            // candidate is equal to this one.
+            Some(mr) => unsafe { mr.deallocate(stream, ptr, bytes, alignment) },
+            None => Err(MrError::InvalidFree {
+                ptr,
+                bytes,
+                kind: InvalidFree::UnknownPointer,
+            }),
         }
     }
 }
 
-/// Why a bin could not be added.
-enum AddBinError {
-    Table(BinningError),
-    Resource(MrError),
+/// The error of an `add_bin` past [`BinningMemoryResource::MAX_BINS`].
+fn full() -> MrError {
+    MrError::invalid_argument(format!(
+        "binning_memory_resource: at most {} bins",
+        BinRoutes::<()>::MAX_BINS
+    ))
 }
 
-impl From<BinningError> for AddBinError {
-    fn from(e: BinningError) -> Self {
-        Self::Table(e)
-    }
-}
-
-impl From<AddBinError> for MrError {
-    fn from(e: AddBinError) -> Self {
-        match e {
-            AddBinError::Table(e) => MrError::invalid_argument(e.to_string()),
-            AddBinError::Resource(e) => e,
-        }
-    }
-}
 /// How to build a [`BinningMemoryResource`] (RMM's constructor parameters).
 ///
 /// Built with [`new`](Self::new) or `default()` (RMM's defaults: no bins) and the chained
@@ -182,11 +188,20 @@ impl BinningOptions {
 ///   its size (fixed-size bins hand out 256-aligned blocks only), which honours or refuses it,
 ///   and so does its deallocation. A pointer that is not aligned as asked is given back to the
 ///   resource it came from and refused.
-/// - Beyond RMM: [`add_bin`](Self::add_bin) is thread-safe. Adding a bin takes a lock and
-///   publishes a new immutable version of the routes; allocation and deallocation read the
-///   current version without any lock (beyond 64 bins, through a reader-writer lock). Adding a
-///   bin changes where *later* requests in its size range go, deallocations included, so bins
-///   for a size range must be added before memory of that range is allocated (RMM's rule too).
+/// - Beyond RMM: [`add_bin`](Self::add_bin) is thread-safe and allowed at any time. Adding a
+///   bin takes a lock and publishes a new immutable version of the routes; allocation and
+///   deallocation read the current version without any lock. In RMM, a bin added after memory
+///   of its size range was handed out receives the frees of blocks another bin allocated (and
+///   a resource that does not check its frees releases memory still in use). Here each version
+///   records the size classes it handed out, and a free whose size an earlier such version
+///   routed elsewhere goes to the fixed-size bin among those routes that owns the block, else
+///   to the one resource among them that cannot tell. To keep that one, `add_bin` with a
+///   resource is refused ([`MrError::InvalidArgument`]) when its size range was already served
+///   by the upstream or another bin given as a resource (one it is not
+///   [`is_equal`](DeviceMemoryResource::is_equal) to); fixed-size bins (`add_bin(size, None)`)
+///   are never refused. Frees pay for this only in the size classes a late bin changed:
+///   design in `docs/internals/binning.md`.
+/// - At most [`MAX_BINS`](Self::MAX_BINS) bins (RMM has no limit).
 /// - Copies share the bins and are equal; two resources are unequal.
 /// - A block freed on another thread's per-thread default stream than the one it was
 ///   allocated on is ordered as its bin orders it: the fixed-size and pool resources put it on
@@ -212,7 +227,6 @@ impl<U: DeviceMemoryResource> BinningMemoryResource<U> {
         Self {
             inner: Arc::new(Binning {
                 upstream: Arc::new(upstream),
-                bins: RwLock::new(BinTable::new()),
                 routes: BinRoutes::new(),
             }),
         }
@@ -251,52 +265,71 @@ impl<U: DeviceMemoryResource> BinningMemoryResource<U> {
 
     /// Adds a bin for requests up to `allocation_size` bytes (rounded up to 256), served by
     /// `bin_resource`, or by a new [`FixedSizeMemoryResource`] over the upstream when `None`.
-    /// Where a bin of that size exists it is kept and nothing is created. Thread-safe.
+    /// Where a bin of that size exists it is kept and nothing is created. Thread-safe, and
+    /// allowed at any time: frees of blocks handed out before still reach the resource that
+    /// allocated them (see the type's documentation for the one case refused).
     ///
     /// # Errors
     ///
     /// [`MrError::InvalidArgument`] when the size cannot be rounded (or is 0 without a
-    /// resource); the upstream's error when it refuses a new bin's first chunk.
+    /// resource), when the resource already has [`MAX_BINS`](Self::MAX_BINS) bins, or when
+    /// `bin_resource` would take over sizes that the upstream or another caller-given bin has
+    /// handed out memory for (unless it [`is_equal`](DeviceMemoryResource::is_equal) to them);
+    /// the upstream's error when it refuses a new bin's first chunk.
     #[doc(alias = "rmm::mr::binning_memory_resource::add_bin")]
     pub fn add_bin(
         &self,
         allocation_size: usize,
         bin_resource: Option<SharedResource>,
     ) -> MrResult<()> {
-        let mut bins = self
-            .inner
-            .bins
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
-        let upstream = &self.inner.upstream;
-        let mut made = None;
-        let inserted = bins.add_bin_with(allocation_size, |size| match bin_resource {
-            Some(resource) => Ok::<_, AddBinError>(resource),
-            None => {
-                let bin = FixedSizeMemoryResource::with_options(
-                    Arc::clone(upstream),
-                    FixedSizeOptions::new().block_size(size),
-                )
-                .map_err(AddBinError::Resource)?;
-                made = Some(bin.clone());
-                Ok(shared(bin))
-            }
-        })?;
-        if inserted {
-            // The table accepted the size, so it rounds.
-            let size = rounded_bin_size(allocation_size)
-                .map_err(|e| MrError::invalid_argument(e.to_string()))?;
-            if let Some(bin) = bins.get(size) {
-                let route = match made {
-                    Some(fixed) => Bin::Fixed(fixed),
-                    None => Bin::Other(Arc::clone(bin)),
-                };
-                // A bin that does not fit closes the routes: requests route through `bins`.
-                let _ = self.inner.routes.insert(size, route);
-            }
+        let size = rounded_bin_size(allocation_size)
+            .map_err(|e| MrError::invalid_argument(e.to_string()))?;
+        let routes = &self.inner.routes;
+        if routes.bins().any(|(s, _)| s == size) {
+            return Ok(());
         }
-        Ok(())
+        if routes.len() >= Self::MAX_BINS {
+            return Err(full());
+        }
+        let bin = match bin_resource {
+            Some(resource) => Bin::Other(resource),
+            // Made before the routes' lock is taken (its first chunk is an upstream call); a
+            // racing `add_bin` of the same size keeps its own and this one is dropped.
+            None => Bin::Fixed(FixedSizeMemoryResource::with_options(
+                Arc::clone(&self.inner.upstream),
+                FixedSizeOptions::new().block_size(size),
+            )?),
+        };
+        let upstream = &*self.inner.upstream;
+        let admitted = routes.insert(size, bin, |new, served| match new {
+            // A bin made here tells its own blocks from others' on a free.
+            Bin::Fixed(_) => Ok(()),
+            Bin::Other(new) => {
+                for old in served {
+                    match old {
+                        Some(Bin::Fixed(_)) => {}
+                        Some(Bin::Other(old)) if old.is_equal(&**new) => {}
+                        None if upstream.is_equal(&**new) => {}
+                        Some(Bin::Other(_)) => return Err("another bin given to add_bin"),
+                        None => return Err("the upstream"),
+                    }
+                }
+                Ok(())
+            }
+        });
+        match admitted {
+            Ok(_) => Ok(()),
+            Err(InsertError::Full(_)) => Err(full()),
+            Err(InsertError::Refused(_, holder)) => Err(MrError::invalid_argument(format!(
+                "binning_memory_resource: a bin of {size} bytes would receive frees of blocks \
+                 that {holder} handed out; add bins given as resources before memory of their \
+                 sizes is allocated, or add a fixed-size bin (add_bin(size, None))"
+            ))),
+        }
     }
+
+    /// The most bins a binning resource holds.
+    pub const MAX_BINS: usize = BinRoutes::<()>::MAX_BINS;
 
     /// The upstream resource (RMM's `get_upstream_resource()`).
     #[must_use]
@@ -307,20 +340,42 @@ impl<U: DeviceMemoryResource> BinningMemoryResource<U> {
     /// The bin sizes, increasing.
     #[must_use]
     pub fn bin_sizes(&self) -> Vec<usize> {
-        self.read().bins().map(|(&s, _)| s).collect()
+        self.inner.routes.bins().map(|(s, _)| s).collect()
     }
 
-    /// The bin a request of `bytes` goes to, or `None` for the upstream.
+    /// The bin a request of `bytes` goes to now, or `None` for the upstream.
     #[must_use]
     pub fn bin_for(&self, bytes: usize) -> Option<SharedResource> {
-        self.read().route(bytes).map(|(_, r)| Arc::clone(r))
+        let (_, bin) = self.inner.routes.current().route(bytes)?;
+        Some(match bin {
+            Bin::Fixed(f) => shared(f.clone()),
+            Bin::Other(r) => Arc::clone(r),
+        })
     }
 
-    fn read(&self) -> RwLockReadGuard<'_, BinTable<SharedResource>> {
-        self.inner
-            .bins
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
+    /// [`deallocate`](DeviceMemoryResource::deallocate) once a bin was added after memory was
+    /// handed out: above 256-byte alignment to the upstream, as ever, else across versions.
+    ///
+    /// # Safety
+    /// As [`DeviceMemoryResource::deallocate`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn deallocate_after_new_bins(
+        &self,
+        v: &Version<Bin<U>>,
+        stream: CudaStreamView<'_>,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+    ) -> MrResult<()> {
+        let inner = &*self.inner;
+        let required = alignment::normalized(alignment).unwrap_or(ALLOCATION_ALIGNMENT);
+        if required > ALLOCATION_ALIGNMENT {
+            // SAFETY: the caller's contract; such requests always go to the upstream.
+            return unsafe { inner.upstream.deallocate(stream, ptr, bytes, alignment) };
+        }
+        // SAFETY: the caller's contract.
+        unsafe { inner.deallocate_across_versions(v, stream, ptr, bytes, alignment) }
     }
 }
 
@@ -334,7 +389,10 @@ impl<U: DeviceMemoryResource> fmt::Debug for BinningMemoryResource<U> {
 }
 
 // SAFETY: every pointer comes from one of the bins or the fallback upstream (each bound by
-// this trait's contract) and goes back to the one that handed it out when it is freed here.
+// this trait's contract) and goes back to the one that handed it out: a free routes by the
+// version of the bins that allocated it (the only one while no bin was added after memory was
+// handed out, else the candidates of every version that allocated its size, see
+// `deallocate_across_versions`).
 unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for BinningMemoryResource<U> {
     fn allocate(
         &self,
@@ -342,28 +400,29 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for BinningMemoryResou
         bytes: usize,
         alignment: usize,
     ) -> MrResult<DevicePtr> {
+        let inner = &*self.inner;
+        let v = inner.routes.for_allocation(bytes);
         if alignment::is_default(alignment) {
-            if let Some(bin) = self.inner.fixed_bin(bytes) {
+            if let Some(bin) = fixed_bin(v, bytes) {
                 // Its blocks are 256-aligned: as aligned as asked.
                 return bin.allocate_block(stream, bytes);
             }
         }
         let required = alignment::check_valid(alignment)?;
-        self.inner.on_route(bytes, required, |mr| {
-            let ptr = mr.allocate(stream, bytes, alignment)?;
-            if ptr.is_aligned(required) {
-                return Ok(ptr);
-            }
-            // SAFETY: `ptr` was just allocated from `mr` with these arguments, never handed out.
-            if let Err(e) = unsafe { mr.deallocate(stream, ptr, bytes, alignment) } {
-                log::error!("rmm: binning_memory_resource could not give {ptr} back: {e}");
-            }
-            Err(alignment::misaligned_upstream(
-                ptr,
-                required,
-                "binning_memory_resource",
-            ))
-        })
+        let mr = inner.route(v, bytes, required);
+        let ptr = mr.allocate(stream, bytes, alignment)?;
+        if ptr.is_aligned(required) {
+            return Ok(ptr);
+        }
+        // SAFETY: `ptr` was just allocated from `mr` with these arguments, never handed out.
+        if let Err(e) = unsafe { mr.deallocate(stream, ptr, bytes, alignment) } {
+            log::error!("rmm: binning_memory_resource could not give {ptr} back: {e}");
+        }
+        Err(alignment::misaligned_upstream(
+            ptr,
+            required,
+            "binning_memory_resource",
+        ))
     }
 
     unsafe fn deallocate(
@@ -373,19 +432,28 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for BinningMemoryResou
         bytes: usize,
         alignment: usize,
     ) -> MrResult<()> {
+        let inner = &*self.inner;
+        let v = inner.routes.current();
+        if !v.is_only_era() {
+            // SAFETY: the caller's contract.
+            return unsafe { self.deallocate_after_new_bins(v, stream, ptr, bytes, alignment) };
+        }
         // An alignment no allocation could have had routes by size, as a default one.
         if alignment <= ALLOCATION_ALIGNMENT || !is_pow2(alignment) {
-            if let Some(bin) = self.inner.fixed_bin(bytes) {
-                // SAFETY: the trait's contract; `bytes` routes to the bin that allocated.
+            if let Some(bin) = fixed_bin(v, bytes) {
+                // SAFETY: the trait's contract; every block was allocated under `v` (no earlier
+                // version handed out memory), which routes `bytes` to this bin.
                 return unsafe { bin.deallocate_block(stream, ptr, bytes) };
             }
         }
         let required = alignment::normalized(alignment).unwrap_or(ALLOCATION_ALIGNMENT);
-        self.inner.on_route(bytes, required, |mr| {
-            // SAFETY: the trait's contract; `bytes` and `alignment` route to the resource that
-            // allocated.
-            unsafe { mr.deallocate(stream, ptr, bytes, alignment) }
-        })
+        // SAFETY: the trait's contract; `bytes` and `alignment` route, under the only version
+        // that allocated, to the resource that allocated.
+        unsafe {
+            inner
+                .route(v, bytes, required)
+                .deallocate(stream, ptr, bytes, alignment)
+        }
     }
 
     crate::resource::resource_tail! {
@@ -636,6 +704,173 @@ mod tests {
         assert!(r.is_equal(&r.clone()));
         assert!(!r.is_equal(&BinningMemoryResource::new(HostMockResource::new())));
         assert!(format!("{r:?}").contains("1024"));
+        drop(r);
+        assert_eq!(mock.live_allocations(), 0);
+    }
+
+    /// Issue 27's sequence: a 600-byte block from the 1 KiB fixed-size bin, then a 768-byte bin
+    /// given as a resource. Its free must reach the 1 KiB bin, never the new resource.
+    #[test]
+    fn a_late_bin_never_receives_a_block_another_bin_allocated() {
+        let mock = HostMockResource::new();
+        let r = BinningMemoryResource::with_options(
+            mock.clone(),
+            BinningOptions::new()
+                .min_size_exponent(8)
+                .max_size_exponent(10),
+        )
+        .unwrap();
+        let p = r.allocate(s(), 600, 256).unwrap();
+        let small = r.allocate(s(), 100, 256).unwrap();
+        assert_eq!(outstanding_in(&r, 600), 1);
+        let late = HostMockResource::new();
+        r.add_bin(768, Some(shared(late.clone()))).unwrap();
+        assert_eq!(r.bin_sizes(), [256, 512, 768, 1024]);
+        // New requests of 600 bytes go to the new bin.
+        let q = r.allocate(s(), 600, 256).unwrap();
+        assert_eq!(late.live_allocations(), 1);
+        // SAFETY: each block came from `r` with these sizes, freed once.
+        unsafe {
+            r.deallocate(s(), p, 600, 256).unwrap();
+            r.deallocate(s(), q, 600, 256).unwrap();
+            r.deallocate(s(), small, 100, 256).unwrap();
+        }
+        assert_eq!(late.live_allocations(), 0);
+        assert_eq!(
+            late.allocation_calls(),
+            1,
+            "the late bin saw only its own block"
+        );
+        assert_eq!(
+            outstanding_in(&r, 1000),
+            0,
+            "the 1 KiB bin got its block back"
+        );
+        // A second free of the old block is still a wrong free, reported, not absorbed.
+        // SAFETY: a double free the 1 KiB bin detects.
+        let again = unsafe { r.deallocate(s(), p, 600, 256) };
+        assert!(
+            matches!(again, Err(MrError::InvalidFree { .. })),
+            "{again:?}"
+        );
+        drop(r);
+        assert_eq!(mock.live_allocations(), 0);
+    }
+
+    #[test]
+    fn a_late_fixed_bin_over_the_upstream_range_sends_old_blocks_upstream() {
+        let mock = HostMockResource::new();
+        let r = BinningMemoryResource::new(mock.clone());
+        let p = r.allocate(s(), 5000, 256).unwrap();
+        assert_eq!(mock.live_allocations(), 1);
+        r.add_bin(8192, None).unwrap();
+        let q = r.allocate(s(), 5000, 256).unwrap();
+        assert_eq!(outstanding_in(&r, 5000), 1);
+        // SAFETY: both from `r` with 5000 bytes, freed once.
+        unsafe {
+            r.deallocate(s(), p, 5000, 256).unwrap();
+            r.deallocate(s(), q, 5000, 256).unwrap();
+        }
+        assert_eq!(outstanding_in(&r, 5000), 0);
+        assert_eq!(mock.live_allocations(), 1, "only the bin's chunk is left");
+    }
+
+    #[test]
+    fn a_resource_bin_over_memory_another_resource_handed_out_is_refused() {
+        let mock = HostMockResource::new();
+        let r = BinningMemoryResource::new(mock.clone());
+        let p = r.allocate(s(), 5000, 256).unwrap();
+        let other = HostMockResource::new();
+        let e = r.add_bin(8192, Some(shared(other.clone()))).unwrap_err();
+        assert!(matches!(e, MrError::InvalidArgument(_)), "{e}");
+        assert!(e.to_string().contains("the upstream"), "{e}");
+        assert!(r.bin_sizes().is_empty());
+        // A resource equal to the upstream, or a range no request reached yet, is accepted.
+        r.add_bin(8192, Some(shared(mock.clone()))).unwrap();
+        r.add_bin(1 << 20, Some(shared(other.clone()))).unwrap();
+        assert_eq!(r.bin_sizes(), [8192, 1 << 20]);
+        // A bin given as a resource, used, then a smaller one given over part of its range.
+        let big = r.allocate(s(), 100_000, 256).unwrap();
+        assert_eq!(other.live_allocations(), 1);
+        let e = r
+            .add_bin(1 << 17, Some(shared(HostMockResource::new())))
+            .unwrap_err();
+        assert!(e.to_string().contains("another bin"), "{e}");
+        // SAFETY: from `r` with these sizes, freed once.
+        unsafe {
+            r.deallocate(s(), p, 5000, 256).unwrap();
+            r.deallocate(s(), big, 100_000, 256).unwrap();
+        }
+        assert_eq!((mock.live_allocations(), other.live_allocations()), (0, 0));
+    }
+
+    #[test]
+    fn more_than_the_most_bins_is_an_error() {
+        let r = BinningMemoryResource::new(HostMockResource::new());
+        for i in 0..BinningMemoryResource::<HostMockResource>::MAX_BINS {
+            r.add_bin(256 * (i + 1), Some(shared(HostMockResource::new())))
+                .unwrap();
+        }
+        let e = r.add_bin(256 * 300, None).unwrap_err();
+        assert!(matches!(e, MrError::InvalidArgument(_)), "{e}");
+        assert_eq!(r.bin_sizes().len(), 255);
+    }
+
+    /// Bins past 64, fixed-size and given, added from one thread while three others allocate
+    /// and free every size: every free succeeds (a mock rejects what it did not hand out), and
+    /// nothing is left.
+    #[test]
+    fn bins_added_at_any_time_from_any_thread_keep_every_free_right() {
+        let mock = HostMockResource::new();
+        let r = BinningMemoryResource::with_options(
+            mock.clone(),
+            BinningOptions::new()
+                .min_size_exponent(12)
+                .max_size_exponent(12),
+        )
+        .unwrap();
+        let given: Vec<HostMockResource> = (0..40).map(|_| HostMockResource::new()).collect();
+        std::thread::scope(|sc| {
+            for t in 0..3usize {
+                let r = r.clone();
+                sc.spawn(move || {
+                    let mut live = Vec::new();
+                    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ t as u64;
+                    for i in 0..4000usize {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let bytes = 1 + (x % 40_000) as usize;
+                        live.push((r.allocate(s(), bytes, 256).unwrap(), bytes));
+                        if i % 3 != 0 {
+                            let (p, b) = live.swap_remove((x >> 20) as usize % live.len());
+                            // SAFETY: from `r` with `b`, freed once.
+                            unsafe { r.deallocate(s(), p, b, 256).unwrap() };
+                        }
+                    }
+                    for (p, b) in live {
+                        // SAFETY: from `r` with `b`, freed once.
+                        unsafe { r.deallocate(s(), p, b, 256).unwrap() };
+                    }
+                });
+            }
+            let r = r.clone();
+            let given = &given;
+            sc.spawn(move || {
+                for i in 0..120usize {
+                    let size = 256 * (i * 7 % 160 + 1);
+                    if i % 3 == 0 {
+                        let _ = r.add_bin(size, Some(shared(given[i / 3].clone())));
+                    } else {
+                        r.add_bin(size, None).unwrap();
+                    }
+                }
+            });
+        });
+        assert!(r.bin_sizes().len() > 64, "{}", r.bin_sizes().len());
+        for g in &given {
+            assert_eq!(g.live_allocations(), 0);
+        }
         drop(r);
         assert_eq!(mock.live_allocations(), 0);
     }

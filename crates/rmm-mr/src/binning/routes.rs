@@ -1,28 +1,39 @@
-//! The binning resource's routes, readable without a lock: [`BinRoutes`] publishes, for each
-//! bin count, an immutable size-ordered version of the bins in a write-once slot (bins are only
-//! ever added), so a request does one acquire load and a look-up: each version keeps, per
-//! power-of-two size class, the first bin a request of that class can go to, so a request
-//! compares with one bin (more only when several bins share its class). Capacity is
-//! [`BinRoutes::CAPACITY`] bins; an insertion beyond it *closes* the routes (every look-up
-//! answers `None` from then on, [`BinRoutes::is_closed`]) and the resource routes through its
-//! locked [`BinTable`](crate::binning::table::BinTable). Design: `docs/internals/binning.md`.
+//! The binning resource's routes, readable without a lock, and the history that sends every
+//! free to the bin that allocated it.
+//!
+//! [`BinRoutes`] publishes, for each bin count, an immutable size-ordered *version* of the bins
+//! (bins are only ever added), so a request does one acquire load and a look-up: each version
+//! keeps, per power-of-two size class, the first bin a request of that class can go to, so a
+//! request compares with one bin (more only when several bins share its class).
+//!
+//! A bin added after memory was handed out changes where a free of that size goes, so a
+//! version also records which size classes were **allocated while it was current**
+//! ([`Version::mark_allocation`]), and a new version lists the earlier versions that handed out
+//! memory. A free then asks every such version where that size went
+//! ([`Version::candidates`]): with one answer (always, while no bin was added after the first
+//! allocation) that is the bin; with several, the caller checks which one owns the block.
+//! To make the list exact, [`BinRoutes::insert`] *seals* the current version before it builds
+//! the next one, and an allocation that finds its version sealed waits for the insertion and
+//! routes by the new version: so no allocation is made under a version after the versions
+//! built on it were written. Design and proofs: `docs/internals/binning.md`.
 //!
 //! Pure bookkeeping: no CUDA calls.
 
 use std::fmt;
-use std::ptr;
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::OnceLock;
+
+use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use crate::sync::Mutex;
 
 /// The most bins [`BinRoutes`] holds.
-const CAPACITY: usize = 64;
-
-/// The bit of [`BinRoutes`]' count that says the routes are closed (a bin did not fit).
-const CLOSED: usize = 1 << (usize::BITS - 1);
+const MAX_BINS: usize = 255;
 
 /// Number of size classes: class 0 holds the requests of 0 and 1 bytes, class `k >= 1` those
 /// of `2^(k-1) + 1 ..= 2^k` bytes (see [`class_of`]).
 const CLASSES: usize = usize::BITS as usize + 1;
+
+/// The bit of a version's `allocated` word that says it is sealed (see the module docs).
+const SEALED: u64 = 1 << 63;
 
 /// The size class of a request of `bytes` bytes: the least `k` with `bytes <= 2^k`.
 #[inline]
@@ -30,38 +41,109 @@ fn class_of(bytes: usize) -> usize {
     (usize::BITS - bytes.saturating_sub(1).leading_zeros()) as usize
 }
 
-/// One published version: `(size, payload)` by increasing size, and per size class the index
-/// of the first bin a request of that class can go to (the smallest bin at least as large as
-/// the class's smallest request; `bins.len()` when there is none).
-struct Version<B> {
+/// The bit of a version's `allocated` word for requests of `bytes` bytes: bit `k - 1` for class
+/// `k`, classes 0 and 1 sharing bit 0 and classes from 63 on sharing bit 62 (bit 63 is
+/// [`SEALED`]). Coarser than a class only at the ends, so the set stays conservative.
+#[inline]
+fn class_bit(bytes: usize) -> u64 {
+    1 << (class_of(bytes).clamp(1, 63) - 1)
+}
+
+/// The bits of every request size in `lo..=hi` (`lo <= hi`).
+fn class_bits(lo: usize, hi: usize) -> u64 {
+    let (a, b) = (class_bit(lo), class_bit(hi));
+    // Every bit from `a`'s up to `b`'s, both included (`b >= a`, single bits).
+    (b - a) | b
+}
+
+/// One published version: `(size, payload)` by increasing size, per size class the index of
+/// the first bin a request of that class can go to (the smallest bin at least as large as the
+/// class's smallest request; `bins.len()` when there is none), the size classes allocated while
+/// it was current, and the earlier versions that had allocated anything.
+pub struct Version<B> {
     bins: Box<[(usize, B)]>,
     first: [u8; CLASSES],
+    /// [`class_bit`]s of the requests routed by this version, and [`SEALED`] once a newer
+    /// version is being built (then no bit is added any more).
+    allocated: AtomicU64,
+    /// Indices (in [`BinRoutes`]' versions) of the earlier versions with any allocation,
+    /// fixed when this version was built.
+    earlier: Box<[usize]>,
 }
 
 impl<B> Version<B> {
-    fn new(bins: Box<[(usize, B)]>) -> Self {
+    fn new(bins: Box<[(usize, B)]>, earlier: Box<[usize]>) -> Self {
         let mut first = [0u8; CLASSES];
         for (k, f) in first.iter_mut().enumerate() {
             // The smallest request of class `k`.
             let least = if k == 0 { 0 } else { (1usize << (k - 1)) + 1 };
             let at = bins.partition_point(|(s, _)| *s < least);
-            // At most CAPACITY (64) bins: fits.
+            // At most MAX_BINS (255) bins: fits.
             *f = u8::try_from(at).unwrap_or(u8::MAX);
         }
-        Self { bins, first }
+        Self {
+            bins,
+            first,
+            allocated: AtomicU64::new(0),
+            earlier,
+        }
+    }
+
+    /// The smallest bin whose size is at least `bytes`, with its size, or `None` when the
+    /// request belongs to the upstream (as [`BinTable::route`](crate::binning::table::BinTable::route)).
+    #[inline]
+    #[must_use]
+    pub fn route(&self, bytes: usize) -> Option<(usize, &B)> {
+        // The first bin of the request's class, then (only when several bins share the class)
+        // the next ones: for power-of-two bins the first is the one.
+        let from = usize::from(*self.first.get(class_of(bytes))?);
+        let (size, bin) = self.bins.get(from)?;
+        if *size >= bytes {
+            return Some((*size, bin));
+        }
+        self.route_past(from + 1, bytes)
+    }
+
+    /// The rest of [`route`](Self::route): the first bin from `from` on that is at least
+    /// `bytes` (several bins share the request's class).
+    #[cold]
+    #[inline(never)]
+    fn route_past(&self, from: usize, bytes: usize) -> Option<(usize, &B)> {
+        let (size, bin) = self.bins.get(from..)?.iter().find(|(s, _)| *s >= bytes)?;
+        Some((*size, bin))
+    }
+
+    /// The bins by increasing size.
+    pub fn bins(&self) -> impl ExactSizeIterator<Item = (usize, &B)> + '_ {
+        self.bins.iter().map(|(s, p)| (*s, p))
+    }
+
+    /// Whether every block that can be freed now was allocated under this version (no earlier
+    /// version handed out anything): then [`route`](Self::route) names the bin of every block.
+    #[inline]
+    #[must_use]
+    pub fn is_only_era(&self) -> bool {
+        self.earlier.is_empty()
+    }
+
+    /// Whether a request of `bytes` was routed by this version (or sealed it, see
+    /// [`BinRoutes::for_allocation`]).
+    fn allocated(&self, bytes: usize) -> bool {
+        self.allocated.load(Ordering::Acquire) & class_bit(bytes) != 0
     }
 }
 
-/// Per bin count, the bins by increasing size (see the module documentation).
+/// Per bin count, the bins by increasing size, and which versions handed out memory (see the
+/// module documentation).
 pub struct BinRoutes<B> {
-    /// `versions[n - 1]`: the first `n` bins added. On the heap, so that `current` stays
-    /// valid when the routes move; a version, once set, is neither changed nor dropped
-    /// before the routes are.
+    /// Version 0: no bin.
+    zero: Version<B>,
+    /// `versions[n - 1]`: the first `n` bins added. Each set once, under `write`, before it is
+    /// published; never changed or dropped before the routes are.
     versions: Box<[OnceLock<Version<B>>]>,
-    /// The latest version (null: no bin yet, or closed): what a request reads, one load.
-    current: AtomicPtr<Version<B>>,
-    /// Number of bins published, with [`CLOSED`] set once a bin did not fit.
+    /// Number of versions published (at least 1): the current one is the last.
     published: AtomicUsize,
+    /// Serializes insertions; an allocation that finds its version sealed waits on it.
     write: Mutex<()>,
 }
 
@@ -71,17 +153,26 @@ impl<B> Default for BinRoutes<B> {
     }
 }
 
+/// Why [`BinRoutes::insert`] did not add a bin.
+#[derive(Debug, PartialEq, Eq)]
+pub enum InsertError<B, E> {
+    /// The routes already hold [`BinRoutes::MAX_BINS`] bins.
+    Full(B),
+    /// The caller's `admit` refused the bin.
+    Refused(B, E),
+}
+
 impl<B> BinRoutes<B> {
     /// The most bins the routes hold.
-    pub const CAPACITY: usize = CAPACITY;
+    pub const MAX_BINS: usize = MAX_BINS;
 
     /// Routes without bins.
     #[must_use]
     pub fn new() -> Self {
         Self {
-            versions: (0..CAPACITY).map(|_| OnceLock::new()).collect(),
-            current: AtomicPtr::new(ptr::null_mut()),
-            published: AtomicUsize::new(0),
+            zero: Version::new(Box::new([]), Box::new([])),
+            versions: (0..MAX_BINS).map(|_| OnceLock::new()).collect(),
+            published: AtomicUsize::new(1),
             write: Mutex::new(()),
         }
     }
@@ -89,15 +180,7 @@ impl<B> BinRoutes<B> {
     /// Number of bins.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.published.load(Ordering::Acquire) & !CLOSED
-    }
-
-    /// Whether a bin did not fit (then [`route`](Self::route) answers `None` for every
-    /// request, and the caller routes by its own table). Once closed, always closed.
-    #[inline]
-    #[must_use]
-    pub fn is_closed(&self) -> bool {
-        self.published.load(Ordering::Acquire) & CLOSED != 0
+        self.published.load(Ordering::Acquire).saturating_sub(1)
     }
 
     /// Whether there is no bin.
@@ -106,52 +189,94 @@ impl<B> BinRoutes<B> {
         self.len() == 0
     }
 
-    /// The version of the first `n` bins, if `n` is at least 1 (and below [`CLOSED`]).
-    #[inline]
-    fn version_of(&self, n: usize) -> Option<&Version<B>> {
-        n.checked_sub(1).and_then(|v| self.versions.get(v)?.get())
-    }
-
-    /// The current bins by increasing size (closed or not).
-    #[inline]
-    fn current(&self) -> &[(usize, B)] {
-        self.version_of(self.len()).map_or(&[], |v| &v.bins[..])
-    }
-
-    /// The smallest bin whose size is at least `bytes`, with its size, or `None` when the
-    /// request belongs to the upstream (as [`BinTable::route`](crate::binning::table::BinTable::route))
-    /// or the routes are [closed](Self::is_closed).
+    /// The current version: what a free routes by (with its earlier versions, see
+    /// [`candidates`](Self::candidates)).
     #[inline]
     #[must_use]
-    pub fn route(&self, bytes: usize) -> Option<(usize, &B)> {
-        let v = self.current.load(Ordering::Acquire);
-        // SAFETY: `current` is null or was stored (release, after the slot was set) by `insert`
-        // from `OnceLock::get` of a slot of `self.versions`: a heap slot that is never set
-        // again, moved or dropped while `self` lives, so the shared reference is valid for
-        // the borrow of `self`, and the acquire load sees the version complete.
-        let v = unsafe { v.as_ref() }?;
-        // The first bin of the request's class, then (only when several bins share the class)
-        // the next ones: for power-of-two bins the first is the one.
-        let from = usize::from(*v.first.get(class_of(bytes))?);
-        let (size, bin) = v.bins.get(from)?;
-        if *size >= bytes {
-            return Some((*size, bin));
+    pub fn current(&self) -> &Version<B> {
+        let n = self.published.load(Ordering::Acquire);
+        // Set before `published` was raised to `n` (release), so set here.
+        match self.version(n.saturating_sub(1)) {
+            Some(v) => v,
+            None => self.current_slow(),
         }
-        Self::route_past(v, from + 1, bytes)
     }
 
-    /// The rest of [`route`](Self::route): the first bin from `from` on that is at least
-    /// `bytes` (several bins share the request's class).
+    /// Version `i` (the first `i` bins), once published.
+    #[inline]
+    fn version(&self, i: usize) -> Option<&Version<B>> {
+        match i.checked_sub(1) {
+            None => Some(&self.zero),
+            Some(slot) => self.versions.get(slot)?.get(),
+        }
+    }
+
+    /// [`current`](Self::current) read after the writer's lock (never reached while the
+    /// release-acquire publication holds; kept so no path can panic).
+    #[cold]
+    fn current_slow(&self) -> &Version<B> {
+        let _serial = self.write.lock();
+        let n = self.published.load(Ordering::Acquire);
+        (0..n)
+            .rev()
+            .find_map(|i| self.version(i))
+            .unwrap_or(&self.zero)
+    }
+
+    /// The version a request of `bytes` must route by, with its size class marked as
+    /// allocated there. Waits (on the writer's lock) while an insertion seals the current
+    /// version, then routes by the new one.
+    #[inline]
+    pub fn for_allocation(&self, bytes: usize) -> &Version<B> {
+        let v = self.current();
+        let bit = class_bit(bytes);
+        // Set bits stay set: one relaxed load on the hot path.
+        if v.allocated.load(Ordering::Relaxed) & bit != 0 {
+            return v;
+        }
+        self.mark_slow(v, bit)
+    }
+
     #[cold]
     #[inline(never)]
-    fn route_past(v: &Version<B>, from: usize, bytes: usize) -> Option<(usize, &B)> {
-        let (size, bin) = v.bins.get(from..)?.iter().find(|(s, _)| *s >= bytes)?;
-        Some((*size, bin))
+    fn mark_slow<'a>(&'a self, mut v: &'a Version<B>, bit: u64) -> &'a Version<B> {
+        loop {
+            let seen = v
+                .allocated
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |a| {
+                    (a & SEALED == 0).then_some(a | bit)
+                });
+            if seen.is_ok() {
+                return v;
+            }
+            // Sealed: an insertion is building the next version under the lock. Wait for it;
+            // if it published, route by the new version; if it refused, the seal is gone.
+            drop(self.write.lock());
+            v = self.current();
+        }
+    }
+
+    /// The routes a free of `bytes` may have been allocated by: the current version's first,
+    /// then each earlier version that allocated a request of `bytes`' size class, with
+    /// repeats left in (the caller compares payloads). `None` is the upstream.
+    pub fn candidates<'a>(
+        &'a self,
+        current: &'a Version<B>,
+        bytes: usize,
+    ) -> impl Iterator<Item = Option<&'a B>> + 'a {
+        let earlier = current
+            .earlier
+            .iter()
+            .filter_map(move |&i| self.version(i))
+            .filter(move |v| v.allocated(bytes));
+        std::iter::once(current)
+            .chain(earlier)
+            .map(move |v| v.route(bytes).map(|(_, b)| b))
     }
 
     /// The bins by increasing size.
     pub fn bins(&self) -> impl ExactSizeIterator<Item = (usize, &B)> + '_ {
-        self.current().iter().map(|(s, p)| (*s, p))
+        self.current().bins()
     }
 }
 
@@ -159,42 +284,77 @@ impl<B: Clone> BinRoutes<B> {
     /// Adds a bin of `size` bytes (taken as it is: the caller rounds), published for readers
     /// at once. `Ok(false)` (and `payload` dropped) when a bin of that size exists.
     ///
+    /// Before publishing, `admit` sees every route that an earlier version which allocated in
+    /// the new bin's size range gave to a request of that range (`None`: the upstream), with
+    /// repeats: a free of such a block will have the new bin among its candidates. Refusing
+    /// leaves the routes unchanged.
+    ///
     /// # Errors
     ///
-    /// `payload` back when the routes already hold [`CAPACITY`](Self::CAPACITY) bins: the
-    /// routes are then [closed](Self::is_closed).
-    pub fn insert(&self, size: usize, payload: B) -> Result<bool, B> {
-        let _serial = self.write.lock().unwrap_or_else(PoisonError::into_inner);
-        let n = self.published.load(Ordering::Relaxed) & !CLOSED;
+    /// [`InsertError::Full`] with the payload when the routes hold
+    /// [`MAX_BINS`](Self::MAX_BINS) bins; [`InsertError::Refused`] with it and `admit`'s error.
+    pub fn insert<E>(
+        &self,
+        size: usize,
+        payload: B,
+        admit: impl FnOnce(&B, &mut dyn Iterator<Item = Option<&B>>) -> Result<(), E>,
+    ) -> Result<bool, InsertError<B, E>> {
+        let _serial = self.write.lock();
+        let n = self.published.load(Ordering::Relaxed);
         let current = self.current();
-        let at = current.partition_point(|(s, _)| *s < size);
-        if current.get(at).is_some_and(|(s, _)| *s == size) {
+        let at = current.bins.partition_point(|(s, _)| *s < size);
+        if current.bins.get(at).is_some_and(|(s, _)| *s == size) {
             return Ok(false);
         }
-        if n == Self::CAPACITY {
-            // Readers that saw the last version may still route by it (the bins it holds are
-            // still bins); from now on they route by the caller's table.
-            self.current.store(ptr::null_mut(), Ordering::Release);
-            self.published.fetch_or(CLOSED, Ordering::Release);
-            return Err(payload);
+        if n > MAX_BINS {
+            return Err(InsertError::Full(payload));
         }
-        let bins: Box<[(usize, B)]> = current[..at]
+        // Seal: from here no allocation marks `current`; those that find it sealed wait on
+        // `write` (held) and then route by what is current.
+        let before = current.allocated.fetch_or(SEALED, Ordering::AcqRel);
+        let mut earlier = current.earlier.to_vec();
+        if before & !SEALED != 0 {
+            earlier.push(n - 1);
+        }
+        // The new bin serves `lo..=size`: from just above the next smaller bin.
+        let lo = match at.checked_sub(1).and_then(|i| current.bins.get(i)) {
+            Some((below, _)) => below + 1,
+            None => 0,
+        };
+        let range = class_bits(lo, size);
+        let served = earlier
+            .iter()
+            .filter_map(|&i| self.version(i))
+            .filter(|v| v.allocated.load(Ordering::Acquire) & range != 0)
+            .flat_map(|v| {
+                // Every route of `lo..=size` in `v`: its bins in that range, and the first
+                // above it (or the upstream).
+                let from = v.bins.partition_point(|(s, _)| *s < lo);
+                let to = v.bins.partition_point(|(s, _)| *s < size);
+                let above = v.bins.get(to).map(|(_, b)| b);
+                v.bins[from..to]
+                    .iter()
+                    .map(|(_, b)| Some(b))
+                    .chain(std::iter::once(above))
+            });
+        if let Err(e) = admit(&payload, &mut { served }) {
+            if before & SEALED == 0 {
+                current.allocated.fetch_and(!SEALED, Ordering::AcqRel);
+            }
+            return Err(InsertError::Refused(payload, e));
+        }
+        let bins: Box<[(usize, B)]> = current.bins[..at]
             .iter()
             .cloned()
             .chain(std::iter::once((size, payload)))
-            .chain(current[at..].iter().cloned())
+            .chain(current.bins[at..].iter().cloned())
             .collect();
-        // Writers are serialized and `n` only grows, so the slot is still empty.
-        let Some(slot) = self.versions.get(n) else {
-            return Err(payload_of(bins, at));
+        let Some(slot) = self.versions.get(n - 1) else {
+            return Err(InsertError::Full(payload_of(bins, at)));
         };
-        if let Err(version) = slot.set(Version::new(bins)) {
-            return Err(payload_of(version.bins, at));
-        }
-        if let Some(version) = slot.get() {
-            // Only ever read through (see `route`).
-            self.current
-                .store(ptr::from_ref(version).cast_mut(), Ordering::Release);
+        // Writers are serialized and `n` only grows, so the slot is still empty.
+        if let Err(version) = slot.set(Version::new(bins, earlier.into_boxed_slice())) {
+            return Err(InsertError::Full(payload_of(version.bins, at)));
         }
         self.published.store(n + 1, Ordering::Release);
         Ok(true)
@@ -212,150 +372,8 @@ impl<B: fmt::Debug> fmt::Debug for BinRoutes<B> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::binning::table::BinTable;
-    use proptest::prelude::*;
+#[cfg(all(test, loom))]
+mod loom_tests;
 
-    #[test]
-    fn routes_to_the_smallest_fitting_bin() {
-        let r = BinRoutes::new();
-        assert!(r.is_empty());
-        assert_eq!(r.route(0), None);
-        assert_eq!(r.insert(1 << 20, "1M"), Ok(true));
-        assert_eq!(r.insert(1 << 18, "256K"), Ok(true));
-        assert_eq!(r.insert(1 << 22, "4M"), Ok(true));
-        assert_eq!(r.insert(1 << 18, "dup"), Ok(false));
-        assert_eq!(r.len(), 3);
-        assert_eq!(r.route(0), Some((1 << 18, &"256K")));
-        assert_eq!(r.route(1 << 18), Some((1 << 18, &"256K")));
-        assert_eq!(r.route((1 << 18) + 1), Some((1 << 20, &"1M")));
-        assert_eq!(r.route(1 << 22), Some((1 << 22, &"4M")));
-        assert_eq!(r.route((1 << 22) + 1), None);
-        assert_eq!(
-            r.bins().map(|(s, p)| (s, *p)).collect::<Vec<_>>(),
-            [(1 << 18, "256K"), (1 << 20, "1M"), (1 << 22, "4M")]
-        );
-        assert!(format!("{r:?}").contains("256K"));
-        // Moved, the routes still route (their versions are on the heap).
-        let moved = Box::new(r);
-        assert_eq!(moved.route(1 << 22), Some((1 << 22, &"4M")));
-        assert_eq!(moved.route(1), Some((1 << 18, &"256K")));
-    }
-
-    #[test]
-    fn size_classes_split_at_powers_of_two() {
-        assert_eq!(
-            (class_of(0), class_of(1), class_of(2), class_of(3)),
-            (0, 0, 1, 2)
-        );
-        for k in 1..usize::BITS as usize {
-            assert_eq!(class_of(1 << k), k);
-            assert_eq!(class_of((1 << k) + 1), k + 1);
-        }
-        assert_eq!(class_of(usize::MAX), CLASSES - 1);
-    }
-
-    #[test]
-    fn routes_near_powers_of_two_match_the_bin_table() {
-        // Bins that share a class, bins on and off powers of two, requests around each.
-        let sizes = [
-            256usize,
-            512,
-            768,
-            1024,
-            1280,
-            4096,
-            1 << 18,
-            3 << 18,
-            1 << 22,
-        ];
-        let routes = BinRoutes::new();
-        let mut table = BinTable::new();
-        for &s in &sizes {
-            routes.insert(s, s).unwrap();
-            table.add_bin(s, s).unwrap();
-        }
-        for k in 0..usize::BITS {
-            let p = 1usize << k;
-            for bytes in [p - 1, p, p + 1, p.saturating_add(255), usize::MAX] {
-                assert_eq!(
-                    routes.route(bytes).map(|(s, p)| (s, *p)),
-                    table.route(bytes).map(|(s, p)| (*s, *p)),
-                    "{bytes}"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn capacity_is_reported_not_exceeded() {
-        let r = BinRoutes::new();
-        for i in 0..BinRoutes::<usize>::CAPACITY {
-            assert_eq!(r.insert(256 * (i + 1), i), Ok(true));
-        }
-        assert!(!r.is_closed());
-        assert_eq!(r.route(256), Some((256, &0)));
-        assert_eq!(r.insert(1 << 40, 99), Err(99));
-        assert_eq!(
-            r.insert(256, 7),
-            Ok(false),
-            "an existing size is not a new bin"
-        );
-        assert_eq!(r.len(), BinRoutes::<usize>::CAPACITY);
-        assert!(r.is_closed(), "a bin that did not fit closes the routes");
-        assert_eq!(r.route(1 << 30), None);
-        assert_eq!(r.route(256), None, "closed routes route nothing");
-        assert_eq!(r.bins().len(), BinRoutes::<usize>::CAPACITY);
-    }
-
-    #[test]
-    fn readers_see_bins_appear_while_routing() {
-        let r = BinRoutes::new();
-        r.insert(1024, 1024usize).unwrap();
-        std::thread::scope(|s| {
-            for _ in 0..2 {
-                let r = &r;
-                s.spawn(move || {
-                    for i in 0..20_000usize {
-                        let bytes = 1 + i % (1 << 20);
-                        if let Some((size, &payload)) = r.route(bytes) {
-                            assert!(size >= bytes && payload == size, "{bytes} -> {size}");
-                        }
-                    }
-                });
-            }
-            for e in (11..21).rev() {
-                r.insert(1 << e, 1 << e).unwrap();
-            }
-        });
-        assert_eq!(r.len(), 11);
-    }
-
-    proptest! {
-        #[test]
-        fn routes_match_the_bin_table(
-            sizes in proptest::collection::vec(0usize..1 << 24, 0..20),
-            requests in proptest::collection::vec(0usize..1 << 25, 1..40),
-        ) {
-            let routes = BinRoutes::new();
-            let mut table = BinTable::new();
-            for &s in &sizes {
-                let size = crate::binning::table::rounded_bin_size(s).unwrap();
-                let inserted = table.add_bin(size, s).unwrap();
-                prop_assert_eq!(routes.insert(size, s), Ok(inserted));
-            }
-            prop_assert_eq!(
-                routes.bins().map(|(s, p)| (s, *p)).collect::<Vec<_>>(),
-                table.bins().map(|(s, p)| (*s, *p)).collect::<Vec<_>>()
-            );
-            for r in requests {
-                prop_assert_eq!(
-                    routes.route(r).map(|(s, p)| (s, *p)),
-                    table.route(r).map(|(s, p)| (*s, *p))
-                );
-            }
-        }
-    }
-}
+#[cfg(all(test, not(loom)))]
+mod tests;

@@ -1,10 +1,12 @@
-//! The binning resource's bin table (the `std::map<size_t, resource_ref>` of RMM's
-//! `binning_memory_resource`): a request goes to the smallest bin at least its size
-//! ([`BinTable::route`], RMM's `lower_bound`), and to the upstream when none is large enough. A
-//! plain value; the resource keeps it behind a lock. Design: `docs/internals/binning.md`.
+//! The binning resource's bin sizes: RMM's rounding ([`rounded_bin_size`]) and exponent rule
+//! ([`exponent_sizes`]), and, for tests, `BinTable`: RMM's `std::map<size_t, resource_ref>`
+//! (a request goes to the smallest bin at least its size, RMM's `lower_bound`, and to the
+//! upstream when none is large enough), the model the lock-free routes are checked against.
+//! Design: `docs/internals/binning.md`.
 //!
 //! Pure bookkeeping: no CUDA calls.
 
+#[cfg(test)]
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -80,22 +82,26 @@ pub fn exponent_sizes(min: u32, max: u32) -> Result<Vec<usize>, BinningError> {
     Ok((min..=max).map(|i| 1usize << i).collect())
 }
 
-/// Bins by size, routing each request to the smallest bin that fits.
+/// Bins by size, routing each request to the smallest bin that fits: the model the lock-free
+/// routes are tested against.
+#[cfg(test)]
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BinTable<B> {
+pub(crate) struct BinTable<B> {
     bins: BTreeMap<usize, B>,
 }
 
+#[cfg(test)]
 impl<B> Default for BinTable<B> {
     fn default() -> Self {
         Self::new()
     }
 }
 
+#[cfg(test)]
 impl<B> BinTable<B> {
     /// A table without bins (everything routes to the upstream).
     #[must_use]
-    pub const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         Self {
             bins: BTreeMap::new(),
         }
@@ -108,7 +114,7 @@ impl<B> BinTable<B> {
     /// # Errors
     ///
     /// Those of [`exponent_sizes`].
-    pub fn from_exponents(
+    pub(crate) fn from_exponents(
         min: u32,
         max: u32,
         mut make: impl FnMut(usize) -> B,
@@ -122,13 +128,13 @@ impl<B> BinTable<B> {
 
     /// Number of bins.
     #[must_use]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.bins.len()
     }
 
     /// Whether there is no bin.
     #[must_use]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.bins.is_empty()
     }
 
@@ -139,7 +145,7 @@ impl<B> BinTable<B> {
     ///
     /// [`BinningError::BinSizeOverflow`] when `size` cannot be rounded.
     #[doc(alias = "rmm::mr::binning_memory_resource::add_bin")]
-    pub fn add_bin(&mut self, size: usize, payload: B) -> Result<bool, BinningError> {
+    pub(crate) fn add_bin(&mut self, size: usize, payload: B) -> Result<bool, BinningError> {
         self.add_bin_with(size, |_| Ok::<_, BinningError>(payload))
     }
 
@@ -151,7 +157,7 @@ impl<B> BinTable<B> {
     ///
     /// [`BinningError::BinSizeOverflow`] (converted into `E`), or `make`'s error; the table is
     /// then unchanged.
-    pub fn add_bin_with<E: From<BinningError>>(
+    pub(crate) fn add_bin_with<E: From<BinningError>>(
         &mut self,
         size: usize,
         make: impl FnOnce(usize) -> Result<B, E>,
@@ -167,24 +173,26 @@ impl<B> BinTable<B> {
 
     /// The bin of exactly `size` bytes (after rounding), if any.
     #[must_use]
-    pub fn get(&self, size: usize) -> Option<&B> {
+    pub(crate) fn get(&self, size: usize) -> Option<&B> {
         rounded_bin_size(size).ok().and_then(|s| self.bins.get(&s))
     }
 
     /// The smallest bin whose size is at least `bytes` (RMM's `lower_bound`), or `None` when
     /// the request belongs to the upstream. A request of 0 bytes routes to the smallest bin.
     #[must_use]
-    pub fn route(&self, bytes: usize) -> Option<(&usize, &B)> {
+    pub(crate) fn route(&self, bytes: usize) -> Option<(&usize, &B)> {
         self.bins.range(bytes..).next()
     }
 
     /// The bins in increasing size order.
-    pub fn bins(&self) -> impl DoubleEndedIterator<Item = (&usize, &B)> + ExactSizeIterator + '_ {
+    pub(crate) fn bins(
+        &self,
+    ) -> impl DoubleEndedIterator<Item = (&usize, &B)> + ExactSizeIterator + '_ {
         self.bins.iter()
     }
 
     /// The bin payloads, mutably, in increasing size order.
-    pub fn payloads_mut(
+    pub(crate) fn payloads_mut(
         &mut self,
     ) -> impl DoubleEndedIterator<Item = &mut B> + ExactSizeIterator + '_ {
         self.bins.values_mut()

@@ -400,6 +400,12 @@ impl<U: DeviceMemoryResource> FixedSizeMemoryResource<U> {
     pub fn outstanding_allocations(&self) -> usize {
         self.inner.core.outstanding()
     }
+
+    /// Whether `ptr` lies in one of this resource's chunks (handed out or free): for the
+    /// binning resource, to find which of its bins a block belongs to. Takes the chunk lock.
+    pub(crate) fn owns(&self, ptr: DevicePtr) -> bool {
+        self.inner.core.owns(ptr.addr())
+    }
 }
 
 /// How many stream lists `resource` keeps; with `retire`, after retiring those whose owner died

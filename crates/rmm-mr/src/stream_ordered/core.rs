@@ -504,6 +504,14 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         }
     }
 
+    /// Whether `addr` lies in one of the upstream chunks this resource holds.
+    pub(crate) fn owns(&self, addr: u64) -> bool {
+        self.lock_chunks()
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&start, &size)| addr - start < size as u64)
+    }
+
     fn lock_chunks(&self) -> MutexGuard<'_, BTreeMap<u64, usize>> {
         self.chunks.lock().unwrap_or_else(PoisonError::into_inner)
     }
