@@ -610,6 +610,40 @@ fn binning_contents(up: Upstream) -> Result<(), Failed> {
     sixteen_threads(&binning, 1 << 20)
 }
 
+/// A bin added late, served by the CUDA resource, over sizes a fixed-size bin already handed
+/// out: the old block's free must reach the fixed-size bin (a `cuMemFree` of a chunk's base
+/// would release the bin's memory under its other live block, any other address fails), and
+/// new requests go to the new bin.
+fn binning_late_bin(up: Upstream) -> Result<(), Failed> {
+    const KIB: usize = 1 << 10;
+    let binning = BinningMemoryResource::with_options(
+        up.make()?,
+        BinningOptions::new()
+            .min_size_exponent(18)
+            .max_size_exponent(20),
+    )?;
+    let s = CudaStream::non_blocking()?;
+    let v = s.view();
+    // Both from the 1 MiB bin: the first is often its chunk's base.
+    let old = binning.allocate(v, 600 * KIB, 256)?;
+    let neighbour = binning.allocate(v, 900 * KIB, 256)?;
+    memset(old, 1, 600 * KIB / 4, v)?;
+    memset(neighbour, 2, 900 * KIB / 4, v)?;
+    binning.add_bin(768 * KIB, Some(shared(CudaMemoryResource::new())))?;
+    // SAFETY: from `binning` on `v` with 600 KiB, freed once.
+    unsafe { binning.deallocate(v, old, 600 * KIB, 256)? };
+    let new = binning.allocate(v, 600 * KIB, 256)?;
+    memset(new, 3, 600 * KIB / 4, v)?;
+    expect_words(neighbour, 2, 900 * KIB / 4, v)?;
+    expect_words(new, 3, 600 * KIB / 4, v)?;
+    // SAFETY: each from `binning` on `v` with these sizes, freed once.
+    unsafe {
+        binning.deallocate(v, new, 600 * KIB, 256)?;
+        binning.deallocate(v, neighbour, 900 * KIB, 256)?;
+    }
+    Ok(())
+}
+
 // ----- the VMM pool (no upstream: it maps its own memory) -----
 
 /// A VMM pool whose chunks are `BYTES` when a `BYTES` request finds nothing free, as the
@@ -817,6 +851,9 @@ fn main() {
         ));
         trials.push(gpu(format!("binning/{u}/contents"), move || {
             binning_contents(up)
+        }));
+        trials.push(gpu(format!("binning/{u}/late_bin"), move || {
+            binning_late_bin(up)
         }));
         for subject in CrossThreadSubject::ALL {
             for stream in cross_thread::PtStream::ALL {
