@@ -477,42 +477,37 @@ $L__spin:
 "#;
 
 /// The [`SPIN_PTX`] kernel, loaded (JIT-compiled by the driver) into the current context
-/// through cudarc's driver calls.
+/// through rmm-sys's driver calls (integer results).
 #[derive(Debug)]
 pub struct SpinKernel {
-    module: cudarc::driver::sys::CUmodule,
-    func: cudarc::driver::sys::CUfunction,
+    /// The `spin` kernel of the module.
+    func: rmm_sys::kernel::Function,
+    /// Keeps the kernel loaded; unloaded when this value drops.
+    _module: rmm_sys::kernel::Module,
 }
 
 impl SpinKernel {
     /// Loads the kernel into the current device's primary context.
     pub fn load() -> MrResult<Self> {
         rmm_sys::ensure_current_context()?;
-        let driver = |e: cudarc::driver::DriverError| {
-            MrError::bad_alloc(format!("loading the spin kernel: {e:?}"))
-        };
         let image = CString::new(SPIN_PTX).map_err(|e| MrError::bad_alloc(e.to_string()))?;
-        // SAFETY: `image` is a NUL-terminated PTX text that outlives the call, and a context
-        // is current on this thread (above).
-        let module = unsafe { cudarc::driver::result::module::load_data(image.as_ptr().cast()) }
-            .map_err(driver)?;
-        let name = CString::new("spin").map_err(|e| MrError::bad_alloc(e.to_string()))?;
-        // SAFETY: `module` was loaded above and is live.
-        match unsafe { cudarc::driver::result::module::get_function(module, name) } {
-            Ok(func) => Ok(Self { module, func }),
-            Err(e) => {
-                // SAFETY: `module` is live and nothing of it is in use.
-                let _ = unsafe { cudarc::driver::result::module::unload(module) };
-                Err(driver(e))
-            }
-        }
+        let module = rmm_sys::kernel::Module::load_ptx(&image)
+            .map_err(|e| MrError::bad_alloc(format!("loading the spin kernel: {e}")))?;
+        let func = module
+            .function(c"spin")
+            .map_err(|e| MrError::bad_alloc(format!("finding the spin kernel: {e}")))?;
+        Ok(Self {
+            func,
+            _module: module,
+        })
     }
 
     /// Launches one thread spinning `cycles` cycles on `stream`, writing 8 bytes at `out`.
     ///
     /// # Safety
     /// `out` is 8 bytes of device memory the caller may write on `stream`, a live stream of
-    /// the context the kernel was loaded into.
+    /// the context the kernel was loaded into, which is current; the kernel is not dropped
+    /// before the launch has completed.
     pub unsafe fn launch(
         &self,
         stream: rmm_sys::raw::CUstream,
@@ -525,27 +520,13 @@ impl SpinKernel {
             (&mut out_addr as *mut u64).cast(),
             (&mut cycles as *mut u64).cast(),
         ];
-        // SAFETY: `func` is live (owned by `self`); the parameters match `spin(u64*, u64)` and
-        // outlive the call (the driver copies them at launch); the caller's contract covers
-        // `out` and `stream`.
+        // SAFETY: the parameters match `spin(u64*, u64)` and outlive the call (the driver
+        // copies them at launch); the module is loaded (held by `self`); the caller's contract covers `out`,
+        // `stream`, the context and the module's life until the launch completes.
         unsafe {
-            cudarc::driver::result::launch_kernel(
-                self.func,
-                (1, 1, 1),
-                (1, 1, 1),
-                0,
-                stream.cast(),
-                &mut params,
-            )
+            self.func
+                .launch([1, 1, 1], [1, 1, 1], 0, stream, &mut params)
         }
-        .map_err(|e| MrError::bad_alloc(format!("launching the spin kernel: {e:?}")))
-    }
-}
-
-impl Drop for SpinKernel {
-    fn drop(&mut self) {
-        // SAFETY: the module is live and owned by `self`; launches on it were enqueued before
-        // and the driver keeps the code until they finish.
-        let _ = unsafe { cudarc::driver::result::module::unload(self.module) };
+        .map_err(|e| MrError::bad_alloc(format!("launching the spin kernel: {e}")))
     }
 }

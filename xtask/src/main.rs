@@ -8,6 +8,8 @@ mod bundle;
 mod capi;
 mod cargo;
 mod ci;
+#[cfg(test)]
+mod cudarc_calls;
 mod fuzz;
 mod gpu;
 mod layers;

@@ -7,7 +7,6 @@
 
 mod conformance;
 
-use std::ffi::c_void;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -570,24 +569,7 @@ fn failure_callback_retry_once() -> Result<Completion, Failed> {
 /// `cuMemRangeGetAttribute(LAST_PREFETCH_LOCATION)`: a device ordinal, or -2 (invalid) when the
 /// range was never prefetched.
 fn last_prefetch_location(p: DevicePtr, bytes: usize) -> Result<i32, Failed> {
-    use cudarc::driver::sys as ffi;
-    let mut location: i32 = 0;
-    // SAFETY: writes one 4-byte value; `[p, p + bytes)` is a live managed range and a context
-    // is current (the caller allocated it).
-    let r = unsafe {
-        ffi::cuMemRangeGetAttribute(
-            (&mut location as *mut i32).cast::<c_void>(),
-            std::mem::size_of::<i32>(),
-            ffi::CUmem_range_attribute::CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION,
-            p.addr(),
-            bytes,
-        )
-    };
-    ensure(
-        r == ffi::CUresult::CUDA_SUCCESS,
-        format!("cuMemRangeGetAttribute: {r:?}"),
-    )?;
-    Ok(location)
+    Ok(rmm_sys::memory::mem_range_last_prefetch_location(p, bytes)?)
 }
 
 fn prefetch_managed_pointer_and_size() -> Result<Completion, Failed> {

@@ -1,8 +1,10 @@
 //! Resource-specific GPU cases (RMM's per-file tests, section 3.3 of the reference) for the base
-//! resources, the limiting adaptor, prefetch and the registry. Without a GPU every trial is
-//! ignored, with the reason.
+//! resources, the limiting adaptor, prefetch and the registry, and the driver pools' frees across
+//! threads on the per-thread default stream (`cross_thread_free/...`, see `cross_thread/mod.rs`).
+//! Without a GPU every trial is ignored, with the reason.
 
 mod conformance;
+mod cross_thread;
 
 use std::sync::Arc;
 
@@ -16,7 +18,7 @@ use rmm_mr::{
     SharedResource, SystemMemoryResource,
 };
 use rmm_stream::{CudaStream, CudaStreamView};
-use rmm_sys::testing::{caps, done, gpu_outcome as gpu};
+use rmm_sys::testing::{caps, done, gpu_if, gpu_outcome as gpu, no_pools};
 use rmm_sys::{memory, AllocationHandleType, DeviceId, DriverVersion};
 
 // --- the registry (mr_ref_default_tests.cpp) ----------------------------------------------
@@ -394,6 +396,73 @@ fn async_managed() -> Result<Completion, Failed> {
     done()
 }
 
+// --- frees across threads on the per-thread default stream ------------------------------------
+
+/// The driver-pool resources of the cross-thread trials.
+#[derive(Debug, Clone, Copy)]
+enum DriverPool {
+    /// `CudaAsyncMemoryResource`: a pool of its own.
+    Owned,
+    /// `CudaAsyncViewMemoryResource`: a view of the device's default pool.
+    View,
+    /// `CudaAsyncManagedMemoryResource`: the default managed pool (CUDA 13).
+    Managed,
+}
+
+impl DriverPool {
+    const ALL: [Self; 3] = [Self::Owned, Self::View, Self::Managed];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Owned => "cuda_async",
+            Self::View => "cuda_async_view",
+            Self::Managed => "cuda_async_managed",
+        }
+    }
+
+    /// What the resource needs that this machine may lack.
+    fn unmet(self) -> Option<String> {
+        no_pools().or_else(|| match self {
+            Self::Managed => async_managed_unmet(),
+            Self::Owned | Self::View => None,
+        })
+    }
+
+    fn make(self) -> Result<Box<dyn DeviceMemoryResource>, Failed> {
+        Ok(match self {
+            Self::Owned => Box::new(CudaAsyncMemoryResource::new()?),
+            Self::View => Box::new(CudaAsyncViewMemoryResource::default_device_pool()?),
+            Self::Managed => Box::new(CudaAsyncManagedMemoryResource::new()?),
+        })
+    }
+}
+
+/// Why the default managed pool cannot be used here, or `None`.
+fn async_managed_unmet() -> Option<String> {
+    match (rmm_sys::driver_version(), caps()) {
+        (Ok(v), Ok(c)) if v >= DriverVersion::CUDA_13_0 && c.concurrent_managed_access => None,
+        (Ok(_), Ok(_)) => Some("needs CUDA 13 and concurrent managed access".into()),
+        (Err(e), _) => Some(format!("cannot read the driver version: {e}")),
+        (_, Err(e)) => Some(format!("cannot probe the device: {e:?}")),
+    }
+}
+
+/// Thread 1 allocates on its per-thread stream and queues work on the block behind a stall;
+/// thread 2 frees it on its own per-thread stream, reallocates the same size there and writes
+/// (see `cross_thread/mod.rs`). The driver hands a block freed on a stream to that stream's
+/// next allocation at once, so without the resource's ordering thread 2 gets the block back
+/// while thread 1's work is still stalled, and the word checks fail.
+fn driver_pool_cross_thread_free(
+    subject: DriverPool,
+    stream: cross_thread::PtStream,
+    pending: cross_thread::Pending,
+) -> Result<(), Failed> {
+    let r = subject.make()?;
+    cross_thread::run(&*r, MIB, stream, pending, cross_thread::Reuse::Any, &|_| {
+        Ok(Vec::new())
+    })
+}
+
 // --- system ------------------------------------------------------------------------------------
 
 fn system_throws_if_unsupported() -> Result<Completion, Failed> {
@@ -504,7 +573,7 @@ fn prefetch_managed_and_device() -> Result<Completion, Failed> {
 
 fn main() {
     let args = Arguments::from_args();
-    let trials = vec![
+    let mut trials = vec![
         gpu(
             "registry::default_resource_is_cuda",
             default_resource_is_cuda,
@@ -541,5 +610,21 @@ fn main() {
         gpu("callback::shared_ownership", callback_shared_ownership),
         gpu("prefetch::managed_and_device", prefetch_managed_and_device),
     ];
+    for subject in DriverPool::ALL {
+        for stream in cross_thread::PtStream::ALL {
+            for pending in cross_thread::Pending::ALL {
+                trials.push(gpu_if(
+                    format!(
+                        "cross_thread_free/{}/{}/{}",
+                        subject.name(),
+                        stream.name(),
+                        pending.name()
+                    ),
+                    move || stream.unavailable().or_else(|| subject.unmet()),
+                    move || driver_pool_cross_thread_free(subject, stream, pending),
+                ));
+            }
+        }
+    }
     libtest_mimic::run(&args, trials).exit();
 }

@@ -20,10 +20,14 @@
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 use std::sync::OnceLock;
 
-use cudarc::driver::sys::{CUdevice_attribute, CUhostFn, CUmemPool_attribute, CUpointer_attribute};
+use cudarc::driver::sys::{
+    CUdevice_attribute, CUhostFn, CUmemPool_attribute, CUmem_range_attribute, CUpointer_attribute,
+};
 use libloading::Library;
 
-use crate::raw::{CUcontext, CUdevice, CUdeviceptr, CUevent, CUmemoryPool, CUstream};
+use crate::raw::{
+    CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUmemoryPool, CUmodule, CUstream,
+};
 
 /// A `CUresult` as the driver returns it: a plain integer, so that a code newer than our
 /// bindings is a value, not undefined behaviour.
@@ -118,6 +122,23 @@ entry_points! {
         cuMemsetD8Async(CUdeviceptr, u8, usize, CUstream);
         cuMemcpyAsync(CUdeviceptr, CUdeviceptr, usize, CUstream);
         cuPointerGetAttribute(*mut c_void, CUpointer_attribute, CUdeviceptr);
+        cuMemRangeGetAttribute(*mut c_void, usize, CUmem_range_attribute, CUdeviceptr, usize);
+        cuModuleLoadData(*mut CUmodule, *const c_void);
+        cuModuleGetFunction(*mut CUfunction, CUmodule, *const c_char);
+        cuModuleUnload(CUmodule);
+        cuLaunchKernel(
+            CUfunction,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            CUstream,
+            *mut *mut c_void,
+            *mut *mut c_void,
+        );
         cuMemPoolCreate(*mut CUmemoryPool, *const RawPoolProps);
         cuMemPoolDestroy(CUmemoryPool);
         cuMemPoolGetAttribute(CUmemoryPool, CUmemPool_attribute, *mut c_void);

@@ -70,6 +70,7 @@ mod entry;
 pub mod error;
 #[cfg(feature = "testing")]
 pub mod fault;
+pub mod kernel;
 pub mod memory;
 pub mod mempool;
 pub mod ptr;

@@ -250,6 +250,27 @@ pub fn pointer_is_hw_decompress_capable(ptr: DevicePtr) -> CudaResult<bool> {
     Ok(v != 0)
 }
 
+/// `cuMemRangeGetAttribute(CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION)`: where the managed
+/// range `[ptr, ptr + bytes)` was last prefetched to, as the driver says it: a device ordinal,
+/// `-1` (`CU_DEVICE_CPU`) for the host, `-2` (`CU_DEVICE_INVALID`) when it was never prefetched
+/// or its pages were last prefetched to different places. Memory that is not managed is the
+/// driver's error.
+pub fn mem_range_last_prefetch_location(ptr: DevicePtr, bytes: usize) -> CudaResult<i32> {
+    let api = context_api()?;
+    let mut location: i32 = 0;
+    // SAFETY: a context is current; the driver checks the range and writes one 4-byte value.
+    check("cuMemRangeGetAttribute", unsafe {
+        (api.cuMemRangeGetAttribute)(
+            (&mut location as *mut i32).cast::<c_void>(),
+            std::mem::size_of::<i32>(),
+            sys::CUmem_range_attribute::CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION,
+            ptr.addr(),
+            bytes,
+        )
+    })?;
+    Ok(location)
+}
+
 /// Where memory is prefetched to or preferred at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MemLocation {

@@ -49,6 +49,10 @@ opaque_handles! {
     CUcontext => CUctx_st;
     /// A stream-ordered memory pool handle (`CUmemoryPool`).
     CUmemoryPool => CUmemPoolHandle_st;
+    /// A module handle (`CUmodule`): code loaded into a context.
+    CUmodule => CUmod_st;
+    /// A kernel handle (`CUfunction`), a function of a loaded module.
+    CUfunction => CUfunc_st;
 }
 
 /// A device address (`CUdeviceptr`): an integer, not a pointer.

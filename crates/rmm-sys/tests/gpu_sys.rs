@@ -515,6 +515,71 @@ fn vmm_export_import_posix_fd() -> Result<(), Failed> {
     )
 }
 
+/// A one-thread kernel that stores `value` at `out`.
+const PUT_PTX: &std::ffi::CStr = c"
+.version 7.0
+.target sm_52
+.address_size 64
+
+.visible .entry put(
+	.param .u64 put_param_out,
+	.param .u32 put_param_value
+)
+{
+	.reg .b32 	%r<2>;
+	.reg .b64 	%rd<3>;
+
+	ld.param.u64 	%rd1, [put_param_out];
+	ld.param.u32 	%r1, [put_param_value];
+	cvta.to.global.u64 	%rd2, %rd1;
+	st.global.u32 	[%rd2], %r1;
+	ret;
+}
+";
+
+/// PTX loaded, its kernel found and launched through rmm-sys's integer entry points; a
+/// missing kernel and malformed PTX are typed errors carrying the driver's code.
+fn kernel_load_launch_and_errors() -> Result<(), Failed> {
+    let module = rmm_sys::kernel::Module::load_ptx(PUT_PTX)?;
+    let put = module.function(c"put")?;
+    let out = memory::mem_alloc(4)?;
+    let mut addr = out.addr();
+    let mut value: u32 = 0x1234_5678;
+    let mut params: [*mut std::ffi::c_void; 2] = [
+        (&mut addr as *mut u64).cast(),
+        (&mut value as *mut u32).cast(),
+    ];
+    let mut host = [0u8; 4];
+    // SAFETY: the parameters match `put(u32*, u32)`; `out` is 4 bytes of this context's
+    // memory; the legacy stream is valid; the copy synchronizes before the module drops.
+    unsafe {
+        put.launch(
+            [1, 1, 1],
+            [1, 1, 1],
+            0,
+            rmm_sys::CU_STREAM_LEGACY,
+            &mut params,
+        )?;
+        memory::copy_to_host_sync(&mut host, out, rmm_sys::CU_STREAM_LEGACY)?;
+        memory::mem_free(out)?;
+    }
+    ensure(
+        u32::from_ne_bytes(host) == 0x1234_5678,
+        format!("the kernel wrote {:#x}", u32::from_ne_bytes(host)),
+    )?;
+    // CUDA_ERROR_NOT_FOUND (500).
+    let missing = module.function(c"absent").map(|_| ()).unwrap_err();
+    ensure(
+        missing.code().map(|c| c.0) == Some(500),
+        format!("a missing kernel: {missing}"),
+    )?;
+    let malformed = rmm_sys::kernel::Module::load_ptx(c"not ptx").map(|_| ());
+    ensure(
+        malformed.as_ref().is_err_and(|e| e.code().is_some()),
+        format!("malformed PTX: {malformed:?}"),
+    )
+}
+
 fn main() {
     let args = Arguments::from_args();
     let trials = vec![
@@ -540,6 +605,10 @@ fn main() {
         ),
         gpu("pinned_host_roundtrip", pinned_host_roundtrip),
         gpu("integer_results_end_to_end", integer_results_end_to_end),
+        gpu(
+            "kernel_load_launch_and_errors",
+            kernel_load_launch_and_errors,
+        ),
         gpu_if("vmm_map_write_read_unmap", no_vmm, vmm_map_write_read_unmap),
         gpu_if(
             "vmm_export_import_posix_fd",

@@ -23,6 +23,25 @@
 //! on the vector's stream, including its free, comes after).
 //! Kernel arguments cannot add such waits (cudarc keeps them private): launch on the vector's
 //! stream, or order the streams yourself.
+//!
+//! # cudarc's `CUresult` enum
+//!
+//! cudarc declares every driver entry point as returning its `CUresult` Rust enum, and a code
+//! the enum lacks (from a driver newer than the bindings) would be undefined behaviour
+//! (`rmm_sys`'s crate documentation). This module makes its own driver calls through rmm-sys,
+//! whose results are integers. Two calls into cudarc that reach the driver remain, because
+//! cudarc offers no other way to build what its traits need; the workspace check
+//! `cudarc_calls` in xtask lists them, and fails on any other:
+//! - [`CudaContext::new`] in [`cudarc_context`], the only constructor of the context every
+//!   cudarc stream holds. Each driver call it makes (`cuInit`, `cuDeviceGet`,
+//!   `cuDevicePrimaryCtxRetain`, `cuDeviceGetAttribute`, `cuCtxGetCurrent`) is made first
+//!   through rmm-sys, with the primary context made current, and cudarc is called only when
+//!   all of them succeeded; it then repeats calls whose answer is already known.
+//! - The `SyncOnDrop` guard that cudarc's `DevicePtr` and `DevicePtrMut` traits must return:
+//!   when it drops, cudarc synchronizes the stream through its own bindings. cudarc's own
+//!   operations (copies, launches) take the guard and drop it within the same cudarc call that
+//!   has just made its own driver calls through the same enum, so the guard adds no exposure
+//!   to a call the user did not already make through cudarc.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -34,7 +53,7 @@ use cudarc::driver::{
 };
 use rmm_mr::{MrError, MrResult};
 use rmm_stream::CudaStreamView;
-use rmm_sys::{CudaError, DeviceGuard, DeviceId};
+use rmm_sys::{CudaError, DeviceId, PrimaryContextGuard};
 
 use crate::raw::{self, StreamOn};
 use crate::stream::{cudarc_stream_view, BufferStream};
@@ -64,12 +83,27 @@ pub fn cudarc_context(device: DeviceId) -> MrResult<Arc<CudaContext>> {
     if let Some(ctx) = map.get(&device.value()) {
         return Ok(Arc::clone(ctx));
     }
-    // `CudaContext::new` makes its context current; the guard puts the caller's device back.
-    let guard = DeviceGuard::new(device)?;
+    let guard = preflight(device)?;
+    // The one call of cudarc's constructor (see the module documentation): every driver call
+    // it makes has just succeeded through rmm-sys, with its context current, so it finds the
+    // context current and makes no `cuCtxSetCurrent`.
     let ctx = CudaContext::new(ordinal).map_err(driver_error)?;
+    // Puts the caller's context back.
     drop(guard);
     map.insert(device.value(), Arc::clone(&ctx));
     Ok(ctx)
+}
+
+/// Makes, through rmm-sys's entry points (integer results), every driver call that cudarc's
+/// `CudaContext::new` makes for `device`: `cuInit` (by the caller), `cuDeviceGet` and
+/// `cuDevicePrimaryCtxRetain` (the primary context), `cuCtxGetCurrent` and `cuCtxSetCurrent`
+/// (entering it: the guard returned keeps it current and then puts back the caller's context),
+/// and `cuDeviceGetAttribute` (the capabilities, memory pools among them). A failure is a typed
+/// error before cudarc is called.
+fn preflight(device: DeviceId) -> MrResult<PrimaryContextGuard> {
+    let guard = PrimaryContextGuard::enter(device)?;
+    device.capabilities()?;
+    Ok(guard)
 }
 
 /// A cudarc stream for one of the special streams (default, legacy, per-thread), on `device`'s
@@ -123,7 +157,8 @@ impl<T: Pod> DeviceUvector<T> {
     /// shared event helper, which falls back to synchronizing this vector's stream on the
     /// host), and returns a guard that synchronizes `other` when it drops, so the vector's later
     /// work and its free come after what cudarc enqueued on `other` meanwhile. Neither happens
-    /// when `other` is the vector's own stream.
+    /// when `other` is the vector's own stream. The guard's synchronization is cudarc's own
+    /// driver call (see the module documentation).
     fn cudarc_guard<'a>(&self, other: &'a CudaStream) -> SyncOnDrop<'a> {
         let ours = StreamOn::new(self.device(), self.stream());
         let device = i32::try_from(other.context().ordinal()).map_or(self.device(), DeviceId);

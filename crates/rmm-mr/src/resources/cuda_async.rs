@@ -6,13 +6,15 @@ use rmm_stream::CudaStreamView;
 use rmm_sys::mempool::{self};
 use rmm_sys::{
     AllocationHandleType, DeviceCapabilities, DeviceGuard, DeviceId, DevicePtr, MemPoolAttribute,
-    MemPoolHandle, MemPoolUsage,
+    MemPoolHandle, MemPoolUsage, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD,
 };
 
 use crate::error::{MrError, MrResult};
 use crate::resource::{check_base_alignment, DeviceMemoryResource};
 use crate::resources::cuda::free_error;
+use crate::resources::pool_origins::{FreeOn, ORIGINS};
 use crate::resources::CudaAsyncViewMemoryResource;
+use crate::stream_ordered::stream_lists::thread_number;
 
 /// How to build a [`CudaAsyncMemoryResource`] (RMM's constructor parameters).
 ///
@@ -106,14 +108,27 @@ pub(crate) unsafe fn pool_allocate(
     if bytes == 0 {
         return Ok(DevicePtr::NULL);
     }
+    let raw = stream.as_raw();
     // SAFETY: the view's handle is valid (its invariant) and the pool is live (the caller's
     // contract).
-    unsafe { mempool::mem_alloc_from_pool_async(bytes, pool, stream.as_raw()) }
-        .map_err(|e| MrError::from_allocation(e, bytes))
+    let p = unsafe { mempool::mem_alloc_from_pool_async(bytes, pool, raw) }
+        .map_err(|e| MrError::from_allocation(e, bytes))?;
+    ORIGINS.allocated(p.addr(), per_thread(raw));
+    Ok(p)
+}
+
+/// The calling thread's number when `raw` (a view's resolved handle) is its per-thread default
+/// stream; `None` for a stream every thread shares.
+#[inline]
+fn per_thread(raw: rmm_sys::raw::CUstream) -> Option<u64> {
+    (raw == CU_STREAM_PER_THREAD).then(thread_number)
 }
 
 /// `cuMemFreeAsync` on the caller's stream (the pool's handle is not needed, so this works
-/// after the pool was destroyed, which the driver allows).
+/// after the pool was destroyed, which the driver allows), or on the legacy default stream when
+/// the free is made on a per-thread default stream and another thread's per-thread default
+/// stream allocated the block (the cross-thread rule,
+/// [`pool_origins`](crate::resources::pool_origins)).
 ///
 /// # Safety
 /// As [`DeviceMemoryResource::deallocate`].
@@ -125,8 +140,20 @@ pub(crate) unsafe fn pool_deallocate(
     if ptr.is_null() {
         return Ok(());
     }
-    // SAFETY: the caller's contract; the view's handle is valid.
-    unsafe { mempool::mem_free_async(ptr, stream.as_raw()) }.map_err(|e| free_error(e, ptr, bytes))
+    let raw = stream.as_raw();
+    let taken = ORIGINS.take(ptr.addr(), per_thread(raw));
+    let on = match taken.on {
+        FreeOn::Caller => raw,
+        // The legacy stream waits for the work queued so far on every blocking stream: the
+        // allocating thread's per-thread stream and this thread's.
+        FreeOn::Legacy => CU_STREAM_LEGACY,
+    };
+    // SAFETY: the caller's contract; the view's handle is valid, and the legacy stream's is
+    // valid in every context.
+    unsafe { mempool::mem_free_async(ptr, on) }.map_err(|e| {
+        ORIGINS.put_back(ptr.addr(), taken);
+        free_error(e, ptr, bytes)
+    })
 }
 
 pub(crate) fn require_memory_pools(device: DeviceId) -> MrResult<DeviceCapabilities> {
@@ -177,12 +204,19 @@ impl Drop for OwnedPool {
 /// The driver orders a free only after the freeing stream. A block allocated on one thread's
 /// per-thread default stream and freed on another thread's (a `Send` buffer on
 /// [`CudaStreamView::per_thread()`], or on the default stream in per-thread mode, dropped on
-/// another thread) is reusable by the freeing thread's stream at once, while the allocating
-/// thread's work on it may still run, as with RMM. This resource keeps no record of who
-/// allocated a block (that would cost a shared map on every call), so it does not correct
-/// this, unlike the sub-allocators ([`PoolMemoryResource`](crate::PoolMemoryResource) and the
-/// others order such a free behind the legacy stream). Synchronize the allocating thread's
-/// stream, or use an ordinary stream, before sending such a buffer to another thread.
+/// another thread) would be reusable by the freeing thread's stream at once, while the
+/// allocating thread's work on it may still run. Unlike RMM, this resource orders such a free as
+/// the sub-allocators do ([`PoolMemoryResource`](crate::PoolMemoryResource) and the others): it
+/// remembers which thread's per-thread stream allocated each block and frees a block another
+/// thread's per-thread stream allocated on the **legacy** default stream, which waits for the
+/// work queued so far on both threads' streams. A free on the allocating thread, on the legacy
+/// stream or on an ordinary stream is made where the caller says. The record costs an insertion
+/// into a sharded table on each allocation made on a per-thread default stream and a removal on
+/// each free made on one; allocations and frees on other streams add a comparison (and, once any
+/// block was recorded, a removal on free). The same holds for
+/// [`CudaAsyncViewMemoryResource`] and
+/// [`CudaAsyncManagedMemoryResource`](crate::CudaAsyncManagedMemoryResource). The rule's limit
+/// (work of a third thread): `docs/internals/cross-thread.md`.
 #[doc(alias = "rmm::mr::cuda_async_memory_resource")]
 #[derive(Debug, Clone)]
 pub struct CudaAsyncMemoryResource {
@@ -318,5 +352,32 @@ unsafe impl DeviceMemoryResource for CudaAsyncMemoryResource {
 
     crate::resource::resource_tail! {
         is_equal: shared(inner),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rmm_sys::fault::{self, DriverCall, FaultScope};
+
+    use super::*;
+
+    /// A driver refusing a cross-thread free (the fault hook fails `cuMemFreeAsync` before any
+    /// driver is looked for) leaves the block's record as it was, so a retry is still ordered.
+    #[test]
+    fn a_refused_cross_thread_free_keeps_its_record() {
+        let _scope = FaultScope::new();
+        // An address no other test records, allocated by a thread that is not this one.
+        let addr = 0x7e00_0000_4200;
+        let other = thread_number() + 1_000_000;
+        ORIGINS.allocated(addr, Some(other));
+        fault::fail_next(DriverCall::Free, 1);
+        // SAFETY: the fault fails the free before any driver call.
+        let r = unsafe {
+            pool_deallocate(CudaStreamView::per_thread(), DevicePtr::from_raw(addr), 256)
+        };
+        assert!(r.is_err(), "the fault was not injected: {r:?}");
+        assert_eq!(fault::injected(DriverCall::Free), 1);
+        let again = ORIGINS.take(addr, Some(thread_number()));
+        assert_eq!(again.on, FreeOn::Legacy, "the record was lost");
     }
 }

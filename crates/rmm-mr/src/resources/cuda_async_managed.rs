@@ -12,6 +12,10 @@ use crate::resources::cuda_async::{
 /// Stream-ordered managed memory from the device's default managed pool
 /// (`cuMemGetDefaultMemPool`, CUDA 13; RMM's `cuda_async_managed_memory_resource`). The pool's
 /// attributes are left as they are. Instances on one device share the pool and are equal.
+///
+/// A block allocated on one thread's per-thread default stream and freed on another thread's is
+/// freed on the legacy default stream, after both threads' work, as with
+/// [`CudaAsyncMemoryResource`](crate::CudaAsyncMemoryResource) (see its section on such frees).
 #[doc(alias = "rmm::mr::cuda_async_managed_memory_resource")]
 #[derive(Debug, Clone, Copy)]
 pub struct CudaAsyncManagedMemoryResource {

@@ -25,6 +25,10 @@ use crate::resources::cuda_async::{
 /// [`current_device_pool`](Self::current_device_pool) are `unsafe`: their caller vouches for
 /// the pool's lifetime. (Departure from RMM, whose constructor takes any `cudaMemPool_t`: in
 /// Rust a safe constructor must not let a destroyed pool be used.)
+///
+/// A block allocated on one thread's per-thread default stream and freed on another thread's is
+/// freed on the legacy default stream, after both threads' work, as with
+/// [`CudaAsyncMemoryResource`] (see its section on such frees).
 #[doc(alias = "rmm::mr::cuda_async_view_memory_resource")]
 #[derive(Debug, Clone)]
 pub struct CudaAsyncViewMemoryResource {

@@ -7,6 +7,7 @@ mod cuda_async_managed;
 mod cuda_async_view;
 mod managed;
 mod pinned_host;
+mod pool_origins;
 mod simulated;
 mod system;
 
