@@ -9,6 +9,8 @@ mod managed;
 mod pinned_host;
 mod simulated;
 mod system;
+#[cfg(test)]
+mod unsupported_tests;
 
 pub use callback::{AllocateCallback, CallbackMemoryResource, DeallocateCallback};
 pub use cuda::CudaMemoryResource;
