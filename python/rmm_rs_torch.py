@@ -47,7 +47,7 @@ __all__ = [
 
 ENV_LIBRARY = "RMM_RS_LIBRARY"
 LIBRARY_NAME = "librmm_capi.so"
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 SUCCESS = 0
 ERROR_NAMES = {
@@ -60,9 +60,11 @@ ERROR_NAMES = {
     7: "RMM_RS_ERROR_NOT_CONFIGURED",
     8: "RMM_RS_ERROR_BUSY",
     9: "RMM_RS_ERROR_PANIC",
+    10: "RMM_RS_ERROR_UNSUPPORTED",
 }
 ERROR_NO_DEVICE = 5
 ERROR_NOT_CONFIGURED = 7
+ERROR_UNSUPPORTED = 10
 
 RESOURCES = {"cuda": 0, "pool": 1, "async": 2}
 SIZE_DEFAULT = (1 << 64) - 1
@@ -190,6 +192,13 @@ def load_library(library=None):
         "rmm_rs_configure": (ctypes.c_int, [ctypes.POINTER(Options)]),
         "rmm_rs_alloc": (ctypes.c_void_p, [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]),
         "rmm_rs_free": (None, [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]),
+        "rmm_rs_allocate": (
+            ctypes.c_int,
+            [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p],
+        ),
+        "rmm_rs_deallocate": (
+            ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        ),
         "rmm_rs_get_statistics": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(Statistics)]),
         "rmm_rs_flush_log": (ctypes.c_int, [ctypes.c_int]),
         "rmm_rs_last_error": (ctypes.c_char_p, []),

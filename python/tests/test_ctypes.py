@@ -133,6 +133,15 @@ def test_the_library_agrees_with_the_documented_combinations():
             resource, initial, maximum, managed, python_ok, rr.last_error())
 
 
+def test_status_returning_calls_report_their_own_status():
+    lib = rr.load_library()
+    out = ctypes.c_void_p(1)
+    code = lib.rmm_rs_allocate(ctypes.byref(out), 256, 4000, None)
+    assert code == rr.ERROR_NOT_CONFIGURED and out.value is None, (code, out.value)
+    code = lib.rmm_rs_deallocate(ctypes.c_void_p(0x1000), 256, 4000, None)
+    assert rr.ERROR_NAMES[code] == "RMM_RS_ERROR_INVALID_FREE", (code, rr.last_error())
+
+
 def test_statistics_of_an_unconfigured_device_raise():
     try:
         rr.statistics(4000)
