@@ -15,6 +15,7 @@
 //! 9. [`replaying_logs`]: `rmm-replay`, simulated memory, and what a log's replay tells.
 //! 10. [`fragmentation`]: where fragmentation comes from, the VMM pool, and the figures.
 //! 11. [`pytorch_and_c`]: rmm-rs as PyTorch's allocator, and the C library (crate `rmm-capi`).
+//! 12. [`cudarc_candle_and_burn`]: the cudarc version, interop, and sharing the driver pool.
 
 #[doc = include_str!("../guide/01-introduction.md")]
 pub mod introduction {}
@@ -48,3 +49,6 @@ pub mod fragmentation {}
 
 #[doc = include_str!("../guide/11-pytorch-and-c.md")]
 pub mod pytorch_and_c {}
+
+#[doc = include_str!("../guide/12-cudarc-candle-and-burn.md")]
+pub mod cudarc_candle_and_burn {}

@@ -9,7 +9,7 @@ use std::path::Path;
 
 /// Every page of `docs/guide/`, in order (read at compile time, so that this runs wherever the
 /// test binary does).
-const PAGES: [(&str, &str); 11] = [
+const PAGES: [(&str, &str); 12] = [
     (
         "01-introduction.md",
         include_str!("../guide/01-introduction.md"),
@@ -54,11 +54,17 @@ const PAGES: [(&str, &str); 11] = [
         "11-pytorch-and-c.md",
         include_str!("../guide/11-pytorch-and-c.md"),
     ),
+    (
+        "12-cudarc-candle-and-burn.md",
+        include_str!("../guide/12-cudarc-candle-and-burn.md"),
+    ),
 ];
 
 const GUIDE_RS: &str = include_str!("../src/guide.rs");
 const DOCS_README: &str = include_str!("../../../docs/README.md");
 const README: &str = include_str!("../../../README.md");
+const WORKSPACE_MANIFEST: &str = include_str!("../../../Cargo.toml");
+const PERFORMANCE: &str = include_str!("../../../docs/performance.md");
 
 fn page(name: &str) -> &'static str {
     PAGES
@@ -167,6 +173,43 @@ fn quoted_defaults_are_the_constants() {
         Some(DEFAULT_BLOCKS_TO_PREALLOCATE as u64),
         "guide 04, blocks to preallocate"
     );
+}
+
+#[test]
+fn the_cudarc_page_names_the_pinned_version() {
+    // `cudarc = { version = "=0.19.10", ...` in the root manifest.
+    let key = "\ncudarc = { version = \"=";
+    let at = WORKSPACE_MANIFEST
+        .find(key)
+        .expect("cudarc is pinned with `=` in the root Cargo.toml");
+    let rest = &WORKSPACE_MANIFEST[at + key.len()..];
+    let version = &rest[..rest.find('"').unwrap()];
+    let page = page("12-cudarc-candle-and-burn.md");
+    assert!(
+        page.contains(&format!("**cudarc {version}** (`={version}`")),
+        "guide 12 does not name cudarc {version}, the version the root Cargo.toml pins"
+    );
+}
+
+#[test]
+fn start_here_names_a_peer_run_that_performance_md_has() {
+    // The "Start here" figures quote one run by its heading; the heading must exist.
+    let heading = "### Peer table, 2026-11-27, and the targets: where issue 16 ends";
+    assert!(
+        PERFORMANCE.contains(heading),
+        "performance.md lost {heading:?}"
+    );
+    for (name, text) in [
+        ("README.md", README),
+        ("guide 01", page("01-introduction.md")),
+    ] {
+        assert!(text.contains("## Start here"), "{name} has no Start here");
+        assert!(
+            text.contains("\"Peer table, 2026-11-27\", run 5")
+                && text.contains("#peer-table-2026-11-27-and-the-targets-where-issue-16-ends"),
+            "{name} does not name and link the run its figures come from"
+        );
+    }
 }
 
 #[test]
