@@ -1,8 +1,9 @@
 //! The user guide: the pages of `docs/guide/`, one module each.
 //!
 //! The modules are empty; each one's documentation is a page of the guide, included here so
-//! that `cargo test --doc` compiles every code block in the guide (blocks that need a GPU are
-//! compiled but not run) and `cargo doc` publishes the guide with the API.
+//! that `cargo test -p rmm-rs --doc --all-features guide` compiles every code block in the guide
+//! (the logging page needs the `debug-log` feature; blocks that need a GPU are compiled but not
+//! run) and `cargo doc` publishes the guide with the API.
 //!
 //! 1. [`introduction`]: what rmm-rs is, a first program, errors and threads.
 //! 2. [`choosing_a_memory_resource`]: the resources and adaptors, and which to use.
