@@ -1,10 +1,17 @@
 """rmm-rs as PyTorch's CUDA allocator, through the C library of rmm-rs (crate rmm-capi).
 
     import rmm_rs_torch
-    rmm_rs_torch.use_rmm_rs_allocator(pool_size="8GiB", log_file="rmm_log.csv")
+    rmm_rs_torch.use_rmm_rs_allocator()          # a pool of half the free memory, per device
     import torch   # (or before; what matters is that no CUDA work ran yet)
     x = torch.randn(1024, 1024, device="cuda")   # served by an rmm-rs pool
+    assert rmm_rs_torch.is_active()
     print(rmm_rs_torch.statistics())
+
+Linux only (the library is librmm_capi.so; PyTorch's CUDAPluggableAllocator), Python 3, and a
+PyTorch with CUDA; tested with torch 2.11. Which arguments go together (``resource`` "pool",
+"async" or "cuda"; ``pool_size``, ``maximum_pool_size``, ``managed_memory``) is the table of
+``COMBINATIONS`` below and of the guide page; anything else raises ValueError before any
+library or torch is touched.
 
 The library is found from the ``library`` argument, else the ``RMM_RS_LIBRARY`` environment
 variable, else ``librmm_capi.so`` beside this file or in the repository's ``target/release``,
@@ -25,7 +32,10 @@ import os
 import pathlib
 
 __all__ = [
+    "COMBINATIONS",
     "RmmRsError",
+    "check_combination",
+    "is_active",
     "use_rmm_rs_allocator",
     "configure",
     "statistics",
@@ -37,7 +47,7 @@ __all__ = [
 
 ENV_LIBRARY = "RMM_RS_LIBRARY"
 LIBRARY_NAME = "librmm_capi.so"
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 SUCCESS = 0
 ERROR_NAMES = {
@@ -50,12 +60,48 @@ ERROR_NAMES = {
     7: "RMM_RS_ERROR_NOT_CONFIGURED",
     8: "RMM_RS_ERROR_BUSY",
     9: "RMM_RS_ERROR_PANIC",
+    10: "RMM_RS_ERROR_UNSUPPORTED",
 }
 ERROR_NO_DEVICE = 5
 ERROR_NOT_CONFIGURED = 7
+ERROR_UNSUPPORTED = 10
 
 RESOURCES = {"cuda": 0, "pool": 1, "async": 2}
 SIZE_DEFAULT = (1 << 64) - 1
+
+# What each resource does with the sizes, and whether it takes managed memory: the rules
+# ``configure`` checks (and the guide's table states). ``pool_size=None`` is the default
+# everywhere: for "pool", half of the device's free memory when its pool is built (capped by
+# ``maximum_pool_size``), as RMM's Python; for "async", no priming.
+COMBINATIONS = {
+    "pool": {"pool_size": "the first chunk", "maximum_pool_size": "the most the pool takes",
+             "managed_memory": True},
+    "async": {"pool_size": "bytes allocated and freed once to prime the driver's pool "
+                           "(not with managed_memory)",
+              "maximum_pool_size": None, "managed_memory": True},
+    "cuda": {"pool_size": None, "maximum_pool_size": None, "managed_memory": True},
+}
+
+
+def check_combination(resource="pool", pool_size=None, maximum_pool_size=None,
+                      managed_memory=False):
+    """Raises ValueError, saying why, for arguments that do not go together (see
+    ``COMBINATIONS``). Needs neither the library nor torch."""
+    if resource not in RESOURCES:
+        raise ValueError("resource must be one of %s, not %r" % (sorted(RESOURCES), resource))
+    rules = COMBINATIONS[resource]
+    for name, value in (("pool_size", pool_size), ("maximum_pool_size", maximum_pool_size)):
+        if value is not None and rules[name] is None:
+            takes = [r for r in sorted(COMBINATIONS) if COMBINATIONS[r][name] is not None]
+            raise ValueError(
+                "%s is for resource=%s; resource=%r has none (leave it None)"
+                % (name, " or ".join(repr(r) for r in takes), resource)
+            )
+    if resource == "async" and managed_memory and pool_size is not None:
+        raise ValueError(
+            "pool_size (priming) is not supported for the driver's managed pool "
+            "(resource='async' with managed_memory=True): leave it None"
+        )
 
 
 class Options(ctypes.Structure):
@@ -146,6 +192,13 @@ def load_library(library=None):
         "rmm_rs_configure": (ctypes.c_int, [ctypes.POINTER(Options)]),
         "rmm_rs_alloc": (ctypes.c_void_p, [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]),
         "rmm_rs_free": (None, [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]),
+        "rmm_rs_allocate": (
+            ctypes.c_int,
+            [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p],
+        ),
+        "rmm_rs_deallocate": (
+            ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        ),
         "rmm_rs_get_statistics": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(Statistics)]),
         "rmm_rs_flush_log": (ctypes.c_int, [ctypes.c_int]),
         "rmm_rs_last_error": (ctypes.c_char_p, []),
@@ -213,9 +266,8 @@ def configure(
     the pool's maximum, None for none; ``log_file`` the CSV log's base path (device N writes
     <stem>.devN<ext>); ``devices`` None for every device, each built on its first allocation,
     or a list of ordinals built now. Raises RmmRsError."""
+    check_combination(resource, pool_size, maximum_pool_size, managed_memory)
     lib = load_library(library)
-    if resource not in RESOURCES:
-        raise ValueError("resource must be one of %s, not %r" % (sorted(RESOURCES), resource))
     options = Options()
     _check(lib.rmm_rs_options_init(ctypes.byref(options)))
     options.resource = RESOURCES[resource]
@@ -238,7 +290,7 @@ def configure(
 
 
 def use_rmm_rs_allocator(
-    pool_size="8GiB",
+    pool_size=None,
     maximum_pool_size=None,
     log_file=None,
     library=None,
@@ -247,11 +299,17 @@ def use_rmm_rs_allocator(
     managed_memory=False,
     statistics=True,
 ):
-    """Makes rmm-rs PyTorch's CUDA allocator, on every device (each device's pool is built on
-    its first allocation). Must run before the first CUDA use of the process: PyTorch cannot
-    change its allocator after that. Returns the library's path."""
+    """Makes rmm-rs PyTorch's CUDA allocator, on every device (each device's resource is built
+    on its first allocation). Must run before the first CUDA use of the process: PyTorch cannot
+    change its allocator after that. Returns the library's path.
+
+    The defaults work with every ``resource``: ``pool_size=None`` is half of the device's free
+    memory for "pool" (capped by ``maximum_pool_size``) and no priming for "async";
+    ``maximum_pool_size=None`` is no maximum. Arguments that do not go together raise
+    ValueError before torch is imported (``check_combination``)."""
     import atexit
 
+    check_combination(resource, pool_size, maximum_pool_size, managed_memory)
     import torch
 
     if torch.cuda.is_initialized():
@@ -276,6 +334,25 @@ def use_rmm_rs_allocator(
     if log_file is not None:
         atexit.register(flush_log)
     return path
+
+
+def is_active(device=None):
+    """Whether PyTorch's CUDA allocations on ``device`` (default: the current one) come from
+    rmm-rs: allocates one small tensor and checks that the library counted it. Needs torch and a
+    GPU; initializes CUDA if nothing did yet."""
+    import torch
+
+    if device is None:
+        device = torch.cuda.current_device()
+    device = int(device)
+    try:
+        before = statistics(device)["outstanding_allocations"]
+    except RmmRsError:
+        return False
+    probe = torch.empty(256, dtype=torch.uint8, device="cuda:%d" % device)
+    during = statistics(device)["outstanding_allocations"]
+    del probe
+    return during == before + 1
 
 
 def _current_device():

@@ -51,7 +51,6 @@ def test_bad_configurations_raise_with_the_reason():
     for kwargs, words in [
         (dict(pool_size=1000), "256"),
         (dict(pool_size="2GiB", maximum_pool_size="1GiB"), "exceeds"),
-        (dict(resource="cuda", maximum_pool_size="1GiB"), "RMM_RS_RESOURCE_POOL"),
         (dict(devices=[0, 0]), "twice"),
     ]:
         try:
@@ -61,12 +60,86 @@ def test_bad_configurations_raise_with_the_reason():
             assert words in e.message, (words, e.message)
         else:
             raise AssertionError("accepted %r" % (kwargs,))
+    # Combinations the documented rules refuse raise ValueError before the library is called.
+    try:
+        rr.configure(resource="cuda", maximum_pool_size="1GiB")
+    except ValueError as e:
+        assert "resource='pool'" in str(e), str(e)
+    else:
+        raise AssertionError("accepted a maximum for resource='cuda'")
     try:
         rr.configure(resource="arena")
     except ValueError:
         pass
     else:
         raise AssertionError("accepted resource='arena'")
+
+
+def test_the_defaults_go_with_every_resource():
+    import inspect
+
+    params = inspect.signature(rr.use_rmm_rs_allocator).parameters
+    # The guide documents None (half of the free memory, for a pool) and no maximum.
+    assert params["pool_size"].default is None, params["pool_size"]
+    assert params["maximum_pool_size"].default is None, params["maximum_pool_size"]
+    assert params["resource"].default == "pool"
+    for resource in rr.RESOURCES:
+        for managed in (False, True):
+            rr.check_combination(resource, managed_memory=managed)
+
+
+def test_arguments_that_do_not_go_together_raise_before_torch():
+    had_torch = "torch" in sys.modules
+    for kwargs, words in [
+        (dict(resource="cuda", pool_size="1GiB"), "pool_size is for resource='async' or 'pool'"),
+        (dict(resource="cuda", maximum_pool_size="1GiB"), "resource='pool'"),
+        (dict(resource="async", maximum_pool_size="1GiB"), "resource='pool'"),
+        (dict(resource="async", pool_size="1GiB", managed_memory=True), "managed pool"),
+        (dict(resource="arena"), "resource must be one of"),
+    ]:
+        try:
+            rr.use_rmm_rs_allocator(**kwargs)
+        except ValueError as e:
+            assert words in str(e), (words, str(e))
+        else:
+            raise AssertionError("accepted %r" % (kwargs,))
+    assert had_torch or "torch" not in sys.modules, "torch was imported for a refusal"
+
+
+def test_the_library_agrees_with_the_documented_combinations():
+    # Every combination of resource, sizes set or not and managed memory: the Python rules
+    # (COMBINATIONS, the guide's table) and the C library's accept and refuse the same ones.
+    # Every device is configured lazily (nothing is built), so this needs no GPU.
+    import itertools
+
+    lib = rr.load_library()
+    for resource, initial, maximum, managed in itertools.product(
+        sorted(rr.RESOURCES), (None, 256 << 20), (None, 1 << 30), (False, True)
+    ):
+        try:
+            rr.check_combination(resource, initial, maximum, managed)
+            python_ok = True
+        except ValueError:
+            python_ok = False
+        options = rr.Options()
+        assert lib.rmm_rs_options_init(ctypes.byref(options)) == rr.SUCCESS
+        options.resource = rr.RESOURCES[resource]
+        options.managed_memory = 1 if managed else 0
+        options.initial_pool_size = rr.SIZE_DEFAULT if initial is None else initial
+        options.maximum_pool_size = rr.SIZE_DEFAULT if maximum is None else maximum
+        code = lib.rmm_rs_configure(ctypes.byref(options))
+        assert code in (rr.SUCCESS, 1), (code, rr.last_error())
+        assert (code == rr.SUCCESS) == python_ok, (
+            resource, initial, maximum, managed, python_ok, rr.last_error())
+
+
+def test_status_returning_calls_report_their_own_status():
+    lib = rr.load_library()
+    out = ctypes.c_void_p(1)
+    code = lib.rmm_rs_allocate(ctypes.byref(out), 256, 4000, None)
+    assert code == rr.ERROR_NOT_CONFIGURED and out.value is None, (code, out.value)
+    code = lib.rmm_rs_deallocate(ctypes.c_void_p(0x1000), 256, 4000, None)
+    assert rr.ERROR_NAMES[code] == "RMM_RS_ERROR_INVALID_FREE", (code, rr.last_error())
 
 
 def test_statistics_of_an_unconfigured_device_raise():

@@ -5,7 +5,9 @@
 (or RMM_RS_LIBRARY / RMM_REPLAY in the environment). The process installs rmm-rs (a 1 GiB pool
 with a 4 GiB maximum, statistics and a CSV log) before its first CUDA use; the reference results
 come from a subprocess running the same computations on torch's own allocator, since the
-allocator cannot change once CUDA is initialized. The last line is
+allocator cannot change once CUDA is initialized. Each documented combination of
+``use_rmm_rs_allocator``'s arguments (``COMBINATION_CASES``, the defaults first) runs in a
+subprocess of its own, for the same reason. The last line is
 "test_torch: N passed, M failed, K skipped"; the exit status is 1 when anything failed.
 """
 
@@ -90,6 +92,86 @@ def baseline_main(out):
 
 
 # --------------------------------------------------------------------------------------------
+# Every documented combination of use_rmm_rs_allocator's arguments, each in a fresh process.
+
+COMBINATION_CASES = [
+    ("defaults", {}),
+    ("pool_sized", dict(pool_size="256MiB", maximum_pool_size="1GiB")),
+    # Only a maximum, below the old 8 GiB default pool size: the first chunk is capped by it.
+    ("pool_maximum_2GiB", dict(maximum_pool_size="2GiB")),
+    ("pool_managed", dict(managed_memory=True)),
+    ("pool_no_statistics", dict(statistics=False)),
+    ("async", dict(resource="async")),
+    ("async_primed", dict(resource="async", pool_size="256MiB")),
+    ("async_managed", dict(resource="async", managed_memory=True)),
+    ("cuda", dict(resource="cuda")),
+    ("cuda_managed", dict(resource="cuda", managed_memory=True)),
+]
+
+
+def combination_main(name, library):
+    """Installs rmm-rs with the arguments of case ``name``, computes on the GPU, checks what the
+    library reports; the last line is "combination NAME: ok", "...: skipped (WHY)" or a
+    failure."""
+    kwargs = dict(COMBINATION_CASES)[name]
+    rr.use_rmm_rs_allocator(library=library, **kwargs)
+    import torch
+
+    try:
+        a = torch.randn(1024, 1024, device="cuda")
+        b = (a @ a).sum().item()
+    except RuntimeError as e:
+        # The device's resource is built at the first allocation: a capability the device
+        # lacks (the driver's managed pool needs CUDA 13) shows up here, typed.
+        if "not supported here" in str(e):
+            print("combination %s: skipped (%s)" % (name, str(e).splitlines()[0][:200]))
+            return 0
+        raise
+    assert math.isfinite(b), b
+    assert rr.is_active(), "allocations do not come from rmm-rs"
+    s = rr.statistics(0)
+    free, total = torch.cuda.mem_get_info()
+    resource = kwargs.get("resource", "pool")
+    stats_on = kwargs.get("statistics", True)
+    assert s["statistics_enabled"] == (1 if stats_on else 0), s
+    if stats_on:
+        assert s["current_bytes"] >= 4 << 20, s
+    if resource == "pool":
+        pool = s["pool_size"]
+        if "pool_size" in kwargs:
+            assert pool >= rr.parse_size(kwargs["pool_size"]), s
+        elif "maximum_pool_size" in kwargs:
+            # Half of the free memory, capped by the maximum.
+            assert 0 < pool <= rr.parse_size(kwargs["maximum_pool_size"]), s
+            assert pool == rr.parse_size(kwargs["maximum_pool_size"]) or pool >= free // 2, s
+        elif not kwargs.get("managed_memory"):
+            # Half of the free memory when the pool was built: the pool now holds about as
+            # much as is still free.
+            share = pool / (pool + free)
+            assert 0.40 <= share <= 0.60, (pool, free, share)
+    print("combination %s: ok (pool_size %d, free %d of %d)" % (name, s["pool_size"], free, total))
+    return 0
+
+
+def make_combination_test(name):
+    def test(ctx):
+        cmd = [sys.executable, os.path.abspath(__file__), "--combination", name]
+        if ctx.library:
+            cmd += ["--library", ctx.library]
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        lines = run.stdout.strip().splitlines()
+        last = lines[-1] if lines else ""
+        print("    " + last)
+        if run.returncode == 0 and last.startswith("combination %s: skipped" % name):
+            raise Skip(last.split("skipped", 1)[1].strip(" ()"))
+        assert run.returncode == 0 and last.startswith("combination %s: ok" % name), (
+            run.returncode, run.stdout[-2000:], run.stderr[-2000:])
+
+    test.__name__ = "test_combination_" + name
+    return test
+
+
+# --------------------------------------------------------------------------------------------
 # The tests (run in this order, in the process that uses rmm-rs).
 
 class Context:
@@ -97,6 +179,7 @@ class Context:
     reference = None
     log_base = None
     replay = None
+    library = None
 
 
 def test_allocations_come_from_rmm_rs(ctx):
@@ -201,6 +284,28 @@ def test_over_the_maximum_raises_and_training_goes_on(ctx):
         assert math.isfinite(loss.item())
 
 
+def test_torch_memory_functions(ctx):
+    """What the guide says of PyTorch's memory functions under rmm-rs (PyTorch's
+    CUDAPluggableAllocator): the caching allocator's statistics raise, empty_cache() does
+    nothing, mem_get_info() is the device's (rmm-rs's pool counts as used)."""
+    torch = ctx.torch
+    for fn in (torch.cuda.memory_allocated, torch.cuda.memory_reserved,
+               torch.cuda.max_memory_allocated, torch.cuda.memory_stats):
+        try:
+            value = fn()
+        except RuntimeError as e:
+            assert "getDeviceStats" in str(e) or "does not" in str(e), str(e)
+            print("    %s: raises (%s)" % (fn.__name__, str(e).splitlines()[0][:120]))
+        else:
+            raise AssertionError("%s() returned %r under rmm-rs" % (fn.__name__, value))
+    pool_before = rr.statistics(0)["pool_size"]
+    torch.cuda.empty_cache()
+    assert rr.statistics(0)["pool_size"] == pool_before, "empty_cache changed the pool"
+    free, total = torch.cuda.mem_get_info()
+    assert 0 < free < total and total - free >= pool_before, (free, total, pool_before)
+    print("    empty_cache(): no effect; mem_get_info(): free %d of %d" % (free, total))
+
+
 def test_the_log_replays(ctx):
     torch = ctx.torch
     torch.cuda.synchronize()
@@ -236,8 +341,9 @@ TESTS = [
     test_side_streams,
     test_fresh_python_threads,
     test_over_the_maximum_raises_and_training_goes_on,
+    test_torch_memory_functions,
     test_the_log_replays,
-]
+] + [make_combination_test(name) for name, _ in COMBINATION_CASES]
 
 
 def find_replay(arg):
@@ -252,9 +358,12 @@ def main():
     parser.add_argument("--library", help="librmm_capi.so (default: $RMM_RS_LIBRARY or a build)")
     parser.add_argument("--replay", help="the rmm-replay binary (default: $RMM_REPLAY or PATH)")
     parser.add_argument("--baseline", metavar="OUT", help=argparse.SUPPRESS)
+    parser.add_argument("--combination", metavar="NAME", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.baseline:
         return baseline_main(args.baseline)
+    if args.combination:
+        return combination_main(args.combination, args.library)
 
     workdir = tempfile.mkdtemp(prefix="rmm-rs-torch-")
     reference_file = os.path.join(workdir, "reference.pt")
@@ -272,6 +381,7 @@ def main():
     ctx = Context()
     ctx.log_base = os.path.join(workdir, "torch_log.csv")
     ctx.replay = find_replay(args.replay)
+    ctx.library = args.library
     path = rr.use_rmm_rs_allocator(
         pool_size=POOL_SIZE,
         maximum_pool_size=MAXIMUM_POOL_SIZE,

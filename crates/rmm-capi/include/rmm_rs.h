@@ -22,11 +22,17 @@
  *     allocation or free a pool serves from its own memory on stream 0, CU_STREAM_LEGACY or
  *     CU_STREAM_PER_THREAD) leaves the thread's context as it was.
  *   - Functions returning int return RMM_RS_SUCCESS (0) or an RMM_RS_ERROR_* code; on failure
- *     rmm_rs_last_error() holds the message. No function unwinds (a Rust panic becomes
- *     RMM_RS_ERROR_PANIC) and none aborts, except rmm_rs_torch_alloc, which throws a C++
- *     exception by design (see below).
+ *     rmm_rs_last_error() holds the message. A successful call leaves the last error as it
+ *     was (as errno): test the returned status, not rmm_rs_last_error_code(), to know whether
+ *     a call failed (rmm_rs_allocate and rmm_rs_deallocate return one; before reading the
+ *     code after rmm_rs_alloc or rmm_rs_free, call rmm_rs_clear_last_error). No function
+ *     unwinds (a Rust panic becomes RMM_RS_ERROR_PANIC) and none aborts, except
+ *     rmm_rs_torch_alloc, which throws a C++ exception by design (see below).
+ *   - rmm_rs_configure comes first: an allocation on a device no call configured fails with
+ *     RMM_RS_ERROR_NOT_CONFIGURED.
  *   - Streams (CUstream, the runtime's cudaStream_t) are borrowed, never destroyed. A stream
- *     passed in must be 0, CU_STREAM_LEGACY (0x1), CU_STREAM_PER_THREAD (0x2) or a stream of the
+ *     passed in must be 0, RMM_RS_STREAM_LEGACY (CU_STREAM_LEGACY, 0x1),
+ *     RMM_RS_STREAM_PER_THREAD (CU_STREAM_PER_THREAD, 0x2) or a stream of the
  *     device's primary context that stays alive for the call and until the work it orders on
  *     the memory is done. Stream 0 means the legacy default stream, or the per-thread default
  *     stream when the process's RMM_DEFAULT_STREAM is "per-thread" (read once per process);
@@ -51,7 +57,7 @@ extern "C" {
 #endif
 
 /* The version of this header's ABI; rmm_rs_abi_version() returns the library's. */
-#define RMM_RS_ABI_VERSION 1
+#define RMM_RS_ABI_VERSION 2
 
 /* Status codes. */
 #define RMM_RS_SUCCESS 0
@@ -73,6 +79,16 @@ extern "C" {
 #define RMM_RS_ERROR_BUSY 8
 /* A bug in rmm-rs: a Rust panic, caught at the boundary. */
 #define RMM_RS_ERROR_PANIC 9
+/* The device or its driver lacks a capability the configured resource needs (memory pools for
+ * _ASYNC, CUDA 13 for _ASYNC with managed memory, ...); the message names it. Choose another
+ * resource. */
+#define RMM_RS_ERROR_UNSUPPORTED 10
+
+/* Stream handles for programs without cuda.h: the legacy default stream (CU_STREAM_LEGACY)
+ * and the calling thread's per-thread default stream (CU_STREAM_PER_THREAD). 0 (NULL) is the
+ * legacy one, or the per-thread one when RMM_DEFAULT_STREAM is "per-thread". */
+#define RMM_RS_STREAM_LEGACY ((void *)0x1)
+#define RMM_RS_STREAM_PER_THREAD ((void *)0x2)
 
 /* rmm_rs_options.resource */
 /* The driver's allocator: cuMemAlloc / cuMemFree per call (RMM's cuda_memory_resource). */
@@ -156,24 +172,42 @@ int rmm_rs_options_init(rmm_rs_options *options);
  * case-insensitive) into *bytes. */
 int rmm_rs_parse_byte_size(const char *text, uint64_t *bytes);
 
-/* Configures devices as *options says (see rmm_rs_options.num_devices). Replaces what an
- * earlier call configured for those devices; fails with RMM_RS_ERROR_BUSY, changing nothing,
- * while any of them has allocations outstanding. A replaced pool returns its memory to the
- * device. Do not call it while other threads allocate on the devices it changes. */
+/* Configures devices as *options says (see rmm_rs_options.num_devices); call it before the
+ * first allocation. Replaces what an earlier call configured for those devices; fails with
+ * RMM_RS_ERROR_BUSY, changing nothing, while any of them has allocations outstanding. A
+ * replaced pool returns its free memory to the device.
+ * Racing with allocations: call it while no other thread allocates or frees on the devices it
+ * changes. If one does, nothing is undefined: the replaced resource is retired, never
+ * destroyed while the library is loaded, so an allocation served by it in the race stays
+ * valid; but the BUSY check cannot see an allocation made during the call, and a later free of
+ * such memory goes to the new resource, which refuses it where it can tell
+ * (RMM_RS_ERROR_INVALID_FREE, counted in failed_frees), so that memory stays allocated until
+ * the process exits. */
 int rmm_rs_configure(const rmm_rs_options *options);
 
 /* Allocates size bytes on device (an ordinal) ordered on stream: PyTorch's alloc signature.
+ * rmm_rs_configure must have configured device first (else RMM_RS_ERROR_NOT_CONFIGURED).
  * Returns NULL for size 0 and on failure (then rmm_rs_last_error() says why; a negative size
- * is RMM_RS_ERROR_INVALID_ARGUMENT). */
+ * is RMM_RS_ERROR_INVALID_ARGUMENT). A success leaves the last error as it was: to test the
+ * code after a NULL, call rmm_rs_clear_last_error() first, or use rmm_rs_allocate. */
 void *rmm_rs_alloc(ssize_t size, int device, void *stream);
+
+/* As rmm_rs_alloc, returning the status: RMM_RS_SUCCESS with *ptr the memory (NULL for size
+ * 0), or an RMM_RS_ERROR_* code with *ptr NULL (RMM_RS_ERROR_INVALID_ARGUMENT for a NULL ptr
+ * or a size above SSIZE_MAX). */
+int rmm_rs_allocate(void **ptr, size_t size, int device, void *stream);
 
 /* Frees ptr, allocated by rmm_rs_alloc (or rmm_rs_torch_alloc) with the same size and device,
  * ordered on stream (the allocation's stream, or one ordered after the last work on the
  * memory): PyTorch's free signature. NULL does nothing. A free the resource detects as wrong
  * is refused, counted in failed_frees and reported by rmm_rs_last_error(); what it cannot
  * detect (memory still in use, a pointer of another allocator on the plain _CUDA resource) is
- * undefined behaviour, as for cudaFree. */
+ * undefined behaviour, as for cudaFree. rmm_rs_deallocate returns the status instead. */
 void rmm_rs_free(void *ptr, ssize_t size, int device, void *stream);
+
+/* As rmm_rs_free, returning the status: RMM_RS_SUCCESS, or RMM_RS_ERROR_INVALID_FREE for a free
+ * the resource refused (the memory stays allocated), or another code. */
+int rmm_rs_deallocate(void *ptr, size_t size, int device, void *stream);
 
 /* The hooks for torch.cuda.memory.CUDAPluggableAllocator(path, "rmm_rs_torch_alloc",
  * "rmm_rs_torch_free"). As rmm_rs_alloc and rmm_rs_free, except that stream 0 is always the

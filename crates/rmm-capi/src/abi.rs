@@ -4,7 +4,7 @@
 use std::ffi::c_char;
 
 /// `RMM_RS_ABI_VERSION`: bumped on every change of a signature, struct or constant.
-pub const RMM_RS_ABI_VERSION: u32 = 1;
+pub const RMM_RS_ABI_VERSION: u32 = 2;
 
 /// `RMM_RS_RESOURCE_CUDA`: the driver's allocator per call.
 pub const RMM_RS_RESOURCE_CUDA: i32 = 0;
@@ -15,6 +15,12 @@ pub const RMM_RS_RESOURCE_ASYNC: i32 = 2;
 
 /// `RMM_RS_SIZE_DEFAULT`: a size option left at its default.
 pub const RMM_RS_SIZE_DEFAULT: u64 = u64::MAX;
+
+/// `RMM_RS_STREAM_LEGACY`: the legacy default stream's handle (`CU_STREAM_LEGACY`).
+pub const RMM_RS_STREAM_LEGACY: usize = 0x1;
+/// `RMM_RS_STREAM_PER_THREAD`: the calling thread's per-thread default stream's handle
+/// (`CU_STREAM_PER_THREAD`).
+pub const RMM_RS_STREAM_PER_THREAD: usize = 0x2;
 
 /// `rmm_rs_options`: what `rmm_rs_configure` builds (see the header for each field).
 #[repr(C)]

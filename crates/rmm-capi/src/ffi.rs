@@ -201,6 +201,67 @@ pub unsafe extern "C" fn rmm_rs_free(
     });
 }
 
+/// A byte count from a C `size_t` that the ssize_t-based paths take.
+fn size_of_request(size: usize) -> CResult<isize> {
+    isize::try_from(size)
+        .map_err(|_| Error::invalid_argument(format!("size {size} is larger than SSIZE_MAX")))
+}
+
+/// Allocates `size` bytes on `device`, ordered on `stream`, into `*ptr`, returning the status
+/// (`rmm_rs_allocate` in the header): `*ptr` is null for 0 bytes and on failure.
+///
+/// # Safety
+/// `ptr` is null or writable for a pointer; `stream` follows the header's stream contract.
+#[no_mangle]
+pub unsafe extern "C" fn rmm_rs_allocate(
+    ptr: *mut *mut c_void,
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+) -> c_int {
+    last_error::status(|| {
+        if ptr.is_null() {
+            return Err(null_argument("ptr"));
+        }
+        // SAFETY: non-null and writable (the caller's contract).
+        unsafe { ptr.write(ptr::null_mut()) };
+        // SAFETY: the stream contract, for this call.
+        let stream = unsafe { stream_view(stream) };
+        let p = alloc_in(Registry::global(), size_of_request(size)?, device, stream)?;
+        // SAFETY: as above.
+        unsafe { ptr.write(p) };
+        Ok(())
+    })
+}
+
+/// Frees `ptr`, returning the status (`rmm_rs_deallocate` in the header): a refused free is
+/// `RMM_RS_ERROR_INVALID_FREE` and counts in `failed_frees`.
+///
+/// # Safety
+/// As [`rmm_rs_free`].
+#[no_mangle]
+pub unsafe extern "C" fn rmm_rs_deallocate(
+    ptr: *mut c_void,
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+) -> c_int {
+    last_error::status(|| {
+        // SAFETY: the stream contract, for this call.
+        let stream = unsafe { stream_view(stream) };
+        // SAFETY: the caller's contract.
+        unsafe {
+            free_in(
+                Registry::global(),
+                ptr,
+                size_of_request(size)?,
+                device,
+                stream,
+            )
+        }
+    })
+}
+
 /// Writes the statistics of `device` to `*out`.
 ///
 /// # Safety
@@ -344,5 +405,34 @@ mod tests {
         assert_eq!(last(), (RMM_RS_SUCCESS, String::new()));
         assert_eq!(rmm_rs_flush_log(-1), RMM_RS_SUCCESS);
         assert_eq!(rmm_rs_flush_log(-7), RMM_RS_ERROR_INVALID_ARGUMENT);
+    }
+
+    #[test]
+    fn status_returning_calls_return_their_status() {
+        use crate::status::RMM_RS_ERROR_INVALID_FREE;
+        let mut p: *mut c_void = ptr::NonNull::<u8>::dangling().as_ptr().cast();
+        // SAFETY: `p` is writable; the default stream; device 901 is never configured.
+        let code = unsafe { rmm_rs_allocate(&mut p, 256, 901, ptr::null_mut()) };
+        assert_eq!(code, RMM_RS_ERROR_NOT_CONFIGURED);
+        assert!(p.is_null(), "*ptr is NULL on failure");
+        // SAFETY: null is allowed and refused.
+        let code = unsafe { rmm_rs_allocate(ptr::null_mut(), 256, 0, ptr::null_mut()) };
+        assert_eq!(code, RMM_RS_ERROR_INVALID_ARGUMENT);
+        // SAFETY: as above.
+        let code = unsafe { rmm_rs_allocate(&mut p, usize::MAX, 0, ptr::null_mut()) };
+        assert_eq!(code, RMM_RS_ERROR_INVALID_ARGUMENT);
+        assert!(last().1.contains("SSIZE_MAX"), "{:?}", last());
+        // A success returns SUCCESS and leaves the last error as it was.
+        // SAFETY: 0 bytes: nothing is allocated.
+        let code = unsafe { rmm_rs_allocate(&mut p, 0, 901, ptr::null_mut()) };
+        assert_eq!((code, p), (RMM_RS_SUCCESS, ptr::null_mut()));
+        assert_eq!(last().0, RMM_RS_ERROR_INVALID_ARGUMENT);
+        // SAFETY: freeing null does nothing.
+        let code = unsafe { rmm_rs_deallocate(ptr::null_mut(), 0, 901, ptr::null_mut()) };
+        assert_eq!(code, RMM_RS_SUCCESS);
+        // Nothing was ever allocated on device 901: refused, not undefined.
+        // SAFETY: refused before the pointer is used.
+        let code = unsafe { rmm_rs_deallocate(0x1000 as *mut c_void, 256, 901, ptr::null_mut()) };
+        assert_eq!(code, RMM_RS_ERROR_INVALID_FREE);
     }
 }

@@ -27,6 +27,9 @@ pub const RMM_RS_ERROR_NOT_CONFIGURED: i32 = 7;
 pub const RMM_RS_ERROR_BUSY: i32 = 8;
 /// `RMM_RS_ERROR_PANIC`: a Rust panic, caught at the boundary.
 pub const RMM_RS_ERROR_PANIC: i32 = 9;
+/// `RMM_RS_ERROR_UNSUPPORTED`: the device or its driver lacks a capability the configured
+/// resource needs ([`MrError::Unsupported`]; the message names it).
+pub const RMM_RS_ERROR_UNSUPPORTED: i32 = 10;
 
 /// A failed call: the status code the C caller gets and the message of
 /// `rmm_rs_last_error()`.
@@ -77,6 +80,7 @@ impl From<MrError> for Error {
             MrError::BadAlloc { .. } => RMM_RS_ERROR_BAD_ALLOC,
             MrError::InvalidFree { .. } => RMM_RS_ERROR_INVALID_FREE,
             MrError::Cuda(_) => RMM_RS_ERROR_CUDA,
+            MrError::Unsupported(_) => RMM_RS_ERROR_UNSUPPORTED,
             _ => RMM_RS_ERROR_INVALID_ARGUMENT,
         };
         Self::new(code, e.to_string())
@@ -125,6 +129,10 @@ mod tests {
             (
                 MrError::OutOfRange("pop".into()),
                 RMM_RS_ERROR_INVALID_ARGUMENT,
+            ),
+            (
+                MrError::Unsupported("no memory pools".into()),
+                RMM_RS_ERROR_UNSUPPORTED,
             ),
         ];
         for (e, code) in cases {

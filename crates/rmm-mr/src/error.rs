@@ -54,9 +54,15 @@ pub enum MrError {
     /// An index out of range (RMM's `rmm::out_of_range`).
     #[doc(alias = "rmm::out_of_range")]
     OutOfRange(String),
-    /// The device or its driver lacks a capability the resource needs (for example CUDA's
-    /// virtual memory management for [`VmmPoolMemoryResource`](crate::VmmPoolMemoryResource)):
-    /// no request to this resource can succeed here, so choose another resource.
+    /// The device or its driver lacks a capability the resource needs, named in the message:
+    /// memory pools ([`CudaAsyncMemoryResource`](crate::CudaAsyncMemoryResource) and its
+    /// views), an export handle type, CUDA 13 and concurrent managed access
+    /// ([`CudaAsyncManagedMemoryResource`](crate::CudaAsyncManagedMemoryResource)), pageable
+    /// memory access (HMM or ATS: [`SystemMemoryResource`](crate::SystemMemoryResource),
+    /// [`SamHeadroomMemoryResource`](crate::SamHeadroomMemoryResource)), virtual memory
+    /// management ([`VmmPoolMemoryResource`](crate::VmmPoolMemoryResource)). No request to
+    /// this resource can succeed here, so choose another resource. RMM throws
+    /// `rmm::logic_error` for these.
     Unsupported(String),
     /// A deallocation the resource detected as wrong. RMM's deallocation is `noexcept` and such
     /// misuse aborts the process or is silently absorbed; here it is a value the caller sees.

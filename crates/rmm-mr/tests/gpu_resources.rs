@@ -15,7 +15,7 @@ use rmm_mr::{
     set_current_device_resource, CallbackMemoryResource, CudaAsyncManagedMemoryResource,
     CudaAsyncMemoryResource, CudaAsyncOptions, CudaAsyncViewMemoryResource, CudaMemoryResource,
     DeviceMemoryResource, LimitingResourceAdaptor, ManagedMemoryResource, MrError, PrefetchTarget,
-    SharedResource, SystemMemoryResource,
+    SamHeadroomMemoryResource, SharedResource, SystemMemoryResource,
 };
 use rmm_stream::{CudaStream, CudaStreamView};
 use rmm_sys::testing::{caps, done, gpu_if, gpu_outcome as gpu, no_pools};
@@ -205,8 +205,8 @@ fn async_fabric_handles() -> Result<Completion, Failed> {
         )
         .unwrap_err();
         ensure(
-            matches!(e, MrError::InvalidArgument(_)),
-            format!("unsupported fabric: {e}"),
+            matches!(&e, MrError::Unsupported(m) if m.contains("Fabric")),
+            format!("unsupported fabric: {e:?}"),
         )?;
         return Ok(Completion::ignored_with(
             "fabric handles unsupported (checked the error)",
@@ -354,9 +354,10 @@ fn async_view_keeps_the_owner_alive() -> Result<Completion, Failed> {
 fn async_managed() -> Result<Completion, Failed> {
     let v = rmm_sys::driver_version()?;
     if v < DriverVersion::CUDA_13_0 || !caps()?.concurrent_managed_access {
+        let r = CudaAsyncManagedMemoryResource::new();
         ensure(
-            CudaAsyncManagedMemoryResource::new().is_err(),
-            "constructed without support",
+            matches!(r, Err(MrError::Unsupported(_))),
+            format!("without support: {r:?}"),
         )?;
         return Ok(Completion::ignored_with(
             "needs CUDA 13 and concurrent managed access (checked the error)",
@@ -473,13 +474,40 @@ fn system_throws_if_unsupported() -> Result<Completion, Failed> {
         done()
     } else {
         ensure(
-            matches!(r, Err(MrError::InvalidArgument(_))),
+            matches!(r, Err(MrError::Unsupported(_))),
             "unsupported device accepted",
         )?;
         Ok(Completion::ignored_with(
             "no pageable memory access here (checked the error)",
         ))
     }
+}
+
+/// A capability really absent (pageable memory access, HMM or ATS, which x86 H100 and H200
+/// servers usually lack): both system resources refuse with `Unsupported`, naming it, and the
+/// device's own memory still works. Ignored, with the reason, where the capability is present.
+fn system_unsupported_without_pageable_memory_access() -> Result<Completion, Failed> {
+    if caps()?.pageable_memory_access {
+        return Ok(Completion::ignored_with(
+            "the device has pageable memory access (HMM or ATS): nothing is missing to check",
+        ));
+    }
+    let check = |what: &str, r: Result<(), MrError>| {
+        ensure(
+            matches!(&r, Err(MrError::Unsupported(m)) if m.contains("pageable memory access")),
+            format!("{what} without pageable memory access: {r:?}"),
+        )
+    };
+    check("system", SystemMemoryResource::new().map(drop))?;
+    check(
+        "sam_headroom",
+        SamHeadroomMemoryResource::new(MIB).map(drop),
+    )?;
+    let cuda = CudaMemoryResource::new();
+    let p = cuda.allocate_sync(MIB, 256)?;
+    // SAFETY: `p` came from `cuda` with this size.
+    unsafe { cuda.deallocate_sync(p, MIB, 256)? };
+    done()
 }
 
 // --- limiting (limiting_mr_tests.cpp) --------------------------------------------------------
@@ -605,6 +633,10 @@ fn main() {
         gpu(
             "system::throws_if_unsupported",
             system_throws_if_unsupported,
+        ),
+        gpu(
+            "system::unsupported_without_pageable_memory_access",
+            system_unsupported_without_pageable_memory_access,
         ),
         gpu("limiting::rmm_cases", limiting_cases),
         gpu("callback::shared_ownership", callback_shared_ownership),

@@ -132,6 +132,72 @@ fn replays_the_sample_over_simulated_memory() -> Result<(), Failed> {
     check(out.stderr.is_empty(), "nothing on stderr", &out)
 }
 
+/// The pages that show the sample's replay, each with the command that prints it.
+const DOCUMENTED_OUTPUT: [(&str, &str); 2] = [
+    ("README.md", include_str!("../../../README.md")),
+    (
+        "docs/guide/09-replaying-logs.md",
+        include_str!("../../../docs/guide/09-replaying-logs.md"),
+    ),
+];
+
+/// The first ```text block after `after` in `page`, its lines without the wall time (which
+/// varies from run to run).
+fn documented_block<'a>(page: &'a str, after: &str) -> Option<Vec<&'a str>> {
+    let rest = &page[page.find(after)?..];
+    let body = &rest[rest.find("```text\n")? + "```text\n".len()..];
+    let body = &body[..body.find("```")?];
+    Some(
+        body.lines()
+            .filter(|l| !l.trim_start().starts_with("wall time"))
+            .collect(),
+    )
+}
+
+/// The README and the replay page show the sample's summary as the tool prints it today, line
+/// for line (a new line of the summary must be added there), and name every `--resource`.
+fn the_documented_output_is_what_it_prints() -> Result<(), Failed> {
+    let sample = sample();
+    let out = run(&["--simulate", "1GiB", sample.to_str().unwrap()]);
+    check(out.status.success(), "the sample fits in 1 GiB", &out)?;
+    let stdout = text(&out.stdout);
+    let printed: Vec<&str> = stdout
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("wall time"))
+        .collect();
+    for (page_name, page) in DOCUMENTED_OUTPUT {
+        let shown = documented_block(page, "--simulate 1GiB crates/rmm-replay/samples/sample.csv")
+            .or_else(|| documented_block(page, "over 1 GiB of simulated memory:"))
+            .ok_or_else(|| format!("{page_name}: no sample output found"))?;
+        // The tool prints the path it was given; the pages show it relative to the repository.
+        let shown: Vec<String> = shown
+            .iter()
+            .map(|l| {
+                l.replace(
+                    "crates/rmm-replay/samples/sample.csv",
+                    sample.to_str().unwrap(),
+                )
+            })
+            .collect();
+        if shown != printed {
+            return Err(format!(
+                "{page_name} shows a different summary than the tool prints\n\
+                 shown:\n{}\nprinted:\n{}",
+                shown.join("\n"),
+                printed.join("\n")
+            )
+            .into());
+        }
+        for kind in rmm_replay::ResourceKind::ALL {
+            let name = format!("`{}`", kind.name());
+            if !page.contains(&name) {
+                return Err(format!("{page_name} does not name --resource {name}").into());
+            }
+        }
+    }
+    Ok(())
+}
+
 fn every_simulated_resource_replays_the_sample() -> Result<(), Failed> {
     let sample = sample();
     for resource in ["pool", "arena", "binning", "fixed", "vmm"] {
@@ -369,6 +435,10 @@ fn main() {
         trial(
             "replays_the_sample_over_simulated_memory",
             replays_the_sample_over_simulated_memory,
+        ),
+        trial(
+            "the_documented_output_is_what_it_prints",
+            the_documented_output_is_what_it_prints,
         ),
         trial(
             "every_simulated_resource_replays_the_sample",

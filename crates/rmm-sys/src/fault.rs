@@ -29,6 +29,14 @@
 //! prefetch, the virtual memory calls) are never simulated. The simulation orders nothing: never
 //! use it with real device work.
 //!
+//! # A device that lacks a capability
+//!
+//! [`pretend_capabilities`] makes [`DeviceCapabilities::probe`] answer a chosen set, and
+//! [`pretend_driver_version`] makes [`driver_version`](crate::driver_version) answer a chosen
+//! version, without asking the driver: a test on any machine can then check what a resource
+//! says on a device without memory pools, concurrent managed access or pageable memory access,
+//! or under an older driver.
+//!
 //! # Scope
 //!
 //! All state is per thread (tests run in parallel in one process): a fault armed on one thread
@@ -39,7 +47,7 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::error::{CudaError, ResultCode};
-use crate::raw;
+use crate::{raw, DeviceCapabilities, DriverVersion};
 
 /// A kind of driver call that can be made to fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -201,6 +209,8 @@ struct State {
     calls: [u64; KINDS],
     injected: [u64; KINDS],
     simulate: bool,
+    capabilities: Option<DeviceCapabilities>,
+    driver_version: Option<DriverVersion>,
 }
 
 const FRESH: State = State {
@@ -208,6 +218,8 @@ const FRESH: State = State {
     calls: [0; KINDS],
     injected: [0; KINDS],
     simulate: false,
+    capabilities: None,
+    driver_version: None,
 };
 
 thread_local! {
@@ -272,7 +284,29 @@ pub fn is_simulating() -> bool {
     with_state(|s| s.simulate).unwrap_or(false)
 }
 
-/// Clears this thread's faults, counters and simulation.
+/// Makes [`DeviceCapabilities::probe`] answer `caps` for every device on this thread, without a
+/// driver (`None`: ask the driver again). Cleared by [`reset`].
+pub fn pretend_capabilities(caps: Option<DeviceCapabilities>) {
+    with_state(|s| s.capabilities = caps);
+}
+
+/// What [`pretend_capabilities`] set on this thread.
+pub(crate) fn pretended_capabilities() -> Option<DeviceCapabilities> {
+    with_state(|s| s.capabilities).flatten()
+}
+
+/// Makes [`driver_version`](crate::driver_version) answer `version` on this thread, without a
+/// driver (`None`: ask the driver again). Cleared by [`reset`].
+pub fn pretend_driver_version(version: Option<DriverVersion>) {
+    with_state(|s| s.driver_version = version);
+}
+
+/// What [`pretend_driver_version`] set on this thread.
+pub(crate) fn pretended_driver_version() -> Option<DriverVersion> {
+    with_state(|s| s.driver_version).flatten()
+}
+
+/// Clears this thread's faults, counters, simulation and pretended capabilities.
 pub fn reset() {
     with_state(|s| *s = FRESH);
 }
@@ -402,6 +436,26 @@ pub(crate) fn intercept(call: DriverCall, name: &'static str, handles: &[usize])
 mod tests {
     use super::*;
     use crate::{memory, stream};
+
+    #[test]
+    fn pretended_capabilities_answer_until_reset() {
+        let caps = DeviceCapabilities {
+            memory_pools_supported: false,
+            supported_handle_types: 0,
+            concurrent_managed_access: false,
+            pageable_memory_access: true,
+        };
+        {
+            let _scope = FaultScope::new();
+            pretend_capabilities(Some(caps));
+            pretend_driver_version(Some(DriverVersion(12040)));
+            assert_eq!(DeviceCapabilities::probe(crate::DeviceId(3)), Ok(caps));
+            assert_eq!(crate::driver_version(), Ok(DriverVersion(12040)));
+        }
+        // Dropping the scope resets: the driver is asked again.
+        assert_eq!(pretended_capabilities(), None);
+        assert_eq!(pretended_driver_version(), None);
+    }
 
     #[test]
     fn a_fault_skips_then_fails_then_passes() {

@@ -75,7 +75,7 @@ fn run() -> Result<(), MrError> {
             );
         }
         // A device or driver without memory pools: a typed error, not a crash.
-        Err(MrError::InvalidArgument(why)) => println!("cuda_async: not available here: {why}"),
+        Err(MrError::Unsupported(why)) => println!("cuda_async: not available here: {why}"),
         Err(e) => return Err(e),
     }
 

@@ -1,8 +1,9 @@
 //! The user guide: the pages of `docs/guide/`, one module each.
 //!
 //! The modules are empty; each one's documentation is a page of the guide, included here so
-//! that `cargo test --doc` compiles every code block in the guide (blocks that need a GPU are
-//! compiled but not run) and `cargo doc` publishes the guide with the API.
+//! that `cargo test -p rmm-rs --doc --all-features guide` compiles every code block in the guide
+//! (the logging page needs the `debug-log` feature; blocks that need a GPU are compiled but not
+//! run) and `cargo doc` publishes the guide with the API.
 //!
 //! 1. [`introduction`]: what rmm-rs is, a first program, errors and threads.
 //! 2. [`choosing_a_memory_resource`]: the resources and adaptors, and which to use.
@@ -15,6 +16,7 @@
 //! 9. [`replaying_logs`]: `rmm-replay`, simulated memory, and what a log's replay tells.
 //! 10. [`fragmentation`]: where fragmentation comes from, the VMM pool, and the figures.
 //! 11. [`pytorch_and_c`]: rmm-rs as PyTorch's allocator, and the C library (crate `rmm-capi`).
+//! 12. [`cudarc_candle_and_burn`]: the cudarc version, interop, and sharing the driver pool.
 
 #[doc = include_str!("../guide/01-introduction.md")]
 pub mod introduction {}
@@ -48,3 +50,6 @@ pub mod fragmentation {}
 
 #[doc = include_str!("../guide/11-pytorch-and-c.md")]
 pub mod pytorch_and_c {}
+
+#[doc = include_str!("../guide/12-cudarc-candle-and-burn.md")]
+pub mod cudarc_candle_and_burn {}

@@ -9,7 +9,8 @@
 //! - Stream ordering is the caller's: an allocation made on a stream is usable on that stream;
 //!   handing memory to another stream needs an event ([`CudaEvent`]). Sub-allocators keep the
 //!   promise across their own free lists.
-//! - Every resource, adaptor and stream type is `Send + Sync`; containers are `Send`.
+//! - Every resource, adaptor, stream and container type is `Send + Sync` (checked by
+//!   `tests/send_sync.rs`).
 //! - Resources are shared, reference-counted values: whatever allocates keeps its resource
 //!   alive, so nothing can dangle (unlike RMM's non-owning references).
 //! - No GPU or driver is an `Err`, never a panic; out-of-memory is a distinct error kind.

@@ -116,7 +116,10 @@ impl ReinitializeOptions {
         self
     }
 
-    /// Log to the file `RMM_LOG_FILE` names (per device, as with an explicit name).
+    /// Log to the file `RMM_LOG_FILE` names, as it is: one file, without the per-device suffix
+    /// of [`logging`](Self::logging) (as RMM's Python does). Every configured device's
+    /// adaptor opens (and truncates) that same file, so use it for a single device; for
+    /// several, name a file with [`logging`](Self::logging) and get one per device.
     #[must_use]
     pub fn logging_from_env(mut self) -> Self {
         self.logging = true;

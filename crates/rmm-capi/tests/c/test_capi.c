@@ -43,7 +43,10 @@ static int passed, failed, skipped;
     } while (0)
 
 #define MiB ((uint64_t)1 << 20)
-#define LEGACY ((void *)0x1)
+#define LEGACY RMM_RS_STREAM_LEGACY
+
+/* The header's stream handles are the driver's (cuda.h is not needed to use them). */
+_Static_assert(sizeof(RMM_RS_STREAM_LEGACY) == sizeof(void *), "a stream handle");
 
 static int contains(const char *text, const char *word) { return strstr(text, word) != NULL; }
 
@@ -109,6 +112,33 @@ static void host_checks(void) {
     rmm_rs_statistics s;
     CHECK(rmm_rs_get_statistics(4000, &s) == RMM_RS_ERROR_NOT_CONFIGURED, "device 4000");
     CHECK(rmm_rs_flush_log(-1) == RMM_RS_SUCCESS, "flush of nothing");
+
+    /* The stream constants are the driver's handles. */
+    CHECK((uintptr_t)RMM_RS_STREAM_LEGACY == 0x1 && (uintptr_t)RMM_RS_STREAM_PER_THREAD == 0x2,
+          "stream constants");
+
+    /* The status-returning calls: the status, not a stale last error, says what happened. */
+    void *p = (void *)&s;
+    CHECK(rmm_rs_allocate(&p, 256, 4000, RMM_RS_STREAM_PER_THREAD) ==
+                  RMM_RS_ERROR_NOT_CONFIGURED &&
+              p == NULL,
+          "allocate on an unconfigured device: %p", p);
+    CHECK(contains(rmm_rs_last_error(), "rmm_rs_configure"), "message: %s", rmm_rs_last_error());
+    CHECK(rmm_rs_allocate(NULL, 256, 0, NULL) == RMM_RS_ERROR_INVALID_ARGUMENT, "NULL ptr");
+    CHECK(rmm_rs_allocate(&p, SIZE_MAX, 0, NULL) == RMM_RS_ERROR_INVALID_ARGUMENT && p == NULL,
+          "a size above SSIZE_MAX");
+    /* A success leaves the last error (as errno): its status is what tells. */
+    CHECK(rmm_rs_deallocate(NULL, 0, 0, NULL) == RMM_RS_SUCCESS &&
+              rmm_rs_last_error_code() == RMM_RS_ERROR_INVALID_ARGUMENT,
+          "free(NULL) is a success that leaves the last error");
+    p = (void *)&s;
+    CHECK(rmm_rs_allocate(&p, 0, 4000, NULL) == RMM_RS_SUCCESS && p == NULL,
+          "size 0 is a success and NULL, whatever the device");
+    rmm_rs_clear_last_error();
+    CHECK(rmm_rs_alloc(0, 0, NULL) == NULL && rmm_rs_last_error_code() == RMM_RS_SUCCESS,
+          "rmm_rs_alloc of 0 bytes after a clear: NULL and no error");
+    CHECK(rmm_rs_deallocate((void *)0x1000, 256, 4000, NULL) == RMM_RS_ERROR_INVALID_FREE,
+          "a free on a device with nothing allocated is refused");
 }
 
 static int read_first_line(const char *path, char *line, size_t n, int *has_failure_row) {
@@ -145,8 +175,8 @@ static void gpu_checks(const char *dir) {
     int code = rmm_rs_configure(&o);
     if (code == RMM_RS_ERROR_NO_DEVICE) {
         CHECK(strlen(rmm_rs_last_error()) > 0, "no reason given");
-        skipped += 11;
-        printf("skipped 11 GPU checks: %s\n", rmm_rs_last_error());
+        skipped += 16;
+        printf("skipped 16 GPU checks: %s\n", rmm_rs_last_error());
         return;
     }
     CHECK(code == RMM_RS_SUCCESS, "configure: %d", code);
@@ -179,13 +209,26 @@ static void gpu_checks(const char *dir) {
     rmm_rs_clear_last_error();
     rmm_rs_free((char *)p + 256, (ssize_t)MiB, 0, NULL);
     CHECK(rmm_rs_last_error_code() == RMM_RS_ERROR_INVALID_FREE, "a wrong free passed");
+    CHECK(rmm_rs_deallocate((char *)p + 256, MiB, 0, NULL) == RMM_RS_ERROR_INVALID_FREE,
+          "a wrong free returned success");
+
+    /* The status-returning pair, on the per-thread default stream's constant. */
+    void *r = NULL;
+    CHECK(rmm_rs_allocate(&r, MiB, 0, RMM_RS_STREAM_PER_THREAD) == RMM_RS_SUCCESS && r != NULL,
+          "allocate on the per-thread stream");
+    CHECK(rmm_rs_deallocate(r, MiB, 0, RMM_RS_STREAM_PER_THREAD) == RMM_RS_SUCCESS,
+          "deallocate on the per-thread stream");
+    void *none = (void *)&s;
+    CHECK(rmm_rs_allocate(&none, 512 * MiB, 0, LEGACY) == RMM_RS_ERROR_OUT_OF_MEMORY &&
+              none == NULL,
+          "allocate over the maximum");
 
     o.log_file = NULL;
     o.num_devices = 1;
     CHECK(rmm_rs_configure(&o) == RMM_RS_ERROR_BUSY, "reconfigured under a live allocation");
     rmm_rs_free(p, (ssize_t)MiB, 0, NULL);
     rmm_rs_get_statistics(0, &s);
-    CHECK(s.outstanding_allocations == 0 && s.failed_frees == 1 && s.failed_allocations == 1 &&
+    CHECK(s.outstanding_allocations == 0 && s.failed_frees == 2 && s.failed_allocations == 2 &&
               s.peak_bytes >= (int64_t)MiB,
           "after the frees: %llu outstanding", (unsigned long long)s.outstanding_allocations);
 

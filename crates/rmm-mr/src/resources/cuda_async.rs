@@ -159,9 +159,10 @@ pub(crate) unsafe fn pool_deallocate(
 pub(crate) fn require_memory_pools(device: DeviceId) -> MrResult<DeviceCapabilities> {
     let caps = DeviceCapabilities::probe(device)?;
     if !caps.memory_pools_supported {
-        return Err(MrError::invalid_argument(
-            "cudaMallocAsync not supported with this CUDA driver/runtime version",
-        ));
+        return Err(MrError::Unsupported(format!(
+            "cudaMallocAsync not supported with this CUDA driver/runtime version: device \
+             {device} lacks memory pools (CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)"
+        )));
     }
     Ok(caps)
 }
@@ -230,7 +231,7 @@ impl CudaAsyncMemoryResource {
         Self::with_options(CudaAsyncOptions::default())
     }
 
-    /// A pool on the current device with `options`. Fails with an invalid-argument error where
+    /// A pool on the current device with `options`. Fails with [`MrError::Unsupported`] where
     /// the device lacks memory pools or the export handle type.
     pub fn with_options(options: CudaAsyncOptions) -> MrResult<Self> {
         let device = rmm_sys::current_device()?;
@@ -239,7 +240,7 @@ impl CudaAsyncMemoryResource {
             .export_handle_type
             .unwrap_or(AllocationHandleType::None);
         if !caps.supports_handle_type(handle) {
-            return Err(MrError::invalid_argument(format!(
+            return Err(MrError::Unsupported(format!(
                 "Requested IPC memory handle type not supported: {handle:?} (device supports {:#x})",
                 caps.supported_handle_types
             )));

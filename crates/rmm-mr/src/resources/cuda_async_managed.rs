@@ -24,18 +24,18 @@ pub struct CudaAsyncManagedMemoryResource {
 }
 
 impl CudaAsyncManagedMemoryResource {
-    /// The current device's default managed pool. An invalid-argument error unless the driver
-    /// is CUDA 13 or newer and the device has concurrent managed access.
+    /// The current device's default managed pool. [`MrError::Unsupported`] unless the driver is
+    /// CUDA 13 or newer and the device has concurrent managed access.
     pub fn new() -> MrResult<Self> {
         let version = rmm_sys::driver_version()?;
         if version < DriverVersion::CUDA_13_0 {
-            return Err(MrError::invalid_argument(format!(
+            return Err(MrError::Unsupported(format!(
                 "cuda_async_managed_memory_resource requires CUDA 13.0 or newer (driver supports {version})"
             )));
         }
         let device = rmm_sys::current_device()?;
         if !DeviceCapabilities::probe(device)?.concurrent_managed_access {
-            return Err(MrError::invalid_argument(format!(
+            return Err(MrError::Unsupported(format!(
                 "cuda_async_managed_memory_resource requires concurrent managed access (device {device} lacks it)"
             )));
         }

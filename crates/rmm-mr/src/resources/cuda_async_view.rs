@@ -39,8 +39,8 @@ pub struct CudaAsyncViewMemoryResource {
 }
 
 impl CudaAsyncViewMemoryResource {
-    /// A view of `pool`. A null pool, or a device without memory pools, is an invalid-argument
-    /// error.
+    /// A view of `pool`. A null pool is an invalid-argument error, a device without memory
+    /// pools [`MrError::Unsupported`].
     ///
     /// Prefer [`of`](Self::of) for a pool a [`CudaAsyncMemoryResource`] owns, and
     /// [`default_device_pool`](Self::default_device_pool) for the device's default pool.

@@ -10,6 +10,8 @@ mod pinned_host;
 mod pool_origins;
 mod simulated;
 mod system;
+#[cfg(test)]
+mod unsupported_tests;
 
 pub use callback::{AllocateCallback, CallbackMemoryResource, DeallocateCallback};
 pub use cuda::CudaMemoryResource;

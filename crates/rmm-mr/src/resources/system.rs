@@ -25,9 +25,9 @@ fn require_pageable_memory_access() -> MrResult<()> {
     if caps.pageable_memory_access {
         Ok(())
     } else {
-        Err(MrError::invalid_argument(format!(
+        Err(MrError::Unsupported(format!(
             "system memory allocator is not supported on device {device}: it lacks pageable \
-             memory access (HMM or ATS)"
+             memory access (HMM or ATS, CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS)"
         )))
     }
 }
@@ -112,7 +112,7 @@ pub struct SystemMemoryResource {
 }
 
 impl SystemMemoryResource {
-    /// Checks the current device's pageable memory access.
+    /// Checks the current device's pageable memory access: [`MrError::Unsupported`] without it.
     pub fn new() -> MrResult<Self> {
         require_pageable_memory_access()?;
         Ok(Self { _private: () })
@@ -161,7 +161,7 @@ pub struct SamHeadroomMemoryResource {
 }
 
 impl SamHeadroomMemoryResource {
-    /// Checks the current device's pageable memory access.
+    /// Checks the current device's pageable memory access: [`MrError::Unsupported`] without it.
     pub fn new(headroom: usize) -> MrResult<Self> {
         require_pageable_memory_access()?;
         Ok(Self { headroom })

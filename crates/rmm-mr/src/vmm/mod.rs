@@ -20,5 +20,5 @@ mod tests;
 #[cfg(unix)]
 pub use export::ExportedChunk;
 pub use mapper::VmmGrowthStatistics;
-pub use options::VmmPoolOptions;
+pub use options::{VmmPoolOptions, DEFAULT_MIN_GROWTH_PERCENT};
 pub use resource::VmmPoolMemoryResource;

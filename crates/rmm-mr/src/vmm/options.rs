@@ -45,10 +45,10 @@ pub struct VmmPoolOptions {
     /// supports it; see [`export_chunks`](crate::VmmPoolMemoryResource::export_chunks).
     pub export_handle_type: Option<AllocationHandleType>,
     /// Each growth maps at least this percentage of what is mapped already (rounded down to the
-    /// granularity; default 100: the pool's rule, each growth at least doubles what is mapped),
-    /// when the range has room for it, so that a pool used from many streams keeps free memory
-    /// in each stream's list instead of taking blocks from the other streams (an event record
-    /// and a wait each) at nearly every miss. A growth made because another stream's fitting
+    /// granularity; default [`DEFAULT_MIN_GROWTH_PERCENT`], 100: the pool's rule, each growth at
+    /// least doubles what is mapped), when the range has room for it, so that a pool used from
+    /// many streams keeps free memory in each stream's list instead of taking blocks from the
+    /// other streams (an event record and a wait each) at nearly every miss. A growth made because another stream's fitting
     /// block waits on an event maps only what the request lacks, whatever this says. Lower
     /// values trade time at many threads for memory: 12 held 1.1-1.5x the live bytes on the
     /// GPU benchmark's traces against 2.0x with the default, and cost up to 1.5x the pool's
@@ -57,8 +57,9 @@ pub struct VmmPoolOptions {
     pub min_growth_percent: usize,
 }
 
-/// The default of [`VmmPoolOptions::min_growth_percent`].
-pub(crate) const DEFAULT_MIN_GROWTH_PERCENT: usize = 100;
+/// The default of [`VmmPoolOptions::min_growth_percent`]: each growth maps at least as much as
+/// is mapped already (the pool doubles, as RMM's pool does without a maximum).
+pub const DEFAULT_MIN_GROWTH_PERCENT: usize = 100;
 
 impl VmmPoolOptions {
     /// The defaults for a pool of at most `maximum_pool_size` bytes: nothing mapped up front,
