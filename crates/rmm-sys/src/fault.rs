@@ -22,10 +22,12 @@
 //! With [`simulate`] on, the calls that need no memory (creating, recording, waiting on, querying
 //! and synchronizing events and streams, `cuStreamGetId`, `cuCtxSynchronize` and
 //! `cuCtxGetDevice`, which answers device 0) succeed without a driver: an event created then is a
-//! *fake* handle. [`fake_stream`] gives fake stream handles. A fake handle is an address no
-//! driver handle can have (its top 16 bits are `0xfa17`, outside every user address space); a
-//! call given one never reaches the driver, whether simulation is on or not, so a fake event that
-//! outlives the simulation is still destroyed safely. Memory calls (allocation, free, copies,
+//! *fake* handle. A `DeferredPrimaryContext` scope of a fake primary context enters and restores
+//! it in a current context the simulation keeps per thread, never the driver's. [`fake_stream`]
+//! gives fake stream handles. A fake handle is an address no driver handle can have (its top 16
+//! bits are `0xfa17`, outside every user address space); a call given one never reaches the
+//! driver, whether simulation is on or not, so a fake event that outlives the simulation is
+//! still destroyed safely. Memory calls (allocation, free, copies,
 //! prefetch, the virtual memory calls) are never simulated. The simulation orders nothing: never
 //! use it with real device work.
 //!
@@ -400,7 +402,29 @@ pub fn fake_stream(n: u32) -> raw::CUstream {
 
 /// The fake context of `PrimaryContext::fake`.
 pub(crate) fn fake_context() -> usize {
-    FAKE_TAG | FAKE_CONTEXT
+    fake_context_number(0)
+}
+
+/// Fake primary context number `n` (`PrimaryContext::fake` is number 0).
+pub(crate) fn fake_context_number(n: u32) -> usize {
+    FAKE_TAG | FAKE_CONTEXT | n as usize
+}
+
+thread_local! {
+    /// The fake context current on this thread in the simulated driver (0: none), which a
+    /// `DeferredPrimaryContext` scope of a fake context enters and restores instead of the
+    /// driver's.
+    static FAKE_CURRENT: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The fake context current on this thread (0: none).
+pub(crate) fn fake_current_context() -> usize {
+    FAKE_CURRENT.try_with(std::cell::Cell::get).unwrap_or(0)
+}
+
+/// Makes `context` the fake context current on this thread.
+pub(crate) fn set_fake_current_context(context: usize) {
+    let _ = FAKE_CURRENT.try_with(|c| c.set(context));
 }
 
 pub(crate) fn fake_event() -> raw::CUevent {
