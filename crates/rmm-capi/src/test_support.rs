@@ -27,6 +27,16 @@ pub(crate) fn build_on_host(config: &Config, device: DeviceId) -> MrResult<Devic
     assemble(config, device, base, holder, None)
 }
 
+/// [`build_on_host`] after a device synchronization (which finds no device here, but is seen
+/// by rmm-sys's watchers), as building a pool on a GPU may wait for the device.
+pub(crate) fn build_on_host_after_a_sync(
+    config: &Config,
+    device: DeviceId,
+) -> MrResult<DeviceState> {
+    let _ = rmm::sys::device_synchronize();
+    build_on_host(config, device)
+}
+
 /// Builds over host memory except on device 7, which fails like a device without a driver.
 pub(crate) fn build_on_host_but_7(config: &Config, device: DeviceId) -> MrResult<DeviceState> {
     if device.0 == 7 {
