@@ -756,6 +756,50 @@ mod tests {
         assert_eq!(r.retired(), 1);
     }
 
+    /// A free of memory this configuration never handed out, which the resource below would
+    /// accept (`cuMemFree` frees any device allocation), is refused while nothing is
+    /// outstanding: the count never goes below zero (it wrapped, and every later configuration
+    /// was refused as busy).
+    #[test]
+    fn a_free_the_counters_never_saw_is_refused_and_nothing_wraps() {
+        use crate::test_support::{build_on_shared_host, shared_host_memory};
+        use rmm::DeviceMemoryResource;
+
+        let r = Registry::new(build_on_shared_host);
+        let plain = Config {
+            kind: ResourceKind::Cuda,
+            ..Config::default()
+        };
+        r.configure(every_device(plain.clone())).unwrap();
+        // Device 0 built, nothing outstanding.
+        let p = alloc(&r, 256, 0).unwrap();
+        free(&r, p, 256, 0).unwrap();
+        let memory = shared_host_memory();
+        // Allocated beside the C API, from the same allocator.
+        let foreign = memory.allocate(S, 512, 256).unwrap();
+        let e = free(&r, foreign.as_host_ptr(), 512, 0).unwrap_err();
+        assert_eq!(e.code, crate::status::RMM_RS_ERROR_INVALID_FREE, "{e}");
+        assert!(
+            memory.live().contains(&(foreign.addr(), 512)),
+            "the refused free reached the resource"
+        );
+        let s = r.statistics(0).unwrap();
+        assert_eq!((s.outstanding_allocations, s.failed_frees), (0, 1), "{s:?}");
+        assert_eq!((s.current_allocations, s.current_bytes), (0, 0), "{s:?}");
+        // Still configurable, and still counting.
+        r.configure(every_device(plain)).unwrap();
+        let p = alloc(&r, 256, 0).unwrap();
+        assert_eq!(r.statistics(0).unwrap().outstanding_allocations, 1);
+        free(&r, p, 256, 0).unwrap();
+        assert_eq!(
+            free(&r, p, 256, 0).unwrap_err().code,
+            crate::status::RMM_RS_ERROR_INVALID_FREE
+        );
+        assert_eq!(r.statistics(0).unwrap().outstanding_allocations, 0);
+        // SAFETY: allocated above from this resource, with this size; host memory.
+        unsafe { memory.deallocate(S, foreign, 512, 256) }.unwrap();
+    }
+
     #[test]
     fn a_panic_in_a_resource_is_caught_at_the_boundary() {
         let r = Registry::new(crate::test_support::build_panicking);
