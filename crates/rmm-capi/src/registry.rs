@@ -9,11 +9,16 @@
 //! never dropped while the table lives: a replaced one is retired, because a thread that loaded
 //! its pointer just before the replacement may still allocate or free through it for a moment,
 //! and it must never free memory under an allocation made through it.
+//!
+//! The table's lock is never held while a stack is built or gives its memory back (both may
+//! wait for the device): a configuration in flight and a device being built on first use are
+//! marked in the table, and the calls that would see them half done wait, with the lock
+//! released, until they are over.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use rmm::{DeviceId, MrResult};
 
@@ -37,6 +42,11 @@ struct Inner {
     explicit: HashMap<i32, Config>,
     built: HashMap<i32, Arc<DeviceState>>,
     retired: Vec<Arc<DeviceState>>,
+    /// A configuration is being installed: its replaced stacks give their memory back and its
+    /// new ones are built, with the lock released.
+    configuring: bool,
+    /// Devices whose stack is being built on first use, with the lock released.
+    building: HashSet<i32>,
 }
 
 impl Inner {
@@ -53,7 +63,31 @@ pub(crate) struct Registry {
     /// so the stack it points to lives as long as the registry.
     fast: Box<[AtomicPtr<DeviceState>]>,
     inner: Mutex<Inner>,
+    /// Signalled when a configuration or a build in flight ends.
+    settled: Condvar,
     build: Builder,
+}
+
+/// A configuration (`None`) or a device's first build (`Some(device)`) in flight, marked in
+/// the table while it runs with the lock released; the mark goes when this drops (also on an
+/// error or a panic), and the threads waiting for it are woken.
+struct InFlight<'a> {
+    registry: &'a Registry,
+    device: Option<i32>,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut inner = self.registry.lock();
+        match self.device {
+            None => inner.configuring = false,
+            Some(device) => {
+                inner.building.remove(&device);
+            }
+        }
+        drop(inner);
+        self.registry.settled.notify_all();
+    }
 }
 
 /// The table of the C API.
@@ -74,6 +108,7 @@ impl Registry {
                 .map(|_| AtomicPtr::new(ptr::null_mut()))
                 .collect(),
             inner: Mutex::new(Inner::default()),
+            settled: Condvar::new(),
             build,
         }
     }
@@ -95,6 +130,21 @@ impl Registry {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Locks the table once `ready` holds, waiting (with the lock released) for the
+    /// configurations and builds in flight it names.
+    fn lock_when(&self, ready: impl Fn(&Inner) -> bool) -> MutexGuard<'_, Inner> {
+        let mut inner = self.lock();
+        while !ready(&inner) {
+            inner = self.settled.wait(inner).unwrap_or_else(|e| e.into_inner());
+        }
+        inner
+    }
+
+    /// Locks the table once no configuration is in flight and `device` is not being built.
+    fn lock_settled(&self, device: i32) -> MutexGuard<'_, Inner> {
+        self.lock_when(|i| !i.configuring && !i.building.contains(&device))
+    }
+
     /// Publishes `state` (held in `built`, under the lock `_inner`) as `device`'s stack for
     /// lookups, or unpublishes the device (`None`).
     fn publish(
@@ -114,10 +164,11 @@ impl Registry {
     /// Installs `config` (see `rmm_rs_configure`): for every device when it lists none, else for
     /// its devices, built now. Fails with `RMM_RS_ERROR_BUSY`, changing nothing, while a stack
     /// it would replace has allocations outstanding; a device that fails to build leaves every
-    /// device as it was.
+    /// device as it was. One configuration at a time; the replaced stacks give their memory
+    /// back and the new ones are built with the table's lock released.
     pub(crate) fn configure(&self, config: Config) -> CResult<()> {
         config.validate()?;
-        let mut inner = self.lock();
+        let mut inner = self.lock_when(|i| !i.configuring && i.building.is_empty());
         let replaced: Vec<i32> = if config.devices.is_empty() {
             inner.built.keys().copied().collect()
         } else {
@@ -142,39 +193,51 @@ impl Registry {
             .iter()
             .filter_map(|d| inner.built.remove(d).map(|s| (*d, s)))
             .collect();
-        for (d, s) in &old {
+        for (d, _) in &old {
             self.publish(&inner, *d, None);
+        }
+        inner.configuring = true;
+        drop(inner);
+        let _in_flight = InFlight {
+            registry: self,
+            device: None,
+        };
+        // Giving memory back synchronizes the device: no lock held.
+        for (_, s) in &old {
             s.retire();
         }
         if config.devices.is_empty() {
+            let mut inner = self.lock();
             inner.retired.extend(old.into_iter().map(|(_, s)| s));
             inner.explicit.clear();
             inner.template = Some(config);
-        } else {
-            let mut fresh = Vec::with_capacity(config.devices.len());
-            for &device in &config.devices {
-                match (self.build)(&config, device) {
-                    Ok(s) => fresh.push((device.0, Arc::new(s))),
-                    Err(e) => {
-                        // The old stacks gave back only free memory and still work: reinstate.
-                        for (_, s) in fresh {
-                            s.retire();
-                            inner.retired.push(s);
-                        }
-                        for (d, s) in &old {
-                            self.publish(&inner, *d, Some(s));
-                        }
-                        inner.built.extend(old);
-                        return Err(Error::from(e));
+            return Ok(());
+        }
+        let mut fresh = Vec::with_capacity(config.devices.len());
+        for &device in &config.devices {
+            match (self.build)(&config, device) {
+                Ok(s) => fresh.push((device.0, Arc::new(s))),
+                Err(e) => {
+                    // The old stacks gave back only free memory and still work: reinstate.
+                    for (_, s) in &fresh {
+                        s.retire();
                     }
+                    let mut inner = self.lock();
+                    inner.retired.extend(fresh.into_iter().map(|(_, s)| s));
+                    for (d, s) in &old {
+                        self.publish(&inner, *d, Some(s));
+                    }
+                    inner.built.extend(old);
+                    return Err(Error::from(e));
                 }
             }
-            inner.retired.extend(old.into_iter().map(|(_, s)| s));
-            for (d, s) in fresh {
-                inner.explicit.insert(d, config.clone());
-                self.publish(&inner, d, Some(&s));
-                inner.built.insert(d, s);
-            }
+        }
+        let mut inner = self.lock();
+        inner.retired.extend(old.into_iter().map(|(_, s)| s));
+        for (d, s) in fresh {
+            inner.explicit.insert(d, config.clone());
+            self.publish(&inner, d, Some(&s));
+            inner.built.insert(d, s);
         }
         Ok(())
     }
@@ -182,7 +245,7 @@ impl Registry {
     /// The stack of `device`, built now from its configuration if it is not built yet and
     /// `build` says so.
     fn state_slow(&self, device: i32, build: bool) -> CResult<Arc<DeviceState>> {
-        let mut inner = self.lock();
+        let mut inner = self.lock_settled(device);
         if let Some(s) = inner.built.get(&device) {
             return Ok(Arc::clone(s));
         }
@@ -198,7 +261,16 @@ impl Registry {
                 format!("device {device} is not configured: call rmm_rs_configure first"),
             )
         })?;
+        inner.building.insert(device);
+        drop(inner);
+        let _in_flight = InFlight {
+            registry: self,
+            device: Some(device),
+        };
+        // Building may wait for the device (a pool's first chunk, a driver pool's reserve):
+        // no lock held.
         let state = Arc::new((self.build)(&config, DeviceId(device))?);
+        let mut inner = self.lock();
         self.publish(&inner, device, Some(&state));
         inner.built.insert(device, Arc::clone(&state));
         Ok(state)
@@ -238,7 +310,7 @@ impl Registry {
         if device < 0 {
             return Err(invalid_device(device));
         }
-        let inner = self.lock();
+        let inner = self.lock_settled(device);
         if let Some(s) = inner.built.get(&device) {
             return Ok(s.statistics());
         }
@@ -587,6 +659,145 @@ mod tests {
             alloc(&other, 256, 4).unwrap_err().code,
             RMM_RS_ERROR_NOT_CONFIGURED
         );
+    }
+
+    /// Replacing a pool gives its memory back, which synchronizes the device, and building a
+    /// stack may wait for it too: the table's lock is free meanwhile (it was held across
+    /// both).
+    #[test]
+    fn no_lock_is_held_while_configuring_synchronizes() {
+        use rmm::sys::fault::{self, DriverCall, FaultScope};
+        use std::cell::RefCell;
+        use std::rc::Rc;
+
+        let _scope = FaultScope::new();
+        let r = Arc::new(Registry::new(
+            crate::test_support::build_on_host_after_a_sync,
+        ));
+        r.configure(every_device(Config::default())).unwrap();
+        let seen: Rc<RefCell<Vec<(&'static str, bool)>>> = Rc::default();
+        let (log, table) = (Rc::clone(&seen), Arc::clone(&r));
+        fault::watch(DriverCall::Synchronize, move |call| {
+            log.borrow_mut()
+                .push((call, table.inner.try_lock().is_err()));
+        });
+        // Device 0 is built on first use; its pool grows and keeps a free chunk.
+        let p = alloc(&r, 1 << 20, 0).unwrap();
+        free(&r, p, 1 << 20, 0).unwrap();
+        assert_eq!(seen.borrow().len(), 1, "the first use's build");
+        // Replaced: the pool gives its chunk back after synchronizing the device.
+        r.configure(every_device(Config {
+            statistics: false,
+            ..Config::default()
+        }))
+        .unwrap();
+        assert!(seen.borrow().len() >= 2, "the replaced pool's release");
+        // Listed devices are built at once.
+        let before = seen.borrow().len();
+        r.configure(on(&[0, 1], Config::default())).unwrap();
+        assert!(seen.borrow().len() >= before + 2, "the two builds");
+        fault::unwatch(DriverCall::Synchronize);
+        for (call, locked) in seen.borrow().iter() {
+            assert!(!locked, "{call} with the table locked");
+        }
+        assert_eq!(r.statistics(0).unwrap().outstanding_allocations, 0);
+    }
+
+    /// While a configuration gives memory back (lock released), a call for a device it
+    /// replaces waits for it to end and then sees the new configuration, never the half-done
+    /// table.
+    #[test]
+    fn calls_wait_for_a_configuration_in_flight() {
+        use rmm::sys::fault::{self, DriverCall, FaultScope};
+        use std::sync::mpsc;
+
+        let r = Registry::new(build_on_host);
+        r.configure(every_device(Config::default())).unwrap();
+        let p = alloc(&r, 1 << 20, 0).unwrap();
+        free(&r, p, 1 << 20, 0).unwrap();
+        let (in_sync_tx, in_sync_rx) = mpsc::channel::<()>();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        std::thread::scope(|sc| {
+            let configuring = sc.spawn(|| {
+                let _scope = FaultScope::new();
+                fault::watch(DriverCall::Synchronize, move |_| {
+                    let _ = in_sync_tx.send(());
+                    let _ = go_rx.recv();
+                });
+                r.configure(every_device(Config {
+                    statistics: false,
+                    ..Config::default()
+                }))
+            });
+            in_sync_rx
+                .recv()
+                .expect("the replaced pool never synchronized");
+            let (done_tx, done_rx) = mpsc::channel();
+            let table = &r;
+            let caller = sc.spawn(move || {
+                let r = table;
+                let p = alloc(r, 256, 0).unwrap();
+                let enabled = r.statistics(0).unwrap().statistics_enabled;
+                free(r, p, 256, 0).unwrap();
+                done_tx.send(()).unwrap();
+                enabled
+            });
+            assert!(
+                done_rx
+                    .recv_timeout(std::time::Duration::from_millis(100))
+                    .is_err(),
+                "a call went through a configuration in flight"
+            );
+            go_tx.send(()).unwrap();
+            drop(go_tx);
+            configuring.join().unwrap().unwrap();
+            assert_eq!(caller.join().unwrap(), 0, "the old configuration served");
+        });
+        assert_eq!(r.retired(), 1);
+    }
+
+    /// A free of memory this configuration never handed out, which the resource below would
+    /// accept (`cuMemFree` frees any device allocation), is refused while nothing is
+    /// outstanding: the count never goes below zero (it wrapped, and every later configuration
+    /// was refused as busy).
+    #[test]
+    fn a_free_the_counters_never_saw_is_refused_and_nothing_wraps() {
+        use crate::test_support::{build_on_shared_host, shared_host_memory};
+        use rmm::DeviceMemoryResource;
+
+        let r = Registry::new(build_on_shared_host);
+        let plain = Config {
+            kind: ResourceKind::Cuda,
+            ..Config::default()
+        };
+        r.configure(every_device(plain.clone())).unwrap();
+        // Device 0 built, nothing outstanding.
+        let p = alloc(&r, 256, 0).unwrap();
+        free(&r, p, 256, 0).unwrap();
+        let memory = shared_host_memory();
+        // Allocated beside the C API, from the same allocator.
+        let foreign = memory.allocate(S, 512, 256).unwrap();
+        let e = free(&r, foreign.as_host_ptr(), 512, 0).unwrap_err();
+        assert_eq!(e.code, crate::status::RMM_RS_ERROR_INVALID_FREE, "{e}");
+        assert!(
+            memory.live().contains(&(foreign.addr(), 512)),
+            "the refused free reached the resource"
+        );
+        let s = r.statistics(0).unwrap();
+        assert_eq!((s.outstanding_allocations, s.failed_frees), (0, 1), "{s:?}");
+        assert_eq!((s.current_allocations, s.current_bytes), (0, 0), "{s:?}");
+        // Still configurable, and still counting.
+        r.configure(every_device(plain)).unwrap();
+        let p = alloc(&r, 256, 0).unwrap();
+        assert_eq!(r.statistics(0).unwrap().outstanding_allocations, 1);
+        free(&r, p, 256, 0).unwrap();
+        assert_eq!(
+            free(&r, p, 256, 0).unwrap_err().code,
+            crate::status::RMM_RS_ERROR_INVALID_FREE
+        );
+        assert_eq!(r.statistics(0).unwrap().outstanding_allocations, 0);
+        // SAFETY: allocated above from this resource, with this size; host memory.
+        unsafe { memory.deallocate(S, foreign, 512, 256) }.unwrap();
     }
 
     #[test]

@@ -109,7 +109,8 @@ impl Counted {
 /// Counters of the C API, on a cache line of their own.
 #[derive(Debug, Default)]
 struct Counters {
-    /// Allocations not yet freed, for stacks whose bottom keeps no record (not a pool).
+    /// Allocations not yet freed, for stacks whose bottom keeps no record (not a pool); never
+    /// below zero: a free finding it at zero is refused.
     outstanding: AtomicU64,
     failed_allocations: AtomicU64,
     failed_frees: AtomicU64,
@@ -316,6 +317,14 @@ impl DeviceState {
         ptr: *mut c_void,
         bytes: usize,
     ) -> CResult<()> {
+        // Taken from the count before the free: a stack with none outstanding did not hand
+        // `ptr` out, whatever the resource below would accept (`cuMemFree` frees any device
+        // allocation), and the count never goes below zero (it would wrap, and the
+        // configuration would be busy for good).
+        let counted = self.counts_outstanding();
+        if counted && !self.take_outstanding() {
+            return Err(self.uncounted_free(ptr, bytes));
+        }
         let _context = self.defer_context();
         // SAFETY: the caller's contract: `ptr` came from this stack with `bytes` and the same
         // alignment, and nothing uses it any more.
@@ -323,14 +332,34 @@ impl DeviceState {
             self.top
                 .deallocate(stream, DevicePtr::from_host_ptr(ptr), bytes)
         } {
-            Ok(()) => {
-                if self.counts_outstanding() {
-                    self.counters.outstanding.fetch_sub(1, Ordering::AcqRel);
+            Ok(()) => Ok(()),
+            Err(e) => {
+                if counted {
+                    self.counters.outstanding.fetch_add(1, Ordering::AcqRel);
                 }
-                Ok(())
+                Err(self.free_failed(e))
             }
-            Err(e) => Err(self.free_failed(e)),
         }
+    }
+
+    /// Takes one allocation off the outstanding count; false (nothing changed) at zero.
+    #[inline]
+    fn take_outstanding(&self) -> bool {
+        self.counters
+            .outstanding
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    /// A free while no allocation is outstanding: refused before it reaches any resource.
+    #[cold]
+    #[inline(never)]
+    fn uncounted_free(&self, ptr: *mut c_void, bytes: usize) -> Error {
+        self.free_failed(MrError::InvalidFree {
+            ptr: DevicePtr::from_host_ptr(ptr),
+            bytes,
+            kind: rmm::mr::InvalidFree::UnknownPointer,
+        })
     }
 
     /// Bytes the stack holds from the device.

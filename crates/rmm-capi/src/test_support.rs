@@ -2,7 +2,7 @@
 //! [`HostMockResource`] (and a pool over it), with no CUDA call.
 
 use std::any::Any;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use rmm::mr::testing::HostMockResource;
 use rmm::{
@@ -25,6 +25,30 @@ pub(crate) fn build_on_host(config: &Config, device: DeviceId) -> MrResult<Devic
         (mock, Holder::Plain)
     };
     assemble(config, device, base, holder, None)
+}
+
+/// [`build_on_host`] after a device synchronization (which finds no device here, but is seen
+/// by rmm-sys's watchers), as building a pool on a GPU may wait for the device.
+pub(crate) fn build_on_host_after_a_sync(
+    config: &Config,
+    device: DeviceId,
+) -> MrResult<DeviceState> {
+    let _ = rmm::sys::device_synchronize();
+    build_on_host(config, device)
+}
+
+/// One host-memory "device allocator" for the whole test process, which tests also allocate
+/// from directly (as a program allocates with `cudaMalloc` beside rmm-rs).
+pub(crate) fn shared_host_memory() -> &'static HostMockResource {
+    static MEMORY: OnceLock<HostMockResource> = OnceLock::new();
+    MEMORY.get_or_init(HostMockResource::new)
+}
+
+/// A stack straight over [`shared_host_memory`] (the C API counts what it hands out), with
+/// statistics and the log as configured.
+pub(crate) fn build_on_shared_host(config: &Config, device: DeviceId) -> MrResult<DeviceState> {
+    let memory: SharedResource = Arc::new(shared_host_memory().clone());
+    assemble(config, device, memory, Holder::Plain, None)
 }
 
 /// Builds over host memory except on device 7, which fails like a device without a driver.

@@ -22,10 +22,12 @@
 //! With [`simulate`] on, the calls that need no memory (creating, recording, waiting on, querying
 //! and synchronizing events and streams, `cuStreamGetId`, `cuCtxSynchronize` and
 //! `cuCtxGetDevice`, which answers device 0) succeed without a driver: an event created then is a
-//! *fake* handle. [`fake_stream`] gives fake stream handles. A fake handle is an address no
-//! driver handle can have (its top 16 bits are `0xfa17`, outside every user address space); a
-//! call given one never reaches the driver, whether simulation is on or not, so a fake event that
-//! outlives the simulation is still destroyed safely. Memory calls (allocation, free, copies,
+//! *fake* handle. A `DeferredPrimaryContext` scope of a fake primary context enters and restores
+//! it in a current context the simulation keeps per thread, never the driver's. [`fake_stream`]
+//! gives fake stream handles. A fake handle is an address no driver handle can have (its top 16
+//! bits are `0xfa17`, outside every user address space); a call given one never reaches the
+//! driver, whether simulation is on or not, so a fake event that outlives the simulation is
+//! still destroyed safely. Memory calls (allocation, free, copies,
 //! prefetch, the virtual memory calls) are never simulated. The simulation orders nothing: never
 //! use it with real device work.
 //!
@@ -37,11 +39,17 @@
 //! says on a device without memory pools, concurrent managed access or pageable memory access,
 //! or under an older driver.
 //!
+//! # Watching calls
+//!
+//! [`watch`] runs a closure of the test's at every call of one kind this thread makes, before
+//! the call (faulted, simulated or real) goes on: a test watches [`DriverCall::Synchronize`] to
+//! check, at the moment the library blocks on the device, that it holds none of its locks.
+//!
 //! # Scope
 //!
 //! All state is per thread (tests run in parallel in one process): a fault armed on one thread
 //! never fires on another, and a test that spawns threads arms each of them. [`reset`] (or
-//! dropping a [`FaultScope`]) clears the thread's faults, counters and simulation.
+//! dropping a [`FaultScope`]) clears the thread's faults, counters, watchers and simulation.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -224,7 +232,12 @@ const FRESH: State = State {
 
 thread_local! {
     static STATE: RefCell<State> = const { RefCell::new(FRESH) };
+    /// [`watch`]'s closures, by kind.
+    static WATCHERS: RefCell<[Option<Watcher>; KINDS]> = const { RefCell::new([const { None }; KINDS]) };
 }
+
+/// A closure [`watch`] runs at a call.
+type Watcher = Box<dyn FnMut(&'static str)>;
 
 fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> Option<R> {
     STATE
@@ -306,9 +319,58 @@ pub(crate) fn pretended_driver_version() -> Option<DriverVersion> {
     with_state(|s| s.driver_version).flatten()
 }
 
-/// Clears this thread's faults, counters, simulation and pretended capabilities.
+/// Clears this thread's faults, counters, watchers, simulation and pretended capabilities.
 pub fn reset() {
     with_state(|s| *s = FRESH);
+    let _ = WATCHERS.try_with(|w| {
+        if let Ok(mut w) = w.try_borrow_mut() {
+            *w = [const { None }; KINDS];
+        }
+    });
+}
+
+/// Runs `watcher` at every call of kind `call` this thread makes from now on (with the entry
+/// point's name), before the call goes on, until [`unwatch`] or [`reset`]; replaces the kind's
+/// earlier watcher. A call the watcher makes itself is not watched again (no recursion).
+pub fn watch(call: DriverCall, watcher: impl FnMut(&'static str) + 'static) {
+    let _ = WATCHERS.try_with(|w| {
+        if let Ok(mut w) = w.try_borrow_mut() {
+            w[call.index()] = Some(Box::new(watcher));
+        }
+    });
+}
+
+/// Removes the watcher of kind `call` on this thread.
+pub fn unwatch(call: DriverCall) {
+    let _ = WATCHERS.try_with(|w| {
+        if let Ok(mut w) = w.try_borrow_mut() {
+            w[call.index()] = None;
+        }
+    });
+}
+
+/// Runs the watcher of `call`, if any (taken out while it runs, so that it may make calls; it
+/// goes back unless it set another watcher for its kind).
+fn run_watcher(call: DriverCall, name: &'static str) {
+    let taken = WATCHERS
+        .try_with(|w| {
+            w.try_borrow_mut()
+                .ok()
+                .and_then(|mut w| w[call.index()].take())
+        })
+        .ok()
+        .flatten();
+    if let Some(mut watcher) = taken {
+        watcher(name);
+        let _ = WATCHERS.try_with(|w| {
+            if let Ok(mut w) = w.try_borrow_mut() {
+                // Unless the watcher replaced or removed itself.
+                if w[call.index()].is_none() {
+                    w[call.index()] = Some(watcher);
+                }
+            }
+        });
+    }
 }
 
 /// Resets this thread's fault state when made and again when dropped (also when a test
@@ -374,7 +436,29 @@ pub fn fake_stream(n: u32) -> raw::CUstream {
 
 /// The fake context of `PrimaryContext::fake`.
 pub(crate) fn fake_context() -> usize {
-    FAKE_TAG | FAKE_CONTEXT
+    fake_context_number(0)
+}
+
+/// Fake primary context number `n` (`PrimaryContext::fake` is number 0).
+pub(crate) fn fake_context_number(n: u32) -> usize {
+    FAKE_TAG | FAKE_CONTEXT | n as usize
+}
+
+thread_local! {
+    /// The fake context current on this thread in the simulated driver (0: none), which a
+    /// `DeferredPrimaryContext` scope of a fake context enters and restores instead of the
+    /// driver's.
+    static FAKE_CURRENT: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The fake context current on this thread (0: none).
+pub(crate) fn fake_current_context() -> usize {
+    FAKE_CURRENT.try_with(std::cell::Cell::get).unwrap_or(0)
+}
+
+/// Makes `context` the fake context current on this thread.
+pub(crate) fn set_fake_current_context(context: usize) {
+    let _ = FAKE_CURRENT.try_with(|c| c.set(context));
 }
 
 pub(crate) fn fake_event() -> raw::CUevent {
@@ -405,6 +489,7 @@ pub(crate) enum Intercept {
 /// Counts a call of kind `call` (the entry point `name`) made with `handles` on this thread and
 /// says what to do with it.
 pub(crate) fn intercept(call: DriverCall, name: &'static str, handles: &[usize]) -> Intercept {
+    run_watcher(call, name);
     let fake = handles.iter().any(|&h| is_fake(h));
     let verdict = with_state(|s| {
         let i = call.index();
@@ -575,6 +660,50 @@ mod tests {
         }
         assert_eq!(armed(DriverCall::StreamWait), 0);
         assert!(!is_simulating());
+    }
+
+    #[test]
+    fn a_watcher_sees_every_call_of_its_kind_until_removed() {
+        use std::cell::RefCell;
+        use std::rc::Rc;
+        let _scope = FaultScope::simulated();
+        let seen: Rc<RefCell<Vec<&'static str>>> = Rc::default();
+        let log = Rc::clone(&seen);
+        watch(DriverCall::Synchronize, move |name| {
+            log.borrow_mut().push(name);
+            // A call made by the watcher is not watched again.
+            let _ = crate::device_synchronize();
+        });
+        crate::device_synchronize().unwrap();
+        assert_eq!(calls(DriverCall::Synchronize), 2, "the watcher's own call");
+        // SAFETY: fake handles never reach the driver.
+        unsafe { stream::stream_synchronize(fake_stream(2)).unwrap() };
+        let ev = stream::event_create(0).unwrap();
+        // SAFETY: as above.
+        unsafe { stream::event_synchronize(ev).unwrap() };
+        // Other kinds are not watched.
+        // SAFETY: as above.
+        unsafe { stream::event_record(ev, fake_stream(2)).unwrap() };
+        assert_eq!(
+            *seen.borrow(),
+            [
+                "cuCtxSynchronize",
+                "cuStreamSynchronize",
+                "cuEventSynchronize"
+            ]
+        );
+        unwatch(DriverCall::Synchronize);
+        crate::device_synchronize().unwrap();
+        assert_eq!(seen.borrow().len(), 3);
+        // A scope's end removes the watcher too.
+        let log = Rc::clone(&seen);
+        watch(DriverCall::Synchronize, move |name| {
+            log.borrow_mut().push(name)
+        });
+        reset();
+        simulate(true);
+        crate::device_synchronize().unwrap();
+        assert_eq!(seen.borrow().len(), 3);
     }
 
     #[test]

@@ -14,7 +14,6 @@ use super::fault_tests::{allocate, core, drop_core, ModelBlocks, BLOCK, CHUNK};
 use super::{StreamKey, StreamOrdered};
 use crate::error::{MrError, MrResult};
 use crate::stream_ordered::event_policy::OWNER_GRACE;
-use crate::stream_ordered::stream_lists::sync_hook;
 use crate::testing::HostMockResource;
 
 /// An allocation on `stream` that may not grow the core (its upstream is full).
@@ -199,12 +198,12 @@ fn while_the_thief_waits<T: Send>(
     std::thread::scope(|sc| {
         let t = sc.spawn(move || {
             let _sim = FaultScope::simulated();
-            sync_hook::set(move || {
+            fault::watch(DriverCall::Synchronize, move |_| {
                 let _ = in_sync_tx.send(());
                 let _ = go_rx.recv();
             });
             let r = thief();
-            sync_hook::clear();
+            fault::unwatch(DriverCall::Synchronize);
             r
         });
         in_sync_rx.recv().expect("the thief never synchronized");
@@ -222,6 +221,8 @@ fn while_the_thief_waits<T: Send>(
         assert!(core.registry.try_lock().is_ok(), "the registry is locked");
         meanwhile();
         go_tx.send(()).unwrap();
+        // Any later synchronization of the thief's goes on without waiting.
+        drop(go_tx);
         t.join().unwrap()
     })
 }
@@ -320,12 +321,12 @@ fn a_full_resource_waits_for_a_reclaim_in_flight_instead_of_failing() {
         // B reclaims A's blocks and is held inside its synchronization.
         let t1 = sc.spawn(|| {
             let _sim = FaultScope::simulated();
-            sync_hook::set(move || {
+            fault::watch(DriverCall::Synchronize, move |_| {
                 let _ = in_sync_tx.send(());
                 let _ = go_rx.recv();
             });
             let r = allocate_full(&core, &mock, b);
-            sync_hook::clear();
+            fault::unwatch(DriverCall::Synchronize);
             r
         });
         in_sync_rx.recv().expect("B never synchronized");
@@ -339,6 +340,7 @@ fn a_full_resource_waits_for_a_reclaim_in_flight_instead_of_failing() {
         // below hold either way).
         std::thread::sleep(OWNER_GRACE * 10);
         go_tx.send(()).unwrap();
+        drop(go_tx);
         let p1 = t1.join().unwrap().unwrap();
         let p2 = t2
             .join()

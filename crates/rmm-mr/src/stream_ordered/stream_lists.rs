@@ -107,45 +107,10 @@ fn assign_thread_number() -> u64 {
 }
 
 /// `cuCtxSynchronize`: blocks until all work of the current context, on every stream
-/// (non-blocking ones included), has completed.
+/// (non-blocking ones included), has completed. (Tests watch it with
+/// `rmm_sys::fault::watch(DriverCall::Synchronize, ..)` to check what is locked meanwhile.)
 pub(crate) fn device_synchronize() -> CudaResult<()> {
-    #[cfg(test)]
-    sync_hook::run();
     rmm_sys::device_synchronize()
-}
-
-/// Tests: something to run on this thread inside the core's next device synchronizations (to
-/// check what is locked while a thief waits).
-#[cfg(test)]
-pub(crate) mod sync_hook {
-    use std::cell::RefCell;
-
-    thread_local! {
-        static HOOK: RefCell<Option<Box<dyn FnMut()>>> = RefCell::new(None);
-    }
-
-    /// Runs `f` inside every device synchronization of this thread until [`clear`].
-    pub(crate) fn set(f: impl FnMut() + 'static) {
-        HOOK.with(|h| *h.borrow_mut() = Some(Box::new(f)));
-    }
-
-    /// Removes the hook.
-    pub(crate) fn clear() {
-        HOOK.with(|h| *h.borrow_mut() = None);
-    }
-
-    pub(super) fn run() {
-        let hook = HOOK.with(|h| h.borrow_mut().take());
-        if let Some(mut f) = hook {
-            f();
-            HOOK.with(|h| {
-                let mut h = h.borrow_mut();
-                if h.is_none() {
-                    *h = Some(f);
-                }
-            });
-        }
-    }
 }
 
 /// What a thief may do with a list it has locked ([`ListState::prepare_steal`]).

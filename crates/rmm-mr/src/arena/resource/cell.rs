@@ -23,8 +23,9 @@ pub(super) enum ArenaKey {
     Legacy,
     /// Another stream, by its driver id (unique per stream object, never reused).
     Stream(u64),
-    /// The superblocks of the arenas of destroyed streams, until a reclaim gives them back to
-    /// the global arena (never in the map, never allocates: only frees land here).
+    /// The superblocks of the arenas of destroyed streams, or of every arena at a
+    /// defragmentation, until a reclaim gives them back to the global arena (never in the map,
+    /// never allocates: only frees land here).
     Retired,
 }
 
@@ -69,7 +70,7 @@ impl fmt::Display for ArenaKey {
             Self::Thread(serial) => write!(f, "per-thread arena (thread #{serial})"),
             Self::Legacy => f.write_str("legacy default stream arena"),
             Self::Stream(id) => write!(f, "stream arena (stream id {id})"),
-            Self::Retired => f.write_str("superblocks of destroyed streams"),
+            Self::Retired => f.write_str("held superblocks (destroyed streams, defragmentation)"),
         }
     }
 }
@@ -157,7 +158,8 @@ impl ArenaCell {
         }
     }
 
-    /// A holding arena for the superblocks of destroyed streams ([`ArenaKey::Retired`]).
+    /// A holding arena ([`ArenaKey::Retired`]) for the superblocks of destroyed streams, or of
+    /// every arena at a defragmentation.
     pub(super) fn holding() -> Self {
         Self {
             key: ArenaKey::Retired,
@@ -180,6 +182,12 @@ impl ArenaCell {
     #[inline]
     pub(super) fn lock(&self) -> MutexGuard<'_, ArenaSlot> {
         lock(&self.slot)
+    }
+
+    /// Whether the arena's lock is held now, by any thread (tests).
+    #[cfg(test)]
+    pub(super) fn is_locked(&self) -> bool {
+        self.slot.try_lock().is_err()
     }
 
     /// Whether the cell's superblocks are gone for good (frees look their owner up again).

@@ -28,6 +28,12 @@ impl EventPool {
         }
     }
 
+    /// Whether the pool's lock is held now, by any thread (tests).
+    #[cfg(test)]
+    pub(super) fn is_locked(&self) -> bool {
+        self.events.try_lock().is_err()
+    }
+
     /// Returns an event for reuse. Re-recording an event is allowed at any time: a stream that
     /// waited on it, or a query made earlier, refers to the record it saw.
     pub(super) fn give(&self, event: CudaEvent) {

@@ -99,6 +99,12 @@ impl PendingQueue {
         lock(&self.queue).drain(..).collect()
     }
 
+    /// Whether the queue's lock is held now, by any thread (tests).
+    #[cfg(test)]
+    pub(super) fn is_locked(&self) -> bool {
+        self.queue.try_lock().is_err()
+    }
+
     /// Number of entries and their bytes.
     pub(super) fn stats(&self) -> (usize, usize) {
         let queue = lock(&self.queue);

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, Weak};
 
 use rmm_stream::{CudaEvent, CudaStreamView};
 use rmm_sys::DevicePtr;
@@ -41,12 +41,19 @@ static NEXT_RESOURCE_SERIAL: AtomicU64 = AtomicU64::new(1);
 /// Locks, always taken in this order (a lock is never acquired while a later one is held,
 /// except with `try_lock`):
 /// 1. `arenas` (the key -> arena map; read-mostly, written when an arena is created or retired);
-/// 2. `holding` (the holding arenas of destroyed streams' superblocks);
+/// 2. `holding` (the holding arenas: destroyed streams' superblocks, and those a
+///    defragmentation took, until a reclaim gives them back);
 /// 3. a local arena's lock ([`ArenaCell`]); only defragmentation and the sweep of destroyed
 ///    streams' arenas hold several (both hold the map's write lock, so no two threads ever do);
 /// 4. `global` (the global arena and what goes with it);
 /// 5. the pending-free queue and the event pool (leaves). Events are queried, recorded and
 ///    waited on outside the global lock.
+///
+/// No lock is held while the host waits for the device (a device synchronization, an event's
+/// or a stream's): what must wait is taken out under the locks, the locks are released, and
+/// the results go back under them afterwards ([`reclaim`](Self::reclaim),
+/// [`defragment`](Self::defragment), [`return_held`](Self::return_held), thread exit). The
+/// flag that lets one thread at a time make room is not held either ([`relieve`](Self::relieve)).
 pub(super) struct State<U: DeviceMemoryResource> {
     pub(super) upstream: U,
     /// Identifies this resource in the per-thread caches (never reused).
@@ -65,8 +72,10 @@ pub(super) struct State<U: DeviceMemoryResource> {
     /// Local arenas in the map (for the kept-memory limit, [`keep_limit`]); set under the map's
     /// write lock, read without it.
     arena_count: AtomicUsize,
-    /// Serializes making room ([`reclaim`](Self::reclaim), [`defragment`](Self::defragment)).
-    relieving: Mutex<()>,
+    /// Whether a thread is making room ([`relieve`](Self::relieve)); not held while it does.
+    relieving: Mutex<bool>,
+    /// Signalled when a thread has made room.
+    relieved: Condvar,
     /// How many times room was made (a thread that waited for another's just retries).
     reliefs: AtomicU64,
     global: Mutex<GlobalState>,
@@ -174,7 +183,8 @@ impl<U: DeviceMemoryResource> State<U> {
             dump_log_on_failure: options.dump_log_on_failure,
             use_size_classes: options.use_size_classes,
             arena_count: AtomicUsize::new(0),
-            relieving: Mutex::new(()),
+            relieving: Mutex::new(false),
+            relieved: Condvar::new(),
             reliefs: AtomicU64::new(0),
             global: Mutex::new(GlobalState::new(arena)),
             pending: PendingQueue::default(),
@@ -321,41 +331,55 @@ impl<U: DeviceMemoryResource> State<U> {
             let Some(cell) = map.remove(&key) else {
                 continue;
             };
-            let mut slot = cell.lock();
-            if cell.is_retired() {
-                continue;
-            }
-            let mut refused = false;
-            let superblocks = slot.arena.take_all();
-            if !superblocks.is_empty() {
-                let mut global = self.lock_global();
-                for sb in superblocks {
-                    let addr = sb.addr();
-                    match into.arena.adopt(sb) {
-                        Ok(()) => {
-                            global.owners.insert(addr, Arc::clone(&target));
+            self.hold(&cell, &target, &mut into, &mut holding);
+        }
+        self.arena_count.store(map.len(), Ordering::Relaxed);
+    }
+
+    /// Moves every superblock of `cell` (out of the map, whose write lock the caller holds,
+    /// as it holds `holding`'s lock), used or not, and its fences into `into`, the locked
+    /// holding arena `target`, and retires the cell; frees of its blocks find them there
+    /// through the owner table. A superblock the holding arena refuses (cannot happen:
+    /// superblocks never overlap) stays in the cell, which is then held as it is.
+    fn hold(
+        &self,
+        cell: &Arc<ArenaCell>,
+        target: &Arc<ArenaCell>,
+        into: &mut ArenaSlot,
+        holding: &mut Vec<Arc<ArenaCell>>,
+    ) {
+        let mut slot = cell.lock();
+        if cell.is_retired() {
+            return;
+        }
+        let mut refused = false;
+        let superblocks = slot.arena.take_all();
+        if !superblocks.is_empty() {
+            let mut global = self.lock_global();
+            for sb in superblocks {
+                let addr = sb.addr();
+                match into.arena.adopt(sb) {
+                    Ok(()) => {
+                        global.owners.insert(addr, Arc::clone(target));
+                    }
+                    Err(rejected) => {
+                        log::error!("arena: moving superblocks to a holding arena: {rejected}");
+                        if let Err(lost) = slot.arena.adopt(*rejected.superblock) {
+                            log::error!("arena: superblock lost: {lost}");
                         }
-                        Err(rejected) => {
-                            // Cannot happen (superblocks never overlap): it stays where it was.
-                            log::error!("arena: retiring a destroyed stream's arena: {rejected}");
-                            if let Err(lost) = slot.arena.adopt(*rejected.superblock) {
-                                log::error!("arena: superblock lost: {lost}");
-                            }
-                            refused = true;
-                        }
+                        refused = true;
                     }
                 }
             }
-            if refused {
-                // Held as it is, until a reclaim takes its superblocks back.
-                drop(slot);
-                holding.insert(0, cell);
-                continue;
-            }
-            into.fences.append(&mut slot.fences);
-            cell.retire(&mut slot);
         }
-        self.arena_count.store(map.len(), Ordering::Relaxed);
+        if refused {
+            // Held as it is, until a reclaim takes its superblocks back.
+            drop(slot);
+            holding.insert(0, Arc::clone(cell));
+            return;
+        }
+        into.fences.append(&mut slot.fences);
+        cell.retire(&mut slot);
     }
 
     // --- allocation -------------------------------------------------------------------------
@@ -383,18 +407,9 @@ impl<U: DeviceMemoryResource> State<U> {
             return Ok(DevicePtr::from_raw(addr));
         }
         for relief in [Relief::Reclaim, Relief::Defragment] {
-            {
-                // One thread at a time makes room; one that waited for another's just retries.
-                let _making_room = lock(&self.relieving);
-                if self.reliefs.load(Ordering::Acquire) == seen {
-                    match relief {
-                        Relief::Reclaim => self.reclaim()?,
-                        Relief::Defragment => self.defragment()?,
-                    }
-                    self.reliefs.fetch_add(1, Ordering::AcqRel);
-                }
-                seen = self.reliefs.load(Ordering::Acquire);
-            }
+            // One thread at a time makes room; one that waited for another's just retries.
+            self.relieve(relief, Some(seen))?;
+            seen = self.reliefs.load(Ordering::Acquire);
             if let Some(addr) = self.try_allocate(stream, key, size)? {
                 return Ok(DevicePtr::from_raw(addr));
             }
@@ -727,39 +742,69 @@ impl<U: DeviceMemoryResource> State<U> {
         }
     }
 
-    /// RMM's defragmentation: synchronize the device, then move every local arena's
-    /// superblocks back to the global arena (which coalesces the empty ones). Every local arena
-    /// is retired (threads look their key up again and get a fresh one), so arenas of streams
-    /// that no longer exist do not accumulate. The holding arenas of destroyed streams'
-    /// superblocks go back too.
+    /// RMM's defragmentation: every local arena's superblocks, used or not, go back to the
+    /// global arena (which coalesces the free memory around them) once the device has finished
+    /// the work queued so far. Every local arena is retired (threads look their key up again
+    /// and get a fresh one), so arenas of streams that no longer exist do not accumulate.
+    ///
+    /// Unlike RMM, which synchronizes the device while it holds every lock, no lock is held
+    /// across the synchronization: under the locks, every local arena's superblocks and fences
+    /// move into a new holding arena (as a destroyed stream's do at [`sweep`](Self::sweep));
+    /// then a [`reclaim`](Self::reclaim) synchronizes, with no lock held, and gives every
+    /// holding arena back to the global arena. Meanwhile the streams allocate from fresh
+    /// arenas, and a free of a block in a held superblock lands in the holding arena behind a
+    /// fence the reclaim waits for before the superblock goes back. If the synchronization
+    /// fails, the superblocks stay held (their blocks can still be freed) until a later reclaim
+    /// succeeds.
     fn defragment(&self) -> MrResult<()> {
-        let mut map = write(&self.arenas);
-        let mut holding = lock(&self.holding);
-        let cells: Vec<Arc<ArenaCell>> = map.values().chain(holding.iter()).cloned().collect();
-        let mut slots: Vec<MutexGuard<'_, ArenaSlot>> = cells.iter().map(|c| c.lock()).collect();
-        // Held across the synchronization, so that every fence and pending free seen below was
-        // recorded before it.
-        let mut global = self.lock_global();
-        if self.gpu {
-            fence::device_synchronize()?;
-        }
-        for (cell, slot) in cells.iter().zip(slots.iter_mut()) {
-            for event in slot.fences.drain(..) {
-                self.events.give(event);
+        {
+            let mut map = write(&self.arenas);
+            let mut holding = lock(&self.holding);
+            let target = Arc::new(ArenaCell::holding());
+            let mut into = target.lock();
+            let cells: Vec<Arc<ArenaCell>> = map.drain().map(|(_, cell)| cell).collect();
+            for cell in &cells {
+                self.hold(cell, &target, &mut into, &mut holding);
             }
-            global.take_back(slot);
-            if slot.arena.superblock_count() == 0 {
-                cell.retire(slot);
-                if map.get(&cell.key()).is_some_and(|c| Arc::ptr_eq(c, cell)) {
-                    map.remove(&cell.key());
-                }
+            drop(into);
+            holding.push(target);
+            self.arena_count.store(map.len(), Ordering::Relaxed);
+        }
+        self.reclaim()
+    }
+
+    /// Makes room with `relief` unless another thread made room since `seen` (the count of
+    /// [`reliefs`](Self::reliefs) the caller read before it found no room; `None`: in any
+    /// case). One thread at a time: a thread that finds another making room waits for it to end
+    /// (on a condition variable, so that no lock is held while the maker synchronizes the
+    /// device), then looks at the count again.
+    fn relieve(&self, relief: Relief, seen: Option<u64>) -> MrResult<()> {
+        let mut running = lock(&self.relieving);
+        while *running {
+            running = self
+                .relieved
+                .wait(running)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        if seen.is_some_and(|seen| self.reliefs.load(Ordering::Acquire) != seen) {
+            return Ok(());
+        }
+        *running = true;
+        drop(running);
+        /// Ends the relief (also on an error or a panic) and wakes the threads waiting for it.
+        struct Ending<'a>(&'a Mutex<bool>, &'a Condvar);
+        impl Drop for Ending<'_> {
+            fn drop(&mut self) {
+                *lock(self.0) = false;
+                self.1.notify_all();
             }
         }
-        holding.retain(|cell| !cell.is_retired());
-        self.arena_count.store(map.len(), Ordering::Relaxed);
-        // Everything recorded before the synchronization has completed.
-        let all = self.pending.take_all();
-        self.release(&mut global, all);
+        let _ending = Ending(&self.relieving, &self.relieved);
+        match relief {
+            Relief::Reclaim => self.reclaim()?,
+            Relief::Defragment => self.defragment()?,
+        }
+        self.reliefs.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
 
@@ -1041,6 +1086,26 @@ impl<U: DeviceMemoryResource> State<U> {
                     return Ok(());
                 }
                 Some(SuperblockLocation::Lent(span)) => match global.owners.get(&span.addr) {
+                    Some(owner)
+                        if owner.key() == ArenaKey::Retired
+                            && !fence.on_legacy
+                            && needs_legacy_order(
+                                fence.freeing.thread(),
+                                Origin::Unknown,
+                                false,
+                            ) =>
+                    {
+                        // A holding arena's superblocks go back to the global arena, where
+                        // any stream may take the block, and whose stream allocated it is not
+                        // known there: as for a block of the global arena, recorded outside
+                        // the global lock; then look again.
+                        drop(global);
+                        if let Err(e) = self.order_behind_legacy(&mut fence) {
+                            self.events.give_opt(fence.event.take());
+                            return Err(e);
+                        }
+                        continue;
+                    }
                     Some(owner) => Arc::clone(owner),
                     // An empty superblock on its way back to the global arena: all free.
                     None if global.in_transit.contains(&span) => {
@@ -1166,10 +1231,48 @@ impl<U: DeviceMemoryResource> State<U> {
     /// (tests).
     #[cfg(test)]
     pub(super) fn reclaim_now(&self) -> MrResult<()> {
-        let _making_room = lock(&self.relieving);
-        self.reclaim()?;
-        self.reliefs.fetch_add(1, Ordering::AcqRel);
-        Ok(())
+        self.relieve(Relief::Reclaim, None)
+    }
+
+    /// A defragmentation ([`defragment`](Self::defragment)), as an allocation that found no
+    /// room after a reclaim makes one (tests).
+    #[cfg(test)]
+    pub(super) fn defragment_now(&self) -> MrResult<()> {
+        self.relieve(Relief::Defragment, None)
+    }
+
+    /// The locks of this resource that are held now (by any thread, this one included): what
+    /// tests check while the device is synchronized, when none may be.
+    #[cfg(test)]
+    pub(super) fn locks_held(&self) -> Vec<String> {
+        let mut held = Vec::new();
+        let mut cells = Vec::new();
+        match self.arenas.try_write() {
+            Ok(map) => cells.extend(map.values().cloned()),
+            Err(_) => held.push("the map of arenas".to_owned()),
+        }
+        match self.holding.try_lock() {
+            Ok(holding) => cells.extend(holding.iter().cloned()),
+            Err(_) => held.push("the holding arenas".to_owned()),
+        }
+        for cell in cells {
+            if cell.is_locked() {
+                held.push(format!("the arena of {}", cell.key()));
+            }
+        }
+        if self.global.try_lock().is_err() {
+            held.push("the global arena".to_owned());
+        }
+        if self.relieving.try_lock().is_err() {
+            held.push("the relief flag".to_owned());
+        }
+        if self.pending.is_locked() {
+            held.push("the pending frees".to_owned());
+        }
+        if self.events.is_locked() {
+            held.push("the event pool".to_owned());
+        }
+        held
     }
 
     /// The arena's first address.

@@ -5,11 +5,14 @@
 //! On a machine with a GPU the same tests run with events and synchronizations enabled;
 //! `settle()` makes pending large frees visible where a test needs them to be.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::rc::Rc;
 use std::sync::mpsc;
 
 use proptest::prelude::*;
 use rmm_stream::CudaStreamView;
+use rmm_sys::fault::{self, DriverCall, FaultScope};
 use rmm_sys::DevicePtr;
 
 use super::state::Snapshot;
@@ -1285,4 +1288,124 @@ fn reclaim_gives_everything_back(mr: &Arena, size: usize) {
     assert!(s.fully_coalesced, "{s:?}");
     let all = alloc(mr, legacy(), size);
     free(mr, legacy(), all, size);
+}
+
+/// What [`watch_locks`] saw: each synchronization's entry point and the locks held then.
+type Watched = Rc<RefCell<Vec<(&'static str, Vec<String>)>>>;
+
+/// Watches this thread's synchronizations (device, stream, event) and records, at each, the
+/// locks of `mr` held at that moment: none may be.
+fn watch_locks(mr: &Arena) -> Watched {
+    let state = std::sync::Arc::clone(&mr.inner);
+    let seen = Watched::default();
+    let log = Rc::clone(&seen);
+    fault::watch(DriverCall::Synchronize, move |call| {
+        log.borrow_mut().push((call, state.locks_held()));
+    });
+    seen
+}
+
+/// Making room synchronizes the device (under rmm-sys's simulated driver, as on a GPU) with no
+/// lock of the resource held, the reclaim and the defragmentation alike (RMM defragments
+/// holding its exclusive lock; so did this resource, holding the map, every arena and the
+/// global arena across the synchronization).
+#[test]
+fn no_lock_is_held_while_making_room_synchronizes() {
+    let _sim = FaultScope::simulated();
+    let (_mock, mr) = arena(4 * MIB);
+    // Four superblocks, one block each; the second one emptied.
+    let blocks: Vec<DevicePtr> = (0..4).map(|_| alloc(&mr, legacy(), 600 * KIB)).collect();
+    free(&mr, legacy(), blocks[1], 600 * KIB);
+    let seen = watch_locks(&mr);
+    let syncs = fault::calls(DriverCall::Synchronize);
+    // More than the emptied superblock: a reclaim is not enough, the defragmentation dissolves
+    // the first superblock around its live block.
+    let big = alloc(&mr, legacy(), 1200 * KIB);
+    fault::unwatch(DriverCall::Synchronize);
+    assert_eq!(big.addr(), blocks[0].addr() + 600 * KIB as u64);
+    assert!(
+        fault::calls(DriverCall::Synchronize) >= syncs + 2,
+        "the reclaim and the defragmentation each synchronize"
+    );
+    let seen = seen.borrow();
+    assert!(!seen.is_empty());
+    for (call, held) in seen.iter() {
+        assert!(held.is_empty(), "{call} with {held:?} locked");
+    }
+    let s = snapshot(&mr);
+    assert_eq!(
+        (s.arenas, s.holding, s.lent_superblocks),
+        (0, 0, 0),
+        "{s:?}"
+    );
+    free(&mr, legacy(), big, 1200 * KIB);
+    for &p in [blocks[0], blocks[2], blocks[3]].iter() {
+        free(&mr, per_thread(), p, 600 * KIB);
+    }
+    reclaim_gives_everything_back(&mr, 4 * MIB);
+}
+
+/// While a defragmentation waits for the device, other threads free blocks of the superblocks
+/// it took (from the block's stream and from a per-thread default stream) and allocate: no
+/// lock is held, nothing is handed out twice, and the frees count once the superblocks are
+/// back.
+#[test]
+fn streams_free_and_allocate_while_a_defragmentation_waits() {
+    let _sim = FaultScope::simulated();
+    let (_mock, mr) = arena(4 * MIB);
+    let a = alloc(&mr, legacy(), 256 * KIB);
+    let b = alloc(&mr, legacy(), 256 * KIB);
+    let (in_sync_tx, in_sync_rx) = mpsc::channel::<()>();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let c = std::thread::scope(|sc| {
+        let defragmenting = sc.spawn(|| {
+            let _sim = FaultScope::simulated();
+            fault::watch(DriverCall::Synchronize, move |_| {
+                let _ = in_sync_tx.send(());
+                let _ = go_rx.recv();
+            });
+            let r = mr.inner.defragment_now();
+            fault::unwatch(DriverCall::Synchronize);
+            r
+        });
+        in_sync_rx
+            .recv()
+            .expect("the defragmentation never synchronized");
+        let held = mr.inner.locks_held();
+        assert!(
+            held.is_empty(),
+            "{held:?} locked while the device is synchronized"
+        );
+        // Every arena retired, its superblock still lent (to the holding arena the reclaim
+        // took out before the synchronization).
+        let s = snapshot(&mr);
+        assert_eq!((s.arenas, s.lent_superblocks), (0, 1), "{s:?}");
+        // The block's own stream frees one, the per-thread stream the other (ordered behind
+        // the legacy stream: the block's next user may be any stream).
+        free(&mr, legacy(), b, 256 * KIB);
+        let records = fault::calls(DriverCall::EventRecord);
+        free(&mr, per_thread(), a, 256 * KIB);
+        assert_eq!(
+            fault::calls(DriverCall::EventRecord),
+            records + 2,
+            "one fence on the freeing stream, then one on the legacy stream"
+        );
+        assert_eq!(
+            kind(&try_free(&mr, legacy(), b, 256 * KIB)),
+            InvalidFree::DoubleFree
+        );
+        // A fresh legacy arena serves from memory the defragmentation did not take.
+        let c = alloc(&mr, legacy(), 256 * KIB);
+        assert!(c.addr() >= a.addr() + MIB as u64, "handed out a held block");
+        go_tx.send(()).unwrap();
+        // The reclaim's later waits (for the fences the frees left) go on at once.
+        drop(go_tx);
+        defragmenting.join().unwrap().unwrap();
+        c
+    });
+    let s = snapshot(&mr);
+    assert_eq!(s.holding, 0, "{s:?}");
+    assert_eq!(mr.inner.live_blocks(), vec![(c.addr(), 256 * KIB)]);
+    free(&mr, legacy(), c, 256 * KIB);
+    reclaim_gives_everything_back(&mr, 4 * MIB);
 }
