@@ -200,8 +200,9 @@ int rmm_rs_allocate(void **ptr, size_t size, int device, void *stream);
 /* Frees ptr, allocated by rmm_rs_alloc (or rmm_rs_torch_alloc) with the same size and device,
  * ordered on stream (the allocation's stream, or one ordered after the last work on the
  * memory): PyTorch's free signature. NULL does nothing. A free the resource detects as wrong
- * is refused, counted in failed_frees and reported by rmm_rs_last_error(); what it cannot
- * detect (memory still in use, a pointer of another allocator on the plain _CUDA resource) is
+ * is refused, counted in failed_frees and reported by rmm_rs_last_error(), and so is a free
+ * while the device has no allocation outstanding; what it cannot detect (memory still in use,
+ * a pointer of another allocator on the plain _CUDA resource while others are outstanding) is
  * undefined behaviour, as for cudaFree. rmm_rs_deallocate returns the status instead. */
 void rmm_rs_free(void *ptr, ssize_t size, int device, void *stream);
 
