@@ -11,7 +11,7 @@
 use loom::sync::{Arc, Mutex};
 use loom::thread;
 
-use super::{Moves, Settled};
+use super::{Budget, Moves, Settled};
 use crate::sync::Seen;
 
 /// Enough yields for the merger's few steps: the model fails if the wait runs out.
@@ -50,7 +50,7 @@ fn run(block: usize, requests: &'static [usize]) -> Vec<Vec<Result<(), Settled>>
                 searches.push(Ok(()));
                 break;
             }
-            let settled = watch.settle_within(SPINS);
+            let settled = watch.settle_within(SPINS, &mut Budget::yields(SPINS));
             searches.push(Err(settled));
             if settled != Settled::SearchAgain {
                 break;
