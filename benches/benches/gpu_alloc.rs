@@ -13,7 +13,9 @@
 //!    per trace, a second table of what growing cost (growth events and their wall time in the
 //!    warm-up and the timed pass, chunks given back in the timed pass) and of the timed pass's
 //!    slow-path driver calls (events recorded, stream waits, synchronizations, per 1,000
-//!    operations). `vmm_pool` grows as the pool does (its default: each growth at least doubles
+//!    operations), and a third of how long growers held the growth lock of each stream-ordered
+//!    resource (holds, p50, p99.9, longest, the most yields in one hold and the holds whose
+//!    wait its budget ended; rmm-mr's `testing` record). `vmm_pool` grows as the pool does (its default: each growth at least doubles
 //!    what is mapped); `vmm_pool_12` adds 12 % of what is mapped (`min_growth_percent(12)`,
 //!    the frugal step, the default until 2026-11-26).
 //!
@@ -21,6 +23,9 @@
 //! `--only NAME[,NAME]` (resources; `vmm_pool_gP` adds the VMM pool growing by at least `P` %
 //! of what is mapped, for sweeps of the growth step), `--no-baselines` (leave out
 //! `driver_pool` and `naive` unless `--only` names them; their ratio columns then read n/a),
+//! `--traces a,b,r64` (default `a,b`; `r64`: the peer comparison's RMM `random_allocations`
+//! up to 64 MiB, seed `0x5eed_0040`, `max_usage` the live budget over the largest thread
+//! count; fixed-size is left out on it),
 //! `--quick` (10,000 ops, 1 rep). Without a GPU it prints one
 //! line and exits successfully (a benchmark, not a test). `--simulated`: no GPU needed; the
 //! pool and the VMM pools replay the traces over simulated memory on fake streams, round robin
@@ -34,6 +39,7 @@ use rmm_benches::gpu::{build, Growth, GrowthMeter, Spec};
 use rmm_benches::sizing::{live_count_within, DeviceMemory};
 use rmm_benches::table::mib;
 use rmm_benches::{median, replay_threads, replay_threads_counted, DriverCalls, Trace};
+use rmm_mr::testing::GrowthLockHolds;
 use rmm_mr::{
     CudaAsyncMemoryResource, CudaMemoryResource, DeviceMemoryResource, MrResult,
     PoolMemoryResource, SimulatedMemoryResource, VmmPoolMemoryResource, VmmPoolOptions,
@@ -53,6 +59,7 @@ struct Args {
     only: Option<Vec<String>>,
     no_baselines: bool,
     simulated: bool,
+    traces: Vec<String>,
 }
 
 fn parse_args() -> Args {
@@ -63,6 +70,7 @@ fn parse_args() -> Args {
         only: None,
         no_baselines: false,
         simulated: false,
+        traces: vec!["a".to_owned(), "b".to_owned()],
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -76,6 +84,11 @@ fn parse_args() -> Args {
             }
             "--only" => a.only = it.next().map(|v| v.split(',').map(str::to_owned).collect()),
             "--no-baselines" => a.no_baselines = true,
+            "--traces" => {
+                if let Some(v) = it.next() {
+                    a.traces = v.split(',').map(str::to_owned).collect();
+                }
+            }
             "--simulated" => a.simulated = true,
             "--quick" => {
                 a.ops = 10_000;
@@ -90,9 +103,54 @@ fn parse_args() -> Args {
 type Factory = Box<dyn Fn(&TraceSpec) -> MrResult<Spec>>;
 
 struct TraceSpec {
+    /// What `--traces` names it by.
+    key: &'static str,
     name: &'static str,
     max_size: usize,
-    live: usize,
+    /// Allocations live at once ([`Trace::random`]); `None`: RMM's `random_allocations`
+    /// ([`Trace::rmm_random`]).
+    live: Option<usize>,
+    seed: u64,
+}
+
+impl TraceSpec {
+    /// The trace for `ops` operations a thread and `max_threads` threads at most on a device
+    /// with `mem`, and its live count where that had to be cut to fit (`Trace::random`, within
+    /// the trace budget) or its `max_usage` per thread (`Trace::rmm_random`: the live budget
+    /// over `max_threads`, as the peer comparison sizes it), for the header.
+    fn trace(&self, ops: usize, max_threads: usize, mem: &DeviceMemory) -> (Trace, String) {
+        match self.live {
+            Some(live) => {
+                let budget = mem.trace_budget();
+                let fitted = live_count_within(live, self.max_size, max_threads, budget);
+                let note = if fitted == live {
+                    String::new()
+                } else {
+                    format!(
+                        "(trace {}: {fitted} live allocations instead of {live}, to fit \
+                         {max_threads} threads)",
+                        self.name
+                    )
+                };
+                (
+                    Trace::random(ops, 1, self.max_size, fitted, self.seed),
+                    note,
+                )
+            }
+            None => {
+                let usage = mem.live_budget() / max_threads.max(1);
+                (
+                    Trace::rmm_random(ops / 2, self.max_size, usage, self.seed),
+                    format!(
+                        "(trace {}: {} allocations, max_usage {} MiB per thread)",
+                        self.name,
+                        ops / 2,
+                        usage / MIB
+                    ),
+                )
+            }
+        }
+    }
 }
 
 /// The resources under test, by name, and whether they run multi-threaded. `driver_pool`
@@ -189,18 +247,31 @@ fn vmm_pool(min_growth_percent: Option<usize>) -> Factory {
     })
 }
 
-/// The two traces.
-fn trace_specs() -> [TraceSpec; 2] {
+/// The traces: `a` and `b` (the default), and `r64` (`--traces`), the peer comparison's
+/// RMM `random_allocations` up to 64 MiB (the trace on which the pool grows most under 16
+/// threads).
+fn trace_specs() -> [TraceSpec; 3] {
     [
         TraceSpec {
+            key: "a",
             name: "a: 1 B-4 MiB, ~1000 live",
             max_size: 4 * MIB,
-            live: 1000,
+            live: Some(1000),
+            seed: 0xbe_2c4,
         },
         TraceSpec {
+            key: "b",
             name: "b: 1 B-64 KiB, ~2000 live",
             max_size: 64 * KIB,
-            live: 2000,
+            live: Some(2000),
+            seed: 0xbe_2c4,
+        },
+        TraceSpec {
+            key: "r64",
+            name: "r64: RMM random_allocations, 1 B-64 MiB",
+            max_size: 64 * MIB,
+            live: None,
+            seed: 0x5eed_0040,
         },
     ]
 }
@@ -292,19 +363,17 @@ fn run(args: &Args) -> MrResult<()> {
     let specs = trace_specs();
     let mut failures = 0;
     let max_threads = args.threads.iter().copied().max().unwrap_or(1);
-    for spec in &specs {
+    for spec in specs
+        .iter()
+        .filter(|s| args.traces.iter().any(|t| t == s.key))
+    {
         // The documented live counts fit every thread count on 80 GB GPUs and up; on smaller
         // ones the trace keeps fewer allocations live so that the largest thread count fits,
         // in the arena too (`DeviceMemory::trace_budget`).
-        let budget = DeviceMemory::query()?.trace_budget();
-        let live = live_count_within(spec.live, spec.max_size, max_threads, budget);
-        if live != spec.live {
-            println!(
-                "(trace {}: {live} live allocations instead of {}, to fit {max_threads} threads)",
-                spec.name, spec.live
-            );
+        let (trace, note) = spec.trace(args.ops, max_threads, &DeviceMemory::query()?);
+        if !note.is_empty() {
+            println!("{note}");
         }
-        let trace = Trace::random(args.ops, 1, spec.max_size, live, 0xbe_2c4);
         let peak = trace.peak_bytes();
         println!(
             "\n## Trace {} (peak {:.2} GiB per thread)\n",
@@ -322,6 +391,14 @@ fn run(args: &Args) -> MrResult<()> {
                 continue;
             }
             if !baseline && args.only.is_some() && !named {
+                continue;
+            }
+            if rname == "fixed_size" && spec.max_size > 4 * MIB {
+                // A whole 64 MiB block per allocation: as in the peer comparison, left out.
+                println!(
+                    "(skipped fixed_size: blocks of {} MiB)",
+                    spec.max_size / MIB
+                );
                 continue;
             }
             for &threads in &args.threads {
@@ -348,6 +425,7 @@ fn run(args: &Args) -> MrResult<()> {
                         calls: DriverCalls::default(),
                         ops: 0,
                         reps: 0,
+                        holds: None,
                     };
                     for _ in 0..args.reps {
                         let built = build(factory(spec)?)?;
@@ -368,6 +446,9 @@ fn run(args: &Args) -> MrResult<()> {
                             row.timed = sum(row.timed, timed.since(warm));
                         }
                         row.calls = row.calls.plus(calls);
+                        if let Some(h) = built.growth_lock_holds() {
+                            row.holds = Some(row.holds.unwrap_or_default().plus(&h));
+                        }
                         row.ops += trace.ops.len() * threads;
                         row.reps += 1;
                         // The resource goes before its streams.
@@ -423,6 +504,7 @@ fn run(args: &Args) -> MrResult<()> {
             }
         }
         growth_table(&table);
+        holds_table(&table);
     }
     fragmented_pool(args.reps)?;
     if failures > 0 {
@@ -448,6 +530,9 @@ struct Row {
     /// Operations of the timed passes, summed over the repetitions.
     ops: usize,
     reps: usize,
+    /// The growth lock's holds over the whole run (warm-up and timed passes, every
+    /// repetition; `None`: the resource has no growth lock).
+    holds: Option<GrowthLockHolds>,
 }
 
 /// Per repetition: growths and the time they took, releases and theirs.
@@ -511,6 +596,40 @@ fn growth_table(table: &BTreeMap<usize, Vec<Row>>) {
     }
 }
 
+/// The third table of a trace: how long growers held each stream-ordered resource's growth
+/// lock (the search, the waits for blocks in transit and for frees, the upstream call).
+fn holds_table(table: &BTreeMap<usize, Vec<Row>>) {
+    println!(
+        "\nThe growth lock (pool, fixed-size, VMM pool; binning: its pool), over the whole run \
+         (warm-up and timed passes, every repetition): holds, their p50, p99.9 and longest \
+         (a hold: the grower's search, its waits for blocks in transit and for frees, at most \
+         {} yields or {} ms in all, and the upstream call), the most yields one grower made in \
+         one hold, and the holds whose wait the budget ended.\n",
+        GrowthLockHolds::BUDGET_YIELDS,
+        GrowthLockHolds::BUDGET_TIME.as_millis(),
+    );
+    println!(
+        "| threads | resource | holds | p50 µs | p99.9 µs | max µs | most yields | budget ran out |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|");
+    let us = |d: std::time::Duration| format!("{:.1}", d.as_secs_f64() * 1e6);
+    for (threads, rows) in table {
+        for row in rows {
+            let Some(h) = &row.holds else { continue };
+            println!(
+                "| {threads} | {} | {} | {} | {} | {} | {} | {} |",
+                row.name,
+                h.count(),
+                us(h.quantile(0.5)),
+                us(h.quantile(0.999)),
+                us(h.max()),
+                h.max_yields(),
+                h.budget_ran_out(),
+            );
+        }
+    }
+}
+
 /// A resource of the simulation, with readers of its growth and of the bytes it holds.
 struct SimSubject {
     mr: Box<dyn DeviceMemoryResource>,
@@ -540,15 +659,20 @@ fn simulated(args: &Args) -> MrResult<()> {
         args.ops
     );
     let max_threads = args.threads.iter().copied().max().unwrap_or(1);
-    for spec in &trace_specs() {
-        let live = live_count_within(spec.live, spec.max_size, max_threads, mem.trace_budget());
-        let trace = Trace::random(args.ops, 1, spec.max_size, live, 0xbe_2c4);
+    for spec in trace_specs()
+        .iter()
+        .filter(|s| args.traces.iter().any(|t| t == s.key))
+    {
+        let (trace, note) = spec.trace(args.ops, max_threads, &mem);
         let peak = trace.peak_bytes();
         println!(
-            "\n## Trace {} ({live} live, peak {:.2} GiB per thread)\n",
+            "\n## Trace {} (peak {:.2} GiB per thread)\n",
             spec.name,
             peak as f64 / GIB as f64
         );
+        if !note.is_empty() {
+            println!("{note}\n");
+        }
         println!(
             "| threads | resource | growths (warm-up) | growths (counted) | releases (counted) \
              | records / 1k ops | waits / 1k ops | syncs / 1k ops | peak reserved \

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rmm_mr::testing::GrowthLockHolds;
 use rmm_mr::{
     ArenaMemoryResource, ArenaOptions, BinningMemoryResource, BinningOptions,
     CudaAsyncMemoryResource, CudaMemoryResource, DeviceMemoryResource, FixedSizeMemoryResource,
@@ -117,7 +118,12 @@ pub struct Built {
     pub mr: SharedResource,
     peak: Box<dyn Fn() -> Option<u64> + Send + Sync>,
     growth: Box<dyn Fn() -> Option<Growth> + Send + Sync>,
+    holds: Holds,
 }
+
+/// A reader of a stream-ordered resource's growth-lock holds (`None`: the resource has no
+/// such lock).
+type Holds = Box<dyn Fn() -> Option<GrowthLockHolds> + Send + Sync>;
 
 impl Built {
     /// Peak bytes reserved so far: what the resource took from the CUDA resource at most (a
@@ -135,6 +141,14 @@ impl Built {
     #[must_use]
     pub fn growth(&self) -> Option<Growth> {
         (self.growth)()
+    }
+
+    /// How long growers held the resource's growth lock so far (rmm-mr's `testing` feature):
+    /// the pool's, the fixed-size resource's, the VMM pool's and, for binning, the pool's under
+    /// its bins; `None` for the others.
+    #[must_use]
+    pub fn growth_lock_holds(&self) -> Option<GrowthLockHolds> {
+        (self.holds)()
     }
 }
 
@@ -294,11 +308,13 @@ pub fn build(spec: Spec) -> MrResult<Built> {
         Box::new(move || Some(m.growth())) as Box<dyn Fn() -> Option<Growth> + Send + Sync>
     };
     let none = || Box::new(|| None) as Box<dyn Fn() -> Option<Growth> + Send + Sync>;
+    let no_lock = || Box::new(|| None) as Holds;
     Ok(match spec {
         Spec::Cuda => Built {
             mr: rmm_mr::shared(stats.clone()),
             peak: peak_of(stats),
             growth: none(),
+            holds: no_lock(),
         },
         Spec::Async => {
             let mr = CudaAsyncMemoryResource::new()?;
@@ -307,13 +323,19 @@ pub fn build(spec: Spec) -> MrResult<Built> {
                 mr: rmm_mr::shared(mr),
                 peak: Box::new(move || handle.statistics().ok().map(|s| s.reserved_high)),
                 growth: none(),
+                holds: no_lock(),
             }
         }
-        Spec::Pool { initial } => Built {
-            mr: rmm_mr::shared(PoolMemoryResource::new(meter.clone(), initial)?),
-            peak: peak_of(stats),
-            growth: metered(),
-        },
+        Spec::Pool { initial } => {
+            let pool = PoolMemoryResource::new(meter.clone(), initial)?;
+            let handle = pool.clone();
+            Built {
+                mr: rmm_mr::shared(pool),
+                peak: peak_of(stats),
+                growth: metered(),
+                holds: Box::new(move || Some(handle.growth_lock_holds())),
+            }
+        }
         Spec::VmmPool {
             initial,
             maximum,
@@ -326,7 +348,9 @@ pub fn build(spec: Spec) -> MrResult<Built> {
             let mr = VmmPoolMemoryResource::with_options(options)?;
             let handle = mr.clone();
             let growth = mr.clone();
+            let locked = mr.clone();
             Built {
+                holds: Box::new(move || Some(locked.growth_lock_holds())),
                 mr: rmm_mr::shared(mr),
                 peak: Box::new(move || u64::try_from(handle.growth_statistics().peak_mapped).ok()),
                 growth: Box::new(move || {
@@ -347,17 +371,23 @@ pub fn build(spec: Spec) -> MrResult<Built> {
             )?),
             peak: peak_of(stats),
             growth: metered(),
+            holds: no_lock(),
         },
-        Spec::FixedSize { block } => Built {
-            mr: rmm_mr::shared(FixedSizeMemoryResource::with_options(
+        Spec::FixedSize { block } => {
+            let fixed = FixedSizeMemoryResource::with_options(
                 meter.clone(),
                 FixedSizeOptions::new()
                     .block_size(block)
                     .blocks_to_preallocate(128),
-            )?),
-            peak: peak_of(stats),
-            growth: metered(),
-        },
+            )?;
+            let handle = fixed.clone();
+            Built {
+                mr: rmm_mr::shared(fixed),
+                peak: peak_of(stats),
+                growth: metered(),
+                holds: Box::new(move || Some(handle.growth_lock_holds())),
+            }
+        }
         Spec::Naive { bytes } => {
             let mr = NaiveBestFit::new(bytes)?;
             let region = u64::try_from(mr.region_size()).ok();
@@ -365,6 +395,7 @@ pub fn build(spec: Spec) -> MrResult<Built> {
                 mr: rmm_mr::shared(mr),
                 peak: Box::new(move || region),
                 growth: none(),
+                holds: no_lock(),
             }
         }
         Spec::Binning {
@@ -373,7 +404,9 @@ pub fn build(spec: Spec) -> MrResult<Built> {
             max_exp,
         } => {
             let pool = PoolMemoryResource::new(meter.clone(), pool_initial)?;
+            let handle = pool.clone();
             Built {
+                holds: Box::new(move || Some(handle.growth_lock_holds())),
                 mr: rmm_mr::shared(BinningMemoryResource::with_options(
                     pool,
                     BinningOptions::new()

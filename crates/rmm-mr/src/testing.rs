@@ -1,7 +1,8 @@
 //! A host-memory resource for tests and benchmarks on machines without a GPU, an upstream
 //! that fails on demand ([`FaultyResource`]), the fragmentation workloads the benchmarks
-//! and tests share ([`fragmentation`]), the benchmarks' naive baseline ([`naive`]) and the
-//! allocation traces they replay ([`trace`]).
+//! and tests share ([`fragmentation`]), the benchmarks' naive baseline ([`naive`]), the
+//! allocation traces they replay ([`trace`]) and the record of how long growers held a
+//! resource's growth lock ([`GrowthLockHolds`]).
 
 use std::alloc::Layout;
 use std::collections::HashMap;
@@ -17,10 +18,12 @@ use crate::util::alignment::{self, MAX_OVER_ALIGNMENT};
 
 mod faulty;
 pub mod fragmentation;
+pub(crate) mod growth_lock;
 pub mod naive;
 pub mod trace;
 
 pub use faulty::{FaultKind, FaultyResource};
+pub use growth_lock::GrowthLockHolds;
 
 #[derive(Debug, Default)]
 struct Mock {

@@ -406,6 +406,15 @@ impl<U: DeviceMemoryResource> FixedSizeMemoryResource<U> {
     pub(crate) fn owns(&self, ptr: DevicePtr) -> bool {
         self.inner.core.owns(ptr.addr())
     }
+
+    /// How long growers held this resource's growth lock so far (each hold: the search, the
+    /// waits for blocks in transit and for frees, the upstream call). With the `testing`
+    /// feature only; `gpu_alloc` prints it.
+    #[cfg(any(test, feature = "testing"))]
+    #[must_use]
+    pub fn growth_lock_holds(&self) -> crate::testing::GrowthLockHolds {
+        self.inner.core.growth_lock_holds()
+    }
 }
 
 /// How many stream lists `resource` keeps; with `retire`, after retiring those whose owner died

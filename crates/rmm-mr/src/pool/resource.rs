@@ -275,6 +275,15 @@ impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
         self.inner.core.outstanding()
     }
 
+    /// How long growers held this resource's growth lock so far (each hold: the search, the
+    /// waits for blocks in transit and for frees, the upstream call). With the `testing`
+    /// feature only; `gpu_alloc` prints it.
+    #[cfg(any(test, feature = "testing"))]
+    #[must_use]
+    pub fn growth_lock_holds(&self) -> crate::testing::GrowthLockHolds {
+        self.inner.core.growth_lock_holds()
+    }
+
     /// Gives every upstream chunk that is wholly free back to the upstream and returns the
     /// bytes released (beyond RMM, whose pool never shrinks). The device is synchronized first,
     /// so no pending work on any stream can still use the memory. Chunks with an allocation
@@ -1200,6 +1209,44 @@ mod tests {
             }
         });
         assert_eq!(p.outstanding_allocations(), 0);
+    }
+
+    /// The grower's wait is bounded for the whole growth, not per search
+    /// (`stream_ordered::moves`, the budget): while it waits, frees keep coming (so it never
+    /// stops for want of any), and every 500th says it left a fitting block that the grower's
+    /// next search does not find (another thread took it first). With a wait per search, each
+    /// of the 65 searches would wait again, 65 x 500 yields under the growth lock; with one
+    /// budget per hold of the lock, at most `WAIT_YIELDS` (or `WAIT_TIME`), and the pool grows.
+    #[test]
+    fn a_growers_wait_is_bounded_for_the_whole_growth() {
+        use crate::stream_ordered::moves::WAIT_YIELDS;
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let (p, mock) = pool(4096, None);
+        let a = p.allocate(s(), 4096, 256).unwrap();
+        let yields = Arc::new(AtomicU32::new(0));
+        let (pc, y) = (p.clone(), Arc::clone(&yields));
+        *p.inner.core.moves().hooks.yielding.lock().unwrap() = Some(Box::new(move || {
+            let n = y.fetch_add(1, Ordering::Relaxed) + 1;
+            pc.inner.core.moves().freed(|_| n % 500 == 0);
+        }));
+        let b = p.allocate(s(), 4096, 256).unwrap();
+        // The hook holds a handle of the pool.
+        drop(p.inner.core.moves().hooks.yielding.lock().unwrap().take());
+        let yields = yields.load(Ordering::Relaxed);
+        assert!(
+            yields <= WAIT_YIELDS,
+            "{yields} yields under the growth lock"
+        );
+        let holds = p.growth_lock_holds();
+        assert_eq!(holds.count(), 1, "one hold of the growth lock");
+        assert_eq!(holds.max_yields(), u64::from(yields));
+        assert_eq!(holds.budget_ran_out(), 1, "the budget ended the wait");
+        assert_eq!((mock.allocation_calls(), p.pool_size()), (2, 8192));
+        // SAFETY: from `p` with these sizes, freed once.
+        unsafe {
+            p.deallocate(s(), a, 4096, 256).unwrap();
+            p.deallocate(s(), b, 4096, 256).unwrap();
+        }
     }
 
     /// RMM issue 2039's shape: blocks allocated on one stream and freed on another lie, once

@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
 
 use rmm_stream::{CudaStreamView, StreamLife};
 use rmm_sys::{checked_align_up, DeviceGuard, DeviceId, DevicePtr, ALLOCATION_ALIGNMENT};
@@ -28,7 +29,7 @@ use rmm_sys::{checked_align_up, DeviceGuard, DeviceId, DevicePtr, ALLOCATION_ALI
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
 use crate::stream_ordered::append_only::AppendOnlyVec;
-use crate::stream_ordered::moves::{MoveGuard, Moves, Settled, SETTLE_TRIES};
+use crate::stream_ordered::moves::{Budget, MoveGuard, Moves, Settled, SETTLE_TRIES};
 pub(crate) use crate::stream_ordered::pressure::GrowthCause;
 use crate::stream_ordered::pressure::PressureScope;
 use crate::stream_ordered::slot_table::{Placement, SlotTable};
@@ -409,10 +410,31 @@ pub(crate) struct StreamOrdered<L: FreeBlocks> {
     /// The merges made outside the growth lock, counted so that a grower does not miss their
     /// blocks in transit (see [`moves`](crate::stream_ordered::moves)).
     moves: Moves,
+    /// How long growers held the growth lock (benchmarks and tests).
+    #[cfg(any(test, feature = "testing"))]
+    holds: crate::testing::growth_lock::HoldRecorder,
     /// Requests of at most this many bytes give the wholly free chunks back before they fail
     /// (and grow once more); `None`: never (see
     /// [`release_before_failing`](Self::release_before_failing)).
     release_limit: Option<usize>,
+}
+
+/// The growth lock held by a grower ([`StreamOrdered::lock_growth`]): the chunk set, the
+/// budget of the grower's waits for this hold, and (for benchmarks and tests) where its hold
+/// time goes when it is released.
+struct GrowthHold<'a> {
+    chunks: MutexGuard<'a, BTreeMap<u64, usize>>,
+    budget: Budget,
+    #[cfg(any(test, feature = "testing"))]
+    record: (&'a crate::testing::growth_lock::HoldRecorder, Instant),
+}
+
+#[cfg(any(test, feature = "testing"))]
+impl Drop for GrowthHold<'_> {
+    fn drop(&mut self) {
+        let (recorder, locked) = self.record;
+        recorder.record(locked.elapsed(), self.budget.spent(), self.budget.ran_out());
+    }
 }
 
 impl<L: FreeBlocks> StreamOrdered<L> {
@@ -435,6 +457,8 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             device: rmm_sys::current_device().ok(),
             in_flight: InFlight::default(),
             moves: Moves::new(),
+            #[cfg(any(test, feature = "testing"))]
+            holds: crate::testing::growth_lock::HoldRecorder::new(),
             release_limit: None,
         }
     }
@@ -514,6 +538,25 @@ impl<L: FreeBlocks> StreamOrdered<L> {
 
     fn lock_chunks(&self) -> MutexGuard<'_, BTreeMap<u64, usize>> {
         self.chunks.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes the growth lock for a growth: the chunk set, with the budget of the grower's waits
+    /// counted from now (see [`moves`](crate::stream_ordered::moves)).
+    fn lock_growth(&self) -> GrowthHold<'_> {
+        let chunks = self.lock_chunks();
+        let locked = Instant::now();
+        GrowthHold {
+            chunks,
+            budget: Budget::growth(locked),
+            #[cfg(any(test, feature = "testing"))]
+            record: (&self.holds, locked),
+        }
+    }
+
+    /// How long growers held the growth lock so far (benchmarks and tests).
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn growth_lock_holds(&self) -> crate::testing::GrowthLockHolds {
+        self.holds.snapshot()
     }
 
     fn lock_registry(&self) -> MutexGuard<'_, Registry> {
@@ -977,7 +1020,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             // again once it holds the lock, so memory another one just obtained is used instead
             // of growing the pool once per waiting thread (RMM serializes everything on one mutex
             // and so never races here). Nothing synchronizes the device under this lock.
-            let mut chunks = self.lock_chunks();
+            let mut chunks = self.lock_growth();
             let mut tries = 0;
             let withheld = loop {
                 let watch = self.moves.watch(size);
@@ -988,8 +1031,9 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                     Search::Taken(block) => return Ok(block),
                     // Grow only once no merge outside this lock hid a fitting block from the
                     // search (in transit, or moved behind it), and, after such a real miss, no
-                    // free left one within the grower's patience; see `moves`.
-                    Search::Missed { withheld } => match watch.settle() {
+                    // free left one within the grower's patience; every wait comes out of
+                    // the one budget of this hold of the lock; see `moves`.
+                    Search::Missed { withheld } => match watch.settle(&mut chunks.budget) {
                         Settled::SearchAgain if tries < SETTLE_TRIES => tries += 1,
                         Settled::SearchAgain | Settled::Grow | Settled::GaveUp => break withheld,
                     },
@@ -1038,7 +1082,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 }
                 Err(e) => return Err(e),
             };
-            chunks.insert(ptr.addr(), chunk_size);
+            chunks.chunks.insert(ptr.addr(), chunk_size);
             self.pool_size.fetch_add(chunk_size, Ordering::Relaxed);
             // Publish the chunk in this stream's list before letting other growers in.
             let mut st = own.lock();
@@ -1074,7 +1118,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 }
                 Err(e) => {
                     // Not the pool's: the chunk goes back, and the growth never happened.
-                    chunks.remove(&ptr.addr());
+                    chunks.chunks.remove(&ptr.addr());
                     self.pool_size.fetch_sub(chunk_size, Ordering::Relaxed);
                     drop(chunks);
                     // SAFETY: the upstream just handed out this chunk on `stream` for

@@ -25,6 +25,13 @@
 //! watches say so too ([`Moves::freed`]), and after a real miss the grower waits up to
 //! [`PATIENCE`] yields for one, stopping after [`IDLE_WINDOW`] yields without any free.
 //!
+//! All these waits together are bounded by one [`Budget`] per growth (per hold of the growth
+//! lock): at most [`WAIT_YIELDS`] yields and [`WAIT_TIME`] of wall time, whichever runs out
+//! first; past it the grower searches again only where a fitting block landed (no more yields)
+//! and grows, so the lock is held for at most [`SETTLE_TRIES`] + 1 searches, the waits within
+//! the budget, and the upstream call. The patience protocol's loom models, with the frees that
+//! report to it: `moves/loom_tests.rs`.
+//!
 //! Pure bookkeeping: no CUDA calls. Why and the figures: `docs/performance.md`, "Memory:
 //! blocks in transit" and "The pool on `r64` at 16 threads: waiting only for the merges that
 //! matter"; the protocol's loom models: `moves/loom_tests.rs`.
@@ -34,6 +41,7 @@ use crate::sync::yield_now;
 use crossbeam_utils::CachePadded;
 #[cfg(test)]
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// How many times a grower searches again, after merges left a fitting block, before it grows
 /// anyway (other threads may take each such block first).
@@ -51,6 +59,19 @@ pub(crate) const PATIENCE: u32 = 1024;
 /// The grower stops waiting early when no free at all happened in this many yields (one
 /// thread alone, or threads that only allocate: nothing will come).
 pub(crate) const IDLE_WINDOW: u32 = 32;
+
+/// The most yields a grower makes in all while it holds the growth lock for one growth (the
+/// drain waits and the patience of every search together): one full drain wait and one full
+/// patience, what a single settle could take before the budget existed, so a growth that
+/// settles once waits as it did.
+pub(crate) const WAIT_YIELDS: u32 = DRAIN_SPINS + PATIENCE;
+
+/// The most wall time a grower spends in those waits for one growth, counted from when it took
+/// the growth lock: 1,024 yields take about a millisecond at 16 threads on a 16-core host
+/// (docs/performance.md, "What it cost: binning on `r64` at 16 threads, and patience"), so a
+/// wait that fits the yield budget on an idle host is not cut; an oversubscribed host, where a
+/// yield can take a time slice, is.
+pub(crate) const WAIT_TIME: Duration = Duration::from_millis(5);
 
 /// The grower's size while no grower is searching ([`Moves::wanted`]).
 const NOBODY: usize = usize::MAX;
@@ -91,6 +112,9 @@ pub(crate) struct TestHooks {
     pub(crate) unsettled: Mutex<Option<Hook>>,
     /// A merge that just ended.
     pub(crate) ended: Mutex<Option<Hook>>,
+    /// Run at every yield of a waiting grower, on its thread, before it yields (not once: it
+    /// stays until a test takes it away).
+    pub(crate) yielding: Mutex<Option<Box<dyn FnMut() + Send>>>,
 }
 
 #[cfg(test)]
@@ -111,6 +135,78 @@ fn run(hook: &Mutex<Option<Hook>>) {
     }
 }
 
+/// What a grower may still wait for one growth (one hold of the growth lock), shared by all
+/// its settles: yields, and a deadline on the wall clock (see the
+/// [module documentation](self)).
+#[derive(Debug)]
+pub(crate) struct Budget {
+    /// Yields left.
+    left: u32,
+    /// Yields made.
+    spent: u32,
+    /// When the waits stop, yields left or not (`None`: only yields count, for the models).
+    deadline: Option<Instant>,
+}
+
+impl Budget {
+    /// A growth's budget: [`WAIT_YIELDS`] yields and [`WAIT_TIME`] from `locked`, when the
+    /// growth lock was taken.
+    pub(crate) fn growth(locked: Instant) -> Self {
+        Self {
+            left: WAIT_YIELDS,
+            spent: 0,
+            deadline: locked.checked_add(WAIT_TIME),
+        }
+    }
+
+    /// `yields` yields, and no clock (tests and the loom models).
+    #[cfg(test)]
+    pub(crate) fn yields(yields: u32) -> Self {
+        Self {
+            left: yields,
+            spent: 0,
+            deadline: None,
+        }
+    }
+
+    /// `yields` yields and `time` of wall time from now (tests).
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn with_time(yields: u32, time: Duration) -> Self {
+        Self {
+            left: yields,
+            spent: 0,
+            deadline: Instant::now().checked_add(time),
+        }
+    }
+
+    /// The yields made so far.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn spent(&self) -> u32 {
+        self.spent
+    }
+
+    /// Whether the budget ran out (no yield left, or past the deadline).
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn ran_out(&self) -> bool {
+        self.left == 0
+    }
+
+    /// Takes one yield from the budget: false, for good, once it ran out. Reads the clock (only
+    /// here: on a waiting grower's path).
+    fn take(&mut self) -> bool {
+        if self.left == 0 {
+            return false;
+        }
+        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            self.left = 0;
+            return false;
+        }
+        self.left -= 1;
+        self.spent += 1;
+        true
+    }
+}
+
 /// A grower's search, from [`Moves::watch`] to [`Watch::settle`] or the drop.
 #[derive(Debug)]
 #[must_use = "a search the grower announced; `settle` it after a miss"]
@@ -125,7 +221,8 @@ pub(crate) enum Settled {
     Grow,
     /// A merge left a fitting block (or could not say): search again.
     SearchAgain,
-    /// The wait for the epoch's merges ran out ([`DRAIN_SPINS`]): grow, as before.
+    /// The wait for the epoch's merges ran out ([`DRAIN_SPINS`], or the growth's [`Budget`]):
+    /// grow, as before.
     GaveUp,
 }
 
@@ -155,6 +252,7 @@ impl Moves {
                 in_transit: Mutex::new(None),
                 unsettled: Mutex::new(None),
                 ended: Mutex::new(None),
+                yielding: Mutex::new(None),
             },
         }
     }
@@ -199,6 +297,26 @@ impl Moves {
         }
     }
 
+    /// A waiting grower yields once, if its budget allows: false (and no yield) when it ran
+    /// out.
+    fn pause(&self, budget: &mut Budget) -> bool {
+        if !budget.take() {
+            return false;
+        }
+        #[cfg(test)]
+        if let Some(f) = self
+            .hooks
+            .yielding
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_mut()
+        {
+            f();
+        }
+        yield_now();
+        true
+    }
+
     /// The size the searching grower wants, if one searches.
     #[inline]
     fn wanted(&self) -> Option<usize> {
@@ -233,24 +351,33 @@ impl Moves {
 
 impl Watch<'_> {
     /// After a search that missed: ends the epoch, waits for the merges counted in it to land
-    /// and says whether one of them left a fitting block since the [`Moves::watch`].
-    pub(crate) fn settle(self) -> Settled {
-        match self.settle_within(DRAIN_SPINS) {
-            Settled::Grow => self.wait_for_fit(PATIENCE, IDLE_WINDOW),
+    /// and says whether one of them left a fitting block since the [`Moves::watch`]; after a
+    /// real miss, waits for a fitting free (the patience). Every yield comes out of `budget`,
+    /// the growth's: once it ran out, no wait yields and a verdict comes at once.
+    pub(crate) fn settle(self, budget: &mut Budget) -> Settled {
+        self.settle_with(budget, DRAIN_SPINS, PATIENCE, IDLE_WINDOW)
+    }
+
+    /// [`Watch::settle`] with its limits as parameters (the models set them small).
+    fn settle_with(&self, budget: &mut Budget, drain: u32, patience: u32, idle: u32) -> Settled {
+        match self.settle_within(drain, budget) {
+            Settled::Grow => self.wait_for_fit(patience, idle, budget),
             other => other,
         }
     }
 
-    /// After a real miss: waits up to `patience` yields for a free or a merge to leave a
-    /// fitting block, and gives up early after `idle` yields with no free at all.
-    fn wait_for_fit(&self, patience: u32, idle: u32) -> Settled {
+    /// After a real miss: waits up to `patience` yields (of `budget`) for a free or a merge to
+    /// leave a fitting block, and gives up early after `idle` yields with no free at all.
+    fn wait_for_fit(&self, patience: u32, idle: u32, budget: &mut Budget) -> Settled {
         let m = self.moves;
         let mut seen = m.frees_seen.load(Ordering::Relaxed);
         for spin in 1..=patience {
             if m.fit_landed.load(Ordering::SeqCst) {
                 return Settled::SearchAgain;
             }
-            yield_now();
+            if !m.pause(budget) {
+                break;
+            }
             if spin % idle == 0 {
                 let now = m.frees_seen.load(Ordering::Relaxed);
                 if now == seen {
@@ -263,8 +390,9 @@ impl Watch<'_> {
         m.verdict()
     }
 
-    /// [`Watch::settle`], giving up after `spins_left` yields.
-    fn settle_within(&self, spins_left: u32) -> Settled {
+    /// Ends the epoch and waits for its merges to land, giving up after `spins_left` yields or
+    /// when `budget` runs out.
+    fn settle_within(&self, spins_left: u32, budget: &mut Budget) -> Settled {
         let m = self.moves;
         let slot = (m.epoch.fetch_add(1, Ordering::SeqCst) & 1) as usize;
         let mut spins = 0;
@@ -273,11 +401,10 @@ impl Watch<'_> {
                 #[cfg(test)]
                 run(&m.hooks.unsettled);
             }
-            if spins == spins_left {
+            if spins == spins_left || !m.pause(budget) {
                 return Settled::GaveUp;
             }
             spins += 1;
-            yield_now();
         }
         // After the wait: a merge sets the flag before its count goes down.
         m.verdict()
@@ -318,11 +445,16 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// A budget that never runs out (the tests of the protocol without it).
+    fn free() -> Budget {
+        Budget::yields(u32::MAX)
+    }
+
     #[test]
     fn a_search_without_merges_grows() {
         let m = Moves::new();
         let w = m.watch(4);
-        assert_eq!(w.settle(), Settled::Grow);
+        assert_eq!(w.settle(&mut free()), Settled::Grow);
     }
 
     #[test]
@@ -332,10 +464,10 @@ mod tests {
         let mut g = m.begin();
         g.landed(|wanted| wanted <= 8);
         drop(g);
-        assert_eq!(w.settle(), Settled::SearchAgain);
+        assert_eq!(w.settle(&mut free()), Settled::SearchAgain);
         // The next search starts afresh.
         let w = m.watch(4);
-        assert_eq!(w.settle(), Settled::Grow);
+        assert_eq!(w.settle(&mut free()), Settled::Grow);
     }
 
     #[test]
@@ -345,7 +477,7 @@ mod tests {
         let mut g = m.begin();
         g.landed(|wanted| wanted <= 8);
         drop(g);
-        assert_eq!(w.settle(), Settled::Grow);
+        assert_eq!(w.settle(&mut free()), Settled::Grow);
     }
 
     #[test]
@@ -353,7 +485,7 @@ mod tests {
         let m = Moves::new();
         let w = m.watch(16);
         drop(m.begin());
-        assert_eq!(w.settle(), Settled::SearchAgain);
+        assert_eq!(w.settle(&mut free()), Settled::SearchAgain);
     }
 
     #[test]
@@ -363,7 +495,7 @@ mod tests {
         g.landed(|_| panic!("nobody searches"));
         drop(g);
         let w = m.watch(16);
-        assert_eq!(w.settle(), Settled::Grow);
+        assert_eq!(w.settle(&mut free()), Settled::Grow);
     }
 
     #[test]
@@ -372,7 +504,7 @@ mod tests {
         let early = m.begin();
         let w = m.watch(4);
         // Still in transit: the wait runs out.
-        assert_eq!(w.settle_within(3), Settled::GaveUp);
+        assert_eq!(w.settle_within(3, &mut free()), Settled::GaveUp);
         drop(early);
         // While the grower waits, `early2` ends and `late` begins: the grower does not wait
         // for `late` (its victim was searched before it began).
@@ -385,14 +517,14 @@ mod tests {
             early2.landed(|_| false);
         }));
         let w = m.watch(4);
-        assert_eq!(w.settle_within(3), Settled::Grow);
+        assert_eq!(w.settle_within(3, &mut free()), Settled::Grow);
         assert!(late.lock().unwrap().is_some(), "the hook ran");
         // `late` is of the next epoch.
         let w = m.watch(4);
-        assert_eq!(w.settle_within(3), Settled::GaveUp);
+        assert_eq!(w.settle_within(3, &mut free()), Settled::GaveUp);
         drop(late.lock().unwrap().take());
         let w = m.watch(4);
-        assert_eq!(w.settle_within(3), Settled::Grow);
+        assert_eq!(w.settle_within(3, &mut free()), Settled::Grow);
     }
 
     #[test]
@@ -409,7 +541,7 @@ mod tests {
         }));
         let w = m.watch(4);
         std::thread::scope(|s| {
-            let grower = s.spawn(move || w.settle());
+            let grower = s.spawn(move || w.settle(&mut free()));
             grower_waits.recv().unwrap();
             g.landed(|wanted| wanted == 4);
             drop(g);
@@ -425,7 +557,7 @@ mod tests {
         m.freed(|wanted| wanted <= 2);
         assert!(!m.fit_landed.load(Ordering::SeqCst), "2 bytes do not fit 4");
         m.freed(|wanted| wanted <= 8);
-        assert_eq!(w.settle(), Settled::SearchAgain);
+        assert_eq!(w.settle(&mut free()), Settled::SearchAgain);
         // Without a grower a free asks nothing.
         m.freed(|_| panic!("nobody searches"));
     }
@@ -436,7 +568,7 @@ mod tests {
         let w = m.watch(4);
         std::thread::scope(|s| {
             // No limit and no idle rule: it returns only once the free landed.
-            let grower = s.spawn(|| w.wait_for_fit(u32::MAX, u32::MAX));
+            let grower = s.spawn(|| w.wait_for_fit(u32::MAX, u32::MAX, &mut free()));
             for _ in 0..3 {
                 m.freed(|_| false);
             }
@@ -450,7 +582,57 @@ mod tests {
         let m = Moves::new();
         let w = m.watch(4);
         // Without the idle rule this would yield u32::MAX times.
-        assert_eq!(w.wait_for_fit(u32::MAX, 4), Settled::Grow);
+        assert_eq!(w.wait_for_fit(u32::MAX, 4, &mut free()), Settled::Grow);
+    }
+
+    /// One budget for all the settles of a growth: a grower whose searches keep missing a
+    /// fitting block that frees report (another thread takes each first) settles at most
+    /// `SETTLE_TRIES` + 1 times, and yields at most the budget in all, not per settle.
+    #[test]
+    fn the_budget_spans_every_settle_of_a_growth() {
+        let m: &'static Moves = Box::leak(Box::new(Moves::new()));
+        let yields = std::sync::Arc::new(AtomicU64::new(0));
+        let y = std::sync::Arc::clone(&yields);
+        // Frees all along, every 1000th fitting.
+        *m.hooks.yielding.lock().unwrap() = Some(Box::new(move || {
+            let n = y.fetch_add(1, Ordering::Relaxed) + 1;
+            m.freed(|_| n % 1000 == 0);
+        }));
+        let mut budget = Budget::yields(WAIT_YIELDS);
+        let mut settles = 0;
+        for _ in 0..=SETTLE_TRIES {
+            let w = m.watch(4);
+            // The search misses.
+            settles += 1;
+            if w.settle(&mut budget) != Settled::SearchAgain {
+                break;
+            }
+        }
+        // Without the shared budget: 65 settles of 1000 yields each.
+        let yields = yields.load(Ordering::Relaxed);
+        assert_eq!(yields, u64::from(WAIT_YIELDS), "{settles} settles");
+        assert!(budget.ran_out());
+        // Past the budget a settle yields no more and gives a verdict at once.
+        let w = m.watch(4);
+        assert_eq!(w.settle(&mut budget), Settled::Grow);
+        assert_eq!(budget.spent(), WAIT_YIELDS);
+    }
+
+    /// The wall-clock side of the budget: yields that take a millisecond each (an
+    /// oversubscribed host) stop the wait after about `time`, frees or not.
+    #[test]
+    fn the_clock_ends_the_wait() {
+        let m: &'static Moves = Box::leak(Box::new(Moves::new()));
+        *m.hooks.yielding.lock().unwrap() = Some(Box::new(move || {
+            std::thread::sleep(Duration::from_millis(1));
+            m.freed(|_| false);
+        }));
+        let mut budget = Budget::with_time(u32::MAX, Duration::from_millis(5));
+        let w = m.watch(4);
+        // No idle rule, and patience for a second: only the clock stops it sooner.
+        assert_eq!(w.wait_for_fit(1000, u32::MAX, &mut budget), Settled::Grow);
+        assert!(budget.ran_out());
+        assert!(budget.spent() <= 5, "{} yields", budget.spent());
     }
 
     #[test]
@@ -467,7 +649,7 @@ mod tests {
             }
             for _ in 0..100 {
                 let w = m.watch(1);
-                let _ = w.settle();
+                let _ = w.settle(&mut free());
             }
         });
         assert_eq!(m.in_transit[0].load(Ordering::SeqCst), 0);
@@ -540,7 +722,7 @@ mod tests {
                                 Settled::Grow
                             };
                             epoch += 1;
-                            prop_assert_eq!(w.settle_within(0), want);
+                            prop_assert_eq!(w.settle_within(0, &mut free()), want);
                         }
                     }
                 }

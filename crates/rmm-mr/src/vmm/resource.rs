@@ -262,6 +262,15 @@ impl VmmPoolMemoryResource {
         self.inner.core.outstanding()
     }
 
+    /// How long growers held this resource's growth lock so far (each hold: the search, the
+    /// waits for blocks in transit and for frees, the upstream call). With the `testing`
+    /// feature only; `gpu_alloc` prints it.
+    #[cfg(any(test, feature = "testing"))]
+    #[must_use]
+    pub fn growth_lock_holds(&self) -> crate::testing::GrowthLockHolds {
+        self.inner.core.growth_lock_holds()
+    }
+
     /// How often the pool mapped and unmapped chunks, and the time that took.
     #[must_use]
     pub fn growth_statistics(&self) -> VmmGrowthStatistics {

@@ -6,12 +6,14 @@
 //! holds nothing the grower waits on). In the first model the grower first settles a request
 //! nothing fits, so that the merge may begin across the end of an epoch (`Moves::begin`'s
 //! second look at the epoch: without it the merge is counted in an epoch nobody waits for;
-//! that race needs four preemptions, so this model runs with at least that bound).
+//! that race needs four preemptions, so this model runs with at least that bound). The last
+//! three models check the patience after a real miss with the frees that report to it, and
+//! the growth's budget that bounds every wait.
 
 use loom::sync::{Arc, Mutex};
 use loom::thread;
 
-use super::{Moves, Settled};
+use super::{Budget, Moves, Settled};
 use crate::sync::Seen;
 
 /// Enough yields for the merger's few steps: the model fails if the wait runs out.
@@ -50,7 +52,7 @@ fn run(block: usize, requests: &'static [usize]) -> Vec<Vec<Result<(), Settled>>
                 searches.push(Ok(()));
                 break;
             }
-            let settled = watch.settle_within(SPINS);
+            let settled = watch.settle_within(SPINS, &mut Budget::yields(SPINS));
             searches.push(Err(settled));
             if settled != Settled::SearchAgain {
                 break;
@@ -91,4 +93,109 @@ fn loom_a_grower_is_not_sent_back_for_blocks_that_do_not_fit() {
             );
         },
     );
+}
+
+/// The patience protocol with the frees that report to it (`Moves::freed`, `Watch::settle`'s
+/// wait for a fit, the growth's [`Budget`]): a grower announces `wanted` bytes, searches list
+/// `a` (empty at first) and, after each miss, settles with what is left of one budget of
+/// `budget` yields, its patience `patience` and its idle rule `idle`, searching again at most
+/// twice; a freeing thread puts `blocks` into `a` one by one, each under `a`'s lock and
+/// reported there, as the core's frees are. Returns the grower's searches and the budget it
+/// was left with.
+fn wait_for_frees(
+    blocks: &'static [usize],
+    wanted: usize,
+    budget: u32,
+    patience: u32,
+    idle: u32,
+) -> (Vec<Result<(), Settled>>, Budget) {
+    let moves = Arc::new(Moves::new());
+    let a = Arc::new(Mutex::new(Vec::new()));
+    let freer = {
+        let (moves, a) = (Arc::clone(&moves), Arc::clone(&a));
+        thread::spawn(move || {
+            for &block in blocks {
+                let mut list = a.lock().unwrap();
+                list.push(block);
+                moves.freed(|wanted| fits(&list, wanted));
+            }
+        })
+    };
+    let grower = thread::spawn(move || {
+        let mut left = Budget::yields(budget);
+        let mut searches = Vec::new();
+        for _ in 0..3 {
+            let watch = moves.watch(wanted);
+            if fits(&a.lock().unwrap(), wanted) {
+                searches.push(Ok(()));
+                break;
+            }
+            let settled = watch.settle_with(&mut left, budget, patience, idle);
+            searches.push(Err(settled));
+            if settled != Settled::SearchAgain {
+                break;
+            }
+        }
+        (searches, left)
+    });
+    freer.join().unwrap();
+    grower.join().unwrap()
+}
+
+/// Enough yields for the freeing thread's few steps (a yielding thread runs again only after
+/// another one made a step): the grower never runs out while a fitting free is on its way.
+const ENOUGH: u32 = 24;
+
+#[test]
+fn loom_a_waiting_grower_sees_a_fitting_free() {
+    static SEEN: Seen<2> = Seen::new(["found at once", "missed, waited, sent back, found"]);
+    crate::sync::model("loom_a_waiting_grower_sees_a_fitting_free", || {
+        // A block too small first (a sign of life, no fit), then one that fits; no idle rule.
+        let (searches, left) = wait_for_frees(&[4, 16], 8, ENOUGH, ENOUGH, ENOUGH);
+        assert!(left.spent() <= ENOUGH);
+        match searches.as_slice() {
+            [Ok(())] => SEEN.saw(0),
+            [Err(Settled::SearchAgain), Ok(())] => SEEN.saw(1),
+            other => panic!("a fitting free was missed: {other:?}"),
+        }
+    });
+    SEEN.check();
+}
+
+#[test]
+fn loom_frees_that_do_not_fit_let_the_grower_grow_early() {
+    static SEEN: Seen<2> = Seen::new(["the free came while it waited", "no free while it waited"]);
+    crate::sync::model(
+        "loom_frees_that_do_not_fit_let_the_grower_grow_early",
+        || {
+            let (searches, left) = wait_for_frees(&[4], 8, ENOUGH, ENOUGH, 2);
+            assert_eq!(searches, [Err(Settled::Grow)], "the grower's searches");
+            // The idle rule ended the wait, not the budget.
+            assert!(!left.ran_out(), "{} yields", left.spent());
+            SEEN.saw(usize::from(left.spent() <= 2));
+        },
+    );
+    SEEN.check();
+}
+
+#[test]
+fn loom_the_budget_ends_the_wait() {
+    static SEEN: Seen<3> = Seen::new([
+        "found at once",
+        "sent back within the budget, found",
+        "grew when the budget ran out",
+    ]);
+    crate::sync::model("loom_the_budget_ends_the_wait", || {
+        // One yield in all, a patience of many: the grower may grow before the fitting free
+        // comes, never with budget left.
+        let (searches, left) = wait_for_frees(&[16], 8, 1, ENOUGH, ENOUGH);
+        assert!(left.spent() <= 1);
+        match searches.as_slice() {
+            [Ok(())] => SEEN.saw(0),
+            [Err(Settled::SearchAgain), Ok(())] => SEEN.saw(1),
+            [Err(Settled::Grow)] if left.ran_out() => SEEN.saw(2),
+            other => panic!("the grower's searches: {other:?}, {left:?}"),
+        }
+    });
+    SEEN.check();
 }
