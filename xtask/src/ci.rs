@@ -3,12 +3,18 @@
 use crate::cargo::{self, Error};
 use crate::layers;
 use crate::loom;
+use crate::proofs;
 use std::process::Command;
 
 /// The steps, in the order they run: (name, what it does).
 pub(crate) const STEPS: &[(&str, &str)] = &[
     ("fmt", "cargo fmt --all -- --check"),
     ("layers", "layering check on cargo metadata"),
+    (
+        "proofs",
+        "proof coverage: every module with unsafe code in a Miri suite or excluded with a \
+         reason, the loom table of docs/internals/loom.md against the loom_tests modules",
+    ),
     (
         "clippy",
         "cargo clippy --workspace --all-targets --all-features -- -D warnings",
@@ -85,6 +91,7 @@ fn run_step(name: &str) -> Result<(), Error> {
     match name {
         "fmt" => cargo::run_status(&mut cargo::cargo(["fmt", "--all", "--", "--check"])),
         "layers" => check_layers(),
+        "proofs" => proofs::run_ci(),
         "clippy" => cargo::run_status(&mut cargo::cargo([
             "clippy",
             "--workspace",
