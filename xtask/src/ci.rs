@@ -26,6 +26,11 @@ pub(crate) const STEPS: &[(&str, &str)] = &[
     ),
     ("test", "cargo test --workspace --all-features"),
     (
+        "release",
+        "cargo test -p rmm-checks --release (the fuzz checkers' property tests in a release \
+         build: no debug assertions, no overflow checks)",
+    ),
+    (
         "loom",
         "cargo xtask loom --preemptions 2 (rmm-mr's loom models, --cfg loom, target/loom)",
     ),
@@ -112,6 +117,9 @@ fn run_step(name: &str) -> Result<(), Error> {
             "warnings",
         ])),
         "test" => cargo::run_status(&mut cargo::cargo(["test", "--workspace", "--all-features"])),
+        "release" => {
+            cargo::run_status(&mut cargo::cargo(["test", "-p", "rmm-checks", "--release"]))
+        }
         "loom" => loom::run_ci(),
         "doc" => {
             let mut cmd: Command =

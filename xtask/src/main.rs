@@ -25,7 +25,7 @@ usage: cargo xtask <command>
 
 commands:
   ci [--skip STEP]...       what CI runs: fmt, layers, proofs, clippy, comparisons, test,
-                            loom, doc, package (stops at the first failure)
+                            release, loom, doc, package (stops at the first failure)
   gpu bundle [--out DIR] [--peer | --torch]
                             build GPU test/bench/example binaries into DIR (default gpu-bundle/);
                             --peer adds the RMM C++ driver and the librmm wheels (run.sh peer);
