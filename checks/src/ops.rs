@@ -58,7 +58,7 @@ pub const LIVE_BYTES_CAP: usize = 32 << 20;
 
 /// Bins are added (not skipped) while the chunks they took from the mock at their creation
 /// total at most this many bytes (a fixed-size bin preallocates 128 blocks).
-pub const BIN_BYTES_CAP: usize = 1 << 30;
+pub const BIN_BYTES_CAP: usize = 256 << 20;
 
 /// The largest size [`Op::AddBin`] adds a bin for.
 pub const MAX_ADDED_BIN: usize = 32 * KIB;
