@@ -56,8 +56,10 @@ impl<B> Version<B> {
 pub struct BinRoutes<B> {
     /// `versions[n - 1]`: the first `n` bins added. On the heap, so that `current` stays
     /// valid when the routes move; a version, once set, is neither changed nor dropped
-    /// before the routes are.
-    versions: Box<[OnceLock<Version<B>>]>,
+    /// before the routes are. A `Vec`, not a `Box`: moving a `Box` asserts that it is the only
+    /// pointer to its heap memory, which would invalidate `current` (Miri's Stacked Borrows
+    /// reports it); moving a `Vec` asserts nothing.
+    versions: Vec<OnceLock<Version<B>>>,
     /// The latest version (null: no bin yet, or closed): what a request reads, one load.
     current: AtomicPtr<Version<B>>,
     /// Number of bins published, with [`CLOSED`] set once a bin did not fit.
