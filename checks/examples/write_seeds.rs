@@ -1,10 +1,11 @@
 //! Writes the seed corpora of the fuzz targets into `fuzz/corpus/<target>/` (the committed
 //! seeds): `cargo run -p rmm-checks --example write_seeds`. Every seed passes its checker
-//! (`cargo test -p rmm-checks committed_corpora_pass`).
+//! (`cargo test -p rmm-checks committed_corpora_pass`); one that does not is written all the
+//! same, and the example then fails naming it.
 
 use std::path::PathBuf;
 
-use rmm_checks::ops::{encode_ops, Kind, Op, Stream, WrongFree};
+use rmm_checks::ops::{encode_ops, BinResource, Kind, Op, Stream, WrongFree};
 
 const MIB: usize = 1 << 20;
 
@@ -90,6 +91,43 @@ fn sequences() -> Vec<(&'static str, Vec<Op>)> {
     ]
 }
 
+/// A binning resource with bins of 256 B to 1 KiB (setup bytes `[8, 0]`) that gets bins while
+/// blocks are live: the 600-byte block of issue 27 (from the 1 KiB bin, then a 768-byte bin
+/// that is the upstream itself), a block of the upstream under a new fixed-size bin, wrong
+/// frees across the moved routes, and 70 more bins between allocations and frees, past the 64
+/// the lock-free routes hold.
+fn late_bins() -> (&'static str, [u8; 2], Vec<Op>) {
+    use Stream::{Legacy as L, PerThread as P};
+    let add = |size, resource| Op::AddBin { size, resource };
+    let mut ops = vec![
+        alloc(600, L),
+        alloc(100, P),
+        alloc(5000, L),
+        add(768, BinResource::Upstream),
+        add(6000, BinResource::Fixed),
+        wrong(WrongFree::WrongSize { pick: 0, how: 0 }, L),
+        wrong(WrongFree::WrongSize { pick: 2, how: 3 }, L),
+        wrong(WrongFree::UnknownPointer { pick: 0, how: 0 }, L),
+        free(0, L),
+        wrong(WrongFree::DoubleFree { pick: 0 }, L),
+    ];
+    let kinds = [
+        BinResource::Fixed,
+        BinResource::FixedSize,
+        BinResource::Upstream,
+    ];
+    for k in 0..70usize {
+        ops.push(add(256 * (k + 4) + 7, kinds[k % 3]));
+        ops.push(alloc(300 + 200 * k, if k % 2 == 0 { L } else { P }));
+        if k % 5 == 4 {
+            ops.push(free(k as u16, L));
+            ops.push(wrong(WrongFree::DoubleFree { pick: k as u16 }, L));
+        }
+    }
+    ops.push(free(0, P));
+    ("late-bins", [8, 0], ops)
+}
+
 /// The two setup bytes of each sequence's seed, by kind (see `rmm_checks::ops::Setup::decode`).
 fn setups(kind: Kind) -> [[u8; 2]; 4] {
     match kind {
@@ -107,13 +145,16 @@ fn setups(kind: Kind) -> [[u8; 2]; 4] {
 
 fn main() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus");
+    let failed = std::cell::RefCell::new(Vec::new());
     let write = |target: &str, name: &str, data: &[u8]| {
         let dir = root.join(target);
         std::fs::create_dir_all(&dir).unwrap();
-        if let Err(e) = rmm_checks::check_target(target, data) {
-            panic!("{target}/{name}: {e}");
-        }
         std::fs::write(dir.join(format!("seed-{name}")), data).unwrap();
+        if let Err(e) = rmm_checks::check_target(target, data) {
+            failed
+                .borrow_mut()
+                .push(format!("{target}/seed-{name}: {e}"));
+        }
     };
     for kind in Kind::ALL {
         for (i, (name, ops)) in sequences().into_iter().enumerate() {
@@ -123,6 +164,13 @@ fn main() {
             let stats = rmm_checks::ops::check(kind, &data).unwrap_or_default();
             println!("{}/seed-{name}: {stats}", kind.target());
         }
+    }
+    let (name, setup, ops) = late_bins();
+    let mut data = setup.to_vec();
+    data.extend(encode_ops(&ops).unwrap());
+    write(Kind::Binning.target(), name, &data);
+    if let Ok(stats) = rmm_checks::ops::check(Kind::Binning, &data) {
+        println!("{}/seed-{name}: {stats}", Kind::Binning.target());
     }
     let logs: [(&str, &[u8]); 7] = [
         (
@@ -179,4 +227,10 @@ fn main() {
         write("byte_size", name, text.as_bytes());
     }
     println!("seeds written under {}", root.display());
+    let failed = failed.into_inner();
+    assert!(
+        failed.is_empty(),
+        "seeds that fail their checker:\n{}",
+        failed.join("\n")
+    );
 }

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use proptest::prelude::*;
-use rmm_checks::ops::{self, Kind, Op, Setup, Stream, WrongFree};
+use rmm_checks::ops::{self, BinResource, Kind, Op, Setup, Stream, WrongFree};
 use rmm_checks::{byte_size, check_target, csv_log, TARGETS};
 
 /// Cases per property in CI; `PROPTEST_CASES` overrides it for a longer run.
@@ -88,6 +88,43 @@ fn op() -> impl Strategy<Value = Op> {
         1 => stream().prop_map(|stream| Op::FreeNull { stream }),
         1 => (1u8..=8).prop_map(|count| Op::FailUpstream { count }),
         1 => Just(Op::Maintain),
+        1 => add_bin(),
+    ]
+}
+
+fn add_bin() -> impl Strategy<Value = Op> {
+    (
+        1..=ops::MAX_ADDED_BIN,
+        prop_oneof![
+            Just(BinResource::Fixed),
+            Just(BinResource::Upstream),
+            Just(BinResource::FixedSize)
+        ],
+    )
+        .prop_map(|(size, resource)| Op::AddBin { size, resource })
+}
+
+/// Operations of a binning resource that keeps getting bins: small sizes (most served by bins
+/// that come and go), frees and wrong frees, and about as many bins added as the rest.
+fn late_bin_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (1usize..=40 * 1024, stream()).prop_map(|(bytes, stream)| Op::Allocate {
+            bytes,
+            alignment: 256,
+            stream,
+        }),
+        3 => (any::<u16>(), stream()).prop_map(|(pick, stream)| Op::Free { pick, stream }),
+        1 => (any::<u16>(), any::<u8>(), stream()).prop_map(|(pick, how, stream)| {
+            Op::WrongFree { kind: WrongFree::WrongSize { pick, how }, stream }
+        }),
+        1 => (any::<u16>(), stream()).prop_map(|(pick, stream)| Op::WrongFree {
+            kind: WrongFree::DoubleFree { pick },
+            stream,
+        }),
+        1 => (any::<u16>(), any::<u8>(), stream()).prop_map(|(pick, how, stream)| {
+            Op::WrongFree { kind: WrongFree::UnknownPointer { pick, how }, stream }
+        }),
+        8 => add_bin(),
     ]
 }
 
@@ -127,6 +164,17 @@ proptest! {
 
     #[test]
     fn binning_ops(data in script()) {
+        ops::check(Kind::Binning, &data).map_err(TestCaseError::fail)?;
+    }
+
+    /// Bins added between any two operations, well past the 64 the lock-free routes hold.
+    #[test]
+    fn binning_ops_with_late_bins(
+        setup in any::<[u8; 2]>(),
+        ops in proptest::collection::vec(late_bin_op(), 100..400),
+    ) {
+        let mut data = setup.to_vec();
+        data.extend(ops::encode_ops(&ops).expect("encodable"));
         ops::check(Kind::Binning, &data).map_err(TestCaseError::fail)?;
     }
 
@@ -282,4 +330,180 @@ fn a_scripted_sequence_exercises_every_operation() {
         assert!(stats.out_of_memory >= 1, "{setup:?}: {stats}");
         assert_eq!(stats.frees, stats.allocations, "{setup:?}: {stats}");
     }
+}
+
+/// The binning setup of bins 256 B to 1 KiB and no extra bin.
+const SMALL_BINS: Setup = Setup::Binning {
+    min_exponent: 8,
+    max_exponent: 10,
+    extra_bin: None,
+};
+
+/// A block of 600 bytes comes from the 1 KiB bin; a bin of 768 bytes added afterwards, of
+/// either kind, must not receive its free (issue 27: the free reached the new bin's resource).
+#[test]
+fn a_bin_added_over_a_live_block_leaves_its_free_to_its_own_bin() {
+    for resource in [
+        BinResource::Fixed,
+        BinResource::Upstream,
+        BinResource::FixedSize,
+    ] {
+        let script = [
+            Op::Allocate {
+                bytes: 600,
+                alignment: 256,
+                stream: Stream::Legacy,
+            },
+            Op::AddBin {
+                size: 768,
+                resource,
+            },
+            Op::Free {
+                pick: 0,
+                stream: Stream::Legacy,
+            },
+        ];
+        if let Err(e) = ops::check_ops(SMALL_BINS, &script) {
+            panic!("{resource:?}: {e}");
+        }
+    }
+}
+
+/// 100 bins added one by one between allocations and frees: the routes close at the 65th, and
+/// every block allocated before, between and after still frees to its own bin.
+#[test]
+fn a_hundred_late_bins_keep_every_free_with_its_bin() {
+    let mut script = Vec::new();
+    for i in 0..100usize {
+        script.push(Op::Allocate {
+            bytes: 200 + 300 * i,
+            alignment: 256,
+            stream: if i % 2 == 0 {
+                Stream::Legacy
+            } else {
+                Stream::PerThread
+            },
+        });
+        script.push(Op::AddBin {
+            size: 256 * (100 - i) + 10,
+            resource: match i % 3 {
+                0 => BinResource::Fixed,
+                1 => BinResource::FixedSize,
+                _ => BinResource::Upstream,
+            },
+        });
+        if i % 4 == 3 {
+            script.push(Op::Free {
+                pick: i as u16,
+                stream: Stream::Legacy,
+            });
+        }
+    }
+    let stats = ops::check_ops(SMALL_BINS, &script).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(stats.bins_added + stats.bins_refused, 100, "{stats}");
+    assert!(stats.bins_added > 64, "{stats}");
+    assert_eq!(stats.frees, 100, "{stats}");
+}
+
+/// Threads allocate, write, check and free while another adds bins past the routes' 64 (fixed
+/// ones, the upstream itself, fixed-size resources): every free of a live block succeeds, no two
+/// live blocks overlap (each block's bytes are checked before its free), and once the resource
+/// is dropped the upstream holds nothing.
+#[test]
+fn bins_added_while_threads_allocate_and_free() {
+    use rmm_mr::testing::HostMockResource;
+    use rmm_mr::{
+        shared, BinningMemoryResource, BinningOptions, DeviceMemoryResource,
+        FixedSizeMemoryResource, FixedSizeOptions, MrError,
+    };
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    const WORKERS: usize = 3;
+    const ROUNDS: usize = 300;
+    let mock = HostMockResource::new();
+    let binning = BinningMemoryResource::with_options(
+        mock.clone(),
+        BinningOptions::new()
+            .min_size_exponent(8)
+            .max_size_exponent(10),
+    )
+    .unwrap();
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let adder = s.spawn(|| {
+            let (mut added, mut refused) = (0, 0);
+            for i in 0..100usize {
+                let size = 256 * (i % 90 + 1) + (i * 37) % 256;
+                let resource = match i % 3 {
+                    0 => None,
+                    1 => Some(shared(mock.clone())),
+                    _ => Some(shared(
+                        FixedSizeMemoryResource::with_options(
+                            mock.clone(),
+                            FixedSizeOptions::new()
+                                .block_size(size)
+                                .blocks_to_preallocate(2),
+                        )
+                        .unwrap(),
+                    )),
+                };
+                let some = resource.is_some();
+                match binning.add_bin(size, resource) {
+                    Ok(()) => added += 1,
+                    Err(MrError::InvalidArgument(_)) if some => refused += 1,
+                    Err(e) => panic!("add_bin({size}) failed: {e:?}"),
+                }
+                std::thread::yield_now();
+            }
+            done.store(true, Ordering::Release);
+            (added, refused)
+        });
+        for w in 0..WORKERS {
+            let binning = &binning;
+            let done = &done;
+            s.spawn(move || {
+                let stream = rmm_stream::CudaStreamView::legacy();
+                let mut live: Vec<(rmm_sys::DevicePtr, usize, u8)> = Vec::new();
+                let mut round = 0usize;
+                while round < ROUNDS || !done.load(Ordering::Acquire) {
+                    round += 1;
+                    let bytes = 1 + (round * 7919 + w * 104_729) % (24 * 1024);
+                    let tag = (round as u8) ^ (w as u8 * 85);
+                    let p = binning.allocate(stream, bytes, 256).unwrap();
+                    let h = p.as_host_ptr::<u8>();
+                    // SAFETY: `bytes` bytes of host memory (the mock's) just handed out.
+                    unsafe {
+                        h.write(tag);
+                        h.add(bytes - 1).write(tag);
+                    }
+                    live.push((p, bytes, tag));
+                    if round % 3 != 0 {
+                        let (p, bytes, tag) = live.swap_remove(round % live.len());
+                        let h = p.as_host_ptr::<u8>();
+                        // SAFETY: a live block of `bytes` bytes, written at allocation.
+                        let (a, b) = unsafe { (h.read(), h.add(bytes - 1).read()) };
+                        assert_eq!((a, b), (tag, tag), "block {p} ({bytes} B) overwritten");
+                        // SAFETY: allocated here with this size, freed once.
+                        unsafe { binning.deallocate(stream, p, bytes, 256) }
+                            .unwrap_or_else(|e| panic!("free of {p} ({bytes} B): {e}"));
+                    }
+                }
+                for (p, bytes, _) in live {
+                    // SAFETY: as above.
+                    unsafe { binning.deallocate(stream, p, bytes, 256) }
+                        .unwrap_or_else(|e| panic!("final free of {p} ({bytes} B): {e}"));
+                }
+            });
+        }
+        let (added, refused) = adder.join().unwrap();
+        assert_eq!(added + refused, 100);
+        assert!(added > 64, "{added} bins added, {refused} refused");
+    });
+    assert!(binning.bin_sizes().len() > 64);
+    drop(binning);
+    assert_eq!(
+        (mock.live_allocations(), mock.live_bytes()),
+        (0, 0),
+        "the upstream holds memory after the resource was dropped"
+    );
 }

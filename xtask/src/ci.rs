@@ -3,12 +3,18 @@
 use crate::cargo::{self, Error};
 use crate::layers;
 use crate::loom;
+use crate::proofs;
 use std::process::Command;
 
 /// The steps, in the order they run: (name, what it does).
 pub(crate) const STEPS: &[(&str, &str)] = &[
     ("fmt", "cargo fmt --all -- --check"),
     ("layers", "layering check on cargo metadata"),
+    (
+        "proofs",
+        "proof coverage: every module with unsafe code in a Miri suite or excluded with a \
+         reason, the loom table of docs/internals/loom.md against the loom_tests modules",
+    ),
     (
         "clippy",
         "cargo clippy --workspace --all-targets --all-features -- -D warnings",
@@ -19,6 +25,11 @@ pub(crate) const STEPS: &[(&str, &str)] = &[
          comparison's build, without rmm-sys's driver hook)",
     ),
     ("test", "cargo test --workspace --all-features"),
+    (
+        "release",
+        "cargo test -p rmm-checks --release (the fuzz checkers' property tests in a release \
+         build: no debug assertions, no overflow checks)",
+    ),
     (
         "loom",
         "cargo xtask loom --preemptions 2 (rmm-mr's loom models, --cfg loom, target/loom)",
@@ -85,6 +96,7 @@ fn run_step(name: &str) -> Result<(), Error> {
     match name {
         "fmt" => cargo::run_status(&mut cargo::cargo(["fmt", "--all", "--", "--check"])),
         "layers" => check_layers(),
+        "proofs" => proofs::run_ci(),
         "clippy" => cargo::run_status(&mut cargo::cargo([
             "clippy",
             "--workspace",
@@ -105,6 +117,9 @@ fn run_step(name: &str) -> Result<(), Error> {
             "warnings",
         ])),
         "test" => cargo::run_status(&mut cargo::cargo(["test", "--workspace", "--all-features"])),
+        "release" => {
+            cargo::run_status(&mut cargo::cargo(["test", "-p", "rmm-checks", "--release"]))
+        }
         "loom" => loom::run_ci(),
         "doc" => {
             let mut cmd: Command =

@@ -16,6 +16,7 @@ mod layers;
 mod loom;
 mod miri;
 mod peer;
+mod proofs;
 mod runner;
 
 use std::process::ExitCode;
@@ -25,8 +26,8 @@ const USAGE: &str = "\
 usage: cargo xtask <command>
 
 commands:
-  ci [--skip STEP]...       what CI runs: fmt, layers, clippy, test, loom, doc, package (stops at
-                            the first failure)
+  ci [--skip STEP]...       what CI runs: fmt, layers, proofs, clippy, comparisons, test,
+                            release, loom, doc, package (stops at the first failure)
   gpu bundle [--out DIR] [--peer | --torch]
                             build GPU test/bench/example binaries into DIR (default gpu-bundle/);
                             --peer adds the RMM C++ driver and the librmm wheels (run.sh peer);
