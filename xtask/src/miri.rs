@@ -38,6 +38,7 @@ pub(crate) const SUITES: &[(&str, &[&str])] = &[
             "resources::callback::",
             "resources::simulated::",
             "resources::system::",
+            "resources::unsupported_tests::",
         ],
     ),
     (
@@ -86,6 +87,7 @@ pub(crate) const EXCLUDED: &[(&str, &str, &str)] = &[
                           cannot call into a shared library, and under it `open` finds none",
     ),
     ("rmm-sys", "error", DRIVER_CALLS),
+    ("rmm-sys", "kernel", DRIVER_CALLS),
     ("rmm-sys", "memory", DRIVER_CALLS),
     ("rmm-sys", "mempool", DRIVER_CALLS),
     ("rmm-sys", "stream", DRIVER_CALLS),
