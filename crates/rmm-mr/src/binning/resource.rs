@@ -434,7 +434,8 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for BinningMemoryResou
     ) -> MrResult<()> {
         let inner = &*self.inner;
         let v = inner.routes.current();
-        if !v.is_only_era() {
+        // A null pointer is no block: the current route answers it as ever.
+        if !v.is_only_era() && !ptr.is_null() {
             // SAFETY: the caller's contract.
             return unsafe { self.deallocate_after_new_bins(v, stream, ptr, bytes, alignment) };
         }
