@@ -369,8 +369,8 @@ fn a_bin_added_over_a_live_block_leaves_its_free_to_its_own_bin() {
     }
 }
 
-/// 100 bins added one by one between allocations and frees: the routes close at the 65th, and
-/// every block allocated before, between and after still frees to its own bin.
+/// 100 bins added one by one between allocations and frees, past 64: every block allocated
+/// before, between and after still frees to its own bin.
 #[test]
 fn a_hundred_late_bins_keep_every_free_with_its_bin() {
     let mut script = Vec::new();
@@ -402,7 +402,9 @@ fn a_hundred_late_bins_keep_every_free_with_its_bin() {
     let stats = ops::check_ops(SMALL_BINS, &script).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(stats.bins_added + stats.bins_refused, 100, "{stats}");
     assert!(stats.bins_added > 64, "{stats}");
-    assert_eq!(stats.frees, 100, "{stats}");
+    // Per-thread-stream allocations need a device (none here): every block made is freed.
+    assert!(stats.allocations >= 50, "{stats}");
+    assert_eq!(stats.frees, stats.allocations, "{stats}");
 }
 
 /// Threads allocate, write, check and free while another adds bins past the routes' 64 (fixed
@@ -432,11 +434,10 @@ fn bins_added_while_threads_allocate_and_free() {
     std::thread::scope(|s| {
         let adder = s.spawn(|| {
             let (mut added, mut refused) = (0, 0);
-            for i in 0..100usize {
-                let size = 256 * (i % 90 + 1) + (i * 37) % 256;
+            for i in 0..150usize {
+                let size = 256 * (i + 4) + (i * 37) % 200;
                 let resource = match i % 3 {
-                    0 => None,
-                    1 => Some(shared(mock.clone())),
+                    0 | 1 => None,
                     _ => Some(shared(
                         FixedSizeMemoryResource::with_options(
                             mock.clone(),
@@ -496,10 +497,10 @@ fn bins_added_while_threads_allocate_and_free() {
             });
         }
         let (added, refused) = adder.join().unwrap();
-        assert_eq!(added + refused, 100);
-        assert!(added > 64, "{added} bins added, {refused} refused");
+        assert_eq!(added + refused, 150);
+        assert!(added >= 100, "{added} bins added, {refused} refused");
     });
-    assert!(binning.bin_sizes().len() > 64);
+    assert!(binning.bin_sizes().len() > 64, "{:?}", binning.bin_sizes());
     drop(binning);
     assert_eq!(
         (mock.live_allocations(), mock.live_bytes()),
