@@ -87,13 +87,16 @@ impl<U: DeviceMemoryResource> Binning<U> {
         }
     }
 
-    /// A free whose size was routed differently by an earlier version of the bins that handed
-    /// out memory of its size (a bin was added since): the block goes to the fixed-size bin
-    /// among the candidates that owns it, else to the one resource among them that cannot
-    /// tell (the bin rule of [`add_bin`](BinningMemoryResource::add_bin) keeps it to one).
+    /// A free once a bin was added after memory was handed out (`v` is not the only version
+    /// that allocated): above 256-byte alignment to the upstream, as ever; else the block goes
+    /// to the fixed-size bin among its candidates that owns it, else to the one resource among
+    /// them that cannot tell (the bin rule of [`add_bin`](BinningMemoryResource::add_bin)
+    /// keeps it to one).
     ///
     /// # Safety
     /// As [`DeviceMemoryResource::deallocate`].
+    #[cold]
+    #[inline(never)]
     unsafe fn deallocate_across_versions(
         &self,
         v: &Version<Bin<U>>,
@@ -102,6 +105,11 @@ impl<U: DeviceMemoryResource> Binning<U> {
         bytes: usize,
         alignment: usize,
     ) -> MrResult<()> {
+        let required = alignment::normalized(alignment).unwrap_or(ALLOCATION_ALIGNMENT);
+        if required > ALLOCATION_ALIGNMENT {
+            // SAFETY: the caller's contract; such requests always go to the upstream.
+            return unsafe { self.upstream.deallocate(stream, ptr, bytes, alignment) };
+        }
         let mut other: Option<&dyn DeviceMemoryResource> = None;
         for candidate in self.routes.candidates(v, bytes) {
             match candidate {
@@ -352,31 +360,6 @@ impl<U: DeviceMemoryResource> BinningMemoryResource<U> {
             Bin::Other(r) => Arc::clone(r),
         })
     }
-
-    /// [`deallocate`](DeviceMemoryResource::deallocate) once a bin was added after memory was
-    /// handed out: above 256-byte alignment to the upstream, as ever, else across versions.
-    ///
-    /// # Safety
-    /// As [`DeviceMemoryResource::deallocate`].
-    #[cold]
-    #[inline(never)]
-    unsafe fn deallocate_after_new_bins(
-        &self,
-        v: &Version<Bin<U>>,
-        stream: CudaStreamView<'_>,
-        ptr: DevicePtr,
-        bytes: usize,
-        alignment: usize,
-    ) -> MrResult<()> {
-        let inner = &*self.inner;
-        let required = alignment::normalized(alignment).unwrap_or(ALLOCATION_ALIGNMENT);
-        if required > ALLOCATION_ALIGNMENT {
-            // SAFETY: the caller's contract; such requests always go to the upstream.
-            return unsafe { inner.upstream.deallocate(stream, ptr, bytes, alignment) };
-        }
-        // SAFETY: the caller's contract.
-        unsafe { inner.deallocate_across_versions(v, stream, ptr, bytes, alignment) }
-    }
 }
 
 impl<U: DeviceMemoryResource> fmt::Debug for BinningMemoryResource<U> {
@@ -437,7 +420,7 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for BinningMemoryResou
         // A null pointer is no block: the current route answers it as ever.
         if !v.is_only_era() && !ptr.is_null() {
             // SAFETY: the caller's contract.
-            return unsafe { self.deallocate_after_new_bins(v, stream, ptr, bytes, alignment) };
+            return unsafe { inner.deallocate_across_versions(v, stream, ptr, bytes, alignment) };
         }
         // An alignment no allocation could have had routes by size, as a default one.
         if alignment <= ALLOCATION_ALIGNMENT || !is_pow2(alignment) {
