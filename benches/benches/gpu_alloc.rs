@@ -26,7 +26,11 @@
 //! `--traces a,b,r64` (default `a,b`; `r64`: the peer comparison's RMM `random_allocations`
 //! up to 64 MiB, seed `0x5eed_0040`, `max_usage` the live budget over the largest thread
 //! count; fixed-size is left out on it),
-//! `--quick` (10,000 ops, 1 rep). Without a GPU it prints one
+//! `--quick` (10,000 ops, 1 rep), `--latency` (a fourth table per trace: each operation's
+//! latency, one clock pair around each `allocate` and each `deallocate` call, p50, p99, p99.9,
+//! p99.99 and max per resource, thread count and operation, from per-thread histograms merged
+//! over the threads and repetitions; recorded in a pass of its own after the timed pass, so the
+//! ns/op medians are unchanged, see `rmm_benches::latency`). Without a GPU it prints one
 //! line and exits successfully (a benchmark, not a test). `--simulated`: no GPU needed; the
 //! pool and the VMM pools replay the traces over simulated memory on fake streams, round robin
 //! on one thread, and the second table is printed with counts only (see [`simulated`]).
@@ -36,6 +40,7 @@ use std::time::Instant;
 
 use rmm_benches::capacity::replay_round_robin;
 use rmm_benches::gpu::{build, Growth, GrowthMeter, Spec};
+use rmm_benches::latency::{self, clock_pair_ns, replay_threads_latency, OpLatency};
 use rmm_benches::sizing::{live_count_within, DeviceMemory};
 use rmm_benches::table::mib;
 use rmm_benches::{median, replay_threads, replay_threads_counted, DriverCalls, Trace};
@@ -60,6 +65,7 @@ struct Args {
     no_baselines: bool,
     simulated: bool,
     traces: Vec<String>,
+    latency: bool,
 }
 
 fn parse_args() -> Args {
@@ -71,6 +77,7 @@ fn parse_args() -> Args {
         no_baselines: false,
         simulated: false,
         traces: vec!["a".to_owned(), "b".to_owned()],
+        latency: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -90,6 +97,7 @@ fn parse_args() -> Args {
                 }
             }
             "--simulated" => a.simulated = true,
+            "--latency" => a.latency = true,
             "--quick" => {
                 a.ops = 10_000;
                 a.reps = 1;
@@ -426,6 +434,7 @@ fn run(args: &Args) -> MrResult<()> {
                         ops: 0,
                         reps: 0,
                         holds: None,
+                        latency: None,
                     };
                     for _ in 0..args.reps {
                         let built = build(factory(spec)?)?;
@@ -451,6 +460,15 @@ fn run(args: &Args) -> MrResult<()> {
                         }
                         row.ops += trace.ops.len() * threads;
                         row.reps += 1;
+                        if args.latency {
+                            // A pass of its own, after every figure above was read: its clocks
+                            // cost about as much as an operation.
+                            let (_, lat) = replay_threads_latency(&*built.mr, &trace, &streams)?;
+                            match &mut row.latency {
+                                Some(all) => all.merge(&lat)?,
+                                None => row.latency = Some(lat),
+                            }
+                        }
                         // The resource goes before its streams.
                         drop(built);
                     }
@@ -505,6 +523,9 @@ fn run(args: &Args) -> MrResult<()> {
         }
         growth_table(&table);
         holds_table(&table);
+        if args.latency {
+            latency_table(&table);
+        }
     }
     fragmented_pool(args.reps)?;
     if failures > 0 {
@@ -533,6 +554,8 @@ struct Row {
     /// The growth lock's holds over the whole run (warm-up and timed passes, every
     /// repetition; `None`: the resource has no growth lock).
     holds: Option<GrowthLockHolds>,
+    /// Each call's latency in the latency passes, every thread and repetition (`--latency`).
+    latency: Option<OpLatency>,
 }
 
 /// Per repetition: growths and the time they took, releases and theirs.
@@ -628,6 +651,24 @@ fn holds_table(table: &BTreeMap<usize, Vec<Row>>) {
             );
         }
     }
+}
+
+/// The fourth table of a trace (`--latency`): each operation's latency, per resource and
+/// thread count.
+fn latency_table(table: &BTreeMap<usize, Vec<Row>>) {
+    println!(
+        "\nLatency per operation, ns (`--latency`): one clock pair around each allocate and each \
+         deallocate call, in a pass of its own after the timed pass of each repetition (its \
+         ns/op is not in the tables above), every thread's calls of every repetition together; \
+         percentiles from histograms of three significant digits. Each figure includes what an \
+         empty clock pair measures: {:.0} ns (median) here.\n",
+        clock_pair_ns(100_000)
+    );
+    let rows = table.iter().flat_map(|(threads, rows)| {
+        rows.iter()
+            .filter_map(move |r| r.latency.as_ref().map(|l| (*threads, r.name.as_str(), l)))
+    });
+    print!("{}", latency::table(rows).render());
 }
 
 /// A resource of the simulation, with readers of its growth and of the bytes it holds.

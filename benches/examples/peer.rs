@@ -6,6 +6,7 @@
 //! peer run FILE OUT.tsv
 //! peer report RMM_RS.tsv RMM.tsv
 //! peer report-rounds RMM_RS_1.tsv[,RMM_RS_2.tsv...] RMM_1.tsv[,RMM_2.tsv...]
+//! peer report-ab BEFORE_1.tsv[,BEFORE_2.tsv...] AFTER_1.tsv[,AFTER_2.tsv...]
 //! peer frag-plan FILE [--quick]
 //! peer frag-run FILE OUT.tsv
 //! peer frag-report RMM_RS.tsv RMM.tsv
@@ -28,7 +29,12 @@
 //! prints last `peer-wrappers: N cells, M above 1.00` (exit status 1 when a cell is missing or
 //! failed in some process). `bash gpu-bundle/run.sh peer` runs the `cuda` and `async` cells
 //! that way after its main comparison, and `run.sh peer-wrap` alone
-//! (`rmm_benches::peer_rounds`).
+//! (`rmm_benches::peer_rounds`). `report-ab` does the same for two builds of rmm-rs, an older
+//! `examples/peer` (before) and this one (after), run on the same plan's sub-allocator cells
+//! in alternating processes (`run.sh peer-ab BEFORE_PEER_BINARY [ROUNDS]`): per cell the
+//! medians of both sides, the ratio after / before, each side's peak reserved memory, and last
+//! `peer-ab: N cells, M above 1.10` (exit status 1 when a cell is missing or failed in some
+//! process; `rmm_benches::peer_ab`).
 //!
 //! `frag-plan`, `frag-run` and `frag-report` are the same for the fragmentation scenarios
 //! (`bash gpu-bundle/run.sh peer-frag`; see `rmm_benches::frag` and
@@ -53,6 +59,7 @@ use rmm_benches::peer::{
     read_plan, read_results, report, standard_plan, write_plan, CellResult, PeerPlan, PlanOptions,
     RESULTS_HEADER_LIVE,
 };
+use rmm_benches::peer_ab::{ab_report, LIMIT};
 use rmm_benches::peer_rounds::{read_side, rounds_report, SideRuns};
 use rmm_benches::sizing::{DeviceMemory, MIB};
 #[cfg(feature = "driver-hooks")]
@@ -69,6 +76,7 @@ const USAGE: &str =
        peer run FILE OUT.tsv
        peer report RMM_RS.tsv RMM.tsv
        peer report-rounds RMM_RS_1.tsv[,RMM_RS_2.tsv...] RMM_1.tsv[,RMM_2.tsv...]
+       peer report-ab BEFORE_1.tsv[,BEFORE_2.tsv...] AFTER_1.tsv[,AFTER_2.tsv...]
        peer frag-plan FILE [--quick]
        peer frag-run FILE OUT.tsv
        peer frag-report RMM_RS.tsv RMM.tsv
@@ -95,6 +103,7 @@ fn main() -> ExitCode {
         ["run", file, out] => gpu_only(|| run(file, out)),
         ["report", ours, theirs] => compare(ours, theirs),
         ["report-rounds", ours, theirs] => compare_rounds(ours, theirs),
+        ["report-ab", before, after] => compare_ab(before, after),
         ["frag-plan", file] => gpu_only(|| frag_plan(&args, file)),
         ["frag-run", file, out] => gpu_only(|| frag_run(file, out)),
         ["frag-report", ours, theirs] => frag_compare(ours, theirs),
@@ -210,18 +219,6 @@ fn run(file: &str, out: &str) -> Result<ExitCode, Error> {
 /// `run.sh peer` after its main comparison, `run.sh peer-wrap`). Exit status 1 when a cell
 /// is missing or failed in some process, or none was reduced.
 fn compare_rounds(ours: &str, theirs: &str) -> Result<ExitCode, Error> {
-    let read_all = |list: &str| -> Result<SideRuns, Error> {
-        let files = list
-            .split(',')
-            .filter(|f| !f.is_empty())
-            .map(|f| {
-                let text =
-                    std::fs::read_to_string(f).map_err(|e| format!("cannot read {f}: {e}"))?;
-                Ok((f.to_owned(), text))
-            })
-            .collect::<Result<Vec<_>, Error>>()?;
-        Ok(read_side(&files)?)
-    };
     let (a, b) = (read_all(ours)?, read_all(theirs)?);
     println!(
         "# The wrapper cells (`async`, `cuda`) alone, {} rmm-rs and {} RMM processes in ABBA \
@@ -245,6 +242,58 @@ fn compare_rounds(ours: &str, theirs: &str) -> Result<ExitCode, Error> {
         );
     }
     println!("\n{}", r.summary_line());
+    Ok(if r.complete() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// One side's results files, a comma-separated list in the order their processes ran.
+fn read_all(list: &str) -> Result<SideRuns, Error> {
+    let files = list
+        .split(',')
+        .filter(|f| !f.is_empty())
+        .map(|f| {
+            let text = std::fs::read_to_string(f).map_err(|e| format!("cannot read {f}: {e}"))?;
+            Ok((f.to_owned(), text))
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    Ok(read_side(&files)?)
+}
+
+/// `peer report-ab`: the results files of an older `examples/peer` (before) and of this one
+/// (after), one per process, reduced per cell (`rmm_benches::peer_ab`; `run.sh peer-ab`). Exit
+/// status 1 when a cell is missing or failed in some process, or none was reduced.
+fn compare_ab(before: &str, after: &str) -> Result<ExitCode, Error> {
+    let (b, a) = (read_all(before)?, read_all(after)?);
+    println!(
+        "# Before and after: the sub-allocator cells of one plan, {} processes of the before \
+         binary and {} of the after binary in ABBA order (before, after, after, before, ...); \
+         medians over the processes\n",
+        b.runs.len(),
+        a.runs.len()
+    );
+    for (side, notes) in [("before", &b.notes), ("after", &a.notes)] {
+        for note in notes {
+            println!("- {side}: {note}");
+        }
+    }
+    let r = ab_report(&b.runs, &a.runs);
+    println!(
+        "\n## after / before, medians over the processes (ns per operation; above {LIMIT:.2}: \
+         flagged `slower`; peak reserved memory of each side, median and highest over its \
+         processes, flagged `memory` where the median is higher after)\n"
+    );
+    print!("{}", r.table.render());
+    if !r.incomplete.is_empty() {
+        println!(
+            "\nnot reduced (missing or failed in some process): {}",
+            r.incomplete.join(", ")
+        );
+    }
+    println!("\n{}", r.memory_line());
+    println!("{}", r.summary_line());
     Ok(if r.complete() {
         ExitCode::SUCCESS
     } else {

@@ -12,8 +12,10 @@ pub mod args;
 pub mod capacity;
 pub mod frag;
 pub mod gpu;
+pub mod latency;
 pub mod naive;
 pub mod peer;
+pub mod peer_ab;
 pub mod peer_rounds;
 #[cfg(feature = "driver-hooks")]
 pub mod reserve;

@@ -79,10 +79,10 @@ impl RoundsReport {
 }
 
 /// A cell's key: workload, resource, threads.
-type Key = (String, String, usize);
+pub(crate) type Key = (String, String, usize);
 
 /// Every `(workload, resource, threads)` in first-seen order.
-fn keys(runs: &[Vec<CellResult>]) -> Vec<Key> {
+pub(crate) fn keys(runs: &[Vec<CellResult>]) -> Vec<Key> {
     let mut out: Vec<Key> = Vec::new();
     for cell in runs.iter().flatten() {
         let key = (cell.workload.clone(), cell.resource.clone(), cell.threads);
@@ -95,7 +95,7 @@ fn keys(runs: &[Vec<CellResult>]) -> Vec<Key> {
 
 /// The cell's ns per operation in every process of one side, `None` when one process lacks it
 /// or failed it.
-fn samples(runs: &[Vec<CellResult>], key: &Key) -> Option<Vec<f64>> {
+pub(crate) fn samples(runs: &[Vec<CellResult>], key: &Key) -> Option<Vec<f64>> {
     runs.iter()
         .map(|cells| {
             cells

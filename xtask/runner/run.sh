@@ -24,6 +24,17 @@
 #        run.sh peer-wrap [ROUNDS]     those wrapper rounds alone (ROUNDS a side, default 3), on a
 #                                      fresh plan, reusing the rmm_peer an earlier `peer`
 #                                      compiled; last line "peer-wrappers: N cells, M above 1.00"
+#        run.sh peer-ab BEFORE_PEER_BINARY [ROUNDS] [ARGS...]
+#                                      before and after, rmm-rs only (no RMM C++, no wheels, no
+#                                      nvcc: any bundle): examples/peer plan (ARGS, e.g. --quick)
+#                                      cut to its sub-allocator resources (pool, arena, binning,
+#                                      fixed_size), run by BEFORE_PEER_BINARY (an examples/peer
+#                                      built from an older tree) and by this bundle's
+#                                      examples/peer in alternating fresh processes, ABBA order
+#                                      (before, after, after, before, ...), ROUNDS a side
+#                                      (default 3), reduced by examples/peer report-ab: per cell
+#                                      both sides' medians, after / before, peak reserved memory;
+#                                      last line "peer-ab: N cells, M above 1.10"
 #        run.sh peer-frag [ARGS...]    the fragmentation scenarios (RMM issues 1957 and 496, the
 #                                      multi-stream workload) with RMM C++ beside rmm-rs (a
 #                                      `--peer` bundle): compiles rmm_peer.cpp as `peer` does,
@@ -64,6 +75,7 @@
 #                       (e.g. '*--random_allocations'; default: all)
 #   RMM_PEER_WRAP_ROUNDS  fresh processes a side for `peer`'s wrapper rounds (default 3; 0:
 #                       none)
+#   RMM_PEER_AB_ROUNDS  `peer-ab`'s processes a side when ROUNDS is not given (default 3)
 #   NVCC                the compiler `peer` uses (default: nvcc on PATH, else
 #                       /usr/local/cuda/bin/nvcc or /usr/local/cuda-*/bin/nvcc)
 #   COMPUTE_SANITIZER   the compute-sanitizer `sanitize` uses (default: on PATH, else
@@ -611,6 +623,88 @@ run_peer_wrap() {
   return "$rc"
 }
 
+# run_peer_ab BEFORE [ROUNDS] [ARGS...]: the sub-allocator cells of one plan, measured by two
+# builds of rmm-rs: BEFORE (an older examples/peer) and this bundle's examples/peer (after),
+# each in ROUNDS (default RMM_PEER_AB_ROUNDS or 3) fresh processes in ABBA order (before,
+# after, after, before, before, after, ...), then examples/peer report-ab (per cell the medians
+# of both sides, after / before, each side's peak reserved memory). Needs no peer/ folder: no
+# RMM C++, wheels or nvcc. Files in peer-ab/, logs logs/peer-ab-*.log; OUT gets
+# peer-ab-report.txt and every process's peer-ab-<side>-<n>.tsv. Last line "peer-ab: N cells,
+# M above 1.10"; exit status 0 when report-ab reduced every cell.
+AB_FAILED="peer-ab: 0 cells, 0 above 1.10"
+run_peer_ab() {
+  local before=${1:-}
+  if [[ -z $before || $before == -* ]]; then
+    echo "run.sh: usage: run.sh peer-ab BEFORE_PEER_BINARY [ROUNDS] [ARGS...]" >&2
+    echo "$AB_FAILED (no before binary)"
+    return 2
+  fi
+  shift
+  local rounds=${RMM_PEER_AB_ROUNDS:-3}
+  if (($#)) && [[ $1 != -* ]]; then
+    rounds=$1
+    shift
+  fi
+  if ! wrap_rounds "$rounds" ROUNDS 1; then
+    echo "$AB_FAILED (bad ROUNDS)"
+    return 1
+  fi
+  rounds=$((10#$rounds))
+  # The processes run in the bundle folder: a relative path is the caller's.
+  [[ $before == /* ]] || before="$PWD/$before"
+  if [[ ! -f $before || ! -x $before ]]; then
+    echo "run.sh: peer-ab: the before binary $before is not an executable file" >&2
+    echo "$AB_FAILED (no before binary)"
+    return 2
+  fi
+  local peer="$BUNDLE/examples/peer" dir="$BUNDLE/peer-ab"
+  if [[ ! -f $peer ]]; then
+    echo "run.sh: this bundle has no examples/peer (the after side); build it with: cargo xtask gpu bundle" >&2
+    echo "$AB_FAILED (no examples/peer)"
+    return 2
+  fi
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  local all="$dir/plan-all.txt" plan="$dir/plan.txt"
+  local -a steps=() files=()
+  peer_plan peer-ab plan "$all" "$AB_FAILED" "$@" || return 1
+  sed -E '/^resource /{/^resource (pool|arena|binning|fixed_size)( |$)/!d;}' "$all" >"$plan"
+  if ! grep -q -E '^resource ' "$plan"; then
+    printf '%s\n' "${steps[@]}" "$AB_FAILED (no sub-allocator cells in the plan)" >"$LOGS/summary.txt"
+    export_out "$LOGS/summary.txt"
+    cat "$LOGS/summary.txt"
+    return 1
+  fi
+  local befores="" afters="" i n side exe out
+  for ((i = 0; i < 2 * rounds; i++)); do
+    n=$((i / 2 + 1))
+    # Pairs alternate which side goes first: (before, after), (after, before), ...
+    if (((i / 2) % 2 == i % 2)); then side=before exe=$before; else side=after exe=$peer; fi
+    out="$dir/$side-$n.tsv"
+    rm -f "$out"
+    echo "=== [peer-ab] process $((i + 1)) of $((2 * rounds)): $side"
+    run_captured "$LOGS/peer-ab-$side-$n.log" env RMM_DEFAULT_STREAM=legacy "$exe" run "$plan" "$out"
+    steps+=("sub-allocator cells, $side process $n: $(describe_exit "$RC")")
+    [[ -f $out ]] || : >"$out"
+    files+=("$out")
+    if [[ $side == before ]]; then befores+="${befores:+,}$out"; else afters+="${afters:+,}$out"; fi
+  done
+  echo "=== [peer-ab] report"
+  run_captured "$LOGS/peer-ab-report.log" "$peer" report-ab "$befores" "$afters"
+  local rc=$RC
+  peer_summary "$LOGS/peer-ab-report.log" '^peer-ab: .* cells, ' "$AB_FAILED" "$rc"
+  if [[ -n ${OUT:-} ]] && mkdir -p "$OUT"; then
+    cp "$LOGS/peer-ab-report.log" "$OUT/peer-ab-report.txt" 2>/dev/null
+    for out in "${files[@]}"; do
+      cp "$out" "$OUT/peer-ab-${out##*/}" 2>/dev/null
+    done
+  fi
+  export_out "$LOGS/summary.txt"
+  echo
+  cat "$LOGS/summary.txt"
+  return "$rc"
+}
+
 # run_peer_frag [ARGS...]: compiles the RMM C++ driver as `peer` does, then the fragmentation
 # scenarios on both sides: examples/peer frag-plan (ARGS, e.g. --quick), rmm_peer --frag (RMM
 # C++), examples/peer frag-run (rmm-rs) and examples/peer frag-report (one table per scenario,
@@ -1032,7 +1126,7 @@ st_run() {
   env -u RMM_GPU_MODES -u RMM_GPU_TIMEOUT -u RMM_GPU_LOG_LIMIT -u OUT -u RMM_BENCH_FILTER -u NVCC \
     -u COMPUTE_SANITIZER -u RMM_SANITIZE_BINS -u RMM_SANITIZE_MODES -u RMM_SANITIZE_TIMEOUT \
     -u RMM_SANITIZE_SPLIT \
-    -u RMM_STRESS_OPS -u RMM_PEER_WRAP_ROUNDS \
+    -u RMM_STRESS_OPS -u RMM_PEER_WRAP_ROUNDS -u RMM_PEER_AB_ROUNDS \
     -u PYTHON -u RMM_RS_LIBRARY -u RMM_REPLAY \
     RMM_GPU_NVIDIA_LIB=/nonexistent "${envs[@]}" bash "$@" >"$tmp/$name.txt" 2>&1
   ST_RC=$?
@@ -1183,6 +1277,7 @@ frag-plan) echo \"frag-plan args=\$*\"; echo frag-plan >\"\$2\" ;;
 frag-run) echo rmm-rs-frag-row >\"\$3\"; echo \"frag-run mode=\$RMM_DEFAULT_STREAM\" ;;
 frag-report) echo \"frag-report of \$(cat \"\$2\" \"\$3\")\"; echo 'peer-frag: 1 rmm-rs rows, 1 RMM rows, 0 failed' ;;
 report-rounds) echo \"rounds ours=\$2 theirs=\$3\"; [[ -n \${FAKE_ROUNDS_FAIL:-} ]] && exit 1; echo 'peer-wrappers: 1 cells, 0 above 1.00' ;;
+report-ab) echo \"ab before=\$2 after=\$3\"; head -n 1 \"\${2%%,*}\"; [[ -n \${FAKE_AB_FAIL:-} ]] && exit 1; echo 'memory: 0 of 1 cells'; echo 'peer-ab: 1 cells, 0 above 1.10' ;;
 esac"
   st_run peer OUT="$tmp/out7" NVCC="$tmp/nvcc" -- "$b7/run.sh" peer --quick
   expect_eq "peer exits 0" "$ST_RC" 0
@@ -1289,6 +1384,57 @@ esac"
   expect_eq "a newer rmm_peer.cpp is compiled again" "$ST_RC" 1
   expect_eq "peer-wrap's compile error line" "$(tail -n 1 "$tmp/peerwrapstale.txt")" \
     "peer-wrappers: 0 cells, 0 above 1.00 (compile error)"
+
+  # 7b. peer-ab: a bundle with examples/peer only (no peer/: no wheels, no nvcc), a fake before
+  # binary elsewhere; the plan of 7's fake examples/peer.
+  local b7ab=$tmp/b7ab
+  new_bundle "$b7ab"
+  mkdir -p "$b7ab/examples"
+  cp "$b7/examples/peer" "$b7ab/examples/peer"
+  fake "$tmp/old/peer" "[[ \$1 == run ]] || exit 9
+printf 'rmm-rs\\ta\\tpool\\t1\\t110.0\\t1024\\tok\\t8\\n' >\"\$3\"; echo \"old run plan=\$2 mode=\$RMM_DEFAULT_STREAM\""
+  st_run peerab OUT="$tmp/out7ab" NVCC="$tmp/nvcc-broken" -- "$b7ab/run.sh" peer-ab "$tmp/old/peer" 2 --quick
+  expect_eq "peer-ab exits 0" "$ST_RC" 0
+  expect_eq "peer-ab's last line" "$(tail -n 1 "$tmp/peerab.txt")" "peer-ab: 1 cells, 0 above 1.10"
+  expect "the memory line stays in the summary" file_has "$b7ab/logs/summary.txt" "memory: 0 of 1 cells"
+  expect_eq "the processes alternate ABBA" \
+    "$(grep -E '^sub-allocator cells, ' "$b7ab/logs/summary.txt" | cut -d: -f1 | tr '\n' ,)" \
+    "sub-allocator cells, before process 1,sub-allocator cells, after process 1,sub-allocator cells, after process 2,sub-allocator cells, before process 2,"
+  expect "the plan gets the arguments" file_has "$b7ab/logs/peer-ab-plan.log" \
+    "plan args=plan $b7ab/peer-ab/plan-all.txt --quick"
+  expect_eq "the plan keeps the sub-allocators only" \
+    "$(grep '^resource ' "$b7ab/peer-ab/plan.txt" | tr '\n' ,)" "resource pool 0,resource fixed_size 8,"
+  expect_eq "and every other line" "$(grep -v '^resource ' "$b7ab/peer-ab/plan.txt")" \
+    "$(grep -v '^resource ' "$b7ab/peer-ab/plan-all.txt")"
+  expect "the before binary runs the plan in legacy mode" file_has "$b7ab/logs/peer-ab-before-2.log" \
+    "old run plan=$b7ab/peer-ab/plan.txt mode=legacy"
+  expect "the after side is the bundle's" file_has "$b7ab/logs/peer-ab-after-2.log" "run mode=legacy"
+  expect "report-ab gets each side's processes" file_has "$b7ab/logs/peer-ab-report.log" \
+    "ab before=$b7ab/peer-ab/before-1.tsv,$b7ab/peer-ab/before-2.tsv after=$b7ab/peer-ab/after-1.tsv,$b7ab/peer-ab/after-2.tsv"
+  expect "the before side's results are the old binary's" file_has "$b7ab/logs/peer-ab-report.log" "110.0"
+  expect "OUT gets the report" file_has "$tmp/out7ab/peer-ab-report.txt" "peer-ab: 1 cells"
+  expect "OUT gets every process's results" file_has "$tmp/out7ab/peer-ab-after-2.tsv" "100.0"
+  expect_eq "OUT's summary ends with the peer-ab line" "$(tail -n 1 "$tmp/out7ab/gpu-summary.txt")" \
+    "peer-ab: 1 cells, 0 above 1.10"
+  expect "no compiler was needed" test ! -e "$b7ab/peer"
+  (cd "$tmp/old" && RMM_PEER_AB_ROUNDS=1 RMM_GPU_NVIDIA_LIB=/nonexistent bash "$b7ab/run.sh" peer-ab ./peer \
+    >"$tmp/peerabrel.txt" 2>&1)
+  expect_eq "a relative before path and RMM_PEER_AB_ROUNDS" \
+    "$(grep -c -E '^sub-allocator cells, ' "$b7ab/logs/summary.txt")" 2
+  expect "the relative path is the caller's" file_has "$b7ab/logs/peer-ab-before-1.log" "old run plan="
+  st_run peerabfail FAKE_AB_FAIL=1 -- "$b7ab/run.sh" peer-ab "$tmp/old/peer" 1
+  expect_eq "a failed report-ab fails peer-ab" "$ST_RC" 1
+  expect_eq "and says so last" "$(tail -n 1 "$tmp/peerabfail.txt")" \
+    "peer-ab: 0 cells, 0 above 1.10 (no report: exit status 1)"
+  st_run peerabnone -- "$b7ab/run.sh" peer-ab "$tmp/old/nothing"
+  expect_eq "a missing before binary exits 2" "$ST_RC" 2
+  expect_eq "and says so last" "$(tail -n 1 "$tmp/peerabnone.txt")" "peer-ab: 0 cells, 0 above 1.10 (no before binary)"
+  st_run peerabnoarg -- "$b7ab/run.sh" peer-ab
+  expect_eq "no before binary at all exits 2" "$ST_RC" 2
+  st_run peerabbad -- "$b7ab/run.sh" peer-ab "$tmp/old/peer" 0
+  expect_eq "ROUNDS 0 fails peer-ab" "$ST_RC" 1
+  st_run peerabnopeer -- "$b2/run.sh" peer-ab "$tmp/old/peer"
+  expect_eq "a bundle without examples/peer exits 2" "$ST_RC" 2
 
   # 8. sanitize: a fake compute-sanitizer that runs the binary and reports the errors it asks for
   # (lines "SANITIZER-ERROR <tool>"), in the two summary formats.
@@ -1485,6 +1631,11 @@ main() {
     shift
     setup_env
     run_peer_frag "$@"
+    ;;
+  peer-ab)
+    shift
+    setup_env
+    run_peer_ab "$@"
     ;;
   example)
     shift

@@ -118,6 +118,28 @@ mod tests {
         assert!(README_TXT.contains("RMM_PEER_WRAP_ROUNDS"));
     }
 
+    /// `run.sh peer-ab` measures two builds of rmm-rs on one plan's sub-allocator cells in
+    /// alternating processes, without the RMM C++ side (no `peer_build`: no wheels, no nvcc),
+    /// reduced by `report-ab` (the self-test checks the order and the files on fake programs).
+    #[test]
+    fn peer_ab_mode_alternates_two_builds_without_rmm() {
+        assert!(RUN_SH.contains("  peer-ab)\n"));
+        let body = RUN_SH
+            .split("\nrun_peer_ab() {\n")
+            .nth(1)
+            .and_then(|rest| rest.split("\n}\n").next())
+            .expect("run_peer_ab is defined");
+        assert!(
+            !body.contains("peer_build"),
+            "peer-ab must not need RMM C++"
+        );
+        assert!(body.contains(
+            "sed -E '/^resource /{/^resource (pool|arena|binning|fixed_size)( |$)/!d;}'"
+        ));
+        assert!(body.contains("\"$peer\" report-ab \"$befores\" \"$afters\""));
+        assert!(README_TXT.contains("run.sh peer-ab"));
+    }
+
     #[test]
     fn running_a_missing_bundle_is_an_error() {
         let err = run(Path::new("/nonexistent/gpu-bundle"), &[], &[]).unwrap_err();
