@@ -1,5 +1,6 @@
 //! A/B of the CUDA wrappers against the calls under them and RMM C++'s calls, in one process
-//! (`docs/performance.md`, "CUDA wrappers").
+//! (method and figures: `docs/perf-log/2026-11-26-wrap-ab.md`; what the two sides' calls are:
+//! `docs/perf-log/2026-11-26-wrapper-differences.md`).
 //!
 //! ```text
 //! wrap_ab [--reps N] [--async-reps N] [--ops N] [--sync a,b] [--async r64,a] [--only NAME,...]

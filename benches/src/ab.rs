@@ -6,7 +6,8 @@
 //! `CudaMemoryResource` and `CudaAsyncMemoryResource`, through the driver calls they make
 //! (called directly) and through the CUDA runtime calls RMM C++ makes, so that a difference
 //! between rmm-rs and RMM in the peer comparison can be told apart from the driver's variance
-//! between processes and runs (`docs/performance.md`, "CUDA wrappers").
+//! between processes and runs (`docs/perf-log/2026-11-26-wrap-ab.md`,
+//! `docs/perf-log/2026-11-26-wrapper-differences.md`).
 
 use std::fmt::Write as _;
 

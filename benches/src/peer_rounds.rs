@@ -4,8 +4,8 @@
 //!
 //! The `cuda` and `async` cells time one driver call per operation on both sides, so what
 //! differs between the two sides' figures in one run is mostly the process: each side runs
-//! once, RMM's first, after different earlier cells (docs/performance.md, "Every difference
-//! between the two sides"). `run.sh` therefore runs these cells again, alone (a plan with only
+//! once, RMM's first, after different earlier cells (row 8 of
+//! docs/perf-log/2026-11-26-wrapper-differences.md). `run.sh` therefore runs these cells again, alone (a plan with only
 //! the `async` and `cuda` resources), each side in several fresh processes in ABBA order (RMM,
 //! rmm-rs, rmm-rs, RMM, RMM, rmm-rs, ...), and this module reduces the results files: per
 //! cell, each side's median over its processes with its range, and the ratio of the medians.

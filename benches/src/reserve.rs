@@ -1,7 +1,8 @@
 //! Peak reserved against peak live memory without a GPU: the peer comparison's pool and
 //! binning cells replayed over simulated memory ([`SimulatedMemoryResource`], addresses only)
 //! on the simulated driver's fake streams, one stream per copy of the workload as in the peer
-//! run (`examples/peer simulate`; `docs/performance.md`, "Memory").
+//! run (`examples/peer simulate`; the runs: `docs/perf-log/2026-11-26-steal-before-growing.md`,
+//! `2026-11-26-growth-under-pressure.md`, `2026-11-26-blocks-in-transit.md`).
 //!
 //! Two ways to replay, both with every copy on its own ordinary stream:
 //!

@@ -1,6 +1,6 @@
 //! Allocate + free pairs through the C entry points PyTorch calls (`rmm_rs_torch_alloc`,
 //! `rmm_rs_torch_free`), over a do-nothing resource, in a loop that is easy to count
-//! instructions in (`docs/performance.md`, "The C ABI: instructions per pair").
+//! instructions in (the method and the counts: `docs/perf-log/2026-11-26-capi-instructions.md`).
 //!
 //! ```text
 //! capi_pair_count [--instructions] [--cross] [RESOURCE [LAYERS [STREAM [SIZE [PAIRS]]]]]

@@ -1,5 +1,6 @@
 //! Allocate + free pairs of the sub-allocators over a do-nothing upstream, in a loop that is
-//! easy to count instructions in (`docs/performance.md`, "Instructions per pair").
+//! easy to count instructions in (method: `docs/performance.md`, "Instructions per pair";
+//! the runs: `docs/perf-log/`, e.g. `2026-11-27-pool-r64-host-time.md`).
 //!
 //! ```text
 //! pair_count [--instructions [--steps]] [RESOURCE [SHAPE [MIX [STREAM [PAIRS]]]]]

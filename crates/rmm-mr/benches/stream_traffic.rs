@@ -1,8 +1,8 @@
 //! What crosses between streams when many streams share one sub-allocator: `threads` copies of
 //! `gpu_alloc`'s traces, each on its own stream, replayed on the calling thread over a
 //! do-nothing upstream and rmm-sys's simulated driver, with the driver calls and upstream
-//! growths of the timed pass counted per operation (`docs/performance.md`, "Binning and
-//! fixed-size at 16 threads").
+//! growths of the timed pass counted per operation (the run and what it found:
+//! `docs/perf-log/2026-11-26-bins-16-threads.md`).
 //!
 //! ```text
 //! stream_traffic [RESOURCE [TRACE [THREADS [SCHEDULE]]]]

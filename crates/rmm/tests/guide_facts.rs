@@ -65,6 +65,8 @@ const DOCS_README: &str = include_str!("../../../docs/README.md");
 const README: &str = include_str!("../../../README.md");
 const WORKSPACE_MANIFEST: &str = include_str!("../../../Cargo.toml");
 const PERFORMANCE: &str = include_str!("../../../docs/performance.md");
+/// The dated run the "Start here" figures quote (docs/perf-log/, a file per run).
+const PEER_RUN: &str = include_str!("../../../docs/perf-log/2026-11-27-peer-h100.md");
 
 fn page(name: &str) -> &'static str {
     PAGES
@@ -192,24 +194,51 @@ fn the_cudarc_page_names_the_pinned_version() {
 }
 
 #[test]
-fn start_here_names_a_peer_run_that_performance_md_has() {
-    // The "Start here" figures quote one run by its heading; the heading must exist.
-    let heading = "### Peer table, 2026-11-27, and the targets: where issue 16 ends";
+fn start_here_names_a_peer_run_that_the_perf_log_has() {
+    // The "Start here" figures quote one run by its heading; the run's file must have it, and
+    // performance.md's figures must be dated by the same run.
+    let heading = "# Peer table, 2026-11-27, and the targets: where issue 16 ends";
     assert!(
-        PERFORMANCE.contains(heading),
-        "performance.md lost {heading:?}"
+        PEER_RUN.starts_with(heading),
+        "docs/perf-log/2026-11-27-peer-h100.md lost {heading:?}"
     );
-    for (name, text) in [
-        ("README.md", README),
-        ("guide 01", page("01-introduction.md")),
+    assert!(
+        PEER_RUN.contains("| a | 5 |") && PEER_RUN.contains("| r64 | 5 |"),
+        "the perf-log file lost run 5's rows"
+    );
+    assert!(
+        PERFORMANCE.contains("**Measured on 2026-11-27**")
+            && PERFORMANCE.contains("run 5, [perf-log/2026-11-27-peer-h100.md]"),
+        "performance.md's figures are not dated by the run Start here quotes"
+    );
+    for (name, text, link) in [
+        (
+            "README.md",
+            README,
+            "(docs/perf-log/2026-11-27-peer-h100.md)",
+        ),
+        (
+            "guide 01",
+            page("01-introduction.md"),
+            "(../perf-log/2026-11-27-peer-h100.md)",
+        ),
     ] {
         assert!(text.contains("## Start here"), "{name} has no Start here");
         assert!(
-            text.contains("\"Peer table, 2026-11-27\", run 5")
-                && text.contains("#peer-table-2026-11-27-and-the-targets-where-issue-16-ends"),
+            text.contains("\"Peer table, 2026-11-27\", run 5") && text.contains(link),
             "{name} does not name and link the run its figures come from"
         );
     }
+}
+
+#[test]
+fn performance_md_stays_a_short_page() {
+    // Issue 28: today's figures, method, targets and how to reproduce; dated runs in perf-log/.
+    let lines = PERFORMANCE.lines().count();
+    assert!(
+        lines <= 400,
+        "docs/performance.md has {lines} lines (at most 400)"
+    );
 }
 
 #[test]

@@ -94,7 +94,7 @@ pub fn random(
 /// allocation order. Sizes are uniform in `[1, max_size]`. Returns the operations and the
 /// number of slots they use.
 ///
-/// Differences from RMM, all documented in `docs/performance.md`: the generator is [`Rng`]
+/// Differences from RMM, all documented in `docs/performance.md` ("RMM's benchmark set"): the generator is [`Rng`]
 /// (splitmix64) rather than `std::default_random_engine`; the freed entry is removed by
 /// swapping with the last (RMM erases in place, which is quadratic at 100,000 allocations);
 /// and since nothing is allocated while generating, an allocation cannot fail and turn into a
