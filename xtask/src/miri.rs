@@ -87,6 +87,7 @@ pub(crate) const EXCLUDED: &[(&str, &str, &str)] = &[
                           cannot call into a shared library, and under it `open` finds none",
     ),
     ("rmm-sys", "error", DRIVER_CALLS),
+    ("rmm-sys", "host_mempool", DRIVER_CALLS),
     ("rmm-sys", "kernel", DRIVER_CALLS),
     ("rmm-sys", "memory", DRIVER_CALLS),
     ("rmm-sys", "mempool", DRIVER_CALLS),
