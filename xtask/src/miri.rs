@@ -39,6 +39,8 @@ pub(crate) const SUITES: &[(&str, &[&str])] = &[
             "resources::simulated::",
             "resources::system::",
             "resources::unsupported_tests::",
+            // The pinned host pool's bookkeeping (no unsafe, no driver).
+            "pinned::core::",
         ],
     ),
     (
@@ -112,6 +114,7 @@ pub(crate) const EXCLUDED: &[(&str, &str, &str)] = &[
     ("rmm-mr", "resources::cuda_async_view", DRIVER_MEMORY),
     ("rmm-mr", "resources::managed", DRIVER_MEMORY),
     ("rmm-mr", "resources::pinned_host", DRIVER_MEMORY),
+    ("rmm-mr", "pinned::pool", DRIVER_MEMORY),
     (
         "rmm-containers",
         "interop::cudarc",

@@ -1,0 +1,14 @@
+//! Pinned host memory: [`PinnedHostPool`], a caching, stream-ordered pool of `cuMemHostAlloc`
+//! chunks (with its `allocator_api2` allocator, [`PinnedVec`] and [`PinnedTransfer`]).
+//!
+//! The bookkeeping ([`core`]: size classes, free lists, pending events) makes no CUDA call and
+//! is tested without a GPU (and under Miri); [`pool`] is the thin CUDA glue.
+
+pub(crate) mod core;
+mod pool;
+
+pub use self::core::{class_size, PinnedPoolStatistics};
+pub use pool::{
+    PinnedAllocator, PinnedHostPool, PinnedPoolOptions, PinnedTransfer, PinnedVec,
+    PINNED_MAX_ALIGNMENT,
+};
