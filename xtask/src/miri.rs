@@ -115,6 +115,7 @@ pub(crate) const EXCLUDED: &[(&str, &str, &str)] = &[
     ("rmm-mr", "resources::managed", DRIVER_MEMORY),
     ("rmm-mr", "resources::pinned_host", DRIVER_MEMORY),
     ("rmm-mr", "pinned::pool", DRIVER_MEMORY),
+    ("rmm-mr", "pinned::host_async", DRIVER_MEMORY),
     (
         "rmm-containers",
         "interop::cudarc",

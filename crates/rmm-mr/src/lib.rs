@@ -60,8 +60,8 @@ pub use debug_log::{init_debug_logging, set_debug_log_level};
 pub use error::{InvalidFree, MrError, MrResult};
 pub use fixed_size::{FixedSizeMemoryResource, FixedSizeOptions};
 pub use pinned::{
-    class_size as pinned_class_size, PinnedAllocator, PinnedHostPool, PinnedPoolOptions,
-    PinnedPoolStatistics, PinnedTransfer, PinnedVec, PINNED_MAX_ALIGNMENT,
+    class_size as pinned_class_size, CudaAsyncHostMemoryResource, PinnedAllocator, PinnedHostPool,
+    PinnedPoolOptions, PinnedPoolStatistics, PinnedTransfer, PinnedVec, PINNED_MAX_ALIGNMENT,
 };
 pub use pool::{PoolMemoryResource, PoolOptions};
 pub use prefetch::{prefetch, PrefetchTarget};
@@ -161,6 +161,7 @@ mod send_sync {
         assert_send_sync::<PinnedHostPool>();
         assert_send_sync::<PinnedAllocator>();
         assert_send_sync::<PinnedTransfer<u64>>();
+        assert_send_sync::<CudaAsyncHostMemoryResource>();
         assert_send_sync::<SystemMemoryResource>();
         assert_send_sync::<SamHeadroomMemoryResource>();
         assert_send_sync::<CudaAsyncMemoryResource>();
