@@ -396,13 +396,25 @@ fn free_chunks(chunks: &[(usize, usize)]) -> MrResult<usize> {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        let l = self.ledger.get_mut();
+        // `lock`, not `get_mut`: the loom build's mutex has no `get_mut` (and nobody else holds
+        // the lock of a pool being dropped).
+        let mut l = self.ledger.lock();
+        let mut waited = true;
         for e in l.drain_pending() {
-            // A failed wait leaves nothing better to do than free: the context is gone.
-            let _ = e.synchronize();
+            waited &= e.synchronize().is_ok();
         }
-        debug_assert_eq!(l.blocks_in_use(), 0, "every block holds the pool alive");
-        let _ = free_chunks(&l.all_chunks());
+        if !waited || l.blocks_in_use() != 0 {
+            // Device work may still use a block: leaking the chunks is the only safe choice.
+            log::error!(
+                "rmm: pinned host pool dropped with work it could not wait for; its {} chunks \
+                 are leaked",
+                l.all_chunks().len()
+            );
+            return;
+        }
+        if let Err(e) = free_chunks(&l.all_chunks()) {
+            log::error!("rmm: pinned host pool: cuMemFreeHost failed: {e}");
+        }
     }
 }
 
