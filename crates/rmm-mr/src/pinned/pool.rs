@@ -303,6 +303,14 @@ impl PinnedHostPool {
                 memory::mem_host_alloc(chunk).map_err(|e| MrError::from_allocation(e, chunk))?
             }
         };
+        if !base.is_aligned(PINNED_MAX_ALIGNMENT) {
+            // The blocks' alignment (and the allocator's promise) rests on page-aligned chunks.
+            // SAFETY: the chunk was just allocated and never handed out.
+            let _ = unsafe { memory::mem_free_host(base) };
+            return Err(MrError::bad_alloc(
+                "cuMemHostAlloc returned memory that is not page (4 KiB) aligned",
+            ));
+        }
         let added = {
             let mut l = self.inner.ledger.lock();
             let over = self
