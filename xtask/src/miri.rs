@@ -39,6 +39,8 @@ pub(crate) const SUITES: &[(&str, &[&str])] = &[
             "resources::simulated::",
             "resources::system::",
             "resources::unsupported_tests::",
+            // The pinned host pool's bookkeeping (no unsafe, no driver).
+            "pinned::core::",
         ],
     ),
     (
@@ -87,6 +89,7 @@ pub(crate) const EXCLUDED: &[(&str, &str, &str)] = &[
                           cannot call into a shared library, and under it `open` finds none",
     ),
     ("rmm-sys", "error", DRIVER_CALLS),
+    ("rmm-sys", "host_mempool", DRIVER_CALLS),
     ("rmm-sys", "kernel", DRIVER_CALLS),
     ("rmm-sys", "memory", DRIVER_CALLS),
     ("rmm-sys", "mempool", DRIVER_CALLS),
@@ -111,6 +114,8 @@ pub(crate) const EXCLUDED: &[(&str, &str, &str)] = &[
     ("rmm-mr", "resources::cuda_async_view", DRIVER_MEMORY),
     ("rmm-mr", "resources::managed", DRIVER_MEMORY),
     ("rmm-mr", "resources::pinned_host", DRIVER_MEMORY),
+    ("rmm-mr", "pinned::pool", DRIVER_MEMORY),
+    ("rmm-mr", "pinned::host_async", DRIVER_MEMORY),
     (
         "rmm-containers",
         "interop::cudarc",

@@ -12,6 +12,9 @@ use crate::layout::{check_alignment, check_fits};
 use crate::raw::{self, StreamOn};
 use crate::stream::BufferStream;
 
+// Asynchronous copies to and from pinned host vectors (`rmm_mr::PinnedVec`).
+mod pinned;
+
 /// An untyped, **uninitialized**, stream-ordered allocation of device memory (RMM's
 /// `device_buffer`).
 ///

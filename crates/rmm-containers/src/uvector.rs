@@ -296,6 +296,11 @@ impl<T: Pod> DeviceUvector<T> {
             .copy_from_host(bytemuck::cast_slice(src), stream)
     }
 
+    /// The underlying buffer, mutably (crate-internal: its size stays a multiple of `T`'s).
+    pub(crate) fn buffer_mut(&mut self) -> &mut DeviceBuffer {
+        &mut self.buffer
+    }
+
     /// A view of the stream the vector will be freed on.
     #[must_use]
     pub fn stream(&self) -> CudaStreamView<'_> {

@@ -33,6 +33,7 @@ mod error;
 #[cfg(test)]
 mod fault_tests;
 pub mod fixed_size;
+mod pinned;
 pub mod pool;
 mod prefetch;
 mod registry;
@@ -58,6 +59,10 @@ pub use binning::{BinningMemoryResource, BinningOptions};
 pub use debug_log::{init_debug_logging, set_debug_log_level};
 pub use error::{InvalidFree, MrError, MrResult};
 pub use fixed_size::{FixedSizeMemoryResource, FixedSizeOptions};
+pub use pinned::{
+    class_size as pinned_class_size, CudaAsyncHostMemoryResource, PinnedAllocator, PinnedHostPool,
+    PinnedPoolOptions, PinnedPoolStatistics, PinnedTransfer, PinnedVec, PINNED_MAX_ALIGNMENT,
+};
 pub use pool::{PoolMemoryResource, PoolOptions};
 pub use prefetch::{prefetch, PrefetchTarget};
 pub use registry::{
@@ -121,6 +126,14 @@ pub mod __internals {
         pub use crate::binning::table::{exponent_sizes, rounded_bin_size, BinningError};
     }
 
+    /// The pinned host pool's bookkeeping (size classes, free lists, pending events).
+    pub mod pinned {
+        pub use crate::pinned::core::{
+            chunk_bytes_for, class_of, class_size, LedgerError, PinnedLedger, CHUNK_BYTES,
+            MAX_CLASS, MIN_BLOCK,
+        };
+    }
+
     /// The statistics adaptor's sharded counters.
     pub mod statistics {
         pub use crate::adaptors::statistics::counters::{StatisticsCounters, StatsError};
@@ -145,6 +158,10 @@ mod send_sync {
         assert_send_sync::<CudaMemoryResource>();
         assert_send_sync::<ManagedMemoryResource>();
         assert_send_sync::<PinnedHostMemoryResource>();
+        assert_send_sync::<PinnedHostPool>();
+        assert_send_sync::<PinnedAllocator>();
+        assert_send_sync::<PinnedTransfer<u64>>();
+        assert_send_sync::<CudaAsyncHostMemoryResource>();
         assert_send_sync::<SystemMemoryResource>();
         assert_send_sync::<SamHeadroomMemoryResource>();
         assert_send_sync::<CudaAsyncMemoryResource>();

@@ -53,3 +53,9 @@ pub mod pytorch_and_c {}
 
 #[doc = include_str!("../guide/12-cudarc-candle-and-burn.md")]
 pub mod cudarc_candle_and_burn {}
+
+// The pinned-memory section of page 14, compiled on its own until it is merged into the page
+// (`cargo test -p rmm-rs --doc --all-features guide`).
+#[cfg(doctest)]
+#[doc = include_str!("../guide/14-pinned-section.md")]
+mod pinned_section {}

@@ -48,16 +48,17 @@ pub use rmm_mr::{
     current_device_resource, per_device_resource, prefetch, reset_current_device_resource,
     reset_per_device_resource, resource_cast, set_current_device_resource, set_per_device_resource,
     shared, AlignedOptions, AlignedResourceAdaptor, ArenaMemoryResource, ArenaOptions,
-    BinningMemoryResource, BinningOptions, CallbackMemoryResource, CudaAsyncManagedMemoryResource,
-    CudaAsyncMemoryResource, CudaAsyncOptions, CudaAsyncViewMemoryResource, CudaMemoryResource,
-    DeviceMemoryResource, FailureCallbackOptions, FailureCallbackResourceAdaptor,
-    FixedSizeMemoryResource, FixedSizeOptions, InvalidFree, LimitingOptions,
-    LimitingResourceAdaptor, LoggingOptions, LoggingResourceAdaptor, ManagedMemoryResource,
-    MrError, MrResult, PinnedHostMemoryResource, PoolMemoryResource, PoolOptions, PoolStatistics,
-    PrefetchResourceAdaptor, PrefetchTarget, ResourceProperties, SamHeadroomMemoryResource,
-    SharedResource, SimulatedMemoryResource, StatisticsResourceAdaptor, SystemMemoryResource,
-    ThreadSafeResourceAdaptor, TrackingOptions, TrackingResourceAdaptor, VmmPoolMemoryResource,
-    VmmPoolOptions,
+    BinningMemoryResource, BinningOptions, CallbackMemoryResource, CudaAsyncHostMemoryResource,
+    CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaAsyncOptions,
+    CudaAsyncViewMemoryResource, CudaMemoryResource, DeviceMemoryResource, FailureCallbackOptions,
+    FailureCallbackResourceAdaptor, FixedSizeMemoryResource, FixedSizeOptions, InvalidFree,
+    LimitingOptions, LimitingResourceAdaptor, LoggingOptions, LoggingResourceAdaptor,
+    ManagedMemoryResource, MrError, MrResult, PinnedAllocator, PinnedHostMemoryResource,
+    PinnedHostPool, PinnedPoolOptions, PinnedPoolStatistics, PinnedTransfer, PinnedVec,
+    PoolMemoryResource, PoolOptions, PoolStatistics, PrefetchResourceAdaptor, PrefetchTarget,
+    ResourceProperties, SamHeadroomMemoryResource, SharedResource, SimulatedMemoryResource,
+    StatisticsResourceAdaptor, SystemMemoryResource, ThreadSafeResourceAdaptor, TrackingOptions,
+    TrackingResourceAdaptor, VmmPoolMemoryResource, VmmPoolOptions, PINNED_MAX_ALIGNMENT,
 };
 pub use rmm_stream::{
     default_stream_mode, set_default_stream_mode, CudaEvent, CudaStream, CudaStreamPool,
@@ -67,7 +68,7 @@ pub use rmm_sys::{
     available_device_memory, current_device, device_count, device_name, device_synchronize,
     driver_version, gpu_unavailable_reason, is_driver_present, percent_of_free_device_memory,
     set_current_device, ComputeCapability, CudaError, DeviceCapabilities, DeviceGuard, DeviceId,
-    DevicePtr, DriverVersion, ALLOCATION_ALIGNMENT,
+    DevicePtr, DriverVersion, HostPoolLocation, ALLOCATION_ALIGNMENT,
 };
 
 /// This crate's version (`CARGO_PKG_VERSION`), e.g. for bug reports next to
