@@ -33,6 +33,8 @@ mod error;
 #[cfg(test)]
 mod fault_tests;
 pub mod fixed_size;
+#[cfg(unix)]
+pub mod ipc;
 pub mod pool;
 mod prefetch;
 mod registry;
@@ -58,6 +60,11 @@ pub use binning::{BinningMemoryResource, BinningOptions};
 pub use debug_log::{init_debug_logging, set_debug_log_level};
 pub use error::{InvalidFree, MrError, MrResult};
 pub use fixed_size::{FixedSizeMemoryResource, FixedSizeOptions};
+#[cfg(unix)]
+pub use ipc::{
+    ExportId, ImportedAllocation, IpcAllocation, IpcChannel, IpcError, IpcExporter, IpcImporter,
+    Released,
+};
 pub use pool::{PoolMemoryResource, PoolOptions};
 pub use prefetch::{prefetch, PrefetchTarget};
 pub use registry::{

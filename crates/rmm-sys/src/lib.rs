@@ -70,6 +70,7 @@ mod entry;
 pub mod error;
 #[cfg(feature = "testing")]
 pub mod fault;
+pub mod ipc;
 pub mod kernel;
 pub mod memory;
 pub mod mempool;
