@@ -446,6 +446,9 @@ mod tests {
         assert!(decode_header(&huge).is_err());
     }
 
+    /// Changes the chunks, the offset or the size of a VMM export.
+    type Edit = dyn Fn(&mut Vec<(u64, u64)>, &mut u64, &mut u64);
+
     #[test]
     fn vmm_exports_must_tile_their_span() {
         let check = |f: &dyn Fn(&mut Message)| {
@@ -457,7 +460,7 @@ mod tests {
             decode(decode_header(&h).unwrap(), &frame[HEADER_LEN..])
         };
         assert!(check(&|_| {}).is_ok());
-        let set = |m: &mut Message, f: &dyn Fn(&mut Vec<(u64, u64)>, &mut u64, &mut u64)| {
+        let set = |m: &mut Message, f: &Edit| {
             if let Message::Vmm {
                 chunks,
                 offset,
