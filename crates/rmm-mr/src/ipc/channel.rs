@@ -47,6 +47,14 @@ impl IpcChannel {
         Ok((Self { stream: a }, Self { stream: b }))
     }
 
+    /// A second handle of the same socket (`dup`), so that one thread may send while another
+    /// blocks receiving; the socket closes when both are gone.
+    pub(crate) fn try_clone(&self) -> Result<Self, IpcError> {
+        Ok(Self {
+            stream: self.stream.try_clone()?,
+        })
+    }
+
     /// Sends one frame with `fds` attached to its first byte. The descriptors stay the
     /// caller's (the receiver gets duplicates).
     pub(crate) fn send(&mut self, m: &Message, fds: &[BorrowedFd<'_>]) -> Result<(), IpcError> {

@@ -14,17 +14,24 @@ use super::{IpcChannel, IpcError};
 use crate::MrError;
 
 /// What the importer and every import share: the channel (closed when the last of them goes,
-/// which tells the exporter that nothing is mapped any more) and the imported pools.
+/// which tells the exporter that nothing is mapped any more) and the imported pools. The
+/// channel has two handles, so that a thread blocked in [`IpcImporter::receive`] (holding the
+/// reading one) never keeps an import's drop from sending its release.
 struct Shared {
-    channel: Mutex<IpcChannel>,
+    reader: Mutex<IpcChannel>,
+    writer: Mutex<IpcChannel>,
     pools: Mutex<HashMap<u64, Arc<ImportedMemPool>>>,
     /// The devices of this process that use the imports (access is granted to each).
     access: Vec<DeviceId>,
 }
 
 impl Shared {
-    fn channel(&self) -> std::sync::MutexGuard<'_, IpcChannel> {
-        self.channel.lock().unwrap_or_else(PoisonError::into_inner)
+    fn reader(&self) -> std::sync::MutexGuard<'_, IpcChannel> {
+        self.reader.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn writer(&self) -> std::sync::MutexGuard<'_, IpcChannel> {
+        self.writer.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -52,16 +59,19 @@ impl IpcImporter {
     /// needs peer access to it ([`rmm_sys::ipc::can_access_peer`]).
     ///
     /// # Errors
-    /// [`IpcError::Protocol`] for an empty list.
+    /// [`IpcError::Protocol`] for an empty list; [`IpcError::Io`] when the socket's handle
+    /// cannot be duplicated.
     pub fn with_access(channel: IpcChannel, devices: &[DeviceId]) -> Result<Self, IpcError> {
         if devices.is_empty() {
             return Err(IpcError::Protocol(
                 "an importer needs at least one device to use its imports".into(),
             ));
         }
+        let writer = channel.try_clone()?;
         Ok(Self {
             shared: Arc::new(Shared {
-                channel: Mutex::new(channel),
+                reader: Mutex::new(channel),
+                writer: Mutex::new(writer),
                 pools: Mutex::new(HashMap::new()),
                 access: devices.to_vec(),
             }),
@@ -76,7 +86,7 @@ impl IpcImporter {
     /// [`IpcError::Protocol`] for a message out of place.
     pub fn receive(&self) -> Result<ImportedAllocation, IpcError> {
         loop {
-            let (m, fds) = self.shared.channel().recv()?;
+            let (m, fds) = self.shared.reader().recv()?;
             match m {
                 Message::SharePool { pool_id, device } => self.import_pool(pool_id, device, fds)?,
                 Message::PoolPointer {
@@ -222,7 +232,7 @@ impl IpcImporter {
             }),
             Err(e) => {
                 // Nothing of this export is mapped here: it may be freed.
-                let _ = self.shared.channel().send(&Message::Release { id }, &[]);
+                let _ = self.shared.writer().send(&Message::Release { id }, &[]);
                 Err(e)
             }
         }
@@ -307,7 +317,7 @@ impl ImportedAllocation {
             None => {}
         }
         self.shared
-            .channel()
+            .writer()
             .send(&Message::Release { id: self.id }, &[])
     }
 }
