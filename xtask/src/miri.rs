@@ -90,6 +90,7 @@ pub(crate) const EXCLUDED: &[(&str, &str, &str)] = &[
     ),
     ("rmm-sys", "error", DRIVER_CALLS),
     ("rmm-sys", "host_mempool", DRIVER_CALLS),
+    ("rmm-sys", "ipc", DRIVER_CALLS),
     ("rmm-sys", "kernel", DRIVER_CALLS),
     ("rmm-sys", "memory", DRIVER_CALLS),
     ("rmm-sys", "mempool", DRIVER_CALLS),
@@ -108,6 +109,15 @@ pub(crate) const EXCLUDED: &[(&str, &str, &str)] = &[
         "a host function the driver runs on a stream (`cuLaunchHostFunc`) \
                              and its boxed argument: only the driver calls it",
     ),
+    (
+        "rmm-mr",
+        "ipc::channel",
+        "takes ownership of descriptors the kernel installs (`SCM_RIGHTS` through \
+         `recvmsg`), a system call Miri does not run",
+    ),
+    ("rmm-mr", "ipc::export", DRIVER_MEMORY),
+    ("rmm-mr", "ipc::import", DRIVER_CALLS),
+    ("rmm-mr", "resources::peer_access", DRIVER_CALLS),
     ("rmm-mr", "resources::cuda", DRIVER_MEMORY),
     ("rmm-mr", "resources::cuda_async", DRIVER_MEMORY),
     ("rmm-mr", "resources::cuda_async_managed", DRIVER_MEMORY),
@@ -116,6 +126,7 @@ pub(crate) const EXCLUDED: &[(&str, &str, &str)] = &[
     ("rmm-mr", "resources::pinned_host", DRIVER_MEMORY),
     ("rmm-mr", "pinned::pool", DRIVER_MEMORY),
     ("rmm-mr", "pinned::host_async", DRIVER_MEMORY),
+    ("rmm-containers", "peer", DRIVER_CALLS),
     (
         "rmm-containers",
         "interop::cudarc",

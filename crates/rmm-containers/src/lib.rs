@@ -49,6 +49,7 @@ mod buffer;
 mod drop_errors;
 pub mod interop;
 mod layout;
+mod peer;
 mod raw;
 mod scalar;
 mod stream;

@@ -34,6 +34,8 @@ mod error;
 mod fault_tests;
 pub mod fixed_size;
 mod pinned;
+#[cfg(unix)]
+pub mod ipc;
 pub mod pool;
 mod prefetch;
 mod registry;
@@ -62,6 +64,11 @@ pub use fixed_size::{FixedSizeMemoryResource, FixedSizeOptions};
 pub use pinned::{
     class_size as pinned_class_size, CudaAsyncHostMemoryResource, PinnedAllocator, PinnedHostPool,
     PinnedPoolOptions, PinnedPoolStatistics, PinnedTransfer, PinnedVec, PINNED_MAX_ALIGNMENT,
+};
+#[cfg(unix)]
+pub use ipc::{
+    ExportId, ImportedAllocation, IpcAllocation, IpcChannel, IpcError, IpcExporter, IpcImporter,
+    Released,
 };
 pub use pool::{PoolMemoryResource, PoolOptions};
 pub use prefetch::{prefetch, PrefetchTarget};

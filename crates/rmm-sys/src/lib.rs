@@ -71,6 +71,7 @@ pub mod error;
 #[cfg(feature = "testing")]
 pub mod fault;
 pub mod host_mempool;
+pub mod ipc;
 pub mod kernel;
 pub mod memory;
 pub mod mempool;

@@ -249,6 +249,26 @@ impl PhysicalMemory {
         Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
     }
 
+    /// Memory imported by `crate::ipc` (fabric handles), released on drop like any other.
+    pub(crate) fn from_imported(
+        handle: RawMemHandle,
+        size: usize,
+        device: DeviceId,
+        handle_type: AllocationHandleType,
+    ) -> Self {
+        Self {
+            handle,
+            size,
+            device,
+            handle_type,
+        }
+    }
+
+    /// The driver's handle (live while `self` is), for `crate::ipc`'s exports.
+    pub(crate) fn raw_handle(&self) -> RawMemHandle {
+        self.handle
+    }
+
     /// The size in bytes.
     #[must_use]
     pub fn size(&self) -> usize {

@@ -17,6 +17,7 @@
 //! 10. [`fragmentation`]: where fragmentation comes from, the VMM pool, and the figures.
 //! 11. [`pytorch_and_c`]: rmm-rs as PyTorch's allocator, and the C library (crate `rmm-capi`).
 //! 12. [`cudarc_candle_and_burn`]: the cudarc version, interop, and sharing the driver pool.
+//! 14. [`ipc_peer_and_pinned`]: IPC between processes, peer access, and pinned host memory.
 
 #[doc = include_str!("../guide/01-introduction.md")]
 pub mod introduction {}
@@ -54,8 +55,5 @@ pub mod pytorch_and_c {}
 #[doc = include_str!("../guide/12-cudarc-candle-and-burn.md")]
 pub mod cudarc_candle_and_burn {}
 
-// The pinned-memory section of page 14, compiled on its own until it is merged into the page
-// (`cargo test -p rmm-rs --doc --all-features guide`).
-#[cfg(doctest)]
-#[doc = include_str!("../guide/14-pinned-section.md")]
-mod pinned_section {}
+#[doc = include_str!("../guide/14-ipc-peer-and-pinned.md")]
+pub mod ipc_peer_and_pinned {}

@@ -6,6 +6,7 @@ mod cuda_async;
 mod cuda_async_managed;
 mod cuda_async_view;
 mod managed;
+mod peer_access;
 mod pinned_host;
 mod pool_origins;
 mod simulated;

@@ -358,6 +358,33 @@ impl Mapper {
         }
         Ok(chunks)
     }
+
+    /// `f(offset, size, memory)` for every chunk that overlaps `[start, end)` (offsets from
+    /// the base), in address order, under the lock (for `export`'s IPC exports).
+    #[cfg(unix)]
+    pub(crate) fn chunks_in<R>(
+        &self,
+        start: usize,
+        end: usize,
+        f: &mut dyn FnMut(usize, usize, &PhysicalMemory) -> MrResult<R>,
+    ) -> MrResult<Vec<R>> {
+        let st = self.lock();
+        let mut out = Vec::new();
+        for (offset, size) in st.range.chunks().filter(|&(o, s)| o < end && o + s > start) {
+            let memory = st
+                .mappings
+                .get(&offset)
+                .and_then(|m| m.as_ref())
+                .and_then(Mapping::memory)
+                .ok_or_else(|| {
+                    MrError::invalid_argument(format!(
+                        "{NAME}: simulated memory cannot be exported"
+                    ))
+                })?;
+            out.push(f(offset, size, memory)?);
+        }
+        Ok(out)
+    }
 }
 
 fn add_nanos(total: &AtomicU64, since: Instant) {

@@ -18,6 +18,8 @@ mod resource;
 mod tests;
 
 #[cfg(unix)]
+pub(crate) use export::ChunkExports;
+#[cfg(unix)]
 pub use export::ExportedChunk;
 pub use mapper::VmmGrowthStatistics;
 pub use options::{VmmPoolOptions, DEFAULT_MIN_GROWTH_PERCENT};

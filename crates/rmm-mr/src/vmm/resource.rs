@@ -137,10 +137,11 @@ impl VmmPoolMemoryResource {
             AllocationHandleType::None => {}
             AllocationHandleType::PosixFileDescriptor
                 if cfg!(unix) && sys_vmm::posix_fd_supported(device)? => {}
+            AllocationHandleType::Fabric if rmm_sys::ipc::fabric_supported(device)? => {}
             other => {
                 return Err(MrError::Unsupported(format!(
                     "{NAME}: export handle type {other:?} is not supported here (POSIX file \
-                     descriptors are, where the device supports them)"
+                     descriptors and fabric handles are, where the device supports them)"
                 )))
             }
         }
@@ -309,8 +310,7 @@ impl VmmPoolMemoryResource {
         self.inner.core.state()
     }
 
-    /// The mapper (tests).
-    #[cfg(test)]
+    /// The mapper (tests, and `export`'s IPC exports).
     pub(crate) fn mapper(&self) -> &Mapper {
         &self.inner.growth
     }
