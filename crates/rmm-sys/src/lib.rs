@@ -70,6 +70,7 @@ mod entry;
 pub mod error;
 #[cfg(feature = "testing")]
 pub mod fault;
+pub mod graph;
 pub mod kernel;
 pub mod memory;
 pub mod mempool;
@@ -99,6 +100,7 @@ pub use device::{
 };
 pub use driver::{driver_version, init, is_driver_present};
 pub use error::{CudaError, CudaResult, ResultCode};
+pub use graph::{CaptureMode, CaptureStatus, GraphMemAttribute};
 pub use memory::MemLocation;
 pub use mempool::{MemPoolAttribute, MemPoolHandle, MemPoolUsage};
 pub use ptr::DevicePtr;
