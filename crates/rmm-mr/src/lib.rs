@@ -33,6 +33,7 @@ mod error;
 #[cfg(test)]
 mod fault_tests;
 pub mod fixed_size;
+mod graph;
 pub mod pool;
 mod prefetch;
 mod registry;
@@ -58,6 +59,9 @@ pub use binning::{BinningMemoryResource, BinningOptions};
 pub use debug_log::{init_debug_logging, set_debug_log_level};
 pub use error::{InvalidFree, MrError, MrResult};
 pub use fixed_size::{FixedSizeMemoryResource, FixedSizeOptions};
+pub use graph::{
+    active_capture_scopes, CaptureScope, GraphPool, GraphPoolOptions, DEFAULT_GRAPH_POOL_CHUNK_SIZE,
+};
 pub use pool::{PoolMemoryResource, PoolOptions};
 pub use prefetch::{prefetch, PrefetchTarget};
 pub use registry::{
@@ -141,6 +145,9 @@ mod send_sync {
 
     const _: () = {
         assert_send_sync::<MrError>();
+        assert_send_sync::<GraphPool>();
+        assert_send_sync::<GraphPoolOptions>();
+        assert_send_sync::<CaptureScope<'static>>();
         assert_send_sync::<SharedResource>();
         assert_send_sync::<CudaMemoryResource>();
         assert_send_sync::<ManagedMemoryResource>();
