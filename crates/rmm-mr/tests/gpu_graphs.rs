@@ -178,12 +178,12 @@ fn step(
     Ok([a, b, c])
 }
 
+/// A neighbour thread: every address range it was given, or what failed.
+type Neighbour = thread::JoinHandle<Result<Vec<(u64, u64)>, String>>;
+
 /// Threads that allocate and free from `mr` on streams of their own (one on the default
 /// stream) until stopped, and return every range they were given.
-fn neighbours(
-    mr: SharedResource,
-    stop: Arc<AtomicBool>,
-) -> Vec<thread::JoinHandle<Result<Vec<(u64, u64)>, String>>> {
+fn neighbours(mr: SharedResource, stop: Arc<AtomicBool>) -> Vec<Neighbour> {
     (0..2)
         .map(|t| {
             let mr = mr.clone();

@@ -153,8 +153,8 @@ impl Drop for StreamCapture<'_> {
         }
         // SAFETY: the capture was begun on this stream, alive for `'a`.
         match unsafe { raw::stream_end_capture(self.stream.as_raw()) } {
-            // SAFETY: the graph was just returned and is used nowhere else.
             Ok(g) => {
+                // SAFETY: the graph was just returned and is used nowhere else.
                 if let Err(e) = unsafe { raw::graph_destroy(g) } {
                     log::error!("rmm: destroying an abandoned capture's graph failed: {e}");
                 }

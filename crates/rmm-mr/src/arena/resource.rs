@@ -267,9 +267,8 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for ArenaMemoryResourc
         alignment: usize,
     ) -> MrResult<()> {
         // SAFETY: the trait's contract.
-        if let Some(routed) =
-            unsafe { crate::graph::route_deallocate(stream, ptr, bytes, alignment) }
-        {
+        let routed = unsafe { crate::graph::route_deallocate(stream, ptr, bytes, alignment) };
+        if let Some(routed) = routed {
             return routed;
         }
         if let Some(alignment) = alignment::over_aligned(alignment, MAX_OVER_ALIGNMENT) {

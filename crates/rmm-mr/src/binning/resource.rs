@@ -420,9 +420,8 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for BinningMemoryResou
         alignment: usize,
     ) -> MrResult<()> {
         // SAFETY: the trait's contract.
-        if let Some(routed) =
-            unsafe { crate::graph::route_deallocate(stream, ptr, bytes, alignment) }
-        {
+        let routed = unsafe { crate::graph::route_deallocate(stream, ptr, bytes, alignment) };
+        if let Some(routed) = routed {
             return routed;
         }
         let inner = &*self.inner;

@@ -480,6 +480,8 @@ impl fmt::Debug for CaptureScope<'_> {
 
 /// The routed allocation (a scope is active): serves `stream`'s request from the pool of its
 /// capture, or `None` when the stream is not in an rmm-rs capture.
+#[cold]
+#[inline(never)]
 pub(super) fn allocate_in_capture(
     stream: CudaStreamView<'_>,
     bytes: usize,
@@ -512,6 +514,8 @@ fn allocate_from(
 ///
 /// # Safety
 /// The `deallocate` contract for `ptr`.
+#[cold]
+#[inline(never)]
 pub(super) unsafe fn deallocate_routed(
     stream: CudaStreamView<'_>,
     ptr: DevicePtr,
