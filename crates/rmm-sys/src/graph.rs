@@ -407,9 +407,9 @@ pub fn device_graph_mem_attribute(device: DeviceId, attr: GraphMemAttribute) -> 
     Ok(v)
 }
 
-/// `cuDeviceSetGraphMemAttribute` with 0: resets a high-water mark ([`GraphMemAttribute::
-/// UsedMemHigh`] or [`GraphMemAttribute::ReservedMemHigh`]; the driver refuses the others with
-/// `CUDA_ERROR_INVALID_VALUE`).
+/// `cuDeviceSetGraphMemAttribute` with 0: resets a high-water mark
+/// ([`GraphMemAttribute::UsedMemHigh`] or [`GraphMemAttribute::ReservedMemHigh`]; the driver
+/// refuses the others with `CUDA_ERROR_INVALID_VALUE`).
 #[doc(alias = "cuDeviceSetGraphMemAttribute")]
 pub fn device_reset_graph_mem_high(device: DeviceId, attr: GraphMemAttribute) -> CudaResult<()> {
     let f = entry!(

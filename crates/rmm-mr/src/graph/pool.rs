@@ -356,8 +356,9 @@ impl GraphPool {
         Ok(pool)
     }
 
-    /// Begins capturing `stream` (in the options' [`capture_mode`](GraphPoolOptions::
-    /// capture_mode)) with this pool serving the capture's allocations. `stream` must be a
+    /// Begins capturing `stream` (in the options'
+    /// [`capture_mode`](GraphPoolOptions::capture_mode)) with this pool serving the capture's
+    /// allocations. `stream` must be a
     /// stream of your own (the legacy default stream cannot be captured; the driver's error).
     pub fn capture<'a>(&self, stream: CudaStreamView<'a>) -> MrResult<CaptureScope<'a>> {
         // Counted before the capture begins, so that its first allocation is routed.
