@@ -28,6 +28,8 @@ pub(crate) const SUITES: &[(&str, &[&str])] = &[
             "vmm::",
             "util::",
             "adaptors::",
+            // Graph pools: the block bookkeeping, and the gates without a driver.
+            "graph::",
             // The trait and its forwarding impls (run by every resource's tests), the registry,
             // prefetching (no driver: the typed error), the test resources, host resources.
             "resource::",
@@ -96,6 +98,8 @@ pub(crate) const EXCLUDED: &[(&str, &str, &str)] = &[
     ("rmm-sys", "mempool", DRIVER_CALLS),
     ("rmm-sys", "stream", DRIVER_CALLS),
     ("rmm-sys", "vmm", DRIVER_CALLS),
+    ("rmm-sys", "graph", DRIVER_CALLS),
+    ("rmm-stream", "graph", DRIVER_CALLS),
     (
         "rmm-stream",
         "",

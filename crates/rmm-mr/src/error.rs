@@ -64,6 +64,14 @@ pub enum MrError {
     /// this resource can succeed here, so choose another resource. RMM throws
     /// `rmm::logic_error` for these.
     Unsupported(String),
+    /// What stream capture forbids was asked for on a capturing stream, and the resource
+    /// refused before making any driver call into the capture, so the capture stays valid: a
+    /// sub-allocator's growth on a stream in a capture not begun through
+    /// [`GraphPool::capture`](crate::GraphPool::capture), a free inside an rmm-rs capture of
+    /// memory allocated outside it, a free of a graph pool's block inside another pool's
+    /// capture. RMM has no such error (it has no notion of capture). See
+    /// `docs/guide/13-cuda-graphs.md`.
+    Capture(String),
     /// A deallocation the resource detected as wrong. RMM's deallocation is `noexcept` and such
     /// misuse aborts the process or is silently absorbed; here it is a value the caller sees.
     InvalidFree {
@@ -149,6 +157,7 @@ impl fmt::Display for MrError {
             Self::InvalidArgument(m) => write!(f, "RMM failure: {m}"),
             Self::OutOfRange(m) => write!(f, "out of range: {m}"),
             Self::Unsupported(m) => write!(f, "not supported here: {m}"),
+            Self::Capture(m) => write!(f, "refused under stream capture: {m}"),
             Self::InvalidFree { ptr, bytes, kind } => {
                 let what = match kind {
                     InvalidFree::UnknownPointer => {

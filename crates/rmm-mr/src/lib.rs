@@ -33,9 +33,10 @@ mod error;
 #[cfg(test)]
 mod fault_tests;
 pub mod fixed_size;
-mod pinned;
+mod graph;
 #[cfg(unix)]
 pub mod ipc;
+mod pinned;
 pub mod pool;
 mod prefetch;
 mod registry;
@@ -61,14 +62,17 @@ pub use binning::{BinningMemoryResource, BinningOptions};
 pub use debug_log::{init_debug_logging, set_debug_log_level};
 pub use error::{InvalidFree, MrError, MrResult};
 pub use fixed_size::{FixedSizeMemoryResource, FixedSizeOptions};
-pub use pinned::{
-    class_size as pinned_class_size, CudaAsyncHostMemoryResource, PinnedAllocator, PinnedHostPool,
-    PinnedPoolOptions, PinnedPoolStatistics, PinnedTransfer, PinnedVec, PINNED_MAX_ALIGNMENT,
+pub use graph::{
+    active_capture_scopes, CaptureScope, GraphPool, GraphPoolOptions, DEFAULT_GRAPH_POOL_CHUNK_SIZE,
 };
 #[cfg(unix)]
 pub use ipc::{
     ExportId, ImportedAllocation, IpcAllocation, IpcChannel, IpcError, IpcExporter, IpcImporter,
     Released,
+};
+pub use pinned::{
+    class_size as pinned_class_size, CudaAsyncHostMemoryResource, PinnedAllocator, PinnedHostPool,
+    PinnedPoolOptions, PinnedPoolStatistics, PinnedTransfer, PinnedVec, PINNED_MAX_ALIGNMENT,
 };
 pub use pool::{PoolMemoryResource, PoolOptions};
 pub use prefetch::{prefetch, PrefetchTarget};
@@ -161,6 +165,9 @@ mod send_sync {
 
     const _: () = {
         assert_send_sync::<MrError>();
+        assert_send_sync::<GraphPool>();
+        assert_send_sync::<GraphPoolOptions>();
+        assert_send_sync::<CaptureScope<'static>>();
         assert_send_sync::<SharedResource>();
         assert_send_sync::<CudaMemoryResource>();
         assert_send_sync::<ManagedMemoryResource>();

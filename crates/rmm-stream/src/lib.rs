@@ -21,6 +21,7 @@
 
 pub mod error;
 pub mod event;
+pub mod graph;
 pub mod life;
 pub mod mode;
 pub mod pool;
@@ -31,6 +32,7 @@ pub mod view;
 
 pub use error::StreamError;
 pub use event::CudaEvent;
+pub use graph::{CaptureModeGuard, Graph, GraphExec, StreamCapture};
 pub use life::{destroyed_streams, StreamLife, StreamPin};
 pub use mode::{default_stream_mode, set_default_stream_mode, DefaultStreamMode};
 pub use pool::CudaStreamPool;
@@ -55,6 +57,7 @@ mod send_sync {
     use super::*;
 
     const fn assert_send_sync<T: Send + Sync>() {}
+    const fn assert_send<T: Send>() {}
 
     const _: () = {
         assert_send_sync::<CudaStreamView<'static>>();
@@ -65,5 +68,7 @@ mod send_sync {
         assert_send_sync::<StreamPin>();
         assert_send_sync::<StreamError>();
         assert_send_sync::<DefaultStreamMode>();
+        assert_send::<Graph>();
+        assert_send::<GraphExec>();
     };
 }

@@ -70,6 +70,7 @@ mod entry;
 pub mod error;
 #[cfg(feature = "testing")]
 pub mod fault;
+pub mod graph;
 pub mod host_mempool;
 pub mod ipc;
 pub mod kernel;
@@ -101,6 +102,7 @@ pub use device::{
 };
 pub use driver::{driver_version, init, is_driver_present};
 pub use error::{CudaError, CudaResult, ResultCode};
+pub use graph::{CaptureMode, CaptureStatus, GraphMemAttribute};
 pub use host_mempool::HostPoolLocation;
 pub use memory::MemLocation;
 pub use mempool::{MemPoolAttribute, MemPoolHandle, MemPoolUsage};

@@ -53,6 +53,12 @@ opaque_handles! {
     CUmodule => CUmod_st;
     /// A kernel handle (`CUfunction`), a function of a loaded module.
     CUfunction => CUfunc_st;
+    /// A graph handle (`CUgraph`): work recorded by a stream capture.
+    CUgraph => CUgraph_st;
+    /// An executable graph handle (`CUgraphExec`): an instantiated graph, launchable.
+    CUgraphExec => CUgraphExec_st;
+    /// A graph node handle (`CUgraphNode`).
+    CUgraphNode => CUgraphNode_st;
 }
 
 /// A device address (`CUdeviceptr`): an integer, not a pointer.

@@ -17,6 +17,7 @@
 //! 10. [`fragmentation`]: where fragmentation comes from, the VMM pool, and the figures.
 //! 11. [`pytorch_and_c`]: rmm-rs as PyTorch's allocator, and the C library (crate `rmm-capi`).
 //! 12. [`cudarc_candle_and_burn`]: the cudarc version, interop, and sharing the driver pool.
+//! 13. [`cuda_graphs`]: allocating under stream capture, graph pools, and the rules of capture.
 //! 14. [`ipc_peer_and_pinned`]: IPC between processes, peer access, and pinned host memory.
 
 #[doc = include_str!("../guide/01-introduction.md")]
@@ -55,5 +56,7 @@ pub mod pytorch_and_c {}
 #[doc = include_str!("../guide/12-cudarc-candle-and-burn.md")]
 pub mod cudarc_candle_and_burn {}
 
+#[doc = include_str!("../guide/13-cuda-graphs.md")]
+pub mod cuda_graphs {}
 #[doc = include_str!("../guide/14-ipc-peer-and-pinned.md")]
 pub mod ipc_peer_and_pinned {}

@@ -44,6 +44,7 @@ pub use rmm_mr::debug_log::{
     set_debug_log_level,
 };
 pub use rmm_mr::vmm::VmmGrowthStatistics;
+pub use rmm_mr::CaptureScope;
 pub use rmm_mr::{
     current_device_resource, per_device_resource, prefetch, reset_current_device_resource,
     reset_per_device_resource, resource_cast, set_current_device_resource, set_per_device_resource,
@@ -51,24 +52,27 @@ pub use rmm_mr::{
     BinningMemoryResource, BinningOptions, CallbackMemoryResource, CudaAsyncHostMemoryResource,
     CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaAsyncOptions,
     CudaAsyncViewMemoryResource, CudaMemoryResource, DeviceMemoryResource, FailureCallbackOptions,
-    FailureCallbackResourceAdaptor, FixedSizeMemoryResource, FixedSizeOptions, InvalidFree,
-    LimitingOptions, LimitingResourceAdaptor, LoggingOptions, LoggingResourceAdaptor,
-    ManagedMemoryResource, MrError, MrResult, PinnedAllocator, PinnedHostMemoryResource,
-    PinnedHostPool, PinnedPoolOptions, PinnedPoolStatistics, PinnedTransfer, PinnedVec,
-    PoolMemoryResource, PoolOptions, PoolStatistics, PrefetchResourceAdaptor, PrefetchTarget,
-    ResourceProperties, SamHeadroomMemoryResource, SharedResource, SimulatedMemoryResource,
-    StatisticsResourceAdaptor, SystemMemoryResource, ThreadSafeResourceAdaptor, TrackingOptions,
-    TrackingResourceAdaptor, VmmPoolMemoryResource, VmmPoolOptions, PINNED_MAX_ALIGNMENT,
+    FailureCallbackResourceAdaptor, FixedSizeMemoryResource, FixedSizeOptions, GraphPool,
+    GraphPoolOptions, InvalidFree, LimitingOptions, LimitingResourceAdaptor, LoggingOptions,
+    LoggingResourceAdaptor, ManagedMemoryResource, MrError, MrResult, PinnedAllocator,
+    PinnedHostMemoryResource, PinnedHostPool, PinnedPoolOptions, PinnedPoolStatistics,
+    PinnedTransfer, PinnedVec, PoolMemoryResource, PoolOptions, PoolStatistics,
+    PrefetchResourceAdaptor, PrefetchTarget, ResourceProperties, SamHeadroomMemoryResource,
+    SharedResource, SimulatedMemoryResource, StatisticsResourceAdaptor, SystemMemoryResource,
+    ThreadSafeResourceAdaptor, TrackingOptions, TrackingResourceAdaptor, VmmPoolMemoryResource,
+    VmmPoolOptions, PINNED_MAX_ALIGNMENT,
 };
 pub use rmm_stream::{
-    default_stream_mode, set_default_stream_mode, CudaEvent, CudaStream, CudaStreamPool,
-    CudaStreamView, DefaultStreamMode, StreamError, StreamFlags,
+    default_stream_mode, set_default_stream_mode, CaptureModeGuard, CudaEvent, CudaStream,
+    CudaStreamPool, CudaStreamView, DefaultStreamMode, Graph, GraphExec, StreamCapture,
+    StreamError, StreamFlags,
 };
 pub use rmm_sys::{
     available_device_memory, current_device, device_count, device_name, device_synchronize,
     driver_version, gpu_unavailable_reason, is_driver_present, percent_of_free_device_memory,
-    set_current_device, ComputeCapability, CudaError, DeviceCapabilities, DeviceGuard, DeviceId,
-    DevicePtr, DriverVersion, HostPoolLocation, ALLOCATION_ALIGNMENT,
+    set_current_device, CaptureMode, CaptureStatus, ComputeCapability, CudaError,
+    DeviceCapabilities, DeviceGuard, DeviceId, DevicePtr, DriverVersion, HostPoolLocation,
+    ALLOCATION_ALIGNMENT,
 };
 
 /// This crate's version (`CARGO_PKG_VERSION`), e.g. for bug reports next to

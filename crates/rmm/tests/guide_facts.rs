@@ -9,7 +9,7 @@ use std::path::Path;
 
 /// Every page of `docs/guide/`, in order (read at compile time, so that this runs wherever the
 /// test binary does).
-const PAGES: [(&str, &str); 13] = [
+const PAGES: [(&str, &str); 14] = [
     (
         "01-introduction.md",
         include_str!("../guide/01-introduction.md"),
@@ -57,6 +57,10 @@ const PAGES: [(&str, &str); 13] = [
     (
         "12-cudarc-candle-and-burn.md",
         include_str!("../guide/12-cudarc-candle-and-burn.md"),
+    ),
+    (
+        "13-cuda-graphs.md",
+        include_str!("../guide/13-cuda-graphs.md"),
     ),
     (
         "14-ipc-peer-and-pinned.md",

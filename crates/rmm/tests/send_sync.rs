@@ -141,3 +141,15 @@ assert_not_impl_any!(DeviceUvector<f32>: Copy, Clone);
 assert_not_impl_any!(DeviceScalar<u64>: Copy, Clone);
 assert_not_impl_any!(CudaStream: Copy, Clone);
 assert_not_impl_any!(CudaEvent: Copy, Clone);
+
+// CUDA graphs: the graph pool is shared between threads; a graph and its executable form move
+// between threads but are not shared (the driver forbids using one graph from two threads at
+// once); the capture-mode guard belongs to its thread.
+assert_impl_all!(rmm::GraphPool: Send, Sync);
+assert_impl_all!(rmm::GraphPoolOptions: Send, Sync);
+assert_impl_all!(rmm::CaptureScope<'static>: Send, Sync);
+assert_impl_all!(rmm::Graph: Send);
+assert_not_impl_any!(rmm::Graph: Sync);
+assert_impl_all!(rmm::GraphExec: Send);
+assert_not_impl_any!(rmm::GraphExec: Sync);
+assert_not_impl_any!(rmm::CaptureModeGuard: Send, Sync);

@@ -249,6 +249,9 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for ArenaMemoryResourc
         bytes: usize,
         alignment: usize,
     ) -> MrResult<DevicePtr> {
+        if let Some(routed) = crate::graph::route_allocate(stream, bytes, alignment) {
+            return routed;
+        }
         let alignment = alignment::check(alignment, MAX_OVER_ALIGNMENT)?;
         if alignment > UPSTREAM_ALIGNMENT {
             return self.allocate_over_aligned(stream, bytes, alignment);
@@ -263,6 +266,11 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for ArenaMemoryResourc
         bytes: usize,
         alignment: usize,
     ) -> MrResult<()> {
+        // SAFETY: the trait's contract.
+        let routed = unsafe { crate::graph::route_deallocate(stream, ptr, bytes, alignment) };
+        if let Some(routed) = routed {
+            return routed;
+        }
         if let Some(alignment) = alignment::over_aligned(alignment, MAX_OVER_ALIGNMENT) {
             return self
                 .over_aligned

@@ -384,6 +384,9 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for BinningMemoryResou
         bytes: usize,
         alignment: usize,
     ) -> MrResult<DevicePtr> {
+        if let Some(routed) = crate::graph::route_allocate(stream, bytes, alignment) {
+            return routed;
+        }
         let inner = &*self.inner;
         let v = inner.routes.for_allocation(bytes);
         if alignment::is_default(alignment) {
@@ -416,6 +419,11 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for BinningMemoryResou
         bytes: usize,
         alignment: usize,
     ) -> MrResult<()> {
+        // SAFETY: the trait's contract.
+        let routed = unsafe { crate::graph::route_deallocate(stream, ptr, bytes, alignment) };
+        if let Some(routed) = routed {
+            return routed;
+        }
         let inner = &*self.inner;
         let v = inner.routes.current();
         // A null pointer is no block: the current route answers it as ever.

@@ -447,6 +447,9 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for FixedSizeMemoryRes
         bytes: usize,
         alignment: usize,
     ) -> MrResult<DevicePtr> {
+        if let Some(routed) = crate::graph::route_allocate(stream, bytes, alignment) {
+            return routed;
+        }
         alignment::check(alignment, ALLOCATION_ALIGNMENT)?;
         self.allocate_block(stream, bytes)
     }
@@ -456,8 +459,13 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for FixedSizeMemoryRes
         stream: CudaStreamView<'_>,
         ptr: DevicePtr,
         bytes: usize,
-        _alignment: usize,
+        alignment: usize,
     ) -> MrResult<()> {
+        // SAFETY: the trait's contract.
+        let routed = unsafe { crate::graph::route_deallocate(stream, ptr, bytes, alignment) };
+        if let Some(routed) = routed {
+            return routed;
+        }
         // SAFETY: the trait's contract.
         unsafe { self.deallocate_block(stream, ptr, bytes) }
     }
@@ -491,9 +499,10 @@ impl<U: DeviceMemoryResource> FixedSizeMemoryResource<U> {
             // never doubles). A pool beneath sees the pressure (`PressureScope`) and grows by
             // this chunk only.
             let size = inner.chunk_size;
-            let chunk = inner
-                .upstream
-                .allocate(stream, size, ALLOCATION_ALIGNMENT)?;
+            // Refused under a capture not begun through a `GraphPool`.
+            let chunk = crate::graph::growth(stream, bytes, || {
+                inner.upstream.allocate(stream, size, ALLOCATION_ALIGNMENT)
+            })?;
             // SAFETY: the upstream just handed out this chunk on `stream` for `size` bytes.
             let chunk = unsafe { accept_chunk(&inner.upstream, stream, chunk, size, NAME)? };
             Ok((chunk, size))

@@ -72,15 +72,24 @@ fn grow<U: DeviceMemoryResource>(
     sizes: PoolSizes,
 ) -> MrResult<(DevicePtr, usize)> {
     let mut last = None;
-    let grown = try_to_expand(try_size, min_size, pool_size, sizes.maximum(), |s| {
-        upstream
-            .allocate(stream, s, ALLOCATION_ALIGNMENT)
-            .map_err(|e| {
-                let message = e.to_string();
-                last = Some(e);
-                message
-            })
-    });
+    // Refused under a capture not begun through a `GraphPool` (cuMemAlloc would invalidate it).
+    let grown = crate::graph::growth(stream, bytes, || {
+        Ok(try_to_expand(
+            try_size,
+            min_size,
+            pool_size,
+            sizes.maximum(),
+            |s| {
+                upstream
+                    .allocate(stream, s, ALLOCATION_ALIGNMENT)
+                    .map_err(|e| {
+                        let message = e.to_string();
+                        last = Some(e);
+                        message
+                    })
+            },
+        ))
+    })?;
     match (grown, last) {
         // SAFETY: the upstream just handed out this chunk on `stream` for `g.size` bytes.
         (Ok(g), _) => unsafe { accept_chunk(upstream, stream, g.chunk, g.size, NAME) }
@@ -329,6 +338,9 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for PoolMemoryResource
         bytes: usize,
         alignment: usize,
     ) -> MrResult<DevicePtr> {
+        if let Some(routed) = crate::graph::route_allocate(stream, bytes, alignment) {
+            return routed;
+        }
         self.inner.allocate(stream, bytes, alignment)
     }
 
@@ -340,6 +352,11 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for PoolMemoryResource
         bytes: usize,
         alignment: usize,
     ) -> MrResult<()> {
+        // SAFETY: the trait's contract.
+        let routed = unsafe { crate::graph::route_deallocate(stream, ptr, bytes, alignment) };
+        if let Some(routed) = routed {
+            return routed;
+        }
         // SAFETY: the trait's contract.
         unsafe { self.inner.deallocate(stream, ptr, bytes, alignment) }
     }

@@ -871,7 +871,8 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             Some(Err(e)) if !e.is_no_device() => return Err(e.into()),
             guard => guard,
         };
-        device_synchronize().map_err(MrError::from)
+        // Relaxed capture mode: not refused while another thread holds a global capture.
+        crate::graph::relaxed(device_synchronize).map_err(MrError::from)
     }
 
     /// Steals one fitting block from another stream's list (the remainder stays there), else

@@ -36,12 +36,15 @@ impl Growth for Mapper {
     /// ([`Mapper::grow`]); under pressure, without the minimum growth.
     fn grow(
         &self,
-        _stream: CudaStreamView<'_>,
+        stream: CudaStreamView<'_>,
         bytes: usize,
         size: usize,
         ask: Expand,
     ) -> MrResult<(DevicePtr, usize)> {
-        Mapper::grow(self, bytes, size, ask.tail, ask.cause)
+        // Refused under a capture not begun through a `GraphPool` (mapping would invalidate it).
+        crate::graph::growth(stream, bytes, || {
+            Mapper::grow(self, bytes, size, ask.tail, ask.cause)
+        })
     }
 }
 
@@ -341,6 +344,9 @@ unsafe impl DeviceMemoryResource for VmmPoolMemoryResource {
         bytes: usize,
         alignment: usize,
     ) -> MrResult<DevicePtr> {
+        if let Some(routed) = crate::graph::route_allocate(stream, bytes, alignment) {
+            return routed;
+        }
         self.inner.allocate(stream, bytes, alignment)
     }
 
@@ -352,6 +358,11 @@ unsafe impl DeviceMemoryResource for VmmPoolMemoryResource {
         bytes: usize,
         alignment: usize,
     ) -> MrResult<()> {
+        // SAFETY: the trait's contract.
+        let routed = unsafe { crate::graph::route_deallocate(stream, ptr, bytes, alignment) };
+        if let Some(routed) = routed {
+            return routed;
+        }
         // SAFETY: the trait's contract.
         unsafe { self.inner.deallocate(stream, ptr, bytes, alignment) }
     }
