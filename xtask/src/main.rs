@@ -12,6 +12,7 @@ mod ci;
 mod cudarc_calls;
 mod fuzz;
 mod gpu;
+mod imports;
 mod layers;
 mod loom;
 mod miri;
@@ -26,8 +27,8 @@ const USAGE: &str = "\
 usage: cargo xtask <command>
 
 commands:
-  ci [--skip STEP]...       what CI runs: fmt, layers, proofs, clippy, comparisons, test,
-                            release, loom, doc, package (stops at the first failure)
+  ci [--skip STEP]...       what CI runs: fmt, layers, proofs, imports, clippy, comparisons,
+                            test, release, loom, doc, package (stops at the first failure)
   gpu bundle [--out DIR] [--peer | --torch]
                             build GPU test/bench/example binaries into DIR (default gpu-bundle/);
                             --peer adds the RMM C++ driver and the librmm wheels (run.sh peer);

@@ -42,7 +42,7 @@ const LOOM_PACKAGE: &str = "rmm-mr";
 
 /// A token of Rust source, as much as the checks need.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Token {
+pub(crate) enum Token {
     /// An identifier or keyword.
     Ident(String),
     /// The text between the quotes of a string literal (escapes left as written).
@@ -89,7 +89,7 @@ fn string_at(s: &[char], i: usize) -> Option<(String, usize)> {
 
 /// The tokens of `src`, without comments (doc comments included), whitespace, numbers and
 /// character literals.
-fn lex(src: &str) -> Vec<Token> {
+pub(crate) fn lex(src: &str) -> Vec<Token> {
     let s: Vec<char> = src.chars().collect();
     let at = |j: usize| s.get(j).copied().unwrap_or('\0');
     let mut out = Vec::new();

@@ -86,14 +86,14 @@ pub mod __internals {
     /// The arena's bookkeeping (superblocks, the global and local arenas, size classes).
     pub mod arena {
         pub use crate::arena::block::Block;
-        pub use crate::arena::error::{ArenaError, RejectedSuperblock};
+        pub use crate::arena::error::ArenaError;
         pub use crate::arena::global_arena::{GlobalArena, SuperblockLocation};
         pub use crate::arena::local_arena::LocalArena;
         pub use crate::arena::size_class::{
             align_down, align_to_size_class, align_up, ALLOCATION_ALIGNMENT, MAX_SIZE_CLASS,
         };
         pub use crate::arena::stats::ArenaStats;
-        pub use crate::arena::superblock::Superblock;
+        pub use crate::arena::superblock::{RejectedSuperblock, Superblock};
     }
 
     /// The pool's coalescing free list and growth policy, and how many stream lists a pool

@@ -125,6 +125,17 @@ impl StreamPin {
     }
 }
 
+impl CudaStreamView<'_> {
+    /// The liveness of the stream when it is an owning [`CudaStream`](crate::CudaStream) (made
+    /// by this crate): a token that says later whether the stream was destroyed. `None` for the
+    /// default, legacy and per-thread streams (which never die) and for foreign streams. Takes a
+    /// process-wide lock: for registration paths, not per operation. See [`crate::life`].
+    #[must_use]
+    pub fn life(&self) -> Option<StreamLife> {
+        life_of(self.value() as usize)
+    }
+}
+
 /// How many owning streams have been destroyed in this process so far. A holder of
 /// [`StreamLife`]s needs to look at them again only when this changed.
 #[must_use]
