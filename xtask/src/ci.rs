@@ -5,6 +5,7 @@ use crate::imports;
 use crate::layers;
 use crate::loom;
 use crate::proofs;
+use crate::size;
 use std::process::Command;
 
 /// The steps, in the order they run: (name, what it does).
@@ -20,6 +21,10 @@ pub(crate) const STEPS: &[(&str, &str)] = &[
         "imports",
         "no two files of a crate import each other (use paths through crate::, super::, \
          self::, re-exports followed, test code left out)",
+    ),
+    (
+        "size",
+        "code lines of rmm-mr's stream_ordered/ and pool/ (cargo xtask size) against the limit",
     ),
     (
         "clippy",
@@ -104,6 +109,7 @@ fn run_step(name: &str) -> Result<(), Error> {
         "layers" => check_layers(),
         "proofs" => proofs::run_ci(),
         "imports" => imports::run_ci(),
+        "size" => size::run_ci(),
         "clippy" => cargo::run_status(&mut cargo::cargo([
             "clippy",
             "--workspace",
