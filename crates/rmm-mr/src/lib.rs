@@ -30,11 +30,8 @@ pub mod binning;
 #[cfg(feature = "debug-log")]
 pub mod debug_log;
 mod error;
-#[cfg(test)]
-mod fault_tests;
 pub mod fixed_size;
 pub mod pool;
-mod prefetch;
 mod registry;
 mod resource;
 pub mod resources;
@@ -48,9 +45,10 @@ pub mod vmm;
 pub use adaptors::logging::LoggingOptions;
 pub use adaptors::tracking::TrackingOptions;
 pub use adaptors::{
-    AlignedOptions, AlignedResourceAdaptor, FailureCallbackOptions, FailureCallbackResourceAdaptor,
-    LimitingOptions, LimitingResourceAdaptor, LoggingResourceAdaptor, PrefetchResourceAdaptor,
-    StatisticsResourceAdaptor, ThreadSafeResourceAdaptor, TrackingResourceAdaptor,
+    prefetch, AlignedOptions, AlignedResourceAdaptor, FailureCallbackOptions,
+    FailureCallbackResourceAdaptor, LimitingOptions, LimitingResourceAdaptor,
+    LoggingResourceAdaptor, PrefetchResourceAdaptor, PrefetchTarget, StatisticsResourceAdaptor,
+    ThreadSafeResourceAdaptor, TrackingResourceAdaptor,
 };
 pub use arena::{ArenaMemoryResource, ArenaOptions};
 pub use binning::{BinningMemoryResource, BinningOptions};
@@ -59,7 +57,6 @@ pub use debug_log::{init_debug_logging, set_debug_log_level};
 pub use error::{InvalidFree, MrError, MrResult};
 pub use fixed_size::{FixedSizeMemoryResource, FixedSizeOptions};
 pub use pool::{PoolMemoryResource, PoolOptions};
-pub use prefetch::{prefetch, PrefetchTarget};
 pub use registry::{
     current_device_resource, per_device_resource, reset_current_device_resource,
     reset_per_device_resource, set_current_device_resource, set_per_device_resource,

@@ -10,8 +10,6 @@ mod state;
 mod thread_cache;
 
 #[cfg(test)]
-mod fault_tests;
-#[cfg(test)]
 mod tests;
 
 use std::fmt;

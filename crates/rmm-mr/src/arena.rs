@@ -21,7 +21,7 @@ pub(crate) mod stats;
 pub(crate) mod superblock;
 
 #[cfg(test)]
-mod model_tests;
+mod tests;
 
 pub(crate) use block::Block;
 pub(crate) use error::ArenaError;

@@ -16,7 +16,7 @@ pub use failure_callback::{
 };
 pub use limiting::{LimitingOptions, LimitingResourceAdaptor};
 pub use logging::LoggingResourceAdaptor;
-pub use prefetch::PrefetchResourceAdaptor;
+pub use prefetch::{prefetch, PrefetchResourceAdaptor, PrefetchTarget};
 pub use statistics::StatisticsResourceAdaptor;
 pub use thread_safe::ThreadSafeResourceAdaptor;
 pub use tracking::TrackingResourceAdaptor;
