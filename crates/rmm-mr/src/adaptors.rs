@@ -4,11 +4,11 @@
 mod aligned;
 mod failure_callback;
 mod limiting;
-pub mod logging;
+pub(crate) mod logging;
 mod prefetch;
-pub mod statistics;
+pub(crate) mod statistics;
 mod thread_safe;
-pub mod tracking;
+pub(crate) mod tracking;
 
 pub use aligned::{AlignedOptions, AlignedResourceAdaptor};
 pub use failure_callback::{
