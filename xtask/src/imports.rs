@@ -11,7 +11,7 @@
 //! following `mod` declarations as the compiler does ([`crate::proofs::lex`] for the tokens).
 
 use crate::cargo::{self, Error};
-use crate::proofs::{lex, Token};
+use crate::proofs::{child_file, join, lex, Token};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
@@ -55,14 +55,6 @@ struct Module {
 
 /// The modules of one crate target, by path (`""` for the root).
 type Modules = BTreeMap<String, Module>;
-
-fn join(parent: &str, name: &str) -> String {
-    if parent.is_empty() {
-        name.to_owned()
-    } else {
-        format!("{parent}::{name}")
-    }
-}
 
 fn parent(module: &str) -> Option<&str> {
     if module.is_empty() {
@@ -385,18 +377,8 @@ impl Scan<'_> {
                     self.visit(&child, &path, &dir, child_test)?;
                 }
                 None => {
-                    let flat = format!("{dir}/{name}.rs");
-                    let nested = format!("{dir}/{name}/mod.rs");
-                    let sub = format!("{dir}/{name}");
-                    if (self.read)(&flat).is_some() {
-                        self.visit(&flat, &path, &sub, child_test)?;
-                    } else if (self.read)(&nested).is_some() {
-                        self.visit(&nested, &path, &sub, child_test)?;
-                    } else {
-                        return Err(format!(
-                            "{file}: `mod {name};` has neither {flat} nor {nested}"
-                        ));
-                    }
+                    let (child, _) = child_file(self.read, file, &dir, &name)?;
+                    self.visit(&child, &path, &format!("{dir}/{name}"), child_test)?;
                 }
             }
         }
