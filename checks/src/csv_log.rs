@@ -10,9 +10,7 @@
 //! 2. as a list of events ([`decode_events`]): written and parsed back, they must be the same
 //!    events (every event the logging adaptor can write is readable).
 
-use rmm_mr::adaptors::logging::{
-    parse_log, parse_log_str, push_event, CsvError, EventTime, MemoryEvent, HEADER,
-};
+use rmm_mr::{parse_log, parse_log_str, push_event, CsvError, EventTime, MemoryEvent, HEADER};
 
 use crate::input::Bytes;
 
@@ -140,7 +138,7 @@ pub fn check_log(data: &[u8]) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rmm_mr::adaptors::logging::Action;
+    use rmm_mr::Action;
 
     const LOG: &str = "Thread,Time,Action,Pointer,Size,Stream\n\
         140210031454016,14:03:27.512345,allocate,0x7f3a1c000000,100,0\n\

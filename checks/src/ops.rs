@@ -38,8 +38,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 
 use rmm_mr::__internals::arena::align_to_size_class;
-use rmm_mr::arena::ArenaOptions;
 use rmm_mr::testing::HostMockResource;
+use rmm_mr::ArenaOptions;
 use rmm_mr::{
     shared, ArenaMemoryResource, BinningMemoryResource, BinningOptions, DeviceMemoryResource,
     FixedSizeMemoryResource, FixedSizeOptions, MrError, MrResult, PoolMemoryResource, PoolOptions,

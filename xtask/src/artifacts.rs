@@ -1,7 +1,7 @@
 //! Picking the executables of a GPU bundle out of cargo's JSON messages.
 
 use crate::cargo::{self, Error};
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 
@@ -293,6 +293,34 @@ pub(crate) fn test_features(messages: &[Value]) -> Vec<String> {
         }
     }
     found
+}
+
+/// One line of `manifest.json`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Entry {
+    /// What the executable is for.
+    pub(crate) kind: Kind,
+    /// Its package.
+    pub(crate) package: String,
+    /// Its target.
+    pub(crate) target: String,
+    /// Its path inside the bundle, `/`-separated.
+    pub(crate) path: String,
+    /// Its size.
+    pub(crate) bytes: u64,
+}
+
+impl Entry {
+    /// The entry as written to `manifest.json`.
+    pub(crate) fn to_json(&self) -> Value {
+        json!({
+            "kind": self.kind.as_str(),
+            "package": self.package,
+            "target": self.target,
+            "path": self.path,
+            "bytes": self.bytes,
+        })
+    }
 }
 
 #[cfg(test)]

@@ -1,12 +1,12 @@
 //! `cargo xtask gpu bundle`: builds the GPU test, bench and example executables
 //! and lays them out with the runner in a folder that travels to a GPU machine.
 
-use crate::artifacts::{self, Artifact, Kind};
+use crate::artifacts::{self, Artifact, Entry, Kind};
 use crate::capi;
 use crate::cargo::{self, Error};
 use crate::peer;
 use crate::runner;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::fs;
 use std::path::Path;
 
@@ -26,34 +26,6 @@ const OWNED: &[&str] = &[
     "capi",
     "tools",
 ];
-
-/// One line of `manifest.json`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Entry {
-    /// What the executable is for.
-    pub(crate) kind: Kind,
-    /// Its package.
-    pub(crate) package: String,
-    /// Its target.
-    pub(crate) target: String,
-    /// Its path inside the bundle, `/`-separated.
-    pub(crate) path: String,
-    /// Its size.
-    pub(crate) bytes: u64,
-}
-
-impl Entry {
-    /// The entry as written to `manifest.json`.
-    pub(crate) fn to_json(&self) -> Value {
-        json!({
-            "kind": self.kind.as_str(),
-            "package": self.package,
-            "target": self.target,
-            "path": self.path,
-            "bytes": self.bytes,
-        })
-    }
-}
 
 /// Builds everything and writes the bundle to `out`; with `with_peer`, also `out/peer/` (the
 /// RMM C++ driver and the librmm wheels, see [`peer`]). With `torch`, the bundle is the C API
@@ -329,6 +301,7 @@ fn make_executable(path: &Path) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn size_limit_is_60_mib() {

@@ -15,8 +15,7 @@
 //! tools/rmm-replay               the log replay (crates/rmm-replay)
 //! ```
 
-use crate::artifacts::Kind;
-use crate::bundle::Entry;
+use crate::artifacts::{Entry, Kind};
 use crate::cargo::{self, Error};
 use serde_json::Value;
 use std::fs;

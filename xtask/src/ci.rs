@@ -1,9 +1,11 @@
 //! `cargo xtask ci`: everything CI runs, in order, stopping at the first failure.
 
 use crate::cargo::{self, Error};
+use crate::imports;
 use crate::layers;
 use crate::loom;
 use crate::proofs;
+use crate::size;
 use std::process::Command;
 
 /// The steps, in the order they run: (name, what it does).
@@ -14,6 +16,15 @@ pub(crate) const STEPS: &[(&str, &str)] = &[
         "proofs",
         "proof coverage: every module with unsafe code in a Miri suite or excluded with a \
          reason, the loom table of docs/internals/loom.md against the loom_tests modules",
+    ),
+    (
+        "imports",
+        "no two files of a crate import each other (use paths through crate::, super::, \
+         self::, re-exports followed, test code left out)",
+    ),
+    (
+        "size",
+        "code lines of rmm-mr's stream_ordered/ and pool/ (cargo xtask size) against the limit",
     ),
     (
         "clippy",
@@ -97,6 +108,8 @@ fn run_step(name: &str) -> Result<(), Error> {
         "fmt" => cargo::run_status(&mut cargo::cargo(["fmt", "--all", "--", "--check"])),
         "layers" => check_layers(),
         "proofs" => proofs::run_ci(),
+        "imports" => imports::run_ci(),
+        "size" => size::run_ci(),
         "clippy" => cargo::run_status(&mut cargo::cargo([
             "clippy",
             "--workspace",

@@ -12,12 +12,14 @@ mod ci;
 mod cudarc_calls;
 mod fuzz;
 mod gpu;
+mod imports;
 mod layers;
 mod loom;
 mod miri;
 mod peer;
 mod proofs;
 mod runner;
+mod size;
 
 use std::process::ExitCode;
 
@@ -26,8 +28,9 @@ const USAGE: &str = "\
 usage: cargo xtask <command>
 
 commands:
-  ci [--skip STEP]...       what CI runs: fmt, layers, proofs, clippy, comparisons, test,
-                            release, loom, doc, package (stops at the first failure)
+  ci [--skip STEP]...       what CI runs: fmt, layers, proofs, imports, size, clippy,
+                            comparisons, test, release, loom, doc, package (stops at the
+                            first failure)
   gpu bundle [--out DIR] [--peer | --torch]
                             build GPU test/bench/example binaries into DIR (default gpu-bundle/);
                             --peer adds the RMM C++ driver and the librmm wheels (run.sh peer);
@@ -45,6 +48,8 @@ commands:
                             (3; CI runs 2), one table row per model
   api-count [--list] [--no-build] [PACKAGE]...
                             public items of rmm-rs and rmm-mr (or PACKAGEs), by kind (nightly)
+  size                      code lines of rmm-mr's stream_ordered/ and pool/ (not tests,
+                            comments or blanks) against the limit of issue 28
   help                      this text";
 
 fn main() -> ExitCode {
@@ -56,6 +61,7 @@ fn main() -> ExitCode {
         Some((cmd, rest)) if cmd == "fuzz" => fuzz::run(rest),
         Some((cmd, rest)) if cmd == "loom" => loom::run(rest),
         Some((cmd, rest)) if cmd == "api-count" => api_count::run(rest),
+        Some((cmd, [])) if cmd == "size" => size::run_ci().map(|()| 0),
         Some((cmd, _)) if matches!(cmd.as_str(), "help" | "-h" | "--help") => {
             println!("{USAGE}");
             Ok(0)

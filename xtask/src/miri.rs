@@ -31,16 +31,14 @@ pub(crate) const SUITES: &[(&str, &[&str])] = &[
             // Graph pools: the block bookkeeping, and the gates without a driver.
             "graph::",
             // The trait and its forwarding impls (run by every resource's tests), the registry,
-            // prefetching (no driver: the typed error), the test resources, host resources.
+            // the test resources and the fault sweeps, host resources.
             "resource::",
             "registry::",
-            "prefetch::",
-            "fault_tests::",
             "testing::",
             "resources::callback::",
             "resources::simulated::",
             "resources::system::",
-            "resources::unsupported_tests::",
+            "resources::tests::",
             // The pinned host pool's bookkeeping (no unsafe, no driver).
             "pinned::core::",
         ],

@@ -42,7 +42,7 @@ const LOOM_PACKAGE: &str = "rmm-mr";
 
 /// A token of Rust source, as much as the checks need.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Token {
+pub(crate) enum Token {
     /// An identifier or keyword.
     Ident(String),
     /// The text between the quotes of a string literal (escapes left as written).
@@ -89,7 +89,7 @@ fn string_at(s: &[char], i: usize) -> Option<(String, usize)> {
 
 /// The tokens of `src`, without comments (doc comments included), whitespace, numbers and
 /// character literals.
-fn lex(src: &str) -> Vec<Token> {
+pub(crate) fn lex(src: &str) -> Vec<Token> {
     let s: Vec<char> = src.chars().collect();
     let at = |j: usize| s.get(j).copied().unwrap_or('\0');
     let mut out = Vec::new();
@@ -168,11 +168,32 @@ pub(crate) struct Module {
 /// The modules of one crate by path (`""` for the crate root, `pool::resource`).
 pub(crate) type Modules = BTreeMap<String, Module>;
 
-fn join(parent: &str, name: &str) -> String {
+pub(crate) fn join(parent: &str, name: &str) -> String {
     if parent.is_empty() {
         name.to_owned()
     } else {
         format!("{parent}::{name}")
+    }
+}
+
+/// The file of the module `name` declared by `mod name;` in `file`, looked up in `dir`:
+/// `dir/name.rs`, else `dir/name/mod.rs` (then `true`).
+pub(crate) fn child_file(
+    read: &dyn Fn(&str) -> Option<String>,
+    file: &str,
+    dir: &str,
+    name: &str,
+) -> Result<(String, bool), Error> {
+    let flat = format!("{dir}/{name}.rs");
+    let nested = format!("{dir}/{name}/mod.rs");
+    if read(&flat).is_some() {
+        Ok((flat, false))
+    } else if read(&nested).is_some() {
+        Ok((nested, true))
+    } else {
+        Err(format!(
+            "{file}: `mod {name};` has neither {flat} nor {nested}"
+        ))
     }
 }
 
@@ -279,18 +300,10 @@ impl Scan<'_> {
                     self.visit(&child, &path, &child_dir, &child_dir)?;
                 }
                 None => {
-                    let flat = format!("{dir}/{name}.rs");
-                    let nested = format!("{dir}/{name}/mod.rs");
+                    let (child, nested) = child_file(self.read, file, &dir, &name)?;
                     let sub = format!("{dir}/{name}");
-                    if (self.read)(&flat).is_some() {
-                        self.visit(&flat, &path, &sub, &dir)?;
-                    } else if (self.read)(&nested).is_some() {
-                        self.visit(&nested, &path, &sub, &sub)?;
-                    } else {
-                        return Err(format!(
-                            "{file}: `mod {name};` has neither {flat} nor {nested}"
-                        ));
-                    }
+                    let file_dir = if nested { &sub } else { &dir };
+                    self.visit(&child, &path, &sub, file_dir)?;
                 }
             }
         }

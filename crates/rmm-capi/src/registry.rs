@@ -377,7 +377,7 @@ mod tests {
     use std::io::BufReader;
     use std::path::PathBuf;
 
-    use rmm::mr::adaptors::logging::{parse_log, Action};
+    use rmm::mr::{parse_log, Action};
     use rmm::CudaStreamView;
 
     use super::*;

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
-use rmm::mr::adaptors::statistics::Counter;
+use rmm::mr::Counter;
 use rmm::reinitialize::per_device_log_file;
 use rmm::sys::{
     align_down, primary_context, DeferredPrimaryContext, PrimaryContext, PrimaryContextGuard,

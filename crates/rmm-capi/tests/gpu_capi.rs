@@ -11,7 +11,7 @@ use std::io::BufReader;
 use std::ptr;
 
 use libtest_mimic::{Arguments, Failed};
-use rmm::mr::adaptors::logging::{parse_log, Action};
+use rmm::mr::{parse_log, Action};
 use rmm::{CudaStream, DeviceId, DevicePtr};
 use rmm_capi::abi::{
     RMM_RS_RESOURCE_ASYNC, RMM_RS_RESOURCE_CUDA, RMM_RS_RESOURCE_POOL, RMM_RS_SIZE_DEFAULT,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_main, Criterion};
 use rmm_mr::__internals::statistics::StatisticsCounters;
 use rmm_mr::__internals::tracking::TrackingRegistry;
-use rmm_mr::adaptors::logging::{write_event, EventTime, MemoryEvent};
+use rmm_mr::{write_event, EventTime, MemoryEvent};
 
 /// Runs `work(thread, iters)` on `threads` threads released together; returns the wall time.
 fn timed_on_threads<F>(threads: usize, iters: u64, work: F) -> Duration

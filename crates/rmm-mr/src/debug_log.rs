@@ -81,7 +81,22 @@ fn level_from_usize(n: usize) -> LevelFilter {
     LevelFilter::iter().nth(n).unwrap_or(LevelFilter::Trace)
 }
 
-/// Installs the debug logger with the default level, `info` (see the [module docs](self)).
+/// Installs the debug logger with the default level, `info`.
+///
+/// rmm-rs logs through the [`log`] facade: pool growth and cross-stream steals at `debug`,
+/// per-call traces at `trace`, wrong frees seen by the tracking adaptor at `error`, and so on.
+/// Any `log` backend the application installs receives these records (targets start with
+/// `rmm`). This function installs RMM's own setup for applications without one:
+///
+/// * sink: the file named by `RMM_DEBUG_LOG_FILE` (truncated) if set, else standard error;
+/// * records from the rmm-rs crates only, at `info` and above by
+///   default (RMM's default `RMM_LOGGING_LEVEL`), changeable at run time with
+///   [`set_debug_log_level`] (RMM's `default_logger().set_level`);
+/// * RMM's pattern `[%6t][%H:%M:%S:%f][%-6l] %v`, e.g.
+///   `[     3][14:03:27:512345][debug ] [A][Stream 0x0][Upstream 1048576B]`, where the thread
+///   is [`current_thread_number`](crate::adaptors::logging::current_thread_number()) and the time is UTC
+///   (RMM prints the kernel thread id and local time).
+///
 /// Idempotent: once installed, later calls change nothing and return `Ok` (use
 /// [`set_debug_log_level`] to change the level).
 ///

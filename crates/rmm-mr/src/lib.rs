@@ -24,44 +24,54 @@
 //! no CUDA calls and are tested on machines without a GPU. The tree of this crate and design
 //! notes on its cores: `docs/internals/` in the repository.
 
-pub mod adaptors;
-pub mod arena;
-pub mod binning;
+mod adaptors;
+mod arena;
+mod binning;
 #[cfg(feature = "debug-log")]
-pub mod debug_log;
+mod debug_log;
 mod error;
-#[cfg(test)]
-mod fault_tests;
-pub mod fixed_size;
+mod fixed_size;
 mod graph;
 #[cfg(unix)]
-pub mod ipc;
+mod ipc;
 mod pinned;
-pub mod pool;
-mod prefetch;
+mod pool;
 mod registry;
 mod resource;
-pub mod resources;
+mod resources;
 mod stream_ordered;
 mod sync;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod util;
-pub mod vmm;
+mod vmm;
 
-pub use adaptors::logging::LoggingOptions;
-pub use adaptors::tracking::TrackingOptions;
-pub use adaptors::{
-    AlignedOptions, AlignedResourceAdaptor, FailureCallbackOptions, FailureCallbackResourceAdaptor,
-    LimitingOptions, LimitingResourceAdaptor, LoggingResourceAdaptor, PrefetchResourceAdaptor,
-    StatisticsResourceAdaptor, ThreadSafeResourceAdaptor, TrackingResourceAdaptor,
+pub use adaptors::logging::{
+    current_thread_number, default_log_filename, format_header, parse_log, parse_log_lines,
+    parse_log_str, push_event, write_event, write_header, Action, Column, CsvError, EventLine,
+    EventTime, InvalidEventTime, LoggingOptions, MemoryEvent, HEADER, LOG_FILE_ENV,
 };
-pub use arena::{ArenaMemoryResource, ArenaOptions};
+pub use adaptors::statistics::Counter;
+pub use adaptors::tracking::{
+    OutstandingAllocation, TrackingError, TrackingErrorRecord, TrackingOptions,
+};
+pub use adaptors::{
+    prefetch, AlignedOptions, AlignedResourceAdaptor, FailureCallback, FailureCallbackOptions,
+    FailureCallbackResourceAdaptor, FailureFilter, LimitingOptions, LimitingResourceAdaptor,
+    LoggingResourceAdaptor, PrefetchResourceAdaptor, PrefetchTarget, StatisticsResourceAdaptor,
+    ThreadSafeResourceAdaptor, TrackingResourceAdaptor,
+};
+pub use arena::{ArenaMemoryResource, ArenaOptions, DUMP_LOG_TARGET, SUPERBLOCK_MIN_SIZE};
 pub use binning::{BinningMemoryResource, BinningOptions};
 #[cfg(feature = "debug-log")]
-pub use debug_log::{init_debug_logging, set_debug_log_level};
+pub use debug_log::{
+    debug_log_level, flush_debug_log, init_debug_logging, init_debug_logging_with_level,
+    set_debug_log_level, DebugLogError, DEBUG_LOG_FILE_ENV,
+};
 pub use error::{InvalidFree, MrError, MrResult};
-pub use fixed_size::{FixedSizeMemoryResource, FixedSizeOptions};
+pub use fixed_size::{
+    FixedSizeMemoryResource, FixedSizeOptions, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE,
+};
 pub use graph::{
     active_capture_scopes, CaptureScope, GraphPool, GraphPoolOptions, DEFAULT_GRAPH_POOL_CHUNK_SIZE,
 };
@@ -75,7 +85,6 @@ pub use pinned::{
     PinnedPoolOptions, PinnedPoolStatistics, PinnedTransfer, PinnedVec, PINNED_MAX_ALIGNMENT,
 };
 pub use pool::{PoolMemoryResource, PoolOptions};
-pub use prefetch::{prefetch, PrefetchTarget};
 pub use registry::{
     current_device_resource, per_device_resource, reset_current_device_resource,
     reset_per_device_resource, set_current_device_resource, set_per_device_resource,
@@ -84,14 +93,17 @@ pub use resource::{
     resource_cast, shared, DeviceMemoryResource, ResourceProperties, SharedResource,
 };
 pub use resources::{
-    CallbackMemoryResource, CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource,
-    CudaAsyncOptions, CudaAsyncViewMemoryResource, CudaMemoryResource, ManagedMemoryResource,
-    PinnedHostMemoryResource, PoolStatistics, SamHeadroomMemoryResource, SimulatedMemoryResource,
-    SystemMemoryResource,
+    AllocateCallback, CallbackMemoryResource, CudaAsyncManagedMemoryResource,
+    CudaAsyncMemoryResource, CudaAsyncOptions, CudaAsyncViewMemoryResource, CudaMemoryResource,
+    DeallocateCallback, ManagedMemoryResource, PinnedHostMemoryResource, PoolStatistics,
+    SamHeadroomMemoryResource, SimulatedMemoryResource, SystemMemoryResource,
 };
 pub use util::alignment::MAX_OVER_ALIGNMENT;
 pub use util::format::format_bytes;
-pub use vmm::{VmmPoolMemoryResource, VmmPoolOptions};
+pub use vmm::{
+    ExportedChunk, VmmGrowthStatistics, VmmPoolMemoryResource, VmmPoolOptions,
+    DEFAULT_MIN_GROWTH_PERCENT,
+};
 
 /// The pure bookkeeping cores, for this workspace's benchmarks, fuzz targets and property
 /// checks only: **not** part of the API (no semver promise, hidden from the docs). The
@@ -99,21 +111,21 @@ pub use vmm::{VmmPoolMemoryResource, VmmPoolOptions};
 /// "Internals for benchmarks".
 #[doc(hidden)]
 pub mod __internals {
-    /// The arena's bookkeeping (superblocks, the global and local arenas, size classes).
+    /// The arena's global and local arenas and its size classes (the arena benchmark, the
+    /// arena checker of `rmm-checks`), with the types their methods return.
     pub mod arena {
         pub use crate::arena::block::Block;
-        pub use crate::arena::error::{ArenaError, RejectedSuperblock};
+        pub use crate::arena::error::ArenaError;
         pub use crate::arena::global_arena::{GlobalArena, SuperblockLocation};
         pub use crate::arena::local_arena::LocalArena;
-        pub use crate::arena::size_class::{
-            align_down, align_to_size_class, align_up, ALLOCATION_ALIGNMENT, MAX_SIZE_CLASS,
-        };
+        pub use crate::arena::size_class::{align_to_size_class, align_up};
         pub use crate::arena::stats::ArenaStats;
-        pub use crate::arena::superblock::Superblock;
+        pub use crate::arena::superblock::{RejectedSuperblock, Superblock};
     }
 
-    /// The pool's coalescing free list and growth policy, and how many stream lists a pool
-    /// keeps.
+    /// How many stream lists a pool keeps (`tests/retire`); the coalescing free list and
+    /// growth policy (used by no bench, fuzz target or check: their only users are tests, and
+    /// core28's rebuild of the pool moves or removes them).
     pub mod pool {
         pub use crate::pool::free_list::{Block, CoalescingFreeList, FreeListError};
         pub use crate::pool::growth::{
@@ -124,14 +136,15 @@ pub mod __internals {
         pub use crate::stream_ordered::core::StreamLists;
     }
 
-    /// The fixed-size resource's chunks and block table, and how many stream lists it keeps.
+    /// How many stream lists a fixed-size resource keeps (`tests/retire`); the block table
+    /// (methods only its tests call).
     pub mod fixed_size {
         pub use crate::fixed_size::block_table::{BlockId, BlockLedger, BlockTable, ChunkBlocks};
         pub use crate::fixed_size::chunk::{rounded_block_size, Chunk, FixedSizeError};
         pub use crate::fixed_size::resource::stream_lists;
     }
 
-    /// The binning resource's bin table and lock-free routes.
+    /// The binning resource's bin table and lock-free routes (methods only their tests call).
     pub mod binning {
         pub use crate::binning::routes::{BinRoutes, InsertError, Version};
         pub use crate::binning::table::{exponent_sizes, rounded_bin_size, BinningError};
@@ -145,12 +158,12 @@ pub mod __internals {
         };
     }
 
-    /// The statistics adaptor's sharded counters.
+    /// The statistics adaptor's sharded counters (the adaptor-core benchmark).
     pub mod statistics {
         pub use crate::adaptors::statistics::counters::{StatisticsCounters, StatsError};
     }
 
-    /// The tracking adaptor's registry of outstanding allocations.
+    /// The tracking adaptor's registry of outstanding allocations (the adaptor-core benchmark).
     pub mod tracking {
         pub use crate::adaptors::tracking::registry::TrackingRegistry;
     }

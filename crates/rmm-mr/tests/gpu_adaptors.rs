@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use conformance::{alignment_trials, ensure, trials, Subject, GIB, KIB, MIB};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
-use rmm_mr::adaptors::logging::{parse_log, Action, MemoryEvent};
 use rmm_mr::testing::HostMockResource;
+use rmm_mr::{parse_log, Action, MemoryEvent};
 use rmm_mr::{
     AlignedOptions, AlignedResourceAdaptor, ArenaMemoryResource, ArenaOptions,
     BinningMemoryResource, BinningOptions, CudaAsyncMemoryResource, CudaMemoryResource,
@@ -467,10 +467,10 @@ fn logger_environment_path() -> Result<(), Failed> {
 
 /// `RMM_DEBUG_LOG_FILE` is honoured (no GPU needed).
 fn debug_log_to_env_file() -> Result<(), Failed> {
-    rmm_mr::debug_log::init_debug_logging_with_level(log::LevelFilter::Debug)?;
+    rmm_mr::init_debug_logging_with_level(log::LevelFilter::Debug)?;
     log::debug!(target: "rmm_mr::gpu_adaptors", "debug record {}", 42);
     log::debug!(target: "somebody_else", "not ours");
-    rmm_mr::debug_log::flush_debug_log();
+    rmm_mr::flush_debug_log();
     let text = std::fs::read_to_string(env_debug_log_file())?;
     ensure(
         text.contains("][debug ] debug record 42\n"),
@@ -627,8 +627,8 @@ fn main() {
         std::process::exit(2);
     }
     // Set while this process is still single-threaded.
-    std::env::set_var(rmm_mr::adaptors::logging::LOG_FILE_ENV, env_log_file());
-    std::env::set_var(rmm_mr::debug_log::DEBUG_LOG_FILE_ENV, env_debug_log_file());
+    std::env::set_var(rmm_mr::LOG_FILE_ENV, env_log_file());
+    std::env::set_var(rmm_mr::DEBUG_LOG_FILE_ENV, env_debug_log_file());
 
     let mut all: Vec<Trial> = subjects().iter().flat_map(trials).collect();
     all.extend(alignment_subjects().iter().flat_map(alignment_trials));

@@ -50,7 +50,7 @@ pub mod target;
 use std::fmt;
 use std::io::BufRead;
 
-use rmm::mr::adaptors::logging::{parse_log_lines, CsvError, MemoryEvent};
+use rmm::mr::{parse_log_lines, CsvError, MemoryEvent};
 
 pub use plan::{PlanError, Workload};
 pub use replay::{replay, Replay, ReplayError};

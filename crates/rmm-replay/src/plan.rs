@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use rmm::mr::adaptors::logging::{Action, MemoryEvent};
+use rmm::mr::{Action, MemoryEvent};
 
 /// What a replayed step does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,7 +73,7 @@ pub struct Workload {
 
 impl Workload {
     /// Plans the replay of `events`, each with its line number (as
-    /// [`parse_log_lines`](rmm::mr::adaptors::logging::parse_log_lines) returns them).
+    /// [`parse_log_lines`](rmm::mr::parse_log_lines) returns them).
     ///
     /// # Errors
     ///
@@ -263,7 +263,7 @@ impl std::error::Error for PlanError {}
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use rmm::mr::adaptors::logging::parse_log_lines;
+    use rmm::mr::parse_log_lines;
 
     fn plan(body: &str) -> Result<Workload, PlanError> {
         let text = format!("Thread,Time,Action,Pointer,Size,Stream\n{body}");

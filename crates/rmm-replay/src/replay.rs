@@ -351,7 +351,7 @@ impl Shared<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rmm::mr::adaptors::logging::{parse_log_lines, parse_log_str, Action, MemoryEvent};
+    use rmm::mr::{parse_log_lines, parse_log_str, Action, MemoryEvent};
     use rmm::mr::{
         LoggingOptions, LoggingResourceAdaptor, PoolMemoryResource, PoolOptions,
         SimulatedMemoryResource,
@@ -465,7 +465,7 @@ mod tests {
             );
         }
         assert_eq!(to_replayed.len(), 4);
-        assert!(!to_original.contains_key(&rmm::mr::adaptors::logging::current_thread_number()));
+        assert!(!to_original.contains_key(&rmm::mr::current_thread_number()));
         // Every free gave back the pointer its allocation got.
         let mut live = HashMap::new();
         for e in &replayed {

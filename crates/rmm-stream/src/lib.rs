@@ -16,25 +16,27 @@
 //! - A [`CudaStream`] is destroyed by the last of itself and its [`StreamPin`]s: another thread
 //!   (rmm-mr's thief recording an event after the owner's work) can pin a live stream for a
 //!   few calls without racing its destruction; dropping the `CudaStream` still ends its life
-//!   at once ([`life`]).
+//!   at once ([`StreamLife`]).
 //! - No driver: every constructor and operation returns an error, nothing panics.
 
-pub mod error;
-pub mod event;
-pub mod graph;
-pub mod life;
-pub mod mode;
-pub mod pool;
+mod error;
+mod event;
+mod graph;
+mod life;
+mod mode;
+mod pool;
 #[cfg(feature = "testing")]
-pub mod stall;
-pub mod stream;
-pub mod view;
+mod stall;
+mod stream;
+mod view;
 
 pub use error::StreamError;
 pub use event::CudaEvent;
 pub use graph::{CaptureModeGuard, Graph, GraphExec, StreamCapture};
 pub use life::{destroyed_streams, StreamLife, StreamPin};
-pub use mode::{default_stream_mode, set_default_stream_mode, DefaultStreamMode};
+pub use mode::{
+    default_stream_mode, set_default_stream_mode, DefaultStreamMode, DEFAULT_STREAM_ENV,
+};
 pub use pool::CudaStreamPool;
 #[cfg(feature = "testing")]
 pub use stall::stall;

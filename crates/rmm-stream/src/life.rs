@@ -70,8 +70,25 @@ impl Drop for Ident {
     }
 }
 
-/// The liveness of one owning stream (see the [module documentation](self)). Cheap to clone;
-/// holding it keeps nothing alive.
+/// The liveness of one owning stream. Cheap to clone; holding it keeps nothing alive.
+///
+/// Whether an owning stream is still alive, for state that callers keep per stream (the free
+/// lists of rmm-mr's stream-ordered resources): a [`StreamLife`] taken while the stream is alive
+/// answers later whether it has been destroyed, and [`destroyed_streams`] counts destructions,
+/// so a holder of many lives rechecks them only after the count moved.
+///
+/// A [`StreamLife`] can also *pin* its stream ([`StreamLife::pin`]) while it is alive: while a
+/// [`StreamPin`] is held the stream is not destroyed, so another thread may enqueue on it, e.g.
+/// record an event after the owner's work. Dropping the [`CudaStream`](crate::CudaStream) still
+/// ends the stream's life at once (no new pin, [`StreamLife::is_alive`] false); the driver's
+/// stream is destroyed by whichever goes last, the `CudaStream` or a pin, and only then counted
+/// in [`destroyed_streams`]. Nothing waits for a pin.
+///
+/// Only streams created by [`CudaStream`](crate::CudaStream) (and so by
+/// [`CudaStreamPool`](crate::CudaStreamPool)) are known here. The special streams never die, and
+/// a foreign stream (a view made by [`CudaStreamView::from_raw`](crate::CudaStreamView::from_raw)
+/// of a handle created elsewhere) has no life: [`CudaStreamView::life`](crate::CudaStreamView::life)
+/// is `None` for both.
 #[derive(Debug, Clone)]
 pub struct StreamLife(Weak<Ident>);
 
@@ -122,6 +139,17 @@ impl StreamPin {
         // and the pin is one (the view borrows the pin); `id` was read from this stream (or
         // is 0).
         unsafe { CudaStreamView::with_id(self.0.handle as CUstream, self.0.id) }
+    }
+}
+
+impl CudaStreamView<'_> {
+    /// The liveness of the stream when it is an owning [`CudaStream`](crate::CudaStream) (made
+    /// by this crate): a token that says later whether the stream was destroyed. `None` for the
+    /// default, legacy and per-thread streams (which never die) and for foreign streams. Takes a
+    /// process-wide lock: for registration paths, not per operation. See [`StreamLife`].
+    #[must_use]
+    pub fn life(&self) -> Option<StreamLife> {
+        life_of(self.value() as usize)
     }
 }
 

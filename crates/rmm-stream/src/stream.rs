@@ -37,7 +37,7 @@ impl StreamFlags {
 pub struct CudaStream {
     handle: usize,
     device: DeviceId,
-    /// Registered as live until the stream is destroyed ([`crate::life`]).
+    /// Registered as live until the stream is destroyed ([`StreamLife`](crate::StreamLife)).
     live: Option<LiveStream>,
     /// `cuStreamGetId`, read once at creation (0 if that failed: views then ask the driver),
     /// so that views answer [`CudaStreamView::id`] without a driver call.
@@ -63,7 +63,7 @@ impl CudaStream {
 
     /// An owning stream over rmm-sys's fake stream number `n` (feature `testing`; see
     /// [`CudaStreamView::simulated`]): no driver call ever receives it, and dropping it destroys
-    /// nothing but counts as a destroyed stream ([`crate::life`]). For tests without a GPU of
+    /// nothing but counts as a destroyed stream ([`StreamLife`](crate::StreamLife)). For tests without a GPU of
     /// what happens when a stream dies; two live simulated streams must not share `n`.
     #[cfg(feature = "testing")]
     #[must_use]
@@ -120,7 +120,7 @@ impl Drop for CudaStream {
     fn drop(&mut self) {
         // Dead at once: per-stream state of its users is never used after this. The stream is
         // destroyed now, or by the last pin that a thief of a stream-ordered resource holds
-        // for an event record ([`crate::life`]); views borrow `self`, so none is left.
+        // for an event record ([`StreamLife`](crate::StreamLife)); views borrow `self`, so none is left.
         drop(self.live.take());
     }
 }

@@ -8,7 +8,6 @@ use rmm_sys::raw::CUstream;
 use rmm_sys::stream as raw;
 use rmm_sys::{CudaResult, CU_STREAM_PER_THREAD};
 
-use crate::life::{self, StreamLife};
 use crate::mode::{default_stream_mode, DefaultStreamMode};
 
 /// `CU_STREAM_LEGACY` as an integer.
@@ -190,15 +189,6 @@ impl<'a> CudaStreamView<'a> {
         }
         // SAFETY: as `synchronize`.
         unsafe { raw::stream_get_id(self.as_raw()) }
-    }
-
-    /// The liveness of the stream when it is an owning [`CudaStream`](crate::CudaStream) (made
-    /// by this crate): a token that says later whether the stream was destroyed. `None` for the
-    /// default, legacy and per-thread streams (which never die) and for foreign streams. Takes a
-    /// process-wide lock: for registration paths, not per operation. See [`crate::life`].
-    #[must_use]
-    pub fn life(&self) -> Option<StreamLife> {
-        life::life_of(self.handle)
     }
 }
 

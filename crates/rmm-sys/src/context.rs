@@ -263,12 +263,10 @@ pub struct PrimaryContextGuard {
 }
 
 impl PrimaryContextGuard {
-    /// Makes the primary context of `device` current until the guard drops.
-    ///
-    /// # Errors
-    /// No driver or an invalid device (nothing changed), or a failed `cuCtxSetCurrent`.
-    pub fn enter(device: crate::DeviceId) -> CudaResult<Self> {
-        let primary = primary_context(device.0)?.as_raw();
+    /// Makes the primary context of device `ordinal` current until the guard drops
+    /// ([`enter`](Self::enter), which takes a [`DeviceId`](crate::DeviceId)).
+    pub(crate) fn enter_ordinal(ordinal: i32) -> CudaResult<Self> {
+        let primary = primary_context(ordinal)?.as_raw();
         let current = raw_current_context()?;
         if current == primary {
             mark_context_current();

@@ -54,8 +54,9 @@
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::capabilities::DeviceCapabilities;
 use crate::error::{CudaError, ResultCode};
-use crate::{raw, DeviceCapabilities, DriverVersion};
+use crate::{raw, DriverVersion};
 
 /// A kind of driver call that can be made to fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

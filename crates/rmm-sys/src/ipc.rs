@@ -20,7 +20,8 @@ use std::fmt;
 use std::sync::OnceLock;
 
 use crate::context::ensure_current_context;
-use crate::device::{AllocationHandleType, DeviceId};
+use crate::capabilities::AllocationHandleType;
+use crate::device::DeviceId;
 use crate::driver::resolve;
 use crate::entry::{RawAccessDesc, RawMemHandle, RawResult};
 use crate::error::{check, CudaError, CudaResult};

@@ -63,6 +63,7 @@ macro_rules! fault_point {
 }
 
 pub mod align;
+mod capabilities;
 mod context;
 pub mod device;
 pub mod driver;
@@ -91,14 +92,15 @@ pub use align::{
     align_down, align_up, checked_align_up, is_aligned, is_pow2, is_supported_alignment,
     is_supported_base_resource_alignment, ALLOCATION_ALIGNMENT,
 };
+pub use capabilities::{AllocationHandleType, DeviceCapabilities};
 pub use context::{
     ensure_current_context, primary_context, raw_current_context, DeferredPrimaryContext,
     PrimaryContext, PrimaryContextGuard,
 };
 pub use device::{
     available_device_memory, current_device, device_count, device_name, device_synchronize,
-    gpu_unavailable_reason, percent_of_free_device_memory, set_current_device,
-    AllocationHandleType, ComputeCapability, DeviceCapabilities, DeviceGuard, DeviceId,
+    gpu_unavailable_reason, percent_of_free_device_memory, set_current_device, ComputeCapability,
+    DeviceGuard, DeviceId,
 };
 pub use driver::{driver_version, init, is_driver_present};
 pub use error::{CudaError, CudaResult, ResultCode};

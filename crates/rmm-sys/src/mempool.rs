@@ -5,8 +5,9 @@ use std::sync::OnceLock;
 use crate::raw;
 use cudarc::driver::sys;
 
+use crate::capabilities::AllocationHandleType;
 use crate::context::{context_api, ensure_current_context};
-use crate::device::{AllocationHandleType, DeviceId};
+use crate::device::DeviceId;
 use crate::driver::resolve;
 use crate::entry::{RawMemLocation, RawPoolProps};
 use crate::error::{check, CudaResult};

@@ -26,8 +26,9 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 
+use crate::capabilities::AllocationHandleType;
 use crate::context::context_api;
-use crate::device::{device_attribute, AllocationHandleType, DeviceId};
+use crate::device::{device_attribute, DeviceId};
 use crate::entry::{RawAccessDesc, RawAllocationProp, RawMemHandle};
 use crate::error::{check, CudaError, CudaResult};
 use crate::memory::MemLocation;

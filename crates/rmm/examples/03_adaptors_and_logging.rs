@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use rmm::mr::adaptors::logging::{parse_log_str, Action};
+use rmm::mr::{parse_log_str, Action};
 use rmm::prelude::*;
 use rmm::LoggingResourceAdaptor;
 

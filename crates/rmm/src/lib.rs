@@ -21,6 +21,22 @@
 //! | `rmm-stream` | [`stream`] | streams, events, stream pools, the default-stream mode |
 //! | `rmm-mr` | [`mr`] | the memory-resource trait, resources, adaptors, the per-device registry |
 //! | `rmm-containers` | [`containers`] | device buffers, vectors, scalars |
+//!
+//! Each public type has one path per layer: `rmm::mr::PoolOptions` (and `rmm::PoolOptions`, and
+//! `rmm::prelude::PoolOptions` where the prelude has it). The subsystem modules behind them are
+//! private, so these do not compile:
+//!
+//! ```compile_fail,E0603
+//! use rmm::mr::pool::PoolOptions;
+//! ```
+//!
+//! ```compile_fail,E0603
+//! use rmm::mr::adaptors::Counter;
+//! ```
+//!
+//! ```compile_fail,E0603
+//! use rmm::stream::view::CudaStreamView;
+//! ```
 
 pub mod guide;
 pub mod reinitialize;
@@ -38,13 +54,8 @@ pub use reinitialize::{reinitialize, IntoByteSize, ReinitializeOptions};
 pub use rmm_containers::{
     take_drop_errors, BufferStream, DeviceBuffer, DeviceScalar, DeviceUvector,
 };
-#[cfg(feature = "debug-log")]
-pub use rmm_mr::debug_log::{
-    debug_log_level, flush_debug_log, init_debug_logging, init_debug_logging_with_level,
-    set_debug_log_level,
-};
-pub use rmm_mr::vmm::VmmGrowthStatistics;
 pub use rmm_mr::CaptureScope;
+pub use rmm_mr::VmmGrowthStatistics;
 pub use rmm_mr::{
     current_device_resource, per_device_resource, prefetch, reset_current_device_resource,
     reset_per_device_resource, resource_cast, set_current_device_resource, set_per_device_resource,
@@ -61,6 +72,11 @@ pub use rmm_mr::{
     SharedResource, SimulatedMemoryResource, StatisticsResourceAdaptor, SystemMemoryResource,
     ThreadSafeResourceAdaptor, TrackingOptions, TrackingResourceAdaptor, VmmPoolMemoryResource,
     VmmPoolOptions, PINNED_MAX_ALIGNMENT,
+};
+#[cfg(feature = "debug-log")]
+pub use rmm_mr::{
+    debug_log_level, flush_debug_log, init_debug_logging, init_debug_logging_with_level,
+    set_debug_log_level,
 };
 pub use rmm_stream::{
     default_stream_mode, set_default_stream_mode, CaptureModeGuard, CudaEvent, CudaStream,

@@ -166,7 +166,7 @@ impl ReinitializeOptions {
         }
         if self.logging
             && self.log_file_name.is_none()
-            && std::env::var_os(rmm_mr::adaptors::logging::LOG_FILE_ENV).is_none()
+            && std::env::var_os(rmm_mr::LOG_FILE_ENV).is_none()
         {
             return bad("logging needs log_file_name (or RMM_LOG_FILE)");
         }

@@ -155,14 +155,14 @@ fn dependencies_name_the_package_rmm_rs() {
 
 #[test]
 fn quoted_defaults_are_the_constants() {
-    use rmm::mr::fixed_size::{DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE};
-    use rmm::mr::vmm::{VmmPoolOptions, DEFAULT_MIN_GROWTH_PERCENT};
+    use rmm::mr::{VmmPoolOptions, DEFAULT_MIN_GROWTH_PERCENT};
+    use rmm::mr::{DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE};
 
     // The VMM pool's growth step (guide 10), and the constant is what `new` uses.
     let stated = number_after(
         page("10-fragmentation.md"),
         "`min_growth_percent` (each growth",
-        " (`rmm::mr::vmm::DEFAULT_MIN_GROWTH_PERCENT`)",
+        " (`rmm::mr::DEFAULT_MIN_GROWTH_PERCENT`)",
     );
     assert_eq!(stated, Some(DEFAULT_MIN_GROWTH_PERCENT as u64), "guide 10");
     assert_eq!(

@@ -7,23 +7,21 @@
 use static_assertions::{assert_impl_all, assert_not_impl_any};
 
 use rmm::containers::{BufferStream, DeviceBuffer, DeviceScalar, DeviceUvector};
-use rmm::mr::vmm::{ExportedChunk, VmmGrowthStatistics, VmmPoolOptions};
 use rmm::mr::{
-    adaptors::logging::{Action, CsvError, EventLine, EventTime, MemoryEvent},
-    adaptors::tracking::{OutstandingAllocation, TrackingError, TrackingErrorRecord},
-    debug_log::DebugLogError,
-    testing::HostMockResource,
-    AlignedOptions, AlignedResourceAdaptor, ArenaMemoryResource, ArenaOptions,
-    BinningMemoryResource, BinningOptions, CallbackMemoryResource, CudaAsyncManagedMemoryResource,
-    CudaAsyncMemoryResource, CudaAsyncOptions, CudaAsyncViewMemoryResource, CudaMemoryResource,
+    testing::HostMockResource, Action, AlignedOptions, AlignedResourceAdaptor, ArenaMemoryResource,
+    ArenaOptions, BinningMemoryResource, BinningOptions, CallbackMemoryResource, CsvError,
+    CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaAsyncOptions,
+    CudaAsyncViewMemoryResource, CudaMemoryResource, DebugLogError, EventLine, EventTime,
     FailureCallbackOptions, FailureCallbackResourceAdaptor, FixedSizeMemoryResource,
     FixedSizeOptions, InvalidFree, LimitingOptions, LimitingResourceAdaptor, LoggingOptions,
-    LoggingResourceAdaptor, ManagedMemoryResource, MrError, PinnedHostMemoryResource,
-    PoolMemoryResource, PoolOptions, PoolStatistics, PrefetchResourceAdaptor, PrefetchTarget,
-    ResourceProperties, SamHeadroomMemoryResource, SharedResource, SimulatedMemoryResource,
-    StatisticsResourceAdaptor, SystemMemoryResource, ThreadSafeResourceAdaptor, TrackingOptions,
+    LoggingResourceAdaptor, ManagedMemoryResource, MemoryEvent, MrError, OutstandingAllocation,
+    PinnedHostMemoryResource, PoolMemoryResource, PoolOptions, PoolStatistics,
+    PrefetchResourceAdaptor, PrefetchTarget, ResourceProperties, SamHeadroomMemoryResource,
+    SharedResource, SimulatedMemoryResource, StatisticsResourceAdaptor, SystemMemoryResource,
+    ThreadSafeResourceAdaptor, TrackingError, TrackingErrorRecord, TrackingOptions,
     TrackingResourceAdaptor, VmmPoolMemoryResource,
 };
+use rmm::mr::{ExportedChunk, VmmGrowthStatistics, VmmPoolOptions};
 use rmm::stream::{
     CudaEvent, CudaStream, CudaStreamPool, CudaStreamView, DefaultStreamMode, StreamError,
     StreamFlags,

@@ -5,11 +5,10 @@
 mod cell;
 mod fence;
 mod global;
+mod key;
 mod state;
 mod thread_cache;
 
-#[cfg(test)]
-mod fault_tests;
 #[cfg(test)]
 mod tests;
 
@@ -22,8 +21,9 @@ use rmm_sys::DevicePtr;
 use crate::error::MrResult;
 use crate::resource::{DeviceMemoryResource, SharedResource};
 use crate::util::alignment::{self, OverAligned, MAX_OVER_ALIGNMENT};
-use cell::{ArenaCell, ArenaKey, ArenaSlot};
+use cell::{ArenaCell, ArenaSlot};
 use fence::EventPool;
+use key::ArenaKey;
 use state::State;
 
 /// The alignment of the upstream allocation (and of every block; larger alignments are served

@@ -2,13 +2,13 @@
 //! classes (`RMM_ARENA_USE_SIZE_CLASSES`).
 
 /// Every arena size and address is a multiple of this (RMM's `CUDA_ALLOCATION_ALIGNMENT`).
-pub const ALLOCATION_ALIGNMENT: usize = 256;
+pub(crate) const ALLOCATION_ALIGNMENT: usize = 256;
 
 /// The largest size class; bigger requests have no class (RMM maps them to `SIZE_MAX`, which no
 /// arena can serve).
-pub const MAX_SIZE_CLASS: u64 = 256 << 30;
+pub(crate) const MAX_SIZE_CLASS: u64 = 256 << 30;
 
-/// Round `size` up to a multiple of [`ALLOCATION_ALIGNMENT`]; `None` when that overflows.
+/// Round `size` up to a multiple of `ALLOCATION_ALIGNMENT` (256 bytes); `None` when that overflows.
 ///
 /// `align_up(0) == Some(0)`: a zero-byte request never reaches the arena core (the resource
 /// returns null for it first), and the core treats size 0 as "nothing to allocate".
@@ -17,7 +17,7 @@ pub fn align_up(size: usize) -> Option<usize> {
 }
 
 /// Round `size` down to a multiple of [`ALLOCATION_ALIGNMENT`] (used for the arena size).
-pub fn align_down(size: usize) -> usize {
+pub(crate) fn align_down(size: usize) -> usize {
     size & !(ALLOCATION_ALIGNMENT - 1)
 }
 

@@ -439,6 +439,28 @@ impl fmt::Debug for Superblock {
     }
 }
 
+/// A superblock an arena refused, handed back so that it is not lost.
+#[derive(Debug)]
+pub struct RejectedSuperblock {
+    /// Why it was refused (always [`ArenaError::ForeignSuperblock`] today).
+    pub error: ArenaError,
+    /// The superblock itself, unchanged (boxed: the error stays small on the `Ok` path of
+    /// every call that can return it).
+    pub superblock: Box<Superblock>,
+}
+
+impl fmt::Display for RejectedSuperblock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for RejectedSuperblock {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -422,5 +422,4 @@ impl<E> PinnedLedger<E> {
 }
 
 #[cfg(test)]
-#[path = "core_tests.rs"]
 mod tests;

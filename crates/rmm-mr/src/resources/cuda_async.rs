@@ -13,7 +13,6 @@ use crate::error::{MrError, MrResult};
 use crate::resource::{check_base_alignment, DeviceMemoryResource};
 use crate::resources::cuda::free_error;
 use crate::resources::pool_origins::{FreeOn, ORIGINS};
-use crate::resources::CudaAsyncViewMemoryResource;
 use crate::stream_ordered::stream_lists::thread_number;
 
 /// How to build a [`CudaAsyncMemoryResource`] (RMM's constructor parameters).
@@ -169,7 +168,7 @@ pub(crate) fn require_memory_pools(device: DeviceId) -> MrResult<DeviceCapabilit
 
 /// A pool this crate created, destroyed when the last owner drops it: shared by the clones of a
 /// [`CudaAsyncMemoryResource`] and the views made from them
-/// ([`CudaAsyncViewMemoryResource::of`]).
+/// ([`CudaAsyncViewMemoryResource::of`](crate::CudaAsyncViewMemoryResource::of)).
 #[derive(Debug)]
 pub(crate) struct OwnedPool {
     /// Invariant: live until this value drops.
@@ -198,7 +197,7 @@ impl Drop for OwnedPool {
 /// compare equal; two resources own two pools and are unequal.
 ///
 /// Beyond RMM: [`trim_to`](Self::trim_to), live [`statistics`](Self::statistics), and
-/// [`view`](Self::view), a [`CudaAsyncViewMemoryResource`] sharing ownership of the pool.
+/// [`view`](Self::view), a [`CudaAsyncViewMemoryResource`](crate::CudaAsyncViewMemoryResource) sharing ownership of the pool.
 ///
 /// # Frees from another thread on the per-thread default stream
 ///
@@ -215,7 +214,7 @@ impl Drop for OwnedPool {
 /// into a sharded table on each allocation made on a per-thread default stream and a removal on
 /// each free made on one; allocations and frees on other streams add a comparison (and, once any
 /// block was recorded, a removal on free). The same holds for
-/// [`CudaAsyncViewMemoryResource`] and
+/// [`CudaAsyncViewMemoryResource`](crate::CudaAsyncViewMemoryResource) and
 /// [`CudaAsyncManagedMemoryResource`](crate::CudaAsyncManagedMemoryResource). The rule's limit
 /// (work of a third thread): `docs/internals/cross-thread.md`.
 #[doc(alias = "rmm::mr::cuda_async_memory_resource")]
@@ -269,14 +268,6 @@ impl CudaAsyncMemoryResource {
     #[must_use]
     pub fn pool_handle(&self) -> MemPoolHandle {
         self.inner.pool
-    }
-
-    /// A [`CudaAsyncViewMemoryResource`] of this resource's pool that shares its ownership, so
-    /// the view keeps the pool alive after this resource is dropped
-    /// ([`CudaAsyncViewMemoryResource::of`]).
-    #[must_use]
-    pub fn view(&self) -> CudaAsyncViewMemoryResource {
-        CudaAsyncViewMemoryResource::of(self)
     }
 
     /// The shared owner of the pool, for views.

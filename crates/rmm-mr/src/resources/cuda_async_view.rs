@@ -124,6 +124,16 @@ impl CudaAsyncViewMemoryResource {
     }
 }
 
+impl CudaAsyncMemoryResource {
+    /// A [`CudaAsyncViewMemoryResource`] of this resource's pool that shares its ownership, so
+    /// the view keeps the pool alive after this resource is dropped
+    /// ([`CudaAsyncViewMemoryResource::of`]).
+    #[must_use]
+    pub fn view(&self) -> CudaAsyncViewMemoryResource {
+        CudaAsyncViewMemoryResource::of(self)
+    }
+}
+
 // SAFETY: every pointer comes from the driver's allocator, which returns a fresh,
 // 256-byte aligned region of at least the bytes asked for, accessible as `properties` says,
 // until it is freed here.

@@ -11,31 +11,7 @@ use rmm_stream::CudaStreamView;
 
 use crate::error::{MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
-
-/// A small deterministic generator (splitmix64), so that every resource sees the same
-/// sequence.
-#[derive(Debug, Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (`n > 0`).
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    /// Log-uniform in `[lo, hi]` (`0 < lo <= hi`): as many small sizes per octave as large.
-    fn log_uniform(&mut self, lo: usize, hi: usize) -> usize {
-        log_uniform(self.next(), lo, hi)
-    }
-}
+use crate::testing::trace::Rng;
 
 /// The size in `[lo, hi]` (`0 < lo <= hi`) the generator's value `raw` stands for, log-uniform.
 fn log_uniform(raw: u64, lo: usize, hi: usize) -> usize {
@@ -143,10 +119,10 @@ impl MultiStream {
     /// ([`Draw`]); [`MultiStream::max_draws`] values are enough for a whole run.
     #[must_use]
     pub fn draws(&self, count: usize) -> Vec<Draw> {
-        let mut rng = Rng(self.seed);
+        let mut rng = Rng::new(self.seed);
         (0..count)
             .map(|_| {
-                let raw = rng.next();
+                let raw = rng.next_u64();
                 Draw {
                     raw,
                     small: log_uniform(raw, self.small.0, self.small.1),
@@ -250,7 +226,7 @@ fn drive<P>(
     reserved: impl Fn() -> usize,
 ) -> MrResult<Outcome> {
     let n = workload.streams;
-    let mut rng = Rng(workload.seed);
+    let mut rng = Rng::new(workload.seed);
     // (block, bytes, stream it was allocated on)
     let mut live: Vec<(P, usize, usize)> = Vec::new();
     let mut out = Outcome {
@@ -269,7 +245,7 @@ fn drive<P>(
         } else {
             workload.small
         };
-        let bytes = rng.log_uniform(lo, hi);
+        let bytes = log_uniform(rng.next_u64(), lo, hi);
         if live_bytes + bytes <= workload.budget || live.is_empty() {
             let s = step % n;
             match alloc(s, bytes, step)? {
@@ -453,7 +429,7 @@ mod tests {
             let out = run(&mock, &streams, &w, &|| mock.live_bytes()).unwrap();
             assert_eq!((out.allocations, out.failed), (allocs, 0));
             // The draws start where the generator does, and their sizes lie in range.
-            assert_eq!(draws[0].raw, Rng(w.seed).next());
+            assert_eq!(draws[0].raw, Rng::new(w.seed).next_u64());
             assert!(draws
                 .iter()
                 .all(|d| (w.small.0..=w.small.1).contains(&d.small)

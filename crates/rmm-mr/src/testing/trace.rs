@@ -40,6 +40,11 @@ impl Rng {
         z ^ (z >> 31)
     }
 
+    /// Uniform in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
     /// Uniform in `[lo, hi]`.
     pub fn range(&mut self, lo: usize, hi: usize) -> usize {
         lo + (self.next_u64() % (hi - lo + 1) as u64) as usize

@@ -91,7 +91,7 @@ fn stream_value(stream: CudaStreamView<'_>) -> u64 {
 }
 
 /// Writes a CSV row for every allocation, failed allocation and deallocation, byte-compatible
-/// with RMM's `logging_resource_adaptor` (see [the format](super)), so RMM's replay tools read
+/// with RMM's `logging_resource_adaptor` (see [the format](crate::HEADER)), so RMM's replay tools read
 /// its logs and [`parse_log`](super::parse_log) reads RMM's.
 ///
 /// As in RMM: the header `Thread,Time,Action,Pointer,Size,Stream` is written when the adaptor

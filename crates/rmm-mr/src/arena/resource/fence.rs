@@ -6,7 +6,8 @@ use std::sync::Mutex;
 use rmm_stream::{CudaEvent, CudaStreamView};
 use rmm_sys::CudaResult;
 
-use super::{lock, ArenaKey};
+use super::key::ArenaKey;
+use super::lock;
 
 /// Events kept for reuse; beyond this many, returned events are destroyed.
 const MAX_POOLED_EVENTS: usize = 1024;

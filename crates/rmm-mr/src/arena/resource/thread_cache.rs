@@ -3,15 +3,13 @@
 //! guards that hand a thread's per-thread arena back to the global arena when the thread exits.
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
-use super::{ArenaCell, ArenaKey};
+use super::key::ArenaKey;
+use super::ArenaCell;
 
 /// Entries kept per thread; the oldest is evicted beyond this.
 const CACHE_CAPACITY: usize = 8;
-
-static NEXT_THREAD_SERIAL: AtomicU64 = AtomicU64::new(1);
 
 struct CacheEntry {
     resource: u64,
@@ -54,18 +52,8 @@ pub(super) trait ThreadExit: Send + Sync {
 }
 
 thread_local! {
-    static THREAD_SERIAL: u64 = NEXT_THREAD_SERIAL.fetch_add(1, Ordering::Relaxed);
     static CACHE: RefCell<Vec<CacheEntry>> = const { RefCell::new(Vec::new()) };
     static GUARDS: RefCell<Vec<ThreadArenaGuard>> = const { RefCell::new(Vec::new()) };
-}
-
-/// A process-unique number for the calling thread (never reused, unlike OS thread ids).
-pub(super) fn thread_serial() -> u64 {
-    THREAD_SERIAL
-        .try_with(|serial| *serial)
-        // Thread-local storage is being torn down: a fresh number gives a fresh arena, which
-        // defragmentation reclaims.
-        .unwrap_or_else(|_| NEXT_THREAD_SERIAL.fetch_add(1, Ordering::Relaxed))
 }
 
 /// The arena this thread last used for `key` in resource `resource`, if cached.

@@ -12,7 +12,7 @@ mod pool_origins;
 mod simulated;
 mod system;
 #[cfg(test)]
-mod unsupported_tests;
+mod tests;
 
 pub use callback::{AllocateCallback, CallbackMemoryResource, DeallocateCallback};
 pub use cuda::CudaMemoryResource;

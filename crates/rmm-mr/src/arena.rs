@@ -21,16 +21,16 @@ pub(crate) mod stats;
 pub(crate) mod superblock;
 
 #[cfg(test)]
-mod model_tests;
+mod tests;
 
 pub(crate) use block::Block;
-pub(crate) use error::{ArenaError, RejectedSuperblock};
+pub(crate) use error::ArenaError;
 pub(crate) use global_arena::{GlobalArena, SuperblockLocation};
 pub(crate) use local_arena::LocalArena;
 pub use resource::{ArenaMemoryResource, ArenaOptions, DUMP_LOG_TARGET};
 pub(crate) use size_class::{align_down, align_to_size_class, align_up};
 pub(crate) use stats::ArenaStats;
-pub(crate) use superblock::Superblock;
+pub(crate) use superblock::{RejectedSuperblock, Superblock};
 
 /// Smallest superblock (but for a free block lent whole when nothing larger is free), and
 /// smallest arena: 1 MiB (RMM's `superblock::minimum_size`). Requests above it are "large"

@@ -4,11 +4,11 @@
 mod aligned;
 mod failure_callback;
 mod limiting;
-pub mod logging;
+pub(crate) mod logging;
 mod prefetch;
-pub mod statistics;
+pub(crate) mod statistics;
 mod thread_safe;
-pub mod tracking;
+pub(crate) mod tracking;
 
 pub use aligned::{AlignedOptions, AlignedResourceAdaptor};
 pub use failure_callback::{
@@ -16,7 +16,7 @@ pub use failure_callback::{
 };
 pub use limiting::{LimitingOptions, LimitingResourceAdaptor};
 pub use logging::LoggingResourceAdaptor;
-pub use prefetch::PrefetchResourceAdaptor;
+pub use prefetch::{prefetch, PrefetchResourceAdaptor, PrefetchTarget};
 pub use statistics::StatisticsResourceAdaptor;
 pub use thread_safe::ThreadSafeResourceAdaptor;
 pub use tracking::TrackingResourceAdaptor;
