@@ -99,13 +99,15 @@ pub mod __internals {
     /// The pool's coalescing free list and growth policy, and how many stream lists a pool
     /// keeps.
     pub mod pool {
-        pub use crate::pool::free_list::{Block, CoalescingFreeList, FreeListError};
+        pub use crate::pool::engine::{Block, FreeListError};
         pub use crate::pool::growth::{
             size_to_grow, size_under_pressure, try_to_expand, Grown, GrowthError, GrowthFailure,
             GrowthPlan, PoolOutOfMemory, PoolSizes,
         };
         pub use crate::pool::resource::stream_lists;
         pub use crate::stream_ordered::core::StreamLists;
+        #[cfg(feature = "testing")]
+        pub use crate::testing::coalescing_model::CoalescingFreeList;
     }
 
     /// The fixed-size resource's chunks and block table, and how many stream lists it keeps.

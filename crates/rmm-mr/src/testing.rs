@@ -16,6 +16,8 @@ use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::{DeviceMemoryResource, ResourceProperties};
 use crate::util::alignment::{self, MAX_OVER_ALIGNMENT};
 
+#[doc(hidden)]
+pub mod coalescing_model;
 mod faulty;
 pub mod fragmentation;
 pub(crate) mod growth_lock;

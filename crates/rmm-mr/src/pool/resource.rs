@@ -7,9 +7,8 @@ use rmm_stream::CudaStreamView;
 use rmm_sys::{DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{MrError, MrResult};
-use crate::pool::blocks::Separate;
+use crate::pool::engine::{Growth, Pool, Separate};
 use crate::pool::growth::{try_to_expand, PoolSizes};
-use crate::pool::shell::{Growth, Pool};
 use crate::resource::{DeviceMemoryResource, SharedResource};
 use crate::stream_ordered::accept_chunk;
 use crate::stream_ordered::core::{Expand, GrowthCause, StreamLists};

@@ -292,7 +292,7 @@ impl<L> ListState<L> {
     /// Blocks left the list: the orphan list forgets its events once it is empty.
     pub(crate) fn after_take(&mut self)
     where
-        L: crate::stream_ordered::core::FreeBlocks,
+        L: crate::stream_ordered::free_blocks::FreeBlocks,
     {
         if self.key == Some(StreamKey::Orphan) && self.blocks.is_empty() {
             self.policy.on_emptied();
@@ -309,7 +309,7 @@ impl<L> ListState<L> {
         covered: bool,
     ) -> Result<(), (L, String)>
     where
-        L: crate::stream_ordered::core::FreeBlocks,
+        L: crate::stream_ordered::free_blocks::FreeBlocks,
     {
         debug_assert_eq!(self.key, Some(StreamKey::Orphan));
         if blocks.is_empty() {

@@ -1,6 +1,6 @@
 //! A hash table from block addresses to small values, for the record of handed-out blocks
-//! ([`crate::stream_ordered::handed`]) and the pool's boundary tags
-//! ([`crate::pool::boundary_list`]): open addressing with linear probing, at most a quarter
+//! ([`crate::pool::engine::handed`]) and the pool's boundary tags
+//! ([`crate::pool::engine::boundary_list`]): open addressing with linear probing, at most a quarter
 //! full ([`MAX_LOAD`]), deletion by backward shift (no tombstones, so probes stay short however
 //! many blocks come and go), and a multiplicative hash of the address's 256-byte unit whose top
 //! bits pick the home slot. One insertion or removal is a multiply, a shift and, at that load,

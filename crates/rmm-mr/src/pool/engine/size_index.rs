@@ -11,7 +11,7 @@
 //!
 //! Pure bookkeeping: no CUDA calls.
 //!
-//! [`CoalescingFreeList`]: crate::pool::free_list::CoalescingFreeList
+//! [`CoalescingFreeList`]: crate::testing::coalescing_model::CoalescingFreeList
 
 use std::collections::BTreeMap;
 
@@ -401,6 +401,7 @@ impl SizeIndex {
 
     /// The smallest block with at least `request` bytes, ties to the lowest address, left in
     /// the index: `(size, address, node)`.
+    #[cfg(any(test, feature = "testing"))]
     #[inline(always)]
     pub(crate) fn best_fit(&self, request: usize) -> Option<(usize, u64, NodeId)> {
         self.best_fit_in_class(request).map(|(_, found)| found)
@@ -452,6 +453,7 @@ impl SizeIndex {
     }
 
     /// Removes every block.
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn clear(&mut self) {
         self.classes.clear();
         self.groups = [0; GROUPS];
