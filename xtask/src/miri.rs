@@ -8,7 +8,7 @@ use std::process::Command;
 /// The unit tests that run under Miri: (package, test-name filters). A filter is a module path
 /// ending in `::` and runs that module's tests and its children's; the `proofs` step of
 /// `cargo xtask ci` checks that each names a module and that every module with `unsafe` code is
-/// run by one (a module without tests of its own, such as `pool::shell`, is run through its
+/// run by one (a module without tests of its own, such as `pool::engine`, is run through its
 /// parent's filter) or is in [`EXCLUDED`]. Under Miri rmm-sys finds no driver library (Miri
 /// cannot load one), as on a machine without a GPU: what the tests do there, host mocks and
 /// rmm-sys's simulated driver, runs; what needs a GPU reports so and is checked no further.

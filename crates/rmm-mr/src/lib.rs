@@ -127,13 +127,15 @@ pub mod __internals {
     /// growth policy (used by no bench, fuzz target or check: their only users are tests, and
     /// core28's rebuild of the pool moves or removes them).
     pub mod pool {
-        pub use crate::pool::free_list::{Block, CoalescingFreeList, FreeListError};
+        pub use crate::pool::engine::{Block, FreeListError};
         pub use crate::pool::growth::{
             size_to_grow, size_under_pressure, try_to_expand, Grown, GrowthError, GrowthFailure,
             GrowthPlan, PoolOutOfMemory, PoolSizes,
         };
         pub use crate::pool::resource::stream_lists;
         pub use crate::stream_ordered::core::StreamLists;
+        #[cfg(feature = "testing")]
+        pub use crate::testing::coalescing_model::CoalescingFreeList;
     }
 
     /// How many stream lists a fixed-size resource keeps (`tests/retire`); the block table

@@ -18,6 +18,8 @@ use crate::util::alignment::{self, MAX_OVER_ALIGNMENT};
 
 #[cfg(test)]
 pub(crate) mod faults;
+#[doc(hidden)]
+pub mod coalescing_model;
 mod faulty;
 pub mod fragmentation;
 pub(crate) mod growth_lock;

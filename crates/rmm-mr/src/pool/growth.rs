@@ -320,7 +320,7 @@ pub fn try_to_expand<T, E: fmt::Display>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::free_list::{Block, CoalescingFreeList};
+    use crate::testing::coalescing_model::{Block, CoalescingFreeList};
     use proptest::prelude::*;
 
     #[test]

@@ -27,7 +27,7 @@ use std::sync::LazyLock;
 
 use crossbeam_utils::CachePadded;
 
-use crate::stream_ordered::addr_table::{shard_bits, AddrTable};
+use crate::pool::engine::{shard_bits, AddrTable};
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::Mutex;
 use crate::util::cross_thread::{needs_legacy_order, Origin};

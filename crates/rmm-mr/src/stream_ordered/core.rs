@@ -29,7 +29,7 @@ use rmm_sys::{checked_align_up, DeviceGuard, DeviceId, DevicePtr, ALLOCATION_ALI
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
 use crate::stream_ordered::append_only::AppendOnlyVec;
-use crate::stream_ordered::moves::{Budget, MoveGuard, Moves, Settled, SETTLE_TRIES};
+pub(crate) use crate::stream_ordered::free_blocks::{Expand, FreeBlocks};
 pub(crate) use crate::stream_ordered::pressure::GrowthCause;
 use crate::stream_ordered::pressure::PressureScope;
 use crate::stream_ordered::slot_table::{Placement, SlotTable};
@@ -39,113 +39,6 @@ use crate::stream_ordered::stream_lists::{
 };
 use crate::util::cross_thread::{needs_legacy_order, Origin};
 use crate::util::thread_life::{self, ThreadLife};
-
-/// A free-list type the stream-ordered core can drive (RMM's `free_list` / the derived
-/// resource's `allocate_from_block` and `free_block`). Implementations are pure bookkeeping.
-pub(crate) trait FreeBlocks: Clone + Send + 'static {
-    /// What a handed-out block must remember to be freed again (the pool: whether it starts an
-    /// upstream chunk).
-    type Tag: Copy + Send + Sync + fmt::Debug + 'static;
-
-    /// Removes a block for a request of `size` bytes (a multiple of 256 the resource accepts)
-    /// and returns its address; any remainder stays in the list. `None` when nothing fits.
-    fn take(&mut self, size: usize) -> Option<(u64, Self::Tag)>;
-
-    /// Whether [`take`](Self::take) would find a block for `size` bytes (the list is left as
-    /// it is).
-    fn fits(&self, size: usize) -> bool;
-
-    /// Returns a block handed out by [`take`](Self::take) with this `size` and `tag`. On error
-    /// the list is unchanged.
-    fn put(&mut self, addr: u64, size: usize, tag: Self::Tag) -> Result<(), String>;
-
-    /// [`put`](Self::put) of a block [`take_back`](Self::take_back) has just confirmed and
-    /// forgotten: a list may skip checks the record already made (a handed-out block overlaps
-    /// no free block). The default is `put`.
-    #[inline]
-    fn put_released(&mut self, addr: u64, size: usize, tag: Self::Tag) -> Result<(), String> {
-        self.put(addr, size, tag)
-    }
-
-    /// Adds a whole, fresh upstream chunk. On error the list is unchanged.
-    fn add_chunk(&mut self, addr: u64, size: usize) -> Result<(), String>;
-
-    /// Moves every block of `other` into `self`. On error nothing is lost: every block is in
-    /// one of the two lists.
-    fn absorb(&mut self, other: &mut Self) -> Result<(), String>;
-
-    /// Whether the list holds no block.
-    fn is_empty(&self) -> bool;
-
-    /// A thief whose stream has just waited for every block of this list took one for `size`
-    /// bytes: moves into `into` (empty) the blocks it may take along for its next requests, so
-    /// that a stream whose list ran dry does not steal (and wait) once per allocation. The
-    /// default moves nothing: a coalescing list keeps its remainder with its stream.
-    fn share_with_thief(&mut self, size: usize, into: &mut Self) {
-        let _ = (size, into);
-    }
-
-    /// Whether `addr` lies in a free block of this list (to tell a double free from an unknown
-    /// pointer).
-    fn holds(&self, addr: u64) -> bool;
-
-    /// If the chunk `[addr, addr + size)` is one wholly free block here, removes it.
-    fn remove_chunk(&mut self, addr: u64, size: usize) -> bool;
-
-    /// For a free-list type whose chunks coalesce with one another (the VMM pool's, whose
-    /// chunks are mapped one after the other into one address range): the bytes of this list's
-    /// free block that ends where the resource's memory ends (0 if it holds none), which a chunk
-    /// added right after merges with. `None` (the default): chunks never merge, so every new
-    /// chunk must serve the request alone.
-    fn extendable_tail(&self) -> Option<usize> {
-        None
-    }
-
-    /// Records in the resource-wide record (shared by every list of the resource) that the
-    /// block at `addr`, just taken from one of its lists for a request of `size` bytes, is
-    /// handed out, allocated by `origin` (the cross-thread rule, [`crate::util::cross_thread`]).
-    /// An error means it already was (an internal inconsistency); the record is then unchanged.
-    /// Also puts back what [`take_back`](Self::take_back) removed when the block cannot return
-    /// to a list.
-    fn hand_out(
-        &mut self,
-        addr: u64,
-        size: usize,
-        tag: Self::Tag,
-        origin: Origin,
-    ) -> Result<(), String>;
-
-    /// Checks in the resource-wide record that the block at `addr` is handed out with `size`
-    /// bytes (rounded), forgets it and returns its tag and origin. Of two concurrent calls for
-    /// one block, at most one succeeds. On error nothing changes, and the error says why the
-    /// free is wrong, or is `None` for "not handed out" (the core then asks the lists whether
-    /// `addr` is free: a double free, or else an unknown pointer). A `size` of `usize::MAX`
-    /// (never a recorded size) only classifies.
-    fn take_back(
-        &mut self,
-        addr: u64,
-        size: usize,
-    ) -> Result<(Self::Tag, Origin), Option<InvalidFree>>;
-
-    /// Number of blocks handed out by the resource and the sum of their sizes.
-    fn handed_out(&self) -> (usize, usize);
-
-    /// The free blocks of this list, `(address, size)`, in the list's order (tests).
-    #[cfg(test)]
-    fn free_blocks(&self) -> Vec<(u64, usize)>;
-}
-
-/// What the core asks of its resource's growth (the `expand` closure of
-/// [`StreamOrdered::allocate`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Expand {
-    /// Bytes the core holds from its upstream now.
-    pub(crate) pool_size: usize,
-    /// [`FreeBlocks::extendable_tail`] of the stream's list (0 for chunks that never merge).
-    pub(crate) tail: usize,
-    /// Why it grows.
-    pub(crate) cause: GrowthCause,
-}
 
 /// What a search of the other lists ([`StreamOrdered::take_from_others`]) found.
 #[derive(Debug)]
@@ -159,66 +52,8 @@ enum Search<T> {
     },
 }
 
-/// Everything a core keeps, for tests that check a failed call changed nothing.
 #[cfg(test)]
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct CoreState {
-    /// The free blocks of every list that holds some, by stream key, legacy list first.
-    pub(crate) lists: Vec<(StreamKey, Vec<(u64, usize)>)>,
-    /// The upstream chunks, by address.
-    pub(crate) chunks: Vec<(u64, usize)>,
-    /// The sum of the chunks.
-    pub(crate) pool_size: usize,
-    /// Blocks handed out and their bytes.
-    pub(crate) handed_out: (usize, usize),
-}
-
-#[cfg(test)]
-impl CoreState {
-    /// The free memory as merged address ranges `[start, end)`, whichever lists hold it.
-    pub(crate) fn free_ranges(&self) -> Vec<(u64, u64)> {
-        let mut blocks: Vec<(u64, u64)> = self
-            .lists
-            .iter()
-            .flat_map(|(_, blocks)| blocks.iter().map(|&(a, s)| (a, a + s as u64)))
-            .collect();
-        blocks.sort_unstable();
-        let mut merged: Vec<(u64, u64)> = Vec::new();
-        for (start, end) in blocks {
-            match merged.last_mut() {
-                Some(last) if last.1 == start => last.1 = end,
-                _ => merged.push((start, end)),
-            }
-        }
-        merged
-    }
-
-    /// What a failed call must leave as it was: the free memory (a failed allocation may have
-    /// merged stream lists, as RMM's does, so not which list holds it), the chunks, the pool
-    /// size and the handed-out blocks.
-    pub(crate) fn memory(&self) -> CoreMemory {
-        CoreMemory {
-            free: self.free_ranges(),
-            chunks: self.chunks.clone(),
-            pool_size: self.pool_size,
-            handed_out: self.handed_out,
-        }
-    }
-}
-
-/// [`CoreState::memory`].
-#[cfg(test)]
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct CoreMemory {
-    /// [`CoreState::free_ranges`].
-    pub(crate) free: Vec<(u64, u64)>,
-    /// The upstream chunks, by address.
-    pub(crate) chunks: Vec<(u64, usize)>,
-    /// The sum of the chunks.
-    pub(crate) pool_size: usize,
-    /// Blocks handed out and their bytes.
-    pub(crate) handed_out: (usize, usize),
-}
+pub(crate) use self::tests::{CoreMemory, CoreState};
 
 /// Whether the owner of a key is alive (see [`crate::stream_ordered::slot_table`]).
 #[derive(Debug)]
@@ -321,10 +156,6 @@ impl Drop for InFlightGuard<'_> {
     }
 }
 
-/// How often an allocation that found the resource full waits for synchronizations in flight
-/// and looks again before it reports out-of-memory.
-const FULL_RETRIES: usize = 3;
-
 static NEXT_POOL: AtomicU64 = AtomicU64::new(1);
 
 /// Treats "no driver / no device" as success: without a device no stream work can be pending
@@ -407,9 +238,6 @@ pub(crate) struct StreamOrdered<L: FreeBlocks> {
     /// synchronization).
     device: Option<DeviceId>,
     in_flight: InFlight,
-    /// The merges made outside the growth lock, counted so that a grower does not miss their
-    /// blocks in transit (see [`moves`](crate::stream_ordered::moves)).
-    moves: Moves,
     /// How long growers held the growth lock (benchmarks and tests).
     #[cfg(any(test, feature = "testing"))]
     holds: crate::testing::growth_lock::HoldRecorder,
@@ -419,12 +247,10 @@ pub(crate) struct StreamOrdered<L: FreeBlocks> {
     release_limit: Option<usize>,
 }
 
-/// The growth lock held by a grower ([`StreamOrdered::lock_growth`]): the chunk set, the
-/// budget of the grower's waits for this hold, and (for benchmarks and tests) where its hold
-/// time goes when it is released.
+/// The growth lock held by a grower ([`StreamOrdered::lock_growth`]): the chunk set and (for
+/// benchmarks and tests) where its hold time goes when it is released.
 struct GrowthHold<'a> {
     chunks: MutexGuard<'a, BTreeMap<u64, usize>>,
-    budget: Budget,
     #[cfg(any(test, feature = "testing"))]
     record: (&'a crate::testing::growth_lock::HoldRecorder, Instant),
 }
@@ -433,7 +259,7 @@ struct GrowthHold<'a> {
 impl Drop for GrowthHold<'_> {
     fn drop(&mut self) {
         let (recorder, locked) = self.record;
-        recorder.record(locked.elapsed(), self.budget.spent(), self.budget.ran_out());
+        recorder.record(locked.elapsed());
     }
 }
 
@@ -456,7 +282,6 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             used: AtomicBool::new(false),
             device: rmm_sys::current_device().ok(),
             in_flight: InFlight::default(),
-            moves: Moves::new(),
             #[cfg(any(test, feature = "testing"))]
             holds: crate::testing::growth_lock::HoldRecorder::new(),
             release_limit: None,
@@ -481,12 +306,6 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             .blocks
             .add_chunk(ptr.addr(), size)
             .map_err(|e| MrError::bad_alloc(format!("initial chunk rejected: {e}")))
-    }
-
-    /// The merges in transit (tests set its hooks).
-    #[cfg(test)]
-    pub(crate) fn moves(&self) -> &Moves {
-        &self.moves
     }
 
     /// Bytes obtained from the upstream and not given back.
@@ -540,16 +359,14 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         self.chunks.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Takes the growth lock for a growth: the chunk set, with the budget of the grower's waits
-    /// counted from now (see [`moves`](crate::stream_ordered::moves)).
+    /// Takes the growth lock for a search of every list and a growth. Every move of more than
+    /// one block between lists (a merge, a thief's share) is made holding it, so a grower's
+    /// search never misses blocks between two lists.
     fn lock_growth(&self) -> GrowthHold<'_> {
-        let chunks = self.lock_chunks();
-        let locked = Instant::now();
         GrowthHold {
-            chunks,
-            budget: Budget::growth(locked),
+            chunks: self.lock_chunks(),
             #[cfg(any(test, feature = "testing"))]
-            record: (&self.holds, locked),
+            record: (&self.holds, Instant::now()),
         }
     }
 
@@ -832,8 +649,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     }
 
     /// Puts `blocks` (safe for `stream` now) into `own`, `key`'s list, as entering on `stream`,
-    /// and takes `size` bytes from it (`None`: takes nothing); a merge in `transit` then says
-    /// whether the list fits the searching grower. If `own` was retired meanwhile, the block
+    /// and takes `size` bytes from it (`None`: takes nothing). If `own` was retired meanwhile, the block
     /// comes from `blocks` and the rest goes to the orphan list. On error (an
     /// inconsistency) the blocks `own` refused come back.
     #[allow(clippy::type_complexity)]
@@ -844,7 +660,6 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         stream: CudaStreamView<'_>,
         mut blocks: L,
         size: Option<usize>,
-        transit: Option<&mut MoveGuard<'_>>,
     ) -> Result<Option<(u64, L::Tag)>, (L, String)> {
         let mut st = own.lock();
         if st.key() == Some(key) {
@@ -852,11 +667,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             if let Err(e) = st.blocks.absorb(&mut blocks) {
                 return Err((blocks, e));
             }
-            let block = size.and_then(|size| st.blocks.take(size));
-            if let Some(transit) = transit {
-                transit.landed(|wanted| st.blocks.fits(wanted));
-            }
-            return Ok(block);
+            return Ok(size.and_then(|size| st.blocks.take(size)));
         }
         drop(st);
         let block = size.and_then(|size| blocks.take(size));
@@ -875,21 +686,22 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         crate::graph::relaxed(device_synchronize).map_err(MrError::from)
     }
 
-    /// Steals one fitting block from another stream's list (the remainder stays there), else
-    /// merges other lists into `own` until one fits; the stream waits on each victim's event.
-    /// A victim that needs a device synchronization is skipped unless `may_sync`; then the
-    /// blocks are taken out under its lock and the device is synchronized with no lock held.
-    /// When nothing is taken, says whether a fitting block was withheld for want of an event
-    /// (the growth that follows is then [`GrowthCause::Pressure`]). `may_sync` is true exactly
-    /// outside the growth lock, where the merges that need no synchronization are counted in
-    /// [`Moves`] while their blocks are in transit.
+    /// Takes a block for `size` bytes from the other lists, the stream waiting on each victim's
+    /// event first. Without the growth lock (`growth` is `None`) it steals one fitting block (the
+    /// remainder stays with its stream), synchronizing the device (no lock held) for a victim no
+    /// event covers, and takes a thief's share along only if the growth lock is free to take at
+    /// that moment. Holding the growth lock it never synchronizes, takes the share along, and
+    /// then merges whole lists into `own` until one fits. So every move of more than one block
+    /// between lists happens under the growth lock, and a grower's search never misses blocks
+    /// between two lists. When nothing is taken, says whether a fitting block was withheld for
+    /// want of an event (the growth that follows is then [`GrowthCause::Pressure`]).
     fn take_from_others(
         &self,
         own: &StreamList<L>,
         key: StreamKey,
         stream: CudaStreamView<'_>,
         size: usize,
-        may_sync: bool,
+        growth: Option<&GrowthHold<'_>>,
     ) -> MrResult<Search<L::Tag>> {
         let others: Vec<&StreamList<L>> = self.lists().filter(|l| !std::ptr::eq(*l, own)).collect();
         let mut withheld = false;
@@ -900,7 +712,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             if !st.blocks.fits(size) {
                 continue;
             }
-            match st.prepare_steal(stream, may_sync)? {
+            match st.prepare_steal(stream, growth.is_none())? {
                 // The block is there, but no event covers it yet (its owner was asked to
                 // record, or only a device synchronization would do).
                 Steal::NotNow => withheld = true,
@@ -908,27 +720,22 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                     let Some(block) = st.blocks.take(size) else {
                         continue;
                     };
+                    // Taking the growth lock under a list lock cannot block (`try_lock`), so
+                    // the lock order holds.
+                    let held = growth.is_none().then(|| self.chunks.try_lock().ok());
                     let mut share = self.empty.clone();
-                    st.blocks.share_with_thief(size, &mut share);
-                    st.after_take();
-                    if share.is_empty() {
-                        return Ok(Search::Taken(block));
+                    if !matches!(held, Some(None)) {
+                        st.blocks.share_with_thief(size, &mut share);
                     }
-                    // As a merge: outside the growth lock a grower must not miss the share
-                    // while it is in no list.
-                    let mut transit = may_sync.then(|| self.moves.begin());
+                    st.after_take();
                     let victim_key = st.key();
                     drop(st);
-                    if transit.is_some() {
-                        self.moves.in_transit_point();
+                    if !share.is_empty() {
+                        if let Err((rest, e)) = self.deposit(own, key, stream, share, None) {
+                            log::error!("rmm: inconsistent free lists after a steal: {e}");
+                            self.give_back(victim, victim_key, rest);
+                        }
                     }
-                    if let Err((rest, e)) =
-                        self.deposit(own, key, stream, share, None, transit.as_mut())
-                    {
-                        log::error!("rmm: inconsistent free lists after a steal: {e}");
-                        self.give_back(victim, victim_key, rest);
-                    }
-                    drop(transit);
                     return Ok(Search::Taken(block));
                 }
                 Steal::AfterSync(snapshot) => {
@@ -955,39 +762,24 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 }
             }
         }
+        if growth.is_none() {
+            return Ok(Search::Missed { withheld });
+        }
         // Merge whole lists into this one, retrying after each.
         for victim in &others {
-            let (moved, victim_key, sync, mut transit) = {
+            let (moved, victim_key) = {
                 let mut st = victim.lock();
                 if st.blocks.is_empty() {
                     continue;
                 }
-                let sync = match st.prepare_steal(stream, may_sync)? {
-                    Steal::NotNow => continue,
-                    Steal::Now => None,
-                    Steal::AfterSync(snapshot) => Some(snapshot),
-                };
-                // Outside the growth lock, a grower must not miss these blocks while they are
-                // in no list (until `deposit` below). A merge behind a synchronization
-                // is not counted: no grower waits for another thread's synchronization.
-                let transit = (may_sync && sync.is_none()).then(|| self.moves.begin());
+                if !matches!(st.prepare_steal(stream, false)?, Steal::Now) {
+                    continue;
+                }
                 let moved = std::mem::replace(&mut st.blocks, self.empty.clone());
                 st.after_take();
-                (moved, st.key(), sync, transit)
+                (moved, st.key())
             };
-            // `transit` lives to the end of this iteration, after the deposit.
-            if transit.is_some() {
-                self.moves.in_transit_point();
-            }
-            let _busy = sync.map(|_| self.in_flight.begin());
-            if let Some(snapshot) = sync {
-                if let Err(e) = self.synchronize_device() {
-                    self.give_back(victim, victim_key, moved);
-                    return Err(e);
-                }
-                victim.lock().synchronized_since(snapshot);
-            }
-            match self.deposit(own, key, stream, moved, Some(size), transit.as_mut()) {
+            match self.deposit(own, key, stream, moved, Some(size)) {
                 Ok(Some(block)) => return Ok(Search::Taken(block)),
                 Ok(None) => {}
                 Err((rest, e)) => {
@@ -1001,6 +793,22 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         Ok(Search::Missed { withheld })
     }
 
+    /// The search of a thread holding the growth lock: its own list (a thread that queued for
+    /// the lock may find memory another grower just added), then the other lists.
+    fn search_locked(
+        &self,
+        own: &StreamList<L>,
+        key: StreamKey,
+        stream: CudaStreamView<'_>,
+        size: usize,
+        growth: &GrowthHold<'_>,
+    ) -> MrResult<Search<L::Tag>> {
+        if let Some(block) = self.take_own(own, key, size) {
+            return Ok(Search::Taken(block));
+        }
+        self.take_from_others(own, key, stream, size, Some(growth))
+    }
+
     #[cold]
     fn allocate_slow(
         &self,
@@ -1012,7 +820,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         mut expand: impl FnMut(Expand) -> MrResult<(DevicePtr, usize)>,
     ) -> MrResult<(u64, L::Tag)> {
         self.sweep();
-        if let Search::Taken(block) = self.take_from_others(own, key, stream, size, true)? {
+        if let Search::Taken(block) = self.take_from_others(own, key, stream, size, None)? {
             return Ok(block);
         }
         let (mut reclaimed, mut released) = (false, false);
@@ -1020,25 +828,12 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             // Grow, holding the growth lock. Threads that missed together queue here; each looks
             // again once it holds the lock, so memory another one just obtained is used instead
             // of growing the pool once per waiting thread (RMM serializes everything on one mutex
-            // and so never races here). Nothing synchronizes the device under this lock.
+            // and so never races here). Every merge and share is made under this lock, so the
+            // search sees every free block. Nothing synchronizes the device under it.
             let mut chunks = self.lock_growth();
-            let mut tries = 0;
-            let withheld = loop {
-                let watch = self.moves.watch(size);
-                if let Some(block) = self.take_own(own, key, size) {
-                    return Ok(block);
-                }
-                match self.take_from_others(own, key, stream, size, false)? {
-                    Search::Taken(block) => return Ok(block),
-                    // Grow only once no merge outside this lock hid a fitting block from the
-                    // search (in transit, or moved behind it), and, after such a real miss, no
-                    // free left one within the grower's patience; every wait comes out of
-                    // the one budget of this hold of the lock; see `moves`.
-                    Search::Missed { withheld } => match watch.settle(&mut chunks.budget) {
-                        Settled::SearchAgain if tries < SETTLE_TRIES => tries += 1,
-                        Settled::SearchAgain | Settled::Grow | Settled::GaveUp => break withheld,
-                    },
-                }
+            let withheld = match self.search_locked(own, key, stream, size, &chunks)? {
+                Search::Taken(block) => return Ok(block),
+                Search::Missed { withheld } => withheld,
             };
             // Chunks that merge grow the free block at the end of the memory by what it lacks.
             // A fitting block withheld for want of an event (its owner will record at its next
@@ -1175,23 +970,22 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         stream: CudaStreamView<'_>,
         size: usize,
     ) -> MrResult<Option<(u64, L::Tag)>> {
-        for _ in 0..FULL_RETRIES {
-            let busy = self.in_flight.is_busy();
-            if let Some(block) = self.reclaim_unrecorded(own, key, stream, size)? {
-                return Ok(Some(block));
-            }
-            if !busy && !self.in_flight.is_busy() {
-                break;
-            }
-            self.in_flight.wait_idle();
-            if let Some(block) = self.take_own(own, key, size) {
-                return Ok(Some(block));
-            }
-            if let Search::Taken(block) = self.take_from_others(own, key, stream, size, false)? {
-                return Ok(Some(block));
-            }
+        let busy = self.in_flight.is_busy();
+        if let Some(block) = self.reclaim_unrecorded(own, key, stream, size)? {
+            return Ok(Some(block));
         }
-        Ok(None)
+        if !busy && !self.in_flight.is_busy() {
+            return Ok(None);
+        }
+        // Another thread's synchronization holds blocks out of every list: once it is done
+        // they are back in a list (uncovered, maybe); look once more, and reclaim once more.
+        self.in_flight.wait_idle();
+        let chunks = self.lock_growth();
+        if let Search::Taken(block) = self.search_locked(own, key, stream, size, &chunks)? {
+            return Ok(Some(block));
+        }
+        drop(chunks);
+        self.reclaim_unrecorded(own, key, stream, size)
     }
 
     /// Moves the blocks of every other list that an event does not cover into `own` after one
@@ -1237,7 +1031,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 rejected.push((victim, victim_key, blocks));
             }
         }
-        let block = match self.deposit(own, key, stream, all, Some(size), None) {
+        let block = match self.deposit(own, key, stream, all, Some(size)) {
             Ok(block) => block,
             Err((rest, e)) => {
                 log::error!("rmm: inconsistent free lists while reclaiming: {e}");
@@ -1286,7 +1080,6 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         }
         // Under the same lock: no thief sees the block before the event covers it.
         st.publish(stream, self.is_eager());
-        self.moves.freed(|wanted| st.blocks.fits(wanted));
         Ok(())
     }
 
@@ -1321,40 +1114,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             return Err(kept_allocated(&mut st.blocks, ptr, size, tag, origin, &e));
         }
         st.publish(CudaStreamView::legacy(), self.is_eager());
-        self.moves.freed(|wanted| st.blocks.fits(wanted));
         Ok(())
-    }
-
-    /// Everything the core keeps (tests).
-    #[cfg(test)]
-    pub(crate) fn state(&self) -> CoreState {
-        let lists = self
-            .lists()
-            .filter_map(|l| {
-                let st = l.lock();
-                Some((st.key()?, st.blocks.free_blocks()))
-            })
-            .filter(|(_, blocks)| !blocks.is_empty())
-            .collect();
-        CoreState {
-            lists,
-            chunks: self.lock_chunks().iter().map(|(&a, &s)| (a, s)).collect(),
-            pool_size: self.pool_size(),
-            handed_out: self.empty.handed_out(),
-        }
-    }
-
-    /// The free list holding `addr` as a free block, by key (tests).
-    #[cfg(test)]
-    pub(crate) fn list_holding(&self, addr: u64) -> Option<StreamKey> {
-        self.lists().find_map(|l| {
-            let st = l.lock();
-            if st.blocks.holds(addr) {
-                st.key()
-            } else {
-                None
-            }
-        })
     }
 
     /// The error for a free the record rejected; `kind` is the record's verdict, or `None` for
@@ -1507,282 +1267,4 @@ impl<L: FreeBlocks> fmt::Debug for StreamOrdered<L> {
 }
 
 #[cfg(test)]
-#[path = "retire_tests.rs"]
-mod retire_tests;
-
-#[cfg(test)]
-#[path = "pressure_tests.rs"]
-mod pressure_tests;
-
-#[cfg(test)]
-mod fault_tests {
-    //! The core's rollback, driven through a model free list whose operations can be made to
-    //! fail, and through rmm-sys's simulated driver for the stream calls.
-
-    use std::collections::BTreeMap;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::{Arc, Mutex};
-
-    use rmm_stream::CudaStreamView;
-    use rmm_sys::fault::{self, DriverCall, Fault, FaultScope};
-    use rmm_sys::DevicePtr;
-
-    use super::{FreeBlocks, Origin, StreamKey, StreamOrdered};
-    use crate::error::{InvalidFree, MrError, MrResult};
-    use crate::resource::DeviceMemoryResource;
-    use crate::testing::HostMockResource;
-
-    /// Every block has this size; requests are at most this.
-    pub(super) const BLOCK: usize = 256;
-    /// Chunks hold this many blocks.
-    pub(super) const CHUNK: usize = 4 * BLOCK;
-
-    /// Failures to inject, shared by every list of a core.
-    #[derive(Debug, Default)]
-    pub(super) struct Switches {
-        pub(super) puts: AtomicUsize,
-        pub(super) add_chunks: AtomicUsize,
-    }
-
-    fn fires(n: &AtomicUsize) -> bool {
-        n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| v.checked_sub(1))
-            .is_ok()
-    }
-
-    /// A FIFO of equal blocks with a shared record, as simple as can be.
-    #[derive(Debug, Clone, Default)]
-    pub(super) struct ModelBlocks {
-        pub(super) free: Vec<u64>,
-        record: Arc<Mutex<BTreeMap<u64, (usize, u64)>>>,
-        switches: Arc<Switches>,
-    }
-
-    impl FreeBlocks for ModelBlocks {
-        type Tag = ();
-
-        fn take(&mut self, size: usize) -> Option<(u64, ())> {
-            (size <= BLOCK && !self.free.is_empty()).then(|| (self.free.remove(0), ()))
-        }
-
-        fn fits(&self, size: usize) -> bool {
-            size <= BLOCK && !self.free.is_empty()
-        }
-
-        fn put(&mut self, addr: u64, _size: usize, _tag: ()) -> Result<(), String> {
-            if fires(&self.switches.puts) || self.free.contains(&addr) {
-                return Err(format!("{addr:#x} overlaps a free block"));
-            }
-            self.free.push(addr);
-            Ok(())
-        }
-
-        fn add_chunk(&mut self, addr: u64, size: usize) -> Result<(), String> {
-            if fires(&self.switches.add_chunks) {
-                return Err(format!("chunk {addr:#x} overlaps another"));
-            }
-            self.free
-                .extend((0..size / BLOCK).map(|i| addr + (i * BLOCK) as u64));
-            Ok(())
-        }
-
-        fn absorb(&mut self, other: &mut Self) -> Result<(), String> {
-            self.free.append(&mut other.free);
-            Ok(())
-        }
-
-        fn is_empty(&self) -> bool {
-            self.free.is_empty()
-        }
-
-        fn holds(&self, addr: u64) -> bool {
-            self.free.contains(&addr)
-        }
-
-        fn remove_chunk(&mut self, _addr: u64, _size: usize) -> bool {
-            false
-        }
-
-        fn hand_out(
-            &mut self,
-            addr: u64,
-            size: usize,
-            _: (),
-            origin: Origin,
-        ) -> Result<(), String> {
-            let mut record = self.record.lock().unwrap();
-            if record.contains_key(&addr) {
-                return Err(format!("{addr:#x} is handed out already"));
-            }
-            record.insert(addr, (size, origin.to_word()));
-            Ok(())
-        }
-
-        fn take_back(
-            &mut self,
-            addr: u64,
-            size: usize,
-        ) -> Result<((), Origin), Option<InvalidFree>> {
-            let mut record = self.record.lock().unwrap();
-            match record.get(&addr).copied() {
-                Some((s, origin)) if s == size => {
-                    record.remove(&addr);
-                    Ok(((), Origin::from_word(origin)))
-                }
-                Some((allocated, _)) => Err(Some(InvalidFree::SizeMismatch { allocated })),
-                None => Err(None),
-            }
-        }
-
-        fn handed_out(&self) -> (usize, usize) {
-            let record = self.record.lock().unwrap();
-            (record.len(), record.values().map(|&(s, _)| s).sum())
-        }
-
-        fn free_blocks(&self) -> Vec<(u64, usize)> {
-            self.free.iter().map(|&a| (a, BLOCK)).collect()
-        }
-    }
-
-    /// A core over a host mock with one chunk in the legacy list.
-    pub(super) fn core() -> (StreamOrdered<ModelBlocks>, HostMockResource, Arc<Switches>) {
-        let blocks = ModelBlocks::default();
-        let switches = Arc::clone(&blocks.switches);
-        let core = StreamOrdered::new(blocks);
-        let mock = HostMockResource::new();
-        let chunk = mock.allocate(CudaStreamView::legacy(), CHUNK, 256).unwrap();
-        core.add_initial_chunk(chunk, CHUNK).unwrap();
-        (core, mock, switches)
-    }
-
-    pub(super) fn allocate(
-        core: &StreamOrdered<ModelBlocks>,
-        mock: &HostMockResource,
-        stream: CudaStreamView<'_>,
-    ) -> MrResult<DevicePtr> {
-        core.allocate(stream, BLOCK, mock, |_| {
-            mock.allocate(stream, CHUNK, 256).map(|p| (p, CHUNK))
-        })
-    }
-
-    pub(super) fn drop_core(core: StreamOrdered<ModelBlocks>, mock: &HostMockResource) {
-        core.release_all(mock, "model");
-        assert_eq!(mock.live_allocations(), 0, "a chunk leaked");
-    }
-
-    #[test]
-    fn a_free_whose_block_cannot_return_stays_allocated() {
-        let (core, mock, switches) = core();
-        let s = CudaStreamView::legacy();
-        let a = allocate(&core, &mock, s).unwrap();
-        let before = core.state();
-        switches.puts.store(1, Ordering::SeqCst);
-        // SAFETY: `a` came from `core`; the free fails and `a` stays allocated.
-        let e = unsafe { core.deallocate(s, a, BLOCK) }.unwrap_err();
-        assert!(matches!(e, MrError::InvalidArgument(_)), "{e}");
-        assert_eq!(core.state(), before, "the block was lost");
-        // SAFETY: `a` is still allocated.
-        unsafe { core.deallocate(s, a, BLOCK).unwrap() };
-        assert_eq!(core.list_holding(a.addr()), Some(StreamKey::Legacy));
-        assert_eq!(core.outstanding(), 0);
-        drop_core(core, &mock);
-    }
-
-    #[test]
-    fn a_cross_thread_free_whose_block_cannot_return_stays_allocated() {
-        let (core, mock, switches) = core();
-        let pt = CudaStreamView::per_thread();
-        // Blocks handed out on this thread's per-thread stream come from its own chunk.
-        let a = allocate(&core, &mock, pt).unwrap_or_else(|e| {
-            // Stealing from the legacy list records an event: needs a GPU or the simulation.
-            let _sim = FaultScope::simulated();
-            allocate(&core, &mock, pt).unwrap_or_else(|_| panic!("{e}"))
-        });
-        std::thread::scope(|sc| {
-            sc.spawn(|| {
-                let before = core.state();
-                switches.puts.store(1, Ordering::SeqCst);
-                // SAFETY: `a` came from `core`; freed on another thread's per-thread stream,
-                // it goes to the legacy list, which refuses it once.
-                let e = unsafe { core.deallocate(pt, a, BLOCK) }.unwrap_err();
-                assert!(matches!(e, MrError::InvalidArgument(_)), "{e}");
-                assert_eq!(core.state(), before);
-                // SAFETY: `a` is still allocated.
-                unsafe { core.deallocate(pt, a, BLOCK).unwrap() };
-            });
-        });
-        assert_eq!(core.list_holding(a.addr()), Some(StreamKey::Legacy));
-        drop_core(core, &mock);
-    }
-
-    #[test]
-    fn a_block_recorded_as_handed_out_is_not_handed_out_again() {
-        let (core, mock, _) = core();
-        let s = CudaStreamView::legacy();
-        let a = allocate(&core, &mock, s).unwrap();
-        // An inconsistency: `a` is free in the list while the record holds it.
-        core.legacy.lock().blocks.free.insert(0, a.addr());
-        let record_before = core.state().handed_out;
-        let e = allocate(&core, &mock, s).unwrap_err();
-        assert!(matches!(e, MrError::BadAlloc { .. }), "{e}");
-        assert_eq!(core.state().handed_out, record_before, "the record changed");
-        assert_eq!(core.list_holding(a.addr()), None);
-        // Its owner's free returns it, and it is handed out again normally.
-        // SAFETY: `a` came from `core`.
-        unsafe { core.deallocate(s, a, BLOCK).unwrap() };
-        let b = allocate(&core, &mock, s).unwrap();
-        assert_ne!(b, a, "FIFO order: the other blocks come first");
-        // SAFETY: `b` came from `core`.
-        unsafe { core.deallocate(s, b, BLOCK).unwrap() };
-        drop_core(core, &mock);
-    }
-
-    #[test]
-    fn a_chunk_the_list_refuses_goes_back_upstream() {
-        let (core, mock, switches) = core();
-        let s = CudaStreamView::legacy();
-        let held: Vec<DevicePtr> = (0..CHUNK / BLOCK)
-            .map(|_| allocate(&core, &mock, s).unwrap())
-            .collect();
-        let before = core.state();
-        switches.add_chunks.store(1, Ordering::SeqCst);
-        let e = allocate(&core, &mock, s).unwrap_err();
-        assert!(matches!(e, MrError::BadAlloc { .. }), "{e}");
-        assert_eq!(core.state(), before, "the growth stayed");
-        assert_eq!(mock.live_allocations(), 1, "the refused chunk leaked");
-        let grown = allocate(&core, &mock, s).unwrap();
-        assert_eq!(core.pool_size(), 2 * CHUNK);
-        for p in held.into_iter().chain([grown]) {
-            // SAFETY: every block came from `core`.
-            unsafe { core.deallocate(s, p, BLOCK).unwrap() };
-        }
-        drop_core(core, &mock);
-    }
-
-    #[test]
-    fn a_steal_whose_wait_fails_takes_nothing() {
-        let _sim = FaultScope::simulated();
-        let (core, mock, switches) = core();
-        let pt = CudaStreamView::per_thread();
-        for call in [
-            DriverCall::EventCreate,
-            DriverCall::EventRecord,
-            DriverCall::StreamWait,
-        ] {
-            let before = core.state();
-            fault::inject(Fault::next(call));
-            // And the list would refuse a block put back: nothing may be taken at all.
-            switches.puts.store(1, Ordering::SeqCst);
-            let e = allocate(&core, &mock, pt).unwrap_err();
-            assert!(matches!(e, MrError::Cuda(_)), "{call:?}: {e}");
-            assert_eq!(fault::injected(call), 1, "{call:?}");
-            assert_eq!(core.state(), before, "{call:?}");
-            switches.puts.store(0, Ordering::SeqCst);
-        }
-        // Without faults the steal works, from the legacy list.
-        let a = allocate(&core, &mock, pt).unwrap();
-        assert_eq!(core.pool_size(), CHUNK, "grew instead of stealing");
-        // SAFETY: `a` came from `core`.
-        unsafe { core.deallocate(pt, a, BLOCK).unwrap() };
-        drop_core(core, &mock);
-    }
-}
+mod tests;

@@ -14,6 +14,7 @@ use rmm_stream::{CudaEvent, CudaStreamView, StreamLife};
 use rmm_sys::{CudaResult, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
 
 use crate::stream_ordered::event_policy::{EventPolicy, StealAction};
+use crate::stream_ordered::tuning::CACHE_SLOTS;
 use crate::sync::{Mutex, MutexGuard};
 use crate::util::cross_thread::Origin;
 
@@ -292,7 +293,7 @@ impl<L> ListState<L> {
     /// Blocks left the list: the orphan list forgets its events once it is empty.
     pub(crate) fn after_take(&mut self)
     where
-        L: crate::stream_ordered::core::FreeBlocks,
+        L: crate::stream_ordered::free_blocks::FreeBlocks,
     {
         if self.key == Some(StreamKey::Orphan) && self.blocks.is_empty() {
             self.policy.on_emptied();
@@ -309,7 +310,7 @@ impl<L> ListState<L> {
         covered: bool,
     ) -> Result<(), (L, String)>
     where
-        L: crate::stream_ordered::core::FreeBlocks,
+        L: crate::stream_ordered::free_blocks::FreeBlocks,
     {
         debug_assert_eq!(self.key, Some(StreamKey::Orphan));
         if blocks.is_empty() {
@@ -415,10 +416,6 @@ struct CacheSlot {
     key: StreamKey,
     list: *const (),
 }
-
-/// Number of slots of the per-thread list cache (a binning resource's bins are several pools,
-/// and a thread may use several streams).
-const CACHE_SLOTS: usize = 16;
 
 /// Per-thread cache of `(pool, key) -> list index`, so the same-stream path takes no shared
 /// lock to find its list. Pools have process-unique numbers, so an entry never matches another

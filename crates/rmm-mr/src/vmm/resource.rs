@@ -8,8 +8,7 @@ use rmm_sys::vmm::{self as sys_vmm, Granularity};
 use rmm_sys::{AllocationHandleType, DeviceId, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{MrError, MrResult};
-use crate::pool::blocks::Contiguous;
-use crate::pool::shell::{Growth, Pool};
+use crate::pool::engine::{Contiguous, Growth, Pool};
 use crate::resource::DeviceMemoryResource;
 use crate::stream_ordered::core::{Expand, GrowthCause};
 use crate::vmm::mapper::{Mapper, VmmGrowthStatistics, NAME};

@@ -12,7 +12,7 @@
 //! anywhere: it refuses a block that starts or ends where a free block starts or ends (the
 //! same block freed twice, or one sharing an edge with a free one), and trusts its caller for
 //! the rest. The pool frees into it only blocks its record of handed-out blocks has just
-//! confirmed and forgotten (`crate::stream_ordered::handed`): a wrong free (unknown pointer,
+//! confirmed and forgotten (`crate::pool::engine::handed`): a wrong free (unknown pointer,
 //! double free, wrong size, a pointer inside a block) is refused there, before the list sees
 //! it, so the list's check is a second line of defence against an internal inconsistency.
 //! Queries by position (`holds`, iteration in address order, merging two lists) scan the slab:
@@ -20,11 +20,127 @@
 //!
 //! Pure bookkeeping: no CUDA calls; addresses are `u64`, sizes `usize`.
 //!
-//! [`CoalescingFreeList`]: crate::pool::free_list::CoalescingFreeList
+//! [`CoalescingFreeList`]: crate::testing::coalescing_model::CoalescingFreeList
 
-use crate::pool::free_list::{Block, FreeListError};
-use crate::pool::size_index::{NodeId, SizeIndex};
-use crate::stream_ordered::addr_table::AddrTable;
+use std::fmt;
+
+use super::addr_table::AddrTable;
+use super::size_index::{NodeId, SizeIndex};
+
+/// A contiguous range of pool memory: `[addr, addr + size)`.
+///
+/// `is_head` marks the first byte of an upstream chunk; a block that starts a chunk never
+/// coalesces with the block before it.
+#[doc(alias = "rmm::mr::detail::block")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Block {
+    /// First address of the block.
+    pub addr: u64,
+    /// Size of the block in bytes.
+    pub size: usize,
+    /// Whether `addr` is the first byte of an upstream chunk.
+    pub is_head: bool,
+}
+
+impl Block {
+    /// A block of `size` bytes at `addr`.
+    #[must_use]
+    pub const fn new(addr: u64, size: usize, is_head: bool) -> Self {
+        Self {
+            addr,
+            size,
+            is_head,
+        }
+    }
+
+    /// One past the last address of the block (saturating at `u64::MAX`; a
+    /// free list never holds a block whose end would overflow).
+    #[must_use]
+    pub const fn end(&self) -> u64 {
+        self.addr.saturating_add(self.size as u64)
+    }
+
+    /// One past the last address, or `None` when `addr + size` overflows `u64`.
+    #[must_use]
+    pub const fn checked_end(&self) -> Option<u64> {
+        self.addr.checked_add(self.size as u64)
+    }
+
+    /// Whether `self` ends exactly where `next` starts and `next` may merge into it
+    /// (`next` is not the head of an upstream chunk).
+    #[must_use]
+    pub const fn is_contiguous_before(&self, next: &Block) -> bool {
+        self.end() == next.addr && !next.is_head
+    }
+
+    /// Whether the block shares at least one byte with `[addr, addr + size)`.
+    #[must_use]
+    pub const fn overlaps(&self, addr: u64, size: usize) -> bool {
+        let end = addr.saturating_add(size as u64);
+        size != 0 && self.size != 0 && self.addr < end && addr < self.end()
+    }
+
+    /// Splits the block into an allocated part of `size` bytes (keeping the head flag) and the
+    /// remainder (`is_head = false`), or `None` when nothing remains.
+    ///
+    /// A `size` of at least `self.size` takes the whole block.
+    #[must_use]
+    pub const fn split(self, size: usize) -> (Block, Option<Block>) {
+        if size >= self.size {
+            return (self, None);
+        }
+        let allocated = Block::new(self.addr, size, self.is_head);
+        let rest = Block::new(
+            self.addr.saturating_add(size as u64),
+            self.size - size,
+            false,
+        );
+        (allocated, Some(rest))
+    }
+}
+
+/// Why a block could not be put into a free list. The list is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FreeListError {
+    /// The block overlaps a block that is already free: a double free (or a free of a range
+    /// that was never handed out).
+    Overlap {
+        /// The block that was being inserted.
+        block: Block,
+        /// A free block it overlaps.
+        existing: Block,
+    },
+    /// The block has size 0 (nothing to free; a caller bug).
+    ZeroSize {
+        /// Its address.
+        addr: u64,
+    },
+    /// `addr + size` overflows the address space.
+    AddressOverflow {
+        /// The block that was being inserted.
+        block: Block,
+    },
+}
+
+impl fmt::Display for FreeListError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Overlap { block, existing } => write!(
+                f,
+                "freed block [{:#x}, +{}) overlaps free block [{:#x}, +{}) (double free?)",
+                block.addr, block.size, existing.addr, existing.size
+            ),
+            Self::ZeroSize { addr } => write!(f, "freed block at {addr:#x} has size 0"),
+            Self::AddressOverflow { block } => write!(
+                f,
+                "freed block [{:#x}, +{}) extends past the end of the address space",
+                block.addr, block.size
+            ),
+        }
+    }
+}
+
+impl std::error::Error for FreeListError {}
 
 /// A free block in the list's slab.
 #[derive(Debug, Clone, Copy, Default)]
@@ -484,7 +600,7 @@ impl BoundaryFreeList {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::free_list::CoalescingFreeList;
+    use crate::testing::coalescing_model::CoalescingFreeList;
     use proptest::prelude::*;
 
     fn blocks(l: &BoundaryFreeList) -> Vec<(u64, usize, bool)> {

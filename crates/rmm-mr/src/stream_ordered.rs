@@ -3,15 +3,14 @@
 //! handed-out blocks, the append-only storage the lists live in and the registry of which key
 //! owns which of its slots.
 
-pub(crate) mod addr_table;
 pub(crate) mod append_only;
 pub(crate) mod core;
 pub(crate) mod event_policy;
-pub(crate) mod handed;
-pub(crate) mod moves;
+pub(crate) mod free_blocks;
 pub(crate) mod pressure;
 pub(crate) mod slot_table;
 pub(crate) mod stream_lists;
+pub(crate) mod tuning;
 
 use rmm_stream::CudaStreamView;
 use rmm_sys::{DevicePtr, ALLOCATION_ALIGNMENT};

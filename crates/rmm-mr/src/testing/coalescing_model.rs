@@ -1,4 +1,7 @@
-//! The pool's coalescing best-fit free list (RMM's `coalescing_free_list`), in O(log n): the
+//! A test model of the pool's free list: the coalescing best-fit free list (RMM's
+//! `coalescing_free_list`) with an ordered address index, in O(log n), which the pool's boundary
+//! list (`BoundaryFreeList`, `pool/engine/boundary_list.rs`) must match operation for
+//! operation (its model test). Not used by any resource: the
 //! blocks in a slab, indexed twice: by end address (a `BTreeMap`, to find and coalesce
 //! neighbours and catch overlapping frees) and by `(size, addr)` in size classes
 //! ([`SizeIndex`], for best fit with ties to the lowest address, RMM's choice). Always maximally
@@ -8,125 +11,10 @@
 //! Pure bookkeeping: no CUDA calls; addresses are `u64`, sizes `usize`.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::ops::Bound;
 
-use crate::pool::size_index::{NodeId, SizeIndex};
-
-/// A contiguous range of pool memory: `[addr, addr + size)`.
-///
-/// `is_head` marks the first byte of an upstream chunk; a block that starts a chunk never
-/// coalesces with the block before it.
-#[doc(alias = "rmm::mr::detail::block")]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Block {
-    /// First address of the block.
-    pub addr: u64,
-    /// Size of the block in bytes.
-    pub size: usize,
-    /// Whether `addr` is the first byte of an upstream chunk.
-    pub is_head: bool,
-}
-
-impl Block {
-    /// A block of `size` bytes at `addr`.
-    #[must_use]
-    pub const fn new(addr: u64, size: usize, is_head: bool) -> Self {
-        Self {
-            addr,
-            size,
-            is_head,
-        }
-    }
-
-    /// One past the last address of the block (saturating at `u64::MAX`; a
-    /// [`CoalescingFreeList`] never holds a block whose end would overflow).
-    #[must_use]
-    pub const fn end(&self) -> u64 {
-        self.addr.saturating_add(self.size as u64)
-    }
-
-    /// One past the last address, or `None` when `addr + size` overflows `u64`.
-    #[must_use]
-    pub const fn checked_end(&self) -> Option<u64> {
-        self.addr.checked_add(self.size as u64)
-    }
-
-    /// Whether `self` ends exactly where `next` starts and `next` may merge into it
-    /// (`next` is not the head of an upstream chunk).
-    #[must_use]
-    pub const fn is_contiguous_before(&self, next: &Block) -> bool {
-        self.end() == next.addr && !next.is_head
-    }
-
-    /// Whether the block shares at least one byte with `[addr, addr + size)`.
-    #[must_use]
-    pub const fn overlaps(&self, addr: u64, size: usize) -> bool {
-        let end = addr.saturating_add(size as u64);
-        size != 0 && self.size != 0 && self.addr < end && addr < self.end()
-    }
-
-    /// Splits the block into an allocated part of `size` bytes (keeping the head flag) and the
-    /// remainder (`is_head = false`), or `None` when nothing remains.
-    ///
-    /// A `size` of at least `self.size` takes the whole block.
-    #[must_use]
-    pub const fn split(self, size: usize) -> (Block, Option<Block>) {
-        if size >= self.size {
-            return (self, None);
-        }
-        let allocated = Block::new(self.addr, size, self.is_head);
-        let rest = Block::new(
-            self.addr.saturating_add(size as u64),
-            self.size - size,
-            false,
-        );
-        (allocated, Some(rest))
-    }
-}
-
-/// Why a block could not be put into a [`CoalescingFreeList`]. The list is unchanged.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FreeListError {
-    /// The block overlaps a block that is already free: a double free (or a free of a range
-    /// that was never handed out).
-    Overlap {
-        /// The block that was being inserted.
-        block: Block,
-        /// A free block it overlaps.
-        existing: Block,
-    },
-    /// The block has size 0 (nothing to free; a caller bug).
-    ZeroSize {
-        /// Its address.
-        addr: u64,
-    },
-    /// `addr + size` overflows the address space.
-    AddressOverflow {
-        /// The block that was being inserted.
-        block: Block,
-    },
-}
-
-impl fmt::Display for FreeListError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Overlap { block, existing } => write!(
-                f,
-                "freed block [{:#x}, +{}) overlaps free block [{:#x}, +{}) (double free?)",
-                block.addr, block.size, existing.addr, existing.size
-            ),
-            Self::ZeroSize { addr } => write!(f, "freed block at {addr:#x} has size 0"),
-            Self::AddressOverflow { block } => write!(
-                f,
-                "freed block [{:#x}, +{}) extends past the end of the address space",
-                block.addr, block.size
-            ),
-        }
-    }
-}
-
-impl std::error::Error for FreeListError {}
+pub use crate::pool::engine::{Block, FreeListError};
+use crate::pool::engine::{NodeId, SizeIndex};
 
 /// A free block in the list's slab.
 #[derive(Debug, Clone, Copy)]

@@ -11,7 +11,7 @@
 //!
 //! Pure bookkeeping: no CUDA calls.
 //!
-//! [`CoalescingFreeList`]: crate::pool::free_list::CoalescingFreeList
+//! [`CoalescingFreeList`]: crate::testing::coalescing_model::CoalescingFreeList
 
 use std::collections::BTreeMap;
 
@@ -346,7 +346,7 @@ impl SizeIndex {
     /// empty class, changes two lengths, one entry and two bits in place (writing a whole
     /// `Class` would write its three entries and drop the old value, and both classes are
     /// random slots of a table of a thousand or more: the stores and their cache lines are
-    /// what this path cost, `docs/performance.md`, "The pool on `r64`"). That case is inlined
+    /// what this path cost, `docs/internals/pool.md`, "Crowded classes"). That case is inlined
     /// into the caller; the general one is [`move_entry_slow`](Self::move_entry_slow).
     #[inline(always)]
     fn move_entry(
@@ -401,6 +401,7 @@ impl SizeIndex {
 
     /// The smallest block with at least `request` bytes, ties to the lowest address, left in
     /// the index: `(size, address, node)`.
+    #[cfg(any(test, feature = "testing"))]
     #[inline(always)]
     pub(crate) fn best_fit(&self, request: usize) -> Option<(usize, u64, NodeId)> {
         self.best_fit_in_class(request).map(|(_, found)| found)
@@ -452,6 +453,7 @@ impl SizeIndex {
     }
 
     /// Removes every block.
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn clear(&mut self) {
         self.classes.clear();
         self.groups = [0; GROUPS];

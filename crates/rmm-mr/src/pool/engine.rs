@@ -1,4 +1,7 @@
-//! What the pool and the VMM pool share whole: the stream-ordered core over [`PoolBlocks`],
+//! The pool's engine, which the pool and the VMM pool share whole: the stream-ordered core over
+//! [`PoolBlocks`] (the per-stream boundary lists, `boundary_list` with its size classes,
+//! `size_index`, and address tables, `addr_table`, with the record of handed-out blocks,
+//! `handed`),
 //! allocations above 256-byte alignment, the hot paths of `allocate` and `deallocate`, the
 //! release of wholly free chunks and the drop. The two resources differ only in where a new
 //! chunk comes from and where a released one goes ([`Growth`]): the pool takes separate chunks
@@ -8,12 +11,24 @@
 use rmm_stream::CudaStreamView;
 use rmm_sys::{checked_align_up, DevicePtr, ALLOCATION_ALIGNMENT};
 
+use self::blocks::{ChunkLayout, PoolBlocks};
 use crate::error::{MrError, MrResult};
-use crate::pool::blocks::{ChunkLayout, PoolBlocks};
 use crate::resource::DeviceMemoryResource;
 use crate::stream_ordered::core::{Expand, StreamOrdered};
 use crate::util::alignment::{self, OverAligned, MAX_OVER_ALIGNMENT};
 use crate::util::format::format_bytes;
+
+mod addr_table;
+mod blocks;
+mod boundary_list;
+mod handed;
+mod size_index;
+
+pub(crate) use addr_table::{shard_bits, AddrTable};
+pub(crate) use blocks::{Contiguous, Separate};
+pub use boundary_list::{Block, FreeListError};
+#[cfg(any(test, feature = "testing"))]
+pub(crate) use size_index::{NodeId, SizeIndex};
 
 /// Where a pool's chunks come from and go back to.
 pub(crate) trait Growth: Send + Sync + 'static {

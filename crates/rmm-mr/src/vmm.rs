@@ -2,7 +2,7 @@
 //! [`VmmPoolMemoryResource`], a pool that grows by mapping physical memory at the end of one
 //! reserved range of device addresses, so that its free memory coalesces across growth.
 //!
-//! The pool's own resource without its source of chunks (`crate::pool::shell`: the same
+//! The pool's own resource without its source of chunks (`crate::pool::engine`: the same
 //! stream-ordered core, free lists and hot path; the lists in their contiguous mode, where
 //! chunks coalesce), with pure bookkeeping of its own and no CUDA call: `range`, the map of the
 //! reserved range (which chunks are mapped, where the next one goes). `mapper` is the CUDA glue

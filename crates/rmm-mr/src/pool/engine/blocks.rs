@@ -16,11 +16,10 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use super::boundary_list::{Block, BoundaryFreeList};
+use super::handed::HandedMap;
 use crate::error::InvalidFree;
-use crate::pool::boundary_list::BoundaryFreeList;
-use crate::pool::free_list::Block;
 use crate::stream_ordered::core::FreeBlocks;
-use crate::stream_ordered::handed::HandedMap;
 use crate::util::cross_thread::Origin;
 
 /// How a pool's chunks lie: the one thing in which the pool's and the VMM pool's free lists

@@ -6,7 +6,7 @@
 
 use crossbeam_utils::CachePadded;
 
-use crate::stream_ordered::addr_table::{shard_bits, AddrTable};
+use super::addr_table::{shard_bits, AddrTable};
 use crate::sync::{Mutex, MutexGuard};
 
 /// Number of shards (a power of two): enough that 16 threads rarely meet on one.

@@ -1,6 +1,6 @@
 //! A hash table from block addresses to small values, for the record of handed-out blocks
-//! ([`crate::stream_ordered::handed`]) and the pool's boundary tags
-//! ([`crate::pool::boundary_list`]): open addressing with linear probing, at most a quarter
+//! ([`crate::pool::engine::handed`]) and the pool's boundary tags
+//! ([`crate::pool::engine::boundary_list`]): open addressing with linear probing, at most a quarter
 //! full ([`MAX_LOAD`]), deletion by backward shift (no tombstones, so probes stay short however
 //! many blocks come and go), and a multiplicative hash of the address's 256-byte unit whose top
 //! bits pick the home slot. One insertion or removal is a multiply, a shift and, at that load,
@@ -33,7 +33,7 @@ const EMPTY: u64 = u64::MAX;
 /// to between a quarter and a half (the former limit), a key's home slot is taken by another
 /// key that often, and whether a probe stops there is a coin toss the processor's branch
 /// predictor loses: on the pool's `r64` trace about 1.5 of 5.1 mispredicted branches an
-/// operation went away at a quarter (`docs/performance.md`, "The pool on `r64`"), for twice
+/// operation went away at a quarter (`docs/internals/pool.md`, "Boundary tags"), for twice
 /// the slots: 4 to 8 a key instead of 2 to 4 (slots of 16 bytes in the boundary tables, 32 in
 /// the record).
 const MAX_LOAD: usize = 4;
