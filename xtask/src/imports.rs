@@ -20,14 +20,7 @@ const FOLDERS: &[&str] = &["xtask", "benches", "checks"];
 
 /// Cycles known and left for now: (crate folder, file, file), the files from the crate folder
 /// in sorted order. Each entry says who removes it; an entry that matches no cycle is an error.
-pub(crate) const ALLOWED: &[(&str, &str, &str)] = &[
-    // core28 removes this (the stream-ordered core rebuilt, issue 28 item 1).
-    (
-        "crates/rmm-mr",
-        "src/stream_ordered/core.rs",
-        "src/stream_ordered/stream_lists.rs",
-    ),
-];
+pub(crate) const ALLOWED: &[(&str, &str, &str)] = &[];
 
 /// One `use` leaf: the path written (`crate`, `super`, ... included), the name it binds, and
 /// whether it is a glob.

@@ -16,10 +16,10 @@ use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::{DeviceMemoryResource, ResourceProperties};
 use crate::util::alignment::{self, MAX_OVER_ALIGNMENT};
 
-#[cfg(test)]
-pub(crate) mod faults;
 #[doc(hidden)]
 pub mod coalescing_model;
+#[cfg(test)]
+pub(crate) mod faults;
 mod faulty;
 pub mod fragmentation;
 pub(crate) mod growth_lock;

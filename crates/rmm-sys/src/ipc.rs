@@ -19,8 +19,8 @@ use std::ffi::{c_int, c_ulonglong, c_void};
 use std::fmt;
 use std::sync::OnceLock;
 
-use crate::context::ensure_current_context;
 use crate::capabilities::AllocationHandleType;
+use crate::context::ensure_current_context;
 use crate::device::DeviceId;
 use crate::driver::resolve;
 use crate::entry::{RawAccessDesc, RawMemHandle, RawResult};

@@ -46,6 +46,19 @@ pub(crate) struct AllocationExport {
 
 #[cfg(unix)]
 impl crate::VmmPoolMemoryResource {
+    /// Exports the physical memory of every chunk as a POSIX file descriptor, for another
+    /// process to import (`rmm_sys::vmm::PhysicalMemory::import_posix_fd`) and map at the same
+    /// offsets of a range of its own. Needs
+    /// [`AllocationHandleType::PosixFileDescriptor`](rmm_sys::AllocationHandleType::PosixFileDescriptor) in the options.
+    ///
+    /// # Errors
+    /// The driver's error when the memory was not created exportable; an invalid argument for a
+    /// simulated pool.
+    #[cfg(unix)]
+    pub fn export_chunks(&self) -> crate::MrResult<Vec<ExportedChunk>> {
+        self.mapper().export_chunks()
+    }
+
     /// Exports the chunks under `[ptr, ptr + size)`, an allocation of this pool, as POSIX file
     /// descriptors or fabric handles (as the pool's export handle type says). The allocation's
     /// owner keeps it allocated until the importer released it (`crate::ipc`), so the pool

@@ -293,19 +293,6 @@ impl VmmPoolMemoryResource {
         self.inner.release_unused()
     }
 
-    /// Exports the physical memory of every chunk as a POSIX file descriptor, for another
-    /// process to import (`rmm_sys::vmm::PhysicalMemory::import_posix_fd`) and map at the same
-    /// offsets of a range of its own. Needs
-    /// [`AllocationHandleType::PosixFileDescriptor`] in the options.
-    ///
-    /// # Errors
-    /// The driver's error when the memory was not created exportable; an invalid argument for a
-    /// simulated pool.
-    #[cfg(unix)]
-    pub fn export_chunks(&self) -> MrResult<Vec<crate::vmm::ExportedChunk>> {
-        self.inner.growth.export_chunks()
-    }
-
     /// Everything the pool's core keeps (tests).
     #[cfg(test)]
     pub(crate) fn core_state(&self) -> crate::stream_ordered::core::CoreState {
