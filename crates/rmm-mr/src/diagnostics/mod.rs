@@ -12,6 +12,7 @@
 //!
 //! This module makes no CUDA calls.
 
+pub(crate) mod build;
 mod report;
 mod snapshot;
 mod torch;
