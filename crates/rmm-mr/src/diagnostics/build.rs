@@ -24,7 +24,8 @@ pub(crate) fn segments(device: i32, chunks: &[(u64, usize)], pieces: &mut [Piece
         .iter()
         .map(|&(start, size)| {
             let end = start.saturating_add(size as u64);
-            let first = pieces.partition_point(|p| p.address.saturating_add(p.size as u64) <= start);
+            let first =
+                pieces.partition_point(|p| p.address.saturating_add(p.size as u64) <= start);
             let blocks = pieces[first..]
                 .iter()
                 .take_while(|p| p.address < end)
@@ -35,7 +36,11 @@ pub(crate) fn segments(device: i32, chunks: &[(u64, usize)], pieces: &mut [Piece
                     BlockRecord {
                         address: a,
                         size,
-                        requested: if p.allocated { p.requested.min(size) } else { 0 },
+                        requested: if p.allocated {
+                            p.requested.min(size)
+                        } else {
+                            0
+                        },
                         allocated: p.allocated,
                         stream: p.stream,
                         frames: Vec::new(),

@@ -15,6 +15,8 @@
 pub(crate) mod build;
 mod report;
 mod snapshot;
+#[cfg(test)]
+mod tests;
 mod torch;
 
 pub use report::{OomReport, Verdict};

@@ -11,8 +11,8 @@ pub enum Verdict {
     /// Enough bytes are free in total, but no free block (in any stream's list) is large
     /// enough: the free memory is split into pieces.
     Fragmentation,
-    /// A configured maximum (a pool's maximum size, a limiting adaptor's limit) stops the
-    /// resource from taking more memory.
+    /// A configured maximum (a pool's maximum size, a limiting adaptor's limit, an arena's
+    /// size, a fixed-size resource's block size) stops the request.
     Limit,
     /// The resource asked its upstream (or the driver) for more memory and was refused.
     UpstreamRefused,

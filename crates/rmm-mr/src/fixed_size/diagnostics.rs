@@ -31,8 +31,13 @@ impl<U: DeviceMemoryResource> FixedSizeMemoryResource<U> {
                 ..OomReport::new(requested)
             };
             build::free_lists(&mut report, &lists);
-            let too_big = requested > block_size;
-            report.classified(false, !too_big)
+            if requested > block_size {
+                // The block size is the configured maximum of every request.
+                report.verdict = crate::diagnostics::Verdict::Limit;
+                report
+            } else {
+                report.classified(false, true)
+            }
         })
     }
 

@@ -501,19 +501,21 @@ impl<U: DeviceMemoryResource> FixedSizeMemoryResource<U> {
         }
         // `block_size` is a multiple of 256, so this cannot overflow past it.
         let size = align_up(bytes, ALLOCATION_ALIGNMENT);
-        inner.core.allocate(stream, size, &inner.upstream, |_| {
-            // One chunk of the configured block count, under pressure too (RMM's growth; it
-            // never doubles). A pool beneath sees the pressure (`PressureScope`) and grows by
-            // this chunk only.
-            let size = inner.chunk_size;
-            let chunk = inner
-                .upstream
-                .allocate(stream, size, ALLOCATION_ALIGNMENT)?;
-            // SAFETY: the upstream just handed out this chunk on `stream` for `size` bytes.
-            let chunk = unsafe { accept_chunk(&inner.upstream, stream, chunk, size, NAME)? };
-            Ok((chunk, size))
-        })
-        .map_err(|e| self.with_oom_report(e))
+        inner
+            .core
+            .allocate(stream, size, &inner.upstream, |_| {
+                // One chunk of the configured block count, under pressure too (RMM's growth; it
+                // never doubles). A pool beneath sees the pressure (`PressureScope`) and grows by
+                // this chunk only.
+                let size = inner.chunk_size;
+                let chunk = inner
+                    .upstream
+                    .allocate(stream, size, ALLOCATION_ALIGNMENT)?;
+                // SAFETY: the upstream just handed out this chunk on `stream` for `size` bytes.
+                let chunk = unsafe { accept_chunk(&inner.upstream, stream, chunk, size, NAME)? };
+                Ok((chunk, size))
+            })
+            .map_err(|e| self.with_oom_report(e))
     }
 
     /// [`deallocate`](DeviceMemoryResource::deallocate), which ignores the alignment.

@@ -6,6 +6,7 @@
 use crate::diagnostics::build::{self, Piece};
 use crate::diagnostics::{OomReport, Snapshot};
 use crate::error::MrError;
+use crate::pool::blocks::ChunkLayout;
 use crate::pool::shell::{Growth, Pool};
 use crate::stream_ordered::stream_lists::StreamKey;
 use rmm_sys::{checked_align_up, ALLOCATION_ALIGNMENT};
@@ -79,9 +80,27 @@ impl<G: Growth> Pool<G> {
                 requested: 0,
             }));
         }
+        let mut chunks = self.core.chunk_list();
+        if !<G::Layout as ChunkLayout>::HEADS {
+            // Chunks mapped one after the other merge (the VMM pool): one segment per run of
+            // contiguous chunks, as PyTorch's expandable segments.
+            chunks = merge_contiguous(chunks);
+        }
         Snapshot {
-            segments: build::segments(device, &self.core.chunk_list(), &mut pieces),
+            segments: build::segments(device, &chunks, &mut pieces),
             trace: Vec::new(),
         }
     }
+}
+
+/// `chunks` (sorted by address) with each run of contiguous ones made one.
+fn merge_contiguous(chunks: Vec<(u64, usize)>) -> Vec<(u64, usize)> {
+    let mut out: Vec<(u64, usize)> = Vec::with_capacity(chunks.len());
+    for (addr, size) in chunks {
+        match out.last_mut() {
+            Some(last) if last.0 + last.1 as u64 == addr => last.1 += size,
+            _ => out.push((addr, size)),
+        }
+    }
+    out
 }
