@@ -19,6 +19,6 @@ pub use history::{HistoryOptions, HistoryResourceAdaptor};
 pub use limiting::{LimitingOptions, LimitingResourceAdaptor};
 pub use logging::LoggingResourceAdaptor;
 pub use prefetch::PrefetchResourceAdaptor;
-pub use statistics::StatisticsResourceAdaptor;
+pub use statistics::{MemoryProfiler, RegionGuard, RegionRecord, StatisticsResourceAdaptor};
 pub use thread_safe::ThreadSafeResourceAdaptor;
 pub use tracking::TrackingResourceAdaptor;
