@@ -51,8 +51,8 @@ pub use adaptors::tracking::TrackingOptions;
 pub use adaptors::{
     AlignedOptions, AlignedResourceAdaptor, FailureCallbackOptions, FailureCallbackResourceAdaptor,
     HistoryOptions, HistoryResourceAdaptor, LimitingOptions, LimitingResourceAdaptor,
-    LoggingResourceAdaptor, PrefetchResourceAdaptor, StatisticsResourceAdaptor,
-    ThreadSafeResourceAdaptor, TrackingResourceAdaptor,
+    LoggingResourceAdaptor, MemoryProfiler, PrefetchResourceAdaptor, RegionGuard, RegionRecord,
+    StatisticsResourceAdaptor, ThreadSafeResourceAdaptor, TrackingResourceAdaptor,
 };
 pub use arena::{ArenaMemoryResource, ArenaOptions};
 pub use binning::{BinningMemoryResource, BinningOptions};

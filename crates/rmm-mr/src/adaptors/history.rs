@@ -83,7 +83,7 @@ struct History<U> {
 /// `pool_history_bt`; pairs of allocate and free on the legacy stream over a pool, 2 cores
 /// shared): without backtraces one lock and three ring writes per pair, about 0.1 µs; with
 /// backtraces, a captured and symbolized stack per allocation, tens of microseconds (the
-/// figures of the last run are in `docs/guide/14-why-did-my-allocation-fail.md`). Keep
+/// figures of the last run are in `docs/guide/15-why-did-my-allocation-fail.md`). Keep
 /// backtraces for debugging sessions.
 ///
 /// Copies share the ring and are equal.
