@@ -17,6 +17,8 @@
 //! 10. [`fragmentation`]: where fragmentation comes from, the VMM pool, and the figures.
 //! 11. [`pytorch_and_c`]: rmm-rs as PyTorch's allocator, and the C library (crate `rmm-capi`).
 //! 12. [`cudarc_candle_and_burn`]: the cudarc version, interop, and sharing the driver pool.
+//! 15. [`why_did_my_allocation_fail`]: out-of-memory reports, snapshots for PyTorch's viewer,
+//!     profiling by region, and a replay that finds fragmentation.
 
 #[doc = include_str!("../guide/01-introduction.md")]
 pub mod introduction {}
@@ -53,3 +55,6 @@ pub mod pytorch_and_c {}
 
 #[doc = include_str!("../guide/12-cudarc-candle-and-burn.md")]
 pub mod cudarc_candle_and_burn {}
+
+#[doc = include_str!("../guide/15-why-did-my-allocation-fail.md")]
+pub mod why_did_my_allocation_fail {}

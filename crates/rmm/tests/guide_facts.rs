@@ -9,7 +9,7 @@ use std::path::Path;
 
 /// Every page of `docs/guide/`, in order (read at compile time, so that this runs wherever the
 /// test binary does).
-const PAGES: [(&str, &str); 12] = [
+const PAGES: [(&str, &str); 13] = [
     (
         "01-introduction.md",
         include_str!("../guide/01-introduction.md"),
@@ -57,6 +57,10 @@ const PAGES: [(&str, &str); 12] = [
     (
         "12-cudarc-candle-and-burn.md",
         include_str!("../guide/12-cudarc-candle-and-burn.md"),
+    ),
+    (
+        "15-why-did-my-allocation-fail.md",
+        include_str!("../guide/15-why-did-my-allocation-fail.md"),
     ),
 ];
 
