@@ -39,6 +39,8 @@ pub(crate) const SUITES: &[(&str, &[&str])] = &[
             "resources::simulated::",
             "resources::system::",
             "resources::unsupported_tests::",
+            // Snapshots and out-of-memory reports over the host mock, and the pickle writer.
+            "diagnostics::",
         ],
     ),
     (
@@ -107,6 +109,7 @@ pub(crate) const EXCLUDED: &[(&str, &str, &str)] = &[
     ),
     ("rmm-mr", "resources::cuda", DRIVER_MEMORY),
     ("rmm-mr", "resources::cuda_async", DRIVER_MEMORY),
+    ("rmm-mr", "resources::diagnostics", DRIVER_CALLS),
     ("rmm-mr", "resources::cuda_async_managed", DRIVER_MEMORY),
     ("rmm-mr", "resources::cuda_async_view", DRIVER_MEMORY),
     ("rmm-mr", "resources::managed", DRIVER_MEMORY),
