@@ -41,6 +41,8 @@ pub(crate) const SUITES: &[(&str, &[&str])] = &[
             "resources::tests::",
             // The pinned host pool's bookkeeping (no unsafe, no driver).
             "pinned::core::",
+            // Snapshots and out-of-memory reports over the host mock, and the pickle writer.
+            "diagnostics::",
         ],
     ),
     (
@@ -122,6 +124,7 @@ pub(crate) const EXCLUDED: &[(&str, &str, &str)] = &[
     ("rmm-mr", "resources::peer_access", DRIVER_CALLS),
     ("rmm-mr", "resources::cuda", DRIVER_MEMORY),
     ("rmm-mr", "resources::cuda_async", DRIVER_MEMORY),
+    ("rmm-mr", "resources::diagnostics", DRIVER_CALLS),
     ("rmm-mr", "resources::cuda_async_managed", DRIVER_MEMORY),
     ("rmm-mr", "resources::cuda_async_view", DRIVER_MEMORY),
     ("rmm-mr", "resources::managed", DRIVER_MEMORY),

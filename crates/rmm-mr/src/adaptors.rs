@@ -3,6 +3,7 @@
 
 mod aligned;
 mod failure_callback;
+mod history;
 mod limiting;
 pub(crate) mod logging;
 mod prefetch;
@@ -14,9 +15,10 @@ pub use aligned::{AlignedOptions, AlignedResourceAdaptor};
 pub use failure_callback::{
     FailureCallback, FailureCallbackOptions, FailureCallbackResourceAdaptor, FailureFilter,
 };
+pub use history::{HistoryOptions, HistoryResourceAdaptor};
 pub use limiting::{LimitingOptions, LimitingResourceAdaptor};
 pub use logging::LoggingResourceAdaptor;
 pub use prefetch::{prefetch, PrefetchResourceAdaptor, PrefetchTarget};
-pub use statistics::StatisticsResourceAdaptor;
+pub use statistics::{MemoryProfiler, RegionGuard, RegionRecord, StatisticsResourceAdaptor};
 pub use thread_safe::ThreadSafeResourceAdaptor;
 pub use tracking::TrackingResourceAdaptor;

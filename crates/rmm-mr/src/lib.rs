@@ -29,6 +29,7 @@ mod arena;
 mod binning;
 #[cfg(feature = "debug-log")]
 mod debug_log;
+mod diagnostics;
 mod error;
 mod fixed_size;
 mod graph;
@@ -61,12 +62,18 @@ pub use adaptors::{
     LoggingResourceAdaptor, PrefetchResourceAdaptor, PrefetchTarget, StatisticsResourceAdaptor,
     ThreadSafeResourceAdaptor, TrackingResourceAdaptor,
 };
+pub use adaptors::{
+    HistoryOptions, HistoryResourceAdaptor, MemoryProfiler, RegionGuard, RegionRecord,
+};
 pub use arena::{ArenaMemoryResource, ArenaOptions, DUMP_LOG_TARGET, SUPERBLOCK_MIN_SIZE};
 pub use binning::{BinningMemoryResource, BinningOptions};
 #[cfg(feature = "debug-log")]
 pub use debug_log::{
     debug_log_level, flush_debug_log, init_debug_logging, init_debug_logging_with_level,
     set_debug_log_level, DebugLogError, DEBUG_LOG_FILE_ENV,
+};
+pub use diagnostics::{
+    BlockRecord, Frame, OomReport, Segment, Snapshot, TraceAction, TraceEvent, Verdict,
 };
 pub use error::{InvalidFree, MrError, MrResult};
 pub use fixed_size::{
@@ -223,6 +230,7 @@ mod send_sync {
         assert_send_sync::<FailureCallbackResourceAdaptor>();
         assert_send_sync::<FailureCallbackResourceAdaptor<CudaMemoryResource>>();
         assert_send_sync::<PrefetchResourceAdaptor>();
+        assert_send_sync::<HistoryResourceAdaptor>();
         assert_send_sync::<PrefetchResourceAdaptor<CudaMemoryResource>>();
         #[cfg(feature = "debug-log")]
         assert_send_sync::<debug_log::DebugLogError>();

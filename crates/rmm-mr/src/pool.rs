@@ -7,6 +7,7 @@
 //! the halving retry, the size checks, the out-of-memory messages), pure bookkeeping; `resource`
 //! the resource over an upstream. The design: `docs/internals/pool.md`.
 
+pub(crate) mod diagnostics;
 pub(crate) mod engine;
 pub(crate) mod growth;
 pub(crate) mod resource;

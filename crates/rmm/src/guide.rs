@@ -19,6 +19,8 @@
 //! 12. [`cudarc_candle_and_burn`]: the cudarc version, interop, and sharing the driver pool.
 //! 13. [`cuda_graphs`]: allocating under stream capture, graph pools, and the rules of capture.
 //! 14. [`ipc_peer_and_pinned`]: IPC between processes, peer access, and pinned host memory.
+//! 15. [`why_did_my_allocation_fail`]: out-of-memory reports, snapshots for PyTorch's viewer,
+//!     profiling by region, and a replay that finds fragmentation.
 
 #[doc = include_str!("../guide/01-introduction.md")]
 pub mod introduction {}
@@ -60,3 +62,5 @@ pub mod cudarc_candle_and_burn {}
 pub mod cuda_graphs {}
 #[doc = include_str!("../guide/14-ipc-peer-and-pinned.md")]
 pub mod ipc_peer_and_pinned {}
+#[doc = include_str!("../guide/15-why-did-my-allocation-fail.md")]
+pub mod why_did_my_allocation_fail {}

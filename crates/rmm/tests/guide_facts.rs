@@ -9,7 +9,7 @@ use std::path::Path;
 
 /// Every page of `docs/guide/`, in order (read at compile time, so that this runs wherever the
 /// test binary does).
-const PAGES: [(&str, &str); 14] = [
+const PAGES: [(&str, &str); 15] = [
     (
         "01-introduction.md",
         include_str!("../guide/01-introduction.md"),
@@ -65,6 +65,10 @@ const PAGES: [(&str, &str); 14] = [
     (
         "14-ipc-peer-and-pinned.md",
         include_str!("../guide/14-ipc-peer-and-pinned.md"),
+    ),
+    (
+        "15-why-did-my-allocation-fail.md",
+        include_str!("../guide/15-why-did-my-allocation-fail.md"),
     ),
 ];
 

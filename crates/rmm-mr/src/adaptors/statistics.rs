@@ -8,8 +8,10 @@ mod counter;
 pub(crate) mod counters;
 #[cfg(all(test, loom))]
 mod loom_tests;
+mod profiler;
 mod shard;
 
 pub use adaptor::StatisticsResourceAdaptor;
 pub use counter::Counter;
 pub(crate) use counters::{StatisticsCounters, StatsError};
+pub use profiler::{MemoryProfiler, RegionGuard, RegionRecord};

@@ -11,7 +11,7 @@
 use rmm_stream::CudaStreamView;
 use rmm_sys::{checked_align_up, DevicePtr, ALLOCATION_ALIGNMENT};
 
-use self::blocks::{ChunkLayout, PoolBlocks};
+use self::blocks::PoolBlocks;
 use crate::error::{MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
 use crate::stream_ordered::core::{Expand, StreamOrdered};
@@ -25,7 +25,7 @@ mod handed;
 mod size_index;
 
 pub(crate) use addr_table::{shard_bits, AddrTable};
-pub(crate) use blocks::{Contiguous, Separate};
+pub(crate) use blocks::{ChunkLayout, Contiguous, Separate};
 pub use boundary_list::{Block, FreeListError};
 #[cfg(any(test, feature = "testing"))]
 pub(crate) use size_index::{NodeId, SizeIndex};
@@ -152,6 +152,7 @@ impl<G: Growth> Pool<G> {
             .allocate(stream, size, self.growth.source(), |ask| {
                 self.growth.grow(stream, bytes, size, ask)
             })
+            .map_err(|e| self.with_oom_report(e))
     }
 
     /// `bytes` aligned to `alignment` (above 256), from a larger block.

@@ -1117,6 +1117,39 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         Ok(())
     }
 
+    /// The free blocks of every list holding some, by key, legacy list first (the read of
+    /// `pool/diagnostics.rs`: snapshots and out-of-memory reports, never on a hot path).
+    pub(crate) fn free_lists(&self) -> Vec<(StreamKey, Vec<(u64, usize)>)> {
+        self.lists()
+            .filter_map(|l| {
+                let st = l.lock();
+                Some((st.key()?, st.blocks.free_blocks()))
+            })
+            .filter(|(_, blocks)| !blocks.is_empty())
+            .collect()
+    }
+
+    /// The upstream chunks, `(address, size)` by address (`pool/diagnostics.rs`).
+    pub(crate) fn chunk_list(&self) -> Vec<(u64, usize)> {
+        self.lock_chunks().iter().map(|(&a, &s)| (a, s)).collect()
+    }
+
+    /// The blocks handed out, `(address, rounded size)`, and their total bytes
+    /// (`pool/diagnostics.rs`).
+    pub(crate) fn handed_blocks(&self) -> Vec<(u64, usize)> {
+        self.empty.handed_blocks()
+    }
+
+    /// The bytes handed out and not freed (rounded sizes) (`pool/diagnostics.rs`).
+    pub(crate) fn in_use(&self) -> usize {
+        self.empty.handed_out().1
+    }
+
+    /// The device the core was built on (`pool/diagnostics.rs`).
+    pub(crate) fn device(&self) -> Option<DeviceId> {
+        self.device
+    }
+
     /// The error for a free the record rejected; `kind` is the record's verdict, or `None` for
     /// "not handed out" (a double free when a list holds `addr`, else an unknown pointer).
     #[cold]

@@ -99,8 +99,11 @@ pub(crate) trait FreeBlocks: Clone + Send + 'static {
     fn handed_out(&self) -> (usize, usize);
 
     /// The free blocks of this list, `(address, size)`, in the list's order (tests).
-    #[cfg(test)]
     fn free_blocks(&self) -> Vec<(u64, usize)>;
+
+    /// The blocks handed out by the resource, `(address, rounded size)`, in no order
+    /// (snapshots, on their cold path).
+    fn handed_blocks(&self) -> Vec<(u64, usize)>;
 }
 
 /// What the core asks of its resource's growth (the `expand` closure of

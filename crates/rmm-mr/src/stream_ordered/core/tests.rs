@@ -210,6 +210,11 @@ impl FreeBlocks for ModelBlocks {
     fn free_blocks(&self) -> Vec<(u64, usize)> {
         self.free.iter().map(|&a| (a, BLOCK)).collect()
     }
+
+    fn handed_blocks(&self) -> Vec<(u64, usize)> {
+        let record = self.record.lock().unwrap();
+        record.iter().map(|(&a, &(s, _))| (a, s)).collect()
+    }
 }
 
 /// A core over a host mock with one chunk in the legacy list.
