@@ -284,6 +284,41 @@ def test_over_the_maximum_raises_and_training_goes_on(ctx):
         assert math.isfinite(loss.item())
 
 
+def test_memory_stats_with_torchs_names(ctx):
+    """rmm_rs_torch's memory_stats, max_memory_allocated and reset_peak_memory_stats, which
+    answer where torch's own raise under a pluggable allocator."""
+    torch = ctx.torch
+    torch.cuda.synchronize()
+    rr.reset_peak_memory_stats()
+    base = rr.memory_stats()
+    for key in ("allocated_bytes.all.current", "allocated_bytes.all.peak",
+                "reserved_bytes.all.current", "reserved_bytes.all.peak", "num_ooms",
+                "num_alloc_retries", "allocation.all.allocated", "allocation.all.current"):
+        assert key in base, (key, sorted(base))
+    assert base["allocated_bytes.all.peak"] == base["allocated_bytes.all.current"], base
+    assert base["reserved_bytes.all.peak"] == base["reserved_bytes.all.current"], base
+    # The over-maximum test before this one ran out of memory once.
+    assert base["num_ooms"] >= 1, base
+    x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    during = rr.memory_stats()
+    grew = during["allocated_bytes.all.current"] - base["allocated_bytes.all.current"]
+    assert grew >= 64 << 20, (base, during)
+    assert rr.max_memory_allocated() >= base["allocated_bytes.all.current"] + (64 << 20)
+    assert rr.memory_allocated() == during["allocated_bytes.all.current"]
+    assert during["allocation.all.allocated"] >= base["allocation.all.allocated"] + 1
+    assert rr.memory_reserved() >= rr.memory_allocated()
+    assert rr.max_memory_reserved() >= rr.memory_reserved()
+    del x
+    torch.cuda.synchronize()
+    after = rr.memory_stats()
+    assert after["allocated_bytes.all.current"] <= during["allocated_bytes.all.current"] - (64 << 20)
+    assert after["allocated_bytes.all.peak"] >= during["allocated_bytes.all.current"], after
+    rr.reset_peak_memory_stats()
+    assert rr.max_memory_allocated() == rr.memory_allocated()
+    print("    memory_stats: peak %d B before the reset, %d after; num_ooms %d" % (
+        after["allocated_bytes.all.peak"], rr.max_memory_allocated(), after["num_ooms"]))
+
+
 def test_torch_memory_functions(ctx):
     """What the guide says of PyTorch's memory functions under rmm-rs (PyTorch's
     CUDAPluggableAllocator): the caching allocator's statistics raise, empty_cache() does
@@ -341,6 +376,7 @@ TESTS = [
     test_side_streams,
     test_fresh_python_threads,
     test_over_the_maximum_raises_and_training_goes_on,
+    test_memory_stats_with_torchs_names,
     test_torch_memory_functions,
     test_the_log_replays,
 ] + [make_combination_test(name) for name, _ in COMBINATION_CASES]

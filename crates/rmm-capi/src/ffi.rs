@@ -279,6 +279,13 @@ pub unsafe extern "C" fn rmm_rs_get_statistics(device: c_int, out: *mut RmmRsSta
     })
 }
 
+/// Resets the peaks of `device` (bytes, allocations, bytes held) to their current values, as
+/// `torch.cuda.reset_peak_memory_stats`.
+#[no_mangle]
+pub extern "C" fn rmm_rs_reset_peak_statistics(device: c_int) -> c_int {
+    last_error::status(|| Registry::global().reset_peak_statistics(device))
+}
+
 /// Writes out the CSV log of `device` (-1: every device).
 #[no_mangle]
 pub extern "C" fn rmm_rs_flush_log(device: c_int) -> c_int {
