@@ -4,6 +4,8 @@ use std::fmt;
 
 use rmm_sys::{CudaError, DevicePtr};
 
+use crate::diagnostics::OomReport;
+
 /// What a resource detected wrong with a deallocation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -32,6 +34,10 @@ pub enum MrError {
         requested: usize,
         /// Why, in RMM's words (e.g. `Exceeded memory limit (failed to allocate 1024 bytes)`).
         reason: String,
+        /// What the refusing resource knew: reserved, in use, free, the largest free block, a
+        /// verdict ([`MrError::oom_report`]). Boxed and built only on the failure path; `None`
+        /// where the resource had nothing to add.
+        report: Option<Box<OomReport>>,
     },
     /// An allocation failed for another reason (RMM's `rmm::bad_alloc`), e.g. an alignment the
     /// resource cannot honour.
@@ -82,6 +88,51 @@ impl MrError {
         Self::OutOfMemory {
             requested,
             reason: reason.into(),
+            report: None,
+        }
+    }
+
+    /// An out-of-memory error carrying `report` (its `requested` is the report's).
+    #[cold]
+    #[inline(never)]
+    #[must_use]
+    pub fn out_of_memory_with(reason: impl Into<String>, report: OomReport) -> Self {
+        Self::OutOfMemory {
+            requested: report.requested,
+            reason: reason.into(),
+            report: Some(Box::new(report)),
+        }
+    }
+
+    /// The out-of-memory report this error carries, if it is [`MrError::OutOfMemory`] from a
+    /// resource that builds one.
+    #[must_use]
+    pub fn oom_report(&self) -> Option<&OomReport> {
+        match self {
+            Self::OutOfMemory {
+                report: Some(r), ..
+            } => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Attaches `report` to an out-of-memory error that carries none yet (an adaptor adding
+    /// what it knows to its upstream's refusal); other errors are returned unchanged.
+    #[cold]
+    #[inline(never)]
+    #[must_use]
+    pub fn with_oom_report(self, report: impl FnOnce(usize) -> OomReport) -> Self {
+        match self {
+            Self::OutOfMemory {
+                requested,
+                reason,
+                report: None,
+            } => Self::OutOfMemory {
+                requested,
+                reason,
+                report: Some(Box::new(report(requested))),
+            },
+            other => other,
         }
     }
 
@@ -138,11 +189,16 @@ impl MrError {
 
 impl fmt::Display for MrError {
     /// Messages follow RMM's `what()`: `std::bad_alloc: out_of_memory: <reason>` for
-    /// out-of-memory, `std::bad_alloc: <message>` for other allocation failures.
+    /// out-of-memory (followed by `; <report>` where the error carries an [`OomReport`]),
+    /// `std::bad_alloc: <message>` for other allocation failures.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::OutOfMemory { reason, .. } => {
-                write!(f, "std::bad_alloc: out_of_memory: {reason}")
+            Self::OutOfMemory { reason, report, .. } => {
+                write!(f, "std::bad_alloc: out_of_memory: {reason}")?;
+                if let Some(r) = report {
+                    write!(f, "; {r:#}")?;
+                }
+                Ok(())
             }
             Self::BadAlloc { message, .. } => write!(f, "std::bad_alloc: {message}"),
             Self::Cuda(e) => write!(f, "CUDA error: {e}"),
@@ -234,6 +290,41 @@ mod tests {
         let e = MrError::from_allocation(CudaError::DriverNotFound, 8);
         assert_eq!(e, MrError::Cuda(CudaError::DriverNotFound));
         assert!(e.is_no_device());
+    }
+
+    #[test]
+    fn out_of_memory_carries_its_report() {
+        let plain = MrError::out_of_memory(64, "full");
+        assert_eq!(plain.oom_report(), None);
+        let report = OomReport {
+            resource: "pool",
+            in_use: 1 << 20,
+            ..OomReport::new(64)
+        };
+        let e = plain.with_oom_report(|requested| OomReport {
+            requested,
+            ..report.clone()
+        });
+        assert_eq!(e.oom_report(), Some(&report));
+        let s = e.to_string();
+        assert!(
+            s.starts_with(
+                "std::bad_alloc: out_of_memory: full; pool requested 64 B; in use 1.0 MiB"
+            ),
+            "{s}"
+        );
+        // A report already there is kept; other errors pass unchanged.
+        let again = e.clone().with_oom_report(|_| OomReport::new(1));
+        assert_eq!(again.oom_report(), Some(&report));
+        let bad = MrError::bad_alloc("x").with_oom_report(|_| OomReport::new(1));
+        assert_eq!(bad.oom_report(), None);
+        let built = MrError::out_of_memory_with("r", report.clone());
+        assert!(matches!(built, MrError::OutOfMemory { requested: 64, .. }));
+        // Boxed: one pointer in the error, however large the report grows.
+        assert_eq!(
+            std::mem::size_of::<Option<Box<OomReport>>>(),
+            std::mem::size_of::<usize>()
+        );
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub mod arena;
 pub mod binning;
 #[cfg(feature = "debug-log")]
 pub mod debug_log;
+mod diagnostics;
 mod error;
 #[cfg(test)]
 mod fault_tests;
@@ -56,6 +57,9 @@ pub use arena::{ArenaMemoryResource, ArenaOptions};
 pub use binning::{BinningMemoryResource, BinningOptions};
 #[cfg(feature = "debug-log")]
 pub use debug_log::{init_debug_logging, set_debug_log_level};
+pub use diagnostics::{
+    BlockRecord, Frame, OomReport, Segment, Snapshot, TraceAction, TraceEvent, Verdict,
+};
 pub use error::{InvalidFree, MrError, MrResult};
 pub use fixed_size::{FixedSizeMemoryResource, FixedSizeOptions};
 pub use pool::{PoolMemoryResource, PoolOptions};

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use rmm_stream::CudaStreamView;
 use rmm_sys::{DevicePtr, ALLOCATION_ALIGNMENT};
 
+use crate::diagnostics::Snapshot;
 use crate::error::{MrError, MrResult};
 
 /// Where memory from a resource may be accessed (RMM's `device_accessible` and
@@ -203,6 +204,24 @@ pub unsafe trait DeviceMemoryResource: Any + Send + Sync + fmt::Debug {
     /// The concrete resource, for [`resource_cast`]. Implementations return `self`; shared
     /// handles return what they point to.
     fn as_any(&self) -> &dyn Any;
+
+    /// The resource's segments (upstream chunks) and their blocks, and a trace of recent
+    /// events where a history records one: see [`Snapshot`], which writes PyTorch's format.
+    ///
+    /// The sub-allocators (pool, VMM pool, arena, binning, fixed-size) answer; adaptors
+    /// forward to their upstream; the default is [`MrError::Unsupported`] (a base resource
+    /// keeps no blocks). The snapshot is taken under the resource's locks, block by block: it
+    /// is consistent for a quiet resource and a close picture of a busy one.
+    ///
+    /// # Errors
+    /// [`MrError::Unsupported`] for resources that keep no blocks.
+    #[doc(alias = "torch.cuda.memory._snapshot")]
+    fn snapshot(&self) -> MrResult<Snapshot> {
+        Err(MrError::Unsupported(format!(
+            "memory snapshots (this resource keeps no blocks: {})",
+            std::any::type_name_of_val(self)
+        )))
+    }
 }
 
 /// A type-erased, shared, owning handle to a resource (RMM's `any_resource`). Cloning it is
@@ -258,6 +277,10 @@ unsafe impl<T: DeviceMemoryResource + ?Sized> DeviceMemoryResource for Arc<T> {
 
     fn as_any(&self) -> &dyn Any {
         (**self).as_any()
+    }
+
+    fn snapshot(&self) -> MrResult<Snapshot> {
+        (**self).snapshot()
     }
 }
 
@@ -323,7 +346,9 @@ pub(crate) fn same_shared_state<T: DeviceMemoryResource, S>(
 ///   `is_equal: identity`: only the object itself (test doubles);
 /// - `properties: forward(path.to.upstream)`: the upstream's; `properties: CONST`: the
 ///   [`ResourceProperties`] constant of that name. Without the key the trait's default
-///   (device memory) stays.
+///   (device memory) stays;
+/// - `snapshot: forward(path.to.upstream)`: the upstream's snapshot (adaptors). Without the
+///   key the trait's default ([`MrError::Unsupported`]) stays.
 ///
 /// The `unsafe impl` line and its `// SAFETY:` comment stay at the call site: the macro writes
 /// no `allocate`, so the promise about what `allocate` returns is made there.
@@ -332,6 +357,7 @@ macro_rules! resource_tail {
         $(deallocate: forward($($up:ident).+),)?
         $(is_equal: $eq:ident $(($($state:ident).+))?,)?
         $(properties: $props:ident $(($($from:ident).+))?,)?
+        $(snapshot: forward($($snap:ident).+),)?
     ) => {
         $(
             #[inline]
@@ -348,6 +374,11 @@ macro_rules! resource_tail {
         )?
         $($crate::resource::resource_tail!(@is_equal $eq $(($($state).+))?);)?
         $($crate::resource::resource_tail!(@properties $props $(($($from).+))?);)?
+        $(
+            fn snapshot(&self) -> $crate::MrResult<$crate::Snapshot> {
+                self.$($snap).+.snapshot()
+            }
+        )?
         fn as_any(&self) -> &dyn ::std::any::Any {
             self
         }

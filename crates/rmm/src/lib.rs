@@ -48,16 +48,17 @@ pub use rmm_mr::{
     current_device_resource, per_device_resource, prefetch, reset_current_device_resource,
     reset_per_device_resource, resource_cast, set_current_device_resource, set_per_device_resource,
     shared, AlignedOptions, AlignedResourceAdaptor, ArenaMemoryResource, ArenaOptions,
-    BinningMemoryResource, BinningOptions, CallbackMemoryResource, CudaAsyncManagedMemoryResource,
-    CudaAsyncMemoryResource, CudaAsyncOptions, CudaAsyncViewMemoryResource, CudaMemoryResource,
-    DeviceMemoryResource, FailureCallbackOptions, FailureCallbackResourceAdaptor,
-    FixedSizeMemoryResource, FixedSizeOptions, InvalidFree, LimitingOptions,
-    LimitingResourceAdaptor, LoggingOptions, LoggingResourceAdaptor, ManagedMemoryResource,
-    MrError, MrResult, PinnedHostMemoryResource, PoolMemoryResource, PoolOptions, PoolStatistics,
-    PrefetchResourceAdaptor, PrefetchTarget, ResourceProperties, SamHeadroomMemoryResource,
-    SharedResource, SimulatedMemoryResource, StatisticsResourceAdaptor, SystemMemoryResource,
-    ThreadSafeResourceAdaptor, TrackingOptions, TrackingResourceAdaptor, VmmPoolMemoryResource,
-    VmmPoolOptions,
+    BinningMemoryResource, BinningOptions, BlockRecord, CallbackMemoryResource,
+    CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaAsyncOptions,
+    CudaAsyncViewMemoryResource, CudaMemoryResource, DeviceMemoryResource, FailureCallbackOptions,
+    FailureCallbackResourceAdaptor, FixedSizeMemoryResource, FixedSizeOptions, Frame, InvalidFree,
+    LimitingOptions, LimitingResourceAdaptor, LoggingOptions, LoggingResourceAdaptor,
+    ManagedMemoryResource, MrError, MrResult, OomReport, PinnedHostMemoryResource,
+    PoolMemoryResource, PoolOptions, PoolStatistics, PrefetchResourceAdaptor, PrefetchTarget,
+    ResourceProperties, SamHeadroomMemoryResource, Segment, SharedResource,
+    SimulatedMemoryResource, Snapshot, StatisticsResourceAdaptor, SystemMemoryResource,
+    ThreadSafeResourceAdaptor, TraceAction, TraceEvent, TrackingOptions, TrackingResourceAdaptor,
+    Verdict, VmmPoolMemoryResource, VmmPoolOptions,
 };
 pub use rmm_stream::{
     default_stream_mode, set_default_stream_mode, CudaEvent, CudaStream, CudaStreamPool,
@@ -82,8 +83,8 @@ pub mod prelude {
         ArenaMemoryResource, ArenaOptions, BinningMemoryResource, BinningOptions,
         CudaAsyncMemoryResource, CudaAsyncOptions, CudaMemoryResource, DeviceMemoryResource,
         LimitingOptions, LimitingResourceAdaptor, ManagedMemoryResource, MrError, MrResult,
-        PoolMemoryResource, PoolOptions, SharedResource, StatisticsResourceAdaptor,
-        VmmPoolMemoryResource, VmmPoolOptions,
+        OomReport, PoolMemoryResource, PoolOptions, SharedResource, Snapshot,
+        StatisticsResourceAdaptor, Verdict, VmmPoolMemoryResource, VmmPoolOptions,
     };
     pub use rmm_stream::{CudaEvent, CudaStream, CudaStreamView};
     pub use rmm_sys::{DeviceId, DevicePtr};

@@ -333,6 +333,7 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for AlignedResourceAda
     crate::resource::resource_tail! {
         is_equal: shared(inner),
         properties: forward(inner.upstream),
+        snapshot: forward(inner.upstream),
     }
 }
 

@@ -156,6 +156,7 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for FailureCallbackRes
         deallocate: forward(inner.upstream),
         is_equal: shared(inner),
         properties: forward(inner.upstream),
+        snapshot: forward(inner.upstream),
     }
 }
 

@@ -328,6 +328,7 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for LimitingResourceAd
     crate::resource::resource_tail! {
         is_equal: shared(inner),
         properties: forward(inner.upstream),
+        snapshot: forward(inner.upstream),
     }
 }
 

@@ -105,6 +105,7 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for PrefetchResourceAd
         deallocate: forward(inner.upstream),
         is_equal: shared(inner),
         properties: forward(inner.upstream),
+        snapshot: forward(inner.upstream),
     }
 }
 

@@ -101,6 +101,7 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for ThreadSafeResource
     crate::resource::resource_tail! {
         is_equal: shared(inner),
         properties: forward(inner.upstream),
+        snapshot: forward(inner.upstream),
     }
 }
 

@@ -294,6 +294,7 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for LoggingResourceAda
     crate::resource::resource_tail! {
         is_equal: shared(inner),
         properties: forward(inner.upstream),
+        snapshot: forward(inner.upstream),
     }
 }
 

@@ -162,6 +162,7 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for StatisticsResource
     crate::resource::resource_tail! {
         is_equal: shared(inner),
         properties: forward(inner.upstream),
+        snapshot: forward(inner.upstream),
     }
 }
 

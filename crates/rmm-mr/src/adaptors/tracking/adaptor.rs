@@ -227,6 +227,7 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for TrackingResourceAd
     crate::resource::resource_tail! {
         is_equal: shared(inner),
         properties: forward(inner.upstream),
+        snapshot: forward(inner.upstream),
     }
 }
 
