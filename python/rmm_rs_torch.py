@@ -55,6 +55,7 @@ __all__ = [
     "memory_reserved",
     "max_memory_reserved",
     "reset_peak_memory_stats",
+    "dump_snapshot",
     "flush_log",
     "parse_size",
     "find_library",
@@ -219,6 +220,7 @@ def load_library(library=None):
         ),
         "rmm_rs_get_statistics": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(Statistics)]),
         "rmm_rs_reset_peak_statistics": (ctypes.c_int, [ctypes.c_int]),
+        "rmm_rs_dump_snapshot": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p]),
         "rmm_rs_flush_log": (ctypes.c_int, [ctypes.c_int]),
         "rmm_rs_last_error": (ctypes.c_char_p, []),
         "rmm_rs_last_error_code": (ctypes.c_int, []),
@@ -464,6 +466,18 @@ def reset_peak_memory_stats(device=None):
     if device is None:
         device = _current_device()
     _check(load_library().rmm_rs_reset_peak_statistics(int(device)))
+
+
+def dump_snapshot(path, device=None):
+    """Writes the memory snapshot of ``device`` to ``path`` in the format of
+    ``torch.cuda.memory._dump_snapshot`` (a pickle with ``segments``, the pool's chunks with their
+    blocks, and ``device_traces``), which ``python -m torch.cuda._memory_viz`` and rmm-replay
+    read. Raises RmmRsError (RMM_RS_ERROR_UNSUPPORTED when the resource keeps no blocks, e.g.
+    ``resource="cuda"``)."""
+    if device is None:
+        device = _current_device()
+    path = os.fsencode(os.path.abspath(os.fspath(path)))
+    _check(load_library().rmm_rs_dump_snapshot(int(device), path))
 
 
 def flush_log(device=-1):

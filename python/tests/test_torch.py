@@ -319,6 +319,37 @@ def test_memory_stats_with_torchs_names(ctx):
         after["allocated_bytes.all.peak"], rr.max_memory_allocated(), after["num_ooms"]))
 
 
+def test_dump_snapshot_in_torchs_format(ctx):
+    """rmm_rs_torch.dump_snapshot writes what torch.cuda.memory._dump_snapshot writes: a pickle
+    PyTorch's own viewer reads."""
+    import pickle
+
+    torch = ctx.torch
+    keep = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    path = os.path.join(os.path.dirname(ctx.log_base), "rmm_rs_snapshot.pickle")
+    try:
+        rr.dump_snapshot(path)
+    except rr.RmmRsError as e:
+        if e.name == "RMM_RS_ERROR_UNSUPPORTED":
+            raise Skip(e.message[:200])
+        raise
+    with open(path, "rb") as f:
+        snapshot = pickle.load(f)
+    assert "segments" in snapshot and "device_traces" in snapshot, sorted(snapshot)
+    reserved = sum(seg["total_size"] for seg in snapshot["segments"])
+    allocated = sum(b["size"] for seg in snapshot["segments"] for b in seg["blocks"]
+                    if b["state"] == "active_allocated")
+    assert reserved == rr.memory_reserved(), (reserved, rr.memory_reserved())
+    assert allocated >= 8 << 20, allocated
+    viz = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "segment_plot", path,
+                          "-o", path + ".html"], capture_output=True, text=True, timeout=300)
+    assert viz.returncode == 0, (viz.stdout[-2000:], viz.stderr[-2000:])
+    print("    snapshot: %d segments, %d B reserved, %d B allocated; segment_plot ok"
+          % (len(snapshot["segments"]), reserved, allocated))
+    del keep
+
+
 def test_torch_memory_functions(ctx):
     """What the guide says of PyTorch's memory functions under rmm-rs (PyTorch's
     CUDAPluggableAllocator): the caching allocator's statistics raise, empty_cache() does
@@ -377,6 +408,7 @@ TESTS = [
     test_fresh_python_threads,
     test_over_the_maximum_raises_and_training_goes_on,
     test_memory_stats_with_torchs_names,
+    test_dump_snapshot_in_torchs_format,
     test_torch_memory_functions,
     test_the_log_replays,
 ] + [make_combination_test(name) for name, _ in COMBINATION_CASES]

@@ -239,6 +239,15 @@ int rmm_rs_get_statistics(int device, rmm_rs_statistics *out);
  * device never configured. */
 int rmm_rs_reset_peak_statistics(int device);
 
+/* Writes the memory snapshot of device to the file path (created or replaced) in the format of
+ * PyTorch's torch.cuda.memory._dump_snapshot: a pickle with "segments" (the pool's chunks with
+ * their blocks, allocated or free, and streams) and "device_traces", which PyTorch's viewer
+ * (python -m torch.cuda._memory_viz, pytorch.org/memory_viz) and rmm-replay read. A configured
+ * device whose resource is not built yet writes an empty snapshot. RMM_RS_ERROR_UNSUPPORTED
+ * when the device's resource keeps no blocks (the message names it); RMM_RS_ERROR_INVALID_ARGUMENT
+ * when the file cannot be written; RMM_RS_ERROR_NOT_CONFIGURED for a device never configured. */
+int rmm_rs_dump_snapshot(int device, const char *path);
+
 /* Writes the buffered rows of device's CSV log to its file; device -1: every device. Nothing
  * to do (no log, not built yet) is success. */
 int rmm_rs_flush_log(int device);

@@ -347,6 +347,42 @@ impl Registry {
         }
     }
 
+    /// Writes the snapshot of `device` to `path` in PyTorch's pickle format (an empty one for
+    /// a configured device not built yet).
+    pub(crate) fn dump_snapshot(&self, device: i32, path: &std::path::Path) -> CResult<()> {
+        if device < 0 {
+            return Err(invalid_device(device));
+        }
+        let state = {
+            let inner = self.lock_settled(device);
+            match inner.built.get(&device) {
+                Some(s) => Some(Arc::clone(s)),
+                None if inner.config_of(device).is_some() => None,
+                None => {
+                    return Err(Error::new(
+                        RMM_RS_ERROR_NOT_CONFIGURED,
+                        format!("device {device} is not configured"),
+                    ))
+                }
+            }
+        };
+        let snapshot = match state {
+            Some(s) => s.snapshot()?,
+            None => rmm::Snapshot::default(),
+        };
+        let write = || -> std::io::Result<()> {
+            let mut file = std::io::BufWriter::new(std::fs::File::create(path)?);
+            snapshot.write_pickle(&mut file)?;
+            std::io::Write::flush(&mut file)
+        };
+        write().map_err(|e| {
+            Error::invalid_argument(format!(
+                "writing the snapshot of device {device} to {}: {e}",
+                path.display()
+            ))
+        })
+    }
+
     /// Writes out the log of `device`, or of every built device for -1.
     pub(crate) fn flush_log(&self, device: i32) -> CResult<()> {
         if device < -1 {
@@ -705,6 +741,56 @@ mod tests {
             r.reset_peak_statistics(-1).unwrap_err().code,
             RMM_RS_ERROR_INVALID_ARGUMENT
         );
+    }
+
+    #[test]
+    fn snapshots_are_written_where_the_stack_keeps_blocks() {
+        let dir = std::env::temp_dir().join(format!("rmm-capi-snap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("snapshot.pickle");
+        let r = Registry::new(build_on_host);
+        assert_eq!(
+            r.dump_snapshot(0, &path).unwrap_err().code,
+            crate::status::RMM_RS_ERROR_NOT_CONFIGURED
+        );
+        r.configure(every_device(Config {
+            initial_pool_size: Some(0),
+            ..Config::default()
+        }))
+        .unwrap();
+        // Configured, not built: an empty snapshot, in PyTorch's format.
+        r.dump_snapshot(0, &path).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(bytes[0], 0x80, "a pickle");
+        let mut empty = Vec::new();
+        rmm::Snapshot::default().write_pickle(&mut empty).unwrap();
+        assert_eq!(bytes, empty);
+        assert_eq!(
+            r.dump_snapshot(0, &dir.join("no/such/dir/s.pickle"))
+                .unwrap_err()
+                .code,
+            RMM_RS_ERROR_INVALID_ARGUMENT
+        );
+        let p = alloc(&r, 1 << 20, 0).unwrap();
+        // What the built stack writes is its pool's snapshot, or the pool's reason for having
+        // none.
+        let pool = crate::test_support::build_on_host(&Config::default(), DeviceId(0)).unwrap();
+        let direct = pool.snapshot();
+        let _ = std::fs::remove_file(&path);
+        match (r.dump_snapshot(0, &path), direct) {
+            (Ok(()), Ok(_)) => {
+                let bytes = std::fs::read(&path).unwrap();
+                assert_eq!(bytes[0], 0x80, "a pickle");
+            }
+            (Err(e), Err(why)) => {
+                assert_eq!(e.code, crate::status::RMM_RS_ERROR_UNSUPPORTED, "{e}");
+                assert_eq!(e.message, why.to_string());
+                assert!(!path.exists());
+            }
+            (got, want) => panic!("dump_snapshot: {got:?}, the pool's snapshot: {want:?}"),
+        }
+        free(&r, p, 1 << 20, 0).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -492,6 +492,19 @@ impl DeviceState {
         peaks.reset = true;
     }
 
+    /// The snapshot of the stack's top resource (its segments and blocks, and the trace of a
+    /// history if one records).
+    ///
+    /// # Errors
+    /// [`MrError::Unsupported`] for a stack whose resources keep no blocks.
+    pub(crate) fn snapshot(&self) -> MrResult<rmm::Snapshot> {
+        match &self.top {
+            Top::Pool(r) => r.snapshot(),
+            Top::StatisticsPool(r) => r.snapshot(),
+            Top::Shared(r) => r.snapshot(),
+        }
+    }
+
     /// Writes the log's buffered rows out (nothing without a log).
     pub(crate) fn flush_log(&self) -> io::Result<()> {
         self.logging
