@@ -17,7 +17,9 @@ PyTorch with CUDA; tested with torch 2.11. Which arguments go together (``resour
 library or torch is touched.
 
 The library is found from the ``library`` argument, else the ``RMM_RS_LIBRARY`` environment
-variable, else ``librmm_capi.so`` beside this file or in the repository's ``target/release``,
+variable, else the library installed with this module by its wheel (``pip install
+rmm_rs_torch-*.whl``, built by ``cargo xtask wheel``), else ``librmm_capi.so`` beside this file or
+in the repository's ``target/release``,
 ``target/gpu`` or ``target/debug`` (``cargo build --release -p rmm-capi`` builds it). No CUDA
 toolkit is needed: the library loads the driver itself.
 
@@ -184,7 +186,9 @@ def find_library(library=None):
             raise FileNotFoundError("rmm-rs library %s does not exist" % path)
         return str(path.resolve())
     here = pathlib.Path(__file__).resolve().parent
-    candidates = [here / LIBRARY_NAME] + [
+    # Installed from the wheel (``cargo xtask wheel``), the library is the package's native
+    # part: rmm_rs_torch/native/libnative.so.
+    candidates = [here / LIBRARY_NAME] + sorted((here / "native").glob("lib*.so")) + [
         here.parent / "target" / profile / LIBRARY_NAME for profile in ("release", "gpu", "debug")
     ]
     for path in candidates:

@@ -8,9 +8,12 @@ import os
 import sys
 import traceback
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-import rmm_rs_torch as rr  # noqa: E402
+try:
+    import rmm_rs_torch as rr  # installed (pip install rmm_rs_torch-*.whl)
+except ImportError:
+    # The repository's python/rmm_rs_torch.py.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    import rmm_rs_torch as rr
 
 SKIPPED = []
 

@@ -22,12 +22,16 @@ import threading
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, ".."))
 
 # Deterministic cuBLAS in both processes, so that results can be compared bit for bit.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-import rmm_rs_torch as rr  # noqa: E402
+try:
+    import rmm_rs_torch as rr  # installed (pip install rmm_rs_torch-*.whl)
+except ImportError:
+    # The repository's python/rmm_rs_torch.py.
+    sys.path.insert(0, os.path.join(HERE, ".."))
+    import rmm_rs_torch as rr  # noqa: E402
 
 POOL_SIZE = "1GiB"
 MAXIMUM_POOL_SIZE = "4GiB"
@@ -458,7 +462,8 @@ def main():
     )
     import torch
 
-    print("rmm-rs library %s, torch %s, %s" % (path, torch.__version__, torch.cuda.get_device_name(0)))
+    print("rmm-rs library %s (module %s), torch %s, %s" % (path, rr.__file__, torch.__version__,
+                                                         torch.cuda.get_device_name(0)))
     deterministic(torch)
     ctx.torch = torch
     ctx.reference = torch.load(reference_file)

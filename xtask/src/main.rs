@@ -18,6 +18,7 @@ mod miri;
 mod peer;
 mod proofs;
 mod runner;
+mod wheel;
 
 use std::process::ExitCode;
 
@@ -45,6 +46,8 @@ commands:
                             (3; CI runs 2), one table row per model
   api-count [--list] [--no-build] [PACKAGE]...
                             public items of rmm-rs and rmm-mr (or PACKAGEs), by kind (nightly)
+  wheel [--out DIR]         the Python wheel rmm_rs_torch (the C library and the module), built
+                            with maturin (pip install maturin) into DIR (target/wheels)
   help                      this text";
 
 fn main() -> ExitCode {
@@ -56,6 +59,7 @@ fn main() -> ExitCode {
         Some((cmd, rest)) if cmd == "fuzz" => fuzz::run(rest),
         Some((cmd, rest)) if cmd == "loom" => loom::run(rest),
         Some((cmd, rest)) if cmd == "api-count" => api_count::run(rest),
+        Some((cmd, rest)) if cmd == "wheel" => wheel::run(rest),
         Some((cmd, _)) if matches!(cmd.as_str(), "help" | "-h" | "--help") => {
             println!("{USAGE}");
             Ok(0)
