@@ -89,6 +89,15 @@ fn build(name: &str, max: usize) -> Box<dyn DeviceMemoryResource> {
         "vmm_pool" => {
             Box::new(VmmPoolMemoryResource::simulated(VmmPoolOptions::new(64 << 30)).unwrap())
         }
+        // The history adaptor over the pool (not in `all`): its cost per pair is the
+        // difference from `pool` (`HistoryResourceAdaptor`'s documentation).
+        "pool_history" => Box::new(rmm_mr::HistoryResourceAdaptor::new(
+            PoolMemoryResource::new(NullUpstream::new(), 0).unwrap(),
+        )),
+        "pool_history_bt" => Box::new(rmm_mr::HistoryResourceAdaptor::with_options(
+            PoolMemoryResource::new(NullUpstream::new(), 0).unwrap(),
+            rmm_mr::HistoryOptions::new().backtraces(true),
+        )),
         // The GPU benchmarks' baseline (`rmm_benches::naive::NaiveBestFit` hands its region to
         // the same `NaiveRegion`) over a fake region.
         "naive" => Box::new(NaiveRegion::new(1 << 40, 64 << 30)),

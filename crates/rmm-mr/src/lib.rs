@@ -50,8 +50,9 @@ pub use adaptors::logging::LoggingOptions;
 pub use adaptors::tracking::TrackingOptions;
 pub use adaptors::{
     AlignedOptions, AlignedResourceAdaptor, FailureCallbackOptions, FailureCallbackResourceAdaptor,
-    LimitingOptions, LimitingResourceAdaptor, LoggingResourceAdaptor, PrefetchResourceAdaptor,
-    StatisticsResourceAdaptor, ThreadSafeResourceAdaptor, TrackingResourceAdaptor,
+    HistoryOptions, HistoryResourceAdaptor, LimitingOptions, LimitingResourceAdaptor,
+    LoggingResourceAdaptor, PrefetchResourceAdaptor, StatisticsResourceAdaptor,
+    ThreadSafeResourceAdaptor, TrackingResourceAdaptor,
 };
 pub use arena::{ArenaMemoryResource, ArenaOptions};
 pub use binning::{BinningMemoryResource, BinningOptions};
@@ -181,6 +182,7 @@ mod send_sync {
         assert_send_sync::<FailureCallbackResourceAdaptor>();
         assert_send_sync::<FailureCallbackResourceAdaptor<CudaMemoryResource>>();
         assert_send_sync::<PrefetchResourceAdaptor>();
+        assert_send_sync::<HistoryResourceAdaptor>();
         assert_send_sync::<PrefetchResourceAdaptor<CudaMemoryResource>>();
         #[cfg(feature = "debug-log")]
         assert_send_sync::<debug_log::DebugLogError>();

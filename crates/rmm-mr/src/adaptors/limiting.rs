@@ -275,6 +275,28 @@ impl<U: DeviceMemoryResource> fmt::Debug for LimitingResourceAdaptor<U> {
     }
 }
 
+impl<U: DeviceMemoryResource> LimitingResourceAdaptor<U> {
+    /// What the adaptor knew when a request of `bytes` failed: the limit it hit
+    /// (`limit_hit`), or its upstream's refusal. It sees no blocks: the free bytes are what
+    /// the limit leaves.
+    #[cold]
+    #[inline(never)]
+    fn oom_report(&self, bytes: usize, limit_hit: bool) -> crate::OomReport {
+        let in_use = self.allocated_bytes();
+        let free = self.inner.limit.saturating_sub(in_use);
+        crate::OomReport {
+            resource: "limiting_resource_adaptor",
+            reserved: in_use,
+            in_use,
+            free,
+            largest_free_block: free,
+            limit: Some(self.inner.limit),
+            ..crate::OomReport::new(bytes)
+        }
+        .classified(limit_hit, !limit_hit)
+    }
+}
+
 // SAFETY: every pointer handed out is one the upstream (itself bound by this trait's
 // contract) handed out, for at least the bytes asked for here, and it goes back to the
 // upstream only when it is freed here.
@@ -286,9 +308,9 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for LimitingResourceAd
         alignment: usize,
     ) -> MrResult<DevicePtr> {
         let exceeded = || {
-            MrError::out_of_memory(
-                bytes,
+            MrError::out_of_memory_with(
                 format!("Exceeded memory limit (failed to allocate {bytes} bytes)"),
+                self.oom_report(bytes, true),
             )
         };
         let size = self.counted(bytes).ok_or_else(exceeded)?;
@@ -300,7 +322,11 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for LimitingResourceAd
             Ok(p) => Ok(p),
             Err(e) => {
                 self.inner.unreserve(size);
-                Err(e)
+                Err(if e.is_out_of_memory() {
+                    e.with_oom_report(|requested| self.oom_report(requested, false))
+                } else {
+                    e
+                })
             }
         }
     }

@@ -3,6 +3,7 @@
 
 mod aligned;
 mod failure_callback;
+mod history;
 mod limiting;
 pub mod logging;
 mod prefetch;
@@ -14,6 +15,7 @@ pub use aligned::{AlignedOptions, AlignedResourceAdaptor};
 pub use failure_callback::{
     FailureCallback, FailureCallbackOptions, FailureCallbackResourceAdaptor, FailureFilter,
 };
+pub use history::{HistoryOptions, HistoryResourceAdaptor};
 pub use limiting::{LimitingOptions, LimitingResourceAdaptor};
 pub use logging::LoggingResourceAdaptor;
 pub use prefetch::PrefetchResourceAdaptor;

@@ -273,6 +273,10 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for ArenaMemoryResourc
         self.inner.deallocate(stream, ptr, bytes)
     }
 
+    fn snapshot(&self) -> MrResult<crate::Snapshot> {
+        Ok(self.inner.memory_snapshot())
+    }
+
     crate::resource::resource_tail! {
         is_equal: shared(inner),
         properties: forward(inner.upstream),

@@ -394,7 +394,9 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for BinningMemoryResou
         }
         let required = alignment::check_valid(alignment)?;
         let mr = inner.route(v, bytes, required);
-        let ptr = mr.allocate(stream, bytes, alignment)?;
+        let ptr = mr
+            .allocate(stream, bytes, alignment)
+            .map_err(|e| self.with_oom_report(e))?;
         if ptr.is_aligned(required) {
             return Ok(ptr);
         }
@@ -441,9 +443,63 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for BinningMemoryResou
         }
     }
 
+    fn snapshot(&self) -> MrResult<crate::Snapshot> {
+        let mut snapshot = crate::Snapshot::default();
+        for (_, bin) in self.inner.routes.bins() {
+            let part = match bin {
+                Bin::Fixed(fixed) => fixed.diagnostics_snapshot(),
+                Bin::Other(other) => match other.snapshot() {
+                    Ok(s) => s,
+                    Err(MrError::Unsupported(_)) => continue,
+                    Err(e) => return Err(e),
+                },
+            };
+            snapshot.segments.extend(part.segments);
+            snapshot.trace.extend(part.trace);
+        }
+        snapshot.segments.sort_by_key(|s| (s.device, s.address));
+        Ok(snapshot)
+    }
+
     crate::resource::resource_tail! {
         is_equal: shared(inner),
         properties: forward(inner.upstream),
+    }
+}
+
+impl<U: DeviceMemoryResource> BinningMemoryResource<U> {
+    /// `e` with a report attached when it is out-of-memory from a route that attached none
+    /// (an upstream or a caller's bin without reports): the bins' memory, and the verdict that
+    /// the resource behind the route refused.
+    #[cold]
+    #[inline(never)]
+    fn with_oom_report(&self, e: MrError) -> MrError {
+        if !e.is_out_of_memory() {
+            return e;
+        }
+        e.with_oom_report(|requested| {
+            let snapshot = crate::DeviceMemoryResource::snapshot(self).unwrap_or_default();
+            let reserved = snapshot.reserved_bytes();
+            let in_use = snapshot.allocated_bytes();
+            let largest = snapshot
+                .segments
+                .iter()
+                .flat_map(|s| &s.blocks)
+                .filter(|b| !b.allocated)
+                .map(|b| b.size)
+                .max()
+                .unwrap_or(0);
+            crate::OomReport {
+                resource: "binning_memory_resource",
+                reserved,
+                in_use,
+                free: reserved.saturating_sub(in_use),
+                largest_free_block: largest,
+                // The bins' free blocks cannot serve a request routed past them.
+                verdict: crate::Verdict::UpstreamRefused,
+                ..crate::OomReport::new(requested)
+            }
+        })
     }
 }
 

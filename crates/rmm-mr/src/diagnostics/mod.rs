@@ -12,8 +12,11 @@
 //!
 //! This module makes no CUDA calls.
 
+pub(crate) mod build;
 mod report;
 mod snapshot;
+#[cfg(test)]
+mod tests;
 mod torch;
 
 pub use report::{OomReport, Verdict};

@@ -11,8 +11,8 @@ pub enum Verdict {
     /// Enough bytes are free in total, but no free block (in any stream's list) is large
     /// enough: the free memory is split into pieces.
     Fragmentation,
-    /// A configured maximum (a pool's maximum size, a limiting adaptor's limit) stops the
-    /// resource from taking more memory.
+    /// A configured maximum (a pool's maximum size, a limiting adaptor's limit, an arena's
+    /// size, a fixed-size resource's block size) stops the request.
     Limit,
     /// The resource asked its upstream (or the driver) for more memory and was refused.
     UpstreamRefused,
@@ -102,6 +102,9 @@ pub struct OomReport {
     pub limit: Option<usize>,
     /// Why the request failed.
     pub verdict: Verdict,
+    /// The device's free memory (`cuMemGetInfo`) where the resource asked the driver
+    /// (the CUDA and driver-pool resources); PyTorch's `device_free` of an `oom` event.
+    pub device_free: Option<usize>,
 }
 
 impl OomReport {
@@ -180,6 +183,9 @@ impl fmt::Display for OomReport {
                 write!(f, "{sep}{stream:#x}: {}", Human(*bytes))?;
             }
             f.write_str(")")?;
+        }
+        if let Some(device_free) = self.device_free {
+            write!(f, "; device free {}", Human(device_free))?;
         }
         write!(f, "; verdict: {}", self.verdict)
     }

@@ -9,6 +9,7 @@
 
 pub(crate) mod block_table;
 pub(crate) mod chunk;
+mod diagnostics;
 pub(crate) mod resource;
 pub(crate) mod ring;
 

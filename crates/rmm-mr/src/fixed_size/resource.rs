@@ -78,7 +78,7 @@ impl FixedSizeOptions {
 /// every list shares and this list's snapshot of its chunk table (refreshed only when a chunk
 /// is missing from it: chunks are only ever added).
 #[derive(Debug, Clone)]
-struct FixedBlocks {
+pub(super) struct FixedBlocks {
     free: Ring<(u64, BlockId)>,
     ledger: Arc<BlockLedger>,
     table: BlockTable,
@@ -244,16 +244,27 @@ impl FreeBlocks for FixedBlocks {
         self.ledger.handed_out()
     }
 
-    #[cfg(test)]
     fn free_blocks(&self) -> Vec<(u64, usize)> {
         let size = self.ledger.block_size();
         self.free.iter().map(|(addr, _)| (addr, size)).collect()
     }
+
+    fn handed_blocks(&self) -> Vec<(u64, usize)> {
+        let table = self.ledger.table();
+        table
+            .chunks()
+            .flat_map(|c| {
+                c.blocks()
+                    .enumerate()
+                    .filter_map(|(i, (addr, _))| c.handed_size(i).map(|s| (addr, s)))
+            })
+            .collect()
+    }
 }
 
-struct FixedSize<U: DeviceMemoryResource> {
-    core: StreamOrdered<FixedBlocks>,
-    block_size: usize,
+pub(super) struct FixedSize<U: DeviceMemoryResource> {
+    pub(super) core: StreamOrdered<FixedBlocks>,
+    pub(super) block_size: usize,
     chunk_size: usize,
     upstream: U,
 }
@@ -302,7 +313,7 @@ fn larger_than_a_block(bytes: usize) -> MrError {
 /// - Copies share state and are equal; two resources are unequal.
 #[doc(alias = "rmm::mr::fixed_size_memory_resource")]
 pub struct FixedSizeMemoryResource<U: DeviceMemoryResource = SharedResource> {
-    inner: Arc<FixedSize<U>>,
+    pub(super) inner: Arc<FixedSize<U>>,
 }
 
 impl<U: DeviceMemoryResource> Clone for FixedSizeMemoryResource<U> {
@@ -462,6 +473,10 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for FixedSizeMemoryRes
         unsafe { self.deallocate_block(stream, ptr, bytes) }
     }
 
+    fn snapshot(&self) -> MrResult<crate::Snapshot> {
+        Ok(self.diagnostics_snapshot())
+    }
+
     crate::resource::resource_tail! {
         is_equal: shared(inner),
         properties: forward(inner.upstream),
@@ -482,22 +497,25 @@ impl<U: DeviceMemoryResource> FixedSizeMemoryResource<U> {
         }
         let inner = &*self.inner;
         if bytes > inner.block_size {
-            return Err(larger_than_a_block(bytes));
+            return Err(self.with_oom_report(larger_than_a_block(bytes)));
         }
         // `block_size` is a multiple of 256, so this cannot overflow past it.
         let size = align_up(bytes, ALLOCATION_ALIGNMENT);
-        inner.core.allocate(stream, size, &inner.upstream, |_| {
-            // One chunk of the configured block count, under pressure too (RMM's growth; it
-            // never doubles). A pool beneath sees the pressure (`PressureScope`) and grows by
-            // this chunk only.
-            let size = inner.chunk_size;
-            let chunk = inner
-                .upstream
-                .allocate(stream, size, ALLOCATION_ALIGNMENT)?;
-            // SAFETY: the upstream just handed out this chunk on `stream` for `size` bytes.
-            let chunk = unsafe { accept_chunk(&inner.upstream, stream, chunk, size, NAME)? };
-            Ok((chunk, size))
-        })
+        inner
+            .core
+            .allocate(stream, size, &inner.upstream, |_| {
+                // One chunk of the configured block count, under pressure too (RMM's growth; it
+                // never doubles). A pool beneath sees the pressure (`PressureScope`) and grows by
+                // this chunk only.
+                let size = inner.chunk_size;
+                let chunk = inner
+                    .upstream
+                    .allocate(stream, size, ALLOCATION_ALIGNMENT)?;
+                // SAFETY: the upstream just handed out this chunk on `stream` for `size` bytes.
+                let chunk = unsafe { accept_chunk(&inner.upstream, stream, chunk, size, NAME)? };
+                Ok((chunk, size))
+            })
+            .map_err(|e| self.with_oom_report(e))
     }
 
     /// [`deallocate`](DeviceMemoryResource::deallocate), which ignores the alignment.

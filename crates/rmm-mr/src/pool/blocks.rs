@@ -187,7 +187,10 @@ impl<C: ChunkLayout> FreeBlocks for PoolBlocks<C> {
         self.handed.totals()
     }
 
-    #[cfg(test)]
+    fn handed_blocks(&self) -> Vec<(u64, usize)> {
+        self.handed.blocks()
+    }
+
     fn free_blocks(&self) -> Vec<(u64, usize)> {
         self.free
             .blocks()

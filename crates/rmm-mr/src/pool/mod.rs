@@ -12,6 +12,7 @@
 
 pub(crate) mod blocks;
 pub(crate) mod boundary_list;
+pub(crate) mod diagnostics;
 pub(crate) mod free_list;
 pub(crate) mod growth;
 pub(crate) mod resource;

@@ -344,6 +344,10 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for PoolMemoryResource
         unsafe { self.inner.deallocate(stream, ptr, bytes, alignment) }
     }
 
+    fn snapshot(&self) -> MrResult<crate::Snapshot> {
+        Ok(self.inner.snapshot())
+    }
+
     crate::resource::resource_tail! {
         is_equal: shared(inner),
         properties: forward(inner.growth.upstream),
@@ -592,7 +596,9 @@ mod tests {
             e.to_string(),
             "std::bad_alloc: out_of_memory: Maximum pool size exceeded (failed to allocate \
              8.000000 KiB): Not enough room to grow, current/max/try size = 4.000000 KiB, \
-             8.000000 KiB, 8.000000 KiB"
+             8.000000 KiB, 8.000000 KiB; pool_memory_resource requested 8.0 KiB; in use 3.5 KiB \
+             of 4.0 KiB reserved (max 8.0 KiB); free 512 B, largest free block 512 B; \
+             verdict: limit"
         );
         // SAFETY: all three came from `p` with these sizes.
         unsafe {

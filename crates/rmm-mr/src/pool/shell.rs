@@ -137,6 +137,7 @@ impl<G: Growth> Pool<G> {
             .allocate(stream, size, self.growth.source(), |ask| {
                 self.growth.grow(stream, bytes, size, ask)
             })
+            .map_err(|e| self.with_oom_report(e))
     }
 
     /// `bytes` aligned to `alignment` (above 256), from a larger block.

@@ -73,6 +73,7 @@ unsafe impl DeviceMemoryResource for CudaMemoryResource {
         alignment: usize,
     ) -> MrResult<DevicePtr> {
         base_allocate(bytes, alignment, memory::mem_alloc)
+            .map_err(|e| super::diagnostics::with_device_report(e, "cuda_memory_resource"))
     }
 
     unsafe fn deallocate(

@@ -111,8 +111,16 @@ pub(crate) unsafe fn pool_allocate(
     let raw = stream.as_raw();
     // SAFETY: the view's handle is valid (its invariant) and the pool is live (the caller's
     // contract).
-    let p = unsafe { mempool::mem_alloc_from_pool_async(bytes, pool, raw) }
-        .map_err(|e| MrError::from_allocation(e, bytes))?;
+    let p = unsafe { mempool::mem_alloc_from_pool_async(bytes, pool, raw) }.map_err(|e| {
+        // SAFETY: the pool is live (the caller's contract).
+        unsafe {
+            super::diagnostics::with_pool_report(
+                MrError::from_allocation(e, bytes),
+                pool,
+                "cuda_async_memory_resource",
+            )
+        }
+    })?;
     ORIGINS.allocated(p.addr(), per_thread(raw));
     Ok(p)
 }

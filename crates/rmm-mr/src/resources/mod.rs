@@ -5,6 +5,7 @@ mod cuda;
 mod cuda_async;
 mod cuda_async_managed;
 mod cuda_async_view;
+mod diagnostics;
 mod managed;
 mod pinned_host;
 mod pool_origins;

@@ -189,6 +189,15 @@ impl<V: Copy + Default> AddrTable<V> {
         Ok(value)
     }
 
+    /// Every key with its value.
+    pub(crate) fn entries(&self) -> impl Iterator<Item = (u64, V)> + '_ {
+        self.slots
+            .iter()
+            .filter(|s| s.0 != EMPTY)
+            .copied()
+            .chain(self.empty_key.map(|v| (EMPTY, v)))
+    }
+
     /// Every value.
     pub(crate) fn values(&self) -> impl Iterator<Item = V> + '_ {
         self.slots

@@ -130,9 +130,13 @@ pub(crate) trait FreeBlocks: Clone + Send + 'static {
     /// Number of blocks handed out by the resource and the sum of their sizes.
     fn handed_out(&self) -> (usize, usize);
 
-    /// The free blocks of this list, `(address, size)`, in the list's order (tests).
-    #[cfg(test)]
+    /// The free blocks of this list, `(address, size)`, in the list's order (tests, and
+    /// snapshots and out-of-memory reports, on their cold paths).
     fn free_blocks(&self) -> Vec<(u64, usize)>;
+
+    /// The blocks handed out by the resource, `(address, rounded size)`, in no order
+    /// (snapshots, on their cold path).
+    fn handed_blocks(&self) -> Vec<(u64, usize)>;
 }
 
 /// What the core asks of its resource's growth (the `expand` closure of
@@ -1324,6 +1328,39 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         Ok(())
     }
 
+    /// The free blocks of every list holding some, by key, legacy list first (the read of
+    /// `pool/diagnostics.rs`: snapshots and out-of-memory reports, never on a hot path).
+    pub(crate) fn free_lists(&self) -> Vec<(StreamKey, Vec<(u64, usize)>)> {
+        self.lists()
+            .filter_map(|l| {
+                let st = l.lock();
+                Some((st.key()?, st.blocks.free_blocks()))
+            })
+            .filter(|(_, blocks)| !blocks.is_empty())
+            .collect()
+    }
+
+    /// The upstream chunks, `(address, size)` by address (`pool/diagnostics.rs`).
+    pub(crate) fn chunk_list(&self) -> Vec<(u64, usize)> {
+        self.lock_chunks().iter().map(|(&a, &s)| (a, s)).collect()
+    }
+
+    /// The blocks handed out, `(address, rounded size)`, and their total bytes
+    /// (`pool/diagnostics.rs`).
+    pub(crate) fn handed_blocks(&self) -> Vec<(u64, usize)> {
+        self.empty.handed_blocks()
+    }
+
+    /// The bytes handed out and not freed (rounded sizes) (`pool/diagnostics.rs`).
+    pub(crate) fn in_use(&self) -> usize {
+        self.empty.handed_out().1
+    }
+
+    /// The device the core was built on (`pool/diagnostics.rs`).
+    pub(crate) fn device(&self) -> Option<DeviceId> {
+        self.device
+    }
+
     /// Everything the core keeps (tests).
     #[cfg(test)]
     pub(crate) fn state(&self) -> CoreState {
@@ -1639,6 +1676,11 @@ mod fault_tests {
 
         fn free_blocks(&self) -> Vec<(u64, usize)> {
             self.free.iter().map(|&a| (a, BLOCK)).collect()
+        }
+
+        fn handed_blocks(&self) -> Vec<(u64, usize)> {
+            let record = self.record.lock().unwrap();
+            record.iter().map(|(&a, &(s, _))| (a, s)).collect()
         }
     }
 

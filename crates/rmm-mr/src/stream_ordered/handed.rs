@@ -66,6 +66,16 @@ impl<T: Copy + Default> HandedMap<T> {
             .map_err(|kept| kept.map(|h| h.size))
     }
 
+    /// Every block handed out, `(address, size)`, each shard read under its lock in turn
+    /// (snapshots: exact when nothing runs concurrently).
+    pub(crate) fn blocks(&self) -> Vec<(u64, usize)> {
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            out.extend(shard.lock().entries().map(|(a, h)| (a, h.size)));
+        }
+        out
+    }
+
     /// Number of blocks handed out and the sum of their sizes (each shard read under its lock
     /// in turn: exact when nothing runs concurrently).
     pub(crate) fn totals(&self) -> (usize, usize) {

@@ -356,6 +356,10 @@ unsafe impl DeviceMemoryResource for VmmPoolMemoryResource {
         unsafe { self.inner.deallocate(stream, ptr, bytes, alignment) }
     }
 
+    fn snapshot(&self) -> MrResult<crate::Snapshot> {
+        Ok(self.inner.snapshot())
+    }
+
     crate::resource::resource_tail! {
         is_equal: shared(inner),
         properties: forward(inner.growth),

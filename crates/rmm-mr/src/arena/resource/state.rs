@@ -22,6 +22,8 @@ use crate::resource::DeviceMemoryResource;
 use crate::util::cross_thread::{needs_legacy_order, Origin};
 use crate::util::format::format_bytes;
 
+mod diagnostics;
+
 /// Pending frees looked at by every allocation that touches the global arena.
 const REAP_BATCH: usize = 2;
 
@@ -450,15 +452,16 @@ impl<U: DeviceMemoryResource> State<U> {
         self.arena_count.store(map.len(), Ordering::Relaxed);
     }
 
+    #[cold]
     fn out_of_memory(&self, bytes: usize) -> MrError {
         if self.dump_log_on_failure {
             log::error!(target: DUMP_LOG_TARGET, "{}", self.memory_dump(Some(bytes)));
         }
-        MrError::out_of_memory(
-            bytes,
+        MrError::out_of_memory_with(
             format!(
                 "Maximum pool size exceeded (failed to allocate {bytes} bytes): No room in arena."
             ),
+            self.oom_report(bytes),
         )
     }
 

@@ -1,0 +1,76 @@
+//! Out-of-memory reports and snapshots of the fixed-size resource (cold paths only).
+
+use crate::diagnostics::build::{self, Piece};
+use crate::diagnostics::{OomReport, Snapshot};
+use crate::error::MrError;
+use crate::fixed_size::resource::FixedSizeMemoryResource;
+use crate::pool::diagnostics::stream_number;
+use crate::resource::DeviceMemoryResource;
+
+impl<U: DeviceMemoryResource> FixedSizeMemoryResource<U> {
+    /// `e` with an [`OomReport`] attached when it is out-of-memory and carries none (the
+    /// upstream's own report is kept: it refused).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn with_oom_report(&self, e: MrError) -> MrError {
+        if !e.is_out_of_memory() {
+            return e;
+        }
+        let core = &self.inner.core;
+        let block_size = self.inner.block_size;
+        e.with_oom_report(|requested| {
+            let lists: Vec<(u64, Vec<(u64, usize)>)> = core
+                .free_lists()
+                .into_iter()
+                .map(|(k, b)| (stream_number(k), b))
+                .collect();
+            let mut report = OomReport {
+                resource: "fixed_size_memory_resource",
+                reserved: core.pool_size(),
+                in_use: core.outstanding().saturating_mul(block_size),
+                ..OomReport::new(requested)
+            };
+            build::free_lists(&mut report, &lists);
+            if requested > block_size {
+                // The block size is the configured maximum of every request.
+                report.verdict = crate::diagnostics::Verdict::Limit;
+                report
+            } else {
+                report.classified(false, true)
+            }
+        })
+    }
+
+    /// The chunks with their blocks: handed-out blocks with the bytes requested (rounded to
+    /// 256), free blocks with the stream whose list holds them.
+    pub(crate) fn diagnostics_snapshot(&self) -> Snapshot {
+        let core = &self.inner.core;
+        let block_size = self.inner.block_size;
+        let mut pieces: Vec<Piece> = core
+            .handed_blocks()
+            .into_iter()
+            .map(|(address, requested)| Piece {
+                address,
+                size: block_size,
+                allocated: true,
+                stream: 0,
+                requested,
+            })
+            .collect();
+        for (key, blocks) in core.free_lists() {
+            let stream = stream_number(key);
+            pieces.extend(blocks.into_iter().map(|(address, size)| Piece {
+                address,
+                size,
+                allocated: false,
+                stream,
+                requested: 0,
+            }));
+        }
+        let device = core.device().map_or(0, rmm_sys::DeviceId::value);
+        Snapshot {
+            segments: build::segments(device, &core.chunk_list(), &mut pieces),
+            trace: Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! Out-of-memory reports and snapshots of the pool and the VMM pool (the shared shell,
+//! [`Pool`]). Everything here runs on cold paths and reads the stream-ordered core through
+//! five narrow calls: `free_lists`, `chunk_list`, `handed_blocks`, `in_use`, `device` (plus
+//! `pool_size`).
+
+use crate::diagnostics::build::{self, Piece};
+use crate::diagnostics::{OomReport, Snapshot};
+use crate::error::MrError;
+use crate::pool::blocks::ChunkLayout;
+use crate::pool::shell::{Growth, Pool};
+use crate::stream_ordered::stream_lists::StreamKey;
+use rmm_sys::{checked_align_up, ALLOCATION_ALIGNMENT};
+
+/// The number a stream list is reported under: the stream's id (`cuStreamGetId`) for
+/// ordinary streams, 0 for the legacy default stream, 2 (`CU_STREAM_PER_THREAD`) for a
+/// per-thread default stream, `u64::MAX` for the list of blocks whose stream is gone.
+pub(crate) fn stream_number(key: StreamKey) -> u64 {
+    match key {
+        StreamKey::Legacy => 0,
+        StreamKey::PerThread(_) => 2,
+        StreamKey::Stream(id) => id,
+        StreamKey::Orphan => u64::MAX,
+    }
+}
+
+fn numbered(lists: Vec<(StreamKey, Vec<(u64, usize)>)>) -> Vec<(u64, Vec<(u64, usize)>)> {
+    lists
+        .into_iter()
+        .map(|(k, blocks)| (stream_number(k), blocks))
+        .collect()
+}
+
+impl<G: Growth> Pool<G> {
+    /// `e` with an [`OomReport`] attached when it is out-of-memory (the failure path of
+    /// `allocate`).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn with_oom_report(&self, e: MrError) -> MrError {
+        if !e.is_out_of_memory() {
+            return e;
+        }
+        e.with_oom_report(|requested| {
+            let mut report = OomReport {
+                resource: G::NAME,
+                reserved: self.core.pool_size(),
+                in_use: self.core.in_use(),
+                limit: self.growth.release_limit(),
+                ..OomReport::new(requested)
+            };
+            build::free_lists(&mut report, &numbered(self.core.free_lists()));
+            let rounded = checked_align_up(requested, ALLOCATION_ALIGNMENT).unwrap_or(usize::MAX);
+            let limit_hit = report
+                .limit
+                .is_some_and(|max| report.reserved.saturating_add(rounded) > max);
+            report.classified(limit_hit, !limit_hit)
+        })
+    }
+
+    /// The chunks with their free and handed-out blocks.
+    pub(crate) fn snapshot(&self) -> Snapshot {
+        let device = self.core.device().map_or(0, rmm_sys::DeviceId::value);
+        let mut pieces: Vec<Piece> = self
+            .core
+            .handed_blocks()
+            .into_iter()
+            .map(|(address, size)| Piece {
+                address,
+                size,
+                allocated: true,
+                stream: 0,
+                requested: size,
+            })
+            .collect();
+        for (stream, blocks) in numbered(self.core.free_lists()) {
+            pieces.extend(blocks.into_iter().map(|(address, size)| Piece {
+                address,
+                size,
+                allocated: false,
+                stream,
+                requested: 0,
+            }));
+        }
+        let mut chunks = self.core.chunk_list();
+        if !<G::Layout as ChunkLayout>::HEADS {
+            // Chunks mapped one after the other merge (the VMM pool): one segment per run of
+            // contiguous chunks, as PyTorch's expandable segments.
+            chunks = merge_contiguous(chunks);
+        }
+        Snapshot {
+            segments: build::segments(device, &chunks, &mut pieces),
+            trace: Vec::new(),
+        }
+    }
+}
+
+/// `chunks` (sorted by address) with each run of contiguous ones made one.
+fn merge_contiguous(chunks: Vec<(u64, usize)>) -> Vec<(u64, usize)> {
+    let mut out: Vec<(u64, usize)> = Vec::with_capacity(chunks.len());
+    for (addr, size) in chunks {
+        match out.last_mut() {
+            Some(last) if last.0 + last.1 as u64 == addr => last.1 += size,
+            _ => out.push((addr, size)),
+        }
+    }
+    out
+}
