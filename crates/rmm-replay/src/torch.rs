@@ -469,6 +469,33 @@ mod tests {
         assert!(w.steps[..2].iter().all(|s| s.line == 0));
     }
 
+    /// What rmm-rs writes in PyTorch's format (`Snapshot::write_pickle`, with a history's
+    /// trace) replays as torch's own snapshots do.
+    #[test]
+    fn rmm_rs_snapshots_replay_too() {
+        use rmm::mr::{
+            DeviceMemoryResource, HistoryResourceAdaptor, PoolMemoryResource, PoolOptions,
+            SimulatedMemoryResource,
+        };
+        let s = rmm::stream::CudaStreamView::legacy();
+        let pool = PoolMemoryResource::with_options(
+            SimulatedMemoryResource::new(1 << 30).unwrap(),
+            PoolOptions::new(0),
+        )
+        .unwrap();
+        let mr = HistoryResourceAdaptor::new(pool);
+        mr.allocate(s, 1 << 20, 256).unwrap();
+        mr.allocate(s, 3 << 20, 256).unwrap();
+        let mut bytes = Vec::new();
+        mr.snapshot().unwrap().write_pickle(&mut bytes).unwrap();
+        assert!(looks_like_pickle(&bytes));
+        let loaded = load_snapshot(bytes.as_slice()).unwrap();
+        assert_eq!(loaded.len(), 1);
+        let w = &loaded[0].1;
+        assert_eq!((w.allocations(), w.frees(), w.before_trace), (2, 0, 0));
+        assert_eq!(w.in_use, [1 << 20, 4 << 20]);
+    }
+
     #[test]
     fn wrong_shapes_name_the_value() {
         let e = read_snapshot(pickle(&Value::List(vec![])).as_slice()).unwrap_err();
