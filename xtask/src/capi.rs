@@ -39,6 +39,10 @@ pub(crate) const PYTHON_FILES: &[(&str, &str)] = &[
     ("python/bench_torch.py", "python/bench_torch.py"),
     ("python/tests/test_torch.py", "python/tests/test_torch.py"),
     ("python/tests/test_ctypes.py", "python/tests/test_ctypes.py"),
+    (
+        "python/tools/make_torch_snapshots.py",
+        "python/tools/make_torch_snapshots.py",
+    ),
 ];
 
 /// The header, relative to the repository root.
