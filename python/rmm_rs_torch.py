@@ -1,11 +1,14 @@
 """rmm-rs as PyTorch's CUDA allocator, through the C library of rmm-rs (crate rmm-capi).
 
     import rmm_rs_torch
-    rmm_rs_torch.use_rmm_rs_allocator()          # a pool of half the free memory, per device
+    rmm_rs_torch.enable()          # a pool of half the free memory, per device
     import torch   # (or before; what matters is that no CUDA work ran yet)
     x = torch.randn(1024, 1024, device="cuda")   # served by an rmm-rs pool
     assert rmm_rs_torch.is_active()
-    print(rmm_rs_torch.statistics())
+    print(rmm_rs_torch.memory_stats())           # torch's key names
+    print(rmm_rs_torch.max_memory_allocated())
+    rmm_rs_torch.reset_peak_memory_stats()
+    rmm_rs_torch.dump_snapshot("snapshot.pickle") # torch.cuda.memory._dump_snapshot's format
 
 Linux only (the library is librmm_capi.so; PyTorch's CUDAPluggableAllocator), Python 3, and a
 PyTorch with CUDA; tested with torch 2.11. Which arguments go together (``resource`` "pool",
@@ -14,16 +17,24 @@ PyTorch with CUDA; tested with torch 2.11. Which arguments go together (``resour
 library or torch is touched.
 
 The library is found from the ``library`` argument, else the ``RMM_RS_LIBRARY`` environment
-variable, else ``librmm_capi.so`` beside this file or in the repository's ``target/release``,
+variable, else the library installed with this module by its wheel (``pip install
+rmm_rs_torch-*.whl``, built by ``cargo xtask wheel``), else ``librmm_capi.so`` beside this file or
+in the repository's ``target/release``,
 ``target/gpu`` or ``target/debug`` (``cargo build --release -p rmm-capi`` builds it). No CUDA
 toolkit is needed: the library loads the driver itself.
 
+``enable`` is ``use_rmm_rs_allocator``. PyTorch's own ``torch.cuda.memory_stats()``,
+``max_memory_allocated()`` and ``reset_peak_memory_stats()`` do not work under a pluggable
+allocator; the functions of the same names here answer from rmm-rs's statistics instead.
+
 The functions below but ``use_rmm_rs_allocator`` need no torch: ``configure``, ``statistics``,
-``flush_log``, ``parse_size`` work through ctypes alone (for C-level tests, or for any other
+``memory_stats`` and the other statistics, ``dump_snapshot``, ``flush_log``, ``parse_size``
+work through ctypes alone (for C-level tests, or for any other
 program that loads the same library).
 
 A failed allocation raises in Python: the hook throws a C++ ``std::bad_alloc`` subclass with the
-library's message (``std::bad_alloc: out_of_memory: ...``), which PyTorch turns into a Python
+library's message (``std::bad_alloc: out_of_memory: ...``, with the resource's out-of-memory
+report: the request, the bytes in use, reserved and free), which PyTorch turns into a Python
 exception. See the guide page "Using rmm-rs from PyTorch and C" for which class.
 """
 
@@ -37,8 +48,16 @@ __all__ = [
     "check_combination",
     "is_active",
     "use_rmm_rs_allocator",
+    "enable",
     "configure",
     "statistics",
+    "memory_stats",
+    "memory_allocated",
+    "max_memory_allocated",
+    "memory_reserved",
+    "max_memory_reserved",
+    "reset_peak_memory_stats",
+    "dump_snapshot",
     "flush_log",
     "parse_size",
     "find_library",
@@ -47,7 +66,7 @@ __all__ = [
 
 ENV_LIBRARY = "RMM_RS_LIBRARY"
 LIBRARY_NAME = "librmm_capi.so"
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 SUCCESS = 0
 ERROR_NAMES = {
@@ -135,6 +154,8 @@ class Statistics(ctypes.Structure):
         ("failed_frees", ctypes.c_uint64),
         ("statistics_enabled", ctypes.c_int32),
         ("device", ctypes.c_int32),
+        ("peak_pool_size", ctypes.c_uint64),
+        ("out_of_memory_failures", ctypes.c_uint64),
     ]
 
 
@@ -165,7 +186,9 @@ def find_library(library=None):
             raise FileNotFoundError("rmm-rs library %s does not exist" % path)
         return str(path.resolve())
     here = pathlib.Path(__file__).resolve().parent
-    candidates = [here / LIBRARY_NAME] + [
+    # Installed from the wheel (``cargo xtask wheel``), the library is the package's native
+    # part: rmm_rs_torch/native/libnative.so.
+    candidates = [here / LIBRARY_NAME] + sorted((here / "native").glob("lib*.so")) + [
         here.parent / "target" / profile / LIBRARY_NAME for profile in ("release", "gpu", "debug")
     ]
     for path in candidates:
@@ -200,6 +223,8 @@ def load_library(library=None):
             ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
         ),
         "rmm_rs_get_statistics": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(Statistics)]),
+        "rmm_rs_reset_peak_statistics": (ctypes.c_int, [ctypes.c_int]),
+        "rmm_rs_dump_snapshot": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p]),
         "rmm_rs_flush_log": (ctypes.c_int, [ctypes.c_int]),
         "rmm_rs_last_error": (ctypes.c_char_p, []),
         "rmm_rs_last_error_code": (ctypes.c_int, []),
@@ -336,6 +361,9 @@ def use_rmm_rs_allocator(
     return path
 
 
+enable = use_rmm_rs_allocator
+
+
 def is_active(device=None):
     """Whether PyTorch's CUDA allocations on ``device`` (default: the current one) come from
     rmm-rs: allocates one small tensor and checks that the library counted it. Needs torch and a
@@ -373,6 +401,87 @@ def statistics(device=None):
     out = Statistics()
     _check(load_library().rmm_rs_get_statistics(int(device), ctypes.byref(out)))
     return {name: getattr(out, name) for name, _ in Statistics._fields_}
+
+
+def memory_stats(device=None):
+    """``torch.cuda.memory_stats`` for rmm-rs: a dict (sorted by key) with torch's key names
+    where rmm-rs counts the same thing, all for the pool "all":
+
+    - ``allocated_bytes.all.{current,peak,allocated,freed}``: bytes allocated and not freed,
+      their peak (since the last ``reset_peak_memory_stats``), and the totals allocated and
+      freed. rmm-rs counts requested bytes (torch counts its rounded blocks), so
+      ``requested_bytes.all.*`` are the same numbers.
+    - ``allocation.all.{current,peak,allocated,freed}``: the same for the number of allocations.
+    - ``reserved_bytes.all.{current,peak}``: bytes the resource holds from the device (the pool's
+      size) and their peak.
+    - ``num_ooms``: allocations that failed out of memory; ``num_alloc_retries``: 0 (rmm-rs never
+      frees its cache to retry an allocation).
+
+    and rmm-rs's own, under ``rmm_rs.``: ``failed_allocations``, ``failed_frees``,
+    ``outstanding_allocations``, ``statistics_enabled``. The byte and allocation counts are 0
+    when statistics are off (``use_rmm_rs_allocator(statistics=False)``)."""
+    s = statistics(device)
+    stats = {
+        "num_ooms": s["out_of_memory_failures"],
+        "num_alloc_retries": 0,
+        "reserved_bytes.all.current": s["pool_size"],
+        "reserved_bytes.all.peak": s["peak_pool_size"],
+        "rmm_rs.failed_allocations": s["failed_allocations"],
+        "rmm_rs.failed_frees": s["failed_frees"],
+        "rmm_rs.outstanding_allocations": s["outstanding_allocations"],
+        "rmm_rs.statistics_enabled": s["statistics_enabled"],
+    }
+    for prefix in ("allocated_bytes", "requested_bytes"):
+        stats[prefix + ".all.current"] = s["current_bytes"]
+        stats[prefix + ".all.peak"] = s["peak_bytes"]
+        stats[prefix + ".all.allocated"] = s["total_bytes"]
+        stats[prefix + ".all.freed"] = s["total_bytes"] - s["current_bytes"]
+    stats["allocation.all.current"] = s["current_allocations"]
+    stats["allocation.all.peak"] = s["peak_allocations"]
+    stats["allocation.all.allocated"] = s["total_allocations"]
+    stats["allocation.all.freed"] = s["total_allocations"] - s["current_allocations"]
+    return dict(sorted(stats.items()))
+
+
+def memory_allocated(device=None):
+    """Bytes allocated through rmm-rs and not freed (``torch.cuda.memory_allocated``)."""
+    return statistics(device)["current_bytes"]
+
+
+def max_memory_allocated(device=None):
+    """The peak of ``memory_allocated`` since the last ``reset_peak_memory_stats``
+    (``torch.cuda.max_memory_allocated``)."""
+    return statistics(device)["peak_bytes"]
+
+
+def memory_reserved(device=None):
+    """Bytes rmm-rs holds from the device (``torch.cuda.memory_reserved``)."""
+    return statistics(device)["pool_size"]
+
+
+def max_memory_reserved(device=None):
+    """The peak of ``memory_reserved`` since the last ``reset_peak_memory_stats``."""
+    return statistics(device)["peak_pool_size"]
+
+
+def reset_peak_memory_stats(device=None):
+    """Resets the peaks of ``device`` (bytes and allocations allocated, bytes reserved) to the
+    current values (``torch.cuda.reset_peak_memory_stats``)."""
+    if device is None:
+        device = _current_device()
+    _check(load_library().rmm_rs_reset_peak_statistics(int(device)))
+
+
+def dump_snapshot(path, device=None):
+    """Writes the memory snapshot of ``device`` to ``path`` in the format of
+    ``torch.cuda.memory._dump_snapshot`` (a pickle with ``segments``, the pool's chunks with their
+    blocks, and ``device_traces``), which ``python -m torch.cuda._memory_viz`` and rmm-replay
+    read. Raises RmmRsError (RMM_RS_ERROR_UNSUPPORTED when the resource keeps no blocks, e.g.
+    ``resource="cuda"``)."""
+    if device is None:
+        device = _current_device()
+    path = os.fsencode(os.path.abspath(os.fspath(path)))
+    _check(load_library().rmm_rs_dump_snapshot(int(device), path))
 
 
 def flush_log(device=-1):

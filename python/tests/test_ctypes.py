@@ -8,9 +8,12 @@ import os
 import sys
 import traceback
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-import rmm_rs_torch as rr  # noqa: E402
+try:
+    import rmm_rs_torch as rr  # installed (pip install rmm_rs_torch-*.whl)
+except ImportError:
+    # The repository's python/rmm_rs_torch.py.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    import rmm_rs_torch as rr
 
 SKIPPED = []
 
@@ -23,8 +26,10 @@ def test_layouts_match_the_header():
     assert ctypes.sizeof(rr.Options) == 48, ctypes.sizeof(rr.Options)
     assert rr.Options.log_file.offset == 24
     assert rr.Options.devices.offset == 40
-    assert ctypes.sizeof(rr.Statistics) == 88, ctypes.sizeof(rr.Statistics)
+    assert ctypes.sizeof(rr.Statistics) == 104, ctypes.sizeof(rr.Statistics)
     assert rr.Statistics.statistics_enabled.offset == 80
+    assert rr.Statistics.peak_pool_size.offset == 88
+    assert rr.Statistics.out_of_memory_failures.offset == 96
 
 
 def test_library_loads_with_its_abi():

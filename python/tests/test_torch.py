@@ -22,12 +22,16 @@ import threading
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, ".."))
 
 # Deterministic cuBLAS in both processes, so that results can be compared bit for bit.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-import rmm_rs_torch as rr  # noqa: E402
+try:
+    import rmm_rs_torch as rr  # installed (pip install rmm_rs_torch-*.whl)
+except ImportError:
+    # The repository's python/rmm_rs_torch.py.
+    sys.path.insert(0, os.path.join(HERE, ".."))
+    import rmm_rs_torch as rr  # noqa: E402
 
 POOL_SIZE = "1GiB"
 MAXIMUM_POOL_SIZE = "4GiB"
@@ -284,6 +288,72 @@ def test_over_the_maximum_raises_and_training_goes_on(ctx):
         assert math.isfinite(loss.item())
 
 
+def test_memory_stats_with_torchs_names(ctx):
+    """rmm_rs_torch's memory_stats, max_memory_allocated and reset_peak_memory_stats, which
+    answer where torch's own raise under a pluggable allocator."""
+    torch = ctx.torch
+    torch.cuda.synchronize()
+    rr.reset_peak_memory_stats()
+    base = rr.memory_stats()
+    for key in ("allocated_bytes.all.current", "allocated_bytes.all.peak",
+                "reserved_bytes.all.current", "reserved_bytes.all.peak", "num_ooms",
+                "num_alloc_retries", "allocation.all.allocated", "allocation.all.current"):
+        assert key in base, (key, sorted(base))
+    assert base["allocated_bytes.all.peak"] == base["allocated_bytes.all.current"], base
+    assert base["reserved_bytes.all.peak"] == base["reserved_bytes.all.current"], base
+    # The over-maximum test before this one ran out of memory once.
+    assert base["num_ooms"] >= 1, base
+    x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    during = rr.memory_stats()
+    grew = during["allocated_bytes.all.current"] - base["allocated_bytes.all.current"]
+    assert grew >= 64 << 20, (base, during)
+    assert rr.max_memory_allocated() >= base["allocated_bytes.all.current"] + (64 << 20)
+    assert rr.memory_allocated() == during["allocated_bytes.all.current"]
+    assert during["allocation.all.allocated"] >= base["allocation.all.allocated"] + 1
+    assert rr.memory_reserved() >= rr.memory_allocated()
+    assert rr.max_memory_reserved() >= rr.memory_reserved()
+    del x
+    torch.cuda.synchronize()
+    after = rr.memory_stats()
+    assert after["allocated_bytes.all.current"] <= during["allocated_bytes.all.current"] - (64 << 20)
+    assert after["allocated_bytes.all.peak"] >= during["allocated_bytes.all.current"], after
+    rr.reset_peak_memory_stats()
+    assert rr.max_memory_allocated() == rr.memory_allocated()
+    print("    memory_stats: peak %d B before the reset, %d after; num_ooms %d" % (
+        after["allocated_bytes.all.peak"], rr.max_memory_allocated(), after["num_ooms"]))
+
+
+def test_dump_snapshot_in_torchs_format(ctx):
+    """rmm_rs_torch.dump_snapshot writes what torch.cuda.memory._dump_snapshot writes: a pickle
+    PyTorch's own viewer reads."""
+    import pickle
+
+    torch = ctx.torch
+    keep = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    path = os.path.join(os.path.dirname(ctx.log_base), "rmm_rs_snapshot.pickle")
+    try:
+        rr.dump_snapshot(path)
+    except rr.RmmRsError as e:
+        if e.name == "RMM_RS_ERROR_UNSUPPORTED":
+            raise Skip(e.message[:200])
+        raise
+    with open(path, "rb") as f:
+        snapshot = pickle.load(f)
+    assert "segments" in snapshot and "device_traces" in snapshot, sorted(snapshot)
+    reserved = sum(seg["total_size"] for seg in snapshot["segments"])
+    allocated = sum(b["size"] for seg in snapshot["segments"] for b in seg["blocks"]
+                    if b["state"] == "active_allocated")
+    assert reserved == rr.memory_reserved(), (reserved, rr.memory_reserved())
+    assert allocated >= 8 << 20, allocated
+    viz = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "segment_plot", path,
+                          "-o", path + ".html"], capture_output=True, text=True, timeout=300)
+    assert viz.returncode == 0, (viz.stdout[-2000:], viz.stderr[-2000:])
+    print("    snapshot: %d segments, %d B reserved, %d B allocated; segment_plot ok"
+          % (len(snapshot["segments"]), reserved, allocated))
+    del keep
+
+
 def test_torch_memory_functions(ctx):
     """What the guide says of PyTorch's memory functions under rmm-rs (PyTorch's
     CUDAPluggableAllocator): the caching allocator's statistics raise, empty_cache() does
@@ -341,6 +411,8 @@ TESTS = [
     test_side_streams,
     test_fresh_python_threads,
     test_over_the_maximum_raises_and_training_goes_on,
+    test_memory_stats_with_torchs_names,
+    test_dump_snapshot_in_torchs_format,
     test_torch_memory_functions,
     test_the_log_replays,
 ] + [make_combination_test(name) for name, _ in COMBINATION_CASES]
@@ -390,7 +462,8 @@ def main():
     )
     import torch
 
-    print("rmm-rs library %s, torch %s, %s" % (path, torch.__version__, torch.cuda.get_device_name(0)))
+    print("rmm-rs library %s (module %s), torch %s, %s" % (path, rr.__file__, torch.__version__,
+                                                         torch.cuda.get_device_name(0)))
     deterministic(torch)
     ctx.torch = torch
     ctx.reference = torch.load(reference_file)

@@ -43,8 +43,10 @@
 #                                      last line "peer-frag: N rmm-rs rows, M RMM rows, F failed"
 #        run.sh torch [ARGS...]        the C API and PyTorch (a bundle made with `cargo xtask gpu
 #                                      bundle --torch`): capi/test_capi, capi/test_torch_shim,
-#                                      then (python3 with torch) capi/python/tests/test_ctypes.py
-#                                      and test_torch.py ARGS...; last line
+#                                      then the wheel capi/rmm_rs_torch-*.whl installed into a
+#                                      venv (--system-site-packages: python3's torch) and, with
+#                                      its python, capi/python/tests/test_ctypes.py and
+#                                      test_torch.py ARGS...; last line
 #                                      "torch: N passed, M failed, K skipped"
 #        run.sh torch-bench [ARGS...]  capi/python/bench_torch.py ARGS...: torch.empty+del per pair
 #                                      and a training step, torch's allocator against rmm-rs
@@ -751,15 +753,31 @@ run_torch() {
   local report="$LOGS/summary.txt" passed=0 failed=0 skipped=0 label status
   local -a rows=()
   mkdir -p "$scratch"
-  local -a labels=(test_capi test_torch_shim test_ctypes test_torch)
+  # The Python tests run as a user runs them: the wheel installed into a fresh virtual
+  # environment that sees the system's torch, the library found by the module (not
+  # RMM_RS_LIBRARY).
+  local venv="$scratch/venv"
+  local -a labels=(test_capi test_torch_shim wheel test_ctypes test_torch)
   for label in "${labels[@]}"; do
     local -a cmd
     case $label in
     test_capi) cmd=("$dir/test_capi" "$scratch") ;;
     test_torch_shim) cmd=("$dir/test_torch_shim") ;;
-    test_ctypes) cmd=("$py" "$dir/python/tests/test_ctypes.py" "$RMM_RS_LIBRARY") ;;
-    test_torch) cmd=("$py" "$dir/python/tests/test_torch.py" --library "$RMM_RS_LIBRARY"
-      --replay "$RMM_REPLAY" "$@") ;;
+    wheel) cmd=(bash -c '
+      py=$1 dir=$2 venv=$3
+      rm -rf "$venv"
+      if "$py" -m venv --system-site-packages "$venv" &&
+        "$venv/bin/pip" install --no-index "$dir"/rmm_rs_torch-*.whl &&
+        env -u RMM_RS_LIBRARY "$venv/bin/python" -c "import rmm_rs_torch; print(\"enable():\", rmm_rs_torch.enable(), \"module:\", rmm_rs_torch.__file__)"; then
+        echo "wheel: 1 passed, 0 failed, 0 skipped"
+      else
+        echo "wheel: 0 passed, 1 failed, 0 skipped"
+        exit 1
+      fi' wheel "$py" "$dir" "$venv") ;;
+    test_ctypes) cmd=(env -u RMM_RS_LIBRARY "$venv/bin/python"
+      "$dir/python/tests/test_ctypes.py") ;;
+    test_torch) cmd=(env -u RMM_RS_LIBRARY "$venv/bin/python"
+      "$dir/python/tests/test_torch.py" --replay "$RMM_REPLAY" "$@") ;;
     esac
     echo "=== [torch] $label"
     run_captured "$LOGS/torch--$label.log" env RMM_DEFAULT_STREAM=legacy "${cmd[@]}"
@@ -1559,10 +1577,15 @@ echo '$result'"
   : >"$b9/capi/python/tests/test_ctypes.py"
   : >"$b9/capi/python/tests/test_torch.py"
   : >"$b9/capi/python/bench_torch.py"
+  : >"$b9/capi/rmm_rs_torch-0.1.0-py3-none-linux_x86_64.whl"
   fake "$b9/capi/test_capi" "echo \"scratch=\$1 lib=\$RMM_RS_LIBRARY\"; echo 'test_capi: 3 passed, 0 failed, 1 skipped'"
   fake "$b9/capi/test_torch_shim" "echo 'running'; exit 134"
+  # The fake python makes a venv of itself (and a pip that says what it was asked).
   fake "$tmp/python" "case \$1 in
-*test_ctypes.py) echo \"ctypes lib=\$2\"; printf 'test_ctypes: 2 passed, 0 failed, 1 skipped\r\n' ;;
+-m) mkdir -p \"\$4/bin\"; cp \"\$0\" \"\$4/bin/python\"
+  printf '#!/usr/bin/env bash\\necho \"pip \$*\"\\n' >\"\$4/bin/pip\"; chmod +x \"\$4/bin/pip\" ;;
+-c) echo \"enable(): \$2\" ;;
+*test_ctypes.py) echo \"ctypes lib=\${RMM_RS_LIBRARY:-unset} python=\$0\"; printf 'test_ctypes: 2 passed, 0 failed, 1 skipped\r\n' ;;
 *test_torch.py) echo \"torch args=\${*:2} replay=\$RMM_REPLAY mode=\$RMM_DEFAULT_STREAM\"
   echo '    over-maximum exception: builtins.RuntimeError: std::bad_alloc: out_of_memory: x'
   echo 'test_torch: 6 passed, 1 failed, 0 skipped'; exit 1 ;;
@@ -1570,12 +1593,16 @@ echo '$result'"
 esac"
   st_run torch OUT="$tmp/out9" PYTHON="$tmp/python" -- "$b9/run.sh" torch --fast
   expect_eq "torch exits 1" "$ST_RC" 1
-  expect_eq "torch's last line" "$(tail -n 1 "$tmp/torch.txt")" "torch: 11 passed, 2 failed, 2 skipped"
+  expect_eq "torch's last line" "$(tail -n 1 "$tmp/torch.txt")" "torch: 12 passed, 2 failed, 2 skipped"
+  expect "the wheel is installed offline" file_has "$b9/logs/torch--wheel.log" \
+    "pip install --no-index $b9/capi/rmm_rs_torch-0.1.0-py3-none-linux_x86_64.whl"
+  expect "the Python tests run with the venv's python, without RMM_RS_LIBRARY" \
+    file_has "$b9/logs/torch--test_ctypes.log" "ctypes lib=unset python=$b9/logs/torch-scratch/venv/bin/python"
   expect "the library is exported" file_has "$b9/logs/torch--test_capi.log" "lib=$b9/capi/librmm_capi.so"
   expect "test_capi gets a scratch folder" file_has "$b9/logs/torch--test_capi.log" "scratch=$b9/logs/torch-scratch"
   expect "the crash is named" file_has "$tmp/torch.txt" "test_torch_shim        0 passed     1 failed     0 skipped  CRASHED: killed by SIGABRT, no result line"
-  expect "test_torch gets the library, the replay tool and ARGS" file_has "$b9/logs/torch--test_torch.log" \
-    "torch args=--library $b9/capi/librmm_capi.so --replay $b9/tools/rmm-replay --fast replay=$b9/tools/rmm-replay mode=legacy"
+  expect "test_torch gets the replay tool and ARGS" file_has "$b9/logs/torch--test_torch.log" \
+    "torch args=--replay $b9/tools/rmm-replay --fast replay=$b9/tools/rmm-replay mode=legacy"
   expect "the exception class is in the report" file_has "$tmp/out9/gpu-summary.txt" "over-maximum exception: builtins.RuntimeError"
   st_run torchbench PYTHON="$tmp/python" -- "$b9/run.sh" torch-bench --repeats 3
   expect_eq "torch-bench exits 0" "$ST_RC" 0

@@ -12,6 +12,8 @@
 //! capi/test_torch_shim           crates/rmm-capi/tests/c/test_torch_shim.cpp, linked with
 //!                                librmm_capi.so beside it, as PyTorch uses the library
 //! capi/python/...                python/rmm_rs_torch.py, bench_torch.py, tests/test_*.py
+//! capi/rmm_rs_torch-*.whl        the wheel (`cargo xtask wheel`): what `run.sh torch` installs
+//!                                into a venv and runs the Python tests with
 //! tools/rmm-replay               the log replay (crates/rmm-replay)
 //! ```
 
@@ -36,6 +38,10 @@ pub(crate) const PYTHON_FILES: &[(&str, &str)] = &[
     ("python/bench_torch.py", "python/bench_torch.py"),
     ("python/tests/test_torch.py", "python/tests/test_torch.py"),
     ("python/tests/test_ctypes.py", "python/tests/test_ctypes.py"),
+    (
+        "python/tools/make_torch_snapshots.py",
+        "python/tools/make_torch_snapshots.py",
+    ),
 ];
 
 /// The header, relative to the repository root.
@@ -219,6 +225,20 @@ pub(crate) fn add_to_bundle(out: &Path) -> Result<Vec<Entry>, Error> {
             bytes,
         ));
     }
+    let wheel = crate::wheel::build(&capi)?;
+    let name = wheel
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let bytes = fs::metadata(&wheel)
+        .map_err(|e| format!("{}: {e}", wheel.display()))?
+        .len();
+    entries.push(entry(
+        Kind::Capi,
+        "python",
+        "wheel",
+        &format!("capi/{name}"),
+        bytes,
+    ));
     let bytes = copy(&built.replay, &out.join("tools/rmm-replay"))?;
     entries.push(entry(
         Kind::Tool,

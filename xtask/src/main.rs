@@ -20,6 +20,7 @@ mod peer;
 mod proofs;
 mod runner;
 mod size;
+mod wheel;
 
 use std::process::ExitCode;
 
@@ -50,6 +51,8 @@ commands:
                             public items of rmm-rs and rmm-mr (or PACKAGEs), by kind (nightly)
   size                      code lines of rmm-mr's stream_ordered/ and pool/ (not tests,
                             comments or blanks) against the limit of issue 28
+  wheel [--out DIR]         the Python wheel rmm_rs_torch (the C library and the module), built
+                            with maturin (pip install maturin) into DIR (target/wheels)
   help                      this text";
 
 fn main() -> ExitCode {
@@ -62,6 +65,7 @@ fn main() -> ExitCode {
         Some((cmd, rest)) if cmd == "loom" => loom::run(rest),
         Some((cmd, rest)) if cmd == "api-count" => api_count::run(rest),
         Some((cmd, [])) if cmd == "size" => size::run_ci().map(|()| 0),
+        Some((cmd, rest)) if cmd == "wheel" => wheel::run(rest),
         Some((cmd, _)) if matches!(cmd.as_str(), "help" | "-h" | "--help") => {
             println!("{USAGE}");
             Ok(0)

@@ -85,6 +85,24 @@ mod tests {
         assert!(README_TXT.contains("run.sh sanitize"));
     }
 
+    /// `run.sh torch` runs the Python tests as a user would: the wheel installed into a fresh
+    /// venv that sees the system's torch, then the tests with that venv's python and the
+    /// library the module finds (not RMM_RS_LIBRARY).
+    #[test]
+    fn torch_mode_installs_the_wheel_into_a_venv() {
+        for needle in [
+            "local -a labels=(test_capi test_torch_shim wheel test_ctypes test_torch)",
+            "\"$py\" -m venv --system-site-packages \"$venv\"",
+            "\"$venv/bin/pip\" install --no-index \"$dir\"/rmm_rs_torch-*.whl",
+            "rmm_rs_torch.enable()",
+            "echo \"wheel: 1 passed, 0 failed, 0 skipped\"",
+            "test_ctypes) cmd=(env -u RMM_RS_LIBRARY \"$venv/bin/python\"",
+            "test_torch) cmd=(env -u RMM_RS_LIBRARY \"$venv/bin/python\"",
+        ] {
+            assert!(RUN_SH.contains(needle), "{needle}");
+        }
+    }
+
     /// `run.sh peer-frag` compiles the driver as `peer` does and runs the fragmentation
     /// scenarios on both sides (the self-test checks the steps on fake programs).
     #[test]

@@ -57,7 +57,7 @@ extern "C" {
 #endif
 
 /* The version of this header's ABI; rmm_rs_abi_version() returns the library's. */
-#define RMM_RS_ABI_VERSION 2
+#define RMM_RS_ABI_VERSION 3
 
 /* Status codes. */
 #define RMM_RS_SUCCESS 0
@@ -156,6 +156,15 @@ typedef struct rmm_rs_statistics {
     int32_t statistics_enabled;
     /* The device these numbers are for. */
     int32_t device;
+    /* The most pool_size reached since the device's resource was built or since the last
+     * rmm_rs_reset_peak_statistics (PyTorch's reserved_bytes.all.peak): a pool gives nothing
+     * back while configured, so for _POOL it is pool_size; for _ASYNC the driver pool's high
+     * watermark until the first reset, then the most any rmm_rs_get_statistics call read; for
+     * _CUDA peak_bytes. */
+    uint64_t peak_pool_size;
+    /* The failed allocations that were out of memory (RMM_RS_ERROR_OUT_OF_MEMORY), counted in
+     * failed_allocations too (PyTorch's num_ooms). */
+    uint64_t out_of_memory_failures;
 } rmm_rs_statistics;
 
 /* The ABI version of the loaded library (compare with RMM_RS_ABI_VERSION). */
@@ -223,6 +232,21 @@ void rmm_rs_torch_free(void *ptr, ssize_t size, int device, void *stream);
 /* Writes the statistics of device to *out. A configured device whose resource is not built
  * yet reports zeros. RMM_RS_ERROR_NOT_CONFIGURED for a device never configured. */
 int rmm_rs_get_statistics(int device, rmm_rs_statistics *out);
+
+/* Resets the peaks of device (peak_bytes, peak_allocations, peak_pool_size) to their current
+ * values, as torch.cuda.reset_peak_memory_stats; totals and failure counts stay. Nothing to do
+ * for a configured device whose resource is not built yet. RMM_RS_ERROR_NOT_CONFIGURED for a
+ * device never configured. */
+int rmm_rs_reset_peak_statistics(int device);
+
+/* Writes the memory snapshot of device to the file path (created or replaced) in the format of
+ * PyTorch's torch.cuda.memory._dump_snapshot: a pickle with "segments" (the pool's chunks with
+ * their blocks, allocated or free, and streams) and "device_traces", which PyTorch's viewer
+ * (python -m torch.cuda._memory_viz, pytorch.org/memory_viz) and rmm-replay read. A configured
+ * device whose resource is not built yet writes an empty snapshot. RMM_RS_ERROR_UNSUPPORTED
+ * when the device's resource keeps no blocks (the message names it); RMM_RS_ERROR_INVALID_ARGUMENT
+ * when the file cannot be written; RMM_RS_ERROR_NOT_CONFIGURED for a device never configured. */
+int rmm_rs_dump_snapshot(int device, const char *path);
 
 /* Writes the buffered rows of device's CSV log to its file; device -1: every device. Nothing
  * to do (no log, not built yet) is success. */

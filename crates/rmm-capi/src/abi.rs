@@ -4,7 +4,7 @@
 use std::ffi::c_char;
 
 /// `RMM_RS_ABI_VERSION`: bumped on every change of a signature, struct or constant.
-pub const RMM_RS_ABI_VERSION: u32 = 2;
+pub const RMM_RS_ABI_VERSION: u32 = 3;
 
 /// `RMM_RS_RESOURCE_CUDA`: the driver's allocator per call.
 pub const RMM_RS_RESOURCE_CUDA: i32 = 0;
@@ -90,6 +90,10 @@ pub struct RmmRsStatistics {
     pub statistics_enabled: i32,
     /// The device.
     pub device: i32,
+    /// The most `pool_size` since the resource was built or the last peak reset.
+    pub peak_pool_size: u64,
+    /// The failed allocations that were out of memory.
+    pub out_of_memory_failures: u64,
 }
 
 #[cfg(test)]
@@ -106,7 +110,9 @@ mod tests {
         assert_eq!(offset_of!(RmmRsOptions, log_file), 24);
         assert_eq!(offset_of!(RmmRsOptions, statistics), 32);
         assert_eq!(offset_of!(RmmRsOptions, devices), 40);
-        assert_eq!(size_of::<RmmRsStatistics>(), 88);
+        assert_eq!(size_of::<RmmRsStatistics>(), 104);
         assert_eq!(offset_of!(RmmRsStatistics, statistics_enabled), 80);
+        assert_eq!(offset_of!(RmmRsStatistics, peak_pool_size), 88);
+        assert_eq!(offset_of!(RmmRsStatistics, out_of_memory_failures), 96);
     }
 }

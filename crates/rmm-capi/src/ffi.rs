@@ -6,6 +6,7 @@
 //! `Registry` so that the tests can run them over their own tables.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::os::unix::ffi::OsStrExt;
 use std::ptr;
 
 use rmm::{ByteSize, CudaStreamView};
@@ -276,6 +277,31 @@ pub unsafe extern "C" fn rmm_rs_get_statistics(device: c_int, out: *mut RmmRsSta
         // SAFETY: non-null and writable (the caller's contract).
         unsafe { out.write(stats) };
         Ok(())
+    })
+}
+
+/// Resets the peaks of `device` (bytes, allocations, bytes held) to their current values, as
+/// `torch.cuda.reset_peak_memory_stats`.
+#[no_mangle]
+pub extern "C" fn rmm_rs_reset_peak_statistics(device: c_int) -> c_int {
+    last_error::status(|| Registry::global().reset_peak_statistics(device))
+}
+
+/// Writes the memory snapshot of `device` to `path` in PyTorch's format
+/// (`torch.cuda.memory._dump_snapshot`'s pickle).
+///
+/// # Safety
+/// `path` is null or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn rmm_rs_dump_snapshot(device: c_int, path: *const c_char) -> c_int {
+    last_error::status(|| {
+        if path.is_null() {
+            return Err(null_argument("path"));
+        }
+        // SAFETY: non-null and NUL-terminated (the caller's contract).
+        let path = unsafe { CStr::from_ptr(path) };
+        let path = std::path::Path::new(std::ffi::OsStr::from_bytes(path.to_bytes()));
+        Registry::global().dump_snapshot(device, path)
     })
 }
 

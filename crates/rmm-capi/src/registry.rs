@@ -327,6 +327,62 @@ impl Registry {
         }
     }
 
+    /// Resets the peaks of `device` to the current values (nothing to do for a configured
+    /// device not built yet).
+    pub(crate) fn reset_peak_statistics(&self, device: i32) -> CResult<()> {
+        if device < 0 {
+            return Err(invalid_device(device));
+        }
+        let inner = self.lock_settled(device);
+        if let Some(s) = inner.built.get(&device) {
+            s.reset_peaks();
+            return Ok(());
+        }
+        match inner.config_of(device) {
+            Some(_) => Ok(()),
+            None => Err(Error::new(
+                RMM_RS_ERROR_NOT_CONFIGURED,
+                format!("device {device} is not configured"),
+            )),
+        }
+    }
+
+    /// Writes the snapshot of `device` to `path` in PyTorch's pickle format (an empty one for
+    /// a configured device not built yet).
+    pub(crate) fn dump_snapshot(&self, device: i32, path: &std::path::Path) -> CResult<()> {
+        if device < 0 {
+            return Err(invalid_device(device));
+        }
+        let state = {
+            let inner = self.lock_settled(device);
+            match inner.built.get(&device) {
+                Some(s) => Some(Arc::clone(s)),
+                None if inner.config_of(device).is_some() => None,
+                None => {
+                    return Err(Error::new(
+                        RMM_RS_ERROR_NOT_CONFIGURED,
+                        format!("device {device} is not configured"),
+                    ))
+                }
+            }
+        };
+        let snapshot = match state {
+            Some(s) => s.snapshot()?,
+            None => rmm::Snapshot::default(),
+        };
+        let write = || -> std::io::Result<()> {
+            let mut file = std::io::BufWriter::new(std::fs::File::create(path)?);
+            snapshot.write_pickle(&mut file)?;
+            std::io::Write::flush(&mut file)
+        };
+        write().map_err(|e| {
+            Error::invalid_argument(format!(
+                "writing the snapshot of device {device} to {}: {e}",
+                path.display()
+            ))
+        })
+    }
+
     /// Writes out the log of `device`, or of every built device for -1.
     pub(crate) fn flush_log(&self, device: i32) -> CResult<()> {
         if device < -1 {
@@ -586,6 +642,155 @@ mod tests {
         // Training goes on after the failure.
         let q = alloc(&r, 1 << 19, 0).unwrap();
         free(&r, q, 1 << 19, 0).unwrap();
+    }
+
+    #[test]
+    fn peaks_reset_to_the_current_values_and_out_of_memory_is_counted_apart() {
+        for (kind, log) in [
+            (ResourceKind::Pool, false),
+            (ResourceKind::Pool, true),
+            (ResourceKind::Cuda, false),
+        ] {
+            let dir = std::env::temp_dir().join(format!("rmm-capi-peaks-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let r = Registry::new(build_on_host);
+            r.configure(every_device(Config {
+                kind,
+                initial_pool_size: (kind == ResourceKind::Pool).then_some(0),
+                maximum_pool_size: (kind == ResourceKind::Pool).then_some(4 << 20),
+                log_file: log.then(|| dir.join("peaks.csv")),
+                ..Config::default()
+            }))
+            .unwrap();
+            let what = format!("{kind:?}, log {log}");
+            // Configured, not built: nothing to reset.
+            r.reset_peak_statistics(0).unwrap();
+            let a = alloc(&r, 1 << 20, 0).unwrap();
+            let b = alloc(&r, 2 << 20, 0).unwrap();
+            if kind == ResourceKind::Pool {
+                let e = alloc(&r, 8 << 20, 0).unwrap_err();
+                assert_eq!(e.code, RMM_RS_ERROR_OUT_OF_MEMORY, "{what}: {e}");
+            }
+            free(&r, b, 2 << 20, 0).unwrap();
+            // A refused free is a failure, not an out-of-memory one.
+            let _ = free(&r, (a as usize + 256) as *mut std::ffi::c_void, 1 << 20, 0);
+            let s = r.statistics(0).unwrap();
+            assert_eq!(
+                (s.current_bytes, s.peak_bytes),
+                (1 << 20, 3 << 20),
+                "{what}"
+            );
+            assert_eq!(
+                (s.current_allocations, s.peak_allocations),
+                (1, 2),
+                "{what}"
+            );
+            let ooms = u64::from(kind == ResourceKind::Pool);
+            assert_eq!(
+                (s.failed_allocations, s.out_of_memory_failures),
+                (ooms, ooms),
+                "{what}"
+            );
+            assert!(s.pool_size >= 1 << 20, "{what}: {s:?}");
+            assert!(s.peak_pool_size >= 3 << 20, "{what}: {s:?}");
+
+            r.reset_peak_statistics(0).unwrap();
+            let s = r.statistics(0).unwrap();
+            assert_eq!(
+                (s.current_bytes, s.peak_bytes),
+                (1 << 20, 1 << 20),
+                "{what}"
+            );
+            assert_eq!(
+                (s.current_allocations, s.peak_allocations),
+                (1, 1),
+                "{what}"
+            );
+            assert_eq!((s.total_bytes, s.total_allocations), (3 << 20, 2), "{what}");
+            assert_eq!(s.peak_pool_size, s.pool_size, "{what}: {s:?}");
+            // The peaks count from the reset; a free of memory from before it lowers the
+            // value below the reset's; a second reset merges the first one's frame down.
+            let c = alloc(&r, 512 << 10, 0).unwrap();
+            free(&r, a, 1 << 20, 0).unwrap();
+            let s = r.statistics(0).unwrap();
+            assert_eq!(
+                (s.current_bytes, s.peak_bytes),
+                (512 << 10, 3 << 19),
+                "{what}"
+            );
+            r.reset_peak_statistics(0).unwrap();
+            free(&r, c, 512 << 10, 0).unwrap();
+            let s = r.statistics(0).unwrap();
+            assert_eq!((s.current_bytes, s.peak_bytes), (0, 512 << 10), "{what}");
+            assert_eq!(
+                (s.current_allocations, s.peak_allocations),
+                (0, 1),
+                "{what}"
+            );
+            assert_eq!((s.total_bytes, s.total_allocations), (7 << 19, 3), "{what}");
+            assert_eq!(s.out_of_memory_failures, ooms, "{what}");
+            assert_eq!(s.outstanding_allocations, 0, "{what}");
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        let r = Registry::new(build_on_host);
+        assert_eq!(
+            r.reset_peak_statistics(3).unwrap_err().code,
+            crate::status::RMM_RS_ERROR_NOT_CONFIGURED
+        );
+        assert_eq!(
+            r.reset_peak_statistics(-1).unwrap_err().code,
+            RMM_RS_ERROR_INVALID_ARGUMENT
+        );
+    }
+
+    #[test]
+    fn snapshots_are_written_where_the_stack_keeps_blocks() {
+        let dir = std::env::temp_dir().join(format!("rmm-capi-snap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("snapshot.pickle");
+        let r = Registry::new(build_on_host);
+        assert_eq!(
+            r.dump_snapshot(0, &path).unwrap_err().code,
+            crate::status::RMM_RS_ERROR_NOT_CONFIGURED
+        );
+        r.configure(every_device(Config {
+            initial_pool_size: Some(0),
+            ..Config::default()
+        }))
+        .unwrap();
+        // Configured, not built: an empty snapshot, in PyTorch's format.
+        r.dump_snapshot(0, &path).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(bytes[0], 0x80, "a pickle");
+        let mut empty = Vec::new();
+        rmm::Snapshot::default().write_pickle(&mut empty).unwrap();
+        assert_eq!(bytes, empty);
+        assert_eq!(
+            r.dump_snapshot(0, &dir.join("no/such/dir/s.pickle"))
+                .unwrap_err()
+                .code,
+            RMM_RS_ERROR_INVALID_ARGUMENT
+        );
+        let p = alloc(&r, 1 << 20, 0).unwrap();
+        // What the built stack writes is its pool's snapshot, or the pool's reason for having
+        // none.
+        let pool = crate::test_support::build_on_host(&Config::default(), DeviceId(0)).unwrap();
+        let direct = pool.snapshot();
+        let _ = std::fs::remove_file(&path);
+        match (r.dump_snapshot(0, &path), direct) {
+            (Ok(()), Ok(_)) => {
+                let bytes = std::fs::read(&path).unwrap();
+                assert_eq!(bytes[0], 0x80, "a pickle");
+            }
+            (Err(e), Err(why)) => {
+                assert_eq!(e.code, crate::status::RMM_RS_ERROR_UNSUPPORTED, "{e}");
+                assert_eq!(e.message, why.to_string());
+                assert!(!path.exists());
+            }
+            (got, want) => panic!("dump_snapshot: {got:?}, the pool's snapshot: {want:?}"),
+        }
+        free(&r, p, 1 << 20, 0).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

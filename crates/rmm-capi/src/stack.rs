@@ -12,7 +12,7 @@
 use std::ffi::c_void;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crossbeam_utils::CachePadded;
 use rmm::mr::Counter;
@@ -97,13 +97,52 @@ enum Counted {
 }
 
 impl Counted {
-    /// `(bytes, allocations)`.
+    /// `(bytes, allocations)` of the top frame.
     fn counters(&self) -> (Counter, Counter) {
         match self {
             Counted::Pool(s) => s.counters(),
             Counted::Shared(s) => s.counters(),
         }
     }
+
+    /// Starts a frame of zero counters; returns the frame below as it stands.
+    fn push(&self) -> (Counter, Counter) {
+        match self {
+            Counted::Pool(s) => s.push_counters(),
+            Counted::Shared(s) => s.push_counters(),
+        }
+    }
+
+    /// Merges the top frame into the one below (nothing when only the base frame is left).
+    fn pop(&self) {
+        let _ = match self {
+            Counted::Pool(s) => s.pop_counters(),
+            Counted::Shared(s) => s.pop_counters(),
+        };
+    }
+}
+
+/// A counter read as a frame pushed over `base`: the value and total of both, the peak since
+/// the push (the top frame's peak counts from the value at the push).
+fn over(base: Counter, top: Counter) -> Counter {
+    Counter {
+        value: base.value.saturating_add(top.value),
+        peak: base.value.saturating_add(top.peak),
+        total: base.total.saturating_add(top.total),
+    }
+}
+
+/// What a peak reset keeps (`rmm_rs_reset_peak_statistics`): reads and resets take its lock,
+/// the hot path never does.
+#[derive(Debug, Default)]
+struct Peaks {
+    /// The statistics' frame below the one pushed at the last reset, as it stood then
+    /// (`None` before the first reset): the counters reported are the top frame over it.
+    base: Option<(Counter, Counter)>,
+    /// The most bytes held from the device seen by a read since the last reset.
+    held: u64,
+    /// Whether a reset happened (the driver's high watermark then no longer counts).
+    reset: bool,
 }
 
 /// Counters of the C API, on a cache line of their own.
@@ -113,6 +152,8 @@ struct Counters {
     /// below zero: a free finding it at zero is refused.
     outstanding: AtomicU64,
     failed_allocations: AtomicU64,
+    /// The failed allocations that were out of memory.
+    out_of_memory: AtomicU64,
     failed_frees: AtomicU64,
 }
 
@@ -129,6 +170,7 @@ pub(crate) struct DeviceState {
     /// the stacks of tests and benchmarks, which make no context-bound call).
     context: Option<PrimaryContext>,
     counters: CachePadded<Counters>,
+    peaks: Mutex<Peaks>,
 }
 
 /// Builds `config` for `device` on the GPU, with the device's primary context current.
@@ -233,6 +275,7 @@ pub(crate) fn assemble(
         holder,
         context,
         counters: CachePadded::new(Counters::default()),
+        peaks: Mutex::new(Peaks::default()),
     })
 }
 
@@ -295,6 +338,9 @@ impl DeviceState {
         self.counters
             .failed_allocations
             .fetch_add(1, Ordering::Relaxed);
+        if e.is_out_of_memory() {
+            self.counters.out_of_memory.fetch_add(1, Ordering::Relaxed);
+        }
         e.into()
     }
 
@@ -362,33 +408,56 @@ impl DeviceState {
         })
     }
 
-    /// Bytes the stack holds from the device.
-    fn held_bytes(&self, counted: i64) -> u64 {
-        let read = || -> MrResult<u64> {
+    /// Bytes the stack holds from the device (`counted`: the bytes allocated, what the
+    /// driver's allocator per call holds), and the driver pool's high watermark of them.
+    fn held_bytes(&self, counted: i64) -> (u64, Option<u64>) {
+        let read = || -> MrResult<(u64, Option<u64>)> {
             Ok(match &self.holder {
-                Holder::Plain => u64::try_from(counted).unwrap_or(0),
-                Holder::Pool(p) => p.pool_size() as u64,
+                Holder::Plain => (u64::try_from(counted).unwrap_or(0), None),
+                Holder::Pool(p) => (p.pool_size() as u64, None),
                 Holder::Driver(r) => {
                     let _context = self.enter().ok();
-                    r.statistics()?.reserved_current
+                    let s = r.statistics()?;
+                    (s.reserved_current, Some(s.reserved_high))
                 }
                 Holder::DriverManaged(r) => {
                     let _context = self.enter().ok();
-                    r.statistics()?.reserved_current
+                    let s = r.statistics()?;
+                    (s.reserved_current, Some(s.reserved_high))
                 }
             })
         };
-        read().unwrap_or(0)
+        read().unwrap_or((0, None))
+    }
+
+    /// The statistics' `(bytes, allocations)` counters, over the frame below the last
+    /// reset's.
+    fn counted(&self, peaks: &Peaks) -> (Counter, Counter) {
+        let top = self
+            .statistics
+            .as_ref()
+            .map(Counted::counters)
+            .unwrap_or_default();
+        match peaks.base {
+            Some((bytes, allocations)) => (over(bytes, top.0), over(allocations, top.1)),
+            None => top,
+        }
     }
 
     /// The numbers of `rmm_rs_get_statistics`.
     #[must_use]
     pub(crate) fn statistics(&self) -> RmmRsStatistics {
-        let (bytes, allocations) = self
-            .statistics
-            .as_ref()
-            .map(Counted::counters)
-            .unwrap_or_default();
+        let mut peaks = self.peaks.lock().unwrap_or_else(PoisonError::into_inner);
+        let (bytes, allocations) = self.counted(&peaks);
+        let (held, driver_high) = self.held_bytes(bytes.value);
+        peaks.held = peaks.held.max(held);
+        let peak_held = match (&self.holder, driver_high) {
+            // What the driver's allocator per call holds is what is allocated.
+            (Holder::Plain, _) => u64::try_from(bytes.peak).unwrap_or(0),
+            (_, Some(high)) if !peaks.reset => peaks.held.max(high),
+            // A pool gives nothing back while it is configured: what it holds is its peak.
+            _ => peaks.held,
+        };
         RmmRsStatistics {
             current_bytes: bytes.value,
             peak_bytes: bytes.peak,
@@ -397,11 +466,42 @@ impl DeviceState {
             peak_allocations: allocations.peak,
             total_allocations: allocations.total,
             outstanding_allocations: self.outstanding(),
-            pool_size: self.held_bytes(bytes.value),
+            pool_size: held,
             failed_allocations: self.counters.failed_allocations.load(Ordering::Relaxed),
             failed_frees: self.counters.failed_frees.load(Ordering::Relaxed),
             statistics_enabled: i32::from(self.statistics.is_some()),
             device: self.device.0,
+            peak_pool_size: peak_held,
+            out_of_memory_failures: self.counters.out_of_memory.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Resets the peaks (bytes, allocations, bytes held) to the current values, as
+    /// `torch.cuda.reset_peak_memory_stats`: the statistics' frame of the last reset is merged
+    /// down and a fresh one pushed, whose peaks count from now.
+    pub(crate) fn reset_peaks(&self) {
+        let mut peaks = self.peaks.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(counted) = &self.statistics {
+            if peaks.base.is_some() {
+                counted.pop();
+            }
+            peaks.base = Some(counted.push());
+        }
+        let (bytes, _) = self.counted(&peaks);
+        peaks.held = self.held_bytes(bytes.value).0;
+        peaks.reset = true;
+    }
+
+    /// The snapshot of the stack's top resource (its segments and blocks, and the trace of a
+    /// history if one records).
+    ///
+    /// # Errors
+    /// [`MrError::Unsupported`] for a stack whose resources keep no blocks.
+    pub(crate) fn snapshot(&self) -> MrResult<rmm::Snapshot> {
+        match &self.top {
+            Top::Pool(r) => r.snapshot(),
+            Top::StatisticsPool(r) => r.snapshot(),
+            Top::Shared(r) => r.snapshot(),
         }
     }
 

@@ -143,6 +143,26 @@ mod tests {
         }
         let oom = Error::from(MrError::out_of_memory(1, "r"));
         assert!(oom.is_out_of_memory());
+        // The resource's out-of-memory report reaches C (and PyTorch's exception) whole.
+        let report = rmm::OomReport {
+            resource: "pool",
+            reserved: 64 << 20,
+            in_use: 30 << 20,
+            free: 34 << 20,
+            largest_free_block: 20 << 20,
+            limit: Some(64 << 20),
+            ..rmm::OomReport::new(40 << 20)
+        };
+        let e = MrError::out_of_memory_with("Maximum pool size exceeded", report);
+        let message = e.to_string();
+        let c = Error::from(e);
+        assert_eq!(c.code, RMM_RS_ERROR_OUT_OF_MEMORY);
+        assert_eq!(c.message, message);
+        assert!(
+            c.message.contains("requested") && c.message.contains("in use"),
+            "{}",
+            c.message
+        );
         assert!(oom.message.starts_with("std::bad_alloc: out_of_memory: "));
         assert_eq!(
             Error::from(CudaError::DriverNotFound).code,

@@ -2,7 +2,7 @@
 
 use std::ffi::OsString;
 use std::fs::File;
-use std::io::{self, BufReader, IsTerminal, Write};
+use std::io::{self, BufRead, BufReader, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -36,6 +36,11 @@ Each log is replayed on its own, on a fresh resource, in the log's order across 
 (one replay thread per thread of the log, as RMM's replay benchmark). `allocate failure` rows
 are counted, not replayed; a free of a pointer the log never allocated is skipped.
 
+A PyTorch memory snapshot (torch.cuda.memory._dump_snapshot's pickle, told from a CSV log by
+its first bytes) replays each device's trace as a log of its own: `alloc` entries allocate,
+`free_completed` entries free, on their streams, `oom` entries count as failures; allocations
+made before the trace began are allocated first (positions are trace entries, not lines).
+
 Over simulated memory (--simulate) every event runs on one stream and no GPU is needed; the
 resource is built over a simulated device of SIZE bytes (pool and vmm: maximum SIZE; arena:
 SIZE).
@@ -44,12 +49,14 @@ Exit status: 0 when every log replayed; 1 when a replay ran out of memory (the r
 or the resource failed; 2 for bad usage or a log that cannot be read or is malformed (the file
 and line are named); 3 when a replay needs a GPU and there is none.
 
-Example: rmm-replay --simulate 80GiB --resource arena --plot memory.svg rmm_log.dev0.csv";
+Examples: rmm-replay --simulate 80GiB --resource arena --plot memory.svg rmm_log.dev0.csv
+          rmm-replay --simulate 80GiB --resource pool snapshot.pickle";
 
-/// Replay RMM memory-event logs (CSV) against an rmm-rs memory resource.
+/// Replay RMM memory-event logs (CSV) or PyTorch memory snapshots against an rmm-rs memory
+/// resource.
 ///
-/// Reads logs written by RMM's logging_resource_adaptor (or rmm-rs's LoggingResourceAdaptor),
-/// replays them against the chosen resource on the GPU or over simulated memory, and prints for
+/// Reads logs written by RMM's logging_resource_adaptor (or rmm-rs's LoggingResourceAdaptor)
+/// and snapshots written by torch.cuda.memory._dump_snapshot, replays them against the chosen resource on the GPU or over simulated memory, and prints for
 /// each log the allocations replayed, the failures the log recorded, the peak bytes in use, the
 /// peak bytes the resource reserved (and their ratio), fragmentation at the peak, the largest
 /// allocation served after the replay, and the wall time.
@@ -69,8 +76,9 @@ pub struct Args {
     #[arg(short, long, value_name = "FILE.svg|FILE.png", value_parser = parse_plot_path)]
     pub plot: Option<PathBuf>,
 
-    /// Memory-event logs (CSV with a Thread,Time,Action,Pointer,Size,Stream header).
-    #[arg(value_name = "LOG.csv", required = true)]
+    /// Memory-event logs (CSV with a Thread,Time,Action,Pointer,Size,Stream header) or PyTorch
+    /// memory snapshots (pickles).
+    #[arg(value_name = "LOG.csv|SNAPSHOT.pickle", required = true)]
     pub logs: Vec<PathBuf>,
 }
 
@@ -146,9 +154,9 @@ fn run(args: &Args) -> Result<(), Failure> {
     // Every log is read before anything replays: a malformed one fails fast.
     let mut workloads = Vec::with_capacity(args.logs.len());
     for path in &args.logs {
-        let workload = read(path)
+        let read = read(path)
             .map_err(|e| Failure::new(EXIT_BAD_INPUT, format!("{}: {e}", path.display())))?;
-        workloads.push(workload);
+        workloads.extend(read);
     }
     if memory == Memory::Device {
         if let Some(why) = rmm::sys::gpu_unavailable_reason() {
@@ -165,11 +173,11 @@ fn run(args: &Args) -> Result<(), Failure> {
     let mut panels = Vec::new();
     let mut failed = false;
     let stdout = io::stdout();
-    for (i, (path, workload)) in args.logs.iter().zip(&workloads).enumerate() {
+    for (i, (name, workload)) in workloads.iter().enumerate() {
         if i > 0 {
             let _ = writeln!(stdout.lock());
         }
-        let report = replay_one(path, workload, args.resource, memory)?;
+        let report = replay_one(name, workload, args.resource, memory)?;
         let _ = write!(stdout.lock(), "{}", report.summary);
         if let Some(message) = report.summary.failure_message() {
             eprintln!("rmm-replay: {message}");
@@ -177,8 +185,7 @@ fn run(args: &Args) -> Result<(), Failure> {
         }
         if let Some(e) = report.replay.cleanup_error {
             eprintln!(
-                "rmm-replay: {}: returning what was still allocated after the replay failed: {e}",
-                path.display()
+                "rmm-replay: {name}: returning what was still allocated after the replay failed: {e}"
             );
             failed = true;
         }
@@ -198,19 +205,37 @@ fn run(args: &Args) -> Result<(), Failure> {
     }
 }
 
-/// Reads and plans one log, with a progress bar for large files on a terminal.
-fn read(path: &Path) -> Result<Workload, LogError> {
+/// Reads and plans one file, with a progress bar for large files on a terminal: a CSV log
+/// is one workload, named by its path; a PyTorch snapshot one per device with a trace, named
+/// `PATH (device N)`.
+fn read(path: &Path) -> Result<Vec<(String, Workload)>, LogError> {
     let file = File::open(path).map_err(|e| LogError::Csv(e.into()))?;
     let len = file.metadata().map(|m| m.len()).unwrap_or(0);
     if len >= BAR_BYTES && io::stderr().is_terminal() {
         let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr())
             .with_style(style("reading", "{binary_bytes}/{binary_total_bytes}"))
             .with_message(path.display().to_string());
-        let workload = crate::load(BufReader::new(bar.wrap_read(file)));
+        let read = read_from(path, BufReader::new(bar.wrap_read(file)));
         bar.finish_and_clear();
-        workload
+        read
     } else {
-        crate::load(BufReader::new(file))
+        read_from(path, BufReader::new(file))
+    }
+}
+
+/// [`read`] from `reader`: a pickle by its first bytes is a snapshot, anything else a CSV log.
+fn read_from<R: Read>(
+    path: &Path,
+    mut reader: BufReader<R>,
+) -> Result<Vec<(String, Workload)>, LogError> {
+    let head = reader.fill_buf().map_err(|e| LogError::Csv(e.into()))?;
+    if crate::torch::looks_like_pickle(head) {
+        Ok(crate::torch::load_snapshot(reader)?
+            .into_iter()
+            .map(|(device, w)| (format!("{} (device {device})", path.display()), w))
+            .collect())
+    } else {
+        Ok(vec![(path.display().to_string(), crate::load(reader)?)])
     }
 }
 
@@ -223,12 +248,12 @@ fn style(verb: &str, counts: &str) -> ProgressStyle {
 }
 
 fn replay_one(
-    path: &Path,
+    name: &str,
     workload: &Workload,
     kind: ResourceKind,
     memory: Memory,
 ) -> Result<Report, Failure> {
-    let name = path.display().to_string();
+    let name = name.to_owned();
     let progress = AtomicUsize::new(0);
     let done = AtomicBool::new(false);
     let show_bar = workload.steps.len() >= BAR_STEPS && io::stderr().is_terminal();

@@ -21,6 +21,11 @@
 //!
 //! [`replay_log`] does 3 to 5 for one log, as the tool does.
 //!
+//! PyTorch's memory snapshots (the pickle `torch.cuda.memory._dump_snapshot` writes) replay
+//! the same way: [`torch::load_snapshot`] reads their `device_traces` (allocations and
+//! completed frees, with their streams) into one [`Workload`] per device, in place of steps 1
+//! and 2; the tool tells a snapshot from a CSV log by its first bytes.
+//!
 //! ```
 //! use std::sync::atomic::AtomicUsize;
 //! use rmm_replay::{read_log_str, replay, target, Summary, Workload};
@@ -46,13 +51,14 @@ pub mod replay;
 pub mod run;
 pub mod summary;
 pub mod target;
+pub mod torch;
 
 use std::fmt;
 use std::io::BufRead;
 
 use rmm::mr::{parse_log_lines, CsvError, MemoryEvent};
 
-pub use plan::{PlanError, Workload};
+pub use plan::{PlanError, Position, Workload};
 pub use replay::{replay, Replay, ReplayError};
 pub use run::{replay_log, Report, RunError};
 pub use summary::{Peaks, Summary};
@@ -65,6 +71,8 @@ pub enum LogError {
     Csv(CsvError),
     /// A row contradicts the rows before it (the error names the line).
     Plan(PlanError),
+    /// A PyTorch memory snapshot that cannot be read or replayed.
+    Snapshot(torch::SnapshotError),
 }
 
 impl fmt::Display for LogError {
@@ -78,6 +86,7 @@ impl fmt::Display for LogError {
             ) => write!(f, "line 1: {e}"),
             LogError::Csv(e) => e.fmt(f),
             LogError::Plan(e) => e.fmt(f),
+            LogError::Snapshot(e) => e.fmt(f),
         }
     }
 }
@@ -87,6 +96,7 @@ impl std::error::Error for LogError {
         match self {
             LogError::Csv(e) => Some(e),
             LogError::Plan(e) => Some(e),
+            LogError::Snapshot(e) => Some(e),
         }
     }
 }
@@ -94,6 +104,12 @@ impl std::error::Error for LogError {
 impl From<CsvError> for LogError {
     fn from(e: CsvError) -> Self {
         LogError::Csv(e)
+    }
+}
+
+impl From<torch::SnapshotError> for LogError {
+    fn from(e: torch::SnapshotError) -> Self {
+        LogError::Snapshot(e)
     }
 }
 

@@ -45,6 +45,28 @@ pub struct Step {
     pub op: Op,
 }
 
+/// What the positions of a workload's steps ([`Step::line`]) count.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Position {
+    /// Lines of a CSV log (1-based, the header is line 1).
+    #[default]
+    Line,
+    /// Entries of a PyTorch snapshot's device trace (1-based; 0 for the allocations made
+    /// before the trace began, see [`crate::torch`]).
+    Entry,
+}
+
+impl Position {
+    /// `"line"` or `"entry"`, as messages name a position.
+    #[must_use]
+    pub const fn noun(self) -> &'static str {
+        match self {
+            Position::Line => "line",
+            Position::Entry => "entry",
+        }
+    }
+}
+
 /// A log ready to replay.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Workload {
@@ -69,6 +91,10 @@ pub struct Workload {
     pub leaked: Vec<u32>,
     /// Bytes in use (as requested) after each step.
     pub in_use: Vec<u64>,
+    /// What the steps' positions count: lines of a CSV log or entries of a PyTorch trace.
+    pub position: Position,
+    /// Allocations made before a PyTorch trace began, replayed first (0 for a CSV log).
+    pub before_trace: usize,
 }
 
 impl Workload {
@@ -79,8 +105,21 @@ impl Workload {
     ///
     /// A [`PlanError`] naming the first row that contradicts the rows before it.
     pub fn from_events(events: &[(usize, MemoryEvent)]) -> Result<Workload, PlanError> {
+        Workload::plan(events, Position::Line)
+    }
+
+    /// [`Workload::from_events`] for events whose positions count `position`s.
+    ///
+    /// # Errors
+    ///
+    /// As [`Workload::from_events`].
+    pub fn plan(
+        events: &[(usize, MemoryEvent)],
+        position: Position,
+    ) -> Result<Workload, PlanError> {
         let mut w = Workload {
             rows: events.len(),
+            position,
             ..Workload::default()
         };
         let mut thread_index: HashMap<u64, u32> = HashMap::new();
@@ -89,7 +128,11 @@ impl Workload {
         let mut live: HashMap<u64, (u32, usize)> = HashMap::new();
         let mut in_use: u64 = 0;
         for &(line, ref e) in events {
-            let error = |kind| PlanError { line, kind };
+            let error = |kind| PlanError {
+                line,
+                kind,
+                position,
+            };
             let op = match e.action {
                 Action::AllocateFailure => {
                     w.failures += 1;
@@ -193,10 +236,12 @@ impl Workload {
 /// A row that contradicts the log before it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlanError {
-    /// The row's 1-based line.
+    /// The row's 1-based line (or trace entry).
     pub line: usize,
     /// What is wrong with it.
     pub kind: PlanErrorKind,
+    /// Whether `line` is a line of a CSV log or an entry of a PyTorch trace.
+    pub position: Position,
 }
 
 /// What is wrong with a row.
@@ -231,14 +276,15 @@ pub enum PlanErrorKind {
 
 impl fmt::Display for PlanError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "line {}: ", self.line)?;
+        let noun = self.position.noun();
+        write!(f, "{noun} {}: ", self.line)?;
         match self.kind {
             PlanErrorKind::NullAllocation { size } => {
                 write!(f, "a successful allocation of {size} bytes at (nil)")
             }
             PlanErrorKind::AllocatedTwice { pointer, since } => write!(
                 f,
-                "allocation at {pointer:#x}, which is still allocated since line {since}"
+                "allocation at {pointer:#x}, which is still allocated since {noun} {since}"
             ),
             PlanErrorKind::SizeMismatch {
                 pointer,
@@ -248,7 +294,7 @@ impl fmt::Display for PlanError {
             } => write!(
                 f,
                 "free of {pointer:#x} with {size} bytes, allocated with {allocated} bytes at \
-                 line {allocated_at}"
+                 {noun} {allocated_at}"
             ),
             PlanErrorKind::TooManyAllocations => {
                 f.write_str("more than 4294967295 allocations or events")
@@ -366,7 +412,8 @@ mod tests {
                 kind: PlanErrorKind::AllocatedTwice {
                     pointer: 0x100,
                     since: 2
-                }
+                },
+                position: Position::Line,
             }
         );
         assert_eq!(

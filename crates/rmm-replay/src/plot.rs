@@ -30,6 +30,8 @@ pub struct Panel {
     pub capacity: Option<u64>,
     /// The step (0-based) that failed, with its line, drawn as a marker.
     pub failed_at: Option<(usize, usize)>,
+    /// What that line counts: a line of a CSV log or an entry of a PyTorch trace.
+    pub position: crate::plan::Position,
 }
 
 /// The image formats, by extension.
@@ -282,7 +284,7 @@ where
                 RED.stroke_width(2),
             )))
             .map_err(draw_error)?
-            .label(format!("ran out at line {line}"))
+            .label(format!("ran out at {} {line}", panel.position.noun()))
             .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], RED.stroke_width(2)));
     }
     chart

@@ -119,6 +119,7 @@ pub fn replay_log(
         reserved,
         capacity: target.capacity,
         failed_at: r.failure.as_ref().map(|f| (f.step, f.at.line)),
+        position: workload.position,
     };
     Ok(Report {
         summary,

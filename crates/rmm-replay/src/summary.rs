@@ -6,7 +6,7 @@ use std::time::Duration;
 use rmm::mr::DeviceMemoryResource;
 use rmm::stream::CudaStreamView;
 
-use crate::plan::{Op, Workload};
+use crate::plan::{Op, Position, Workload};
 use crate::replay::{Replay, StepFailure};
 
 /// Peaks of a replay.
@@ -67,8 +67,12 @@ pub struct Summary {
     pub log: String,
     /// The resource, in words.
     pub resource: String,
-    /// Rows of the log.
+    /// Rows of the log (entries of a PyTorch trace).
     pub rows: usize,
+    /// What positions (`peak_line`, the failed step's) count: lines or trace entries.
+    pub position: Position,
+    /// Allocations made before a PyTorch trace began, replayed first.
+    pub before_trace: usize,
     /// Threads of the log that replayed something.
     pub threads: usize,
     /// Streams of the log.
@@ -129,6 +133,8 @@ impl Summary {
             log: log.into(),
             resource: resource.into(),
             rows: workload.rows,
+            position: workload.position,
+            before_trace: workload.before_trace,
             threads: workload.threads.len(),
             streams: workload.streams.len(),
             allocations_in_log: workload.allocations(),
@@ -174,8 +180,11 @@ impl Summary {
             "the resource failed"
         };
         Some(format!(
-            "{} line {}: {verb} {what} on thread {thread}: {}",
-            self.log, f.at.line, f.error
+            "{} {} {}: {verb} {what} on thread {thread}: {}",
+            self.log,
+            self.position.noun(),
+            f.at.line,
+            f.error
         ))
     }
 }
@@ -186,9 +195,13 @@ impl fmt::Display for Summary {
         let row = |f: &mut fmt::Formatter<'_>, label: &str, value: String| {
             writeln!(f, "  {label:<27} {value}")
         };
+        let rows = match self.position {
+            Position::Line => "log rows",
+            Position::Entry => "trace entries",
+        };
         row(
             f,
-            "log rows",
+            rows,
             format!(
                 "{} ({}, {})",
                 self.rows,
@@ -207,6 +220,16 @@ impl fmt::Display for Summary {
             format!("{}{partial}", self.allocations),
         )?;
         row(f, "frees replayed", self.frees.to_string())?;
+        if self.before_trace > 0 {
+            row(
+                f,
+                "allocated before the trace",
+                format!(
+                    "{} (replayed first)",
+                    count(self.before_trace, "allocation")
+                ),
+            )?;
+        }
         row(
             f,
             "failures in the log",
@@ -221,7 +244,7 @@ impl fmt::Display for Summary {
         }
         let at = self
             .peak_line
-            .map(|l| format!(" at line {l}"))
+            .map(|l| format!(" at {} {l}", self.position.noun()))
             .unwrap_or_default();
         row(
             f,

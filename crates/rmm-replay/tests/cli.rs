@@ -65,7 +65,8 @@ fn help_lists_every_option() -> Result<(), Failed> {
     let stdout = text(&out.stdout);
     check(out.status.success(), "--help succeeds", &out)?;
     for needle in [
-        "Usage: rmm-replay [OPTIONS] <LOG.csv>...",
+        "Usage: rmm-replay [OPTIONS] <LOG.csv|SNAPSHOT.pickle>...",
+        "PyTorch memory snapshot",
         "--resource <RESOURCE>",
         "--simulate <SIZE>",
         "--plot <FILE.svg|FILE.png>",
@@ -86,7 +87,7 @@ fn help_lists_every_option() -> Result<(), Failed> {
     }
     let out = run(&[]);
     check(
-        out.status.code() == Some(2) && text(&out.stderr).contains("<LOG.csv>"),
+        out.status.code() == Some(2) && text(&out.stderr).contains("<LOG.csv|SNAPSHOT.pickle>"),
         "no log is a usage error (status 2)",
         &out,
     )
@@ -130,6 +131,66 @@ fn replays_the_sample_over_simulated_memory() -> Result<(), Failed> {
         &out,
     )?;
     check(out.stderr.is_empty(), "nothing on stderr", &out)
+}
+
+fn replays_a_pytorch_snapshot() -> Result<(), Failed> {
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/torch_snapshot.pickle");
+    let sample = sample.to_str().unwrap();
+    let plot = scratch("torch.svg");
+    let out = run(&[
+        "--simulate",
+        "1GiB",
+        "--plot",
+        plot.to_str().unwrap(),
+        sample,
+    ]);
+    check(out.status.success(), "the torch sample fits in 1 GiB", &out)?;
+    let stdout = text(&out.stdout);
+    check(
+        stdout.starts_with(&format!("{sample} (device 0): ")),
+        "the workload is named by the file and the device",
+        &out,
+    )?;
+    // Hand-counted from python/tools/make_torch_snapshots.py --synthetic: 58 entries, 18
+    // allocs plus 2 from before the trace (an 8 MiB block freed at entry 2, a 4 MiB block
+    // held throughout), 18 completed frees, one oom entry; the peak is the held 4 MiB plus a
+    // step's batch (2 MiB), normalized copy (512 KiB), activations (6 + 3 MiB) and gradient
+    // (1 MiB), first reached at step 0's gradient, entry 13.
+    let expect = [
+        ("trace entries", "58 (1 thread, 2 streams)"),
+        ("allocations replayed", "20"),
+        ("frees replayed", "18"),
+        (
+            "allocated before the trace",
+            "2 allocations (replayed first)",
+        ),
+        ("failures in the log", "1 (counted, not replayed)"),
+        ("peak bytes in use", "16.50 MiB (17301504 B) at entry 13"),
+        (
+            "never freed in the log",
+            "2 allocations, 6.00 MiB (freed after the replay)",
+        ),
+    ];
+    for (label, value) in expect {
+        check(
+            field(&stdout, label) == Some(value),
+            &format!("{label} should be {value:?}"),
+            &out,
+        )?;
+    }
+    check(plot.is_file(), "the plot is written", &out)?;
+    // A pickle that is not a snapshot is bad input, named.
+    let bad = scratch("not_a_snapshot.pickle");
+    std::fs::write(&bad, [0x80, 4, b'N', b'.']).unwrap();
+    let out = run(&["--simulate", "1GiB", bad.to_str().unwrap()]);
+    check(
+        out.status.code() == Some(2)
+            && text(&out.stderr).contains(
+                "not a PyTorch memory snapshot: the pickle should be a dict with device_traces",
+            ),
+        "a pickle of None is refused as bad input",
+        &out,
+    )
 }
 
 /// The pages that show the sample's replay, each with the command that prints it.
@@ -436,6 +497,7 @@ fn main() {
             "replays_the_sample_over_simulated_memory",
             replays_the_sample_over_simulated_memory,
         ),
+        trial("replays_a_pytorch_snapshot", replays_a_pytorch_snapshot),
         trial(
             "the_documented_output_is_what_it_prints",
             the_documented_output_is_what_it_prints,

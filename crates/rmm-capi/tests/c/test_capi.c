@@ -25,7 +25,8 @@
 _Static_assert(sizeof(rmm_rs_options) == 48, "rmm_rs_options is 48 bytes");
 _Static_assert(offsetof(rmm_rs_options, log_file) == 24, "log_file at 24");
 _Static_assert(offsetof(rmm_rs_options, devices) == 40, "devices at 40");
-_Static_assert(sizeof(rmm_rs_statistics) == 88, "rmm_rs_statistics is 88 bytes");
+_Static_assert(sizeof(rmm_rs_statistics) == 104, "rmm_rs_statistics is 104 bytes");
+_Static_assert(offsetof(rmm_rs_statistics, peak_pool_size) == 88, "peak_pool_size at 88");
 _Static_assert(offsetof(rmm_rs_statistics, statistics_enabled) == 80, "flag at 80");
 
 static int passed, failed, skipped;
@@ -175,8 +176,8 @@ static void gpu_checks(const char *dir) {
     int code = rmm_rs_configure(&o);
     if (code == RMM_RS_ERROR_NO_DEVICE) {
         CHECK(strlen(rmm_rs_last_error()) > 0, "no reason given");
-        skipped += 16;
-        printf("skipped 16 GPU checks: %s\n", rmm_rs_last_error());
+        skipped += 17;
+        printf("skipped 17 GPU checks: %s\n", rmm_rs_last_error());
         return;
     }
     CHECK(code == RMM_RS_SUCCESS, "configure: %d", code);
@@ -229,8 +230,14 @@ static void gpu_checks(const char *dir) {
     rmm_rs_free(p, (ssize_t)MiB, 0, NULL);
     rmm_rs_get_statistics(0, &s);
     CHECK(s.outstanding_allocations == 0 && s.failed_frees == 2 && s.failed_allocations == 2 &&
-              s.peak_bytes >= (int64_t)MiB,
+              s.out_of_memory_failures == 2 && s.peak_bytes >= (int64_t)MiB &&
+              s.peak_pool_size >= s.pool_size && s.pool_size >= 64 * MiB,
           "after the frees: %llu outstanding", (unsigned long long)s.outstanding_allocations);
+    CHECK(rmm_rs_reset_peak_statistics(0) == RMM_RS_SUCCESS &&
+              rmm_rs_get_statistics(0, &s) == RMM_RS_SUCCESS && s.peak_bytes == s.current_bytes &&
+              s.peak_allocations == 0 && s.peak_pool_size == s.pool_size && s.total_allocations >= 3,
+          "peaks reset: peak %lld, current %lld", (long long)s.peak_bytes,
+          (long long)s.current_bytes);
 
     CHECK(rmm_rs_flush_log(0) == RMM_RS_SUCCESS, "flush");
     char header[256];
