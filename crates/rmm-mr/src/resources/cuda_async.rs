@@ -108,9 +108,21 @@ pub(crate) unsafe fn pool_allocate(
         return Ok(DevicePtr::NULL);
     }
     let raw = stream.as_raw();
-    // SAFETY: the view's handle is valid (its invariant) and the pool is live (the caller's
-    // contract).
-    let p = unsafe { mempool::mem_alloc_from_pool_async(bytes, pool, raw) }.map_err(|e| {
+    // Under an rmm-rs capture scope a capturing stream cannot allocate from an explicit pool
+    // (the driver refuses `cuMemAllocFromPoolAsync` and the capture is lost): the allocation
+    // becomes a graph memory node from the device's graph memory (`cuMemAllocAsync`), which
+    // `cuMemFreeAsync` frees as any other. One relaxed load while no scope is active.
+    let in_capture = crate::graph::active_capture_scopes() != 0
+        && stream.capture_status().is_ok_and(|s| s.is_capturing());
+    let p = if in_capture {
+        // SAFETY: the view's handle is valid (its invariant).
+        unsafe { mempool::mem_alloc_async(bytes, raw) }
+    } else {
+        // SAFETY: the view's handle is valid (its invariant) and the pool is live (the
+        // caller's contract).
+        unsafe { mempool::mem_alloc_from_pool_async(bytes, pool, raw) }
+    }
+    .map_err(|e| {
         // SAFETY: the pool is live (the caller's contract).
         unsafe {
             super::diagnostics::with_pool_report(
