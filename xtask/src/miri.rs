@@ -127,6 +127,7 @@ pub(crate) const EXCLUDED: &[(&str, &str, &str)] = &[
     ("rmm-mr", "resources::diagnostics", DRIVER_CALLS),
     ("rmm-mr", "resources::cuda_async_managed", DRIVER_MEMORY),
     ("rmm-mr", "resources::cuda_async_view", DRIVER_MEMORY),
+    ("rmm-mr", "resources::pool_statistics", DRIVER_MEMORY),
     ("rmm-mr", "resources::managed", DRIVER_MEMORY),
     ("rmm-mr", "resources::pinned_host", DRIVER_MEMORY),
     ("rmm-mr", "pinned::pool", DRIVER_MEMORY),

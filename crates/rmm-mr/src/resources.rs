@@ -10,6 +10,7 @@ mod managed;
 mod peer_access;
 mod pinned_host;
 mod pool_origins;
+mod pool_statistics;
 mod simulated;
 mod system;
 #[cfg(test)]
@@ -17,10 +18,11 @@ mod tests;
 
 pub use callback::{AllocateCallback, CallbackMemoryResource, DeallocateCallback};
 pub use cuda::CudaMemoryResource;
-pub use cuda_async::{CudaAsyncMemoryResource, CudaAsyncOptions, PoolStatistics};
+pub use cuda_async::{CudaAsyncMemoryResource, CudaAsyncOptions};
 pub use cuda_async_managed::CudaAsyncManagedMemoryResource;
 pub use cuda_async_view::CudaAsyncViewMemoryResource;
 pub use managed::ManagedMemoryResource;
 pub use pinned_host::PinnedHostMemoryResource;
+pub use pool_statistics::PoolStatistics;
 pub use simulated::SimulatedMemoryResource;
 pub use system::{SamHeadroomMemoryResource, SystemMemoryResource};

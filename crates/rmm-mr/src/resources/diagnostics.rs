@@ -47,7 +47,7 @@ pub(crate) unsafe fn with_pool_report(
         return e;
     }
     // SAFETY: the caller's contract.
-    let stats = unsafe { super::cuda_async::pool_statistics(pool) }.ok();
+    let stats = unsafe { super::pool_statistics::pool_statistics(pool) }.ok();
     e.with_oom_report(|requested| {
         let as_usize = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
         let (reserved, in_use) = stats.map_or((0, 0), |s| {
