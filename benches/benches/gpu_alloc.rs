@@ -620,26 +620,34 @@ fn growth_table(table: &BTreeMap<usize, Vec<Row>>) {
 }
 
 /// The third table of a trace: how long growers held each stream-ordered resource's growth
-/// lock (the search of every list, the merges, the upstream call).
+/// lock (the search, the waits for blocks in transit and for frees, the upstream call).
 fn holds_table(table: &BTreeMap<usize, Vec<Row>>) {
     println!(
         "\nThe growth lock (pool, fixed-size, VMM pool; binning: its pool), over the whole run \
          (warm-up and timed passes, every repetition): holds, their p50, p99.9 and longest \
-         (a hold: the grower's search of every list, its merges and the upstream call).\n"
+         (a hold: the grower's search, its waits for blocks in transit and for frees, at most \
+         {} yields or {} ms in all, and the upstream call), the most yields one grower made in \
+         one hold, and the holds whose wait the budget ended.\n",
+        GrowthLockHolds::BUDGET_YIELDS,
+        GrowthLockHolds::BUDGET_TIME.as_millis(),
     );
-    println!("| threads | resource | holds | p50 µs | p99.9 µs | max µs |");
-    println!("|---:|---|---:|---:|---:|---:|");
+    println!(
+        "| threads | resource | holds | p50 µs | p99.9 µs | max µs | most yields | budget ran out |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|");
     let us = |d: std::time::Duration| format!("{:.1}", d.as_secs_f64() * 1e6);
     for (threads, rows) in table {
         for row in rows {
             let Some(h) = &row.holds else { continue };
             println!(
-                "| {threads} | {} | {} | {} | {} | {} |",
+                "| {threads} | {} | {} | {} | {} | {} | {} | {} |",
                 row.name,
                 h.count(),
                 us(h.quantile(0.5)),
                 us(h.quantile(0.999)),
                 us(h.max()),
+                h.max_yields(),
+                h.budget_ran_out(),
             );
         }
     }

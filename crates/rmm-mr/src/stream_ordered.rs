@@ -7,10 +7,10 @@ pub(crate) mod append_only;
 pub(crate) mod core;
 pub(crate) mod event_policy;
 pub(crate) mod free_blocks;
+pub(crate) mod moves;
 pub(crate) mod pressure;
 pub(crate) mod slot_table;
 pub(crate) mod stream_lists;
-pub(crate) mod tuning;
 
 use rmm_stream::CudaStreamView;
 use rmm_sys::{DevicePtr, ALLOCATION_ALIGNMENT};

@@ -13,10 +13,14 @@ use crate::fixed_size::ring::Ring;
 use crate::resource::{DeviceMemoryResource, SharedResource};
 use crate::stream_ordered::accept_chunk;
 use crate::stream_ordered::core::{FreeBlocks, StreamLists, StreamOrdered};
-use crate::stream_ordered::tuning::THIEF_SHARE;
 use crate::util::alignment;
 use crate::util::cross_thread::Origin;
 use crate::util::format::format_bytes;
+
+/// The most blocks a thief takes along from another stream's list besides the one it needs
+/// (half the list at most): a stream whose own list ran dry then waits on another stream's
+/// event once per batch, not once per allocation.
+const THIEF_SHARE: usize = 32;
 
 /// RMM's default block size: 1 MiB.
 pub const DEFAULT_BLOCK_SIZE: usize = 1 << 20;
@@ -660,43 +664,6 @@ mod tests {
         }
     }
 
-    /// A thief's share moves blocks between lists, so it is taken only under the growth lock
-    /// (`docs/internals/stream-ordered.md`, "Moves between lists"): while a grower holds it, a
-    /// thief takes its one block and no share, so the grower's search misses nothing.
-    #[test]
-    fn a_thief_takes_no_share_while_a_grower_holds_the_lock() {
-        use crate::stream_ordered::stream_lists::StreamKey;
-        let _sim = rmm_sys::fault::FaultScope::simulated();
-        let (r, _mock) = fixed(1024, 9);
-        let blocks: Vec<DevicePtr> = (0..9)
-            .map(|_| r.allocate(s(), 1024, 256).unwrap())
-            .collect();
-        for &p in &blocks {
-            // SAFETY: from `r` with this size, freed once.
-            unsafe { r.deallocate(s(), p, 1024, 256).unwrap() };
-        }
-        let holder = |ptr: DevicePtr| r.inner.core.list_holding(ptr.addr());
-        let count = |key: Option<StreamKey>| blocks.iter().filter(|&&p| holder(p) == key).count();
-        let b = CudaStreamView::simulated(2);
-        let held = r.inner.core.hold_growth_lock();
-        let first = r.allocate(b, 1024, 256).unwrap();
-        drop(held);
-        assert_eq!(
-            count(Some(StreamKey::Legacy)),
-            8,
-            "a share moved under a grower"
-        );
-        assert_eq!(count(None), 1);
-        // With the lock free, the next steal takes its share along.
-        let second = r.allocate(b, 1024, 256).unwrap();
-        assert_eq!(count(Some(StreamKey::Legacy)), 4);
-        // SAFETY: from `r` with this size, each freed once.
-        unsafe {
-            r.deallocate(b, first, 1024, 256).unwrap();
-            r.deallocate(b, second, 1024, 256).unwrap();
-        }
-    }
-
     #[test]
     fn a_per_thread_block_freed_on_another_thread_goes_to_the_legacy_list() {
         use crate::stream_ordered::stream_lists::{thread_number, StreamKey};
@@ -729,6 +696,37 @@ mod tests {
         assert_eq!(r.allocate(s(), 1024, 256).unwrap(), a);
         // SAFETY: `a` came from `r` again.
         unsafe { r.deallocate(s(), a, 1024, 256).unwrap() };
+    }
+
+    /// A grower waiting after a real miss hears of every free that leaves a fitting block:
+    /// into the freeing stream's list, or into the legacy list when another thread frees a
+    /// per-thread block (`stream_ordered::moves`, "Patience after a real miss").
+    #[test]
+    fn frees_tell_a_watching_grower_wherever_the_block_goes() {
+        let pt = CudaStreamView::per_thread();
+        // One block per chunk: the legacy stream takes the first, the per-thread stream grows
+        // its own (no steal, so no CUDA call).
+        let (r, _mock) = fixed(1024, 1);
+        let b = r.allocate(s(), 1024, 256).unwrap();
+        let a = r.allocate(pt, 1024, 256).unwrap();
+        let moves = r.inner.core.moves();
+        let watch = moves.watch(1024);
+        assert!(!moves.fit_landed());
+        // SAFETY: `b` came from `r`, freed once.
+        unsafe { r.deallocate(s(), b, 1024, 256).unwrap() };
+        assert!(moves.fit_landed(), "an ordinary free");
+        drop(watch);
+        let watch = moves.watch(1024);
+        std::thread::scope(|sc| {
+            // SAFETY: `a` came from `r`, freed once.
+            sc.spawn(|| unsafe { r.deallocate(pt, a, 1024, 256).unwrap() });
+        });
+        assert_eq!(
+            r.inner.core.list_holding(a.addr()),
+            Some(crate::stream_ordered::stream_lists::StreamKey::Legacy)
+        );
+        assert!(moves.fit_landed(), "a free sent to the legacy list");
+        drop(watch);
     }
 
     #[test]

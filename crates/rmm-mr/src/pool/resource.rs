@@ -1155,22 +1155,23 @@ mod tests {
         assert_eq!(p.outstanding_allocations(), 0);
     }
 
-    /// Merges only under the growth lock (`docs/internals/stream-ordered.md`, "Moves between
-    /// lists"): X, asking 3U, finds no single block and must merge V's and W's lists, whose free
-    /// blocks are neighbours; while a grower holds the lock, X waits and V's block stays in V's
-    /// list (a grower searching then finds every block where it is). Once the lock is free, X
-    /// merges and takes the coalesced block without growing. Owning streams, so thieves record.
+    /// Blocks in transit (`stream_ordered::moves`): X merges V's list into its own, and while
+    /// V's free block is in neither list, G (under the growth lock) finds nothing that fits.
+    /// G must not grow (RMM, under one mutex, would find the block): it searches again once the
+    /// merge ended and takes the block from X's list. Owning streams, so thieves record.
     #[test]
-    fn a_merge_waits_for_the_growth_lock() {
+    fn a_grower_waits_for_blocks_in_transit_instead_of_growing() {
+        use std::sync::mpsc;
         use std::time::Duration;
         const U: usize = 256;
+        const PATIENCE: Duration = Duration::from_secs(30);
         let _sim = rmm_sys::fault::FaultScope::simulated();
         let device = crate::SimulatedMemoryResource::new(1 << 40).unwrap();
         let p = PoolMemoryResource::new(device.clone(), 8 * U).unwrap();
-        let owned: Vec<rmm_stream::CudaStream> = (0..3)
+        let owned: Vec<rmm_stream::CudaStream> = (0..4)
             .map(|n| rmm_stream::CudaStream::simulated(0x5e01 + n))
             .collect();
-        let [v, w, x] = [0, 1, 2].map(|i| owned[i].view());
+        let [v, w, x, g] = [0, 1, 2, 3].map(|i| owned[i].view());
         // The initial chunk [0, 8U) is cut into V's 2U, W's 1U and X's 5U; V and W free theirs.
         let bv = p.allocate(v, 2 * U, 256).unwrap();
         let bw = p.allocate(w, U, 256).unwrap();
@@ -1180,29 +1181,94 @@ mod tests {
             p.deallocate(v, bv, 2 * U, 256).unwrap();
             p.deallocate(w, bw, U, 256).unwrap();
         }
-        let holder = || p.inner.core.list_holding(bv.addr());
-        let before = holder();
+        assert_eq!(p.pool_size(), 8 * U);
+        let moves = || p.inner.core.moves();
+        let (in_transit, x_in_transit) = mpsc::channel();
+        let (go, wait_go) = mpsc::channel::<()>();
+        // X, asking 3U, finds no single block: it merges V's list first and stops in transit.
+        *moves().hooks.in_transit.lock().unwrap() = Some(Box::new(move || {
+            in_transit.send(()).unwrap();
+            let _ = wait_go.recv_timeout(PATIENCE);
+        }));
         std::thread::scope(|s| {
-            let held = p.inner.core.hold_growth_lock();
             let px = p.clone();
             let tx = s.spawn(move || {
                 let _sim = rmm_sys::fault::FaultScope::simulated();
                 px.allocate(x, 3 * U, 256).unwrap()
             });
-            std::thread::sleep(Duration::from_millis(200));
-            assert!(!tx.is_finished(), "X merged without the growth lock");
-            assert_eq!(holder(), before, "V's block left its list");
-            drop(held);
-            let got = tx.join().unwrap();
-            assert_eq!(got, bv, "X did not take the merged block");
-            assert_eq!(p.pool_size(), 8 * U, "X grew");
+            x_in_transit.recv_timeout(PATIENCE).unwrap();
+            // G, asking 2U, misses under the growth lock while V's block is in transit; it lets
+            // X go and waits until the merge ended.
+            let (ended, wait_ended) = mpsc::channel();
+            let (pg, go_g) = (p.clone(), go.clone());
+            *moves().hooks.unsettled.lock().unwrap() = Some(Box::new(move || {
+                *pg.inner.core.moves().hooks.ended.lock().unwrap() = Some(Box::new(move || {
+                    ended.send(()).unwrap();
+                }));
+                go_g.send(()).unwrap();
+                let _ = wait_ended.recv_timeout(PATIENCE);
+            }));
+            let pg = p.clone();
+            let got = s
+                .spawn(move || {
+                    let _sim = rmm_sys::fault::FaultScope::simulated();
+                    pg.allocate(g, 2 * U, 256).unwrap()
+                })
+                .join()
+                .unwrap();
+            // Without the wait, G grew and X is still in transit: let it go.
+            let _ = go.send(());
+            let got_x = tx.join().unwrap();
+            // (A growth would have served G from the new chunk.)
+            assert_eq!(got, bv, "G grew while V's block was in transit");
+            // X then grew once, by RMM's rule (no list holds 3U).
+            assert_eq!(p.pool_size(), 16 * U);
             // SAFETY: from `p` with these sizes, freed once.
             unsafe {
-                p.deallocate(x, got, 3 * U, 256).unwrap();
+                p.deallocate(g, got, 2 * U, 256).unwrap();
+                p.deallocate(x, got_x, 3 * U, 256).unwrap();
                 p.deallocate(x, bx, 5 * U, 256).unwrap();
             }
         });
         assert_eq!(p.outstanding_allocations(), 0);
+    }
+
+    /// The grower's wait is bounded for the whole growth, not per search
+    /// (`stream_ordered::moves`, the budget): while it waits, frees keep coming (so it never
+    /// stops for want of any), and every 500th says it left a fitting block that the grower's
+    /// next search does not find (another thread took it first). With a wait per search, each
+    /// of the 65 searches would wait again, 65 x 500 yields under the growth lock; with one
+    /// budget per hold of the lock, at most `WAIT_YIELDS` (or `WAIT_TIME`), and the pool grows.
+    #[test]
+    fn a_growers_wait_is_bounded_for_the_whole_growth() {
+        use crate::stream_ordered::moves::WAIT_YIELDS;
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let (p, mock) = pool(4096, None);
+        let a = p.allocate(s(), 4096, 256).unwrap();
+        let yields = Arc::new(AtomicU32::new(0));
+        let (pc, y) = (p.clone(), Arc::clone(&yields));
+        *p.inner.core.moves().hooks.yielding.lock().unwrap() = Some(Box::new(move || {
+            let n = y.fetch_add(1, Ordering::Relaxed) + 1;
+            pc.inner.core.moves().freed(|_| n % 500 == 0);
+        }));
+        let b = p.allocate(s(), 4096, 256).unwrap();
+        // The hook holds a handle of the pool.
+        drop(p.inner.core.moves().hooks.yielding.lock().unwrap().take());
+        let yields = yields.load(Ordering::Relaxed);
+        assert!(
+            yields <= WAIT_YIELDS,
+            "{yields} yields under the growth lock"
+        );
+        let holds = p.growth_lock_holds();
+        assert_eq!(holds.count(), 1, "one hold of the growth lock");
+        assert_eq!(holds.max_yields(), u64::from(yields));
+        assert_eq!(holds.budget_ran_out(), 1, "the budget ended the wait");
+        assert_eq!((mock.allocation_calls(), p.pool_size()), (2, 8192));
+        // SAFETY: from `p` with these sizes, freed once.
+        unsafe {
+            p.deallocate(s(), a, 4096, 256).unwrap();
+            p.deallocate(s(), b, 4096, 256).unwrap();
+        }
     }
 
     /// RMM issue 2039's shape: blocks allocated on one stream and freed on another lie, once

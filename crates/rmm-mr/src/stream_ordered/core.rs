@@ -30,6 +30,7 @@ use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
 use crate::stream_ordered::append_only::AppendOnlyVec;
 pub(crate) use crate::stream_ordered::free_blocks::{Expand, FreeBlocks};
+use crate::stream_ordered::moves::{Budget, MoveGuard, Moves, Settled, SETTLE_TRIES};
 pub(crate) use crate::stream_ordered::pressure::GrowthCause;
 use crate::stream_ordered::pressure::PressureScope;
 use crate::stream_ordered::slot_table::{Placement, SlotTable};
@@ -52,8 +53,66 @@ enum Search<T> {
     },
 }
 
+/// Everything a core keeps, for tests that check a failed call changed nothing.
 #[cfg(test)]
-pub(crate) use self::tests::{CoreMemory, CoreState};
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CoreState {
+    /// The free blocks of every list that holds some, by stream key, legacy list first.
+    pub(crate) lists: Vec<(StreamKey, Vec<(u64, usize)>)>,
+    /// The upstream chunks, by address.
+    pub(crate) chunks: Vec<(u64, usize)>,
+    /// The sum of the chunks.
+    pub(crate) pool_size: usize,
+    /// Blocks handed out and their bytes.
+    pub(crate) handed_out: (usize, usize),
+}
+
+#[cfg(test)]
+impl CoreState {
+    /// The free memory as merged address ranges `[start, end)`, whichever lists hold it.
+    pub(crate) fn free_ranges(&self) -> Vec<(u64, u64)> {
+        let mut blocks: Vec<(u64, u64)> = self
+            .lists
+            .iter()
+            .flat_map(|(_, blocks)| blocks.iter().map(|&(a, s)| (a, a + s as u64)))
+            .collect();
+        blocks.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::new();
+        for (start, end) in blocks {
+            match merged.last_mut() {
+                Some(last) if last.1 == start => last.1 = end,
+                _ => merged.push((start, end)),
+            }
+        }
+        merged
+    }
+
+    /// What a failed call must leave as it was: the free memory (a failed allocation may have
+    /// merged stream lists, as RMM's does, so not which list holds it), the chunks, the pool
+    /// size and the handed-out blocks.
+    pub(crate) fn memory(&self) -> CoreMemory {
+        CoreMemory {
+            free: self.free_ranges(),
+            chunks: self.chunks.clone(),
+            pool_size: self.pool_size,
+            handed_out: self.handed_out,
+        }
+    }
+}
+
+/// [`CoreState::memory`].
+#[cfg(test)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CoreMemory {
+    /// [`CoreState::free_ranges`].
+    pub(crate) free: Vec<(u64, u64)>,
+    /// The upstream chunks, by address.
+    pub(crate) chunks: Vec<(u64, usize)>,
+    /// The sum of the chunks.
+    pub(crate) pool_size: usize,
+    /// Blocks handed out and their bytes.
+    pub(crate) handed_out: (usize, usize),
+}
 
 /// Whether the owner of a key is alive (see [`crate::stream_ordered::slot_table`]).
 #[derive(Debug)]
@@ -156,6 +215,10 @@ impl Drop for InFlightGuard<'_> {
     }
 }
 
+/// How often an allocation that found the resource full waits for synchronizations in flight
+/// and looks again before it reports out-of-memory.
+const FULL_RETRIES: usize = 3;
+
 static NEXT_POOL: AtomicU64 = AtomicU64::new(1);
 
 /// Treats "no driver / no device" as success: without a device no stream work can be pending
@@ -238,6 +301,9 @@ pub(crate) struct StreamOrdered<L: FreeBlocks> {
     /// synchronization).
     device: Option<DeviceId>,
     in_flight: InFlight,
+    /// The merges made outside the growth lock, counted so that a grower does not miss their
+    /// blocks in transit (see [`moves`](crate::stream_ordered::moves)).
+    moves: Moves,
     /// How long growers held the growth lock (benchmarks and tests).
     #[cfg(any(test, feature = "testing"))]
     holds: crate::testing::growth_lock::HoldRecorder,
@@ -247,10 +313,12 @@ pub(crate) struct StreamOrdered<L: FreeBlocks> {
     release_limit: Option<usize>,
 }
 
-/// The growth lock held by a grower ([`StreamOrdered::lock_growth`]): the chunk set and (for
-/// benchmarks and tests) where its hold time goes when it is released.
+/// The growth lock held by a grower ([`StreamOrdered::lock_growth`]): the chunk set, the
+/// budget of the grower's waits for this hold, and (for benchmarks and tests) where its hold
+/// time goes when it is released.
 struct GrowthHold<'a> {
     chunks: MutexGuard<'a, BTreeMap<u64, usize>>,
+    budget: Budget,
     #[cfg(any(test, feature = "testing"))]
     record: (&'a crate::testing::growth_lock::HoldRecorder, Instant),
 }
@@ -259,7 +327,7 @@ struct GrowthHold<'a> {
 impl Drop for GrowthHold<'_> {
     fn drop(&mut self) {
         let (recorder, locked) = self.record;
-        recorder.record(locked.elapsed());
+        recorder.record(locked.elapsed(), self.budget.spent(), self.budget.ran_out());
     }
 }
 
@@ -282,6 +350,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             used: AtomicBool::new(false),
             device: rmm_sys::current_device().ok(),
             in_flight: InFlight::default(),
+            moves: Moves::new(),
             #[cfg(any(test, feature = "testing"))]
             holds: crate::testing::growth_lock::HoldRecorder::new(),
             release_limit: None,
@@ -306,6 +375,12 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             .blocks
             .add_chunk(ptr.addr(), size)
             .map_err(|e| MrError::bad_alloc(format!("initial chunk rejected: {e}")))
+    }
+
+    /// The merges in transit (tests set its hooks).
+    #[cfg(test)]
+    pub(crate) fn moves(&self) -> &Moves {
+        &self.moves
     }
 
     /// Bytes obtained from the upstream and not given back.
@@ -359,14 +434,16 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         self.chunks.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Takes the growth lock for a search of every list and a growth. Every move of more than
-    /// one block between lists (a merge, a thief's share) is made holding it, so a grower's
-    /// search never misses blocks between two lists.
+    /// Takes the growth lock for a growth: the chunk set, with the budget of the grower's waits
+    /// counted from now (see [`moves`](crate::stream_ordered::moves)).
     fn lock_growth(&self) -> GrowthHold<'_> {
+        let chunks = self.lock_chunks();
+        let locked = Instant::now();
         GrowthHold {
-            chunks: self.lock_chunks(),
+            chunks,
+            budget: Budget::growth(locked),
             #[cfg(any(test, feature = "testing"))]
-            record: (&self.holds, Instant::now()),
+            record: (&self.holds, locked),
         }
     }
 
@@ -649,7 +726,8 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     }
 
     /// Puts `blocks` (safe for `stream` now) into `own`, `key`'s list, as entering on `stream`,
-    /// and takes `size` bytes from it (`None`: takes nothing). If `own` was retired meanwhile, the block
+    /// and takes `size` bytes from it (`None`: takes nothing); a merge in `transit` then says
+    /// whether the list fits the searching grower. If `own` was retired meanwhile, the block
     /// comes from `blocks` and the rest goes to the orphan list. On error (an
     /// inconsistency) the blocks `own` refused come back.
     #[allow(clippy::type_complexity)]
@@ -660,6 +738,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         stream: CudaStreamView<'_>,
         mut blocks: L,
         size: Option<usize>,
+        transit: Option<&mut MoveGuard<'_>>,
     ) -> Result<Option<(u64, L::Tag)>, (L, String)> {
         let mut st = own.lock();
         if st.key() == Some(key) {
@@ -667,7 +746,11 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             if let Err(e) = st.blocks.absorb(&mut blocks) {
                 return Err((blocks, e));
             }
-            return Ok(size.and_then(|size| st.blocks.take(size)));
+            let block = size.and_then(|size| st.blocks.take(size));
+            if let Some(transit) = transit {
+                transit.landed(|wanted| st.blocks.fits(wanted));
+            }
+            return Ok(block);
         }
         drop(st);
         let block = size.and_then(|size| blocks.take(size));
@@ -686,22 +769,21 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         crate::graph::relaxed(device_synchronize).map_err(MrError::from)
     }
 
-    /// Takes a block for `size` bytes from the other lists, the stream waiting on each victim's
-    /// event first. Without the growth lock (`growth` is `None`) it steals one fitting block (the
-    /// remainder stays with its stream), synchronizing the device (no lock held) for a victim no
-    /// event covers, and takes a thief's share along only if the growth lock is free to take at
-    /// that moment. Holding the growth lock it never synchronizes, takes the share along, and
-    /// then merges whole lists into `own` until one fits. So every move of more than one block
-    /// between lists happens under the growth lock, and a grower's search never misses blocks
-    /// between two lists. When nothing is taken, says whether a fitting block was withheld for
-    /// want of an event (the growth that follows is then [`GrowthCause::Pressure`]).
+    /// Steals one fitting block from another stream's list (the remainder stays there), else
+    /// merges other lists into `own` until one fits; the stream waits on each victim's event.
+    /// A victim that needs a device synchronization is skipped unless `may_sync`; then the
+    /// blocks are taken out under its lock and the device is synchronized with no lock held.
+    /// When nothing is taken, says whether a fitting block was withheld for want of an event
+    /// (the growth that follows is then [`GrowthCause::Pressure`]). `may_sync` is true exactly
+    /// outside the growth lock, where the merges that need no synchronization are counted in
+    /// [`Moves`] while their blocks are in transit.
     fn take_from_others(
         &self,
         own: &StreamList<L>,
         key: StreamKey,
         stream: CudaStreamView<'_>,
         size: usize,
-        growth: Option<&GrowthHold<'_>>,
+        may_sync: bool,
     ) -> MrResult<Search<L::Tag>> {
         let others: Vec<&StreamList<L>> = self.lists().filter(|l| !std::ptr::eq(*l, own)).collect();
         let mut withheld = false;
@@ -712,7 +794,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             if !st.blocks.fits(size) {
                 continue;
             }
-            match st.prepare_steal(stream, growth.is_none())? {
+            match st.prepare_steal(stream, may_sync)? {
                 // The block is there, but no event covers it yet (its owner was asked to
                 // record, or only a device synchronization would do).
                 Steal::NotNow => withheld = true,
@@ -720,22 +802,27 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                     let Some(block) = st.blocks.take(size) else {
                         continue;
                     };
-                    // Taking the growth lock under a list lock cannot block (`try_lock`), so
-                    // the lock order holds.
-                    let held = growth.is_none().then(|| self.chunks.try_lock().ok());
                     let mut share = self.empty.clone();
-                    if !matches!(held, Some(None)) {
-                        st.blocks.share_with_thief(size, &mut share);
-                    }
+                    st.blocks.share_with_thief(size, &mut share);
                     st.after_take();
+                    if share.is_empty() {
+                        return Ok(Search::Taken(block));
+                    }
+                    // As a merge: outside the growth lock a grower must not miss the share
+                    // while it is in no list.
+                    let mut transit = may_sync.then(|| self.moves.begin());
                     let victim_key = st.key();
                     drop(st);
-                    if !share.is_empty() {
-                        if let Err((rest, e)) = self.deposit(own, key, stream, share, None) {
-                            log::error!("rmm: inconsistent free lists after a steal: {e}");
-                            self.give_back(victim, victim_key, rest);
-                        }
+                    if transit.is_some() {
+                        self.moves.in_transit_point();
                     }
+                    if let Err((rest, e)) =
+                        self.deposit(own, key, stream, share, None, transit.as_mut())
+                    {
+                        log::error!("rmm: inconsistent free lists after a steal: {e}");
+                        self.give_back(victim, victim_key, rest);
+                    }
+                    drop(transit);
                     return Ok(Search::Taken(block));
                 }
                 Steal::AfterSync(snapshot) => {
@@ -762,24 +849,39 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 }
             }
         }
-        if growth.is_none() {
-            return Ok(Search::Missed { withheld });
-        }
         // Merge whole lists into this one, retrying after each.
         for victim in &others {
-            let (moved, victim_key) = {
+            let (moved, victim_key, sync, mut transit) = {
                 let mut st = victim.lock();
                 if st.blocks.is_empty() {
                     continue;
                 }
-                if !matches!(st.prepare_steal(stream, false)?, Steal::Now) {
-                    continue;
-                }
+                let sync = match st.prepare_steal(stream, may_sync)? {
+                    Steal::NotNow => continue,
+                    Steal::Now => None,
+                    Steal::AfterSync(snapshot) => Some(snapshot),
+                };
+                // Outside the growth lock, a grower must not miss these blocks while they are
+                // in no list (until `deposit` below). A merge behind a synchronization
+                // is not counted: no grower waits for another thread's synchronization.
+                let transit = (may_sync && sync.is_none()).then(|| self.moves.begin());
                 let moved = std::mem::replace(&mut st.blocks, self.empty.clone());
                 st.after_take();
-                (moved, st.key())
+                (moved, st.key(), sync, transit)
             };
-            match self.deposit(own, key, stream, moved, Some(size)) {
+            // `transit` lives to the end of this iteration, after the deposit.
+            if transit.is_some() {
+                self.moves.in_transit_point();
+            }
+            let _busy = sync.map(|_| self.in_flight.begin());
+            if let Some(snapshot) = sync {
+                if let Err(e) = self.synchronize_device() {
+                    self.give_back(victim, victim_key, moved);
+                    return Err(e);
+                }
+                victim.lock().synchronized_since(snapshot);
+            }
+            match self.deposit(own, key, stream, moved, Some(size), transit.as_mut()) {
                 Ok(Some(block)) => return Ok(Search::Taken(block)),
                 Ok(None) => {}
                 Err((rest, e)) => {
@@ -793,22 +895,6 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         Ok(Search::Missed { withheld })
     }
 
-    /// The search of a thread holding the growth lock: its own list (a thread that queued for
-    /// the lock may find memory another grower just added), then the other lists.
-    fn search_locked(
-        &self,
-        own: &StreamList<L>,
-        key: StreamKey,
-        stream: CudaStreamView<'_>,
-        size: usize,
-        growth: &GrowthHold<'_>,
-    ) -> MrResult<Search<L::Tag>> {
-        if let Some(block) = self.take_own(own, key, size) {
-            return Ok(Search::Taken(block));
-        }
-        self.take_from_others(own, key, stream, size, Some(growth))
-    }
-
     #[cold]
     fn allocate_slow(
         &self,
@@ -820,7 +906,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         mut expand: impl FnMut(Expand) -> MrResult<(DevicePtr, usize)>,
     ) -> MrResult<(u64, L::Tag)> {
         self.sweep();
-        if let Search::Taken(block) = self.take_from_others(own, key, stream, size, None)? {
+        if let Search::Taken(block) = self.take_from_others(own, key, stream, size, true)? {
             return Ok(block);
         }
         let (mut reclaimed, mut released) = (false, false);
@@ -828,12 +914,25 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             // Grow, holding the growth lock. Threads that missed together queue here; each looks
             // again once it holds the lock, so memory another one just obtained is used instead
             // of growing the pool once per waiting thread (RMM serializes everything on one mutex
-            // and so never races here). Every merge and share is made under this lock, so the
-            // search sees every free block. Nothing synchronizes the device under it.
+            // and so never races here). Nothing synchronizes the device under this lock.
             let mut chunks = self.lock_growth();
-            let withheld = match self.search_locked(own, key, stream, size, &chunks)? {
-                Search::Taken(block) => return Ok(block),
-                Search::Missed { withheld } => withheld,
+            let mut tries = 0;
+            let withheld = loop {
+                let watch = self.moves.watch(size);
+                if let Some(block) = self.take_own(own, key, size) {
+                    return Ok(block);
+                }
+                match self.take_from_others(own, key, stream, size, false)? {
+                    Search::Taken(block) => return Ok(block),
+                    // Grow only once no merge outside this lock hid a fitting block from the
+                    // search (in transit, or moved behind it), and, after such a real miss, no
+                    // free left one within the grower's patience; every wait comes out of
+                    // the one budget of this hold of the lock; see `moves`.
+                    Search::Missed { withheld } => match watch.settle(&mut chunks.budget) {
+                        Settled::SearchAgain if tries < SETTLE_TRIES => tries += 1,
+                        Settled::SearchAgain | Settled::Grow | Settled::GaveUp => break withheld,
+                    },
+                }
             };
             // Chunks that merge grow the free block at the end of the memory by what it lacks.
             // A fitting block withheld for want of an event (its owner will record at its next
@@ -970,22 +1069,23 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         stream: CudaStreamView<'_>,
         size: usize,
     ) -> MrResult<Option<(u64, L::Tag)>> {
-        let busy = self.in_flight.is_busy();
-        if let Some(block) = self.reclaim_unrecorded(own, key, stream, size)? {
-            return Ok(Some(block));
+        for _ in 0..FULL_RETRIES {
+            let busy = self.in_flight.is_busy();
+            if let Some(block) = self.reclaim_unrecorded(own, key, stream, size)? {
+                return Ok(Some(block));
+            }
+            if !busy && !self.in_flight.is_busy() {
+                break;
+            }
+            self.in_flight.wait_idle();
+            if let Some(block) = self.take_own(own, key, size) {
+                return Ok(Some(block));
+            }
+            if let Search::Taken(block) = self.take_from_others(own, key, stream, size, false)? {
+                return Ok(Some(block));
+            }
         }
-        if !busy && !self.in_flight.is_busy() {
-            return Ok(None);
-        }
-        // Another thread's synchronization holds blocks out of every list: once it is done
-        // they are back in a list (uncovered, maybe); look once more, and reclaim once more.
-        self.in_flight.wait_idle();
-        let chunks = self.lock_growth();
-        if let Search::Taken(block) = self.search_locked(own, key, stream, size, &chunks)? {
-            return Ok(Some(block));
-        }
-        drop(chunks);
-        self.reclaim_unrecorded(own, key, stream, size)
+        Ok(None)
     }
 
     /// Moves the blocks of every other list that an event does not cover into `own` after one
@@ -1031,7 +1131,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 rejected.push((victim, victim_key, blocks));
             }
         }
-        let block = match self.deposit(own, key, stream, all, Some(size)) {
+        let block = match self.deposit(own, key, stream, all, Some(size), None) {
             Ok(block) => block,
             Err((rest, e)) => {
                 log::error!("rmm: inconsistent free lists while reclaiming: {e}");
@@ -1080,6 +1180,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         }
         // Under the same lock: no thief sees the block before the event covers it.
         st.publish(stream, self.is_eager());
+        self.moves.freed(|wanted| st.blocks.fits(wanted));
         Ok(())
     }
 
@@ -1114,6 +1215,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             return Err(kept_allocated(&mut st.blocks, ptr, size, tag, origin, &e));
         }
         st.publish(CudaStreamView::legacy(), self.is_eager());
+        self.moves.freed(|wanted| st.blocks.fits(wanted));
         Ok(())
     }
 
@@ -1148,6 +1250,38 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     /// The device the core was built on (`pool/diagnostics.rs`).
     pub(crate) fn device(&self) -> Option<DeviceId> {
         self.device
+    }
+
+    /// Everything the core keeps (tests).
+    #[cfg(test)]
+    pub(crate) fn state(&self) -> CoreState {
+        let lists = self
+            .lists()
+            .filter_map(|l| {
+                let st = l.lock();
+                Some((st.key()?, st.blocks.free_blocks()))
+            })
+            .filter(|(_, blocks)| !blocks.is_empty())
+            .collect();
+        CoreState {
+            lists,
+            chunks: self.lock_chunks().iter().map(|(&a, &s)| (a, s)).collect(),
+            pool_size: self.pool_size(),
+            handed_out: self.empty.handed_out(),
+        }
+    }
+
+    /// The free list holding `addr` as a free block, by key (tests).
+    #[cfg(test)]
+    pub(crate) fn list_holding(&self, addr: u64) -> Option<StreamKey> {
+        self.lists().find_map(|l| {
+            let st = l.lock();
+            if st.blocks.holds(addr) {
+                st.key()
+            } else {
+                None
+            }
+        })
     }
 
     /// The error for a free the record rejected; `kind` is the record's verdict, or `None` for

@@ -16,9 +16,13 @@
 //! list's event on it itself, after every block in the list ([`EventPolicy::on_steal_pinned`]):
 //! then nobody asks, waits for the owner, synchronizes or starts a recording run.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-pub(crate) use crate::stream_ordered::tuning::{OWNER_GRACE, RECORD_RUN};
+/// Frees that record after a thief took from a list or asked it to record.
+pub(crate) const RECORD_RUN: u32 = 256;
+
+/// How long a thief's request may wait for the owner before a thief synchronizes the device.
+pub(crate) const OWNER_GRACE: Duration = Duration::from_millis(2);
 
 /// Events the orphan list waits on at most; beyond, its next thief synchronizes the device.
 pub(crate) const MAX_ORPHAN_WAITS: usize = 8;
@@ -208,7 +212,6 @@ impl EventPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn lazy_frees_record_nothing() {

@@ -14,7 +14,6 @@ use rmm_stream::{CudaEvent, CudaStreamView, StreamLife};
 use rmm_sys::{CudaResult, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
 
 use crate::stream_ordered::event_policy::{EventPolicy, StealAction};
-use crate::stream_ordered::tuning::CACHE_SLOTS;
 use crate::sync::{Mutex, MutexGuard};
 use crate::util::cross_thread::Origin;
 
@@ -416,6 +415,10 @@ struct CacheSlot {
     key: StreamKey,
     list: *const (),
 }
+
+/// Number of slots of the per-thread list cache (a binning resource's bins are several pools,
+/// and a thread may use several streams).
+const CACHE_SLOTS: usize = 16;
 
 /// Per-thread cache of `(pool, key) -> list index`, so the same-stream path takes no shared
 /// lock to find its list. Pools have process-unique numbers, so an entry never matches another

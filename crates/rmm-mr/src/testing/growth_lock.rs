@@ -38,6 +38,8 @@ fn bucket_top(i: usize) -> u64 {
 pub(crate) struct HoldRecorder {
     counts: Box<[AtomicU64]>,
     max_ns: AtomicU64,
+    max_yields: AtomicU64,
+    ran_out: AtomicU64,
 }
 
 impl HoldRecorder {
@@ -45,14 +47,22 @@ impl HoldRecorder {
         Self {
             counts: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             max_ns: AtomicU64::new(0),
+            max_yields: AtomicU64::new(0),
+            ran_out: AtomicU64::new(0),
         }
     }
 
-    /// One hold of `held`.
-    pub(crate) fn record(&self, held: Duration) {
+    /// One hold of `held`, whose grower yielded `yields` times waiting, and whose wait budget
+    /// ran out or not.
+    pub(crate) fn record(&self, held: Duration, yields: u32, ran_out: bool) {
         let ns = u64::try_from(held.as_nanos()).unwrap_or(u64::MAX);
         self.counts[bucket(ns)].fetch_add(1, Ordering::Relaxed);
         self.max_ns.fetch_max(ns, Ordering::Relaxed);
+        self.max_yields
+            .fetch_max(u64::from(yields), Ordering::Relaxed);
+        if ran_out {
+            self.ran_out.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// What was recorded so far.
@@ -64,18 +74,23 @@ impl HoldRecorder {
                 .map(|c| c.load(Ordering::Relaxed))
                 .collect(),
             max_ns: self.max_ns.load(Ordering::Relaxed),
+            max_yields: self.max_yields.load(Ordering::Relaxed),
+            ran_out: self.ran_out.load(Ordering::Relaxed),
         }
     }
 }
 
 /// How long growers held a resource's growth lock: the number of holds, their quantiles (read
 /// from a log-linear histogram, to within 1/8 of the value, never above the maximum), the
-/// longest exactly (a hold: a grower's search of every list, its merges, and the upstream
-/// call; `docs/internals/stream-ordered.md`).
+/// longest exactly, the most yields a grower made in one hold waiting for blocks in transit or
+/// for frees, and how many holds ended their wait because its budget ran out (see
+/// `docs/internals/stream-ordered.md`, "Blocks in transit").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GrowthLockHolds {
     counts: Vec<u64>,
     max_ns: u64,
+    max_yields: u64,
+    ran_out: u64,
 }
 
 impl Default for GrowthLockHolds {
@@ -83,11 +98,20 @@ impl Default for GrowthLockHolds {
         Self {
             counts: vec![0; BUCKETS],
             max_ns: 0,
+            max_yields: 0,
+            ran_out: 0,
         }
     }
 }
 
 impl GrowthLockHolds {
+    /// The most yields a grower makes waiting in one hold (the budget's yields).
+    pub const BUDGET_YIELDS: u32 = crate::stream_ordered::moves::WAIT_YIELDS;
+
+    /// The most wall time a grower spends waiting in one hold, counted from the lock's
+    /// acquisition (the budget's time).
+    pub const BUDGET_TIME: Duration = crate::stream_ordered::moves::WAIT_TIME;
+
     /// Holds recorded.
     #[must_use]
     pub fn count(&self) -> u64 {
@@ -122,6 +146,18 @@ impl GrowthLockHolds {
         self.max()
     }
 
+    /// The most yields one grower made in one hold.
+    #[must_use]
+    pub fn max_yields(&self) -> u64 {
+        self.max_yields
+    }
+
+    /// Holds whose wait stopped because the growth's budget ran out.
+    #[must_use]
+    pub fn budget_ran_out(&self) -> u64 {
+        self.ran_out
+    }
+
     /// The holds of `self` and of `other` together (several resources or runs).
     #[must_use]
     pub fn plus(&self, other: &Self) -> Self {
@@ -133,6 +169,8 @@ impl GrowthLockHolds {
                 .map(|(a, b)| a + b)
                 .collect(),
             max_ns: self.max_ns.max(other.max_ns),
+            max_yields: self.max_yields.max(other.max_yields),
+            ran_out: self.ran_out + other.ran_out,
         }
     }
 }
@@ -161,12 +199,13 @@ mod tests {
         let r = HoldRecorder::new();
         assert_eq!(r.snapshot().quantile(0.5), Duration::ZERO);
         for us in 1..=1000u64 {
-            r.record(Duration::from_micros(us));
+            r.record(Duration::from_micros(us), 0, false);
         }
-        r.record(Duration::from_millis(40));
+        r.record(Duration::from_millis(40), 5120, true);
         let s = r.snapshot();
         assert_eq!(s.count(), 1001);
         assert_eq!(s.max(), Duration::from_millis(40));
+        assert_eq!((s.max_yields(), s.budget_ran_out()), (5120, 1));
         let p50 = s.quantile(0.5).as_nanos();
         assert!((500_000..=500_000 + 500_000 / 8).contains(&p50), "{p50}");
         let p999 = s.quantile(0.999).as_nanos();
@@ -176,7 +215,10 @@ mod tests {
         );
         assert_eq!(s.quantile(1.0), s.max());
         let both = s.plus(&s);
-        assert_eq!((both.count(), both.max()), (2002, s.max()));
+        assert_eq!(
+            (both.count(), both.max(), both.budget_ran_out()),
+            (2002, s.max(), 2)
+        );
         assert_eq!(GrowthLockHolds::default().plus(&s), s);
     }
 }

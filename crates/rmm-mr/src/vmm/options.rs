@@ -52,7 +52,7 @@ pub struct VmmPoolOptions {
     /// block waits on an event maps only what the request lacks, whatever this says. Lower
     /// values trade time at many threads for memory: 12 held 1.1-1.5x the live bytes on the
     /// GPU benchmark's traces against 2.0x with the default, and cost up to 1.5x the pool's
-    /// time at 16 threads (`docs/internals/vmm-pool.md`, "Growth"). 0: map
+    /// time at 16 threads (`docs/performance.md`, "The VMM pool's default growth"). 0: map
     /// only what the request lacks. Values above 100 count as 100.
     pub min_growth_percent: usize,
 }

@@ -1,0 +1,732 @@
+//! Blocks in transit between free lists: a thief that merges another stream's whole list into
+//! its own takes the blocks out under the victim's lock and puts them into its own list under
+//! that list's lock, so between the two they are in no list. A thread that searched every list
+//! under the growth lock and found nothing may have missed them there, or missed blocks that
+//! moved from a list it had not visited yet to one it had, and then grows: without a maximum
+//! the pool at least doubles, for memory that was free all along. RMM makes every move under
+//! its one mutex and never races so.
+//!
+//! [`Moves`] counts the merges made outside the growth lock, by epoch: [`Moves::begin`] before
+//! the blocks leave the victim's list (counted in the current epoch), the guard's drop after
+//! they are in the thief's. The thief, under its own list's lock once the blocks are in, says
+//! whether that list now fits the request of the grower that is searching
+//! ([`MoveGuard::landed`]). The grower (one at a time: it holds
+//! the growth lock) announces its size with [`Moves::watch`] before its search, and when the
+//! search missed, [`Watch::settle`] ends the epoch, waits for the merges counted in it to land
+//! (a merge begun after that could not hide a block from the search: its victim had been
+//! searched before), and says to search again only if one of them left a fitting block behind.
+//! So a grower never re-searches for merges that cannot serve it, and never waits for merges
+//! that began after its search. Its re-searches are bounded ([`SETTLE_TRIES`]), as is its wait
+//! ([`DRAIN_SPINS`]: a merger preempted between its two locks must not hold growth back long);
+//! past either it grows, as before.
+//!
+//! A miss no merge caused is real, and growing doubles the pool; at 16 threads another
+//! thread's free often leaves a fitting block a moment later. So frees made while a grower
+//! watches say so too ([`Moves::freed`]), and after a real miss the grower waits up to
+//! [`PATIENCE`] yields for one, stopping after [`IDLE_WINDOW`] yields without any free.
+//!
+//! All these waits together are bounded by one [`Budget`] per growth (per hold of the growth
+//! lock): at most [`WAIT_YIELDS`] yields and [`WAIT_TIME`] of wall time, whichever runs out
+//! first; past it the grower searches again only where a fitting block landed (no more yields)
+//! and grows, so the lock is held for at most [`SETTLE_TRIES`] + 1 searches, the waits within
+//! the budget, and the upstream call. The patience protocol's loom models, with the frees that
+//! report to it: `moves/loom_tests.rs`.
+//!
+//! Pure bookkeeping: no CUDA calls. Why and the figures: `docs/performance.md`, "Memory:
+//! blocks in transit" and "The pool on `r64` at 16 threads: waiting only for the merges that
+//! matter"; the protocol's loom models: `moves/loom_tests.rs`.
+
+use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::yield_now;
+use crossbeam_utils::CachePadded;
+#[cfg(test)]
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How many times a grower searches again, after merges left a fitting block, before it grows
+/// anyway (other threads may take each such block first).
+pub(crate) const SETTLE_TRIES: u32 = 64;
+
+/// How many times a grower yields while waiting for the merges of its epoch to land before it
+/// grows anyway.
+pub(crate) const DRAIN_SPINS: u32 = 1 << 12;
+
+/// How many times at most a grower whose miss was real (no merge hid a fitting block) yields,
+/// waiting for a free or a merge to leave a fitting block, before it grows: growing doubles the
+/// pool, and at 16 threads other threads' frees often leave such a block within a millisecond.
+pub(crate) const PATIENCE: u32 = 1024;
+
+/// The grower stops waiting early when no free at all happened in this many yields (one
+/// thread alone, or threads that only allocate: nothing will come).
+pub(crate) const IDLE_WINDOW: u32 = 32;
+
+/// The most yields a grower makes in all while it holds the growth lock for one growth (the
+/// drain waits and the patience of every search together): one full drain wait and one full
+/// patience, what a single settle could take before the budget existed, so a growth that
+/// settles once waits as it did.
+pub(crate) const WAIT_YIELDS: u32 = DRAIN_SPINS + PATIENCE;
+
+/// The most wall time a grower spends in those waits for one growth, counted from when it took
+/// the growth lock: 1,024 yields take about a millisecond at 16 threads on a 16-core host
+/// (docs/performance.md, "What it cost: binning on `r64` at 16 threads, and patience"), so a
+/// wait that fits the yield budget on an idle host is not cut; an oversubscribed host, where a
+/// yield can take a time slice, is.
+pub(crate) const WAIT_TIME: Duration = Duration::from_millis(5);
+
+/// The grower's size while no grower is searching ([`Moves::wanted`]).
+const NOBODY: usize = usize::MAX;
+
+/// The merges in transit (see the [module documentation](self)).
+#[derive(Debug)]
+pub(crate) struct Moves {
+    /// The epoch: a grower's [`Watch::settle`] ends one.
+    epoch: AtomicU64,
+    /// Merges begun and not ended, by the parity of the epoch they were counted in.
+    in_transit: [AtomicUsize; 2],
+    /// The size the searching grower wants ([`NOBODY`]: none searches). Read by every free,
+    /// written only by growers: on a cache line of its own.
+    wanted: CachePadded<AtomicUsize>,
+    /// Since the grower's [`Moves::watch`], a merge or a free landed where its list then fitted
+    /// the grower's size (or could not say).
+    fit_landed: AtomicBool,
+    /// Frees made while a grower watched (fitting or not): the grower's sign of life.
+    frees_seen: AtomicU64,
+    /// Tests' hooks at the points where threads race (see [`TestHooks`]).
+    #[cfg(test)]
+    pub(crate) hooks: TestHooks,
+}
+
+/// A hook a test sets, run once by the next thread that passes its point.
+#[cfg(test)]
+pub(crate) type Hook = Box<dyn FnOnce() + Send>;
+
+/// Points where a test can hold a thread to build an interleaving: each hook runs once, on the
+/// thread that passes the point next, with no lock of the core held.
+#[cfg(test)]
+#[derive(Default)]
+pub(crate) struct TestHooks {
+    /// A merger whose blocks are in transit ([`Moves::in_transit_point`]).
+    pub(crate) in_transit: Mutex<Option<Hook>>,
+    /// A grower whose search missed while merges of its epoch are in transit, before it waits
+    /// for them ([`Watch::settle`]); it holds the growth lock.
+    pub(crate) unsettled: Mutex<Option<Hook>>,
+    /// A merge that just ended.
+    pub(crate) ended: Mutex<Option<Hook>>,
+    /// Run at every yield of a waiting grower, on its thread, before it yields (not once: it
+    /// stays until a test takes it away).
+    pub(crate) yielding: Mutex<Option<Box<dyn FnMut() + Send>>>,
+}
+
+#[cfg(test)]
+impl std::fmt::Debug for TestHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TestHooks")
+    }
+}
+
+#[cfg(test)]
+fn run(hook: &Mutex<Option<Hook>>) {
+    let taken = hook
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take();
+    if let Some(f) = taken {
+        f();
+    }
+}
+
+/// What a grower may still wait for one growth (one hold of the growth lock), shared by all
+/// its settles: yields, and a deadline on the wall clock (see the
+/// [module documentation](self)).
+#[derive(Debug)]
+pub(crate) struct Budget {
+    /// Yields left.
+    left: u32,
+    /// Yields made.
+    spent: u32,
+    /// When the waits stop, yields left or not (`None`: only yields count, for the models).
+    deadline: Option<Instant>,
+}
+
+impl Budget {
+    /// A growth's budget: [`WAIT_YIELDS`] yields and [`WAIT_TIME`] from `locked`, when the
+    /// growth lock was taken.
+    pub(crate) fn growth(locked: Instant) -> Self {
+        Self {
+            left: WAIT_YIELDS,
+            spent: 0,
+            deadline: locked.checked_add(WAIT_TIME),
+        }
+    }
+
+    /// `yields` yields, and no clock (tests and the loom models).
+    #[cfg(test)]
+    pub(crate) fn yields(yields: u32) -> Self {
+        Self {
+            left: yields,
+            spent: 0,
+            deadline: None,
+        }
+    }
+
+    /// `yields` yields and `time` of wall time from now (tests).
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn with_time(yields: u32, time: Duration) -> Self {
+        Self {
+            left: yields,
+            spent: 0,
+            deadline: Instant::now().checked_add(time),
+        }
+    }
+
+    /// The yields made so far.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn spent(&self) -> u32 {
+        self.spent
+    }
+
+    /// Whether the budget ran out (no yield left, or past the deadline).
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn ran_out(&self) -> bool {
+        self.left == 0
+    }
+
+    /// Takes one yield from the budget: false, for good, once it ran out. Reads the clock (only
+    /// here: on a waiting grower's path).
+    fn take(&mut self) -> bool {
+        if self.left == 0 {
+            return false;
+        }
+        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            self.left = 0;
+            return false;
+        }
+        self.left -= 1;
+        self.spent += 1;
+        true
+    }
+}
+
+/// A grower's search, from [`Moves::watch`] to [`Watch::settle`] or the drop.
+#[derive(Debug)]
+#[must_use = "a search the grower announced; `settle` it after a miss"]
+pub(crate) struct Watch<'a> {
+    moves: &'a Moves,
+}
+
+/// What [`Watch::settle`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settled {
+    /// No merge that could have hidden blocks from the search left a fitting block: grow.
+    Grow,
+    /// A merge left a fitting block (or could not say): search again.
+    SearchAgain,
+    /// The wait for the epoch's merges ran out ([`DRAIN_SPINS`], or the growth's [`Budget`]):
+    /// grow, as before.
+    GaveUp,
+}
+
+/// A merge in transit, from [`Moves::begin`] until dropped (after the blocks are in a list).
+#[derive(Debug)]
+#[must_use = "the move ends when the guard is dropped"]
+pub(crate) struct MoveGuard<'a> {
+    moves: &'a Moves,
+    /// The parity of the epoch the merge is counted in.
+    slot: usize,
+    /// Whether the thief's list may fit the grower's size once the blocks are in: true until
+    /// [`MoveGuard::landed`] says otherwise (a merge that ends on an error path could not say).
+    fits: bool,
+}
+
+impl Moves {
+    /// No merge in transit, no grower searching.
+    pub(crate) fn new() -> Self {
+        Self {
+            epoch: AtomicU64::new(0),
+            in_transit: [AtomicUsize::new(0), AtomicUsize::new(0)],
+            wanted: CachePadded::new(AtomicUsize::new(NOBODY)),
+            fit_landed: AtomicBool::new(false),
+            frees_seen: AtomicU64::new(0),
+            #[cfg(test)]
+            hooks: TestHooks {
+                in_transit: Mutex::new(None),
+                unsettled: Mutex::new(None),
+                ended: Mutex::new(None),
+                yielding: Mutex::new(None),
+            },
+        }
+    }
+
+    /// A merger's blocks are in transit, no lock held (a test's hook point; nothing otherwise).
+    #[inline]
+    pub(crate) fn in_transit_point(&self) {
+        #[cfg(test)]
+        run(&self.hooks.in_transit);
+    }
+
+    /// A merge begins: called before its blocks leave the victim's list. It is counted in the
+    /// epoch that is current once the count is up, so a grower that ends an epoch and finds
+    /// its count at zero has seen every merge that had begun by then.
+    pub(crate) fn begin(&self) -> MoveGuard<'_> {
+        loop {
+            let epoch = self.epoch.load(Ordering::SeqCst);
+            let slot = (epoch & 1) as usize;
+            self.in_transit[slot].fetch_add(1, Ordering::SeqCst);
+            if self.epoch.load(Ordering::SeqCst) == epoch {
+                return MoveGuard {
+                    moves: self,
+                    slot,
+                    fits: true,
+                };
+            }
+            // A grower ended the epoch meanwhile and may have found its count at zero: count
+            // the merge in the new one.
+            self.in_transit[slot].fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A block was freed into a list: called under its lock, after the block went in, with
+    /// the list's `fits`; asks it about the searching grower's size, if one searches.
+    #[inline]
+    pub(crate) fn freed(&self, fits: impl FnOnce(usize) -> bool) {
+        if let Some(wanted) = self.wanted() {
+            self.frees_seen.fetch_add(1, Ordering::Relaxed);
+            if fits(wanted) {
+                self.fit_landed.store(true, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// A waiting grower yields once, if its budget allows: false (and no yield) when it ran
+    /// out.
+    fn pause(&self, budget: &mut Budget) -> bool {
+        if !budget.take() {
+            return false;
+        }
+        #[cfg(test)]
+        if let Some(f) = self
+            .hooks
+            .yielding
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_mut()
+        {
+            f();
+        }
+        yield_now();
+        true
+    }
+
+    /// The size the searching grower wants, if one searches.
+    #[inline]
+    fn wanted(&self) -> Option<usize> {
+        let wanted = self.wanted.load(Ordering::SeqCst);
+        (wanted != NOBODY).then_some(wanted)
+    }
+
+    /// What a grower does once the merges it waits for have landed: search again if a merge or
+    /// a free left a fitting block since its watch, else grow.
+    fn verdict(&self) -> Settled {
+        if self.fit_landed.load(Ordering::SeqCst) {
+            Settled::SearchAgain
+        } else {
+            Settled::Grow
+        }
+    }
+
+    /// Whether a merge or a free left a fitting block since the grower's watch (tests).
+    #[cfg(test)]
+    pub(crate) fn fit_landed(&self) -> bool {
+        self.fit_landed.load(Ordering::SeqCst)
+    }
+
+    /// Before a search under the growth lock for `size` bytes (one grower at a time): merges
+    /// that land from now on say whether they leave a block of `size` bytes.
+    pub(crate) fn watch(&self, size: usize) -> Watch<'_> {
+        self.fit_landed.store(false, Ordering::SeqCst);
+        self.wanted.store(size, Ordering::SeqCst);
+        Watch { moves: self }
+    }
+}
+
+impl Watch<'_> {
+    /// After a search that missed: ends the epoch, waits for the merges counted in it to land
+    /// and says whether one of them left a fitting block since the [`Moves::watch`]; after a
+    /// real miss, waits for a fitting free (the patience). Every yield comes out of `budget`,
+    /// the growth's: once it ran out, no wait yields and a verdict comes at once.
+    pub(crate) fn settle(self, budget: &mut Budget) -> Settled {
+        self.settle_with(budget, DRAIN_SPINS, PATIENCE, IDLE_WINDOW)
+    }
+
+    /// [`Watch::settle`] with its limits as parameters (the models set them small).
+    fn settle_with(&self, budget: &mut Budget, drain: u32, patience: u32, idle: u32) -> Settled {
+        match self.settle_within(drain, budget) {
+            Settled::Grow => self.wait_for_fit(patience, idle, budget),
+            other => other,
+        }
+    }
+
+    /// After a real miss: waits up to `patience` yields (of `budget`) for a free or a merge to
+    /// leave a fitting block, and gives up early after `idle` yields with no free at all.
+    fn wait_for_fit(&self, patience: u32, idle: u32, budget: &mut Budget) -> Settled {
+        let m = self.moves;
+        let mut seen = m.frees_seen.load(Ordering::Relaxed);
+        for spin in 1..=patience {
+            if m.fit_landed.load(Ordering::SeqCst) {
+                return Settled::SearchAgain;
+            }
+            if !m.pause(budget) {
+                break;
+            }
+            if spin % idle == 0 {
+                let now = m.frees_seen.load(Ordering::Relaxed);
+                if now == seen {
+                    break;
+                }
+                seen = now;
+            }
+        }
+        // A last look: a free may have landed during the last yield.
+        m.verdict()
+    }
+
+    /// Ends the epoch and waits for its merges to land, giving up after `spins_left` yields or
+    /// when `budget` runs out.
+    fn settle_within(&self, spins_left: u32, budget: &mut Budget) -> Settled {
+        let m = self.moves;
+        let slot = (m.epoch.fetch_add(1, Ordering::SeqCst) & 1) as usize;
+        let mut spins = 0;
+        while m.in_transit[slot].load(Ordering::SeqCst) != 0 {
+            if spins == 0 {
+                #[cfg(test)]
+                run(&m.hooks.unsettled);
+            }
+            if spins == spins_left || !m.pause(budget) {
+                return Settled::GaveUp;
+            }
+            spins += 1;
+        }
+        // After the wait: a merge sets the flag before its count goes down.
+        m.verdict()
+    }
+}
+
+impl Drop for Watch<'_> {
+    fn drop(&mut self) {
+        self.moves.wanted.store(NOBODY, Ordering::SeqCst);
+    }
+}
+
+impl MoveGuard<'_> {
+    /// The blocks are in the thief's list: called under that list's lock, after they went in,
+    /// with the list's `fits`; asks it about the searching grower's size, if one searches.
+    pub(crate) fn landed(&mut self, fits: impl FnOnce(usize) -> bool) {
+        self.fits = self.moves.wanted().is_some_and(fits);
+    }
+}
+
+impl Drop for MoveGuard<'_> {
+    fn drop(&mut self) {
+        // The flag first: a grower that sees the merge out of transit sees it.
+        if self.fits {
+            self.moves.fit_landed.store(true, Ordering::SeqCst);
+        }
+        self.moves.in_transit[self.slot].fetch_sub(1, Ordering::SeqCst);
+        #[cfg(test)]
+        run(&self.moves.hooks.ended);
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests;
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A budget that never runs out (the tests of the protocol without it).
+    fn free() -> Budget {
+        Budget::yields(u32::MAX)
+    }
+
+    #[test]
+    fn a_search_without_merges_grows() {
+        let m = Moves::new();
+        let w = m.watch(4);
+        assert_eq!(w.settle(&mut free()), Settled::Grow);
+    }
+
+    #[test]
+    fn a_merge_that_left_a_fitting_block_sends_the_grower_back() {
+        let m = Moves::new();
+        let w = m.watch(4);
+        let mut g = m.begin();
+        g.landed(|wanted| wanted <= 8);
+        drop(g);
+        assert_eq!(w.settle(&mut free()), Settled::SearchAgain);
+        // The next search starts afresh.
+        let w = m.watch(4);
+        assert_eq!(w.settle(&mut free()), Settled::Grow);
+    }
+
+    #[test]
+    fn a_merge_that_left_nothing_fitting_does_not() {
+        let m = Moves::new();
+        let w = m.watch(16);
+        let mut g = m.begin();
+        g.landed(|wanted| wanted <= 8);
+        drop(g);
+        assert_eq!(w.settle(&mut free()), Settled::Grow);
+    }
+
+    #[test]
+    fn a_merge_that_could_not_say_sends_the_grower_back() {
+        let m = Moves::new();
+        let w = m.watch(16);
+        drop(m.begin());
+        assert_eq!(w.settle(&mut free()), Settled::SearchAgain);
+    }
+
+    #[test]
+    fn without_a_grower_a_merge_asks_nothing() {
+        let m = Moves::new();
+        let mut g = m.begin();
+        g.landed(|_| panic!("nobody searches"));
+        drop(g);
+        let w = m.watch(16);
+        assert_eq!(w.settle(&mut free()), Settled::Grow);
+    }
+
+    #[test]
+    fn the_grower_waits_for_the_merges_of_its_epoch_only() {
+        let m: &'static Moves = Box::leak(Box::new(Moves::new()));
+        let early = m.begin();
+        let w = m.watch(4);
+        // Still in transit: the wait runs out.
+        assert_eq!(w.settle_within(3, &mut free()), Settled::GaveUp);
+        drop(early);
+        // While the grower waits, `early2` ends and `late` begins: the grower does not wait
+        // for `late` (its victim was searched before it began).
+        let early2 = m.begin();
+        let late = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let keep = std::sync::Arc::clone(&late);
+        *m.hooks.unsettled.lock().unwrap() = Some(Box::new(move || {
+            *keep.lock().unwrap() = Some(m.begin());
+            let mut early2 = early2;
+            early2.landed(|_| false);
+        }));
+        let w = m.watch(4);
+        assert_eq!(w.settle_within(3, &mut free()), Settled::Grow);
+        assert!(late.lock().unwrap().is_some(), "the hook ran");
+        // `late` is of the next epoch.
+        let w = m.watch(4);
+        assert_eq!(w.settle_within(3, &mut free()), Settled::GaveUp);
+        drop(late.lock().unwrap().take());
+        let w = m.watch(4);
+        assert_eq!(w.settle_within(3, &mut free()), Settled::Grow);
+    }
+
+    #[test]
+    fn a_grower_waits_for_a_merger_on_another_thread() {
+        use std::sync::mpsc;
+        let m: &'static Moves = Box::leak(Box::new(Moves::new()));
+        let mut g = m.begin();
+        let (waiting, grower_waits) = mpsc::channel();
+        let (go, wait_go) = mpsc::channel::<()>();
+        // The grower, finding the merge in transit, says so and waits until it landed.
+        *m.hooks.unsettled.lock().unwrap() = Some(Box::new(move || {
+            waiting.send(()).unwrap();
+            wait_go.recv().unwrap();
+        }));
+        let w = m.watch(4);
+        std::thread::scope(|s| {
+            let grower = s.spawn(move || w.settle(&mut free()));
+            grower_waits.recv().unwrap();
+            g.landed(|wanted| wanted == 4);
+            drop(g);
+            go.send(()).unwrap();
+            assert_eq!(grower.join().unwrap(), Settled::SearchAgain);
+        });
+    }
+
+    #[test]
+    fn a_free_that_leaves_a_fitting_block_sends_the_grower_back() {
+        let m = Moves::new();
+        let w = m.watch(4);
+        m.freed(|wanted| wanted <= 2);
+        assert!(!m.fit_landed.load(Ordering::SeqCst), "2 bytes do not fit 4");
+        m.freed(|wanted| wanted <= 8);
+        assert_eq!(w.settle(&mut free()), Settled::SearchAgain);
+        // Without a grower a free asks nothing.
+        m.freed(|_| panic!("nobody searches"));
+    }
+
+    #[test]
+    fn a_grower_waits_for_a_fitting_free_on_another_thread() {
+        let m = Moves::new();
+        let w = m.watch(4);
+        std::thread::scope(|s| {
+            // No limit and no idle rule: it returns only once the free landed.
+            let grower = s.spawn(|| w.wait_for_fit(u32::MAX, u32::MAX, &mut free()));
+            for _ in 0..3 {
+                m.freed(|_| false);
+            }
+            m.freed(|wanted| wanted == 4);
+            assert_eq!(grower.join().unwrap(), Settled::SearchAgain);
+        });
+    }
+
+    #[test]
+    fn a_grower_stops_waiting_when_nothing_is_freed() {
+        let m = Moves::new();
+        let w = m.watch(4);
+        // Without the idle rule this would yield u32::MAX times.
+        assert_eq!(w.wait_for_fit(u32::MAX, 4, &mut free()), Settled::Grow);
+    }
+
+    /// One budget for all the settles of a growth: a grower whose searches keep missing a
+    /// fitting block that frees report (another thread takes each first) settles at most
+    /// `SETTLE_TRIES` + 1 times, and yields at most the budget in all, not per settle.
+    #[test]
+    fn the_budget_spans_every_settle_of_a_growth() {
+        let m: &'static Moves = Box::leak(Box::new(Moves::new()));
+        let yields = std::sync::Arc::new(AtomicU64::new(0));
+        let y = std::sync::Arc::clone(&yields);
+        // Frees all along, every 1000th fitting.
+        *m.hooks.yielding.lock().unwrap() = Some(Box::new(move || {
+            let n = y.fetch_add(1, Ordering::Relaxed) + 1;
+            m.freed(|_| n % 1000 == 0);
+        }));
+        let mut budget = Budget::yields(WAIT_YIELDS);
+        let mut settles = 0;
+        for _ in 0..=SETTLE_TRIES {
+            let w = m.watch(4);
+            // The search misses.
+            settles += 1;
+            if w.settle(&mut budget) != Settled::SearchAgain {
+                break;
+            }
+        }
+        // Without the shared budget: 65 settles of 1000 yields each.
+        let yields = yields.load(Ordering::Relaxed);
+        assert_eq!(yields, u64::from(WAIT_YIELDS), "{settles} settles");
+        assert!(budget.ran_out());
+        // Past the budget a settle yields no more and gives a verdict at once.
+        let w = m.watch(4);
+        assert_eq!(w.settle(&mut budget), Settled::Grow);
+        assert_eq!(budget.spent(), WAIT_YIELDS);
+    }
+
+    /// The wall-clock side of the budget: yields that take a millisecond each (an
+    /// oversubscribed host) stop the wait after about `time`, frees or not.
+    #[test]
+    fn the_clock_ends_the_wait() {
+        let m: &'static Moves = Box::leak(Box::new(Moves::new()));
+        *m.hooks.yielding.lock().unwrap() = Some(Box::new(move || {
+            std::thread::sleep(Duration::from_millis(1));
+            m.freed(|_| false);
+        }));
+        let mut budget = Budget::with_time(u32::MAX, Duration::from_millis(5));
+        let w = m.watch(4);
+        // No idle rule, and patience for a second: only the clock stops it sooner.
+        assert_eq!(w.wait_for_fit(1000, u32::MAX, &mut budget), Settled::Grow);
+        assert!(budget.ran_out());
+        assert!(budget.spent() <= 5, "{} yields", budget.spent());
+    }
+
+    #[test]
+    fn concurrent_moves_all_end() {
+        let m = Moves::new();
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..1000 {
+                        let mut g = m.begin();
+                        g.landed(|_| false);
+                    }
+                });
+            }
+            for _ in 0..100 {
+                let w = m.watch(1);
+                let _ = w.settle(&mut free());
+            }
+        });
+        assert_eq!(m.in_transit[0].load(Ordering::SeqCst), 0);
+        assert_eq!(m.in_transit[1].load(Ordering::SeqCst), 0);
+    }
+
+    /// An operation of the model: begin a move, land the oldest move in transit (fitting the
+    /// grower's size or not), end it, watch, or settle (with a wait that runs out at once).
+    #[derive(Debug, Clone, Copy)]
+    enum Op {
+        Begin,
+        Land(bool),
+        End,
+        Watch,
+        Settle,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            Just(Op::Begin),
+            any::<bool>().prop_map(Op::Land),
+            Just(Op::End),
+            Just(Op::Watch),
+            Just(Op::Settle),
+        ]
+    }
+
+    proptest! {
+        /// Against a model that keeps each move's epoch and whether it said it fits: a settle
+        /// gives up while a move counted in an epoch of the ended one's parity is in transit,
+        /// else sends the grower back exactly when a move that fitted (or never said) ended
+        /// since the watch.
+        #[test]
+        fn settle_matches_the_model(ops in proptest::collection::vec(op(), 0..64)) {
+            let m = Moves::new();
+            // (guard, epoch, fits)
+            let mut guards = std::collections::VecDeque::new();
+            let mut epoch = 0u64;
+            let mut watch: Option<(Watch<'_>, bool)> = None;
+            for op in ops {
+                match op {
+                    Op::Begin => guards.push_back((m.begin(), epoch, true)),
+                    Op::Land(fits) => {
+                        if let Some((g, _, f)) = guards.front_mut() {
+                            let watching = watch.is_some();
+                            g.landed(|_| fits);
+                            *f = watching && fits;
+                        }
+                    }
+                    Op::End => {
+                        if let Some((g, _, fits)) = guards.pop_front() {
+                            drop(g);
+                            if let Some((_, fit)) = &mut watch {
+                                *fit |= fits;
+                            }
+                        }
+                    }
+                    Op::Watch => {
+                        drop(watch.take());
+                        watch = Some((m.watch(1), false));
+                    }
+                    Op::Settle => {
+                        if let Some((w, fit)) = watch.take() {
+                            let busy = guards.iter().any(|(_, e, _)| e % 2 == epoch % 2);
+                            let want = if busy {
+                                Settled::GaveUp
+                            } else if fit {
+                                Settled::SearchAgain
+                            } else {
+                                Settled::Grow
+                            };
+                            epoch += 1;
+                            prop_assert_eq!(w.settle_within(0, &mut free()), want);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

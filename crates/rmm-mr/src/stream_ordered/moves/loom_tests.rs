@@ -1,0 +1,201 @@
+//! Loom models of the grower's wait for blocks in transit (`cargo xtask loom`): a merger moves
+//! the free blocks of list `b` into list `a`, counted by [`Moves`], while a grower searches `a`
+//! and then `b` (the order in which a merge can hide blocks from it) and, after a miss,
+//! settles. On every interleaving: a grower that missed a fitting block is sent back and then
+//! finds it, and one whose miss was real is told to grow; the wait never runs out (the merger
+//! holds nothing the grower waits on). In the first model the grower first settles a request
+//! nothing fits, so that the merge may begin across the end of an epoch (`Moves::begin`'s
+//! second look at the epoch: without it the merge is counted in an epoch nobody waits for;
+//! that race needs four preemptions, so this model runs with at least that bound). The last
+//! three models check the patience after a real miss with the frees that report to it, and
+//! the growth's budget that bounds every wait.
+
+use loom::sync::{Arc, Mutex};
+use loom::thread;
+
+use super::{Budget, Moves, Settled};
+use crate::sync::Seen;
+
+/// Enough yields for the merger's few steps: the model fails if the wait runs out.
+const SPINS: u32 = 64;
+
+/// Whether `list` holds a block of at least `size` bytes.
+fn fits(list: &[usize], size: usize) -> bool {
+    list.iter().any(|&b| b >= size)
+}
+
+/// One interleaving: one free block of `block` bytes in `b`, a grower asking for each of
+/// `requests` in turn; returns, per request and search, whether it found a block or what it
+/// settled on.
+fn run(block: usize, requests: &'static [usize]) -> Vec<Vec<Result<(), Settled>>> {
+    let moves = Arc::new(Moves::new());
+    let a = Arc::new(Mutex::new(Vec::new()));
+    let b = Arc::new(Mutex::new(vec![block]));
+    let merger = {
+        let (moves, a, b) = (Arc::clone(&moves), Arc::clone(&a), Arc::clone(&b));
+        thread::spawn(move || {
+            let mut transit = moves.begin();
+            let blocks = std::mem::take(&mut *b.lock().unwrap());
+            let mut a = a.lock().unwrap();
+            a.extend(blocks);
+            transit.landed(|wanted| fits(&a, wanted));
+            drop(a);
+            drop(transit);
+        })
+    };
+    let mut outcomes = Vec::new();
+    for &wanted in requests {
+        let mut searches = Vec::new();
+        for _ in 0..3 {
+            let watch = moves.watch(wanted);
+            if fits(&a.lock().unwrap(), wanted) || fits(&b.lock().unwrap(), wanted) {
+                searches.push(Ok(()));
+                break;
+            }
+            let settled = watch.settle_within(SPINS, &mut Budget::yields(SPINS));
+            searches.push(Err(settled));
+            if settled != Settled::SearchAgain {
+                break;
+            }
+        }
+        outcomes.push(searches);
+    }
+    merger.join().unwrap();
+    outcomes
+}
+
+#[test]
+fn loom_a_grower_finds_the_block_a_merge_hid() {
+    static SEEN: Seen<2> = Seen::new(["found at once", "missed in transit, sent back, found"]);
+    // Four preemptions: the merger stops after reading the epoch, the grower settles the first
+    // request and searches `a`, the merger takes `b`'s blocks, the grower searches `b`.
+    crate::sync::model_preempting("loom_a_grower_finds_the_block_a_merge_hid", 4, || {
+        let outcomes = run(8, &[16, 8]);
+        assert_eq!(outcomes[0], [Err(Settled::Grow)], "nothing fits 16");
+        match outcomes[1].as_slice() {
+            [Ok(())] => SEEN.saw(0),
+            [Err(Settled::SearchAgain), Ok(())] => SEEN.saw(1),
+            other => panic!("the grower's searches: {other:?}"),
+        }
+    });
+    SEEN.check();
+}
+
+#[test]
+fn loom_a_grower_is_not_sent_back_for_blocks_that_do_not_fit() {
+    crate::sync::model(
+        "loom_a_grower_is_not_sent_back_for_blocks_that_do_not_fit",
+        || {
+            assert_eq!(
+                run(4, &[8]),
+                [[Err(Settled::Grow)]],
+                "the grower's searches"
+            );
+        },
+    );
+}
+
+/// The patience protocol with the frees that report to it (`Moves::freed`, `Watch::settle`'s
+/// wait for a fit, the growth's [`Budget`]): a grower announces `wanted` bytes, searches list
+/// `a` (empty at first) and, after each miss, settles with what is left of one budget of
+/// `budget` yields, its patience `patience` and its idle rule `idle`, searching again at most
+/// twice; a freeing thread puts `blocks` into `a` one by one, each under `a`'s lock and
+/// reported there, as the core's frees are. Returns the grower's searches and the budget it
+/// was left with.
+fn wait_for_frees(
+    blocks: &'static [usize],
+    wanted: usize,
+    budget: u32,
+    patience: u32,
+    idle: u32,
+) -> (Vec<Result<(), Settled>>, Budget) {
+    let moves = Arc::new(Moves::new());
+    let a = Arc::new(Mutex::new(Vec::new()));
+    let freer = {
+        let (moves, a) = (Arc::clone(&moves), Arc::clone(&a));
+        thread::spawn(move || {
+            for &block in blocks {
+                let mut list = a.lock().unwrap();
+                list.push(block);
+                moves.freed(|wanted| fits(&list, wanted));
+            }
+        })
+    };
+    let grower = thread::spawn(move || {
+        let mut left = Budget::yields(budget);
+        let mut searches = Vec::new();
+        for _ in 0..3 {
+            let watch = moves.watch(wanted);
+            if fits(&a.lock().unwrap(), wanted) {
+                searches.push(Ok(()));
+                break;
+            }
+            let settled = watch.settle_with(&mut left, budget, patience, idle);
+            searches.push(Err(settled));
+            if settled != Settled::SearchAgain {
+                break;
+            }
+        }
+        (searches, left)
+    });
+    freer.join().unwrap();
+    grower.join().unwrap()
+}
+
+/// Enough yields for the freeing thread's few steps (a yielding thread runs again only after
+/// another one made a step): the grower never runs out while a fitting free is on its way.
+const ENOUGH: u32 = 24;
+
+#[test]
+fn loom_a_waiting_grower_sees_a_fitting_free() {
+    static SEEN: Seen<2> = Seen::new(["found at once", "missed, waited, sent back, found"]);
+    crate::sync::model("loom_a_waiting_grower_sees_a_fitting_free", || {
+        // A block too small first (a sign of life, no fit), then one that fits; no idle rule.
+        let (searches, left) = wait_for_frees(&[4, 16], 8, ENOUGH, ENOUGH, ENOUGH);
+        assert!(left.spent() <= ENOUGH);
+        match searches.as_slice() {
+            [Ok(())] => SEEN.saw(0),
+            [Err(Settled::SearchAgain), Ok(())] => SEEN.saw(1),
+            other => panic!("a fitting free was missed: {other:?}"),
+        }
+    });
+    SEEN.check();
+}
+
+#[test]
+fn loom_frees_that_do_not_fit_let_the_grower_grow_early() {
+    static SEEN: Seen<2> = Seen::new(["the free came while it waited", "no free while it waited"]);
+    crate::sync::model(
+        "loom_frees_that_do_not_fit_let_the_grower_grow_early",
+        || {
+            let (searches, left) = wait_for_frees(&[4], 8, ENOUGH, ENOUGH, 2);
+            assert_eq!(searches, [Err(Settled::Grow)], "the grower's searches");
+            // The idle rule ended the wait, not the budget.
+            assert!(!left.ran_out(), "{} yields", left.spent());
+            SEEN.saw(usize::from(left.spent() <= 2));
+        },
+    );
+    SEEN.check();
+}
+
+#[test]
+fn loom_the_budget_ends_the_wait() {
+    static SEEN: Seen<3> = Seen::new([
+        "found at once",
+        "sent back within the budget, found",
+        "grew when the budget ran out",
+    ]);
+    crate::sync::model("loom_the_budget_ends_the_wait", || {
+        // One yield in all, a patience of many: the grower may grow before the fitting free
+        // comes, never with budget left.
+        let (searches, left) = wait_for_frees(&[16], 8, 1, ENOUGH, ENOUGH);
+        assert!(left.spent() <= 1);
+        match searches.as_slice() {
+            [Ok(())] => SEEN.saw(0),
+            [Err(Settled::SearchAgain), Ok(())] => SEEN.saw(1),
+            [Err(Settled::Grow)] if left.ran_out() => SEEN.saw(2),
+            other => panic!("the grower's searches: {other:?}, {left:?}"),
+        }
+    });
+    SEEN.check();
+}
