@@ -195,7 +195,18 @@ pub(crate) fn build(out: &Path, with_peer: bool, torch: bool) -> Result<(), Erro
         );
     }
     println!("bundle: {} in {}", mib(total), out.display());
-    check_size(total)?;
+    // What travels is the archive: compressed, the bundle keeps well under the limit.
+    let archive = archive(out)?;
+    let packed = fs::metadata(&archive)
+        .map_err(|e| format!("{}: {e}", archive.display()))?
+        .len();
+    println!(
+        "archive: {} in {} (carry it; on the GPU machine: tar xzf {} first)",
+        mib(packed),
+        archive.display(),
+        archive.display()
+    );
+    check_size(packed)?;
     if torch {
         println!(
             "run it on a GPU machine with: bash {}/run.sh torch (and run.sh torch-bench, run.sh for the tests of {})",
@@ -220,11 +231,38 @@ pub(crate) fn build(out: &Path, with_peer: bool, torch: bool) -> Result<(), Erro
     Ok(())
 }
 
-/// An error when a bundle of `total` bytes is too large to travel.
+/// Writes `out` as `<out>.tar.gz` beside it (with `tar`, so that it unpacks to the same folder
+/// name) and returns the archive's path.
+fn archive(out: &Path) -> Result<std::path::PathBuf, Error> {
+    let name = out
+        .file_name()
+        .ok_or_else(|| format!("{}: not a folder name", out.display()))?;
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    let mut file = name.to_os_string();
+    file.push(".tar.gz");
+    let archive = parent.join(file);
+    let status = std::process::Command::new("tar")
+        .arg("czf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(&parent)
+        .arg(name)
+        .status()
+        .map_err(|e| format!("tar: {e}"))?;
+    if !status.success() {
+        return Err(format!("tar czf {} failed ({status})", archive.display()));
+    }
+    Ok(archive)
+}
+
+/// An error when a bundle archive of `total` bytes is too large to travel.
 pub(crate) fn check_size(total: u64) -> Result<(), Error> {
     if total > MAX_BUNDLE_BYTES {
         return Err(format!(
-            "the bundle is {}, over the {} limit (the GPU machine accepts 64 MiB of working tree in all)",
+            "the bundle archive is {}, over the {} limit (the GPU machine accepts 64 MiB of working tree in all)",
             mib(total),
             mib(MAX_BUNDLE_BYTES)
         ));
