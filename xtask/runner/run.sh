@@ -766,7 +766,11 @@ run_torch() {
     wheel) cmd=(bash -c '
       py=$1 dir=$2 venv=$3
       rm -rf "$venv"
+      # The venv sees the system site-packages; where python3 finds torch elsewhere (a
+      # PYTHONPATH folder, a user site), a .pth file makes that folder visible too.
+      torch_dir=$("$py" -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))" 2>/dev/null)
       if "$py" -m venv --system-site-packages "$venv" &&
+        { [ ! -d "$torch_dir" ] || echo "$torch_dir" >"$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()[\"purelib\"])")/system-torch.pth" || true; } &&
         "$venv/bin/pip" install --no-index "$dir"/rmm_rs_torch-*.whl &&
         env -u RMM_RS_LIBRARY "$venv/bin/python" -c "import rmm_rs_torch; print(\"enable():\", rmm_rs_torch.enable(), \"module:\", rmm_rs_torch.__file__)"; then
         echo "wheel: 1 passed, 0 failed, 0 skipped"

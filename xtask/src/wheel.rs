@@ -100,6 +100,8 @@ fn list_zip(path: &Path) -> Result<Vec<String>, Error> {
 /// Stages and builds the wheel into `out`; returns its path.
 pub(crate) fn build(out: &Path) -> Result<PathBuf, Error> {
     let root = cargo::repo_root();
+    // maturin runs in the staging folder: a relative `out` would land the wheel there.
+    let out = &std::path::absolute(out).map_err(|e| format!("{}: {e}", out.display()))?;
     cargo::run_stdout(Command::new("maturin").arg("--version")).map_err(|e| {
         format!("{e}\nthe wheel is built with maturin: pip install maturin (from PyPI)")
     })?;

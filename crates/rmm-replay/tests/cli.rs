@@ -193,6 +193,36 @@ fn replays_a_pytorch_snapshot() -> Result<(), Failed> {
     )
 }
 
+/// A snapshot PyTorch 2.11 wrote on an H200 (`python/tools/make_torch_snapshots.py`: a training
+/// loop on two streams) replays whole: every entry read, the blocks held before the trace
+/// allocated first.
+fn replays_a_real_pytorch_snapshot() -> Result<(), Failed> {
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/torch_two_streams.pickle");
+    let out = run(&["--simulate", "80GiB", sample.to_str().unwrap()]);
+    check(out.status.success(), "the real torch sample replays", &out)?;
+    let stdout = text(&out.stdout);
+    // Counted by the script on the GPU machine: 1,197 entries (411 alloc, 390 free_requested,
+    // 389 free_completed, 7 segment_alloc) on 2 streams; 7 blocks were held before recording.
+    let expect = [
+        ("trace entries", "1197 (1 thread, 2 streams)"),
+        ("allocations replayed", "418"),
+        ("frees replayed", "389"),
+        (
+            "allocated before the trace",
+            "7 allocations (replayed first)",
+        ),
+        ("failures in the log", "0 (counted, not replayed)"),
+    ];
+    for (label, value) in expect {
+        check(
+            field(&stdout, label) == Some(value),
+            &format!("{label} should be {value:?}"),
+            &out,
+        )?;
+    }
+    Ok(())
+}
+
 /// The pages that show the sample's replay, each with the command that prints it.
 const DOCUMENTED_OUTPUT: [(&str, &str); 2] = [
     ("README.md", include_str!("../../../README.md")),
@@ -498,6 +528,10 @@ fn main() {
             replays_the_sample_over_simulated_memory,
         ),
         trial("replays_a_pytorch_snapshot", replays_a_pytorch_snapshot),
+        trial(
+            "replays_a_real_pytorch_snapshot",
+            replays_a_real_pytorch_snapshot,
+        ),
         trial(
             "the_documented_output_is_what_it_prints",
             the_documented_output_is_what_it_prints,

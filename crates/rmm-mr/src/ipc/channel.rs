@@ -20,7 +20,7 @@ use super::IpcError;
 /// [`connect`](Self::connect) in the other, or [`pair`](Self::pair) for two threads), then hand
 /// it to an [`IpcExporter`](crate::IpcExporter) or an [`IpcImporter`](crate::IpcImporter).
 /// The channel owns the socket: the importer's end closes only after its last import was
-/// released (see the [module documentation](crate::ipc) for why that matters).
+/// released (see [`IpcExporter`](crate::IpcExporter) for why that matters).
 #[derive(Debug)]
 pub struct IpcChannel {
     stream: UnixStream,

@@ -36,7 +36,7 @@ impl Shared {
 }
 
 /// The importing end of a connection: receives the exporter's allocations and maps them into
-/// this process. See the [module documentation](crate::ipc) for the protocol and its safety
+/// this process. See [`IpcExporter`](crate::IpcExporter) for the protocol and its safety
 /// contract.
 pub struct IpcImporter {
     shared: Arc<Shared>,

@@ -4,7 +4,7 @@
 //! operation (its model test). Not used by any resource: the
 //! blocks in a slab, indexed twice: by end address (a `BTreeMap`, to find and coalesce
 //! neighbours and catch overlapping frees) and by `(size, addr)` in size classes
-//! ([`SizeIndex`], for best fit with ties to the lowest address, RMM's choice). Always maximally
+//! (`SizeIndex`, for best fit with ties to the lowest address, RMM's choice). Always maximally
 //! coalesced, except that blocks of different upstream chunks never merge. Design:
 //! `docs/internals/pool.md`.
 //!
