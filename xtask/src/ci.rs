@@ -4,6 +4,7 @@ use crate::cargo::{self, Error};
 use crate::imports;
 use crate::layers;
 use crate::loom;
+use crate::package;
 use crate::proofs;
 use crate::size;
 use std::process::Command;
@@ -140,16 +141,7 @@ fn run_step(name: &str) -> Result<(), Error> {
             cmd.env("RUSTDOCFLAGS", "-D warnings");
             cargo::run_status(&mut cmd)
         }
-        "package" => {
-            // Packaged together, so that each verifies against the others' packages (a local
-            // registry) rather than crates.io. `--allow-dirty`: the step checks what would be
-            // published, not whether the work tree is committed.
-            let mut cmd = cargo::cargo(["package", "--allow-dirty"]);
-            for name in PUBLISHED {
-                cmd.args(["-p", name]);
-            }
-            cargo::run_status(&mut cmd)
-        }
+        "package" => package::run(PUBLISHED),
         other => Err(format!("no such step `{other}`")),
     }
 }

@@ -16,6 +16,7 @@ mod imports;
 mod layers;
 mod loom;
 mod miri;
+mod package;
 mod peer;
 mod proofs;
 mod runner;
