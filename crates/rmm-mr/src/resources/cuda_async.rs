@@ -79,16 +79,22 @@ pub(crate) unsafe fn pool_allocate(
     // Under an rmm-rs capture scope a capturing stream cannot allocate from an explicit pool
     // (the driver refuses `cuMemAllocFromPoolAsync` and the capture is lost): the allocation
     // becomes a graph memory node from the device's graph memory (`cuMemAllocAsync`), which
-    // `cuMemFreeAsync` frees as any other. One relaxed load while no scope is active.
-    let in_capture = crate::graph::active_capture_scopes() != 0
-        && stream.capture_status().is_ok_and(|s| s.is_capturing());
-    let p = if in_capture {
-        // SAFETY: the view's handle is valid (its invariant).
-        unsafe { mempool::mem_alloc_async(bytes, raw) }
-    } else {
+    // `cuMemFreeAsync` frees as any other. A stream outside the capture allocates in the relaxed
+    // capture mode while a scope is active: the pool's growth is a potentially unsafe call, which
+    // the driver refuses (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`) on any thread while another
+    // thread captures in the global mode. One relaxed load while no scope is active.
+    let p = if crate::graph::active_capture_scopes() == 0 {
         // SAFETY: the view's handle is valid (its invariant) and the pool is live (the
         // caller's contract).
         unsafe { mempool::mem_alloc_from_pool_async(bytes, pool, raw) }
+    } else if stream.capture_status().is_ok_and(|s| s.is_capturing()) {
+        // SAFETY: the view's handle is valid (its invariant).
+        unsafe { mempool::mem_alloc_async(bytes, raw) }
+    } else {
+        crate::graph::relaxed(|| {
+            // SAFETY: as in the first branch.
+            unsafe { mempool::mem_alloc_from_pool_async(bytes, pool, raw) }
+        })
     }
     .map_err(|e| {
         // SAFETY: the pool is live (the caller's contract).
