@@ -141,9 +141,20 @@ pub(crate) unsafe fn pool_deallocate(
         // allocating thread's per-thread stream and this thread's.
         FreeOn::Legacy => CU_STREAM_LEGACY,
     };
-    // SAFETY: the caller's contract; the view's handle is valid, and the legacy stream's is
-    // valid in every context.
-    unsafe { mempool::mem_free_async(ptr, on) }.map_err(|e| {
+    let free = || {
+        // SAFETY: the caller's contract; the view's handle is valid, and the legacy stream's
+        // is valid in every context.
+        unsafe { mempool::mem_free_async(ptr, on) }
+    };
+    // While a scope is active, in the relaxed capture mode: the driver refuses the free (the
+    // pool may give memory back) on any thread while another thread captures in the global
+    // mode, as it refuses the pool's growth. One relaxed load while no scope is active.
+    let freed = if crate::graph::active_capture_scopes() == 0 {
+        free()
+    } else {
+        crate::graph::relaxed(free)
+    };
+    freed.map_err(|e| {
         ORIGINS.put_back(ptr.addr(), taken);
         free_error(e, ptr, bytes)
     })
