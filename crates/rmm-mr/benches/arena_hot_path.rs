@@ -17,14 +17,14 @@
 //! criterion and prints the best and median of a few full replays of the matching cases (quick,
 //! and handy under `valgrind --tool=cachegrind`).
 
-use std::any::Any;
 use std::hint::black_box;
 use std::sync::{mpsc, Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use rmm_mr::__internals::arena::{align_up, GlobalArena, LocalArena};
-use rmm_mr::{ArenaMemoryResource, ArenaOptions, DeviceMemoryResource, MrResult};
+use rmm_mr::testing::NullResource;
+use rmm_mr::{ArenaMemoryResource, ArenaOptions, DeviceMemoryResource};
 use rmm_stream::CudaStreamView;
 use rmm_sys::DevicePtr;
 
@@ -142,7 +142,7 @@ impl Replayer for Core {
 
 /// The resource on one stream.
 struct Resource {
-    mr: ArenaMemoryResource<NullUpstream>,
+    mr: ArenaMemoryResource<NullResource>,
     per_thread: bool,
 }
 
@@ -172,36 +172,6 @@ impl Replayer for Resource {
                 .deallocate(self.stream(), DevicePtr::from_raw(addr), size, 256)
                 .unwrap_or_else(|e| panic!("resource: {e}"));
         }
-    }
-}
-
-/// An upstream that hands out one fake address and makes no call (the arena allocates once).
-#[derive(Debug, Clone, Copy)]
-struct NullUpstream;
-
-// SAFETY: a benchmark double handing out fake addresses. That breaks the promise of valid
-// memory, which is sound only because this benchmark never touches the memory.
-unsafe impl DeviceMemoryResource for NullUpstream {
-    fn allocate(&self, _: CudaStreamView<'_>, _: usize, _: usize) -> MrResult<DevicePtr> {
-        Ok(DevicePtr::from_raw(BASE))
-    }
-
-    unsafe fn deallocate(
-        &self,
-        _: CudaStreamView<'_>,
-        _: DevicePtr,
-        _: usize,
-        _: usize,
-    ) -> MrResult<()> {
-        Ok(())
-    }
-
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        other.as_any().is::<Self>()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 
@@ -312,7 +282,7 @@ fn resource(c: &mut Criterion) {
         let ops = Arc::new(ops);
         for threads in [1usize, 2] {
             let mr = ArenaMemoryResource::with_options(
-                NullUpstream,
+                NullResource::new(),
                 ArenaOptions::new().arena_size(ARENA_SIZE),
             )
             .unwrap_or_else(|e| panic!("{e}"));
@@ -379,7 +349,7 @@ fn probe(filter: &str) {
         });
         for threads in [1usize, 2] {
             let mr = ArenaMemoryResource::with_options(
-                NullUpstream,
+                NullResource::new(),
                 ArenaOptions::new().arena_size(ARENA_SIZE),
             )
             .unwrap_or_else(|e| panic!("{e}"));

@@ -18,6 +18,7 @@ use crate::util::alignment::{self, MAX_OVER_ALIGNMENT};
 
 #[doc(hidden)]
 pub mod coalescing_model;
+mod doubles;
 #[cfg(test)]
 pub(crate) mod faults;
 mod faulty;
@@ -26,6 +27,9 @@ pub(crate) mod growth_lock;
 pub mod naive;
 pub mod trace;
 
+#[cfg(test)]
+pub(crate) use doubles::Hooked;
+pub use doubles::{NullResource, PanickingResource};
 pub use faulty::{FaultKind, FaultyResource};
 pub use growth_lock::GrowthLockHolds;
 
