@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use rmm_mr::__internals::arena::{align_up, GlobalArena, LocalArena};
-use rmm_mr::testing::NullResource;
+use rmm_mr::testing::{NullResource, Rng};
 use rmm_mr::{ArenaMemoryResource, ArenaOptions, DeviceMemoryResource};
 use rmm_stream::CudaStreamView;
 use rmm_sys::DevicePtr;
@@ -42,31 +42,24 @@ enum Op {
     Free { slot: u32 },
 }
 
-/// The GPU benchmark's trace generator (splitmix64; below `live` outstanding it allocates,
+/// The GPU benchmark's trace generator ([`Rng`]; below `live` outstanding it allocates,
 /// above it frees, at `live` it flips a coin; the last operations free what is left).
 fn trace(ops: usize, max_size: usize, live: usize) -> (Vec<Op>, usize) {
-    let mut state = SEED;
-    let mut next = move || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
+    let mut rng = Rng::new(SEED);
     let mut out = Vec::with_capacity(ops);
     let (mut free_slots, mut used): (Vec<u32>, Vec<u32>) = (vec![], vec![]);
     let mut slots = 0u32;
     while out.len() + used.len() < ops {
-        if used.len() < live || (used.len() == live && next() & 1 == 0) {
+        if used.len() < live || (used.len() == live && rng.next_u64() & 1 == 0) {
             let slot = free_slots.pop().unwrap_or_else(|| {
                 slots += 1;
                 slots - 1
             });
-            let size = 1 + (next() % max_size as u64) as usize;
+            let size = rng.range(1, max_size);
             out.push(Op::Alloc { slot, size });
             used.push(slot);
         } else {
-            let i = (next() % used.len() as u64) as usize;
+            let i = rng.below(used.len());
             let slot = used.swap_remove(i);
             out.push(Op::Free { slot });
             free_slots.push(slot);

@@ -2,29 +2,19 @@
 //! (`suballocator_hot_path.rs`, `pair_count.rs`); their do-nothing upstream is
 //! `rmm_mr::testing::NullResource`.
 
+use rmm_mr::testing::Rng;
+
 /// Allocations held live.
 pub(crate) const LIVE: usize = 1000;
 
 /// Length of the pre-drawn size and slot sequences (a power of two).
 pub(crate) const SEQ: usize = 1 << 14;
 
-/// xorshift64*: a fixed, reproducible sequence.
-pub(crate) struct Rng(u64);
-
-impl Rng {
-    pub(crate) fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
-
 /// `SEQ` sizes uniform in `1..=max` and `SEQ` slot numbers below `LIVE`.
 pub(crate) fn sequences(max: usize) -> (Vec<usize>, Vec<usize>) {
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ max as u64);
-    let sizes = (0..SEQ).map(|_| 1 + (rng.next() as usize) % max).collect();
-    let slots = (0..SEQ).map(|_| (rng.next() as usize) % LIVE).collect();
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15 ^ max as u64);
+    let sizes = (0..SEQ).map(|_| rng.range(1, max)).collect();
+    let slots = (0..SEQ).map(|_| rng.below(LIVE)).collect();
     (sizes, slots)
 }
 
