@@ -124,17 +124,18 @@ mod hooked {
     use crate::resource::DeviceMemoryResource;
     use crate::testing::HostMockResource;
 
-    /// An upstream that runs a hook at the start of every deallocation (to see an adaptor's
-    /// state at the moment its upstream frees), over a [`HostMockResource`].
+    /// An upstream that runs a hook, given the pointer and size, at the start of every
+    /// deallocation (to see an adaptor's state at the moment its upstream frees), over a
+    /// [`HostMockResource`].
     #[derive(Default)]
     pub(crate) struct Hooked {
         mock: HostMockResource,
-        hook: OnceLock<Box<dyn Fn() + Send + Sync>>,
+        hook: OnceLock<Box<dyn Fn(DevicePtr, usize) + Send + Sync>>,
     }
 
     impl Hooked {
         /// Sets the hook (once; a second hook is ignored).
-        pub(crate) fn set_hook(&self, hook: impl Fn() + Send + Sync + 'static) {
+        pub(crate) fn set_hook(&self, hook: impl Fn(DevicePtr, usize) + Send + Sync + 'static) {
             let _ = self.hook.set(Box::new(hook));
         }
     }
@@ -164,7 +165,7 @@ mod hooked {
             alignment: usize,
         ) -> MrResult<()> {
             if let Some(hook) = self.hook.get() {
-                hook();
+                hook(ptr, bytes);
             }
             // SAFETY: forwarded contract.
             unsafe { self.mock.deallocate(stream, ptr, bytes, alignment) }

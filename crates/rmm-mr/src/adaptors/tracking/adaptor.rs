@@ -262,7 +262,7 @@ mod tests {
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
         let (probe, log) = (mr.clone(), Arc::clone(&seen));
         // The hook holds a copy of the adaptor: a reference cycle, leaked with the test.
-        up.set_hook(move || {
+        up.set_hook(move |_, _| {
             log.lock().unwrap().push((
                 probe.allocated_bytes(),
                 probe.outstanding_allocations().len(),
