@@ -13,9 +13,9 @@
 //! replays its own copy on its own worker (kept for the whole benchmark, as a program keeps its
 //! threads and streams) and the time is wall / (operations x threads).
 //!
-//! `ARENA_PROBE=<part of a case name> cargo bench -p rmm-mr --bench arena_hot_path` skips
-//! criterion and prints the best and median of a few full replays of the matching cases (quick,
-//! and handy under `valgrind --tool=cachegrind`).
+//! `ARENA_PROBE=<part of a case name> cargo bench -p rmm-mr --features testing --bench
+//! arena_hot_path` skips criterion and prints the best and median of a few full replays of the
+//! matching cases (quick, and handy under `valgrind --tool=cachegrind`).
 
 use std::hint::black_box;
 use std::sync::{mpsc, Arc, Barrier};
