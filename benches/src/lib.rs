@@ -29,7 +29,8 @@ use rmm_mr::{DeviceMemoryResource, MrResult};
 use rmm_stream::CudaStream;
 use rmm_sys::DevicePtr;
 
-pub use rmm_mr::testing::trace::{Op, Rng};
+pub use rmm_mr::testing::trace::Op;
+pub use rmm_mr::testing::Rng;
 
 /// A trace: `ops` operations, every allocation later freed (the final frees are part of it).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -124,6 +124,7 @@ pub(crate) const EXCLUDED: &[(&str, &str, &str)] = &[
     ("rmm-mr", "resources::peer_access", DRIVER_CALLS),
     ("rmm-mr", "resources::cuda", DRIVER_MEMORY),
     ("rmm-mr", "resources::cuda_async", DRIVER_MEMORY),
+    ("rmm-mr", "resources::driver_pool", DRIVER_MEMORY),
     ("rmm-mr", "resources::diagnostics", DRIVER_CALLS),
     ("rmm-mr", "resources::cuda_async_managed", DRIVER_MEMORY),
     ("rmm-mr", "resources::cuda_async_view", DRIVER_MEMORY),

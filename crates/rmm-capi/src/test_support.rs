@@ -1,14 +1,10 @@
 //! Stacks over host memory for the unit tests: the same assembly as on a GPU, over
 //! [`HostMockResource`] (and a pool over it), with no CUDA call.
 
-use std::any::Any;
 use std::sync::{Arc, OnceLock};
 
-use rmm::mr::testing::HostMockResource;
-use rmm::{
-    CudaStreamView, DeviceId, DeviceMemoryResource, DevicePtr, MrResult, PoolMemoryResource,
-    SharedResource,
-};
+use rmm::mr::testing::{HostMockResource, PanickingResource};
+use rmm::{DeviceId, MrResult, PoolMemoryResource, SharedResource};
 
 use crate::config::{Config, ResourceKind};
 use crate::stack::{assemble, pool_options, DeviceState, Holder};
@@ -59,36 +55,13 @@ pub(crate) fn build_on_host_but_7(config: &Config, device: DeviceId) -> MrResult
     build_on_host(config, device)
 }
 
-/// A resource whose allocation panics (a stand-in for a bug).
-#[derive(Debug)]
-struct Panics;
-
-// SAFETY: it never hands out memory.
-unsafe impl DeviceMemoryResource for Panics {
-    fn allocate(&self, _: CudaStreamView<'_>, bytes: usize, _: usize) -> MrResult<DevicePtr> {
-        panic!("allocation of {bytes} bytes reached a bug");
-    }
-
-    unsafe fn deallocate(
-        &self,
-        _: CudaStreamView<'_>,
-        _: DevicePtr,
-        _: usize,
-        _: usize,
-    ) -> MrResult<()> {
-        Ok(())
-    }
-
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        other.as_any().is::<Self>()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
-
 /// Builds a stack over a resource that panics on allocation.
 pub(crate) fn build_panicking(config: &Config, device: DeviceId) -> MrResult<DeviceState> {
-    assemble(config, device, Arc::new(Panics), Holder::Plain, None)
+    assemble(
+        config,
+        device,
+        Arc::new(PanickingResource),
+        Holder::Plain,
+        None,
+    )
 }

@@ -13,18 +13,18 @@
 //! replays its own copy on its own worker (kept for the whole benchmark, as a program keeps its
 //! threads and streams) and the time is wall / (operations x threads).
 //!
-//! `ARENA_PROBE=<part of a case name> cargo bench -p rmm-mr --bench arena_hot_path` skips
-//! criterion and prints the best and median of a few full replays of the matching cases (quick,
-//! and handy under `valgrind --tool=cachegrind`).
+//! `ARENA_PROBE=<part of a case name> cargo bench -p rmm-mr --features testing --bench
+//! arena_hot_path` skips criterion and prints the best and median of a few full replays of the
+//! matching cases (quick, and handy under `valgrind --tool=cachegrind`).
 
-use std::any::Any;
 use std::hint::black_box;
 use std::sync::{mpsc, Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use rmm_mr::__internals::arena::{align_up, GlobalArena, LocalArena};
-use rmm_mr::{ArenaMemoryResource, ArenaOptions, DeviceMemoryResource, MrResult};
+use rmm_mr::testing::{NullResource, Rng};
+use rmm_mr::{ArenaMemoryResource, ArenaOptions, DeviceMemoryResource};
 use rmm_stream::CudaStreamView;
 use rmm_sys::DevicePtr;
 
@@ -42,31 +42,24 @@ enum Op {
     Free { slot: u32 },
 }
 
-/// The GPU benchmark's trace generator (splitmix64; below `live` outstanding it allocates,
+/// The GPU benchmark's trace generator ([`Rng`]; below `live` outstanding it allocates,
 /// above it frees, at `live` it flips a coin; the last operations free what is left).
 fn trace(ops: usize, max_size: usize, live: usize) -> (Vec<Op>, usize) {
-    let mut state = SEED;
-    let mut next = move || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
+    let mut rng = Rng::new(SEED);
     let mut out = Vec::with_capacity(ops);
     let (mut free_slots, mut used): (Vec<u32>, Vec<u32>) = (vec![], vec![]);
     let mut slots = 0u32;
     while out.len() + used.len() < ops {
-        if used.len() < live || (used.len() == live && next() & 1 == 0) {
+        if used.len() < live || (used.len() == live && rng.next_u64() & 1 == 0) {
             let slot = free_slots.pop().unwrap_or_else(|| {
                 slots += 1;
                 slots - 1
             });
-            let size = 1 + (next() % max_size as u64) as usize;
+            let size = rng.range(1, max_size);
             out.push(Op::Alloc { slot, size });
             used.push(slot);
         } else {
-            let i = (next() % used.len() as u64) as usize;
+            let i = rng.below(used.len());
             let slot = used.swap_remove(i);
             out.push(Op::Free { slot });
             free_slots.push(slot);
@@ -142,7 +135,7 @@ impl Replayer for Core {
 
 /// The resource on one stream.
 struct Resource {
-    mr: ArenaMemoryResource<NullUpstream>,
+    mr: ArenaMemoryResource<NullResource>,
     per_thread: bool,
 }
 
@@ -172,36 +165,6 @@ impl Replayer for Resource {
                 .deallocate(self.stream(), DevicePtr::from_raw(addr), size, 256)
                 .unwrap_or_else(|e| panic!("resource: {e}"));
         }
-    }
-}
-
-/// An upstream that hands out one fake address and makes no call (the arena allocates once).
-#[derive(Debug, Clone, Copy)]
-struct NullUpstream;
-
-// SAFETY: a benchmark double handing out fake addresses. That breaks the promise of valid
-// memory, which is sound only because this benchmark never touches the memory.
-unsafe impl DeviceMemoryResource for NullUpstream {
-    fn allocate(&self, _: CudaStreamView<'_>, _: usize, _: usize) -> MrResult<DevicePtr> {
-        Ok(DevicePtr::from_raw(BASE))
-    }
-
-    unsafe fn deallocate(
-        &self,
-        _: CudaStreamView<'_>,
-        _: DevicePtr,
-        _: usize,
-        _: usize,
-    ) -> MrResult<()> {
-        Ok(())
-    }
-
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        other.as_any().is::<Self>()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 
@@ -312,7 +275,7 @@ fn resource(c: &mut Criterion) {
         let ops = Arc::new(ops);
         for threads in [1usize, 2] {
             let mr = ArenaMemoryResource::with_options(
-                NullUpstream,
+                NullResource::new(),
                 ArenaOptions::new().arena_size(ARENA_SIZE),
             )
             .unwrap_or_else(|e| panic!("{e}"));
@@ -379,7 +342,7 @@ fn probe(filter: &str) {
         });
         for threads in [1usize, 2] {
             let mr = ArenaMemoryResource::with_options(
-                NullUpstream,
+                NullResource::new(),
                 ArenaOptions::new().arena_size(ARENA_SIZE),
             )
             .unwrap_or_else(|e| panic!("{e}"));

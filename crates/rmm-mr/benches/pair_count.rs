@@ -46,6 +46,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use rmm_mr::testing::naive::NaiveRegion;
+use rmm_mr::testing::NullResource;
 use rmm_mr::{
     ArenaMemoryResource, ArenaOptions, BinningMemoryResource, BinningOptions, DeviceMemoryResource,
     FixedSizeMemoryResource, FixedSizeOptions, PoolMemoryResource, VmmPoolMemoryResource,
@@ -57,14 +58,14 @@ use rmm_sys::DevicePtr;
 mod common;
 
 use common::traces::{self, Op};
-use common::{sequences, NullUpstream, LIVE, SEQ, UPSTREAM_CALLS};
+use common::{sequences, LIVE, SEQ};
 
 fn build(name: &str, max: usize) -> Box<dyn DeviceMemoryResource> {
     match name {
-        "pool" => Box::new(PoolMemoryResource::new(NullUpstream::new(), 0).unwrap()),
+        "pool" => Box::new(PoolMemoryResource::new(NullResource::new(), 0).unwrap()),
         "binning" => Box::new(
             BinningMemoryResource::with_options(
-                PoolMemoryResource::new(NullUpstream::new(), 0).unwrap(),
+                PoolMemoryResource::new(NullResource::new(), 0).unwrap(),
                 BinningOptions::new()
                     .min_size_exponent(18)
                     .max_size_exponent(22),
@@ -73,7 +74,7 @@ fn build(name: &str, max: usize) -> Box<dyn DeviceMemoryResource> {
         ),
         "fixed_size" => Box::new(
             FixedSizeMemoryResource::with_options(
-                NullUpstream::new(),
+                NullResource::new(),
                 FixedSizeOptions::new()
                     .block_size(max)
                     .blocks_to_preallocate(128),
@@ -82,7 +83,7 @@ fn build(name: &str, max: usize) -> Box<dyn DeviceMemoryResource> {
         ),
         "arena" => Box::new(
             ArenaMemoryResource::with_options(
-                NullUpstream::new(),
+                NullResource::new(),
                 ArenaOptions::new().arena_size(64 << 30),
             )
             .unwrap(),
@@ -93,10 +94,10 @@ fn build(name: &str, max: usize) -> Box<dyn DeviceMemoryResource> {
         // The history adaptor over the pool (not in `all`): its cost per pair is the
         // difference from `pool` (`HistoryResourceAdaptor`'s documentation).
         "pool_history" => Box::new(rmm_mr::HistoryResourceAdaptor::new(
-            PoolMemoryResource::new(NullUpstream::new(), 0).unwrap(),
+            PoolMemoryResource::new(NullResource::new(), 0).unwrap(),
         )),
         "pool_history_bt" => Box::new(rmm_mr::HistoryResourceAdaptor::with_options(
-            PoolMemoryResource::new(NullUpstream::new(), 0).unwrap(),
+            PoolMemoryResource::new(NullResource::new(), 0).unwrap(),
             rmm_mr::HistoryOptions::new().backtraces(true),
         )),
         // The GPU benchmarks' baseline (`rmm_benches::naive::NaiveBestFit` hands its region to
@@ -278,12 +279,12 @@ impl CaseName<'_> {
                 ops,
             };
             replay(&mut case);
-            let grown = UPSTREAM_CALLS.load(std::sync::atomic::Ordering::Relaxed);
+            let grown = NullResource::allocations_in_process();
             let reps = pairs.div_ceil(case.ops.len()).max(1);
             let t = Instant::now();
             measured_trace(&mut case, reps);
             let ns = t.elapsed().as_nanos() as f64 / (reps * case.ops.len()) as f64;
-            let grew = UPSTREAM_CALLS.load(std::sync::atomic::Ordering::Relaxed) - grown;
+            let grew = NullResource::allocations_in_process() - grown;
             if grew > 0 {
                 eprintln!("pair_count: the measured replay called the upstream {grew} times");
             }

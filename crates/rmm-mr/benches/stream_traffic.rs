@@ -35,6 +35,7 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use rmm_mr::testing::Rng;
 use rmm_mr::{
     BinningMemoryResource, BinningOptions, DeviceMemoryResource, FixedSizeMemoryResource,
     FixedSizeOptions, MrResult, PoolMemoryResource,
@@ -98,24 +99,6 @@ unsafe impl DeviceMemoryResource for CountingUpstream {
     }
 }
 
-/// splitmix64, as `rmm_benches::Rng`.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `lo..=hi`.
-    fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next_u64() % (hi - lo + 1) as u64) as usize
-    }
-}
-
 #[derive(Clone, Copy)]
 enum Op {
     Alloc { slot: usize, size: usize },
@@ -125,7 +108,7 @@ enum Op {
 /// `gpu_alloc`'s traces (`rmm_benches::Trace::random`, same generator and seed): below `live`
 /// allocate, above free a random live one, at it flip a coin; everything is freed at the end.
 fn trace(max: usize, live: usize) -> (Vec<Op>, usize) {
-    let mut rng = Rng(0x000b_e2c4);
+    let mut rng = Rng::new(0x000b_e2c4);
     let (mut out, mut free, mut used, mut slots) = (Vec::new(), Vec::new(), Vec::new(), 0);
     while out.len() + used.len() < OPS {
         if used.len() < live || (used.len() == live && rng.next_u64() & 1 == 0) {
@@ -200,7 +183,7 @@ fn run(resource: &str, which: &str, threads: usize, drift: bool) {
         .map(|t| CudaStream::simulated(100 + t as u32))
         .collect();
     let mut held = vec![vec![(DevicePtr::NULL, 0usize); slots]; threads];
-    let mut rng = Rng(0x5eed ^ threads as u64);
+    let mut rng = Rng::new(0x5eed ^ threads as u64);
     let mut before = ([0; 4], 0);
     // Fixed-size only: which stream last wrote each group of four block slots (one cache line
     // of the ledger), and how many counted operations wrote a line another stream wrote last.

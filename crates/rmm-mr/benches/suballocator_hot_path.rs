@@ -1,7 +1,7 @@
 //! The same-stream hot path of the stream-ordered sub-allocators (fixed-size, binning, pool):
 //! what their own bookkeeping costs per allocate + deallocate pair.
 //!
-//! The upstream is a do-nothing resource ([`NullUpstream`]): distinct fake 256-aligned
+//! The upstream is a do-nothing resource ([`NullResource`]): distinct fake 256-aligned
 //! addresses from a bump counter, never touched, frees ignored; so the time measured is the
 //! sub-allocator's own work. Everything runs on one thread and one stream, as the GPU trace
 //! does: `legacy` (no CUDA call at all) and `per_thread` (the per-thread list cache, the path an
@@ -33,7 +33,8 @@ use rmm_sys::DevicePtr;
 
 mod common;
 
-use common::{sequences, NullUpstream, LIVE, SEQ};
+use common::{sequences, LIVE, SEQ};
+use rmm_mr::testing::NullResource;
 
 /// The allocations a benchmark holds, freed when it ends.
 struct Held<'a> {
@@ -80,7 +81,7 @@ fn resources(
             "fixed_size",
             Box::new(
                 FixedSizeMemoryResource::with_options(
-                    NullUpstream::new(),
+                    NullResource::new(),
                     FixedSizeOptions::new()
                         .block_size(max)
                         .blocks_to_preallocate(128),
@@ -88,7 +89,7 @@ fn resources(
                 .unwrap(),
             ),
         ));
-        let pool = PoolMemoryResource::new(NullUpstream::new(), 0).unwrap();
+        let pool = PoolMemoryResource::new(NullResource::new(), 0).unwrap();
         out.push((
             "binning",
             Box::new(
@@ -102,17 +103,17 @@ fn resources(
             ),
         ));
     } else {
-        let pool = PoolMemoryResource::new(NullUpstream::new(), 0).unwrap();
+        let pool = PoolMemoryResource::new(NullResource::new(), 0).unwrap();
         let binning = BinningMemoryResource::new(pool);
         for i in 18..=22 {
-            let bin = PoolMemoryResource::new(NullUpstream::new(), 0).unwrap();
+            let bin = PoolMemoryResource::new(NullResource::new(), 0).unwrap();
             binning.add_bin(1 << i, Some(shared(bin))).unwrap();
         }
         out.push(("binning_of_pools", Box::new(binning)));
     }
     out.push((
         "pool",
-        Box::new(PoolMemoryResource::new(NullUpstream::new(), 0).unwrap()),
+        Box::new(PoolMemoryResource::new(NullResource::new(), 0).unwrap()),
     ));
     // The same core over simulated chunks (64 GiB of fake addresses, mapped as it grows).
     out.push((

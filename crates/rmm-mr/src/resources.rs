@@ -6,6 +6,7 @@ mod cuda_async;
 mod cuda_async_managed;
 mod cuda_async_view;
 mod diagnostics;
+mod driver_pool;
 mod managed;
 mod peer_access;
 mod pinned_host;

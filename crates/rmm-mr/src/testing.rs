@@ -1,8 +1,9 @@
 //! A host-memory resource for tests and benchmarks on machines without a GPU, an upstream
 //! that fails on demand ([`FaultyResource`]), the fragmentation workloads the benchmarks
 //! and tests share ([`fragmentation`]), the benchmarks' naive baseline ([`naive`]), the
-//! allocation traces they replay ([`trace`]) and the record of how long growers held a
-//! resource's growth lock ([`GrowthLockHolds`]).
+//! allocation traces they replay ([`trace`]), the record of how long growers held a
+//! resource's growth lock ([`GrowthLockHolds`]), upstreams that do no work ([`NullResource`],
+//! [`PanickingResource`]) and the seeded generator every test and trace draws from ([`Rng`]).
 
 use std::alloc::Layout;
 use std::collections::HashMap;
@@ -18,16 +19,22 @@ use crate::util::alignment::{self, MAX_OVER_ALIGNMENT};
 
 #[doc(hidden)]
 pub mod coalescing_model;
+mod doubles;
 #[cfg(test)]
 pub(crate) mod faults;
 mod faulty;
 pub mod fragmentation;
 pub(crate) mod growth_lock;
 pub mod naive;
+mod rng;
 pub mod trace;
 
+#[cfg(test)]
+pub(crate) use doubles::Hooked;
+pub use doubles::{NullResource, PanickingResource};
 pub use faulty::{FaultKind, FaultyResource};
 pub use growth_lock::GrowthLockHolds;
+pub use rng::Rng;
 
 #[derive(Debug, Default)]
 struct Mock {

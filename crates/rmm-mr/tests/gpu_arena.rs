@@ -10,6 +10,7 @@ mod cross_thread;
 use std::time::Duration;
 
 use libtest_mimic::{Arguments, Failed, Trial};
+use rmm_mr::testing::Rng;
 use rmm_mr::{
     ArenaMemoryResource, ArenaOptions, CudaMemoryResource, DeviceMemoryResource, MrError,
 };
@@ -445,17 +446,6 @@ fn arena_cross_thread_free(
 
 // --- 16 threads -------------------------------------------------------------------------------
 
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n as u64) as usize
-    }
-}
-
 /// Checks the first, middle and last word of a block.
 fn spot_check(
     ptr: DevicePtr,
@@ -490,7 +480,7 @@ fn sixteen_threads_random() -> Result<(), Failed> {
                     let run = || -> Result<(), Failed> {
                         let stream = CudaStream::non_blocking()?;
                         let v = stream.view();
-                        let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ u64::from(t + 1));
+                        let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15 ^ u64::from(t + 1));
                         let mut live: Vec<(DevicePtr, usize, u32)> = Vec::new();
                         for step in 0..300u32 {
                             if live.len() < 12 && rng.below(3) != 0 {

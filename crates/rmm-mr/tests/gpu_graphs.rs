@@ -6,7 +6,6 @@
 //! no block of the graph was handed to the other threads, and that everything went back.
 //! Without a GPU every trial reports itself ignored, with the reason.
 
-use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -20,7 +19,7 @@ use rmm_mr::{
     VmmPoolMemoryResource, VmmPoolOptions,
 };
 use rmm_stream::{CudaEvent, CudaStream, CudaStreamView, StreamCapture};
-use rmm_sys::kernel::{Function, Module};
+use rmm_sys::kernel::AddKernel;
 use rmm_sys::testing::{ensure, gpu, gpu_if, no_pools, no_vmm};
 use rmm_sys::{memory, CaptureMode, DevicePtr};
 
@@ -31,94 +30,18 @@ const WORDS: usize = 1 << 16;
 const BYTES: usize = WORDS * 4;
 const LAUNCHES: u32 = 1000;
 
-/// `add(u32* out, const u32* x, const u32* y, u32 n)`: `out[i] = x[i] + y[i]` for `i < n`.
-const ADD_PTX: &std::ffi::CStr = c"
-.version 7.0
-.target sm_52
-.address_size 64
-
-.visible .entry add(
-	.param .u64 add_out,
-	.param .u64 add_x,
-	.param .u64 add_y,
-	.param .u32 add_n
-)
-{
-	.reg .pred 	%p<2>;
-	.reg .b32 	%r<8>;
-	.reg .b64 	%rd<10>;
-
-	ld.param.u64 	%rd1, [add_out];
-	ld.param.u64 	%rd2, [add_x];
-	ld.param.u64 	%rd3, [add_y];
-	ld.param.u32 	%r1, [add_n];
-	mov.u32 	%r2, %ctaid.x;
-	mov.u32 	%r3, %ntid.x;
-	mov.u32 	%r4, %tid.x;
-	mad.lo.s32 	%r5, %r2, %r3, %r4;
-	setp.ge.u32 	%p1, %r5, %r1;
-	@%p1 bra 	$L__done;
-	mul.wide.u32 	%rd4, %r5, 4;
-	cvta.to.global.u64 	%rd5, %rd1;
-	cvta.to.global.u64 	%rd6, %rd2;
-	cvta.to.global.u64 	%rd7, %rd3;
-	add.s64 	%rd5, %rd5, %rd4;
-	add.s64 	%rd6, %rd6, %rd4;
-	add.s64 	%rd7, %rd7, %rd4;
-	ld.global.u32 	%r6, [%rd6];
-	ld.global.u32 	%r7, [%rd7];
-	add.u32 	%r6, %r6, %r7;
-	st.global.u32 	[%rd5], %r6;
-$L__done:
-	ret;
-}
-";
-
-/// The `add` kernel, with its module kept loaded.
-struct Kernel {
-    _module: Module,
-    add: Function,
-}
-
-impl Kernel {
-    fn load() -> Result<Self, Failed> {
-        let module = Module::load_ptx(ADD_PTX)?;
-        let add = module.function(c"add")?;
-        Ok(Self {
-            _module: module,
-            add,
-        })
-    }
-
-    /// `out = x + y` over [`WORDS`] words, on `s`.
-    fn add(
-        &self,
-        out: DevicePtr,
-        x: DevicePtr,
-        y: DevicePtr,
-        s: CudaStreamView<'_>,
-    ) -> Result<(), Failed> {
-        let (mut o, mut a, mut b, mut n) = (out.addr(), x.addr(), y.addr(), WORDS as u32);
-        let mut params: [*mut c_void; 4] = [
-            (&raw mut o).cast(),
-            (&raw mut a).cast(),
-            (&raw mut b).cast(),
-            (&raw mut n).cast(),
-        ];
-        // SAFETY: the parameters match `add(u32*, u32*, u32*, u32)`; the three buffers are
-        // live allocations of `BYTES` usable on `s`; the module outlives every launch (the
-        // callers synchronize before dropping the kernel).
-        unsafe {
-            self.add.launch(
-                [(WORDS as u32).div_ceil(256), 1, 1],
-                [256, 1, 1],
-                0,
-                s.as_raw(),
-                &mut params,
-            )?;
-        }
-        Ok(())
-    }
+/// `out = x + y` over [`WORDS`] words, on `s`.
+fn add(
+    k: &AddKernel,
+    out: DevicePtr,
+    x: DevicePtr,
+    y: DevicePtr,
+    s: CudaStreamView<'_>,
+) -> Result<(), Failed> {
+    // SAFETY: the callers pass live allocations of `BYTES` usable on `s`; the kernel outlives
+    // every launch (the callers synchronize before dropping it).
+    unsafe { k.launch(out, x, y, WORDS as u32, s.as_raw())? };
+    Ok(())
 }
 
 fn memset(ptr: DevicePtr, value: u32, s: CudaStreamView<'_>) -> Result<(), Failed> {
@@ -159,7 +82,7 @@ fn free(mr: &dyn DeviceMemoryResource, s: CudaStreamView<'_>, p: DevicePtr) -> R
 /// was freed on the same stream. Returns the three buffers' addresses.
 fn step(
     mr: &dyn DeviceMemoryResource,
-    k: &Kernel,
+    k: &AddKernel,
     acc: DevicePtr,
     s: CudaStreamView<'_>,
 ) -> Result<[DevicePtr; 3], Failed> {
@@ -167,12 +90,12 @@ fn step(
     memset(a, 1, s)?;
     let b = alloc(mr, s)?;
     memset(b, 2, s)?;
-    k.add(b, a, b, s)?; // b = 3
+    add(k, b, a, b, s)?; // b = 3
     free(mr, s, a)?;
     let c = alloc(mr, s)?;
     memset(c, 4, s)?;
-    k.add(c, b, c, s)?; // c = 7
-    k.add(acc, acc, c, s)?; // acc += 7
+    add(k, c, b, c, s)?; // c = 7
+    add(k, acc, acc, c, s)?; // acc += 7
     free(mr, s, b)?;
     free(mr, s, c)?;
     Ok([a, b, c])
@@ -294,7 +217,7 @@ fn make(name: &str) -> Result<Case, Failed> {
 /// and that everything went back.
 fn replays(name: &'static str) -> Result<(), Failed> {
     let c = make(name)?;
-    let k = Kernel::load()?;
+    let k = AddKernel::load()?;
     let stream = CudaStream::non_blocking()?;
     let s = stream.view();
     let acc = c.routed.allocate(s, BYTES, 256)?;
@@ -387,7 +310,7 @@ fn replays(name: &'static str) -> Result<(), Failed> {
 /// come from the graph pool, the sum is right after 1,000 replays.
 fn fork_join(name: &'static str) -> Result<(), Failed> {
     let c = make(name)?;
-    let k = Kernel::load()?;
+    let k = AddKernel::load()?;
     let (s1, s2) = (CudaStream::non_blocking()?, CudaStream::non_blocking()?);
     let (v1, v2) = (s1.view(), s2.view());
     let acc = c.routed.allocate(v1, BYTES, 256)?;
@@ -407,8 +330,8 @@ fn fork_join(name: &'static str) -> Result<(), Failed> {
     memset(y, 1, v1)?;
     join.record(v2)?;
     join.wait(v1)?;
-    k.add(acc, acc, x, v1)?;
-    k.add(acc, acc, y, v1)?;
+    add(&k, acc, acc, x, v1)?;
+    add(&k, acc, acc, y, v1)?;
     free(&*c.routed, v1, x)?;
     free(&*c.routed, v1, y)?;
     let graph = scope.end()?;

@@ -34,7 +34,7 @@ use std::sync::{Barrier, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use libtest_mimic::{Arguments, Failed, Trial};
-use rmm_mr::testing::HostMockResource;
+use rmm_mr::testing::{HostMockResource, Rng};
 use rmm_mr::{
     shared, ArenaMemoryResource, ArenaOptions, BinningMemoryResource, BinningOptions,
     CudaAsyncMemoryResource, CudaMemoryResource, DeviceMemoryResource, FixedSizeMemoryResource,
@@ -143,28 +143,6 @@ fn ops_per_thread() -> Result<usize, Failed> {
     }
 }
 
-/// xorshift64*: reproducible per thread, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    /// Uniform in `0..n` (`n > 0`).
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    /// Uniform in `lo..=hi`.
-    fn between(&mut self, lo: usize, hi: usize) -> usize {
-        lo + self.below(hi - lo + 1)
-    }
-}
-
 /// A request size up to `max`: a tenth of them up to 256 bytes, half up to 64 KiB, three
 /// tenths up to 1 MiB, a tenth above 1 MiB (when `max` allows). Sizes are not multiples of 4
 /// in general, so tails are filled and checked byte by byte.
@@ -176,7 +154,7 @@ fn request_size(rng: &mut Rng, max: usize) -> usize {
         _ => (MIB + 1, max.max(MIB + 1)),
     };
     let hi = hi.min(max);
-    rng.between(lo.min(hi), hi)
+    rng.range(lo.min(hi), hi)
 }
 
 /// Which stream an operation uses, in a thread's terms.
@@ -565,7 +543,7 @@ fn thread_body(t: usize, sh: &Shared<'_>, ops: usize) -> Result<Counts, String> 
         t,
         sh,
         own: Vec::new(),
-        rng: Rng(0x9e37_79b9_7f4a_7c15 ^ ((t as u64 + 1) << 32) ^ t as u64),
+        rng: Rng::new(0x9e37_79b9_7f4a_7c15 ^ ((t as u64 + 1) << 32) ^ t as u64),
         live: Vec::new(),
         counts: Counts::default(),
         host: Vec::new(),
@@ -929,7 +907,7 @@ fn harness_detects_overlaps_and_corruption() -> Result<(), Failed> {
         t: 0,
         sh: &sh,
         own: Vec::new(),
-        rng: Rng(7),
+        rng: Rng::new(7),
         live: Vec::new(),
         counts: Counts::default(),
         host: Vec::new(),

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use cross_thread::gpu_pt;
 use libtest_mimic::{Arguments, Failed};
+use rmm_mr::testing::Rng;
 use rmm_mr::{
     shared, BinningMemoryResource, BinningOptions, CudaAsyncMemoryResource, CudaMemoryResource,
     DeviceMemoryResource, FixedSizeMemoryResource, FixedSizeOptions, LimitingResourceAdaptor,
@@ -320,13 +321,8 @@ fn sixteen_threads(r: &dyn DeviceMemoryResource, max_bytes: usize) -> Result<(),
                 sc.spawn(move || -> Result<(), String> {
                     let s = CudaStream::non_blocking().map_err(|e| e.to_string())?;
                     let v = s.view();
-                    let mut rng = 0x2545_f491_4f6c_dd1du64 ^ (u64::from(t) << 32 | 1);
-                    let mut next = move || {
-                        rng ^= rng << 13;
-                        rng ^= rng >> 7;
-                        rng ^= rng << 17;
-                        rng
-                    };
+                    let mut rng = Rng::new(0x2545_f491_4f6c_dd1du64 ^ (u64::from(t) << 32 | 1));
+                    let mut next = move || rng.next_u64();
                     let mut live: Vec<(DevicePtr, usize, u32)> = Vec::new();
                     let err = |e: Failed| e.message().unwrap_or_default().to_owned();
                     for i in 0..200u32 {

@@ -5,12 +5,11 @@
 //! so in one line and exits with status 1.
 
 use std::error::Error;
-use std::ffi::c_void;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use rmm::prelude::*;
-use rmm::sys::kernel::{Function, Module};
+use rmm::sys::kernel::AddKernel;
 use rmm::{GraphPool, GraphPoolOptions};
 
 fn main() -> ExitCode {
@@ -31,69 +30,16 @@ const WORDS: usize = 1 << 20;
 const BYTES: usize = WORDS * 4;
 const REPLAYS: u32 = 1000;
 
-/// `add(u32* out, const u32* x, u32 n)`: `out[i] += x[i]` for `i < n`.
-const ADD_PTX: &std::ffi::CStr = c"
-.version 7.0
-.target sm_52
-.address_size 64
-
-.visible .entry add(
-	.param .u64 add_out,
-	.param .u64 add_x,
-	.param .u32 add_n
-)
-{
-	.reg .pred 	%p<2>;
-	.reg .b32 	%r<8>;
-	.reg .b64 	%rd<8>;
-
-	ld.param.u64 	%rd1, [add_out];
-	ld.param.u64 	%rd2, [add_x];
-	ld.param.u32 	%r1, [add_n];
-	mov.u32 	%r2, %ctaid.x;
-	mov.u32 	%r3, %ntid.x;
-	mov.u32 	%r4, %tid.x;
-	mad.lo.s32 	%r5, %r2, %r3, %r4;
-	setp.ge.u32 	%p1, %r5, %r1;
-	@%p1 bra 	$L__done;
-	mul.wide.u32 	%rd3, %r5, 4;
-	cvta.to.global.u64 	%rd4, %rd1;
-	cvta.to.global.u64 	%rd5, %rd2;
-	add.s64 	%rd4, %rd4, %rd3;
-	add.s64 	%rd5, %rd5, %rd3;
-	ld.global.u32 	%r6, [%rd4];
-	ld.global.u32 	%r7, [%rd5];
-	add.u32 	%r6, %r6, %r7;
-	st.global.u32 	[%rd4], %r6;
-$L__done:
-	ret;
-}
-";
-
 /// `out += x` over `WORDS` words, on `stream`.
 fn add(
-    k: Function,
+    k: &AddKernel,
     out: DevicePtr,
     x: DevicePtr,
     stream: CudaStreamView<'_>,
 ) -> Result<(), Box<dyn Error>> {
-    let (mut o, mut a, mut n) = (out.addr(), x.addr(), WORDS as u32);
-    let mut params: [*mut c_void; 3] = [
-        (&raw mut o).cast(),
-        (&raw mut a).cast(),
-        (&raw mut n).cast(),
-    ];
-    // SAFETY: the parameters match `add(u32*, u32*, u32)`; both buffers hold `BYTES` and are
-    // usable on `stream`; the module stays loaded until the stream is synchronized.
-    unsafe {
-        k.launch(
-            [(WORDS as u32).div_ceil(256), 1, 1],
-            [256, 1, 1],
-            0,
-            stream.as_raw(),
-            &mut params,
-        )?
-    };
+    // SAFETY: both buffers hold `BYTES` and are usable on `stream` (`out` is the kernel's
+    // output and its first input); the kernel stays loaded until the stream is synchronized.
+    unsafe { k.launch(out, out, x, WORDS as u32, stream.as_raw())? };
     Ok(())
 }
 
@@ -112,8 +58,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     let mr: SharedResource = pool.clone();
     let stream = Arc::new(CudaStream::non_blocking()?);
     let s = stream.view();
-    let module = Module::load_ptx(ADD_PTX)?;
-    let k = module.function(c"add")?;
+    let k = AddKernel::load()?;
 
     // The output lives outside the graph: allocated, zeroed and read eagerly.
     let out = DeviceBuffer::new_in(BYTES, &stream, mr.clone())?;
@@ -128,10 +73,10 @@ fn run() -> Result<(), Box<dyn Error>> {
         // Allocated inside the capture: served by the graph pool.
         let x = DeviceBuffer::new_in(BYTES, &stream, mr.clone())?;
         fill(x.data(), 1, s)?;
-        add(k, out.data(), x.data(), s)?;
+        add(&k, out.data(), x.data(), s)?;
         let y = DeviceBuffer::new_in(BYTES, &stream, mr.clone())?;
         fill(y.data(), 2, s)?;
-        add(k, out.data(), y.data(), s)?;
+        add(&k, out.data(), y.data(), s)?;
         println!(
             "captured two buffers at {} and {} from the graph pool ({} B reserved, {} B in use)",
             x.data(),

@@ -884,11 +884,9 @@ mod tests {
                 let r = r.clone();
                 sc.spawn(move || {
                     let mut live = Vec::new();
-                    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ t as u64;
+                    let mut rng = crate::testing::Rng::new(0x9e37_79b9_7f4a_7c15u64 ^ t as u64);
                     for i in 0..4000usize {
-                        x ^= x << 13;
-                        x ^= x >> 7;
-                        x ^= x << 17;
+                        let x = rng.next_u64();
                         let bytes = 1 + (x % 40_000) as usize;
                         live.push((r.allocate(s(), bytes, 256).unwrap(), bytes));
                         if i % 3 != 0 {

@@ -1,13 +1,11 @@
 //! The driver's stream-ordered allocator over the device's default managed pool (CUDA 13).
 
-use rmm_stream::CudaStreamView;
-use rmm_sys::{DeviceCapabilities, DevicePtr, DriverVersion, MemPoolHandle};
+use rmm_sys::{DeviceCapabilities, DriverVersion, MemPoolHandle};
 
 use crate::error::{MrError, MrResult};
-use crate::resource::DeviceMemoryResource;
-use crate::resources::cuda_async::{
-    pool_allocate, pool_deallocate, pool_statistics, PoolStatistics,
-};
+use crate::resource::ResourceProperties;
+use crate::resources::driver_pool::DriverPool;
+use crate::resources::pool_statistics::{pool_statistics, PoolStatistics};
 
 /// Stream-ordered managed memory from the device's default managed pool
 /// (`cuMemGetDefaultMemPool`, CUDA 13; RMM's `cuda_async_managed_memory_resource`). The pool's
@@ -56,33 +54,16 @@ impl CudaAsyncManagedMemoryResource {
     }
 }
 
-// SAFETY: every pointer comes from the driver's allocator, which returns a fresh,
-// 256-byte aligned region of at least the bytes asked for, accessible as `properties` says,
-// until it is freed here.
-unsafe impl DeviceMemoryResource for CudaAsyncManagedMemoryResource {
-    fn allocate(
-        &self,
-        stream: CudaStreamView<'_>,
-        bytes: usize,
-        alignment: usize,
-    ) -> MrResult<DevicePtr> {
-        // SAFETY: a default pool is never destroyed, so it is live.
-        unsafe { pool_allocate(self.pool, stream, bytes, alignment) }
+// SAFETY: a default pool is never destroyed, so it is live.
+unsafe impl DriverPool for CudaAsyncManagedMemoryResource {
+    const PROPERTIES: ResourceProperties = ResourceProperties::HOST_DEVICE;
+
+    #[inline]
+    fn pool(&self) -> MemPoolHandle {
+        self.pool
     }
 
-    unsafe fn deallocate(
-        &self,
-        stream: CudaStreamView<'_>,
-        ptr: DevicePtr,
-        bytes: usize,
-        _alignment: usize,
-    ) -> MrResult<()> {
-        // SAFETY: the trait's contract.
-        unsafe { pool_deallocate(stream, ptr, bytes) }
-    }
-
-    crate::resource::resource_tail! {
-        is_equal: same(pool),
-        properties: HOST_DEVICE,
+    fn same_pool(&self, other: &Self) -> bool {
+        self.pool == other.pool
     }
 }

@@ -2,15 +2,13 @@
 
 use std::sync::Arc;
 
-use rmm_stream::CudaStreamView;
-use rmm_sys::{DevicePtr, MemPoolHandle};
+use rmm_sys::MemPoolHandle;
 
 use crate::error::{MrError, MrResult};
-use crate::resource::DeviceMemoryResource;
-use crate::resources::cuda_async::{
-    pool_allocate, pool_deallocate, pool_statistics, require_memory_pools, CudaAsyncMemoryResource,
-    OwnedPool, PoolStatistics,
-};
+use crate::resource::ResourceProperties;
+use crate::resources::cuda_async::{require_memory_pools, CudaAsyncMemoryResource, OwnedPool};
+use crate::resources::driver_pool::DriverPool;
+use crate::resources::pool_statistics::{pool_statistics, PoolStatistics};
 
 /// Stream-ordered allocation from an existing driver pool that this resource does not own
 /// (RMM's `cuda_async_view_memory_resource`), e.g. the device's default pool, which cudarc,
@@ -134,32 +132,17 @@ impl CudaAsyncMemoryResource {
     }
 }
 
-// SAFETY: every pointer comes from the driver's allocator, which returns a fresh,
-// 256-byte aligned region of at least the bytes asked for, accessible as `properties` says,
-// until it is freed here.
-unsafe impl DeviceMemoryResource for CudaAsyncViewMemoryResource {
-    fn allocate(
-        &self,
-        stream: CudaStreamView<'_>,
-        bytes: usize,
-        alignment: usize,
-    ) -> MrResult<DevicePtr> {
-        // SAFETY: the pool is live while the view exists (the type's invariant).
-        unsafe { pool_allocate(self.pool, stream, bytes, alignment) }
+// SAFETY: the pool is live while the view exists (the type's invariant).
+unsafe impl DriverPool for CudaAsyncViewMemoryResource {
+    const PROPERTIES: ResourceProperties = ResourceProperties::DEVICE;
+
+    #[inline]
+    fn pool(&self) -> MemPoolHandle {
+        self.pool
     }
 
-    unsafe fn deallocate(
-        &self,
-        stream: CudaStreamView<'_>,
-        ptr: DevicePtr,
-        bytes: usize,
-        _alignment: usize,
-    ) -> MrResult<()> {
-        // SAFETY: the trait's contract.
-        unsafe { pool_deallocate(stream, ptr, bytes) }
-    }
-
-    crate::resource::resource_tail! {
-        is_equal: same(pool),
+    /// Views of the same pool are equal.
+    fn same_pool(&self, other: &Self) -> bool {
+        self.pool == other.pool
     }
 }

@@ -27,41 +27,13 @@ use rmm_sys::DevicePtr;
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
 use crate::stream_ordered::core::CoreMemory;
-use crate::testing::{FaultKind, FaultyResource, HostMockResource};
+use crate::testing::{FaultKind, FaultyResource, HostMockResource, Rng};
 
 pub(crate) type Faulty = FaultyResource<HostMockResource>;
 
 /// Workloads per component, and steps per workload.
 const SEEDS: u64 = 24;
 const STEPS: usize = 120;
-
-/// A small xorshift generator: the workloads are reproducible from their seed.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Self(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-
-    fn percent(&mut self, p: usize) -> bool {
-        self.below(100) < p
-    }
-
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[self.below(items.len())]
-    }
-}
 
 /// A fault for one step.
 #[derive(Debug, Clone, Copy)]
@@ -282,7 +254,7 @@ fn run(subject: &Subject<'_>, seed: u64, tally: &mut Tally) {
             _ if roll < maintenance + maintenance.div_ceil(4) => Op::FreeAll,
             0..=44 if live.len() < 24 => Op::Alloc {
                 bytes: 1 + rng.below(subject.max_bytes),
-                alignment: rng.pick(subject.alignments),
+                alignment: rng.pick(subject.alignments).unwrap_or(256),
                 stream: rng.below(streams.len()),
             },
             0..=79 if !live.is_empty() => Op::Free {
@@ -299,12 +271,14 @@ fn run(subject: &Subject<'_>, seed: u64, tally: &mut Tally) {
             98..=99 if subject.stream_count > 1 => Op::Idle,
             _ => Op::Alloc {
                 bytes: 1 + rng.below(subject.max_bytes),
-                alignment: rng.pick(subject.alignments),
+                alignment: rng.pick(subject.alignments).unwrap_or(256),
                 stream: rng.below(streams.len()),
             },
         };
         let faultable = !subject.faults.is_empty() && !matches!(op, Op::FreeAll);
-        let injection = (faultable && rng.percent(50)).then(|| rng.pick(&subject.faults));
+        let injection = (faultable && rng.percent(50))
+            .then(|| rng.pick(&subject.faults))
+            .flatten();
         let where_ = || {
             format!(
                 "{} seed {seed} step {step}: {op:?} with {injection:?}",

@@ -11,7 +11,7 @@ use rmm_stream::CudaStreamView;
 
 use crate::error::{MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
-use crate::testing::trace::Rng;
+use crate::testing::Rng;
 
 /// The size in `[lo, hi]` (`0 < lo <= hi`) the generator's value `raw` stands for, log-uniform.
 fn log_uniform(raw: u64, lo: usize, hi: usize) -> usize {

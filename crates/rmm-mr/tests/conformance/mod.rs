@@ -13,6 +13,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 
 use libtest_mimic::{Failed, Trial};
+use rmm_mr::testing::Rng;
 use rmm_mr::{
     current_device_resource, reset_current_device_resource, set_current_device_resource,
     CudaMemoryResource, DeviceMemoryResource, MrError, SharedResource,
@@ -211,28 +212,6 @@ pub fn trials(subject: &Subject) -> Vec<Trial> {
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
-
-/// splitmix64: a small deterministic generator (no dependency needed).
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[lo, hi]`.
-    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next_u64() % (hi - lo + 1) as u64) as usize
-    }
-}
 
 /// Where a routine allocates: the synchronous API, the default stream, or an owned stream.
 #[derive(Clone, Copy)]

@@ -388,7 +388,7 @@ impl LoggingOptions {
 mod tests {
     use super::*;
     use crate::adaptors::logging::{parse_log, parse_log_str, Action};
-    use crate::testing::HostMockResource;
+    use crate::testing::{Hooked, HostMockResource};
     use std::sync::atomic::AtomicUsize;
 
     fn s() -> CudaStreamView<'static> {
@@ -619,54 +619,19 @@ mod tests {
         );
     }
 
-    /// An upstream that checks, when asked to free, that the free row is already written.
-    #[derive(Debug)]
-    struct FreeRowFirst {
-        mock: HostMockResource,
-        log: Arc<Mutex<Vec<u8>>>,
-        checked: Arc<AtomicUsize>,
-    }
-
-    // SAFETY: a test double that forwards to a `HostMockResource`, which keeps the contract.
-    unsafe impl DeviceMemoryResource for FreeRowFirst {
-        fn allocate(
-            &self,
-            stream: CudaStreamView<'_>,
-            bytes: usize,
-            alignment: usize,
-        ) -> MrResult<DevicePtr> {
-            self.mock.allocate(stream, bytes, alignment)
-        }
-
-        unsafe fn deallocate(
-            &self,
-            stream: CudaStreamView<'_>,
-            ptr: DevicePtr,
-            bytes: usize,
-            alignment: usize,
-        ) -> MrResult<()> {
-            let text = String::from_utf8(self.log.lock().unwrap().clone()).unwrap();
-            let row = format!(",free,{ptr},{bytes},0\n");
-            assert!(text.ends_with(&row), "{text}");
-            self.checked.fetch_add(1, Ordering::SeqCst);
-            // SAFETY: forwarded contract.
-            unsafe { self.mock.deallocate(stream, ptr, bytes, alignment) }
-        }
-
-        crate::resource::resource_tail! {
-            is_equal: identity,
-        }
-    }
-
     #[test]
     fn free_is_logged_before_the_upstream_frees() {
         let buf = SharedBuf::default();
         let checked = Arc::new(AtomicUsize::new(0));
-        let up = FreeRowFirst {
-            mock: HostMockResource::new(),
-            log: Arc::clone(&buf.bytes),
-            checked: Arc::clone(&checked),
-        };
+        // When asked to free, the upstream checks that the free row is already written.
+        let up = Hooked::default();
+        let (log, seen) = (Arc::clone(&buf.bytes), Arc::clone(&checked));
+        up.set_hook(move |ptr, bytes| {
+            let text = String::from_utf8(log.lock().unwrap().clone()).unwrap();
+            let row = format!(",free,{ptr},{bytes},0\n");
+            assert!(text.ends_with(&row), "{text}");
+            seen.fetch_add(1, Ordering::SeqCst);
+        });
         let mr =
             LoggingResourceAdaptor::with_options(up, LoggingOptions::new().writer(buf)).unwrap();
         let p = mr.allocate(s(), 512, 256).unwrap();

@@ -234,7 +234,7 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for TrackingResourceAd
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::HostMockResource;
+    use crate::testing::{Hooked, HostMockResource};
 
     const UNIT: usize = 10 << 10;
 
@@ -255,49 +255,6 @@ mod tests {
         }
     }
 
-    /// An upstream that runs a hook at the start of every deallocation.
-    #[derive(Default)]
-    struct Hooked {
-        mock: HostMockResource,
-        hook: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
-    }
-
-    impl fmt::Debug for Hooked {
-        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("Hooked")
-        }
-    }
-
-    // SAFETY: a test double that forwards to a `HostMockResource`, which keeps the contract.
-    unsafe impl DeviceMemoryResource for Hooked {
-        fn allocate(
-            &self,
-            stream: CudaStreamView<'_>,
-            bytes: usize,
-            alignment: usize,
-        ) -> MrResult<DevicePtr> {
-            self.mock.allocate(stream, bytes, alignment)
-        }
-
-        unsafe fn deallocate(
-            &self,
-            stream: CudaStreamView<'_>,
-            ptr: DevicePtr,
-            bytes: usize,
-            alignment: usize,
-        ) -> MrResult<()> {
-            if let Some(hook) = self.hook.get() {
-                hook();
-            }
-            // SAFETY: forwarded contract.
-            unsafe { self.mock.deallocate(stream, ptr, bytes, alignment) }
-        }
-
-        crate::resource::resource_tail! {
-            is_equal: identity,
-        }
-    }
-
     #[test]
     fn entry_is_removed_before_the_upstream_frees() {
         let up = Arc::new(Hooked::default());
@@ -305,12 +262,12 @@ mod tests {
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
         let (probe, log) = (mr.clone(), Arc::clone(&seen));
         // The hook holds a copy of the adaptor: a reference cycle, leaked with the test.
-        let _ = up.hook.set(Box::new(move || {
+        up.set_hook(move |_, _| {
             log.lock().unwrap().push((
                 probe.allocated_bytes(),
                 probe.outstanding_allocations().len(),
             ));
-        }));
+        });
         let p = mr.allocate(s(), 100, 256).unwrap();
         let q = mr.allocate(s(), 300, 256).unwrap();
         // SAFETY: both came from `mr`.

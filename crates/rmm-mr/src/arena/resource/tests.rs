@@ -19,7 +19,7 @@ use super::state::Snapshot;
 use super::{ArenaMemoryResource, ArenaOptions};
 use crate::error::{InvalidFree, MrError};
 use crate::resource::{shared, DeviceMemoryResource};
-use crate::testing::HostMockResource;
+use crate::testing::{HostMockResource, Rng};
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -110,22 +110,6 @@ fn holds_tag(ptr: DevicePtr, bytes: usize, tag: u64) -> bool {
         && ptr
             .checked_add(words * 8)
             .is_some_and(|tail| holds(tail, bytes % 8, tag as u8))
-}
-
-/// A tiny deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
 }
 
 #[test]
@@ -814,7 +798,7 @@ fn concurrent_threads_get_disjoint_blocks() {
             let mr = mr.clone();
             let next = senders[(t + 1) % THREADS].clone();
             std::thread::spawn(move || {
-                let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (t as u64 + 1));
+                let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15 ^ (t as u64 + 1));
                 let mut live: Vec<(DevicePtr, usize, u64, bool)> = Vec::new();
                 for step in 0..STEPS {
                     // Free what the previous thread handed over, on this thread's stream.
@@ -1221,7 +1205,7 @@ fn streams_die_while_other_threads_free_their_blocks() {
             let next = senders[((t + 1) % THREADS) as usize].clone();
             std::thread::spawn(move || {
                 let _sim = rmm_sys::fault::FaultScope::simulated();
-                let mut rng = Rng(0x9E37_79B9 + u64::from(t));
+                let mut rng = Rng::new(0x9E37_79B9 + u64::from(t));
                 for i in 0..ROUNDS {
                     let n = STREAM_BASE + 0x1_0000 + t * 0x1000 + i;
                     let stream = rmm_stream::CudaStream::simulated(n);
