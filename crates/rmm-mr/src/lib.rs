@@ -106,7 +106,7 @@ pub use resources::{
     SamHeadroomMemoryResource, SimulatedMemoryResource, SystemMemoryResource,
 };
 pub use util::alignment::MAX_OVER_ALIGNMENT;
-pub use util::format::format_bytes;
+pub use util::format::{format_bytes, HumanBytes};
 pub use vmm::{
     ExportedChunk, VmmGrowthStatistics, VmmPoolMemoryResource, VmmPoolOptions,
     DEFAULT_MIN_GROWTH_PERCENT,

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use rmm::mr::DeviceMemoryResource;
+use rmm::mr::{DeviceMemoryResource, HumanBytes};
 use rmm::stream::CudaStreamView;
 
 use crate::plan::{Op, Position, Workload};
@@ -360,20 +360,11 @@ fn bytes_and_count(bytes: u64) -> String {
     }
 }
 
-/// Bytes with a binary unit and two decimals: `100 B`, `1.50 KiB`, `80.00 GiB`.
+/// Bytes with a binary unit and two decimals: `100 B`, `1.50 KiB`, `80.00 GiB`
+/// ([`HumanBytes`] at two decimals).
 #[must_use]
 pub fn format_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut value = bytes as f64 / 1024.0;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.2} {}", UNITS[unit])
+    format!("{:.2}", HumanBytes(bytes))
 }
 
 /// `"12.345 ms"`, `"1.234 s"`, `"850 µs"`.

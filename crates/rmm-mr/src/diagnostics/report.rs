@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::util::format::HumanBytes;
+
 /// Why a request could not be met, as the refusing resource sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Verdict {
@@ -132,24 +134,10 @@ impl OomReport {
     }
 }
 
-/// A size for people: one decimal and a binary unit (`40.0 MiB`, `512 B`).
-pub(crate) struct Human(pub usize);
-
-impl fmt::Display for Human {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const UNITS: [&str; 7] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB"];
-        if self.0 < 1024 {
-            return write!(f, "{} B", self.0);
-        }
-        #[allow(clippy::cast_precision_loss)] // One decimal is shown.
-        let mut size = self.0 as f64 / 1024.0;
-        let mut unit = 0;
-        while size >= 1024.0 && unit + 1 < UNITS.len() {
-            size /= 1024.0;
-            unit += 1;
-        }
-        write!(f, "{size:.1} {}", UNITS[unit])
-    }
+/// A size for people in a report: [`HumanBytes`] of a `usize`.
+#[allow(clippy::cast_possible_truncation)] // usize fits in u64 on every target.
+fn human(bytes: usize) -> HumanBytes {
+    HumanBytes(bytes as u64)
 }
 
 impl fmt::Display for OomReport {
@@ -163,29 +151,29 @@ impl fmt::Display for OomReport {
         write!(
             f,
             "requested {}; in use {} of {} reserved",
-            Human(self.requested),
-            Human(self.in_use),
-            Human(self.reserved)
+            human(self.requested),
+            human(self.in_use),
+            human(self.reserved)
         )?;
         if let Some(limit) = self.limit {
-            write!(f, " (max {})", Human(limit))?;
+            write!(f, " (max {})", human(limit))?;
         }
         write!(
             f,
             "; free {}, largest free block {}",
-            Human(self.free),
-            Human(self.largest_free_block)
+            human(self.free),
+            human(self.largest_free_block)
         )?;
         if self.free_per_stream.len() > 1 {
             f.write_str(" (per stream:")?;
             for (i, (stream, bytes)) in self.free_per_stream.iter().enumerate() {
                 let sep = if i == 0 { " " } else { ", " };
-                write!(f, "{sep}{stream:#x}: {}", Human(*bytes))?;
+                write!(f, "{sep}{stream:#x}: {}", human(*bytes))?;
             }
             f.write_str(")")?;
         }
         if let Some(device_free) = self.device_free {
-            write!(f, "; device free {}", Human(device_free))?;
+            write!(f, "; device free {}", human(device_free))?;
         }
         write!(f, "; verdict: {}", self.verdict)
     }
@@ -232,15 +220,6 @@ mod tests {
     }
 
     #[test]
-    fn human_sizes() {
-        assert_eq!(Human(0).to_string(), "0 B");
-        assert_eq!(Human(1023).to_string(), "1023 B");
-        assert_eq!(Human(1024).to_string(), "1.0 KiB");
-        assert_eq!(Human(3 << 30).to_string(), "3.0 GiB");
-        assert_eq!(Human(usize::MAX).to_string(), "16.0 EiB");
-    }
-
-    #[test]
     fn verdicts() {
         // Free memory in pieces: fragmentation, even when a limit also stopped growth.
         assert_eq!(
@@ -279,7 +258,7 @@ mod tests {
                 .classified(limit_hit, upstream);
             let line = r.to_string();
             prop_assert!(!line.contains('\n'));
-            let want = format!("requested {}", Human(req));
+            let want = format!("requested {}", human(req));
             prop_assert!(line.contains(&want));
             prop_assert!(line.contains("in use"));
         }
