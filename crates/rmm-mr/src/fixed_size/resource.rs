@@ -402,7 +402,7 @@ impl<U: DeviceMemoryResource> FixedSizeMemoryResource<U> {
 
     /// Everything the resource's core keeps (tests).
     #[cfg(test)]
-    pub(crate) fn core_state(&self) -> crate::stream_ordered::core::CoreState {
+    pub(crate) fn core_state(&self) -> crate::stream_ordered::core::tests::CoreState {
         self.inner.core.state()
     }
 

@@ -273,7 +273,7 @@ impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
 
     /// Everything the pool's core keeps (tests).
     #[cfg(test)]
-    pub(crate) fn core_state(&self) -> crate::stream_ordered::core::CoreState {
+    pub(crate) fn core_state(&self) -> crate::stream_ordered::core::tests::CoreState {
         self.inner.core.state()
     }
 

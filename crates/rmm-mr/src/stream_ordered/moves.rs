@@ -32,6 +32,11 @@
 //! the budget, and the upstream call. The patience protocol's loom models, with the frees that
 //! report to it: `moves/loom_tests.rs`.
 //!
+//! Merges are not the only way blocks leave every list: a thief that must synchronize the
+//! device takes its blocks out first and synchronizes with no lock held. [`InFlight`] counts
+//! those synchronizations, so that an allocation about to report out-of-memory waits for them
+//! and looks again instead.
+//!
 //! Pure bookkeeping: no CUDA calls. Why and the figures: `docs/performance.md`, "Memory:
 //! blocks in transit" and "The pool on `r64` at 16 threads: waiting only for the merges that
 //! matter"; the protocol's loom models: `moves/loom_tests.rs`.
@@ -434,6 +439,62 @@ impl Drop for MoveGuard<'_> {
         self.moves.in_transit[self.slot].fetch_sub(1, Ordering::SeqCst);
         #[cfg(test)]
         run(&self.moves.hooks.ended);
+    }
+}
+
+/// Device synchronizations in progress with free blocks held out of every list, so that an
+/// allocation about to report out-of-memory waits for them instead (it holds no lock then).
+#[derive(Default)]
+pub(crate) struct InFlight {
+    count: std::sync::Mutex<usize>,
+    idle: std::sync::Condvar,
+}
+
+impl InFlight {
+    pub(crate) fn begin(&self) -> InFlightGuard<'_> {
+        *self
+            .count
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) += 1;
+        InFlightGuard(self)
+    }
+
+    pub(crate) fn is_busy(&self) -> bool {
+        *self
+            .count
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            > 0
+    }
+
+    pub(crate) fn wait_idle(&self) {
+        let mut count = self
+            .count
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while *count > 0 {
+            count = self
+                .idle
+                .wait(count)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+}
+
+/// Ends an [`InFlight`] synchronization when dropped.
+pub(crate) struct InFlightGuard<'a>(&'a InFlight);
+
+impl Drop for InFlightGuard<'_> {
+    fn drop(&mut self) {
+        let mut count = self
+            .0
+            .count
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *count -= 1;
+        if *count == 0 {
+            self.0.idle.notify_all();
+        }
     }
 }
 
