@@ -16,16 +16,9 @@
 //! list's event on it itself, after every block in the list ([`EventPolicy::on_steal_pinned`]):
 //! then nobody asks, waits for the owner, synchronizes or starts a recording run.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-/// Frees that record after a thief took from a list or asked it to record.
-pub(crate) const RECORD_RUN: u32 = 256;
-
-/// How long a thief's request may wait for the owner before a thief synchronizes the device.
-pub(crate) const OWNER_GRACE: Duration = Duration::from_millis(2);
-
-/// Events the orphan list waits on at most; beyond, its next thief synchronizes the device.
-pub(crate) const MAX_ORPHAN_WAITS: usize = 8;
+use crate::stream_ordered::tuning::{MAX_ORPHAN_WAITS, OWNER_GRACE, RECORD_RUN};
 
 /// What a thief may do with a list's blocks now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,6 +205,7 @@ impl EventPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn lazy_frees_record_nothing() {

@@ -16,7 +16,7 @@
 //! (a merge begun after that could not hide a block from the search: its victim had been
 //! searched before), and says to search again only if one of them left a fitting block behind.
 //! So a grower never re-searches for merges that cannot serve it, and never waits for merges
-//! that began after its search. Its re-searches are bounded ([`SETTLE_TRIES`]), as is its wait
+//! that began after its search. Its re-searches are bounded ([`SETTLE_TRIES`](crate::stream_ordered::tuning::SETTLE_TRIES)), as is its wait
 //! ([`DRAIN_SPINS`]: a merger preempted between its two locks must not hold growth back long);
 //! past either it grows, as before.
 //!
@@ -28,7 +28,7 @@
 //! All these waits together are bounded by one [`Budget`] per growth (per hold of the growth
 //! lock): at most [`WAIT_YIELDS`] yields and [`WAIT_TIME`] of wall time, whichever runs out
 //! first; past it the grower searches again only where a fitting block landed (no more yields)
-//! and grows, so the lock is held for at most [`SETTLE_TRIES`] + 1 searches, the waits within
+//! and grows, so the lock is held for at most [`SETTLE_TRIES`](crate::stream_ordered::tuning::SETTLE_TRIES) + 1 searches, the waits within
 //! the budget, and the upstream call. The patience protocol's loom models, with the frees that
 //! report to it: `moves/loom_tests.rs`.
 //!
@@ -46,37 +46,9 @@ use crate::sync::yield_now;
 use crossbeam_utils::CachePadded;
 #[cfg(test)]
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-/// How many times a grower searches again, after merges left a fitting block, before it grows
-/// anyway (other threads may take each such block first).
-pub(crate) const SETTLE_TRIES: u32 = 64;
-
-/// How many times a grower yields while waiting for the merges of its epoch to land before it
-/// grows anyway.
-pub(crate) const DRAIN_SPINS: u32 = 1 << 12;
-
-/// How many times at most a grower whose miss was real (no merge hid a fitting block) yields,
-/// waiting for a free or a merge to leave a fitting block, before it grows: growing doubles the
-/// pool, and at 16 threads other threads' frees often leave such a block within a millisecond.
-pub(crate) const PATIENCE: u32 = 1024;
-
-/// The grower stops waiting early when no free at all happened in this many yields (one
-/// thread alone, or threads that only allocate: nothing will come).
-pub(crate) const IDLE_WINDOW: u32 = 32;
-
-/// The most yields a grower makes in all while it holds the growth lock for one growth (the
-/// drain waits and the patience of every search together): one full drain wait and one full
-/// patience, what a single settle could take before the budget existed, so a growth that
-/// settles once waits as it did.
-pub(crate) const WAIT_YIELDS: u32 = DRAIN_SPINS + PATIENCE;
-
-/// The most wall time a grower spends in those waits for one growth, counted from when it took
-/// the growth lock: 1,024 yields take about a millisecond at 16 threads on a 16-core host
-/// (docs/performance.md, "What it cost: binning on `r64` at 16 threads, and patience"), so a
-/// wait that fits the yield budget on an idle host is not cut; an oversubscribed host, where a
-/// yield can take a time slice, is.
-pub(crate) const WAIT_TIME: Duration = Duration::from_millis(5);
+use crate::stream_ordered::tuning::{DRAIN_SPINS, IDLE_WINDOW, PATIENCE, WAIT_TIME, WAIT_YIELDS};
 
 /// The grower's size while no grower is searching ([`Moves::wanted`]).
 const NOBODY: usize = usize::MAX;
@@ -147,7 +119,8 @@ fn run(hook: &Mutex<Option<Hook>>) {
 pub(crate) struct Budget {
     /// Yields left.
     left: u32,
-    /// Yields made.
+    /// Yields made (read by the growth-lock record of benchmarks and tests only).
+    #[cfg(any(test, feature = "testing"))]
     spent: u32,
     /// When the waits stop, yields left or not (`None`: only yields count, for the models).
     deadline: Option<Instant>,
@@ -159,6 +132,7 @@ impl Budget {
     pub(crate) fn growth(locked: Instant) -> Self {
         Self {
             left: WAIT_YIELDS,
+            #[cfg(any(test, feature = "testing"))]
             spent: 0,
             deadline: locked.checked_add(WAIT_TIME),
         }
@@ -169,6 +143,7 @@ impl Budget {
     pub(crate) fn yields(yields: u32) -> Self {
         Self {
             left: yields,
+            #[cfg(any(test, feature = "testing"))]
             spent: 0,
             deadline: None,
         }
@@ -176,9 +151,10 @@ impl Budget {
 
     /// `yields` yields and `time` of wall time from now (tests).
     #[cfg(all(test, not(loom)))]
-    pub(crate) fn with_time(yields: u32, time: Duration) -> Self {
+    pub(crate) fn with_time(yields: u32, time: std::time::Duration) -> Self {
         Self {
             left: yields,
+            #[cfg(any(test, feature = "testing"))]
             spent: 0,
             deadline: Instant::now().checked_add(time),
         }
@@ -207,7 +183,10 @@ impl Budget {
             return false;
         }
         self.left -= 1;
-        self.spent += 1;
+        #[cfg(any(test, feature = "testing"))]
+        {
+            self.spent += 1;
+        }
         true
     }
 }
@@ -504,7 +483,9 @@ mod loom_tests;
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::stream_ordered::tuning::SETTLE_TRIES;
     use proptest::prelude::*;
+    use std::time::Duration;
 
     /// A budget that never runs out (the tests of the protocol without it).
     fn free() -> Budget {

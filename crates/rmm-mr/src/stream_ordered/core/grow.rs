@@ -18,9 +18,10 @@ use super::StreamOrdered;
 use crate::error::{MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
 use crate::stream_ordered::free_blocks::{Expand, FreeBlocks};
-use crate::stream_ordered::moves::{Budget, Settled, SETTLE_TRIES};
+use crate::stream_ordered::moves::{Budget, Settled};
 use crate::stream_ordered::pressure::{GrowthCause, PressureScope};
 use crate::stream_ordered::stream_lists::{device_synchronize, StreamKey, StreamList};
+use crate::stream_ordered::tuning::SETTLE_TRIES;
 
 /// The growth lock held by a grower ([`StreamOrdered::lock_growth`]): the chunk set, the
 /// budget of the grower's waits for this hold, and (for benchmarks and tests) where its hold

@@ -11,6 +11,7 @@ use super::StreamOrdered;
 use crate::error::{MrError, MrResult};
 use crate::stream_ordered::free_blocks::FreeBlocks;
 use crate::stream_ordered::stream_lists::{device_synchronize, Steal, StreamKey, StreamList};
+use crate::stream_ordered::tuning::FULL_RETRIES;
 
 /// What a search of the other lists ([`StreamOrdered::take_from_others`]) found.
 #[derive(Debug)]
@@ -32,10 +33,6 @@ pub(super) fn settle(r: MrResult<()>) -> MrResult<()> {
         other => other,
     }
 }
-
-/// How often an allocation that found the resource full waits for synchronizations in flight
-/// and looks again before it reports out-of-memory.
-const FULL_RETRIES: usize = 3;
 
 impl<L: FreeBlocks> StreamOrdered<L> {
     /// Steals one fitting block from another stream's list (the remainder stays there), else

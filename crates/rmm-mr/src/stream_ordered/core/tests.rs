@@ -370,7 +370,7 @@ mod retire {
     use super::{allocate, core, drop_core, ModelBlocks, BLOCK, CHUNK};
     use crate::error::{MrError, MrResult};
     use crate::stream_ordered::core::{StreamKey, StreamOrdered};
-    use crate::stream_ordered::event_policy::OWNER_GRACE;
+    use crate::stream_ordered::tuning::OWNER_GRACE;
     use crate::testing::HostMockResource;
 
     /// An allocation on `stream` that may not grow the core (its upstream is full).
