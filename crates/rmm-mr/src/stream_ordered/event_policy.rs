@@ -194,18 +194,20 @@ impl EventPolicy {
     pub(crate) fn is_record_failed(&self) -> bool {
         self.record_failed
     }
-
-    /// Whether a thief's request is open.
-    #[cfg(test)]
-    pub(crate) fn is_wanted(&self) -> bool {
-        self.wanted_since.is_some()
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// What the tests read of the structure.
+    impl EventPolicy {
+        /// Whether a thief's request is open.
+        pub(crate) fn is_wanted(&self) -> bool {
+            self.wanted_since.is_some()
+        }
+    }
 
     #[test]
     fn lazy_frees_record_nothing() {

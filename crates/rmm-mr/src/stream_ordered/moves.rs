@@ -44,8 +44,6 @@
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use crate::sync::yield_now;
 use crossbeam_utils::CachePadded;
-#[cfg(test)]
-use std::sync::Mutex;
 use std::time::Instant;
 
 use crate::stream_ordered::tuning::{DRAIN_SPINS, IDLE_WINDOW, PATIENCE, WAIT_TIME, WAIT_YIELDS};
@@ -68,48 +66,9 @@ pub(crate) struct Moves {
     fit_landed: AtomicBool,
     /// Frees made while a grower watched (fitting or not): the grower's sign of life.
     frees_seen: AtomicU64,
-    /// Tests' hooks at the points where threads race (see [`TestHooks`]).
+    /// Tests' hooks at the points where threads race (see [`hooks::TestHooks`]).
     #[cfg(test)]
-    pub(crate) hooks: TestHooks,
-}
-
-/// A hook a test sets, run once by the next thread that passes its point.
-#[cfg(test)]
-pub(crate) type Hook = Box<dyn FnOnce() + Send>;
-
-/// Points where a test can hold a thread to build an interleaving: each hook runs once, on the
-/// thread that passes the point next, with no lock of the core held.
-#[cfg(test)]
-#[derive(Default)]
-pub(crate) struct TestHooks {
-    /// A merger whose blocks are in transit ([`Moves::in_transit_point`]).
-    pub(crate) in_transit: Mutex<Option<Hook>>,
-    /// A grower whose search missed while merges of its epoch are in transit, before it waits
-    /// for them ([`Watch::settle`]); it holds the growth lock.
-    pub(crate) unsettled: Mutex<Option<Hook>>,
-    /// A merge that just ended.
-    pub(crate) ended: Mutex<Option<Hook>>,
-    /// Run at every yield of a waiting grower, on its thread, before it yields (not once: it
-    /// stays until a test takes it away).
-    pub(crate) yielding: Mutex<Option<Box<dyn FnMut() + Send>>>,
-}
-
-#[cfg(test)]
-impl std::fmt::Debug for TestHooks {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("TestHooks")
-    }
-}
-
-#[cfg(test)]
-fn run(hook: &Mutex<Option<Hook>>) {
-    let taken = hook
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .take();
-    if let Some(f) = taken {
-        f();
-    }
+    pub(crate) hooks: hooks::TestHooks,
 }
 
 /// What a grower may still wait for one growth (one hold of the growth lock), shared by all
@@ -232,12 +191,7 @@ impl Moves {
             fit_landed: AtomicBool::new(false),
             frees_seen: AtomicU64::new(0),
             #[cfg(test)]
-            hooks: TestHooks {
-                in_transit: Mutex::new(None),
-                unsettled: Mutex::new(None),
-                ended: Mutex::new(None),
-                yielding: Mutex::new(None),
-            },
+            hooks: hooks::TestHooks::default(),
         }
     }
 
@@ -245,7 +199,7 @@ impl Moves {
     #[inline]
     pub(crate) fn in_transit_point(&self) {
         #[cfg(test)]
-        run(&self.hooks.in_transit);
+        hooks::run(&self.hooks.in_transit);
     }
 
     /// A merge begins: called before its blocks leave the victim's list. It is counted in the
@@ -288,15 +242,7 @@ impl Moves {
             return false;
         }
         #[cfg(test)]
-        if let Some(f) = self
-            .hooks
-            .yielding
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .as_mut()
-        {
-            f();
-        }
+        self.hooks.yielding_point();
         yield_now();
         true
     }
@@ -316,12 +262,6 @@ impl Moves {
         } else {
             Settled::Grow
         }
-    }
-
-    /// Whether a merge or a free left a fitting block since the grower's watch (tests).
-    #[cfg(test)]
-    pub(crate) fn fit_landed(&self) -> bool {
-        self.fit_landed.load(Ordering::SeqCst)
     }
 
     /// Before a search under the growth lock for `size` bytes (one grower at a time): merges
@@ -383,7 +323,7 @@ impl Watch<'_> {
         while m.in_transit[slot].load(Ordering::SeqCst) != 0 {
             if spins == 0 {
                 #[cfg(test)]
-                run(&m.hooks.unsettled);
+                hooks::run(&m.hooks.unsettled);
             }
             if spins == spins_left || !m.pause(budget) {
                 return Settled::GaveUp;
@@ -417,7 +357,7 @@ impl Drop for MoveGuard<'_> {
         }
         self.moves.in_transit[self.slot].fetch_sub(1, Ordering::SeqCst);
         #[cfg(test)]
-        run(&self.moves.hooks.ended);
+        hooks::run(&self.moves.hooks.ended);
     }
 }
 
@@ -477,6 +417,58 @@ impl Drop for InFlightGuard<'_> {
     }
 }
 
+/// The tests' hooks (test code only).
+#[cfg(test)]
+pub(crate) mod hooks {
+    use std::sync::{Mutex, PoisonError};
+
+    /// A hook a test sets, run once by the next thread that passes its point.
+    pub(crate) type Hook = Box<dyn FnOnce() + Send>;
+
+    /// Points where a test can hold a thread to build an interleaving: each hook runs once, on the
+    /// thread that passes the point next, with no lock of the core held.
+    #[derive(Default)]
+    pub(crate) struct TestHooks {
+        /// A merger whose blocks are in transit ([`Moves::in_transit_point`]).
+        pub(crate) in_transit: Mutex<Option<Hook>>,
+        /// A grower whose search missed while merges of its epoch are in transit, before it waits
+        /// for them ([`Watch::settle`]); it holds the growth lock.
+        pub(crate) unsettled: Mutex<Option<Hook>>,
+        /// A merge that just ended.
+        pub(crate) ended: Mutex<Option<Hook>>,
+        /// Run at every yield of a waiting grower, on its thread, before it yields (not once: it
+        /// stays until a test takes it away).
+        pub(crate) yielding: Mutex<Option<Box<dyn FnMut() + Send>>>,
+    }
+
+    impl std::fmt::Debug for TestHooks {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("TestHooks")
+        }
+    }
+
+    pub(crate) fn run(hook: &Mutex<Option<Hook>>) {
+        let taken = hook.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(f) = taken {
+            f();
+        }
+    }
+
+    impl TestHooks {
+        /// A waiting grower is about to yield: runs the `yielding` hook, if set.
+        pub(crate) fn yielding_point(&self) {
+            if let Some(f) = self
+                .yielding
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_mut()
+            {
+                f();
+            }
+        }
+    }
+}
+
 #[cfg(all(test, loom))]
 mod loom_tests;
 
@@ -486,6 +478,14 @@ mod tests {
     use crate::stream_ordered::tuning::SETTLE_TRIES;
     use proptest::prelude::*;
     use std::time::Duration;
+
+    /// What the tests read of the structure.
+    impl Moves {
+        /// Whether a merge or a free left a fitting block since the grower's watch (tests).
+        pub(crate) fn fit_landed(&self) -> bool {
+            self.fit_landed.load(Ordering::SeqCst)
+        }
+    }
 
     /// A budget that never runs out (the tests of the protocol without it).
     fn free() -> Budget {

@@ -108,12 +108,6 @@ impl<K: Copy + Eq + Hash, Life> SlotTable<K, Life> {
     pub(crate) fn live(&self) -> usize {
         self.by_key.len()
     }
-
-    /// Number of slots ever made (live and free).
-    #[cfg(test)]
-    pub(crate) fn made(&self) -> usize {
-        self.made
-    }
 }
 
 /// Whether the owner of a key is alive (see [`crate::stream_ordered::slot_table`]).
@@ -180,6 +174,14 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::BTreeSet;
+
+    /// What the tests read of the structure.
+    impl<K: Copy + Eq + Hash, Life> SlotTable<K, Life> {
+        /// Number of slots ever made (live and free).
+        pub(crate) fn made(&self) -> usize {
+            self.made
+        }
+    }
 
     #[test]
     fn retired_slots_are_reused_lowest_first() {

@@ -162,12 +162,6 @@ impl<L> StreamList<L> {
     pub(crate) fn lock(&self) -> ListGuard<'_, L> {
         self.state.lock()
     }
-
-    /// Whether some thread holds the list's lock now (tests).
-    #[cfg(test)]
-    pub(crate) fn is_locked(&self) -> bool {
-        self.state.try_lock().is_none()
-    }
 }
 
 /// The blocks of a list that was retired, with what covers them.
@@ -524,6 +518,14 @@ pub(crate) fn remember_list(pool: u64, key: StreamKey, list: *const ()) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the tests read of the structure.
+    impl<L> StreamList<L> {
+        /// Whether some thread holds the list's lock now (tests).
+        pub(crate) fn is_locked(&self) -> bool {
+            self.state.try_lock().is_none()
+        }
+    }
 
     /// A fake list address (the cache only stores and returns it).
     fn at(n: usize) -> *const () {

@@ -216,24 +216,6 @@ impl<V: Copy + Default> AddrTable<V> {
         bigger.empty_key = self.empty_key;
         *self = bigger;
     }
-
-    /// Checks that every key sits in the run that starts at its home slot (tests).
-    #[cfg(test)]
-    fn assert_reachable(&self) {
-        let mut count = 0;
-        for (i, &(k, _)) in self.slots.iter().enumerate() {
-            if k == EMPTY {
-                continue;
-            }
-            count += 1;
-            let mut j = self.home(k);
-            while j != i {
-                assert_ne!(self.slots[j].0, EMPTY, "key {k:#x} cut off from its home");
-                j = (j + 1) & self.mask();
-            }
-        }
-        assert_eq!(count, self.len);
-    }
 }
 
 #[cfg(test)]
@@ -241,6 +223,26 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::HashMap;
+
+    /// What the tests read of the structure.
+    impl<V: Copy + Default> AddrTable<V> {
+        /// Checks that every key sits in the run that starts at its home slot (tests).
+        fn assert_reachable(&self) {
+            let mut count = 0;
+            for (i, &(k, _)) in self.slots.iter().enumerate() {
+                if k == EMPTY {
+                    continue;
+                }
+                count += 1;
+                let mut j = self.home(k);
+                while j != i {
+                    assert_ne!(self.slots[j].0, EMPTY, "key {k:#x} cut off from its home");
+                    j = (j + 1) & self.mask();
+                }
+            }
+            assert_eq!(count, self.len);
+        }
+    }
 
     #[test]
     fn insert_get_remove() {
