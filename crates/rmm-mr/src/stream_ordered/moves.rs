@@ -37,9 +37,8 @@
 //! those synchronizations, so that an allocation about to report out-of-memory waits for them
 //! and looks again instead.
 //!
-//! Pure bookkeeping: no CUDA calls. Why and the figures: `docs/performance.md`, "Memory:
-//! blocks in transit" and "The pool on `r64` at 16 threads: waiting only for the merges that
-//! matter"; the protocol's loom models: `moves/loom_tests.rs`.
+//! Pure bookkeeping: no CUDA calls. Why and the figures: `docs/internals/stream-ordered.md`,
+//! "Blocks in transit" and "Tuning knobs"; the protocol's loom models: `moves/loom_tests.rs`.
 
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use crate::sync::yield_now;

@@ -331,7 +331,7 @@ impl SizeIndex {
     /// empty class, changes two lengths, one entry and two bits in place (writing a whole
     /// `Class` would write its three entries and drop the old value, and both classes are
     /// random slots of a table of a thousand or more: the stores and their cache lines are
-    /// what this path cost, `docs/performance.md`, "The pool on `r64`"). That case is inlined
+    /// what this path cost, `docs/internals/pool.md`, "The free list"). That case is inlined
     /// into the caller; the general one is [`move_entry_slow`](Self::move_entry_slow).
     #[inline(always)]
     fn move_entry(
