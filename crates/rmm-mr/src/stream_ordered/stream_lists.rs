@@ -323,17 +323,19 @@ impl<L> ListState<L> {
         absorbed.map_err(|e| (blocks, e))
     }
 
-    /// Records the event on `stream`; when that fails the policy makes the next thief
+    /// Records the event on `stream`; when that fails (`false`) the policy makes the next thief
     /// synchronize the device instead of waiting on the event.
     #[cold]
-    fn record(&mut self, stream: CudaStreamView<'_>) {
-        if let Err(e) = self.event().and_then(|ev| ev.record(stream)) {
-            log::warn!(
-                "rmm: could not record a pool event on stream {stream} ({e}); the next thief \
-                 of its blocks will synchronize the device instead"
-            );
-            self.policy.record_failed();
-        }
+    fn record(&mut self, stream: CudaStreamView<'_>) -> bool {
+        let Err(e) = self.event().and_then(|ev| ev.record(stream)) else {
+            return true;
+        };
+        log::warn!(
+            "rmm: could not record a pool event on stream {stream} ({e}); the next thief of its \
+             blocks will synchronize the device instead"
+        );
+        self.policy.record_failed();
+        false
     }
 
     /// Makes `thief` wait for all work that may still use this list's free blocks (see the
@@ -362,13 +364,7 @@ impl<L> ListState<L> {
                 };
                 return match (action, pin) {
                     (StealAction::RecordThenWait, Some(pin)) => {
-                        if let Err(e) = self.event().and_then(|ev| ev.record(pin.view())) {
-                            log::warn!(
-                                "rmm: could not record a pool event on stream {} ({e}); the \
-                                 next thief of its blocks will synchronize the device",
-                                pin.view()
-                            );
-                            self.policy.record_failed();
+                        if !self.record(pin.view()) {
                             return Ok(Steal::NotNow);
                         }
                         drop(pin);

@@ -235,21 +235,20 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 Err(e) => log::error!("rmm: could not return chunk {addr:#x} to a list: {e}"),
             }
         };
-        let _device = match self.device.map(DeviceGuard::new) {
-            Some(Err(e)) if !e.is_no_device() => {
+        // The device made current (and kept so for the frees below), then synchronized.
+        let synchronized = match self.device.map(DeviceGuard::new) {
+            Some(Err(e)) if !e.is_no_device() => Err(e.into()),
+            guard => settle(device_synchronize().map_err(MrError::from)).map(|()| guard),
+        };
+        let _device = match synchronized {
+            Ok(guard) => guard,
+            Err(e) => {
                 for (list, key, addr, size) in taken {
                     put_back(list, key, addr, size);
                 }
-                return Err(e.into());
+                return Err(e);
             }
-            guard => guard,
         };
-        if let Err(e) = settle(device_synchronize().map_err(MrError::from)) {
-            for (list, key, addr, size) in taken {
-                put_back(list, key, addr, size);
-            }
-            return Err(e);
-        }
         let mut released = Vec::new();
         let mut first_error = None;
         let stream = CudaStreamView::default();
