@@ -416,10 +416,20 @@ impl Drop for InFlightGuard<'_> {
     }
 }
 
-/// The tests' hooks (test code only).
+/// The tests' hooks, and what they read (test code only; the loom models' too).
 #[cfg(test)]
 pub(crate) mod hooks {
     use std::sync::{Mutex, PoisonError};
+
+    use super::Moves;
+    use crate::sync::atomic::Ordering;
+
+    impl Moves {
+        /// Whether a merge or a free left a fitting block since the grower's watch.
+        pub(crate) fn fit_landed(&self) -> bool {
+            self.fit_landed.load(Ordering::SeqCst)
+        }
+    }
 
     /// A hook a test sets, run once by the next thread that passes its point.
     pub(crate) type Hook = Box<dyn FnOnce() + Send>;
@@ -477,14 +487,6 @@ mod tests {
     use crate::stream_ordered::tuning::SETTLE_TRIES;
     use proptest::prelude::*;
     use std::time::Duration;
-
-    /// What the tests read of the structure.
-    impl Moves {
-        /// Whether a merge or a free left a fitting block since the grower's watch (tests).
-        pub(crate) fn fit_landed(&self) -> bool {
-            self.fit_landed.load(Ordering::SeqCst)
-        }
-    }
 
     /// A budget that never runs out (the tests of the protocol without it).
     fn free() -> Budget {

@@ -453,12 +453,6 @@ fn home_slot(pool: u64, key: StreamKey) -> usize {
 /// thread has seen it.
 #[inline]
 pub(crate) fn cached_list(pool: u64, key: StreamKey) -> Option<*const ()> {
-    cached_slot(pool, key).map(|s| s.list)
-}
-
-/// The cache entry of `key`'s list in pool `pool`, if this thread has seen it.
-#[inline]
-fn cached_slot(pool: u64, key: StreamKey) -> Option<CacheSlot> {
     LIST_CACHE
         .try_with(
             |c| match c.slots.get(home_slot(pool, key)).and_then(Cell::get) {
@@ -468,9 +462,10 @@ fn cached_slot(pool: u64, key: StreamKey) -> Option<CacheSlot> {
         )
         .ok()
         .flatten()
+        .map(|s| s.list)
 }
 
-/// [`cached_slot`] past the home slot: the slot of the last hit, then every slot.
+/// [`cached_list`] past the home slot: the slot of the last hit, then every slot.
 #[inline(never)]
 fn scan_list_cache(c: &ListCache, pool: u64, key: StreamKey) -> Option<CacheSlot> {
     let hit = |s: Option<CacheSlot>| s.filter(|s| s.pool == pool && s.key == key);
