@@ -123,15 +123,40 @@ fn ident_before(s: &[char], i: usize) -> bool {
     i > 0 && (s[i - 1].is_alphanumeric() || s[i - 1] == '_')
 }
 
-/// Whether an attribute line makes its item test-only (`#[cfg(test)]`, `#[cfg(all(test, ..))]`).
+/// Whether an attribute line makes its item test-only: `#[cfg(test)]`, or `#[cfg(all(..))]` with
+/// `test` among the predicates it requires (`#[cfg(all(test, not(loom)))]` too), but not
+/// `#[cfg(any(test, ..))]` or `#[cfg(not(test))]`.
 fn test_attribute(line: &str) -> bool {
-    let Some(inner) = line.strip_prefix("#[cfg(") else {
+    let Some(inner) = line
+        .strip_prefix("#[cfg(")
+        .and_then(|l| l.trim_end().strip_suffix(")]"))
+    else {
         return false;
     };
-    let words: Vec<&str> = inner
-        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
-        .collect();
-    words.contains(&"test") && !words.contains(&"any") && !words.contains(&"not")
+    let inner = inner.trim();
+    if inner == "test" {
+        return true;
+    }
+    let Some(args) = inner.strip_prefix("all(").and_then(|a| a.strip_suffix(')')) else {
+        return false;
+    };
+    // The predicates of `all`, split at the commas outside parentheses.
+    let mut depth = 0;
+    let mut start = 0;
+    let mut required = Vec::new();
+    for (i, c) in args.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                required.push(args[start..i].trim());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    required.push(args[start..].trim());
+    required.contains(&"test")
 }
 
 /// Whether a line declares a module (`mod x`, `pub(crate) mod x`).
@@ -292,12 +317,21 @@ mod tests {
 #[path = "x.rs"]
 mod loom_tests;
 
+#[cfg(all(test, not(loom)))]
+mod more_tests {
+    fn t() {}
+}
+
+#[cfg(all(feature = "x", not(test)))]
+mod not_a_test {}
+
 #[cfg(any(test, feature = "testing"))]
 pub(crate) fn hook() {}
 "##;
         // `pub(crate) struct A;`, `fn f..`, `let _ = '{';`, `let _ = "..";`, `r#"a raw`,
-        // `string"#`, `}`, `#[cfg(any(..))]`, `pub(crate) fn hook() {}`.
-        assert_eq!(code_lines(src), 9);
+        // `string"#`, `}`, `#[cfg(all(feature..))]`, `mod not_a_test {}`, `#[cfg(any(..))]`,
+        // `pub(crate) fn hook() {}`.
+        assert_eq!(code_lines(src), 11);
     }
 
     #[test]

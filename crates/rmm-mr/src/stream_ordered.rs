@@ -11,6 +11,7 @@ pub(crate) mod moves;
 pub(crate) mod pressure;
 pub(crate) mod slot_table;
 pub(crate) mod stream_lists;
+pub(crate) mod tuning;
 
 use rmm_stream::CudaStreamView;
 use rmm_sys::{DevicePtr, ALLOCATION_ALIGNMENT};

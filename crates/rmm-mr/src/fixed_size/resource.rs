@@ -13,14 +13,10 @@ use crate::fixed_size::ring::Ring;
 use crate::resource::{DeviceMemoryResource, SharedResource};
 use crate::stream_ordered::accept_chunk;
 use crate::stream_ordered::core::{FreeBlocks, StreamLists, StreamOrdered};
+use crate::stream_ordered::tuning::THIEF_SHARE;
 use crate::util::alignment;
 use crate::util::cross_thread::Origin;
 use crate::util::format::format_bytes;
-
-/// The most blocks a thief takes along from another stream's list besides the one it needs
-/// (half the list at most): a stream whose own list ran dry then waits on another stream's
-/// event once per batch, not once per allocation.
-const THIEF_SHARE: usize = 32;
 
 /// RMM's default block size: 1 MiB.
 pub const DEFAULT_BLOCK_SIZE: usize = 1 << 20;
@@ -402,7 +398,7 @@ impl<U: DeviceMemoryResource> FixedSizeMemoryResource<U> {
 
     /// Everything the resource's core keeps (tests).
     #[cfg(test)]
-    pub(crate) fn core_state(&self) -> crate::stream_ordered::core::CoreState {
+    pub(crate) fn core_state(&self) -> crate::stream_ordered::core::tests::CoreState {
         self.inner.core.state()
     }
 

@@ -273,7 +273,7 @@ impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
 
     /// Everything the pool's core keeps (tests).
     #[cfg(test)]
-    pub(crate) fn core_state(&self) -> crate::stream_ordered::core::CoreState {
+    pub(crate) fn core_state(&self) -> crate::stream_ordered::core::tests::CoreState {
         self.inner.core.state()
     }
 
@@ -1241,7 +1241,7 @@ mod tests {
     /// budget per hold of the lock, at most `WAIT_YIELDS` (or `WAIT_TIME`), and the pool grows.
     #[test]
     fn a_growers_wait_is_bounded_for_the_whole_growth() {
-        use crate::stream_ordered::moves::WAIT_YIELDS;
+        use crate::stream_ordered::tuning::WAIT_YIELDS;
         use std::sync::atomic::{AtomicU32, Ordering};
         let (p, mock) = pool(4096, None);
         let a = p.allocate(s(), 4096, 256).unwrap();

@@ -16,16 +16,9 @@
 //! list's event on it itself, after every block in the list ([`EventPolicy::on_steal_pinned`]):
 //! then nobody asks, waits for the owner, synchronizes or starts a recording run.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-/// Frees that record after a thief took from a list or asked it to record.
-pub(crate) const RECORD_RUN: u32 = 256;
-
-/// How long a thief's request may wait for the owner before a thief synchronizes the device.
-pub(crate) const OWNER_GRACE: Duration = Duration::from_millis(2);
-
-/// Events the orphan list waits on at most; beyond, its next thief synchronizes the device.
-pub(crate) const MAX_ORPHAN_WAITS: usize = 8;
+use crate::stream_ordered::tuning::{MAX_ORPHAN_WAITS, OWNER_GRACE, RECORD_RUN};
 
 /// What a thief may do with a list's blocks now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,17 +194,20 @@ impl EventPolicy {
     pub(crate) fn is_record_failed(&self) -> bool {
         self.record_failed
     }
-
-    /// Whether a thief's request is open.
-    #[cfg(test)]
-    pub(crate) fn is_wanted(&self) -> bool {
-        self.wanted_since.is_some()
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    /// What the tests read of the structure.
+    impl EventPolicy {
+        /// Whether a thief's request is open.
+        pub(crate) fn is_wanted(&self) -> bool {
+            self.wanted_since.is_some()
+        }
+    }
 
     #[test]
     fn lazy_frees_record_nothing() {

@@ -16,7 +16,7 @@
 //! (a merge begun after that could not hide a block from the search: its victim had been
 //! searched before), and says to search again only if one of them left a fitting block behind.
 //! So a grower never re-searches for merges that cannot serve it, and never waits for merges
-//! that began after its search. Its re-searches are bounded ([`SETTLE_TRIES`]), as is its wait
+//! that began after its search. Its re-searches are bounded ([`SETTLE_TRIES`](crate::stream_ordered::tuning::SETTLE_TRIES)), as is its wait
 //! ([`DRAIN_SPINS`]: a merger preempted between its two locks must not hold growth back long);
 //! past either it grows, as before.
 //!
@@ -28,50 +28,24 @@
 //! All these waits together are bounded by one [`Budget`] per growth (per hold of the growth
 //! lock): at most [`WAIT_YIELDS`] yields and [`WAIT_TIME`] of wall time, whichever runs out
 //! first; past it the grower searches again only where a fitting block landed (no more yields)
-//! and grows, so the lock is held for at most [`SETTLE_TRIES`] + 1 searches, the waits within
+//! and grows, so the lock is held for at most [`SETTLE_TRIES`](crate::stream_ordered::tuning::SETTLE_TRIES) + 1 searches, the waits within
 //! the budget, and the upstream call. The patience protocol's loom models, with the frees that
 //! report to it: `moves/loom_tests.rs`.
 //!
-//! Pure bookkeeping: no CUDA calls. Why and the figures: `docs/performance.md`, "Memory:
-//! blocks in transit" and "The pool on `r64` at 16 threads: waiting only for the merges that
-//! matter"; the protocol's loom models: `moves/loom_tests.rs`.
+//! Merges are not the only way blocks leave every list: a thief that must synchronize the
+//! device takes its blocks out first and synchronizes with no lock held. [`InFlight`] counts
+//! those synchronizations, so that an allocation about to report out-of-memory waits for them
+//! and looks again instead.
+//!
+//! Pure bookkeeping: no CUDA calls. Why and the figures: `docs/internals/stream-ordered.md`,
+//! "Blocks in transit" and "Tuning knobs"; the protocol's loom models: `moves/loom_tests.rs`.
 
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use crate::sync::yield_now;
 use crossbeam_utils::CachePadded;
-#[cfg(test)]
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-/// How many times a grower searches again, after merges left a fitting block, before it grows
-/// anyway (other threads may take each such block first).
-pub(crate) const SETTLE_TRIES: u32 = 64;
-
-/// How many times a grower yields while waiting for the merges of its epoch to land before it
-/// grows anyway.
-pub(crate) const DRAIN_SPINS: u32 = 1 << 12;
-
-/// How many times at most a grower whose miss was real (no merge hid a fitting block) yields,
-/// waiting for a free or a merge to leave a fitting block, before it grows: growing doubles the
-/// pool, and at 16 threads other threads' frees often leave such a block within a millisecond.
-pub(crate) const PATIENCE: u32 = 1024;
-
-/// The grower stops waiting early when no free at all happened in this many yields (one
-/// thread alone, or threads that only allocate: nothing will come).
-pub(crate) const IDLE_WINDOW: u32 = 32;
-
-/// The most yields a grower makes in all while it holds the growth lock for one growth (the
-/// drain waits and the patience of every search together): one full drain wait and one full
-/// patience, what a single settle could take before the budget existed, so a growth that
-/// settles once waits as it did.
-pub(crate) const WAIT_YIELDS: u32 = DRAIN_SPINS + PATIENCE;
-
-/// The most wall time a grower spends in those waits for one growth, counted from when it took
-/// the growth lock: 1,024 yields take about a millisecond at 16 threads on a 16-core host
-/// (docs/performance.md, "What it cost: binning on `r64` at 16 threads, and patience"), so a
-/// wait that fits the yield budget on an idle host is not cut; an oversubscribed host, where a
-/// yield can take a time slice, is.
-pub(crate) const WAIT_TIME: Duration = Duration::from_millis(5);
+use crate::stream_ordered::tuning::{DRAIN_SPINS, IDLE_WINDOW, PATIENCE, WAIT_TIME, WAIT_YIELDS};
 
 /// The grower's size while no grower is searching ([`Moves::wanted`]).
 const NOBODY: usize = usize::MAX;
@@ -91,48 +65,9 @@ pub(crate) struct Moves {
     fit_landed: AtomicBool,
     /// Frees made while a grower watched (fitting or not): the grower's sign of life.
     frees_seen: AtomicU64,
-    /// Tests' hooks at the points where threads race (see [`TestHooks`]).
+    /// Tests' hooks at the points where threads race (see [`hooks::TestHooks`]).
     #[cfg(test)]
-    pub(crate) hooks: TestHooks,
-}
-
-/// A hook a test sets, run once by the next thread that passes its point.
-#[cfg(test)]
-pub(crate) type Hook = Box<dyn FnOnce() + Send>;
-
-/// Points where a test can hold a thread to build an interleaving: each hook runs once, on the
-/// thread that passes the point next, with no lock of the core held.
-#[cfg(test)]
-#[derive(Default)]
-pub(crate) struct TestHooks {
-    /// A merger whose blocks are in transit ([`Moves::in_transit_point`]).
-    pub(crate) in_transit: Mutex<Option<Hook>>,
-    /// A grower whose search missed while merges of its epoch are in transit, before it waits
-    /// for them ([`Watch::settle`]); it holds the growth lock.
-    pub(crate) unsettled: Mutex<Option<Hook>>,
-    /// A merge that just ended.
-    pub(crate) ended: Mutex<Option<Hook>>,
-    /// Run at every yield of a waiting grower, on its thread, before it yields (not once: it
-    /// stays until a test takes it away).
-    pub(crate) yielding: Mutex<Option<Box<dyn FnMut() + Send>>>,
-}
-
-#[cfg(test)]
-impl std::fmt::Debug for TestHooks {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("TestHooks")
-    }
-}
-
-#[cfg(test)]
-fn run(hook: &Mutex<Option<Hook>>) {
-    let taken = hook
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .take();
-    if let Some(f) = taken {
-        f();
-    }
+    pub(crate) hooks: hooks::TestHooks,
 }
 
 /// What a grower may still wait for one growth (one hold of the growth lock), shared by all
@@ -142,7 +77,8 @@ fn run(hook: &Mutex<Option<Hook>>) {
 pub(crate) struct Budget {
     /// Yields left.
     left: u32,
-    /// Yields made.
+    /// Yields made (read by the growth-lock record of benchmarks and tests only).
+    #[cfg(any(test, feature = "testing"))]
     spent: u32,
     /// When the waits stop, yields left or not (`None`: only yields count, for the models).
     deadline: Option<Instant>,
@@ -154,6 +90,7 @@ impl Budget {
     pub(crate) fn growth(locked: Instant) -> Self {
         Self {
             left: WAIT_YIELDS,
+            #[cfg(any(test, feature = "testing"))]
             spent: 0,
             deadline: locked.checked_add(WAIT_TIME),
         }
@@ -164,6 +101,7 @@ impl Budget {
     pub(crate) fn yields(yields: u32) -> Self {
         Self {
             left: yields,
+            #[cfg(any(test, feature = "testing"))]
             spent: 0,
             deadline: None,
         }
@@ -171,9 +109,10 @@ impl Budget {
 
     /// `yields` yields and `time` of wall time from now (tests).
     #[cfg(all(test, not(loom)))]
-    pub(crate) fn with_time(yields: u32, time: Duration) -> Self {
+    pub(crate) fn with_time(yields: u32, time: std::time::Duration) -> Self {
         Self {
             left: yields,
+            #[cfg(any(test, feature = "testing"))]
             spent: 0,
             deadline: Instant::now().checked_add(time),
         }
@@ -202,7 +141,10 @@ impl Budget {
             return false;
         }
         self.left -= 1;
-        self.spent += 1;
+        #[cfg(any(test, feature = "testing"))]
+        {
+            self.spent += 1;
+        }
         true
     }
 }
@@ -248,12 +190,7 @@ impl Moves {
             fit_landed: AtomicBool::new(false),
             frees_seen: AtomicU64::new(0),
             #[cfg(test)]
-            hooks: TestHooks {
-                in_transit: Mutex::new(None),
-                unsettled: Mutex::new(None),
-                ended: Mutex::new(None),
-                yielding: Mutex::new(None),
-            },
+            hooks: hooks::TestHooks::default(),
         }
     }
 
@@ -261,7 +198,7 @@ impl Moves {
     #[inline]
     pub(crate) fn in_transit_point(&self) {
         #[cfg(test)]
-        run(&self.hooks.in_transit);
+        hooks::run(&self.hooks.in_transit);
     }
 
     /// A merge begins: called before its blocks leave the victim's list. It is counted in the
@@ -304,15 +241,7 @@ impl Moves {
             return false;
         }
         #[cfg(test)]
-        if let Some(f) = self
-            .hooks
-            .yielding
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .as_mut()
-        {
-            f();
-        }
+        self.hooks.yielding_point();
         yield_now();
         true
     }
@@ -332,12 +261,6 @@ impl Moves {
         } else {
             Settled::Grow
         }
-    }
-
-    /// Whether a merge or a free left a fitting block since the grower's watch (tests).
-    #[cfg(test)]
-    pub(crate) fn fit_landed(&self) -> bool {
-        self.fit_landed.load(Ordering::SeqCst)
     }
 
     /// Before a search under the growth lock for `size` bytes (one grower at a time): merges
@@ -399,7 +322,7 @@ impl Watch<'_> {
         while m.in_transit[slot].load(Ordering::SeqCst) != 0 {
             if spins == 0 {
                 #[cfg(test)]
-                run(&m.hooks.unsettled);
+                hooks::run(&m.hooks.unsettled);
             }
             if spins == spins_left || !m.pause(budget) {
                 return Settled::GaveUp;
@@ -433,7 +356,125 @@ impl Drop for MoveGuard<'_> {
         }
         self.moves.in_transit[self.slot].fetch_sub(1, Ordering::SeqCst);
         #[cfg(test)]
-        run(&self.moves.hooks.ended);
+        hooks::run(&self.moves.hooks.ended);
+    }
+}
+
+/// Device synchronizations in progress with free blocks held out of every list, so that an
+/// allocation about to report out-of-memory waits for them instead (it holds no lock then).
+#[derive(Default)]
+pub(crate) struct InFlight {
+    count: std::sync::Mutex<usize>,
+    idle: std::sync::Condvar,
+}
+
+impl InFlight {
+    pub(crate) fn begin(&self) -> InFlightGuard<'_> {
+        *self
+            .count
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) += 1;
+        InFlightGuard(self)
+    }
+
+    pub(crate) fn is_busy(&self) -> bool {
+        *self
+            .count
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            > 0
+    }
+
+    pub(crate) fn wait_idle(&self) {
+        let mut count = self
+            .count
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while *count > 0 {
+            count = self
+                .idle
+                .wait(count)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+}
+
+/// Ends an [`InFlight`] synchronization when dropped.
+pub(crate) struct InFlightGuard<'a>(&'a InFlight);
+
+impl Drop for InFlightGuard<'_> {
+    fn drop(&mut self) {
+        let mut count = self
+            .0
+            .count
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *count -= 1;
+        if *count == 0 {
+            self.0.idle.notify_all();
+        }
+    }
+}
+
+/// The tests' hooks, and what they read (test code only; the loom models' too).
+#[cfg(test)]
+pub(crate) mod hooks {
+    use std::sync::{Mutex, PoisonError};
+
+    use super::Moves;
+    use crate::sync::atomic::Ordering;
+
+    impl Moves {
+        /// Whether a merge or a free left a fitting block since the grower's watch.
+        pub(crate) fn fit_landed(&self) -> bool {
+            self.fit_landed.load(Ordering::SeqCst)
+        }
+    }
+
+    /// A hook a test sets, run once by the next thread that passes its point.
+    pub(crate) type Hook = Box<dyn FnOnce() + Send>;
+
+    /// Points where a test can hold a thread to build an interleaving: each hook runs once, on the
+    /// thread that passes the point next, with no lock of the core held.
+    #[derive(Default)]
+    pub(crate) struct TestHooks {
+        /// A merger whose blocks are in transit ([`Moves::in_transit_point`]).
+        pub(crate) in_transit: Mutex<Option<Hook>>,
+        /// A grower whose search missed while merges of its epoch are in transit, before it waits
+        /// for them ([`Watch::settle`]); it holds the growth lock.
+        pub(crate) unsettled: Mutex<Option<Hook>>,
+        /// A merge that just ended.
+        pub(crate) ended: Mutex<Option<Hook>>,
+        /// Run at every yield of a waiting grower, on its thread, before it yields (not once: it
+        /// stays until a test takes it away).
+        pub(crate) yielding: Mutex<Option<Box<dyn FnMut() + Send>>>,
+    }
+
+    impl std::fmt::Debug for TestHooks {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("TestHooks")
+        }
+    }
+
+    pub(crate) fn run(hook: &Mutex<Option<Hook>>) {
+        let taken = hook.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(f) = taken {
+            f();
+        }
+    }
+
+    impl TestHooks {
+        /// A waiting grower is about to yield: runs the `yielding` hook, if set.
+        pub(crate) fn yielding_point(&self) {
+            if let Some(f) = self
+                .yielding
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_mut()
+            {
+                f();
+            }
+        }
     }
 }
 
@@ -443,7 +484,9 @@ mod loom_tests;
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::stream_ordered::tuning::SETTLE_TRIES;
     use proptest::prelude::*;
+    use std::time::Duration;
 
     /// A budget that never runs out (the tests of the protocol without it).
     fn free() -> Budget {

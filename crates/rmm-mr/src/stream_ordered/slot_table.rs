@@ -4,11 +4,17 @@
 //! A key gets a slot when it is first used; when its owner dies (a thread that exited, a stream
 //! that was destroyed) the core retires the key and its slot goes back to a free set, from which
 //! the next new key takes the lowest. So the slots ever made are bounded by the most keys alive
-//! at once, not by the keys ever used. Why: `docs/internals/stream-ordered.md`, "Retiring lists".
+//! at once, not by the keys ever used. [`Registry`] is the core's table, keyed by [`StreamKey`], with
+//! each owner's [`Life`] and who used the core first. Why: `docs/internals/stream-ordered.md`, "Retiring lists".
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::hash::Hash;
+
+use rmm_stream::{CudaStreamView, StreamLife};
+
+use crate::stream_ordered::stream_lists::StreamKey;
+use crate::util::thread_life::{self, ThreadLife};
 
 /// Where a new key's list goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,12 +108,65 @@ impl<K: Copy + Eq + Hash, Life> SlotTable<K, Life> {
     pub(crate) fn live(&self) -> usize {
         self.by_key.len()
     }
+}
 
-    /// Number of slots ever made (live and free).
-    #[cfg(test)]
-    pub(crate) fn made(&self) -> usize {
-        self.made
+/// Whether the owner of a key is alive (see [`crate::stream_ordered::slot_table`]).
+#[derive(Debug)]
+pub(crate) enum Life {
+    /// The legacy stream, and streams whose death cannot be known (foreign streams): never
+    /// retired.
+    Forever,
+    /// The host thread whose per-thread default stream the key names.
+    Thread(ThreadLife),
+    /// An owning stream made by rmm-stream.
+    Stream(StreamLife),
+}
+
+impl Life {
+    /// The life of `key`'s owner; `stream` is the caller's stream of that key.
+    pub(crate) fn of(key: StreamKey, stream: CudaStreamView<'_>) -> Self {
+        match key {
+            StreamKey::PerThread(_) => Self::Thread(thread_life::current()),
+            StreamKey::Stream(_) => stream.life().map_or(Self::Forever, Self::Stream),
+            StreamKey::Legacy | StreamKey::Orphan => Self::Forever,
+        }
     }
+
+    pub(crate) fn is_alive(&self) -> bool {
+        match self {
+            Self::Forever => true,
+            Self::Thread(t) => t.is_alive(),
+            Self::Stream(s) => s.is_alive(),
+        }
+    }
+}
+
+/// Thread exits and stream destructions so far (it moves when some owner died).
+pub(crate) fn deaths() -> u64 {
+    thread_life::exits().wrapping_add(rmm_stream::destroyed_streams())
+}
+
+/// How many stream lists a stream-ordered resource keeps (for tests and the figures of
+/// `docs/reliability.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamLists {
+    /// Lists alive: the legacy list and one per stream key in use (the orphan list, which holds
+    /// the blocks of retired lists, is not counted).
+    pub alive: usize,
+    /// List slots ever made (alive and free), bounded by the most lists alive at once.
+    pub slots: usize,
+}
+
+/// Which stream keys have lists (in which slot), and who used the resource first.
+#[derive(Default)]
+pub(crate) struct Registry {
+    /// The slot in `StreamOrdered::lists` of every key but the legacy one.
+    pub(crate) table: SlotTable<StreamKey, Life>,
+    /// The slot of the first key a caller used, while it is the only one, when that list is
+    /// not the legacy one.
+    pub(crate) first_user: Option<usize>,
+    /// Number of keys callers have used.
+    pub(crate) users: usize,
 }
 
 #[cfg(test)]
@@ -115,6 +174,14 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::BTreeSet;
+
+    /// What the tests read of the structure.
+    impl<K: Copy + Eq + Hash, Life> SlotTable<K, Life> {
+        /// Number of slots ever made (live and free).
+        pub(crate) fn made(&self) -> usize {
+            self.made
+        }
+    }
 
     #[test]
     fn retired_slots_are_reused_lowest_first() {

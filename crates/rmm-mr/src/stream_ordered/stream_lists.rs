@@ -162,12 +162,6 @@ impl<L> StreamList<L> {
     pub(crate) fn lock(&self) -> ListGuard<'_, L> {
         self.state.lock()
     }
-
-    /// Whether some thread holds the list's lock now (tests).
-    #[cfg(test)]
-    pub(crate) fn is_locked(&self) -> bool {
-        self.state.try_lock().is_none()
-    }
 }
 
 /// The blocks of a list that was retired, with what covers them.
@@ -329,17 +323,19 @@ impl<L> ListState<L> {
         absorbed.map_err(|e| (blocks, e))
     }
 
-    /// Records the event on `stream`; when that fails the policy makes the next thief
+    /// Records the event on `stream`; when that fails (`false`) the policy makes the next thief
     /// synchronize the device instead of waiting on the event.
     #[cold]
-    fn record(&mut self, stream: CudaStreamView<'_>) {
-        if let Err(e) = self.event().and_then(|ev| ev.record(stream)) {
-            log::warn!(
-                "rmm: could not record a pool event on stream {stream} ({e}); the next thief \
-                 of its blocks will synchronize the device instead"
-            );
-            self.policy.record_failed();
-        }
+    fn record(&mut self, stream: CudaStreamView<'_>) -> bool {
+        let Err(e) = self.event().and_then(|ev| ev.record(stream)) else {
+            return true;
+        };
+        log::warn!(
+            "rmm: could not record a pool event on stream {stream} ({e}); the next thief of its \
+             blocks will synchronize the device instead"
+        );
+        self.policy.record_failed();
+        false
     }
 
     /// Makes `thief` wait for all work that may still use this list's free blocks (see the
@@ -368,13 +364,7 @@ impl<L> ListState<L> {
                 };
                 return match (action, pin) {
                     (StealAction::RecordThenWait, Some(pin)) => {
-                        if let Err(e) = self.event().and_then(|ev| ev.record(pin.view())) {
-                            log::warn!(
-                                "rmm: could not record a pool event on stream {} ({e}); the \
-                                 next thief of its blocks will synchronize the device",
-                                pin.view()
-                            );
-                            self.policy.record_failed();
+                        if !self.record(pin.view()) {
                             return Ok(Steal::NotNow);
                         }
                         drop(pin);
@@ -463,12 +453,6 @@ fn home_slot(pool: u64, key: StreamKey) -> usize {
 /// thread has seen it.
 #[inline]
 pub(crate) fn cached_list(pool: u64, key: StreamKey) -> Option<*const ()> {
-    cached_slot(pool, key).map(|s| s.list)
-}
-
-/// The cache entry of `key`'s list in pool `pool`, if this thread has seen it.
-#[inline]
-fn cached_slot(pool: u64, key: StreamKey) -> Option<CacheSlot> {
     LIST_CACHE
         .try_with(
             |c| match c.slots.get(home_slot(pool, key)).and_then(Cell::get) {
@@ -478,9 +462,10 @@ fn cached_slot(pool: u64, key: StreamKey) -> Option<CacheSlot> {
         )
         .ok()
         .flatten()
+        .map(|s| s.list)
 }
 
-/// [`cached_slot`] past the home slot: the slot of the last hit, then every slot.
+/// [`cached_list`] past the home slot: the slot of the last hit, then every slot.
 #[inline(never)]
 fn scan_list_cache(c: &ListCache, pool: u64, key: StreamKey) -> Option<CacheSlot> {
     let hit = |s: Option<CacheSlot>| s.filter(|s| s.pool == pool && s.key == key);
@@ -524,6 +509,14 @@ pub(crate) fn remember_list(pool: u64, key: StreamKey, list: *const ()) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the tests read of the structure.
+    impl<L> StreamList<L> {
+        /// Whether some thread holds the list's lock now (tests).
+        pub(crate) fn is_locked(&self) -> bool {
+            self.state.try_lock().is_none()
+        }
+    }
 
     /// A fake list address (the cache only stores and returns it).
     fn at(n: usize) -> *const () {

@@ -26,7 +26,7 @@ use rmm_sys::DevicePtr;
 
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
-use crate::stream_ordered::core::CoreMemory;
+use crate::stream_ordered::core::tests::CoreMemory;
 use crate::testing::{FaultKind, FaultyResource, HostMockResource, Rng};
 
 pub(crate) type Faulty = FaultyResource<HostMockResource>;

@@ -106,11 +106,11 @@ impl Default for GrowthLockHolds {
 
 impl GrowthLockHolds {
     /// The most yields a grower makes waiting in one hold (the budget's yields).
-    pub const BUDGET_YIELDS: u32 = crate::stream_ordered::moves::WAIT_YIELDS;
+    pub const BUDGET_YIELDS: u32 = crate::stream_ordered::tuning::WAIT_YIELDS;
 
     /// The most wall time a grower spends waiting in one hold, counted from the lock's
     /// acquisition (the budget's time).
-    pub const BUDGET_TIME: Duration = crate::stream_ordered::moves::WAIT_TIME;
+    pub const BUDGET_TIME: Duration = crate::stream_ordered::tuning::WAIT_TIME;
 
     /// Holds recorded.
     #[must_use]

@@ -295,7 +295,7 @@ impl VmmPoolMemoryResource {
 
     /// Everything the pool's core keeps (tests).
     #[cfg(test)]
-    pub(crate) fn core_state(&self) -> crate::stream_ordered::core::CoreState {
+    pub(crate) fn core_state(&self) -> crate::stream_ordered::core::tests::CoreState {
         self.inner.core.state()
     }
 

@@ -33,9 +33,9 @@ const EMPTY: u64 = u64::MAX;
 /// to between a quarter and a half (the former limit), a key's home slot is taken by another
 /// key that often, and whether a probe stops there is a coin toss the processor's branch
 /// predictor loses: on the pool's `r64` trace about 1.5 of 5.1 mispredicted branches an
-/// operation went away at a quarter (`docs/performance.md`, "The pool on `r64`"), for twice
-/// the slots: 4 to 8 a key instead of 2 to 4 (slots of 16 bytes in the boundary tables, 32 in
-/// the record).
+/// operation went away at a quarter (`docs/internals/stream-ordered.md`, "Tuning knobs"), for
+/// twice the slots: 4 to 8 a key instead of 2 to 4 (slots of 16 bytes in the boundary tables,
+/// 32 in the record). A parameter of this table, not a knob of the core's protocols.
 const MAX_LOAD: usize = 4;
 
 /// Slots of a new table (a power of two).
@@ -216,24 +216,6 @@ impl<V: Copy + Default> AddrTable<V> {
         bigger.empty_key = self.empty_key;
         *self = bigger;
     }
-
-    /// Checks that every key sits in the run that starts at its home slot (tests).
-    #[cfg(test)]
-    fn assert_reachable(&self) {
-        let mut count = 0;
-        for (i, &(k, _)) in self.slots.iter().enumerate() {
-            if k == EMPTY {
-                continue;
-            }
-            count += 1;
-            let mut j = self.home(k);
-            while j != i {
-                assert_ne!(self.slots[j].0, EMPTY, "key {k:#x} cut off from its home");
-                j = (j + 1) & self.mask();
-            }
-        }
-        assert_eq!(count, self.len);
-    }
 }
 
 #[cfg(test)]
@@ -241,6 +223,26 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::HashMap;
+
+    /// What the tests read of the structure.
+    impl<V: Copy + Default> AddrTable<V> {
+        /// Checks that every key sits in the run that starts at its home slot (tests).
+        fn assert_reachable(&self) {
+            let mut count = 0;
+            for (i, &(k, _)) in self.slots.iter().enumerate() {
+                if k == EMPTY {
+                    continue;
+                }
+                count += 1;
+                let mut j = self.home(k);
+                while j != i {
+                    assert_ne!(self.slots[j].0, EMPTY, "key {k:#x} cut off from its home");
+                    j = (j + 1) & self.mask();
+                }
+            }
+            assert_eq!(count, self.len);
+        }
+    }
 
     #[test]
     fn insert_get_remove() {

@@ -271,12 +271,6 @@ impl BoundaryFreeList {
         self.len == 0
     }
 
-    /// Total free bytes.
-    #[cfg(test)]
-    pub(crate) fn total_bytes(&self) -> usize {
-        self.total
-    }
-
     /// A largest free block (the one with the highest address among equals), left in the list.
     pub(crate) fn largest(&self) -> Option<Block> {
         let (_, _, n) = self.sizes.largest()?;
@@ -557,51 +551,56 @@ impl BoundaryFreeList {
 }
 
 #[cfg(test)]
-impl BoundaryFreeList {
-    /// Checks that the two tables, the size index, the slab, the count and the total describe
-    /// the same blocks.
-    fn assert_consistent(&self) {
-        let blocks = self.blocks();
-        assert_eq!(blocks.len(), self.len);
-        assert_eq!(self.by_end.len(), self.len);
-        assert_eq!(blocks.iter().map(|b| b.size).sum::<usize>(), self.total);
-        let mut by_size: Vec<(usize, u64)> = self
-            .sizes
-            .entries()
-            .into_iter()
-            .map(|(s, a, n)| {
-                assert_eq!(self.node(n).block().size, s);
-                assert_eq!(self.node(n).addr, a);
-                (s, a)
-            })
-            .collect();
-        by_size.sort_unstable();
-        let mut listed: Vec<(usize, u64)> = blocks.iter().map(|b| (b.size, b.addr)).collect();
-        listed.sort_unstable();
-        assert_eq!(by_size, listed);
-        assert_eq!(self.by_start.table.len(), self.len);
-        for b in &blocks {
-            assert_eq!(
-                self.by_start
-                    .get(b.addr, &self.nodes)
-                    .map(|n| self.node(n).block()),
-                Some(*b)
-            );
-            let n = self.by_end.get(b.end()).expect("every end is indexed");
-            assert_eq!(self.node(n).block(), *b);
-        }
-        for w in blocks.windows(2) {
-            assert!(w[0].end() <= w[1].addr, "overlap {w:?}");
-            assert!(!w[0].is_contiguous_before(&w[1]), "uncoalesced {w:?}");
-        }
-    }
-}
-
-#[cfg(test)]
 mod tests {
     use super::*;
     use crate::testing::coalescing_model::CoalescingFreeList;
     use proptest::prelude::*;
+
+    /// What the tests read of the structure.
+    impl BoundaryFreeList {
+        /// Total free bytes.
+        pub(crate) fn total_bytes(&self) -> usize {
+            self.total
+        }
+
+        /// Checks that the two tables, the size index, the slab, the count and the total describe
+        /// the same blocks.
+        fn assert_consistent(&self) {
+            let blocks = self.blocks();
+            assert_eq!(blocks.len(), self.len);
+            assert_eq!(self.by_end.len(), self.len);
+            assert_eq!(blocks.iter().map(|b| b.size).sum::<usize>(), self.total);
+            let mut by_size: Vec<(usize, u64)> = self
+                .sizes
+                .entries()
+                .into_iter()
+                .map(|(s, a, n)| {
+                    assert_eq!(self.node(n).block().size, s);
+                    assert_eq!(self.node(n).addr, a);
+                    (s, a)
+                })
+                .collect();
+            by_size.sort_unstable();
+            let mut listed: Vec<(usize, u64)> = blocks.iter().map(|b| (b.size, b.addr)).collect();
+            listed.sort_unstable();
+            assert_eq!(by_size, listed);
+            assert_eq!(self.by_start.table.len(), self.len);
+            for b in &blocks {
+                assert_eq!(
+                    self.by_start
+                        .get(b.addr, &self.nodes)
+                        .map(|n| self.node(n).block()),
+                    Some(*b)
+                );
+                let n = self.by_end.get(b.end()).expect("every end is indexed");
+                assert_eq!(self.node(n).block(), *b);
+            }
+            for w in blocks.windows(2) {
+                assert!(w[0].end() <= w[1].addr, "overlap {w:?}");
+                assert!(!w[0].is_contiguous_before(&w[1]), "uncoalesced {w:?}");
+            }
+        }
+    }
 
     fn blocks(l: &BoundaryFreeList) -> Vec<(u64, usize, bool)> {
         l.blocks()

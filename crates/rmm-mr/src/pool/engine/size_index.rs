@@ -226,15 +226,6 @@ impl Class {
             _ => false,
         }
     }
-
-    #[cfg(test)]
-    fn entries(&self) -> Vec<Entry> {
-        match self {
-            Class::Few { len, blocks } => blocks[..usize::from(*len)].to_vec(),
-            Class::Sorted(v) => v.iter().rev().copied().collect(),
-            Class::Many(m) => m.iter().map(|(&(s, a), &n)| (s, a, n)).collect(),
-        }
-    }
 }
 
 /// Free blocks by `(size, address)` in size classes (see the [module documentation](self)).
@@ -261,12 +252,6 @@ impl Default for SizeIndex {
 }
 
 impl SizeIndex {
-    /// Number of blocks.
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
     /// Adds block `node` of `size` bytes at `addr` (not already in the index).
     #[inline]
     pub(crate) fn insert(&mut self, size: usize, addr: u64, node: NodeId) {
@@ -346,7 +331,7 @@ impl SizeIndex {
     /// empty class, changes two lengths, one entry and two bits in place (writing a whole
     /// `Class` would write its three entries and drop the old value, and both classes are
     /// random slots of a table of a thousand or more: the stores and their cache lines are
-    /// what this path cost, `docs/performance.md`, "The pool on `r64`"). That case is inlined
+    /// what this path cost, `docs/internals/pool.md`, "The free list"). That case is inlined
     /// into the caller; the general one is [`move_entry_slow`](Self::move_entry_slow).
     #[inline(always)]
     fn move_entry(
@@ -460,46 +445,6 @@ impl SizeIndex {
         self.summary = 0;
         self.len = 0;
     }
-
-    /// Every block, `(size, address, node)`, by class (tests), after checking the classes
-    /// and the bitmap.
-    #[cfg(test)]
-    pub(crate) fn entries(&self) -> Vec<(usize, u64, NodeId)> {
-        let mut out = Vec::new();
-        for (c, class) in self.classes.iter().enumerate() {
-            let bit = self.groups[c / 64] >> (c % 64) & 1 == 1;
-            assert_eq!(bit, !class.is_empty(), "class {c} marked wrongly");
-            let entries = class.entries();
-            match class {
-                Class::Sorted(v) => {
-                    assert!(
-                        v.len() > 2 && v.len() <= SORTED,
-                        "class {c}: {} sorted",
-                        v.len()
-                    );
-                }
-                Class::Many(m) => {
-                    assert!(m.len() > SORTED_AGAIN, "class {c}: {} in a map", m.len());
-                }
-                Class::Few { .. } => {}
-            }
-            assert!(entries
-                .windows(2)
-                .all(|w| (w[0].0, w[0].1) < (w[1].0, w[1].1)));
-            for &(s, a, n) in &entries {
-                assert_eq!(class_of(s), c, "block of {s} bytes in class {c}");
-                out.push((s, a, n));
-            }
-        }
-        for (g, &word) in self.groups.iter().enumerate() {
-            assert_eq!(self.summary >> g & 1 == 1, word != 0, "summary bit {g}");
-            if g * 64 >= self.classes.len() {
-                assert_eq!(word, 0, "classes marked past the end");
-            }
-        }
-        assert_eq!(out.len(), self.len);
-        out
-    }
 }
 
 #[cfg(test)]
@@ -507,6 +452,64 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::BTreeSet;
+
+    /// What the tests read of the structure.
+    impl Class {
+        fn entries(&self) -> Vec<Entry> {
+            match self {
+                Class::Few { len, blocks } => blocks[..usize::from(*len)].to_vec(),
+                Class::Sorted(v) => v.iter().rev().copied().collect(),
+                Class::Many(m) => m.iter().map(|(&(s, a), &n)| (s, a, n)).collect(),
+            }
+        }
+    }
+
+    /// What the tests read of the structure.
+    impl SizeIndex {
+        /// Number of blocks.
+        pub(crate) fn len(&self) -> usize {
+            self.len
+        }
+
+        /// Every block, `(size, address, node)`, by class (tests), after checking the classes
+        /// and the bitmap.
+        pub(crate) fn entries(&self) -> Vec<(usize, u64, NodeId)> {
+            let mut out = Vec::new();
+            for (c, class) in self.classes.iter().enumerate() {
+                let bit = self.groups[c / 64] >> (c % 64) & 1 == 1;
+                assert_eq!(bit, !class.is_empty(), "class {c} marked wrongly");
+                let entries = class.entries();
+                match class {
+                    Class::Sorted(v) => {
+                        assert!(
+                            v.len() > 2 && v.len() <= SORTED,
+                            "class {c}: {} sorted",
+                            v.len()
+                        );
+                    }
+                    Class::Many(m) => {
+                        assert!(m.len() > SORTED_AGAIN, "class {c}: {} in a map", m.len());
+                    }
+                    Class::Few { .. } => {}
+                }
+                assert!(entries
+                    .windows(2)
+                    .all(|w| (w[0].0, w[0].1) < (w[1].0, w[1].1)));
+                for &(s, a, n) in &entries {
+                    assert_eq!(class_of(s), c, "block of {s} bytes in class {c}");
+                    out.push((s, a, n));
+                }
+            }
+            for (g, &word) in self.groups.iter().enumerate() {
+                assert_eq!(self.summary >> g & 1 == 1, word != 0, "summary bit {g}");
+                if g * 64 >= self.classes.len() {
+                    assert_eq!(word, 0, "classes marked past the end");
+                }
+            }
+            assert_eq!(out.len(), self.len);
+            out
+        }
+    }
 
     #[test]
     fn classes_are_monotonic_and_fine() {

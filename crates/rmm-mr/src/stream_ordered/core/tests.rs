@@ -14,7 +14,96 @@ use rmm_sys::DevicePtr;
 use super::{FreeBlocks, Origin, StreamKey, StreamOrdered};
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
+use crate::stream_ordered::moves::Moves;
 use crate::testing::HostMockResource;
+
+/// Everything a core keeps, for tests that check a failed call changed nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CoreState {
+    /// The free blocks of every list that holds some, by stream key, legacy list first.
+    pub(crate) lists: Vec<(StreamKey, Vec<(u64, usize)>)>,
+    /// The upstream chunks, by address.
+    pub(crate) chunks: Vec<(u64, usize)>,
+    /// The sum of the chunks.
+    pub(crate) pool_size: usize,
+    /// Blocks handed out and their bytes.
+    pub(crate) handed_out: (usize, usize),
+}
+
+impl CoreState {
+    /// The free memory as merged address ranges `[start, end)`, whichever lists hold it.
+    pub(crate) fn free_ranges(&self) -> Vec<(u64, u64)> {
+        let mut blocks: Vec<(u64, u64)> = self
+            .lists
+            .iter()
+            .flat_map(|(_, blocks)| blocks.iter().map(|&(a, s)| (a, a + s as u64)))
+            .collect();
+        blocks.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::new();
+        for (start, end) in blocks {
+            match merged.last_mut() {
+                Some(last) if last.1 == start => last.1 = end,
+                _ => merged.push((start, end)),
+            }
+        }
+        merged
+    }
+
+    /// What a failed call must leave as it was: the free memory (a failed allocation may have
+    /// merged stream lists, as RMM's does, so not which list holds it), the chunks, the pool
+    /// size and the handed-out blocks.
+    pub(crate) fn memory(&self) -> CoreMemory {
+        CoreMemory {
+            free: self.free_ranges(),
+            chunks: self.chunks.clone(),
+            pool_size: self.pool_size,
+            handed_out: self.handed_out,
+        }
+    }
+}
+
+/// [`CoreState::memory`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CoreMemory {
+    /// [`CoreState::free_ranges`].
+    pub(crate) free: Vec<(u64, u64)>,
+    /// The upstream chunks, by address.
+    pub(crate) chunks: Vec<(u64, usize)>,
+    /// The sum of the chunks.
+    pub(crate) pool_size: usize,
+    /// Blocks handed out and their bytes.
+    pub(crate) handed_out: (usize, usize),
+}
+
+/// What tests read of a core (a child module sees its private fields).
+impl<L: FreeBlocks> StreamOrdered<L> {
+    /// The merges in transit (tests set its hooks).
+    pub(crate) fn moves(&self) -> &Moves {
+        &self.moves
+    }
+
+    /// Everything the core keeps (tests).
+    pub(crate) fn state(&self) -> CoreState {
+        CoreState {
+            lists: self.free_lists(),
+            chunks: self.chunk_list(),
+            pool_size: self.pool_size(),
+            handed_out: self.empty.handed_out(),
+        }
+    }
+
+    /// The free list holding `addr` as a free block, by key (tests).
+    pub(crate) fn list_holding(&self, addr: u64) -> Option<StreamKey> {
+        self.lists().find_map(|l| {
+            let st = l.lock();
+            if st.blocks.holds(addr) {
+                st.key()
+            } else {
+                None
+            }
+        })
+    }
+}
 
 /// Every block has this size; requests are at most this.
 pub(super) const BLOCK: usize = 256;
@@ -281,7 +370,7 @@ mod retire {
     use super::{allocate, core, drop_core, ModelBlocks, BLOCK, CHUNK};
     use crate::error::{MrError, MrResult};
     use crate::stream_ordered::core::{StreamKey, StreamOrdered};
-    use crate::stream_ordered::event_policy::OWNER_GRACE;
+    use crate::stream_ordered::tuning::OWNER_GRACE;
     use crate::testing::HostMockResource;
 
     /// An allocation on `stream` that may not grow the core (its upstream is full).
