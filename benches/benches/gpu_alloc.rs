@@ -627,7 +627,9 @@ fn holds_table(table: &BTreeMap<usize, Vec<Row>>) {
          (warm-up and timed passes, every repetition): holds, their p50, p99.9 and longest \
          (a hold: the grower's search, its waits for blocks in transit and for frees, at most \
          {} yields or {} ms in all, and the upstream call), the most yields one grower made in \
-         one hold, and the holds whose wait the budget ended.\n",
+         one hold, and the holds whose wait the budget ended. The arena's row is its global \
+         arena's lock, every acquisition (the large requests it served, loans, kept and queued \
+         frees; no waits, no upstream call).\n",
         GrowthLockHolds::BUDGET_YIELDS,
         GrowthLockHolds::BUDGET_TIME.as_millis(),
     );

@@ -19,6 +19,8 @@ use crate::arena::{
 };
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
+#[cfg(any(test, feature = "testing"))]
+use crate::testing::growth_lock::HoldRecorder;
 use crate::util::cross_thread::{needs_legacy_order, Origin};
 use crate::util::format::format_bytes;
 
@@ -92,6 +94,41 @@ pub(super) struct State<U: DeviceMemoryResource> {
     /// (normally there is one, or none).
     holding: Mutex<Vec<Arc<ArenaCell>>>,
     events: EventPool,
+    /// How long the global lock was held, each acquisition (benchmarks and tests).
+    #[cfg(any(test, feature = "testing"))]
+    holds: HoldRecorder,
+}
+
+/// The global lock, held (and, in benchmarks and tests, timed from its acquisition to its
+/// release).
+pub(super) struct GlobalGuard<'a> {
+    guard: MutexGuard<'a, GlobalState>,
+    #[cfg(any(test, feature = "testing"))]
+    record: (&'a HoldRecorder, std::time::Instant),
+}
+
+impl std::ops::Deref for GlobalGuard<'_> {
+    type Target = GlobalState;
+
+    #[inline]
+    fn deref(&self) -> &GlobalState {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for GlobalGuard<'_> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut GlobalState {
+        &mut self.guard
+    }
+}
+
+#[cfg(any(test, feature = "testing"))]
+impl Drop for GlobalGuard<'_> {
+    fn drop(&mut self) {
+        let (recorder, locked) = self.record;
+        recorder.record(locked.elapsed(), 0, false);
+    }
 }
 
 /// Whether the calling thread runs on rmm-sys's simulated driver (tests only): an arena built
@@ -194,6 +231,8 @@ impl<U: DeviceMemoryResource> State<U> {
             swept: AtomicU64::new(rmm_stream::destroyed_streams()),
             holding: Mutex::default(),
             events: EventPool::default(),
+            #[cfg(any(test, feature = "testing"))]
+            holds: HoldRecorder::new(),
         })
     }
 
@@ -233,8 +272,19 @@ impl<U: DeviceMemoryResource> State<U> {
         }
     }
 
-    fn lock_global(&self) -> MutexGuard<'_, GlobalState> {
-        lock(&self.global)
+    fn lock_global(&self) -> GlobalGuard<'_> {
+        let guard = lock(&self.global);
+        GlobalGuard {
+            guard,
+            #[cfg(any(test, feature = "testing"))]
+            record: (&self.holds, std::time::Instant::now()),
+        }
+    }
+
+    /// How long the global lock was held so far, each acquisition (benchmarks and tests).
+    #[cfg(any(test, feature = "testing"))]
+    pub(super) fn global_lock_holds(&self) -> crate::testing::GrowthLockHolds {
+        self.holds.snapshot()
     }
 
     // --- arenas -----------------------------------------------------------------------------
