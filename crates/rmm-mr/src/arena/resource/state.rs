@@ -76,6 +76,10 @@ pub(super) struct State<U: DeviceMemoryResource> {
     /// Local arenas in the map (for the kept-memory limit, [`keep_limit`]); set under the map's
     /// write lock, read without it.
     arena_count: AtomicUsize,
+    /// The global arena's free bytes as of the last release of the global lock (written by
+    /// [`GlobalGuard`] as it lets the lock go, read without it): a large free decides from it
+    /// whether its arena may keep the block's span before it takes the global lock.
+    global_free: AtomicUsize,
     /// Whether a thread is making room ([`relieve`](Self::relieve)); not held while it does.
     relieving: Mutex<bool>,
     /// Signalled when a thread has made room.
@@ -99,10 +103,11 @@ pub(super) struct State<U: DeviceMemoryResource> {
     holds: HoldRecorder,
 }
 
-/// The global lock, held (and, in benchmarks and tests, timed from its acquisition to its
-/// release).
+/// The global lock, held. Letting it go publishes the global arena's free bytes
+/// ([`State::global_free`]); in benchmarks and tests it also records how long it was held.
 pub(super) struct GlobalGuard<'a> {
     guard: MutexGuard<'a, GlobalState>,
+    free: &'a AtomicUsize,
     #[cfg(any(test, feature = "testing"))]
     record: (&'a HoldRecorder, std::time::Instant),
 }
@@ -123,11 +128,16 @@ impl std::ops::DerefMut for GlobalGuard<'_> {
     }
 }
 
-#[cfg(any(test, feature = "testing"))]
 impl Drop for GlobalGuard<'_> {
+    #[inline]
     fn drop(&mut self) {
-        let (recorder, locked) = self.record;
-        recorder.record(locked.elapsed(), 0, false);
+        self.free
+            .store(self.guard.arena.free_bytes(), Ordering::Relaxed);
+        #[cfg(any(test, feature = "testing"))]
+        {
+            let (recorder, locked) = self.record;
+            recorder.record(locked.elapsed(), 0, false);
+        }
     }
 }
 
@@ -156,6 +166,12 @@ fn keep_limit(arena_size: usize, arenas: usize, global_free: usize) -> usize {
     let arenas = arenas.max(1);
     let floor = (arena_size / 64 / arenas).max((arena_size / 4).min(16 << 20));
     floor.max(global_free / KEEP_SHARE / arenas)
+}
+
+/// Whether an arena that may still keep `room` free bytes keeps the span of a large block of
+/// `size` bytes (rounded) its stream frees ([`GlobalState::keep`] checks the rest).
+fn may_keep(room: usize, size: usize) -> bool {
+    room > SUPERBLOCK_MIN_SIZE && size <= room
 }
 
 /// Together the arenas may keep up to `1 / KEEP_SHARE` of the global arena's free memory
@@ -222,6 +238,7 @@ impl<U: DeviceMemoryResource> State<U> {
             dump_log_on_failure: options.dump_log_on_failure,
             use_size_classes: options.use_size_classes,
             arena_count: AtomicUsize::new(0),
+            global_free: AtomicUsize::new(arena.free_bytes()),
             relieving: Mutex::new(false),
             relieved: Condvar::new(),
             reliefs: AtomicU64::new(0),
@@ -276,6 +293,7 @@ impl<U: DeviceMemoryResource> State<U> {
         let guard = lock(&self.global);
         GlobalGuard {
             guard,
+            free: &self.global_free,
             #[cfg(any(test, feature = "testing"))]
             record: (&self.holds, std::time::Instant::now()),
         }
@@ -1068,10 +1086,15 @@ impl<U: DeviceMemoryResource> State<U> {
             }
             let arenas = self.arena_count.load(Ordering::Relaxed);
             let kept = slot.arena.kept_free_bytes();
+            let room = |free| keep_limit(self.size, arenas, free).saturating_sub(kept);
+            // Decided first from the free bytes the global lock's last holder left: a free
+            // the arena may not keep takes the global lock once (to queue it), not twice.
+            if !may_keep(room(self.global_free.load(Ordering::Relaxed)), size) {
+                return Ok(false);
+            }
             let mut global = self.lock_global();
-            let limit = keep_limit(self.size, arenas, global.arena.free_bytes());
-            let room = limit.saturating_sub(kept);
-            if room <= SUPERBLOCK_MIN_SIZE {
+            let room = room(global.arena.free_bytes());
+            if !may_keep(room, size) {
                 return Ok(false);
             }
             Ok(global.keep(ptr.addr(), size, room, cell, slot))

@@ -375,6 +375,33 @@ fn kept_memory_is_bounded() {
     assert!(snapshot(&mr).fully_coalesced);
 }
 
+/// A large free its arena may not keep (over the kept-memory limit) takes the global lock once,
+/// to give the block back (or queue it), not a second time to learn that it may not keep it;
+/// one it keeps takes it once.
+#[test]
+fn a_large_free_takes_the_global_lock_once() {
+    let (_mock, mr) = arena(16 * MIB);
+    let holds = || mr.global_lock_holds().count();
+    // The limit is 4 MiB here.
+    let a = alloc(&mr, legacy(), 3 * MIB);
+    let c = alloc(&mr, legacy(), 5 * MIB);
+    let before = holds();
+    free(&mr, legacy(), c, 5 * MIB);
+    assert_eq!(holds() - before, 1, "a free over the limit");
+    assert_eq!(snapshot(&mr).lent_superblocks, 0, "5 MiB is over the limit");
+    let before = holds();
+    free(&mr, legacy(), a, 3 * MIB);
+    assert_eq!(holds() - before, 1, "a kept free");
+    assert_eq!(snapshot(&mr).lent_superblocks, 1, "kept");
+    // Served by the kept superblock, freed into it: no global lock at all.
+    let before = holds();
+    let b = alloc(&mr, legacy(), 2 * MIB);
+    free(&mr, legacy(), b, 2 * MIB);
+    assert_eq!(holds() - before, 0, "kept memory");
+    mr.inner.settle();
+    assert!(snapshot(&mr).fully_coalesced);
+}
+
 /// When memory runs out, defragmentation takes the kept superblocks back like the others.
 #[test]
 fn defragmentation_takes_kept_superblocks_back() {
