@@ -35,6 +35,8 @@ const SEED: u64 = 0xbe_2c4;
 struct Row {
     threads: usize,
     ns_per_op: f64,
+    /// Global-lock holds of the warm-up passes, all repetitions.
+    warm_up_holds: u64,
     /// Global-lock holds of the timed passes, all repetitions.
     holds: GrowthLockHolds,
     /// Operations of the timed passes, all repetitions.
@@ -91,6 +93,7 @@ fn measure(
 ) -> MrResult<Row> {
     let mut samples = Vec::new();
     let mut holds = GrowthLockHolds::default();
+    let mut warm_up_holds = 0;
     let mut latency: Option<OpLatency> = None;
     for _ in 0..reps {
         let memory = SimulatedMemoryResource::new(arena_bytes)?;
@@ -102,6 +105,7 @@ fn measure(
         // Warm-up: the arenas take their superblocks, as in steady state.
         on_threads(&streams, |_, s| replay(&arena, s, trace))?;
         let before = arena.global_lock_holds();
+        warm_up_holds += before.count();
         let (wall, _) = on_threads(&streams, |_, s| replay(&arena, s, trace))?;
         let after = arena.global_lock_holds();
         holds = holds.plus(&after.since(&before));
@@ -124,6 +128,7 @@ fn measure(
     Ok(Row {
         threads,
         ns_per_op: median(&mut samples),
+        warm_up_holds: warm_up_holds / reps as u64,
         holds,
         ops: trace.ops.len() * threads * reps,
         latency,
@@ -180,19 +185,21 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         let one = rows.iter().find(|r| r.threads == 1).map(|r| r.ns_per_op);
         println!(
             "| threads | ns per op (median) | ratio to 1 thread | global-lock holds per 1k ops \
-             | hold p50 ns | hold p99.9 ns | longest hold ns (warm-up included) |"
+             | hold p50 ns | hold p99.9 ns | longest hold ns (warm-up included) \
+             | holds in the warm-up, per repetition |"
         );
-        println!("|---:|---:|---:|---:|---:|---:|---:|");
+        println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
         for r in &rows {
             let ratio = one.map_or("n/a".to_owned(), |o| format!("{:.2}", r.ns_per_op / o));
             println!(
-                "| {} | {:.0} | {ratio} | {:.1} | {} | {} | {} |",
+                "| {} | {:.0} | {ratio} | {:.1} | {} | {} | {} | {} |",
                 r.threads,
                 r.ns_per_op,
                 r.holds.count() as f64 * 1000.0 / r.ops.max(1) as f64,
                 r.holds.quantile(0.5).as_nanos(),
                 r.holds.quantile(0.999).as_nanos(),
                 r.holds.max().as_nanos(),
+                r.warm_up_holds,
             );
         }
         if with_latency {
