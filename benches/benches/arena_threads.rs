@@ -6,12 +6,13 @@
 //! arena's own work and its locks: per operation (wall time / (operations x threads), the
 //! median over the repetitions, and its ratio to one thread), the global arena's lock (its
 //! acquisitions per operation and how long each was held: p50, p99.9, longest; rmm-mr's
-//! `testing` record) and each call's latency (a pass of its own after the timed pass, as in
+//! `testing` record; in the warm-up too) and each call's latency (a pass of its own after the timed pass, as in
 //! `gpu_alloc --latency`).
 //!
 //! Arguments: `--threads 1,2,4` (the default), `--ops N` (100000 per thread), `--reps N` (3),
 //! `--traces a,b` (`gpu_alloc`'s (a) 1 B-4 MiB, ~1,000 live, and (b) 1 B-64 KiB, ~2,000
-//! live; default both), `--arena-gib N` (125: `gpu_alloc`'s arena on an H200, 90 % of the free
+//! live, the default; `r64`: RMM's `random_allocations` up to 64 MiB with 1,000 MiB live per
+//! thread, as `gpu_alloc` sizes it for 16 threads on an H200), `--arena-gib N` (125: `gpu_alloc`'s arena on an H200, 90 % of the free
 //! memory), `--no-latency`. The machine's cores bound what more threads can show: on two cores
 //! four threads measure the locks' cost under preemption, not parallel speed.
 

@@ -15,7 +15,8 @@
 //!    slow-path driver calls (events recorded, stream waits, synchronizations, per 1,000
 //!    operations), and a third of how long growers held the growth lock of each stream-ordered
 //!    resource (holds, p50, p99.9, longest, the most yields in one hold and the holds whose
-//!    wait its budget ended; rmm-mr's `testing` record). `vmm_pool` grows as the pool does (its default: each growth at least doubles
+//!    wait its budget ended; rmm-mr's `testing` record; for the arena, every hold of its
+//!    global arena's lock). `vmm_pool` grows as the pool does (its default: each growth at least doubles
 //!    what is mapped); `vmm_pool_12` adds 12 % of what is mapped (`min_growth_percent(12)`,
 //!    the frugal step, the default until 2026-11-26).
 //!
