@@ -676,7 +676,7 @@ impl<U: DeviceMemoryResource> State<U> {
             let mut global = self.lock_global();
             for sb in &empty {
                 global.owners.remove(&sb.addr());
-                global.in_transit.push(sb.span());
+                global.in_transit.insert(sb.span());
             }
             drop(global);
             drop(slot);
@@ -718,7 +718,7 @@ impl<U: DeviceMemoryResource> State<U> {
         for (cell, superblocks) in taken {
             for sb in superblocks {
                 let span = sb.span();
-                global.in_transit.retain(|s| *s != span);
+                global.in_transit.remove(span);
                 if let Err(rejected) = global.arena.release(sb) {
                     log::error!("arena: reclaiming a superblock: {rejected}");
                 }
@@ -766,7 +766,7 @@ impl<U: DeviceMemoryResource> State<U> {
                 let span = sb.span();
                 match slot.arena.adopt(sb) {
                     Ok(()) => {
-                        global.in_transit.retain(|s| *s != span);
+                        global.in_transit.remove(span);
                         global.owners.insert(span.addr, Arc::clone(&cell));
                     }
                     Err(rejected) => log::error!("arena: {rejected}"),
@@ -1184,7 +1184,7 @@ impl<U: DeviceMemoryResource> State<U> {
                     }
                     Some(owner) => Arc::clone(owner),
                     // An empty superblock on its way back to the global arena: all free.
-                    None if global.in_transit.contains(&span) => {
+                    None if global.in_transit.contains(span) => {
                         drop(global);
                         return fail(&mut fence, ArenaError::DoubleFree { addr, size: bytes });
                     }

@@ -402,6 +402,41 @@ fn a_large_free_takes_the_global_lock_once() {
     assert!(snapshot(&mr).fully_coalesced);
 }
 
+/// A reclaim of many empty superblocks (about 9,000 kept ones here) gives them back under one
+/// acquisition of the global lock, each in `O(log n)`: it held the lock for 1.6 s (debug
+/// build) while the superblocks in transit were a list searched once per superblock, 31 ms
+/// with a map.
+#[test]
+fn a_reclaim_of_many_superblocks_holds_the_global_lock_briefly() {
+    let count = if cfg!(miri) { 50 } else { 10_000 };
+    let memory = crate::SimulatedMemoryResource::new(64 << 30).unwrap();
+    let mr = ArenaMemoryResource::with_options(memory, ArenaOptions::new().arena_size(64 << 30))
+        .unwrap();
+    let size = 3 * MIB / 2;
+    let ptrs: Vec<DevicePtr> = (0..count)
+        .map(|_| mr.allocate(legacy(), size, 256).unwrap())
+        .collect();
+    for p in ptrs {
+        // SAFETY: allocated above with this size, freed once; simulated memory, never used.
+        unsafe { mr.deallocate(legacy(), p, size, 256) }.unwrap();
+    }
+    let kept = mr.inner.snapshot().lent_superblocks;
+    assert!(kept >= count * 3 / 4, "{kept} of {count} kept");
+    let before = mr.global_lock_holds();
+    mr.inner.reclaim_now().unwrap();
+    let holds = mr.global_lock_holds().since(&before);
+    assert!(mr.inner.snapshot().fully_coalesced);
+    if !cfg!(miri) {
+        // The longest of the reclaim's holds (the record's longest overall: allocations and
+        // frees above hold it for microseconds).
+        assert!(
+            holds.max() < std::time::Duration::from_millis(400),
+            "{:?}",
+            holds.max()
+        );
+    }
+}
+
 /// When memory runs out, defragmentation takes the kept superblocks back like the others.
 #[test]
 fn defragmentation_takes_kept_superblocks_back() {
