@@ -29,6 +29,10 @@ mod diagnostics;
 /// Pending frees looked at by every allocation that touches the global arena.
 const REAP_BATCH: usize = 2;
 
+/// Superblocks (or pending frees) a reclaim gives back to the global arena per hold of its
+/// lock.
+const RECLAIM_BATCH: usize = 64;
+
 /// A way to make room when an allocation fails, in the order they are tried.
 #[derive(Debug, Clone, Copy)]
 enum Relief {
@@ -673,12 +677,13 @@ impl<U: DeviceMemoryResource> State<U> {
                 continue;
             }
             let empty = slot.arena.take_empty();
-            let mut global = self.lock_global();
-            for sb in &empty {
-                global.owners.remove(&sb.addr());
-                global.in_transit.insert(sb.span());
+            for batch in empty.chunks(RECLAIM_BATCH) {
+                let mut global = self.lock_global();
+                for sb in batch {
+                    global.owners.remove(&sb.addr());
+                    global.in_transit.insert(sb.span());
+                }
             }
-            drop(global);
             drop(slot);
             taken.push((cell, empty));
         }
@@ -713,20 +718,31 @@ impl<U: DeviceMemoryResource> State<U> {
         if !still_held.is_empty() {
             lock(&self.holding).splice(0..0, still_held);
         }
-        let mut global = self.lock_global();
         let mut emptied = Vec::with_capacity(taken.len());
-        for (cell, superblocks) in taken {
-            for sb in superblocks {
+        let mut superblocks = Vec::new();
+        for (cell, taken) in taken {
+            superblocks.extend(taken);
+            emptied.push(cell);
+        }
+        // A batch at a time, so that the streams' large requests and loans wait for one batch
+        // at most (each superblock is in transit until its batch: lent, with no owner).
+        let mut superblocks = superblocks.into_iter().peekable();
+        while superblocks.peek().is_some() {
+            let mut global = self.lock_global();
+            for sb in superblocks.by_ref().take(RECLAIM_BATCH) {
                 let span = sb.span();
                 global.in_transit.remove(span);
                 if let Err(rejected) = global.arena.release(sb) {
                     log::error!("arena: reclaiming a superblock: {rejected}");
                 }
             }
-            emptied.push(cell);
         }
-        self.release(&mut global, pending);
-        drop(global);
+        let mut pending = pending.into_iter().peekable();
+        while pending.peek().is_some() {
+            let batch: Vec<PendingFree> = pending.by_ref().take(RECLAIM_BATCH).collect();
+            let mut global = self.lock_global();
+            self.release(&mut global, batch);
+        }
         self.retire_empty(emptied);
         Ok(())
     }

@@ -402,10 +402,10 @@ fn a_large_free_takes_the_global_lock_once() {
     assert!(snapshot(&mr).fully_coalesced);
 }
 
-/// A reclaim of many empty superblocks (about 9,000 kept ones here) gives them back under one
-/// acquisition of the global lock, each in `O(log n)`: it held the lock for 1.6 s (debug
+/// A reclaim of many empty superblocks (about 9,000 kept ones here) gives them back in
+/// `O(log n)` each, a batch to a hold of the global lock: it held the lock for 1.6 s (debug
 /// build) while the superblocks in transit were a list searched once per superblock, 31 ms
-/// with a map.
+/// with a map in one hold.
 #[test]
 fn a_reclaim_of_many_superblocks_holds_the_global_lock_briefly() {
     let count = if cfg!(miri) { 50 } else { 10_000 };
