@@ -15,7 +15,8 @@
 //!    slow-path driver calls (events recorded, stream waits, synchronizations, per 1,000
 //!    operations), and a third of how long growers held the growth lock of each stream-ordered
 //!    resource (holds, p50, p99.9, longest, the most yields in one hold and the holds whose
-//!    wait its budget ended; rmm-mr's `testing` record). `vmm_pool` grows as the pool does (its default: each growth at least doubles
+//!    wait its budget ended; rmm-mr's `testing` record; for the arena, every hold of its
+//!    global arena's lock). `vmm_pool` grows as the pool does (its default: each growth at least doubles
 //!    what is mapped); `vmm_pool_12` adds 12 % of what is mapped (`min_growth_percent(12)`,
 //!    the frugal step, the default until 2026-11-26).
 //!
@@ -434,6 +435,7 @@ fn run(args: &Args) -> MrResult<()> {
                         ops: 0,
                         reps: 0,
                         holds: None,
+                        timed_holds: 0,
                         latency: None,
                     };
                     for _ in 0..args.reps {
@@ -443,6 +445,7 @@ fn run(args: &Args) -> MrResult<()> {
                         // One untimed warm-up pass so pools have grown, as in steady state.
                         replay_threads(&*built.mr, &trace, &streams)?;
                         let warm = built.growth();
+                        let warm_holds = built.growth_lock_holds();
                         let (wall, calls) = replay_threads_counted(&*built.mr, &trace, &streams)?;
                         let timed = built.growth();
                         samples.push(wall.as_nanos() as f64 / (trace.ops.len() * threads) as f64);
@@ -456,6 +459,9 @@ fn run(args: &Args) -> MrResult<()> {
                         }
                         row.calls = row.calls.plus(calls);
                         if let Some(h) = built.growth_lock_holds() {
+                            if let Some(w) = &warm_holds {
+                                row.timed_holds += h.since(w).count();
+                            }
                             row.holds = Some(row.holds.unwrap_or_default().plus(&h));
                         }
                         row.ops += trace.ops.len() * threads;
@@ -554,6 +560,8 @@ struct Row {
     /// The growth lock's holds over the whole run (warm-up and timed passes, every
     /// repetition; `None`: the resource has no growth lock).
     holds: Option<GrowthLockHolds>,
+    /// The holds of the timed passes alone, summed over the repetitions.
+    timed_holds: u64,
     /// Each call's latency in the latency passes, every thread and repetition (`--latency`).
     latency: Option<OpLatency>,
 }
@@ -627,22 +635,27 @@ fn holds_table(table: &BTreeMap<usize, Vec<Row>>) {
          (warm-up and timed passes, every repetition): holds, their p50, p99.9 and longest \
          (a hold: the grower's search, its waits for blocks in transit and for frees, at most \
          {} yields or {} ms in all, and the upstream call), the most yields one grower made in \
-         one hold, and the holds whose wait the budget ended.\n",
+         one hold, and the holds whose wait the budget ended. The arena's row is its global \
+         arena's lock, every acquisition (the large requests it served, loans, kept and queued \
+         frees; no waits, no upstream call). \"in the timed passes\": the holds of the timed \
+         passes alone, per 1,000 of their operations.\n",
         GrowthLockHolds::BUDGET_YIELDS,
         GrowthLockHolds::BUDGET_TIME.as_millis(),
     );
     println!(
-        "| threads | resource | holds | p50 µs | p99.9 µs | max µs | most yields | budget ran out |"
+        "| threads | resource | holds | in the timed passes, per 1k ops | p50 µs | p99.9 µs \
+         | max µs | most yields | budget ran out |"
     );
-    println!("|---:|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|");
     let us = |d: std::time::Duration| format!("{:.1}", d.as_secs_f64() * 1e6);
     for (threads, rows) in table {
         for row in rows {
             let Some(h) = &row.holds else { continue };
             println!(
-                "| {threads} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {threads} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 row.name,
                 h.count(),
+                per_kilo_op(row.timed_holds, row.ops),
                 us(h.quantile(0.5)),
                 us(h.quantile(0.999)),
                 us(h.max()),

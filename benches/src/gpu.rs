@@ -145,7 +145,7 @@ impl Built {
 
     /// How long growers held the resource's growth lock so far (rmm-mr's `testing` feature):
     /// the pool's, the fixed-size resource's, the VMM pool's and, for binning, the pool's under
-    /// its bins; `None` for the others.
+    /// its bins; for the arena, every hold of its global arena's lock; `None` for the others.
     #[must_use]
     pub fn growth_lock_holds(&self) -> Option<GrowthLockHolds> {
         (self.holds)()
@@ -364,15 +364,20 @@ pub fn build(spec: Spec) -> MrResult<Built> {
                 }),
             }
         }
-        Spec::Arena { bytes } => Built {
-            mr: rmm_mr::shared(ArenaMemoryResource::with_options(
+        Spec::Arena { bytes } => {
+            let arena = ArenaMemoryResource::with_options(
                 meter.clone(),
                 ArenaOptions::new().arena_size(bytes),
-            )?),
-            peak: peak_of(stats),
-            growth: metered(),
-            holds: no_lock(),
-        },
+            )?;
+            let handle = arena.clone();
+            Built {
+                mr: rmm_mr::shared(arena),
+                peak: peak_of(stats),
+                growth: metered(),
+                // Its global arena's lock, which large requests and loans take.
+                holds: Box::new(move || Some(handle.global_lock_holds())),
+            }
+        }
         Spec::FixedSize { block } => {
             let fixed = FixedSizeMemoryResource::with_options(
                 meter.clone(),

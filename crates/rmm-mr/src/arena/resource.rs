@@ -225,6 +225,16 @@ impl<U: DeviceMemoryResource> ArenaMemoryResource<U> {
     pub fn memory_dump(&self) -> String {
         self.inner.memory_dump(None)
     }
+
+    /// How long the global arena's lock was held so far, one record per acquisition (the
+    /// large requests it served, the superblocks it lent or took back, the frees it queued
+    /// or released). With the `testing` feature only; `gpu_alloc` prints it with the growth
+    /// locks of the other resources.
+    #[cfg(any(test, feature = "testing"))]
+    #[must_use]
+    pub fn global_lock_holds(&self) -> crate::testing::GrowthLockHolds {
+        self.inner.global_lock_holds()
+    }
 }
 
 impl<U: DeviceMemoryResource> fmt::Debug for ArenaMemoryResource<U> {

@@ -158,6 +158,24 @@ impl GrowthLockHolds {
         self.ran_out
     }
 
+    /// The holds recorded after `earlier`, a snapshot of the same record (a pass of a run):
+    /// counts and the yields' budget are subtracted; the longest hold and the most yields stay
+    /// those of the whole record.
+    #[must_use]
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            counts: self
+                .counts
+                .iter()
+                .zip(&earlier.counts)
+                .map(|(a, b)| a.saturating_sub(*b))
+                .collect(),
+            max_ns: self.max_ns,
+            max_yields: self.max_yields,
+            ran_out: self.ran_out.saturating_sub(earlier.ran_out),
+        }
+    }
+
     /// The holds of `self` and of `other` together (several resources or runs).
     #[must_use]
     pub fn plus(&self, other: &Self) -> Self {

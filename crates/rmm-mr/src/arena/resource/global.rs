@@ -126,7 +126,38 @@ pub(super) struct GlobalState {
     pub(super) pending_addrs: HashSet<u64, AddrHash>,
     /// Empty superblocks a reclaim took out of their arenas and holds until every stream has
     /// finished with them (their spans; still recorded as lent, with no owner).
-    pub(super) in_transit: Vec<Block>,
+    pub(super) in_transit: InTransit,
+}
+
+/// The spans of the empty superblocks on their way back to the global arena
+/// ([`GlobalState::in_transit`]), by address: each is added, looked up and removed in `O(1)`
+/// under the global lock (a reclaim gives back thousands at once).
+#[derive(Debug, Default)]
+pub(super) struct InTransit(AddrMap<usize>);
+
+impl InTransit {
+    pub(super) fn insert(&mut self, span: Block) {
+        self.0.insert(span.addr, span.size);
+    }
+
+    /// Removes `span` if it is in transit.
+    pub(super) fn remove(&mut self, span: Block) {
+        if self.contains(span) {
+            self.0.remove(&span.addr);
+        }
+    }
+
+    pub(super) fn contains(&self, span: Block) -> bool {
+        self.0.get(&span.addr) == Some(&span.size)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 impl GlobalState {
@@ -136,7 +167,7 @@ impl GlobalState {
             owners: AddrMap::default(),
             large_live: AddrMap::default(),
             pending_addrs: HashSet::default(),
-            in_transit: Vec::new(),
+            in_transit: InTransit::default(),
         }
     }
 

@@ -19,6 +19,8 @@ use crate::arena::{
 };
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
+#[cfg(any(test, feature = "testing"))]
+use crate::testing::growth_lock::HoldRecorder;
 use crate::util::cross_thread::{needs_legacy_order, Origin};
 use crate::util::format::format_bytes;
 
@@ -26,6 +28,10 @@ mod diagnostics;
 
 /// Pending frees looked at by every allocation that touches the global arena.
 const REAP_BATCH: usize = 2;
+
+/// Superblocks (or pending frees) a reclaim gives back to the global arena per hold of its
+/// lock.
+const RECLAIM_BATCH: usize = 64;
 
 /// A way to make room when an allocation fails, in the order they are tried.
 #[derive(Debug, Clone, Copy)]
@@ -74,6 +80,10 @@ pub(super) struct State<U: DeviceMemoryResource> {
     /// Local arenas in the map (for the kept-memory limit, [`keep_limit`]); set under the map's
     /// write lock, read without it.
     arena_count: AtomicUsize,
+    /// The global arena's free bytes as of the last release of the global lock (written by
+    /// [`GlobalGuard`] as it lets the lock go, read without it): a large free decides from it
+    /// whether its arena may keep the block's span before it takes the global lock.
+    global_free: AtomicUsize,
     /// Whether a thread is making room ([`relieve`](Self::relieve)); not held while it does.
     relieving: Mutex<bool>,
     /// Signalled when a thread has made room.
@@ -92,6 +102,47 @@ pub(super) struct State<U: DeviceMemoryResource> {
     /// (normally there is one, or none).
     holding: Mutex<Vec<Arc<ArenaCell>>>,
     events: EventPool,
+    /// How long the global lock was held, each acquisition (benchmarks and tests).
+    #[cfg(any(test, feature = "testing"))]
+    holds: HoldRecorder,
+}
+
+/// The global lock, held. Letting it go publishes the global arena's free bytes
+/// ([`State::global_free`]); in benchmarks and tests it also records how long it was held.
+pub(super) struct GlobalGuard<'a> {
+    guard: MutexGuard<'a, GlobalState>,
+    free: &'a AtomicUsize,
+    #[cfg(any(test, feature = "testing"))]
+    record: (&'a HoldRecorder, std::time::Instant),
+}
+
+impl std::ops::Deref for GlobalGuard<'_> {
+    type Target = GlobalState;
+
+    #[inline]
+    fn deref(&self) -> &GlobalState {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for GlobalGuard<'_> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut GlobalState {
+        &mut self.guard
+    }
+}
+
+impl Drop for GlobalGuard<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.free
+            .store(self.guard.arena.free_bytes(), Ordering::Relaxed);
+        #[cfg(any(test, feature = "testing"))]
+        {
+            let (recorder, locked) = self.record;
+            recorder.record(locked.elapsed(), 0, false);
+        }
+    }
 }
 
 /// Whether the calling thread runs on rmm-sys's simulated driver (tests only): an arena built
@@ -119,6 +170,12 @@ fn keep_limit(arena_size: usize, arenas: usize, global_free: usize) -> usize {
     let arenas = arenas.max(1);
     let floor = (arena_size / 64 / arenas).max((arena_size / 4).min(16 << 20));
     floor.max(global_free / KEEP_SHARE / arenas)
+}
+
+/// Whether an arena that may still keep `room` free bytes keeps the span of a large block of
+/// `size` bytes (rounded) its stream frees ([`GlobalState::keep`] checks the rest).
+fn may_keep(room: usize, size: usize) -> bool {
+    room > SUPERBLOCK_MIN_SIZE && size <= room
 }
 
 /// Together the arenas may keep up to `1 / KEEP_SHARE` of the global arena's free memory
@@ -185,6 +242,7 @@ impl<U: DeviceMemoryResource> State<U> {
             dump_log_on_failure: options.dump_log_on_failure,
             use_size_classes: options.use_size_classes,
             arena_count: AtomicUsize::new(0),
+            global_free: AtomicUsize::new(arena.free_bytes()),
             relieving: Mutex::new(false),
             relieved: Condvar::new(),
             reliefs: AtomicU64::new(0),
@@ -194,6 +252,8 @@ impl<U: DeviceMemoryResource> State<U> {
             swept: AtomicU64::new(rmm_stream::destroyed_streams()),
             holding: Mutex::default(),
             events: EventPool::default(),
+            #[cfg(any(test, feature = "testing"))]
+            holds: HoldRecorder::new(),
         })
     }
 
@@ -233,8 +293,20 @@ impl<U: DeviceMemoryResource> State<U> {
         }
     }
 
-    fn lock_global(&self) -> MutexGuard<'_, GlobalState> {
-        lock(&self.global)
+    fn lock_global(&self) -> GlobalGuard<'_> {
+        let guard = lock(&self.global);
+        GlobalGuard {
+            guard,
+            free: &self.global_free,
+            #[cfg(any(test, feature = "testing"))]
+            record: (&self.holds, std::time::Instant::now()),
+        }
+    }
+
+    /// How long the global lock was held so far, each acquisition (benchmarks and tests).
+    #[cfg(any(test, feature = "testing"))]
+    pub(super) fn global_lock_holds(&self) -> crate::testing::GrowthLockHolds {
+        self.holds.snapshot()
     }
 
     // --- arenas -----------------------------------------------------------------------------
@@ -605,12 +677,13 @@ impl<U: DeviceMemoryResource> State<U> {
                 continue;
             }
             let empty = slot.arena.take_empty();
-            let mut global = self.lock_global();
-            for sb in &empty {
-                global.owners.remove(&sb.addr());
-                global.in_transit.push(sb.span());
+            for batch in empty.chunks(RECLAIM_BATCH) {
+                let mut global = self.lock_global();
+                for sb in batch {
+                    global.owners.remove(&sb.addr());
+                    global.in_transit.insert(sb.span());
+                }
             }
-            drop(global);
             drop(slot);
             taken.push((cell, empty));
         }
@@ -645,20 +718,31 @@ impl<U: DeviceMemoryResource> State<U> {
         if !still_held.is_empty() {
             lock(&self.holding).splice(0..0, still_held);
         }
-        let mut global = self.lock_global();
         let mut emptied = Vec::with_capacity(taken.len());
-        for (cell, superblocks) in taken {
-            for sb in superblocks {
+        let mut superblocks = Vec::new();
+        for (cell, taken) in taken {
+            superblocks.extend(taken);
+            emptied.push(cell);
+        }
+        // A batch at a time, so that the streams' large requests and loans wait for one batch
+        // at most (each superblock is in transit until its batch: lent, with no owner).
+        let mut superblocks = superblocks.into_iter().peekable();
+        while superblocks.peek().is_some() {
+            let mut global = self.lock_global();
+            for sb in superblocks.by_ref().take(RECLAIM_BATCH) {
                 let span = sb.span();
-                global.in_transit.retain(|s| *s != span);
+                global.in_transit.remove(span);
                 if let Err(rejected) = global.arena.release(sb) {
                     log::error!("arena: reclaiming a superblock: {rejected}");
                 }
             }
-            emptied.push(cell);
         }
-        self.release(&mut global, pending);
-        drop(global);
+        let mut pending = pending.into_iter().peekable();
+        while pending.peek().is_some() {
+            let batch: Vec<PendingFree> = pending.by_ref().take(RECLAIM_BATCH).collect();
+            let mut global = self.lock_global();
+            self.release(&mut global, batch);
+        }
         self.retire_empty(emptied);
         Ok(())
     }
@@ -698,7 +782,7 @@ impl<U: DeviceMemoryResource> State<U> {
                 let span = sb.span();
                 match slot.arena.adopt(sb) {
                     Ok(()) => {
-                        global.in_transit.retain(|s| *s != span);
+                        global.in_transit.remove(span);
                         global.owners.insert(span.addr, Arc::clone(&cell));
                     }
                     Err(rejected) => log::error!("arena: {rejected}"),
@@ -1018,10 +1102,15 @@ impl<U: DeviceMemoryResource> State<U> {
             }
             let arenas = self.arena_count.load(Ordering::Relaxed);
             let kept = slot.arena.kept_free_bytes();
+            let room = |free| keep_limit(self.size, arenas, free).saturating_sub(kept);
+            // Decided first from the free bytes the global lock's last holder left: a free
+            // the arena may not keep takes the global lock once (to queue it), not twice.
+            if !may_keep(room(self.global_free.load(Ordering::Relaxed)), size) {
+                return Ok(false);
+            }
             let mut global = self.lock_global();
-            let limit = keep_limit(self.size, arenas, global.arena.free_bytes());
-            let room = limit.saturating_sub(kept);
-            if room <= SUPERBLOCK_MIN_SIZE {
+            let room = room(global.arena.free_bytes());
+            if !may_keep(room, size) {
                 return Ok(false);
             }
             Ok(global.keep(ptr.addr(), size, room, cell, slot))
@@ -1111,7 +1200,7 @@ impl<U: DeviceMemoryResource> State<U> {
                     }
                     Some(owner) => Arc::clone(owner),
                     // An empty superblock on its way back to the global arena: all free.
-                    None if global.in_transit.contains(&span) => {
+                    None if global.in_transit.contains(span) => {
                         drop(global);
                         return fail(&mut fence, ArenaError::DoubleFree { addr, size: bytes });
                     }
