@@ -5,7 +5,7 @@ On a GPU machine with torch:
 
     python3 make_torch_snapshots.py OUT_DIR
 
-records two workloads with ``torch.cuda.memory._record_memory_history`` and writes, with
+records three workloads with ``torch.cuda.memory._record_memory_history`` and writes, with
 ``torch.cuda.memory._dump_snapshot``:
 
     OUT_DIR/torch_two_streams.pickle       a training loop whose batches are copied and
@@ -13,6 +13,10 @@ records two workloads with ``torch.cuda.memory._record_memory_history`` and writ
     OUT_DIR/torch_autocast_empty_cache.pickle
                                            a convolutional model under autocast (float16), with
                                            torch.cuda.empty_cache() between its two phases
+    OUT_DIR/torch_transformer_autocast.pickle
+                                           a small transformer encoder trained under autocast
+                                           (bfloat16) at batch sizes and sequence lengths that
+                                           change every step
 
 Each is recorded without stack frames (``context=None``) unless ``--frames``, so that they stay
 small enough to commit as samples. The last line is "make_torch_snapshots: N snapshots in DIR".
@@ -241,6 +245,35 @@ def autocast_empty_cache(torch):
     return work
 
 
+def transformer_autocast(torch):
+    torch.manual_seed(0)
+    vocab, width = 8192, 512
+    layer = torch.nn.TransformerEncoderLayer(width, 8, 4 * width, batch_first=True)
+    model = torch.nn.ModuleDict({
+        "embed": torch.nn.Embedding(vocab, width),
+        "encoder": torch.nn.TransformerEncoder(layer, 4),
+        "head": torch.nn.Linear(width, vocab),
+    }).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    # (batch, sequence length) per step: growing, shrinking, ragged, as a data loader does.
+    shapes = [(8, 128), (16, 256), (32, 128), (8, 512), (24, 384), (32, 256), (4, 1024),
+              (16, 128), (32, 512), (12, 320), (8, 256), (28, 448)]
+
+    def work():
+        for batch, length in shapes:
+            tokens = torch.randint(0, vocab, (batch, length), device="cuda")
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                hidden = model["encoder"](model["embed"](tokens))
+                logits = model["head"](hidden)
+                loss = torch.nn.functional.cross_entropy(
+                    logits.float().view(-1, vocab), tokens.view(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            del tokens, hidden, logits, loss
+    return work
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out", help="output directory (or, with --synthetic, the file)")
@@ -260,7 +293,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     written = 0
     for name, make in (("torch_two_streams", two_streams),
-                       ("torch_autocast_empty_cache", autocast_empty_cache)):
+                       ("torch_autocast_empty_cache", autocast_empty_cache),
+                       ("torch_transformer_autocast", transformer_autocast)):
         record(torch, os.path.join(args.out, name + ".pickle"), make(torch), args.frames)
         written += 1
         torch.cuda.empty_cache()

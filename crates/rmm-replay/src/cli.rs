@@ -14,8 +14,8 @@ use rmm::ByteSize;
 
 use crate::plan::Workload;
 use crate::plot::{self, Format};
-use crate::run::{replay_log, Report, RunError};
-use crate::target::{self, BuildError, Memory, ResourceKind};
+use crate::run::{replay_log_with, Report, RunError};
+use crate::target::{self, BuildError, BuildOptions, Memory, ResourceKind};
 use crate::LogError;
 
 /// Exit status of a replay that ran out of memory or that the resource failed.
@@ -42,8 +42,12 @@ its first bytes) replays each device's trace as a log of its own: `alloc` entrie
 made before the trace began are allocated first (positions are trace entries, not lines).
 
 Over simulated memory (--simulate) every event runs on one stream and no GPU is needed; the
-resource is built over a simulated device of SIZE bytes (pool and vmm: maximum SIZE; arena:
-SIZE).
+simulated device of SIZE bytes stands for the GPU's free memory and every resource is built as
+on the GPU: pool and binning's pool without a maximum (the device refuses what does not fit,
+and a refused growth is halved down to the request), vmm with maximum SIZE, arena of SIZE / 2.
+So the peak reserved over simulated memory predicts the GPU's. `growths` counts the chunks a
+pool took from its upstream or mapped: on a GPU each is a driver allocation of tens of
+microseconds.
 
 Exit status: 0 when every log replayed; 1 when a replay ran out of memory (the row is named)
 or the resource failed; 2 for bad usage or a log that cannot be read or is malformed (the file
@@ -71,6 +75,12 @@ pub struct Args {
     /// needed (pool, arena, binning, fixed and vmm only).
     #[arg(short, long, value_name = "SIZE", value_parser = parse_size)]
     pub simulate: Option<ByteSize>,
+
+    /// The VMM pool's growth step (--resource vmm): each growth maps at least PERCENT of what is
+    /// mapped already (0..=100; 100, the default, doubles; 0 maps just what the request lacks,
+    /// rounded up to the 2 MiB granularity).
+    #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u16).range(0..=100))]
+    pub vmm_min_growth: Option<u16>,
 
     /// Draw bytes in use and reserved over each log into FILE.svg or FILE.png.
     #[arg(short, long, value_name = "FILE.svg|FILE.png", value_parser = parse_plot_path)]
@@ -177,7 +187,7 @@ fn run(args: &Args) -> Result<(), Failure> {
         if i > 0 {
             let _ = writeln!(stdout.lock());
         }
-        let report = replay_one(name, workload, args.resource, memory)?;
+        let report = replay_one(name, workload, args.resource, memory, build_options(args))?;
         let _ = write!(stdout.lock(), "{}", report.summary);
         if let Some(message) = report.summary.failure_message() {
             eprintln!("rmm-replay: {message}");
@@ -247,11 +257,21 @@ fn style(verb: &str, counts: &str) -> ProgressStyle {
     .progress_chars("=> ")
 }
 
+/// What the command line tunes in the resource.
+fn build_options(args: &Args) -> BuildOptions {
+    let mut options = BuildOptions::default();
+    if let Some(percent) = args.vmm_min_growth {
+        options.vmm_min_growth_percent = usize::from(percent);
+    }
+    options
+}
+
 fn replay_one(
     name: &str,
     workload: &Workload,
     kind: ResourceKind,
     memory: Memory,
+    options: BuildOptions,
 ) -> Result<Report, Failure> {
     let name = name.to_owned();
     let progress = AtomicUsize::new(0);
@@ -274,7 +294,7 @@ fn replay_one(
                 bar.finish_and_clear();
             });
         }
-        let result = replay_log(&name, workload, kind, memory, &progress);
+        let result = replay_log_with(&name, workload, kind, memory, options, &progress);
         done.store(true, Ordering::Release);
         result
     });
@@ -307,15 +327,19 @@ mod tests {
             "80GiB",
             "--plot",
             "m.png",
+            "--vmm-min-growth",
+            "12",
             "a.csv",
             "b.csv",
         ])
         .unwrap();
         assert_eq!(a.resource, ResourceKind::Arena);
         assert_eq!(a.simulate, Some(ByteSize(80 << 30)));
+        assert_eq!(build_options(&a).vmm_min_growth_percent, 12);
         assert_eq!(a.plot, Some(PathBuf::from("m.png")));
         assert_eq!(a.logs, [PathBuf::from("a.csv"), PathBuf::from("b.csv")]);
         let a = Args::try_parse_from(["rmm-replay", "x.csv"]).unwrap();
+        assert_eq!(build_options(&a), BuildOptions::default());
         assert_eq!(
             (a.resource, a.simulate, a.plot),
             (ResourceKind::Pool, None, None)
@@ -326,6 +350,7 @@ mod tests {
             &["rmm-replay", "--simulate", "lots", "x.csv"],
             &["rmm-replay", "--simulate", "0", "x.csv"],
             &["rmm-replay", "--resource", "slab", "x.csv"],
+            &["rmm-replay", "--vmm-min-growth", "101", "x.csv"],
         ] {
             let e = Args::try_parse_from(bad).unwrap_err();
             assert_eq!(e.exit_code(), 2, "{bad:?}");

@@ -60,9 +60,9 @@ use rmm::mr::{parse_log_lines, CsvError, MemoryEvent};
 
 pub use plan::{PlanError, Position, Workload};
 pub use replay::{replay, Replay, ReplayError};
-pub use run::{replay_log, Report, RunError};
+pub use run::{replay_log, replay_log_with, Report, RunError};
 pub use summary::{Peaks, Summary};
-pub use target::{Memory, ResourceKind, Target};
+pub use target::{BuildOptions, Memory, ResourceKind, Target};
 
 /// A log that cannot be read or makes no sense, with the file it came from.
 #[derive(Debug)]

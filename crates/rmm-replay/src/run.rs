@@ -11,7 +11,7 @@ use crate::plan::Workload;
 use crate::plot::Panel;
 use crate::replay::{replay, Replay, ReplayError};
 use crate::summary::{largest_allocation, Summary};
-use crate::target::{self, BuildError, DeviceStreams, Memory, ResourceKind};
+use crate::target::{self, BuildError, BuildOptions, DeviceStreams, Memory, ResourceKind};
 
 /// What one log's replay gave.
 #[derive(Debug)]
@@ -70,7 +70,30 @@ pub fn replay_log(
     memory: Memory,
     progress: &AtomicUsize,
 ) -> Result<Report, RunError> {
-    let target = target::build(kind, memory, workload).map_err(RunError::Build)?;
+    replay_log_with(
+        name,
+        workload,
+        kind,
+        memory,
+        BuildOptions::default(),
+        progress,
+    )
+}
+
+/// [`replay_log`] against a resource built with `options` ([`target::build_with`]).
+///
+/// # Errors
+///
+/// As [`replay_log`].
+pub fn replay_log_with(
+    name: &str,
+    workload: &Workload,
+    kind: ResourceKind,
+    memory: Memory,
+    options: BuildOptions,
+    progress: &AtomicUsize,
+) -> Result<Report, RunError> {
+    let target = target::build_with(kind, memory, workload, options).map_err(RunError::Build)?;
     let device_streams;
     let streams = match memory {
         Memory::Simulated(_) => target::simulated_streams(workload),
@@ -102,6 +125,7 @@ pub fn replay_log(
         &reserved,
         target.reserved_high(),
     );
+    summary.growths = target.growths();
     // What is left of the memory, as one allocation: everything was freed by the replay.
     summary.largest_after = target.probe_limit().map(|limit| {
         let resolution = (limit / 4096).max(256);
@@ -166,22 +190,33 @@ mod tests {
             assert_eq!(report.panel.in_use.len(), 63);
             assert_eq!(report.panel.reserved, report.replay.reserved);
             assert_eq!(report.panel.capacity, Some(4 << 30));
-            let expected_reserved: u64 = match kind {
-                // Half of the 4 GiB maximum at the first growth.
-                ResourceKind::Pool => 2 << 30,
-                ResourceKind::Arena => 4 << 30,
-                // The bins' 992 MiB and the large requests fit in the first 2 GiB chunk.
-                ResourceKind::Binning => 2 << 30,
+            // As on a GPU: no maximum, the 4 GiB of simulated memory bound the pool.
+            let (expected_reserved, expected_growths): (u64, Option<u64>) = match kind {
+                // The request, then at least doubling: 5 chunks, 256 MiB for the peak's
+                // 132 MiB.
+                ResourceKind::Pool => (256 << 20, Some(5)),
+                // Half of the free memory, as on a GPU.
+                ResourceKind::Arena => (2 << 30, None),
+                // The bins' first chunks (128 blocks each of 256 KiB..4 MiB: 32, 64, 128, 256,
+                // 512 MiB, each a growth of the pool) make 992 MiB; the first request above
+                // 4 MiB doubles that.
+                ResourceKind::Binning => (1984 << 20, Some(6)),
                 // Blocks of 32 MiB (the largest request), 8 per chunk; the peak holds 4 + 2 +
                 // 5 = 11 blocks, so two chunks.
-                ResourceKind::Fixed => 512 << 20,
+                ResourceKind::Fixed => (512 << 20, None),
                 // Mapped as needed, in 2 MiB granules, each growth at least what is mapped
                 // (the default): the peak's 132 MiB and the holes between live blocks take
                 // the mapping past 128 MiB, to 256.
-                ResourceKind::Vmm => 256 << 20,
+                ResourceKind::Vmm => (256 << 20, Some(5)),
                 _ => unreachable!(),
             };
             assert_eq!(s.peaks.reserved, expected_reserved, "{kind}");
+            assert_eq!(s.growths, expected_growths, "{kind}");
+            assert_eq!(
+                s.to_string().contains("growths"),
+                expected_growths.is_some(),
+                "{kind}: {s}"
+            );
             assert!(
                 (s.reserved_to_live() - expected_reserved as f64 / 138_420_836.0).abs() < 1e-9,
                 "{kind}: {s}"

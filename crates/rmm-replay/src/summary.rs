@@ -103,6 +103,9 @@ pub struct Summary {
     /// ([`largest_allocation`]), and the bound it was searched up to; `None` when it was not
     /// probed.
     pub largest_after: Option<(u64, u64)>,
+    /// How many times the resource grew during the replay ([`Target::growths`](crate::Target::growths));
+    /// `None` when it does not say.
+    pub growths: Option<u64>,
 }
 
 impl Summary {
@@ -152,6 +155,7 @@ impl Summary {
                 .map(|f| workload.threads[f.at.thread as usize]),
             failure: replay.failure.clone(),
             largest_after: None,
+            growths: None,
         }
     }
 
@@ -273,6 +277,13 @@ impl fmt::Display for Summary {
             "peak reserved / peak in use",
             format!("{:.2}", self.reserved_to_live()),
         )?;
+        if let Some(growths) = self.growths {
+            row(
+                f,
+                "growths",
+                format!("{growths} (chunks taken from the upstream or mapped)"),
+            )?;
+        }
         if let Some((largest, limit)) = self.largest_after {
             row(
                 f,

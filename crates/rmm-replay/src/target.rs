@@ -7,7 +7,7 @@ use rmm::mr::{
     shared, ArenaMemoryResource, ArenaOptions, BinningMemoryResource, BinningOptions,
     CudaAsyncMemoryResource, CudaMemoryResource, FixedSizeMemoryResource, FixedSizeOptions,
     ManagedMemoryResource, MrError, PoolMemoryResource, PoolOptions, SharedResource,
-    SimulatedMemoryResource, VmmPoolMemoryResource, VmmPoolOptions,
+    SimulatedMemoryResource, StatisticsResourceAdaptor, VmmPoolMemoryResource, VmmPoolOptions,
 };
 use rmm::stream::{CudaStream, CudaStreamView};
 use rmm::sys::{align_up, CudaError, ALLOCATION_ALIGNMENT};
@@ -18,20 +18,18 @@ use crate::summary::format_bytes;
 /// The resources a log can be replayed against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
 pub enum ResourceKind {
-    /// `PoolMemoryResource`, initial size 0 (on a GPU without a maximum; over simulated memory
-    /// with the simulated size as its maximum).
+    /// `PoolMemoryResource`, initial size 0 and no maximum: it grows until its upstream (the
+    /// GPU, or the simulated device) refuses.
     Pool,
-    /// `ArenaMemoryResource` (on a GPU half of the free memory; over simulated memory all of
-    /// it).
+    /// `ArenaMemoryResource` of half the free memory (of the GPU, or of the simulated device).
     Arena,
     /// `BinningMemoryResource` with fixed-size bins of 256 KiB..4 MiB (2^18..2^22) over a pool
     /// as above (RMM's benchmark configuration).
     Binning,
     /// `FixedSizeMemoryResource` whose block is the log's largest request.
     Fixed,
-    /// `VmmPoolMemoryResource`: one reserved address range, physical memory mapped as it grows
-    /// (on a GPU its maximum is the device's free memory; over simulated memory the simulated
-    /// size).
+    /// `VmmPoolMemoryResource`: one reserved address range, physical memory mapped as it grows;
+    /// its maximum is the free memory (of the GPU, or the simulated device's size).
     Vmm,
     /// `CudaAsyncMemoryResource`: the driver's stream-ordered pool (GPU only).
     Async,
@@ -125,6 +123,7 @@ pub struct Target {
     pub capacity: Option<u64>,
     reserved: Reserved,
     reserved_high: Option<Box<dyn Fn() -> Option<u64> + Send + Sync>>,
+    growths: Option<Box<dyn Fn() -> u64 + Send + Sync>>,
 }
 
 impl fmt::Debug for Target {
@@ -180,6 +179,31 @@ impl Target {
     pub fn reserved_high(&self) -> Option<u64> {
         self.reserved_high.as_ref().and_then(|high| high())
     }
+
+    /// How many times the resource grew so far: the chunks a pool (or the binning resource's
+    /// pool) took from its upstream, the chunks the VMM pool mapped. On a GPU each is a driver
+    /// allocation (`cuMemAlloc`, or `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`) of tens of
+    /// microseconds. `None` for the other resources.
+    #[must_use]
+    pub fn growths(&self) -> Option<u64> {
+        self.growths.as_ref().map(|count| count())
+    }
+}
+
+/// What a replay may tune in the resource beyond its kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BuildOptions {
+    /// The VMM pool's [`VmmPoolOptions::min_growth_percent`]: each growth maps at least this
+    /// share of what is mapped already (default: the VMM pool's own, 100, doubling).
+    pub vmm_min_growth_percent: usize,
+}
+
+impl Default for BuildOptions {
+    fn default() -> Self {
+        Self {
+            vmm_min_growth_percent: VmmPoolOptions::new(0).min_growth_percent,
+        }
+    }
 }
 
 /// Why a resource could not be built.
@@ -226,6 +250,27 @@ pub fn build(
     memory: Memory,
     workload: &Workload,
 ) -> Result<Target, BuildError> {
+    build_with(kind, memory, workload, BuildOptions::default())
+}
+
+/// [`build`] with `options`.
+///
+/// Over simulated memory every resource is built exactly as on the GPU, the simulated device
+/// standing for the GPU's free memory: the pool (and the binning resource's pool) has no
+/// maximum, so it grows until the simulated device refuses, halving a refused chunk down to
+/// the request as on a full GPU; the VMM pool's maximum is the simulated size; the arena takes
+/// half of it. So the bytes reserved over simulated memory predict the GPU's (on one stream:
+/// see [`simulated_streams`]).
+///
+/// # Errors
+///
+/// As [`build`].
+pub fn build_with(
+    kind: ResourceKind,
+    memory: Memory,
+    workload: &Workload,
+    options: BuildOptions,
+) -> Result<Target, BuildError> {
     let failed = |error| BuildError::Resource { kind, error };
     let (upstream, simulated, base): (SharedResource, Option<SimulatedMemoryResource>, String) =
         match memory {
@@ -240,22 +285,30 @@ pub fn build(
             Memory::Device => (shared(CudaMemoryResource::new()), None, device_words()),
         };
     let capacity = simulated.as_ref().map(|s| s.size() as u64);
-    let maximum = simulated.as_ref().map(SimulatedMemoryResource::size);
-    let max_words = match maximum {
-        Some(m) => format!("maximum {}", format_bytes(m as u64)),
-        None => "no maximum".to_owned(),
-    };
+    // The simulated device stands for the GPU's free memory.
+    let simulated_free = simulated.as_ref().map(SimulatedMemoryResource::size);
     // Over simulated memory, what the resource took from it is exactly what it reserved.
     let probe_simulated = |sim: &SimulatedMemoryResource| {
         let sim = sim.clone();
         Reserved::Probe(Box::new(move || sim.used() as u64))
     };
 
+    // Every chunk a pool takes passes through this: its allocation count is the growths.
+    let counted = |upstream| {
+        let counted = StatisticsResourceAdaptor::new(upstream);
+        let count = counted.clone();
+        let growths: Box<dyn Fn() -> u64 + Send + Sync> =
+            Box::new(move || u64::try_from(count.allocations_counter().total).unwrap_or(0));
+        (counted, growths)
+    };
     let mut reserved_high = None;
+    let mut growths = None;
     let (resource, reserved, description): (SharedResource, Reserved, String) = match kind {
         ResourceKind::Pool => {
-            let pool = PoolMemoryResource::with_options(upstream, pool_options(maximum))
-                .map_err(failed)?;
+            let (upstream, count) = counted(upstream);
+            growths = Some(count);
+            let pool =
+                PoolMemoryResource::with_options(upstream, pool_options()).map_err(failed)?;
             let reserved = match &simulated {
                 Some(sim) => probe_simulated(sim),
                 None => {
@@ -263,12 +316,13 @@ pub fn build(
                     Reserved::Probe(Box::new(move || p.pool_size() as u64))
                 }
             };
-            let words = format!("pool (initial size 0, {max_words}) over {base}");
+            let words = format!("pool (initial size 0, no maximum) over {base}");
             (shared(pool), reserved, words)
         }
         ResourceKind::Arena => {
             let mut options = ArenaOptions::new();
-            options.arena_size = maximum;
+            // On a GPU (`None`) half of the free memory.
+            options.arena_size = simulated_free.map(|free| free / 2);
             let arena = ArenaMemoryResource::with_options(upstream, options).map_err(failed)?;
             let size = arena.arena_size() as u64;
             let reserved = match &simulated {
@@ -279,8 +333,10 @@ pub fn build(
             (shared(arena), reserved, words)
         }
         ResourceKind::Binning => {
-            let pool = PoolMemoryResource::with_options(upstream, pool_options(maximum))
-                .map_err(failed)?;
+            let (upstream, count) = counted(upstream);
+            growths = Some(count);
+            let pool =
+                PoolMemoryResource::with_options(upstream, pool_options()).map_err(failed)?;
             let binning = BinningMemoryResource::with_options(
                 pool.clone(),
                 BinningOptions::new()
@@ -293,7 +349,7 @@ pub fn build(
                 None => Reserved::Probe(Box::new(move || pool.pool_size() as u64)),
             };
             let words = format!(
-                "binning (fixed-size bins of {}..{}) over a pool (initial size 0, {max_words}) \
+                "binning (fixed-size bins of {}..{}) over a pool (initial size 0, no maximum) \
                  over {base}",
                 format_bytes(1 << BINNING_MIN_EXPONENT),
                 format_bytes(1 << BINNING_MAX_EXPONENT)
@@ -323,13 +379,18 @@ pub fn build(
             (shared(fixed), reserved, words)
         }
         ResourceKind::Vmm => {
-            let vmm = match maximum {
-                Some(size) => VmmPoolMemoryResource::simulated(VmmPoolOptions::new(size)),
+            let vmm_options =
+                |free| VmmPoolOptions::new(free).min_growth_percent(options.vmm_min_growth_percent);
+            let vmm = match simulated_free {
+                Some(free) => VmmPoolMemoryResource::simulated(vmm_options(free)),
                 None => rmm::sys::available_device_memory()
                     .map_err(MrError::from)
-                    .and_then(|(free, _)| VmmPoolMemoryResource::new(free)),
+                    .and_then(|(free, _)| VmmPoolMemoryResource::with_options(vmm_options(free))),
             }
             .map_err(failed)?;
+            let count = vmm.clone();
+            growths = Some(Box::new(move || count.growth_statistics().mappings)
+                as Box<dyn Fn() -> u64 + Send + Sync>);
             let (probe, high) = (vmm.clone(), vmm.clone());
             reserved_high =
                 Some(
@@ -338,9 +399,11 @@ pub fn build(
                 );
             let reserved = Reserved::Probe(Box::new(move || probe.pool_size() as u64));
             let words = format!(
-                "vmm pool (maximum {}, chunks of {}) on {base}",
+                "vmm pool (maximum {}, chunks of {}, growth by at least {}% of what is mapped) \
+                 on {base}",
                 format_bytes(vmm.maximum_pool_size() as u64),
-                format_bytes(vmm.granularity() as u64)
+                format_bytes(vmm.granularity() as u64),
+                options.vmm_min_growth_percent.min(100)
             );
             (shared(vmm), reserved, words)
         }
@@ -375,6 +438,7 @@ pub fn build(
         capacity,
         reserved,
         reserved_high,
+        growths,
     })
 }
 
@@ -458,11 +522,10 @@ pub fn simulated_streams(workload: &Workload) -> Vec<CudaStreamView<'static>> {
     vec![CudaStreamView::legacy(); workload.streams.len()]
 }
 
-/// A pool that starts empty and holds at most `maximum` bytes (`None`: no maximum).
-fn pool_options(maximum: Option<usize>) -> PoolOptions {
-    let mut options = PoolOptions::new(0);
-    options.maximum_pool_size = maximum;
-    options
+/// A pool that starts empty and has no maximum, as on the GPU and as RMM's replay benchmark
+/// builds it: over simulated memory the simulated device bounds it, as device memory does.
+fn pool_options() -> PoolOptions {
+    PoolOptions::new(0)
 }
 
 #[cfg(test)]
@@ -502,15 +565,87 @@ mod tests {
             assert!(!props.device_accessible && !props.host_accessible, "{kind}");
             let expected = match kind {
                 ResourceKind::Pool => 0,
-                ResourceKind::Arena => 2048 * MIB,
+                // Half of the simulated device, as on a GPU half of its free memory.
+                ResourceKind::Arena => 1024 * MIB,
                 // The bins' first chunks (128 blocks of 256 KiB, 512 KiB, 1, 2 and 4 MiB:
-                // 992 MiB) all come from the pool's first growth, half of its 2 GiB maximum.
-                ResourceKind::Binning => 1024 * MIB,
+                // 992 MiB), one growth of the pool each (no maximum, as on a GPU).
+                ResourceKind::Binning => 992 * MIB,
                 ResourceKind::Fixed => 128 * 256,
                 _ => unreachable!(),
             };
             assert_eq!(t.reserved() as usize, expected, "{kind}");
+            let growths = match kind {
+                ResourceKind::Pool => Some(0),
+                ResourceKind::Binning => Some(5),
+                _ => None,
+            };
+            assert_eq!(t.growths(), growths, "{kind}");
         }
+    }
+
+    /// Over simulated memory the pool is built as on a GPU, without a maximum: it grows by
+    /// RMM's rule for a pool without one (the request, then at least doubling), whatever the
+    /// simulated size, and when the simulated device refuses a growth it halves the chunk down
+    /// to the request, as on a full GPU. (With the simulated size as its maximum, its first
+    /// growth took half of it.)
+    #[test]
+    fn the_simulated_pool_grows_as_on_a_gpu() {
+        // Nothing is freed here: dropping a resource returns its chunks.
+        let w = Workload::default();
+        let s = CudaStreamView::legacy();
+        for size in [80usize << 30, 141 << 30] {
+            let t = build(ResourceKind::Pool, Memory::Simulated(size), &w).unwrap();
+            assert!(t.description.contains("no maximum"), "{}", t.description);
+            t.resource.allocate(s, 3 * MIB, 256).unwrap();
+            assert_eq!(t.reserved() as usize, 3 * MIB, "{size}: the request alone");
+            t.resource.allocate(s, MIB, 256).unwrap();
+            assert_eq!(t.reserved() as usize, 6 * MIB, "{size}: doubled");
+            assert_eq!(t.growths(), Some(2));
+        }
+        // 100 MiB of simulated memory, 64 MiB held: a 30 MiB request asks for 64 MiB (refused,
+        // 36 are left), then 32 (granted), as RMM's try_to_expand halves; then 8 MiB finds
+        // 96, 48, 24, 12 and 8 refused (4 are left) and is out of memory.
+        let t = build(ResourceKind::Pool, Memory::Simulated(100 * MIB), &w).unwrap();
+        t.resource.allocate(s, 64 * MIB, 256).unwrap();
+        t.resource.allocate(s, 30 * MIB, 256).unwrap();
+        assert_eq!(
+            t.reserved() as usize,
+            96 * MIB,
+            "64 refused, then 32 granted"
+        );
+        let e = t.resource.allocate(s, 8 * MIB, 256).unwrap_err();
+        assert!(e.is_out_of_memory(), "{e}");
+        assert_eq!(t.growths(), Some(2));
+    }
+
+    /// The VMM pool's maximum is the simulated device's size, as on a GPU its free memory;
+    /// its growth step is the options'.
+    #[test]
+    fn the_simulated_vmm_pool_spans_the_device_and_takes_the_growth_step() {
+        let w = Workload::default();
+        let s = CudaStreamView::legacy();
+        for (percent, reserved) in [(100, 8 * MIB), (0, 6 * MIB)] {
+            let options = BuildOptions {
+                vmm_min_growth_percent: percent,
+            };
+            let t =
+                build_with(ResourceKind::Vmm, Memory::Simulated(80 << 30), &w, options).unwrap();
+            assert!(
+                t.description.contains("maximum 80.00 GiB"),
+                "{}",
+                t.description
+            );
+            assert!(
+                t.description.contains(&format!("at least {percent}%")),
+                "{}",
+                t.description
+            );
+            t.resource.allocate(s, 4 * MIB, 256).unwrap();
+            t.resource.allocate(s, 2 * MIB, 256).unwrap();
+            assert_eq!(t.reserved() as usize, reserved, "{percent}%");
+            assert_eq!(t.growths(), Some(2), "{percent}%");
+        }
+        assert_eq!(BuildOptions::default().vmm_min_growth_percent, 100);
     }
 
     #[test]

@@ -156,8 +156,12 @@ fn size(value: Option<&Value>, at: &str) -> Result<usize, SnapshotError> {
 /// [`SnapshotError`]: not a pickle, not shaped as torch's snapshot (the error names the value),
 /// or nothing to replay.
 pub fn read_snapshot<R: Read>(reader: R) -> Result<Vec<DeviceTrace>, SnapshotError> {
-    let root =
-        serde_pickle::value_from_reader(reader, DeOptions::new()).map_err(SnapshotError::Pickle)?;
+    // Torch shares stack frames between entries (memoized containers of memoized strings),
+    // which serde-pickle counts as recursion when a shared container is read twice: such a
+    // reference reads as None. Only the frames are shared; a field the replay reads that came
+    // back None would be refused below as the wrong shape.
+    let options = DeOptions::new().replace_recursive_structures();
+    let root = serde_pickle::value_from_reader(reader, options).map_err(SnapshotError::Pickle)?;
     if !matches!(root, Value::Dict(_)) {
         return Err(shape("the pickle", "a dict with device_traces"));
     }
@@ -374,6 +378,30 @@ mod tests {
             ("time_us", Value::I64(1)),
             ("frames", Value::List(vec![])),
         ])
+    }
+
+    /// Torch shares stack frames between trace entries: a memoized list of memoized strings
+    /// referenced from several entries, which serde-pickle's memo bookkeeping takes for a
+    /// recursive structure. The replay reads no frame, so such a snapshot loads.
+    #[test]
+    fn snapshots_sharing_frames_between_entries_load() {
+        // pickle.dumps(protocol=4) of a snapshot whose three entries share one `frames` list
+        // of two dicts that share one filename string.
+        let bytes: &[u8] = b"\x80\x04\x95\xf0\x00\x00\x00\x00\x00\x00\x00\x7d\x94\x28\x8c\x08\x73\x65\x67\x6d\x65\x6e\x74\x73\
+          \x94\x5d\x94\x8c\x0d\x64\x65\x76\x69\x63\x65\x5f\x74\x72\x61\x63\x65\x73\x94\x5d\x94\x5d\x94\x28\
+          \x7d\x94\x28\x8c\x06\x61\x63\x74\x69\x6f\x6e\x94\x8c\x05\x61\x6c\x6c\x6f\x63\x94\x8c\x04\x61\x64\
+          \x64\x72\x94\x4d\x00\x10\x8c\x04\x73\x69\x7a\x65\x94\x4d\x00\x02\x8c\x06\x73\x74\x72\x65\x61\x6d\
+          \x94\x4b\x00\x8c\x07\x74\x69\x6d\x65\x5f\x75\x73\x94\x4b\x01\x8c\x06\x66\x72\x61\x6d\x65\x73\x94\
+          \x5d\x94\x28\x7d\x94\x28\x8c\x08\x66\x69\x6c\x65\x6e\x61\x6d\x65\x94\x8c\x08\x74\x72\x61\x69\x6e\
+          \x2e\x70\x79\x94\x8c\x04\x6c\x69\x6e\x65\x94\x4b\x01\x75\x7d\x94\x28\x68\x10\x68\x11\x68\x12\x4b\
+          \x02\x75\x65\x75\x7d\x94\x28\x68\x07\x68\x08\x68\x09\x4d\x00\x20\x68\x0a\x4d\x00\x04\x68\x0b\x4b\
+          \x00\x68\x0c\x4b\x01\x68\x0d\x68\x0e\x75\x7d\x94\x28\x68\x07\x8c\x0e\x66\x72\x65\x65\x5f\x63\x6f\
+          \x6d\x70\x6c\x65\x74\x65\x64\x94\x68\x09\x4d\x00\x10\x68\x0a\x4d\x00\x02\x68\x0b\x4b\x00\x68\x0c\
+          \x4b\x01\x68\x0d\x68\x0e\x75\x65\x61\x75\x2e";
+        let loaded = load_snapshot(bytes).unwrap();
+        assert_eq!(loaded.len(), 1);
+        let w = &loaded[0].1;
+        assert_eq!((w.allocations(), w.frees()), (2, 1));
     }
 
     #[test]

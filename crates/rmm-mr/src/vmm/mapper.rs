@@ -215,11 +215,14 @@ impl Mapper {
     /// Maps a chunk for a request of `request` bytes (a multiple of 256) when the free block at
     /// the end of the mapped memory has `tail` bytes, and returns it with its size (see
     /// [`MappedRange::place`]; under [`GrowthCause::Pressure`], [`MappedRange::place_exact`]:
-    /// no minimum growth). `bytes` is the caller's request, for the error.
+    /// no minimum growth). `bytes` is the caller's request, for the error. When the device
+    /// refuses a chunk that the minimum growth made larger than the request needs, the chunk
+    /// is halved down to what the request lacks (RMM's `try_to_expand`).
     ///
     /// # Errors
     /// Out-of-memory when no chunk can be placed (the maximum is reached) or the device has no
-    /// memory left; the driver's error otherwise. Nothing is mapped then.
+    /// memory left even for what the request lacks; the driver's error otherwise. Nothing is
+    /// mapped then.
     pub(crate) fn grow(
         &self,
         bytes: usize,
@@ -241,8 +244,9 @@ impl Mapper {
                 ),
             )
         })?;
+        let exact = st.range.place_exact(request, tail).ok();
         let started = Instant::now();
-        let mapping = self.map(p).map_err(|e| {
+        let (p, mapping) = self.map_or_less(p, exact).map_err(|e| {
             log::error!("rmm: {NAME} could not map {}: {e}", format_bytes(p.size));
             e
         })?;
@@ -258,6 +262,31 @@ impl Mapper {
         self.end
             .store(self.base + st.range.end() as u64, Ordering::Release);
         Ok((DevicePtr::from_raw(self.base + p.offset as u64), p.size))
+    }
+
+    /// Maps `p`, or, when the device is out of memory and `p` is more than the request lacks
+    /// (`exact`, a chunk at the same offset: the minimum growth made it larger), the halves of
+    /// `p` down to `exact`, as RMM's pool halves a refused growth down to the request
+    /// (`try_to_expand`). Returns what was mapped.
+    fn map_or_less(
+        &self,
+        p: Placement,
+        exact: Option<Placement>,
+    ) -> MrResult<(Placement, Option<Mapping>)> {
+        let mut p = p;
+        loop {
+            match self.map(p) {
+                Ok(mapping) => return Ok((p, mapping)),
+                Err(e) => {
+                    let smaller = exact.filter(|x| {
+                        e.is_out_of_memory() && x.offset == p.offset && x.size < p.size
+                    });
+                    let Some(x) = smaller else { return Err(e) };
+                    let half = p.size / 2 / self.granularity * self.granularity;
+                    p.size = half.max(x.size);
+                }
+            }
+        }
     }
 
     /// Creates and maps the physical memory of `p` (nothing when simulated).

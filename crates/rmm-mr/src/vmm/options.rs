@@ -52,8 +52,11 @@ pub struct VmmPoolOptions {
     /// block waits on an event maps only what the request lacks, whatever this says. Lower
     /// values trade time at many threads for memory: 12 held 1.1-1.5x the live bytes on the
     /// GPU benchmark's traces against 2.0x with the default, and cost up to 1.5x the pool's
-    /// time at 16 threads (`docs/performance.md`, "The VMM pool's default growth"). 0: map
-    /// only what the request lacks. Values above 100 count as 100.
+    /// time at 16 threads (`docs/perf-log/2026-11-26-vmm-default-growth.md`). 12 is the
+    /// setting recommended for memory efficiency: replaying real PyTorch snapshots it reserved
+    /// a median 1.09x the peak in use, against 1.81x with the default (`docs/performance.md`,
+    /// "Issue 32, target 1"). 0: map only what the request lacks (a growth per granule the
+    /// workload grows by). Values above 100 count as 100.
     pub min_growth_percent: usize,
 }
 

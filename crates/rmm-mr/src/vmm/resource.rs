@@ -63,9 +63,12 @@ impl Growth for Mapper {
 ///   [`MAX_OVER_ALIGNMENT`](crate::MAX_OVER_ALIGNMENT), wrong frees reported as [`MrError::InvalidFree`].
 /// - When no list can serve a request, the pool maps one more chunk of physical memory
 ///   (`cuMemCreate`, `cuMemMap`, `cuMemSetAccess` for the device and its peers) right after
-///   the mapped memory, of just what the free block at the end lacks for the request, rounded
-///   up to the granularity. Failure is out-of-memory (`"Maximum pool size exceeded"` at the
-///   maximum, or the device's own out-of-memory).
+///   the mapped memory, of what the free block at the end lacks for the request, rounded up to
+///   the granularity, or at least [`VmmPoolOptions::min_growth_percent`] of what is mapped
+///   (doubling by default) where the range has room. A chunk the device refuses is halved down
+///   to what the request lacks (as RMM's pool halves a refused growth). Failure is
+///   out-of-memory (`"Maximum pool size exceeded"` at the maximum, or the device's own
+///   out-of-memory).
 /// - [`release_unused`](Self::release_unused) synchronizes the device, then unmaps and
 ///   releases every chunk no allocation uses, at the end or not; a chunk released in the
 ///   middle leaves a hole that growth maps again when the end has no room.

@@ -293,6 +293,41 @@ fn a_failed_mapping_changes_nothing() {
     free(&p, b, 4 * MIB).unwrap();
 }
 
+/// A device that refuses the minimum growth's chunk still serves the request: the chunk is
+/// halved down to what the request lacks, as RMM's pool halves a refused growth.
+#[test]
+fn a_refused_growth_halves_down_to_the_request() {
+    let p = VmmPoolMemoryResource::simulated(VmmPoolOptions::new(64 * MIB)).unwrap();
+    let a = p.allocate(s(), 8 * MIB, 256).unwrap();
+    // Doubling asks for 8 MiB for a request that lacks 2: 8 is refused, 4 is mapped.
+    p.mapper()
+        .fail_maps
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    let b = p.allocate(s(), 2 * MIB, 256).unwrap();
+    assert_eq!(p.pool_size(), 12 * MIB);
+    // Doubling asks for 12 MiB, the request lacks 2: 12 and 6 are refused, 2 is mapped.
+    p.mapper()
+        .fail_maps
+        .store(2, std::sync::atomic::Ordering::SeqCst);
+    let c = p.allocate(s(), 4 * MIB, 256).unwrap();
+    assert_eq!(
+        p.pool_size(),
+        14 * MIB,
+        "the 2 MiB free at the end and 2 more"
+    );
+    assert_eq!(p.growth_statistics().mappings, 3);
+    // 14, 6 and the request's own 2 MiB refused: out of memory, nothing mapped.
+    p.mapper()
+        .fail_maps
+        .store(3, std::sync::atomic::Ordering::SeqCst);
+    let e = p.allocate(s(), 2 * MIB, 256).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    assert_eq!(p.pool_size(), 14 * MIB);
+    for (ptr, bytes) in [(a, 8 * MIB), (b, 2 * MIB), (c, 4 * MIB)] {
+        free(&p, ptr, bytes).unwrap();
+    }
+}
+
 #[test]
 fn the_maximum_is_out_of_memory_without_mapping() {
     let p = sim(8 * MIB, 0);
