@@ -9,7 +9,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
-use rmm::mr::{resource_cast, PoolMemoryResource, SharedResource};
+use rmm::mr::{resource_cast, PoolMemoryResource, SharedResource, StatisticsResourceAdaptor};
 use rmm::sys::DeviceCapabilities;
 use rmm_replay::target::{self, DeviceStreams, Memory, ResourceKind};
 use rmm_replay::{load, replay_log, Report, Workload};
@@ -107,8 +107,11 @@ fn the_pool_is_empty_after_a_replay() -> Result<Completion, Failed> {
         r.failure.is_none() && r.cleanup_error.is_none(),
         format!("{r:?}"),
     )?;
-    let pool = resource_cast::<PoolMemoryResource<SharedResource>>(&*t.resource)
-        .ok_or("the pool target is a PoolMemoryResource over a SharedResource")?;
+    // The pool's upstream counts its growths (the summary's `growths` line).
+    let pool = resource_cast::<PoolMemoryResource<StatisticsResourceAdaptor<SharedResource>>>(
+        &*t.resource,
+    )
+    .ok_or("the pool target is a PoolMemoryResource over a counted SharedResource")?;
     ensure(
         pool.outstanding_allocations() == 0,
         format!("{} allocations outstanding", pool.outstanding_allocations()),
@@ -140,19 +143,20 @@ fn replays_the_sample_over_simulated_memory_with_a_gpu_present() -> Result<Compl
         )?;
         check_report(kind, &report)?;
     }
-    // Too small: the arena defragments (synchronizing the device) before it gives up.
+    // Too small (an arena of half the simulated 200 MiB, as on a GPU): the arena defragments
+    // (synchronizing the device) before it gives up.
     let report = replay_log(
         "sample.csv",
         &workload,
         ResourceKind::Arena,
-        Memory::Simulated(100 << 20),
+        Memory::Simulated(200 << 20),
         &AtomicUsize::new(0),
     )?;
     let failure = report
         .summary
         .failure
         .as_ref()
-        .ok_or("the sample does not fit in a 100 MiB arena")?;
+        .ok_or("the sample does not fit in a 100 MiB arena (of 200 MiB simulated)")?;
     ensure(
         failure.at.line == 8 && failure.error.is_out_of_memory(),
         format!("ran out at line 8: {}", report.summary),
