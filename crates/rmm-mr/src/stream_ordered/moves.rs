@@ -86,10 +86,10 @@ pub(crate) struct Budget {
 
 /// Yields of a growth budget on a thread that set [`UNTIMED_GROWTH`]: enough for any hook of a
 /// test to run on a loaded machine, still finite so that a broken protocol fails the test.
-#[cfg(all(test, not(loom)))]
+#[cfg(test)]
 const UNTIMED_YIELDS: u32 = 1 << 22;
 
-#[cfg(all(test, not(loom)))]
+#[cfg(test)]
 thread_local! {
     /// Set by a test on its grower's thread: that thread's growth budgets count yields only,
     /// so the test's outcome does not depend on the wall clock (the machine's load).
@@ -100,7 +100,7 @@ impl Budget {
     /// A growth's budget: [`WAIT_YIELDS`] yields and [`WAIT_TIME`] from `locked`, when the
     /// growth lock was taken.
     pub(crate) fn growth(locked: Instant) -> Self {
-        #[cfg(all(test, not(loom)))]
+        #[cfg(test)]
         if UNTIMED_GROWTH.get() {
             return Self::yields(UNTIMED_YIELDS);
         }
