@@ -50,7 +50,7 @@ commands:
                             (3; CI runs 2), one table row per model
   api-count [--list] [--no-build] [PACKAGE]...
                             public items of rmm-rs and rmm-mr (or PACKAGEs), by kind (nightly)
-  size                      code lines of rmm-mr's stream_ordered/ and pool/ (not tests,
+  size [--files]            code lines of rmm-mr's stream_ordered/ and pool/ (not tests,
                             comments or blanks) against the limit of issue 28
   wheel [--out DIR]         the Python wheel rmm_rs_torch (the C library and the module), built
                             with maturin (pip install maturin) into DIR (target/wheels)
@@ -65,7 +65,10 @@ fn main() -> ExitCode {
         Some((cmd, rest)) if cmd == "fuzz" => fuzz::run(rest),
         Some((cmd, rest)) if cmd == "loom" => loom::run(rest),
         Some((cmd, rest)) if cmd == "api-count" => api_count::run(rest),
-        Some((cmd, [])) if cmd == "size" => size::run_ci().map(|()| 0),
+        Some((cmd, [])) if cmd == "size" => size::run(false).map(|()| 0),
+        Some((cmd, [flag])) if cmd == "size" && flag == "--files" => {
+            size::run(true).map(|()| 0)
+        }
         Some((cmd, rest)) if cmd == "wheel" => wheel::run(rest),
         Some((cmd, _)) if matches!(cmd.as_str(), "help" | "-h" | "--help") => {
             println!("{USAGE}");

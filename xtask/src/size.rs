@@ -244,7 +244,7 @@ fn files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), Error> {
 
 /// The count of each folder of [`DIRS`] under `root` (its module file `x.rs` beside it
 /// included).
-fn count(root: &Path) -> Result<Vec<(String, usize)>, Error> {
+fn count(root: &Path, per_file: bool) -> Result<Vec<(String, usize)>, Error> {
     let mut out = Vec::new();
     for dir in DIRS {
         let mut list = Vec::new();
@@ -257,7 +257,12 @@ fn count(root: &Path) -> Result<Vec<(String, usize)>, Error> {
         for file in list {
             let text =
                 std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
-            lines += code_lines(&text);
+            let n = code_lines(&text);
+            if per_file {
+                let shown = file.strip_prefix(root).unwrap_or(&file);
+                println!("size: {:>5} {}", n, shown.display());
+            }
+            lines += n;
         }
         out.push(((*dir).to_owned(), lines));
     }
@@ -284,9 +289,14 @@ fn report(counts: &[(String, usize)], enforce: bool) -> Result<(), Error> {
     }
 }
 
-/// `cargo xtask size` and the `size` step.
+/// The `size` step of `cargo xtask ci`.
 pub(crate) fn run_ci() -> Result<(), Error> {
-    report(&count(&cargo::repo_root())?, ENFORCE)
+    report(&count(&cargo::repo_root(), false)?, ENFORCE)
+}
+
+/// `cargo xtask size [--files]`: the step, with each file's count first when asked.
+pub(crate) fn run(per_file: bool) -> Result<(), Error> {
+    report(&count(&cargo::repo_root(), per_file)?, ENFORCE)
 }
 
 #[cfg(test)]
@@ -351,7 +361,7 @@ pub(crate) fn hook() {}
 
     #[test]
     fn the_workspace_counts() {
-        let counts = count(&cargo::repo_root()).unwrap();
+        let counts = count(&cargo::repo_root(), false).unwrap();
         assert_eq!(counts.len(), DIRS.len());
         assert!(counts.iter().all(|(_, n)| *n > 0), "{counts:?}");
     }
