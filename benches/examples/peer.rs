@@ -7,6 +7,9 @@
 //! peer report RMM_RS.tsv RMM.tsv
 //! peer report-rounds RMM_RS_1.tsv[,RMM_RS_2.tsv...] RMM_1.tsv[,RMM_2.tsv...]
 //! peer report-ab BEFORE_1.tsv[,BEFORE_2.tsv...] AFTER_1.tsv[,AFTER_2.tsv...]
+//! peer latency-plan FILE [plan options]
+//! peer latency-run FILE OUT.tsv
+//! peer latency-report RMM_RS.tsv RMM.tsv
 //! peer frag-plan FILE [--quick]
 //! peer frag-run FILE OUT.tsv
 //! peer frag-report RMM_RS.tsv RMM.tsv
@@ -36,6 +39,12 @@
 //! `peer-ab: N cells, M above 1.10` (exit status 1 when a cell is missing or failed in some
 //! process; `rmm_benches::peer_ab`).
 //!
+//! `latency-plan` is `plan`; `latency-run` replays the plan's sub-allocator cells once more after their warm-up with a clock
+//! pair around each call and writes each cell's percentiles; `rmm_peer --latency FILE OUT.tsv`
+//! is RMM's; `latency-report` prints both sides' percentiles with issue 32's tail targets and,
+//! last, `peer-latency: N cells, M missed, F failed` (exit status 1 when a cell failed or none
+//! was measured; `bash gpu-bundle/run.sh peer-latency`, `rmm_benches::peer_latency`).
+//!
 //! `frag-plan`, `frag-run` and `frag-report` are the same for the fragmentation scenarios
 //! (`bash gpu-bundle/run.sh peer-frag`; see `rmm_benches::frag` and
 //! `docs/guide/10-fragmentation.md`): the plan holds the maximum `M` (from the device's free
@@ -54,12 +63,15 @@ use rmm_benches::frag::{
     self, frag_report, maximum_for, read_frag_plan, read_frag_results, write_frag_plan, FragPlan,
     Mode, FRAG_RESULTS_HEADER,
 };
-use rmm_benches::gpu::{describe_device, measure, Spec};
+use rmm_benches::gpu::{describe_device, measure, measure_latency, Spec};
 use rmm_benches::peer::{
     read_plan, read_results, report, standard_plan, write_plan, CellResult, PeerPlan, PlanOptions,
     RESULTS_HEADER_LIVE,
 };
 use rmm_benches::peer_ab::{ab_report, LIMIT};
+use rmm_benches::peer_latency::{
+    latency_report, read_latency, LatencyRow, LATENCY_HEADER, LATENCY_RESOURCES,
+};
 use rmm_benches::peer_rounds::{read_side, rounds_report, SideRuns};
 use rmm_benches::sizing::{DeviceMemory, MIB};
 #[cfg(feature = "driver-hooks")]
@@ -77,6 +89,9 @@ const USAGE: &str =
        peer report RMM_RS.tsv RMM.tsv
        peer report-rounds RMM_RS_1.tsv[,RMM_RS_2.tsv...] RMM_1.tsv[,RMM_2.tsv...]
        peer report-ab BEFORE_1.tsv[,BEFORE_2.tsv...] AFTER_1.tsv[,AFTER_2.tsv...]
+       peer latency-plan FILE [--quick] [--ops N] [--reps N] [--warmup N] [--threads 1,4,16]
+       peer latency-run FILE OUT.tsv
+       peer latency-report RMM_RS.tsv RMM.tsv
        peer frag-plan FILE [--quick]
        peer frag-run FILE OUT.tsv
        peer frag-report RMM_RS.tsv RMM.tsv
@@ -104,6 +119,9 @@ fn main() -> ExitCode {
         ["report", ours, theirs] => compare(ours, theirs),
         ["report-rounds", ours, theirs] => compare_rounds(ours, theirs),
         ["report-ab", before, after] => compare_ab(before, after),
+        ["latency-plan", file] => gpu_only(|| plan(&args, file)),
+        ["latency-run", file, out] => gpu_only(|| latency(file, out)),
+        ["latency-report", ours, theirs] => latency_compare(ours, theirs),
         ["frag-plan", file] => gpu_only(|| frag_plan(&args, file)),
         ["frag-run", file, out] => gpu_only(|| frag_run(file, out)),
         ["frag-report", ours, theirs] => frag_compare(ours, theirs),
@@ -212,6 +230,71 @@ fn run(file: &str, out: &str) -> Result<ExitCode, Error> {
     }
     println!("peer run (rmm-rs): {failed} cell(s) failed");
     Ok(ExitCode::SUCCESS)
+}
+
+/// `peer latency-run`: each sub-allocator cell of the plan, its calls' latencies
+/// ([`rmm_benches::gpu::measure_latency`]).
+fn latency(file: &str, out: &str) -> Result<ExitCode, Error> {
+    let plan = read_plan(BufReader::new(
+        File::open(file).map_err(|e| format!("cannot open {file}: {e}"))?,
+    ))
+    .map_err(|e| format!("{file}: {e}"))?;
+    let mut w = BufWriter::new(File::create(out).map_err(|e| format!("cannot create {out}: {e}"))?);
+    writeln!(w, "# side: rmm-rs {}", env!("CARGO_PKG_VERSION"))?;
+    writeln!(w, "# device: {}", describe_device()?)?;
+    writeln!(
+        w,
+        "# an empty clock pair: {:.0} ns",
+        rmm_benches::latency::clock_pair_ns(10_000)
+    )?;
+    writeln!(w, "{LATENCY_HEADER}")?;
+    for wl in &plan.workloads {
+        for r in plan
+            .resources
+            .iter()
+            .filter(|r| LATENCY_RESOURCES.contains(&r.name()))
+        {
+            for &t in plan.threads.iter().filter(|&&t| r.runs(&wl.trace, t)) {
+                let spec = Spec::of_peer(*r, wl.trace.largest());
+                let row = match measure_latency(spec, &wl.trace, t, plan.warmup) {
+                    Ok(h) => LatencyRow::from_histogram("rmm-rs", &wl.name, r.name(), t, &h),
+                    Err(e) => LatencyRow::failed("rmm-rs", &wl.name, r.name(), t, &e.to_string()),
+                };
+                println!("{}", row.to_line());
+                writeln!(w, "{}", row.to_line())?;
+                w.flush()?;
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `peer latency-report`: both sides' latency files as one table (`rmm_benches::peer_latency`).
+fn latency_compare(ours: &str, theirs: &str) -> Result<ExitCode, Error> {
+    let read = |path: &str| -> Result<Vec<LatencyRow>, Error> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+        for note in text.lines().filter(|l| l.starts_with("# ")) {
+            println!("- {}", &note[2..]);
+        }
+        Ok(read_latency(&text).map_err(|e| format!("{path}: {e}"))?)
+    };
+    let (a, b) = (read(ours)?, read(theirs)?);
+    let r = latency_report(&a, &b);
+    println!(
+        "\n## Latency per call, ns (allocations and frees of every thread together, one \
+         recorded pass after the warm-up; targets for rmm-rs at 16 threads: p99 at most 5x p50, \
+         p99.9 at most 20x p50, p99.99 at most 50 us)\n"
+    );
+    print!("{}", r.table.render());
+    println!(
+        "peer-latency: {} cells, {} missed, {} failed",
+        r.cells, r.missed, r.failed
+    );
+    Ok(if r.failed == 0 && r.cells > 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 /// `peer report-rounds`: each side's results files (comma-separated, one per process, in the

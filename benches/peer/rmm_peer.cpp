@@ -50,8 +50,10 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <barrier>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -217,11 +219,15 @@ Plan read_plan(char const* path)
 // to the end of its stream's work, or throws. Frees what it holds if an operation throws.
 // As rmm-rs's `replay_threads` and `replay` (benches/src/lib.rs): the thread waits at the
 // barrier, then makes its table of held pointers, then starts its clock.
+// With `lat`, each call's latency (ns, one steady_clock pair around it) is appended to it
+// (`rmm_peer --latency`); the vector is reserved before the barrier.
 double replay(rmm::device_async_resource_ref mr,
               cudaStream_t stream,
               Workload const& w,
-              std::barrier<>& start_line)
+              std::barrier<>& start_line,
+              std::vector<std::uint64_t>* lat = nullptr)
 {
+  if (lat != nullptr) { lat->reserve(lat->size() + w.ops.size()); }
   start_line.arrive_and_wait();
   std::vector<std::pair<void*, std::size_t>> held(w.slots, {nullptr, 0});
   cuda::stream_ref s{stream};
@@ -230,12 +236,20 @@ double replay(rmm::device_async_resource_ref mr,
   try {
     for (; i < w.ops.size(); ++i) {
       auto const& op = w.ops[i];
+      auto const c0  = lat != nullptr ? std::chrono::steady_clock::now()
+                                      : std::chrono::steady_clock::time_point{};
       if (op.alloc) {
         held[op.slot] = {mr.allocate(s, op.size, 256), op.size};
       } else {
         auto [p, size] = held[op.slot];
         held[op.slot]  = {nullptr, 0};
         mr.deallocate(s, p, size, 256);
+      }
+      if (lat != nullptr) {
+        lat->push_back(static_cast<std::uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                               c0)
+            .count()));
       }
     }
   } catch (std::exception const& e) {
@@ -253,11 +267,14 @@ double replay(rmm::device_async_resource_ref mr,
 // One pass: `streams.size()` threads, each replaying `w` on its stream; the slowest wall time.
 // The threads start when all of them and this thread have reached the barrier, as in rmm-rs's
 // `replay_threads`.
+// With `lat`, every thread's call latencies are appended to it after the threads end.
 double pass(rmm::device_async_resource_ref mr,
             std::vector<cudaStream_t> const& streams,
             Workload const& w,
-            int device)
+            int device,
+            std::vector<std::uint64_t>* lat = nullptr)
 {
+  std::vector<std::vector<std::uint64_t>> own(lat != nullptr ? streams.size() : 0);
   std::barrier<> start_line(static_cast<std::ptrdiff_t>(streams.size()) + 1);
   std::vector<double> walls(streams.size(), 0.0);
   std::vector<std::string> errors(streams.size());
@@ -273,7 +290,7 @@ double pass(rmm::device_async_resource_ref mr,
         return;
       }
       try {
-        walls[t] = replay(mr, streams[t], w, start_line);
+        walls[t] = replay(mr, streams[t], w, start_line, lat != nullptr ? &own[t] : nullptr);
       } catch (std::exception const& e) {
         errors[t] = e.what();
       }
@@ -285,6 +302,9 @@ double pass(rmm::device_async_resource_ref mr,
   }
   for (auto const& e : errors) {
     if (!e.empty()) { throw std::runtime_error(e); }
+  }
+  for (auto const& v : own) {
+    lat->insert(lat->end(), v.begin(), v.end());
   }
   return *std::max_element(walls.begin(), walls.end());
 }
@@ -300,7 +320,25 @@ struct CellResult {
   std::optional<double> ns_per_op;
   std::optional<std::uint64_t> peak_reserved;
   std::string status{"ok"};
+  // `--latency`: the recorded pass's call count and p50, p99, p99.9, p99.99, max (ns).
+  std::uint64_t calls{};
+  std::optional<std::array<std::uint64_t, 5>> latency;
 };
+
+// `--latency`: each cell is warmed up, then replayed once with a clock pair around each call.
+bool g_latency = false;
+
+// The nearest-rank percentiles p50, p99, p99.9, p99.99 and the max of `v` (sorted here), as
+// rmm-rs's histograms give them (`hdrhistogram`'s value at quantile).
+std::array<std::uint64_t, 5> percentiles(std::vector<std::uint64_t>& v)
+{
+  std::sort(v.begin(), v.end());
+  auto at = [&](double q) {
+    auto rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(v.size())));
+    return v[std::min(std::max<std::size_t>(rank, 1), v.size()) - 1];
+  };
+  return {at(0.5), at(0.99), at(0.999), at(0.9999), v.back()};
+}
 
 // Runs the passes of one cell with `mr`; `peak` reads the peak reserved bytes.
 CellResult passes(rmm::device_async_resource_ref mr,
@@ -311,6 +349,16 @@ CellResult passes(rmm::device_async_resource_ref mr,
                   int device)
 {
   CellResult r;
+  if (g_latency) {
+    for (int p = 0; p < plan.warmup; ++p) {
+      pass(mr, streams, w, device);
+    }
+    std::vector<std::uint64_t> lat;
+    pass(mr, streams, w, device, &lat);
+    r.calls = lat.size();
+    if (!lat.empty()) { r.latency = percentiles(lat); }
+    return r;
+  }
   std::vector<double> samples;
   double const ops = static_cast<double>(w.ops.size() * streams.size());
   for (int p = 0; p < plan.warmup + plan.reps; ++p) {
@@ -870,19 +918,63 @@ int run_frag(char const* plan_path, char const* out_path)
   return 0;
 }
 
+// `rmm_peer --latency PLAN OUT.tsv`: the sub-allocator cells' latencies, in the format of
+// rmm-rs's `examples/peer latency` (benches/src/peer_latency.rs).
+int run_latency(Plan const& plan, std::ofstream& out)
+{
+  int device            = 0;
+  std::string const dev = device_description(device);
+  out << "# side: rmm " << RMM_VERSION << " (librmm-cu13 wheel, C++ " << __cplusplus << ")\n";
+  out << "# device: " << dev << "\n";
+  out << "side\tworkload\tresource\tthreads\tops\tp50\tp99\tp99.9\tp99.99\tmax\tstatus\n";
+  out.flush();
+  for (auto const& w : plan.workloads) {
+    for (auto const& res : plan.resources) {
+      if (res.kind != "pool" && res.kind != "arena" && res.kind != "binning" &&
+          res.kind != "fixed_size") {
+        continue;
+      }
+      for (int t : plan.threads) {
+        if (!runs(res, w, t)) { continue; }
+        std::cerr << "[rmm_peer] latency " << w.name << " / " << res.kind << " / " << t << "\n";
+        CellResult const r = cell(res, w, t, plan, device);
+        std::ostringstream line;
+        line << "rmm\t" << w.name << "\t" << res.kind << "\t" << t << "\t" << r.calls;
+        for (int k = 0; k < 5; ++k) {
+          line << "\t";
+          if (r.latency) {
+            line << (*r.latency)[k];
+          } else {
+            line << "-";
+          }
+        }
+        line << "\t" << (r.latency || r.status != "ok" ? clean(r.status) : "error: no calls");
+        out << line.str() << "\n";
+        out.flush();
+        std::cout << line.str() << "\n";
+      }
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv)
 {
   bool const frag = argc == 4 && std::string(argv[1]) == "--frag";
-  if (argc != 3 && !frag) {
-    std::cerr << "usage: rmm_peer PLAN OUT.tsv\n       rmm_peer --frag PLAN OUT.tsv\n";
+  g_latency        = argc == 4 && std::string(argv[1]) == "--latency";
+  if (argc != 3 && !frag && !g_latency) {
+    std::cerr << "usage: rmm_peer PLAN OUT.tsv\n       rmm_peer --frag PLAN OUT.tsv\n"
+                 "       rmm_peer --latency PLAN OUT.tsv\n";
     return 2;
   }
   if (frag) { return run_frag(argv[2], argv[3]); }
+  if (g_latency) { ++argv; }
   Plan const plan = read_plan(argv[1]);
   std::ofstream out(argv[2]);
   if (!out) { fail(std::string("cannot create ") + argv[2]); }
+  if (g_latency) { return run_latency(plan, out); }
 
   int device            = 0;
   std::string const dev = device_description(device);

@@ -471,6 +471,31 @@ pub fn measure(
     })
 }
 
+/// The latencies of one cell's calls (`run.sh peer-latency`, [`crate::peer_latency`]): `spec`
+/// built as [`measure`] builds it, `trace` replayed `warmup` times untimed on `threads`
+/// threads, then once with a clock pair around each call; the allocations' and frees' latencies
+/// of every thread together, in ns.
+pub fn measure_latency(
+    spec: Spec,
+    trace: &Trace,
+    threads: usize,
+    warmup: usize,
+) -> MrResult<hdrhistogram::Histogram<u64>> {
+    let streams = crate::streams(threads)?;
+    let built = build(spec)?;
+    for _ in 0..warmup {
+        replay_threads(&*built.mr, trace, &streams)?;
+    }
+    let (_, lat) = crate::latency::replay_threads_latency(&*built.mr, trace, &streams)?;
+    drop(built);
+    let _ = rmm_sys::device_synchronize();
+    drop(streams);
+    let mut all = lat.allocate;
+    all.add(&lat.deallocate)
+        .map_err(|e| MrError::bad_alloc(format!("merging latency histograms: {e:?}")))?;
+    Ok(all)
+}
+
 /// One line naming the device, its driver and its memory.
 pub fn describe_device() -> MrResult<String> {
     let dev = rmm_sys::current_device()?;

@@ -35,6 +35,12 @@
 #                                      (default 3), reduced by examples/peer report-ab: per cell
 #                                      both sides' medians, after / before, peak reserved memory;
 #                                      last line "peer-ab: N cells, M above 1.10"
+#        run.sh peer-latency [ARGS...]  per-call latency percentiles of the sub-allocator cells on
+#                                      both sides (a `--peer` bundle): compiles rmm_peer.cpp as
+#                                      `peer` does, then examples/peer latency-plan (ARGS, e.g.
+#                                      --quick), rmm_peer --latency, examples/peer latency-run and
+#                                      latency-report; last line
+#                                      "peer-latency: N cells, M missed, F failed"
 #        run.sh peer-frag [ARGS...]    the fragmentation scenarios (RMM issues 1957 and 496, the
 #                                      multi-stream workload) with RMM C++ beside rmm-rs (a
 #                                      `--peer` bundle): compiles rmm_peer.cpp as `peer` does,
@@ -483,6 +489,8 @@ peer_steps() {
   local flag=""
   if [[ $prefix == frag- ]]; then
     flag=--frag
+  elif [[ $prefix == latency- ]]; then
+    flag=--latency
   fi
   peer_plan "$tag" "${prefix}plan" "$plan" "$failed_line" "$@" || return 1
   echo "=== [$tag] RMM C++ (rmm_peer${flag:+ $flag})"
@@ -711,6 +719,14 @@ run_peer_ab() {
 # scenarios on both sides: examples/peer frag-plan (ARGS, e.g. --quick), rmm_peer --frag (RMM
 # C++), examples/peer frag-run (rmm-rs) and examples/peer frag-report (one table per scenario,
 # RMM's rows beside rmm-rs's).
+# run_peer_latency [ARGS...]: the sub-allocator cells' per-call latencies on both sides
+# (rmm_peer --latency, examples/peer latency-run, latency-report).
+run_peer_latency() {
+  local failed_line="peer-latency: 0 cells, 0 missed, 1 failed"
+  peer_build "$failed_line" || return
+  peer_steps peer-latency latency- "$failed_line" '^peer-latency: .* cells, ' "$@"
+}
+
 run_peer_frag() {
   local failed_line="peer-frag: 0 rmm-rs rows, 0 RMM rows, 1 failed"
   peer_build "$failed_line" || return
@@ -1662,6 +1678,11 @@ main() {
     shift
     setup_env
     run_peer_frag "$@"
+    ;;
+  peer-latency)
+    shift
+    setup_env
+    run_peer_latency "$@"
     ;;
   peer-ab)
     shift

@@ -122,6 +122,16 @@ mod tests {
         assert!(README_TXT.contains("run.sh peer-frag"));
     }
 
+    /// `run.sh peer-latency` compiles the driver as `peer` does and runs the latency cells on
+    /// both sides: `latency-` names the subcommands, `--latency` RMM's mode.
+    #[test]
+    fn peer_latency_mode_runs_both_sides() {
+        assert!(RUN_SH.contains("  peer-latency)\n"));
+        assert!(RUN_SH.contains("peer_steps peer-latency latency- "));
+        assert!(RUN_SH.contains("elif [[ $prefix == latency- ]]; then\n    flag=--latency\n"));
+        assert!(README_TXT.contains("run.sh peer-latency"));
+    }
+
     /// `run.sh peer` runs the wrapper cells again after its main comparison, and `run.sh
     /// peer-wrap` alone: a plan with only `async` and `cuda`, fresh processes alternating
     /// sides, reduced by `report-rounds` (the self-test checks the order on fake programs).
