@@ -16,6 +16,7 @@ pub mod latency;
 pub mod naive;
 pub mod peer;
 pub mod peer_ab;
+pub mod peer_replay;
 pub mod peer_rounds;
 #[cfg(feature = "driver-hooks")]
 pub mod reserve;

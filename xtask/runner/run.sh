@@ -41,6 +41,17 @@
 #                                      then examples/peer frag-plan (ARGS, e.g. --quick),
 #                                      rmm_peer --frag, examples/peer frag-run and frag-report;
 #                                      last line "peer-frag: N rmm-rs rows, M RMM rows, F failed"
+#        run.sh peer-replay [LOG...]   end to end (a `--peer` bundle): each LOG (RMM's CSV
+#                                      format; default: peer/logs/*.csv, rmm-replay's sample,
+#                                      and two synthetic logs of RMM_PEER_REPLAY_OPS operations)
+#                                      rewritten onto one thread by examples/peer replay-prep,
+#                                      then replayed through rmm-rs's pool (tools/rmm-replay
+#                                      --resource pool) and RMM's (rmm_peer --replay, compiled
+#                                      as `peer` does, or reused) in RMM_PEER_REPLAY_ROUNDS
+#                                      fresh processes a side (default 5), ABBA order; reduced
+#                                      by examples/peer report-replay to each side's median wall
+#                                      time of the replay and rmm-rs / RMM; last line
+#                                      "peer-replay: N logs, M above 0.30"
 #        run.sh torch [ARGS...]        the C API and PyTorch (a bundle made with `cargo xtask gpu
 #                                      bundle --torch`): capi/test_capi, capi/test_torch_shim,
 #                                      then the wheel capi/rmm_rs_torch-*.whl installed into a
@@ -78,6 +89,9 @@
 #   RMM_PEER_WRAP_ROUNDS  fresh processes a side for `peer`'s wrapper rounds (default 3; 0:
 #                       none)
 #   RMM_PEER_AB_ROUNDS  `peer-ab`'s processes a side when ROUNDS is not given (default 3)
+#   RMM_PEER_REPLAY_ROUNDS  `peer-replay`'s processes a side and log (default 5)
+#   RMM_PEER_REPLAY_OPS operations of each synthetic log of `peer-replay` without LOGs
+#                       (default 200000)
 #   NVCC                the compiler `peer` uses (default: nvcc on PATH, else
 #                       /usr/local/cuda/bin/nvcc or /usr/local/cuda-*/bin/nvcc)
 #   COMPUTE_SANITIZER   the compute-sanitizer `sanitize` uses (default: on PATH, else
@@ -717,6 +731,92 @@ run_peer_frag() {
   peer_steps peer-frag frag- "$failed_line" '^peer-frag: .* rows, ' "$@"
 }
 
+# run_peer_replay [LOG...]: end to end, each LOG (RMM-format CSV; default: the bundle's
+# peer/logs/*.csv and two synthetic logs of RMM_PEER_REPLAY_OPS operations, default 200000)
+# replayed through rmm-rs's pool (tools/rmm-replay --resource pool) and RMM's
+# (rmm_peer --replay, compiled as `peer` does or reused), on one thread: examples/peer
+# replay-prep writes each log with every row on thread 1 into peer/build/replay/. Each side
+# runs RMM_PEER_REPLAY_ROUNDS (default 5) fresh processes a log in ABBA order (RMM, rmm-rs,
+# rmm-rs, RMM, ...), reduced by examples/peer report-replay. Logs are
+# logs/peer-replay-<log>-<side>-<n>.log; OUT gets peer-replay-report.txt. Last line
+# "peer-replay: N logs, M above 0.30"; exit status 0 when every process gave its figure.
+REPLAY_FAILED="peer-replay: 0 logs, 0 above 0.30"
+run_peer_replay() {
+  local rounds=${RMM_PEER_REPLAY_ROUNDS:-5}
+  if ! wrap_rounds "$rounds" RMM_PEER_REPLAY_ROUNDS 1; then
+    echo "$REPLAY_FAILED (bad RMM_PEER_REPLAY_ROUNDS)"
+    return 1
+  fi
+  rounds=$((10#$rounds))
+  local tool="$BUNDLE/tools/rmm-replay"
+  if [[ ! -f $tool ]]; then
+    echo "run.sh: this bundle has no tools/rmm-replay; build it with: cargo xtask gpu bundle --peer" >&2
+    echo "$REPLAY_FAILED (no rmm-replay)"
+    return 2
+  fi
+  [[ -x $tool ]] || chmod +x "$tool" 2>/dev/null
+  peer_build "$REPLAY_FAILED" reuse || return
+  local build="$BUNDLE/peer/build" peer="$BUNDLE/examples/peer" libs=$PEER_LIBS
+  local dir="$BUNDLE/peer/build/replay" report="$LOGS/summary.txt"
+  local -a logs=("$@") prep=() prepared=() steps=() triples=()
+  local i
+  # The processes run in the bundle folder: a relative path is the caller's.
+  for i in "${!logs[@]}"; do
+    [[ ${logs[i]} == /* ]] || logs[i]="$PWD/${logs[i]}"
+  done
+  if ((${#logs[@]} == 0)); then
+    shopt -s nullglob
+    logs=("$BUNDLE"/peer/logs/*.csv)
+    shopt -u nullglob
+    prep=(--synthetic "${RMM_PEER_REPLAY_OPS:-200000}")
+  fi
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  echo "=== [peer-replay] the logs, every row on thread 1, in peer/build/replay/"
+  run_captured "$LOGS/peer-replay-prep.log" "$peer" replay-prep "$dir" "${prep[@]}" "${logs[@]}"
+  steps+=("peer replay-prep: $(describe_exit "$RC")")
+  mapfile -t prepared < <(grep -E '\.csv$' "$LOGS/peer-replay-prep.log")
+  if ((RC != 0 || ${#prepared[@]} == 0)); then
+    printf '%s\n' "${steps[@]}" "$REPLAY_FAILED (no logs)" >"$report"
+    export_out "$report"
+    cat "$report"
+    return 1
+  fi
+  local log name side n out ours theirs
+  for log in "${prepared[@]}"; do
+    name=${log##*/}
+    ours="" theirs=""
+    for ((i = 0; i < 2 * rounds; i++)); do
+      n=$((i / 2 + 1))
+      # Pairs alternate which side goes first: (RMM, rmm-rs), (rmm-rs, RMM), ...
+      if (((i / 2) % 2 == i % 2)); then side=rmm; else side=rmm-rs; fi
+      out="$LOGS/peer-replay-${name%.csv}-$side-$n.log"
+      echo "=== [peer-replay] $name: process $((i + 1)) of $((2 * rounds)): $side"
+      if [[ $side == rmm ]]; then
+        run_captured "$out" env LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+          "$build/rmm_peer" --replay "$log"
+        theirs+="${theirs:+,}$out"
+      else
+        run_captured "$out" env RMM_DEFAULT_STREAM=legacy "$tool" --resource pool "$log"
+        ours+="${ours:+,}$out"
+      fi
+      steps+=("$name, $side process $n: $(describe_exit "$RC")")
+    done
+    triples+=("$name" "$ours" "$theirs")
+  done
+  echo "=== [peer-replay] report"
+  run_captured "$LOGS/peer-replay-report.log" "$peer" report-replay "${triples[@]}"
+  local rc=$RC
+  peer_summary "$LOGS/peer-replay-report.log" '^peer-replay: .* logs, ' "$REPLAY_FAILED" "$rc"
+  if [[ -n ${OUT:-} ]] && mkdir -p "$OUT"; then
+    cp "$LOGS/peer-replay-report.log" "$OUT/peer-replay-report.txt" 2>/dev/null
+  fi
+  export_out "$report"
+  echo
+  cat "$report"
+  return "$rc"
+}
+
 # parse_plain LOG LABEL: sets P_FOUND, P_PASSED, P_FAILED, P_SKIPPED from the last
 # "LABEL: N passed, M failed[, K skipped]" line of LOG.
 parse_plain() {
@@ -1149,6 +1249,7 @@ st_run() {
     -u COMPUTE_SANITIZER -u RMM_SANITIZE_BINS -u RMM_SANITIZE_MODES -u RMM_SANITIZE_TIMEOUT \
     -u RMM_SANITIZE_SPLIT \
     -u RMM_STRESS_OPS -u RMM_PEER_WRAP_ROUNDS -u RMM_PEER_AB_ROUNDS \
+    -u RMM_PEER_REPLAY_ROUNDS -u RMM_PEER_REPLAY_OPS \
     -u PYTHON -u RMM_RS_LIBRARY -u RMM_REPLAY \
     RMM_GPU_NVIDIA_LIB=/nonexistent "${envs[@]}" bash "$@" >"$tmp/$name.txt" 2>&1
   ST_RC=$?
@@ -1288,7 +1389,7 @@ echo '$result'"
   fake "$tmp/nvcc" "printf '%s\n' \"\$@\" >'$tmp/nvcc-args.txt'
 out=
 while ((\$#)); do [[ \$1 == -o ]] && out=\$2; shift; done
-printf '#!/usr/bin/env bash\nif [[ \$1 == --frag ]]; then echo \"rmm_peer frag plan=\$2\"; echo rmm-frag-row >\"\$3\"; exit 0; fi\necho \"rmm_peer plan=\$1 ld=\$LD_LIBRARY_PATH\"\nprintf \"rmm\\\\ta\\\\tpool\\\\t1\\\\t400.0\\\\t1024\\\\tok\\\\n\" >\"\$2\"\n' >\"\$out\"
+printf '#!/usr/bin/env bash\nif [[ \$1 == --frag ]]; then echo \"rmm_peer frag plan=\$2\"; echo rmm-frag-row >\"\$3\"; exit 0; fi\nif [[ \$1 == --replay ]]; then echo \"rmm_peer replay log=\$2 ld=\$LD_LIBRARY_PATH\"; exit 0; fi\necho \"rmm_peer plan=\$1 ld=\$LD_LIBRARY_PATH\"\nprintf \"rmm\\\\ta\\\\tpool\\\\t1\\\\t400.0\\\\t1024\\\\tok\\\\n\" >\"\$2\"\n' >\"\$out\"
 chmod +x \"\$out\""
   fake "$tmp/nvcc-broken" "echo 'rmm_peer.cpp:1: error: boom' >&2; exit 1"
   fake "$b7/examples/peer" "case \$1 in
@@ -1300,6 +1401,8 @@ frag-run) echo rmm-rs-frag-row >\"\$3\"; echo \"frag-run mode=\$RMM_DEFAULT_STRE
 frag-report) echo \"frag-report of \$(cat \"\$2\" \"\$3\")\"; echo 'peer-frag: 1 rmm-rs rows, 1 RMM rows, 0 failed' ;;
 report-rounds) echo \"rounds ours=\$2 theirs=\$3\"; [[ -n \${FAKE_ROUNDS_FAIL:-} ]] && exit 1; echo 'peer-wrappers: 1 cells, 0 above 1.00' ;;
 report-ab) echo \"ab before=\$2 after=\$3\"; head -n 1 \"\${2%%,*}\"; [[ -n \${FAKE_AB_FAIL:-} ]] && exit 1; echo 'memory: 0 of 1 cells'; echo 'peer-ab: 1 cells, 0 above 1.10' ;;
+replay-prep) echo \"prep args=\$*\"; shift; d=\$1; shift; [[ \$1 == --synthetic ]] && shift 2; echo x >\"\$d/synthetic-a.csv\"; echo \"\$d/synthetic-a.csv\"; for l in \"\$@\"; do cp \"\$l\" \"\$d/01-\${l##*/}\"; echo \"\$d/01-\${l##*/}\"; done ;;
+report-replay) echo \"replay-report \$*\"; [[ -n \${FAKE_REPLAY_FAIL:-} ]] && exit 1; echo 'peer-replay: 1 logs, 0 above 0.30' ;;
 esac"
   st_run peer OUT="$tmp/out7" NVCC="$tmp/nvcc" -- "$b7/run.sh" peer --quick
   expect_eq "peer exits 0" "$ST_RC" 0
@@ -1457,6 +1560,44 @@ printf 'rmm-rs\\ta\\tpool\\t1\\t110.0\\t1024\\tok\\t8\\n' >\"\$3\"; echo \"old r
   expect_eq "ROUNDS 0 fails peer-ab" "$ST_RC" 1
   st_run peerabnopeer -- "$b2/run.sh" peer-ab "$tmp/old/peer"
   expect_eq "a bundle without examples/peer exits 2" "$ST_RC" 2
+
+  # 7c. peer-replay: 7's bundle with a fake tools/rmm-replay and a log of its own.
+  fake "$b7/tools/rmm-replay" "echo \"rmm-replay args=\$* mode=\$RMM_DEFAULT_STREAM\""
+  echo 'Thread,Time,Action,Pointer,Size,Stream' >"$tmp/mine.csv"
+  st_run peerreplay OUT="$tmp/out7r" RMM_PEER_REPLAY_ROUNDS=2 NVCC="$tmp/nvcc" -- "$b7/run.sh" peer-replay
+  expect_eq "peer-replay exits 0" "$ST_RC" 0
+  expect_eq "peer-replay's last line" "$(tail -n 1 "$tmp/peerreplay.txt")" \
+    "peer-replay: 1 logs, 0 above 0.30"
+  expect "without logs, the synthetic ones are made" file_has "$b7/logs/peer-replay-prep.log" \
+    "prep args=replay-prep $b7/peer/build/replay --synthetic 200000"
+  expect_eq "the processes alternate ABBA" \
+    "$(grep -E '^synthetic-a.csv, ' "$b7/logs/summary.txt" | cut -d: -f1 | tr '\n' ,)" \
+    "synthetic-a.csv, rmm process 1,synthetic-a.csv, rmm-rs process 1,synthetic-a.csv, rmm-rs process 2,synthetic-a.csv, rmm process 2,"
+  expect "RMM's side replays the prepared log with the wheels' libraries" \
+    file_has "$b7/logs/peer-replay-synthetic-a-rmm-2.log" \
+    "rmm_peer replay log=$b7/peer/build/replay/synthetic-a.csv ld=$b7/peer/build/librmm/librmm/lib64:"
+  expect "rmm-rs's side is rmm-replay's pool in legacy mode" \
+    file_has "$b7/logs/peer-replay-synthetic-a-rmm-rs-2.log" \
+    "rmm-replay args=--resource pool $b7/peer/build/replay/synthetic-a.csv mode=legacy"
+  expect "report-replay gets the log's name and each side's processes" \
+    file_has "$b7/logs/peer-replay-report.log" \
+    "replay-report report-replay synthetic-a.csv $b7/logs/peer-replay-synthetic-a-rmm-rs-1.log,$b7/logs/peer-replay-synthetic-a-rmm-rs-2.log $b7/logs/peer-replay-synthetic-a-rmm-1.log,$b7/logs/peer-replay-synthetic-a-rmm-2.log"
+  expect "OUT gets the report" file_has "$tmp/out7r/peer-replay-report.txt" "peer-replay: 1 logs"
+  (cd "$tmp" && RMM_PEER_REPLAY_ROUNDS=1 RMM_GPU_NVIDIA_LIB=/nonexistent NVCC="$tmp/nvcc" \
+    bash "$b7/run.sh" peer-replay mine.csv >"$tmp/peerreplaylog.txt" 2>&1)
+  expect "a relative LOG is the caller's, without synthetic logs" file_has "$b7/logs/peer-replay-prep.log" \
+    "prep args=replay-prep $b7/peer/build/replay $tmp/mine.csv"
+  expect "and it is replayed" file_has "$b7/logs/peer-replay-01-mine-rmm-rs-1.log" \
+    "rmm-replay args=--resource pool $b7/peer/build/replay/01-mine.csv"
+  st_run peerreplayfail RMM_PEER_REPLAY_ROUNDS=1 FAKE_REPLAY_FAIL=1 NVCC="$tmp/nvcc" -- "$b7/run.sh" peer-replay
+  expect_eq "a failed report-replay fails peer-replay" "$ST_RC" 1
+  expect_eq "and says so last" "$(tail -n 1 "$tmp/peerreplayfail.txt")" \
+    "peer-replay: 0 logs, 0 above 0.30 (no report: exit status 1)"
+  st_run peerreplaybad RMM_PEER_REPLAY_ROUNDS=0 NVCC="$tmp/nvcc" -- "$b7/run.sh" peer-replay
+  expect_eq "RMM_PEER_REPLAY_ROUNDS=0 fails peer-replay" "$ST_RC" 1
+  st_run peerreplaynotool NVCC="$tmp/nvcc" -- "$b7ab/run.sh" peer-replay
+  expect_eq "a bundle without tools/rmm-replay exits 2" "$ST_RC" 2
+  expect "it says how to build one" file_has "$tmp/peerreplaynotool.txt" "cargo xtask gpu bundle --peer"
 
   # 8. sanitize: a fake compute-sanitizer that runs the binary and reports the errors it asks for
   # (lines "SANITIZER-ERROR <tool>"), in the two summary formats.
@@ -1667,6 +1808,11 @@ main() {
     shift
     setup_env
     run_peer_ab "$@"
+    ;;
+  peer-replay)
+    shift
+    setup_env
+    run_peer_replay "$@"
     ;;
   example)
     shift

@@ -35,7 +35,8 @@ commands:
                             first failure)
   gpu bundle [--out DIR] [--peer | --torch]
                             build GPU test/bench/example binaries into DIR (default gpu-bundle/);
-                            --peer adds the RMM C++ driver and the librmm wheels (run.sh peer);
+                            --peer adds the RMM C++ driver, the librmm wheels and rmm-replay
+                            (run.sh peer, peer-replay);
                             --torch builds the C API and PyTorch bundle (run.sh torch) instead
   gpu run [ARGS...]         run gpu-bundle/run.sh ARGS on this (GPU) machine
   gpu bench [--peer] [ARGS...]
@@ -66,9 +67,7 @@ fn main() -> ExitCode {
         Some((cmd, rest)) if cmd == "loom" => loom::run(rest),
         Some((cmd, rest)) if cmd == "api-count" => api_count::run(rest),
         Some((cmd, [])) if cmd == "size" => size::run(false).map(|()| 0),
-        Some((cmd, [flag])) if cmd == "size" && flag == "--files" => {
-            size::run(true).map(|()| 0)
-        }
+        Some((cmd, [flag])) if cmd == "size" && flag == "--files" => size::run(true).map(|()| 0),
         Some((cmd, rest)) if cmd == "wheel" => wheel::run(rest),
         Some((cmd, _)) if matches!(cmd.as_str(), "help" | "-h" | "--help") => {
             println!("{USAGE}");

@@ -158,6 +158,24 @@ mod tests {
         assert!(README_TXT.contains("run.sh peer-ab"));
     }
 
+    /// `run.sh peer-replay` replays each log through rmm-rs's pool (`rmm-replay`) and RMM's
+    /// (`rmm_peer --replay`) in alternating processes, reduced by `report-replay` (the
+    /// self-test checks the order and the files on fake programs).
+    #[test]
+    fn peer_replay_mode_alternates_both_replays() {
+        assert!(RUN_SH.contains("  peer-replay)\n"));
+        for step in [
+            "peer_build \"$REPLAY_FAILED\" reuse",
+            "\"$peer\" replay-prep \"$dir\"",
+            "\"$build/rmm_peer\" --replay \"$log\"",
+            "\"$tool\" --resource pool \"$log\"",
+            "\"$peer\" report-replay \"${triples[@]}\"",
+        ] {
+            assert!(RUN_SH.contains(step), "{step}");
+        }
+        assert!(README_TXT.contains("run.sh peer-replay"));
+    }
+
     #[test]
     fn running_a_missing_bundle_is_an_error() {
         let err = run(Path::new("/nonexistent/gpu-bundle"), &[], &[]).unwrap_err();
