@@ -61,6 +61,15 @@
 #                                      "torch: N passed, M failed, K skipped"
 #        run.sh torch-bench [ARGS...]  capi/python/bench_torch.py ARGS...: torch.empty+del per pair
 #                                      and a training step, torch's allocator against rmm-rs
+#        run.sh torch-alloc [ARGS...]  the allocator alone (a `--torch` bundle): compiles
+#                                      capi/python/tools/torch_alloc.cpp with CXX against
+#                                      python3's torch (headers, libc10, libc10_cuda), the CUDA
+#                                      headers beside nvcc (or CUDA_HOME) and librmm_capi.so,
+#                                      then times allocate+free pairs of 1 KiB, 256 KiB, 4 MiB
+#                                      and 64 MiB through torch's caching allocator (C++ API)
+#                                      and rmm-rs's torch hooks, in one process, ABBA (ARGS:
+#                                      --pairs N, --rounds N, --statistics); last line
+#                                      "torch-alloc: N sizes, M above 1.00"
 #        run.sh example NAME [ARGS...] examples/NAME ARGS...
 #        run.sh sanitize [TOOL...] [-- ARGS...]
 #                                      the test binaries of RMM_SANITIZE_BINS under NVIDIA's
@@ -106,11 +115,14 @@
 #                       process and fills an 80 GB GPU within one run of the conformance suite)
 #   RMM_STRESS_OPS      operations per thread of the stress trials; `sanitize` sets 40
 #                       unless it is set
-#   PYTHON              the Python `torch` and `torch-bench` use (default python3)
+#   PYTHON              the Python `torch`, `torch-bench` and `torch-alloc` use (default
+#                       python3)
+#   CXX, CUDA_HOME      `torch-alloc`'s C++ compiler (default g++, else c++) and CUDA
+#                       toolkit (default: nvcc's, as NVCC above)
 #
 # Logs stay in logs/ beside this script: <mode>--<binary>.log, bench--<name>.log,
 # example--<name>.log, peer-*.log (peer-frag-*.log, peer-wrap-*.log), sanitize-<tool>--<mode>--<binary>.log,
-# torch--<program>.log, torch-bench.log, summary.txt.
+# torch--<program>.log, torch-bench.log, torch-alloc.log (torch-alloc-compile.log), summary.txt.
 
 set -uo pipefail
 shopt -s extglob
@@ -928,6 +940,78 @@ run_torch_bench() {
   return "$rc"
 }
 
+# run_torch_alloc [ARGS...]: the allocator alone, without Python (a bundle made with `cargo
+# xtask gpu bundle --torch`): compiles capi/python/tools/torch_alloc.cpp with CXX (default
+# g++, else c++) against python's torch (its include/ and lib/: libc10, libc10_cuda; the C++
+# ABI torch.compiled_with_cxx11_abi() says), the CUDA headers beside nvcc (or CUDA_HOME) and
+# capi/librmm_capi.so, then runs it with ARGS (--pairs N, --rounds N, --statistics): ns per
+# allocate+free pair through torch's caching allocator and rmm-rs's torch hooks, ABBA, in one
+# process. Last line "torch-alloc: N sizes, M above 1.00".
+TORCH_ALLOC_FAILED="torch-alloc: 0 sizes, 0 above 1.00"
+run_torch_alloc() {
+  torch_ready || return $?
+  local dir="$BUNDLE/capi" py=${PYTHON:-python3} report="$LOGS/summary.txt"
+  local src="$BUNDLE/capi/python/tools/torch_alloc.cpp" build="$BUNDLE/capi/build"
+  local fail_line="$TORCH_ALLOC_FAILED (compile error)"
+  local -a found=()
+  mapfile -t found < <("$py" -c 'import os, torch; print(os.path.dirname(torch.__file__)); print(int(torch.compiled_with_cxx11_abi()))' 2>&1)
+  local torch_dir=${found[0]:-} abi=${found[1]:-}
+  if [[ ! -d $torch_dir/include || ! $abi =~ ^[01]$ ]]; then
+    {
+      echo "torch-alloc: $py cannot say where torch is: ${found[*]}"
+      echo "$TORCH_ALLOC_FAILED (no torch)"
+    } >"$report"
+    export_out "$report"
+    cat "$report"
+    return 1
+  fi
+  local cuda_home=${CUDA_HOME:-} nvcc
+  if [[ -z $cuda_home ]] && nvcc=$(find_nvcc); then
+    cuda_home=$(cd "$(dirname "$nvcc")/.." && pwd)
+  fi
+  local cxx=${CXX:-}
+  if [[ -z $cxx ]]; then
+    if command -v g++ >/dev/null 2>&1; then cxx=g++; else cxx=c++; fi
+  fi
+  mkdir -p "$build"
+  local -a compile=("$cxx" -std=c++20 -O2 "-D_GLIBCXX_USE_CXX11_ABI=$abi"
+    -I"$torch_dir/include" -I"$torch_dir/include/torch/csrc/api/include"
+    ${cuda_home:+-I"$cuda_home/include"} -I"$dir"
+    "$src" -o "$build/torch_alloc"
+    -L"$torch_dir/lib" -L"$dir" -Wl,--no-as-needed -lc10_cuda -lc10 -lrmm_capi
+    -Wl,-rpath,"$torch_dir/lib:$dir")
+  echo "=== [torch-alloc] compiling torch_alloc.cpp: ${compile[*]}"
+  local clog="$LOGS/torch-alloc-compile.log"
+  if ! "${compile[@]}" >"$clog" 2>&1 || [[ ! -x $build/torch_alloc ]]; then
+    RUN_LOGS+=("$clog")
+    {
+      echo "torch-alloc: compiling torch_alloc.cpp failed; the command:"
+      echo "  ${compile[*]}"
+      echo "the compiler's output (last 150 lines; all of it in logs/torch-alloc-compile.log):"
+      tail -n 150 "$clog"
+      echo "$fail_line"
+    } >"$report"
+    export_out "$report"
+    cat "$report"
+    return 1
+  fi
+  RUN_LOGS+=("$clog")
+  echo "=== [torch-alloc] torch_alloc $*"
+  run_captured "$LOGS/torch-alloc.log" env RMM_DEFAULT_STREAM=legacy \
+    LD_LIBRARY_PATH="$torch_dir/lib:$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    "$build/torch_alloc" "$@"
+  local rc=$RC last
+  last=$(grep '^torch-alloc: .* sizes, ' "$LOGS/torch-alloc.log" | tail -n 1)
+  {
+    grep -v '^torch-alloc: .* sizes, ' "$LOGS/torch-alloc.log"
+    echo "${last:-$TORCH_ALLOC_FAILED (no result: $(describe_exit "$rc"))}"
+  } >"$report"
+  export_out "$report"
+  echo
+  cat "$report"
+  return "$rc"
+}
+
 # run_example NAME [ARGS...]: examples/NAME ARGS; returns its exit status.
 run_example() {
   local name=${1:-}
@@ -1250,7 +1334,7 @@ st_run() {
     -u RMM_SANITIZE_SPLIT \
     -u RMM_STRESS_OPS -u RMM_PEER_WRAP_ROUNDS -u RMM_PEER_AB_ROUNDS \
     -u RMM_PEER_REPLAY_ROUNDS -u RMM_PEER_REPLAY_OPS \
-    -u PYTHON -u RMM_RS_LIBRARY -u RMM_REPLAY \
+    -u PYTHON -u RMM_RS_LIBRARY -u RMM_REPLAY -u CXX -u CUDA_HOME \
     RMM_GPU_NVIDIA_LIB=/nonexistent "${envs[@]}" bash "$@" >"$tmp/$name.txt" 2>&1
   ST_RC=$?
 }
@@ -1754,6 +1838,33 @@ esac"
   expect_eq "torch-bench's last line" "$(tail -n 1 "$tmp/torchbench.txt")" "torch-bench: exit status 0"
   expect "the table is the report" file_has "$b9/logs/summary.txt" "row args=--library $b9/capi/librmm_capi.so --repeats 3"
   expect "noise before the table is left out" test "$(grep -c noise "$b9/logs/summary.txt")" == 0
+  # torch-alloc: a fake python that says where a fake torch is, a fake compiler.
+  mkdir -p "$tmp/torchpkg/include" "$tmp/torchpkg/lib" "$b9/capi/python/tools"
+  : >"$b9/capi/python/tools/torch_alloc.cpp"
+  fake "$tmp/python-ta" "echo '$tmp/torchpkg'; echo 1"
+  fake "$tmp/cxx" "printf '%s\n' \"\$@\" >'$tmp/cxx-args.txt'
+out=
+while ((\$#)); do [[ \$1 == -o ]] && out=\$2; shift; done
+printf '#!/usr/bin/env bash\necho \"alloc args=\$* ld=\$LD_LIBRARY_PATH\"\necho \"torch-alloc: 4 sizes, 1 above 1.00\"\n' >\"\$out\"
+chmod +x \"\$out\""
+  st_run torchalloc PYTHON="$tmp/python-ta" CXX="$tmp/cxx" CUDA_HOME=/cuda -- "$b9/run.sh" torch-alloc --rounds 3
+  expect_eq "torch-alloc exits 0" "$ST_RC" 0
+  expect_eq "torch-alloc's last line" "$(tail -n 1 "$tmp/torchalloc.txt")" "torch-alloc: 4 sizes, 1 above 1.00"
+  expect "the program gets ARGS and torch's libraries" file_has "$b9/logs/torch-alloc.log" \
+    "alloc args=--rounds 3 ld=$tmp/torchpkg/lib:$b9/capi"
+  expect "the C++ ABI is torch's" file_has "$tmp/cxx-args.txt" "-D_GLIBCXX_USE_CXX11_ABI=1"
+  expect "torch's headers" file_has "$tmp/cxx-args.txt" "-I$tmp/torchpkg/include"
+  expect "CUDA's headers" file_has "$tmp/cxx-args.txt" "-I/cuda/include"
+  expect "the libraries" file_has "$tmp/cxx-args.txt" "$(printf -- '-lc10_cuda\n-lc10\n-lrmm_capi')"
+  st_run torchallocbroken PYTHON="$tmp/python-ta" CXX="$tmp/nvcc-broken" CUDA_HOME=/cuda -- "$b9/run.sh" torch-alloc
+  expect_eq "a compile error fails torch-alloc" "$ST_RC" 1
+  expect "the compile error is shown" file_has "$tmp/torchallocbroken.txt" "rmm_peer.cpp:1: error: boom"
+  expect "with the command" file_has "$tmp/torchallocbroken.txt" "-lc10_cuda -lc10 -lrmm_capi"
+  expect_eq "torch-alloc's compile error line" "$(tail -n 1 "$tmp/torchallocbroken.txt")" \
+    "torch-alloc: 0 sizes, 0 above 1.00 (compile error)"
+  st_run torchallocnotorch PYTHON="$tmp/python" CXX="$tmp/cxx" -- "$b9/run.sh" torch-alloc
+  expect_eq "torch-alloc without torch fails" "$ST_RC" 1
+  expect "and says so last" file_has "$tmp/torchallocnotorch.txt" "torch-alloc: 0 sizes, 0 above 1.00 (no torch)"
   st_run notorch -- "$b2/run.sh" torch
   expect_eq "a bundle without capi/ exits 2" "$ST_RC" 2
 
@@ -1833,6 +1944,11 @@ main() {
     shift
     setup_env
     run_torch_bench "$@"
+    ;;
+  torch-alloc)
+    shift
+    setup_env
+    run_torch_alloc "$@"
     ;;
   test)
     (($#)) && shift

@@ -212,7 +212,7 @@ pub(crate) fn build(out: &Path, with_peer: bool, torch: bool) -> Result<(), Erro
     check_size(packed)?;
     if torch {
         println!(
-            "run it on a GPU machine with: bash {}/run.sh torch (and run.sh torch-bench, run.sh for the tests of {})",
+            "run it on a GPU machine with: bash {}/run.sh torch (and run.sh torch-bench, run.sh torch-alloc, run.sh for the tests of {})",
             out.display(),
             capi::TORCH_PACKAGES.join(", ")
         );

@@ -176,6 +176,23 @@ mod tests {
         assert!(README_TXT.contains("run.sh peer-replay"));
     }
 
+    /// `run.sh torch-alloc` compiles `torch_alloc.cpp` against python's torch and the C API's
+    /// library, printing the command on failure (the self-test checks it on fake programs).
+    #[test]
+    fn torch_alloc_mode_compiles_against_torch_and_the_library() {
+        assert!(RUN_SH.contains("  torch-alloc)\n"));
+        for needle in [
+            "torch.compiled_with_cxx11_abi()",
+            "\"-D_GLIBCXX_USE_CXX11_ABI=$abi\"",
+            "-lc10_cuda -lc10 -lrmm_capi",
+            "echo \"  ${compile[*]}\"",
+            "\"$build/torch_alloc\" \"$@\"",
+        ] {
+            assert!(RUN_SH.contains(needle), "{needle}");
+        }
+        assert!(README_TXT.contains("run.sh torch-alloc"));
+    }
+
     #[test]
     fn running_a_missing_bundle_is_an_error() {
         let err = run(Path::new("/nonexistent/gpu-bundle"), &[], &[]).unwrap_err();
