@@ -13,6 +13,8 @@
 //! peer frag-plan FILE [--quick]
 //! peer frag-run FILE OUT.tsv
 //! peer frag-report RMM_RS.tsv RMM.tsv
+//! peer replay-prep DIR [--synthetic OPS] [LOG.csv...]
+//! peer report-replay NAME RMM_RS_1.txt[,...] RMM_1.txt[,...] [NAME RMM_RS.txt[,...] RMM.txt[,...]...]
 //! peer simulate [--ops N] [--passes N] [--threads 1,4,16] [--free-gib G] [--threaded | --shuffled [--seed S]]
 //! ```
 //!
@@ -53,6 +55,17 @@
 //! RMM issues 1957 and 496 and of the multi-stream workload, RMM's rows beside rmm-rs's, and,
 //! last, the line `peer-frag: N rmm-rs rows, M RMM rows, F failed` (exit status 1 when a row
 //! failed or a side has none). `rmm_peer --frag FILE OUT.tsv` is RMM's `frag-run`.
+//!
+//! `replay-prep` and `report-replay` are the end-to-end replay comparison (`bash
+//! gpu-bundle/run.sh peer-replay`; `rmm_benches::peer_replay`): `replay-prep` writes into DIR
+//! a copy of each RMM-format LOG with every row on thread 1 (`NN-NAME.csv`, both sides replay
+//! on one thread) and, with `--synthetic OPS`, two logs of OPS operations of the traces `a`
+//! (1 B-4 MiB, about 1,000 live) and `b` (1 B-64 KiB, about 2,000 live) on one thread and
+//! one stream; `report-replay` reads, per log, the outputs of `rmm-replay --resource pool`
+//! (rmm-rs) and `rmm_peer --replay` (RMM) processes, comma-separated, and prints per log the
+//! steps, each side's median wall time and range and rmm-rs / RMM, and last `peer-replay: N
+//! logs, M above 0.30` (exit status 1 when a process gave no figure or the sides replayed
+//! different step counts).
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Write};
@@ -72,8 +85,13 @@ use rmm_benches::peer_ab::{ab_report, LIMIT};
 use rmm_benches::peer_latency::{
     latency_report, read_latency, LatencyRow, LATENCY_HEADER, LATENCY_RESOURCES,
 };
+use rmm_benches::peer_replay::{
+    flatten_threads, parse_rmm, parse_rmm_rs, replay_report, LogRuns, ReplayRun,
+    LIMIT as REPLAY_LIMIT,
+};
 use rmm_benches::peer_rounds::{read_side, rounds_report, SideRuns};
 use rmm_benches::sizing::{DeviceMemory, MIB};
+use rmm_benches::Trace;
 #[cfg(feature = "driver-hooks")]
 use rmm_benches::{
     peer::PeerResource,
@@ -95,6 +113,8 @@ const USAGE: &str =
        peer frag-plan FILE [--quick]
        peer frag-run FILE OUT.tsv
        peer frag-report RMM_RS.tsv RMM.tsv
+       peer replay-prep DIR [--synthetic OPS] [LOG.csv...]
+       peer report-replay NAME RMM_RS_1.txt[,...] RMM_1.txt[,...] [NAME ...]
        peer simulate [--ops N] [--passes N] [--threads 1,4,16] [--free-gib G] [--threaded | --shuffled [--seed S]]";
 
 fn main() -> ExitCode {
@@ -107,6 +127,7 @@ fn main() -> ExitCode {
         "--passes",
         "--free-gib",
         "--seed",
+        "--synthetic",
     ]);
     let result = match pos
         .iter()
@@ -126,6 +147,10 @@ fn main() -> ExitCode {
         ["frag-run", file, out] => gpu_only(|| frag_run(file, out)),
         ["frag-report", ours, theirs] => frag_compare(ours, theirs),
         ["simulate"] => simulate(&args),
+        ["replay-prep", dir, logs @ ..] => replay_prep(&args, dir, logs),
+        ["report-replay", rest @ ..] if !rest.is_empty() && rest.len() % 3 == 0 => {
+            compare_replay(rest)
+        }
         _ => Err(USAGE.into()),
     };
     match result {
@@ -343,6 +368,86 @@ fn read_all(list: &str) -> Result<SideRuns, Error> {
         })
         .collect::<Result<Vec<_>, Error>>()?;
     Ok(read_side(&files)?)
+}
+
+/// `peer replay-prep`: the logs both sides of `run.sh peer-replay` replay, written into `dir`:
+/// each of `logs` on one thread, and with `--synthetic OPS` the traces `a` and `b` as logs.
+fn replay_prep(args: &Args, dir: &str, logs: &[&str]) -> Result<ExitCode, Error> {
+    let dir = std::path::Path::new(dir);
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let write = |name: &str, text: &str| -> Result<(), Error> {
+        let path = dir.join(name);
+        std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        println!("{}", path.display());
+        Ok(())
+    };
+    for (i, log) in logs.iter().enumerate() {
+        let text = std::fs::read_to_string(log).map_err(|e| format!("cannot read {log}: {e}"))?;
+        let flat = flatten_threads(&text).map_err(|e| format!("{log}: {e}"))?;
+        let base = std::path::Path::new(log).file_name().map_or_else(
+            || "log.csv".to_owned(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        write(&format!("{:02}-{base}", i + 1), &flat)?;
+    }
+    if args.has("--synthetic") {
+        let ops = args.usize_or("--synthetic", 200_000)?.max(100);
+        write(
+            "synthetic-a.csv",
+            &Trace::random(ops, 1, 4 << 20, 1000, 0x5eeda).to_rmm_log(1),
+        )?;
+        write(
+            "synthetic-b.csv",
+            &Trace::random(ops, 1, 64 << 10, 2000, 0x5eedb).to_rmm_log(1),
+        )?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `peer report-replay`: per log (triples NAME, rmm-rs outputs, RMM outputs) the wall times of
+/// both sides' processes reduced to medians (`rmm_benches::peer_replay`). Exit status 1 when
+/// some process gave no figure or the sides replayed different step counts.
+fn compare_replay(triples: &[&str]) -> Result<ExitCode, Error> {
+    let read = |list: &str, parse: fn(&str) -> Result<ReplayRun, String>| {
+        list.split(',')
+            .filter(|f| !f.is_empty())
+            .map(|f| match std::fs::read_to_string(f) {
+                Ok(text) => parse(&text),
+                Err(e) => Err(format!("cannot read {f}: {e}")),
+            })
+            .collect::<Vec<_>>()
+    };
+    let logs: Vec<LogRuns> = triples
+        .chunks(3)
+        .map(|t| LogRuns {
+            name: t[0].to_owned(),
+            ours: read(t[1], parse_rmm_rs),
+            theirs: read(t[2], parse_rmm),
+        })
+        .collect();
+    let (a, b) = logs
+        .first()
+        .map_or((0, 0), |l| (l.ours.len(), l.theirs.len()));
+    println!(
+        "# End to end: each log replayed on one thread through rmm-rs's pool (`rmm-replay \
+         --resource pool`) and RMM's pool_memory_resource (`rmm_peer --replay`), {a} rmm-rs and \
+         {b} RMM processes a log in ABBA order; wall time of the replay loop, medians over the \
+         processes (below {REPLAY_LIMIT:.2}: the target met)\n"
+    );
+    let r = replay_report(&logs);
+    print!("{}", r.table.render());
+    if !r.notes.is_empty() {
+        println!();
+        for note in &r.notes {
+            println!("- {note}");
+        }
+    }
+    println!("\n{}", r.summary_line());
+    Ok(if r.complete {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 /// `peer report-ab`: the results files of an older `examples/peer` (before) and of this one

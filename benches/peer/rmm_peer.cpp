@@ -2,6 +2,7 @@
 //
 // usage: rmm_peer PLAN OUT.tsv
 //        rmm_peer --frag PLAN OUT.tsv
+//        rmm_peer --replay LOG.csv
 //
 // Reads a plan written by rmm-rs (`examples/peer plan`, format in benches/src/peer.rs),
 // replays every workload with RMM 26.10's resources exactly as rmm-rs's `examples/peer run`
@@ -32,6 +33,10 @@
 // 2 MiB resolution). rmm::out_of_memory is "out of memory"; any other exception makes the row
 // an error. One line per row to OUT.tsv, the format of rmm-rs's `frag-run`.
 //
+// With --replay (`run.sh peer-replay`): LOG is a memory-event log in RMM's CSV format, replayed
+// once on one thread through pool_memory_resource as `rmm-replay --resource pool` replays it
+// (see run_replay below); one `replay` line with the steps, the wall time and the peaks.
+//
 // Built on the GPU machine by run.sh with nvcc against the librmm-cu13 and rapids-logger
 // wheels (C++20, the wheel's CCCL headers ahead of the toolkit's). Host code only.
 
@@ -51,6 +56,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <barrier>
 #include <chrono>
 #include <cmath>
@@ -68,6 +74,8 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -958,18 +966,303 @@ int run_latency(Plan const& plan, std::ofstream& out)
   return 0;
 }
 
+// End to end (`rmm_peer --replay LOG.csv`, `run.sh peer-replay`): an RMM-format memory-event
+// log replayed through RMM's pool as `rmm-replay --resource pool` replays it through rmm-rs's
+// (crates/rmm-replay: plan.rs, replay.rs, target.rs). The log is read and planned first,
+// untimed: columns found by header name; `allocate failure` rows counted, not replayed; a
+// zero-byte allocation at the null pointer skipped; a free matched to the live allocation of
+// its pointer (one the log never allocated counted and skipped), freed with that size on the
+// free's own stream; a log that contradicts itself (a pointer allocated twice, a free of
+// another size, a non-empty allocation at null) is an error naming its line. Stream handles
+// are read as hex: 0 is the default stream, 0x1 the legacy and 0x2 the per-thread default
+// stream, every other handle a stream created here with default flags. The resource:
+// pool_memory_resource (initial size 0, no maximum) over statistics_resource_adaptor over
+// cuda_memory_resource, as rmm-replay's `pool` (over its counting adaptor). The replay runs
+// every step in log order on one thread started for it, reading pool_size() after each step
+// (rmm-replay reads its pool's size there too); the wall time runs from the release of that
+// thread to its join, as rmm-replay's. What the log leaves allocated is freed afterwards,
+// untimed. Prints one line: replay<TAB>steps=N<TAB>wall_ns=W<TAB>peak_reserved=R
+// <TAB>peak_in_use=U<TAB>status=ok (or status=error: WHY, wall_ns=-).
+
+struct ReplayStep {
+  bool alloc;
+  std::uint32_t slot;
+  std::uint32_t stream;  // index into ReplayLog::streams
+  std::size_t size;
+  std::size_t line;
+};
+
+struct ReplayLog {
+  std::vector<ReplayStep> steps;
+  std::vector<std::size_t> slot_sizes;
+  std::vector<std::uint32_t> slot_streams;
+  std::vector<std::uint64_t> streams;  // logged handles, in order of first appearance
+  std::vector<std::uint64_t> in_use;   // bytes in use (as requested) after each step
+  std::size_t rows{}, failures{}, unmatched_frees{}, threads{};
+};
+
+std::string trimmed(std::string const& s)
+{
+  auto const start = s.find_first_not_of(" \t\r");
+  if (start == std::string::npos) { return {}; }
+  auto const end = s.find_last_not_of(" \t\r");
+  return s.substr(start, end - start + 1);
+}
+
+std::vector<std::string> split_fields(std::string const& line)
+{
+  std::vector<std::string> fields;
+  std::string field;
+  std::istringstream in(line);
+  while (std::getline(in, field, ',')) {
+    fields.push_back(trimmed(field));
+  }
+  if (!line.empty() && line.back() == ',') { fields.emplace_back(); }
+  return fields;
+}
+
+// Hex digits with an optional 0x/0X, fitting 64 bits.
+bool parse_hex_u64(std::string text, std::uint64_t& value)
+{
+  if (text.size() > 2 && text[0] == '0' && (text[1] == 'x' || text[1] == 'X')) {
+    text = text.substr(2);
+  }
+  if (text.empty() || text.size() > 16) { return false; }
+  value = 0;
+  for (char c : text) {
+    int d = -1;
+    if (c >= '0' && c <= '9') {
+      d = c - '0';
+    } else if (c >= 'a' && c <= 'f') {
+      d = c - 'a' + 10;
+    } else if (c >= 'A' && c <= 'F') {
+      d = c - 'A' + 10;
+    }
+    if (d < 0) { return false; }
+    value = value * 16 + static_cast<std::uint64_t>(d);
+  }
+  return true;
+}
+
+bool parse_dec_u64(std::string const& text, std::uint64_t& value)
+{
+  if (text.empty() || text.size() > 19) { return false; }
+  value = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') { return false; }
+    value = value * 10 + static_cast<std::uint64_t>(c - '0');
+  }
+  return true;
+}
+
+ReplayLog read_replay_log(char const* path)
+{
+  std::ifstream in(path);
+  if (!in) { fail(std::string("cannot open ") + path); }
+  std::string line;
+  std::size_t n = 0;
+  auto bad      = [&](std::string const& why) {
+    fail(std::string(path) + " line " + std::to_string(n) + ": " + why + ": `" + line + "`");
+  };
+  if (!std::getline(in, line)) { fail(std::string(path) + ": empty log (no header line)"); }
+  ++n;
+  if (line.rfind("\xEF\xBB\xBF", 0) == 0) { line = line.substr(3); }
+  auto const header = split_fields(line);
+  auto column       = [&](char const* name) {
+    auto const it = std::find(header.begin(), header.end(), name);
+    if (it == header.end()) { bad(std::string("the header lacks the column ") + name); }
+    return static_cast<std::size_t>(it - header.begin());
+  };
+  std::size_t const c_thread = column("Thread"), c_action = column("Action"),
+                    c_pointer = column("Pointer"), c_size = column("Size"),
+                    c_stream = column("Stream");
+
+  ReplayLog log;
+  std::unordered_map<std::uint64_t, std::uint32_t> stream_index;
+  std::unordered_map<std::uint64_t, std::pair<std::uint32_t, std::size_t>> live;  // slot, line
+  std::unordered_set<std::uint64_t> threads;
+  std::uint64_t in_use = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (trimmed(line).empty()) { continue; }
+    auto const f = split_fields(line);
+    if (f.size() != header.size()) { bad("a row of another number of fields than the header"); }
+    ++log.rows;
+    std::uint64_t thread = 0, pointer = 0, size = 0, stream = 0;
+    if (!parse_dec_u64(f[c_thread], thread)) { bad("bad Thread"); }
+    if (f[c_pointer] != "(nil)" && !parse_hex_u64(f[c_pointer], pointer)) { bad("bad Pointer"); }
+    if (!parse_dec_u64(f[c_size], size)) { bad("bad Size"); }
+    if (!parse_hex_u64(f[c_stream], stream)) { bad("bad Stream"); }
+    std::string const& action = f[c_action];
+    ReplayStep step{};
+    step.line = n;
+    step.size = static_cast<std::size_t>(size);
+    if (action == "allocate failure") {
+      ++log.failures;
+      continue;
+    } else if (action == "allocate") {
+      if (pointer == 0) {
+        if (size == 0) { continue; }
+        bad("a successful allocation at the null pointer");
+      }
+      if (live.count(pointer) != 0) {
+        bad("allocates a pointer still allocated since line " +
+            std::to_string(live[pointer].second));
+      }
+      step.alloc = true;
+      step.slot  = static_cast<std::uint32_t>(log.slot_sizes.size());
+      live.emplace(pointer, std::make_pair(step.slot, n));
+      in_use += size;
+    } else if (action == "free") {
+      auto const it = live.find(pointer);
+      if (it == live.end()) {
+        ++log.unmatched_frees;
+        continue;
+      }
+      if (log.slot_sizes[it->second.first] != size) {
+        bad("frees another size than line " + std::to_string(it->second.second) + " allocated");
+      }
+      step.alloc = false;
+      step.slot  = it->second.first;
+      live.erase(it);
+      in_use -= size;
+    } else {
+      bad("unknown Action");
+    }
+    threads.insert(thread);
+    auto const s = stream_index.emplace(stream, static_cast<std::uint32_t>(log.streams.size()));
+    if (s.second) { log.streams.push_back(stream); }
+    step.stream = s.first->second;
+    if (step.alloc) {
+      log.slot_sizes.push_back(step.size);
+      log.slot_streams.push_back(step.stream);
+    }
+    log.steps.push_back(step);
+    log.in_use.push_back(in_use);
+  }
+  log.threads = threads.size();
+  return log;
+}
+
+// `rmm_peer --replay LOG.csv`: the log replayed once through RMM's pool; prints the replay line.
+int run_replay(char const* path)
+{
+  ReplayLog const log = read_replay_log(path);
+  int device          = 0;
+  std::string const dev = device_description(device);  // creates the context, untimed
+  std::size_t const allocations = log.slot_sizes.size();
+  std::cout << "rmm_peer --replay: RMM " << RMM_VERSION << " on " << dev << "\n"
+            << "rmm_peer --replay: " << path << ": " << log.rows << " rows (" << log.threads
+            << " thread(s), replayed on one), " << log.streams.size() << " stream(s), "
+            << allocations << " allocations and " << (log.steps.size() - allocations)
+            << " frees replayed, " << log.failures << " failures in the log, "
+            << log.unmatched_frees << " frees without allocation (skipped)\n";
+
+  std::vector<cudaStream_t> streams(log.streams.size(), nullptr);
+  std::vector<cudaStream_t> owned;
+  std::string status = "ok";
+  double wall_ns     = -1.0;
+  std::uint64_t peak_reserved = 0, peak_in_use = 0;
+  try {
+    for (std::size_t i = 0; i < log.streams.size(); ++i) {
+      auto const h = log.streams[i];
+      if (h == 0) {
+        streams[i] = cudaStream_t{};
+      } else if (h == 1) {
+        streams[i] = cudaStreamLegacy;
+      } else if (h == 2) {
+        streams[i] = cudaStreamPerThread;
+      } else {
+        cudaStream_t s{};
+        check_cuda(cudaStreamCreate(&s), "cudaStreamCreate");
+        owned.push_back(s);
+        streams[i] = s;
+      }
+    }
+    // The resource lives in this scope and is destroyed before the streams.
+    rmm::mr::statistics_resource_adaptor stats{rmm::mr::cuda_memory_resource{}};
+    rmm::mr::pool_memory_resource pool{stats, std::size_t{0}};
+    rmm::device_async_resource_ref mr{pool};
+    std::vector<void*> pointers(allocations, nullptr);
+    std::vector<std::uint64_t> reserved(log.steps.size(), 0);
+    std::size_t ran = 0;
+    std::string error;
+    std::atomic<bool> go{false};
+    std::thread worker([&] {
+      go.wait(false);
+      try {
+        for (; ran < log.steps.size(); ++ran) {
+          auto const& step = log.steps[ran];
+          cuda::stream_ref s{streams[step.stream]};
+          if (step.alloc) {
+            pointers[step.slot] = mr.allocate(s, step.size, 256);
+          } else {
+            void* p             = pointers[step.slot];
+            pointers[step.slot] = nullptr;
+            mr.deallocate(s, p, step.size, 256);
+          }
+          reserved[ran] = pool.pool_size();
+        }
+      } catch (std::exception const& e) {
+        auto const& step = log.steps[ran];
+        error = std::string(step.alloc ? "allocating " : "freeing ") + std::to_string(step.size) +
+                " bytes at line " + std::to_string(step.line) + ": " + e.what();
+      }
+    });
+    auto const t0 = std::chrono::steady_clock::now();
+    go.store(true);
+    go.notify_one();
+    worker.join();
+    wall_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+    for (std::size_t i = 0; i < ran; ++i) {
+      peak_reserved = std::max(peak_reserved, reserved[i]);
+      peak_in_use   = std::max(peak_in_use, log.in_use[i]);
+    }
+    // What the log (or a failed replay) left allocated, on the stream it was allocated on.
+    for (std::size_t slot = 0; slot < pointers.size(); ++slot) {
+      if (pointers[slot] != nullptr) {
+        cuda::stream_ref s{streams[log.slot_streams[slot]]};
+        mr.deallocate(s, pointers[slot], log.slot_sizes[slot], 256);
+      }
+    }
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    if (!error.empty()) { status = "error: " + error; }
+  } catch (std::exception const& e) {
+    status = std::string("error: ") + e.what();
+  }
+  for (auto s : owned) {
+    cudaStreamDestroy(s);
+  }
+  std::ostringstream line;
+  line << "replay\tsteps=" << log.steps.size() << "\twall_ns=";
+  if (status == "ok") {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.0f", wall_ns);
+    line << buf;
+  } else {
+    line << "-";
+  }
+  line << "\tpeak_reserved=" << peak_reserved << "\tpeak_in_use=" << peak_in_use
+       << "\tstatus=" << clean(status);
+  std::cout << line.str() << std::endl;
+  return status == "ok" ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv)
 {
-  bool const frag = argc == 4 && std::string(argv[1]) == "--frag";
-  g_latency        = argc == 4 && std::string(argv[1]) == "--latency";
-  if (argc != 3 && !frag && !g_latency) {
+  bool const frag   = argc == 4 && std::string(argv[1]) == "--frag";
+  bool const replay = argc == 3 && std::string(argv[1]) == "--replay";
+  g_latency         = argc == 4 && std::string(argv[1]) == "--latency";
+  if ((argc != 3 && !frag && !g_latency) ||
+      (argc == 3 && std::string(argv[1]).rfind("--", 0) == 0 && !replay)) {
     std::cerr << "usage: rmm_peer PLAN OUT.tsv\n       rmm_peer --frag PLAN OUT.tsv\n"
-                 "       rmm_peer --latency PLAN OUT.tsv\n";
+                 "       rmm_peer --latency PLAN OUT.tsv\n       rmm_peer --replay LOG.csv\n";
     return 2;
   }
   if (frag) { return run_frag(argv[2], argv[3]); }
+  if (replay) { return run_replay(argv[2]); }
   if (g_latency) { ++argv; }
   Plan const plan = read_plan(argv[1]);
   std::ofstream out(argv[2]);

@@ -17,6 +17,7 @@ pub mod naive;
 pub mod peer;
 pub mod peer_ab;
 pub mod peer_latency;
+pub mod peer_replay;
 pub mod peer_rounds;
 #[cfg(feature = "driver-hooks")]
 pub mod reserve;

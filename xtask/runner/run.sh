@@ -47,6 +47,17 @@
 #                                      then examples/peer frag-plan (ARGS, e.g. --quick),
 #                                      rmm_peer --frag, examples/peer frag-run and frag-report;
 #                                      last line "peer-frag: N rmm-rs rows, M RMM rows, F failed"
+#        run.sh peer-replay [LOG...]   end to end (a `--peer` bundle): each LOG (RMM's CSV
+#                                      format; default: peer/logs/*.csv, rmm-replay's sample,
+#                                      and two synthetic logs of RMM_PEER_REPLAY_OPS operations)
+#                                      rewritten onto one thread by examples/peer replay-prep,
+#                                      then replayed through rmm-rs's pool (tools/rmm-replay
+#                                      --resource pool) and RMM's (rmm_peer --replay, compiled
+#                                      as `peer` does, or reused) in RMM_PEER_REPLAY_ROUNDS
+#                                      fresh processes a side (default 5), ABBA order; reduced
+#                                      by examples/peer report-replay to each side's median wall
+#                                      time of the replay and rmm-rs / RMM; last line
+#                                      "peer-replay: N logs, M above 0.30"
 #        run.sh torch [ARGS...]        the C API and PyTorch (a bundle made with `cargo xtask gpu
 #                                      bundle --torch`): capi/test_capi, capi/test_torch_shim,
 #                                      then the wheel capi/rmm_rs_torch-*.whl installed into a
@@ -56,6 +67,15 @@
 #                                      "torch: N passed, M failed, K skipped"
 #        run.sh torch-bench [ARGS...]  capi/python/bench_torch.py ARGS...: torch.empty+del per pair
 #                                      and a training step, torch's allocator against rmm-rs
+#        run.sh torch-alloc [ARGS...]  the allocator alone (a `--torch` bundle): compiles
+#                                      capi/python/tools/torch_alloc.cpp with CXX against
+#                                      python3's torch (headers, libc10, libc10_cuda), the CUDA
+#                                      headers beside nvcc (or CUDA_HOME) and librmm_capi.so,
+#                                      then times allocate+free pairs of 1 KiB, 256 KiB, 4 MiB
+#                                      and 64 MiB through torch's caching allocator (C++ API)
+#                                      and rmm-rs's torch hooks, in one process, ABBA (ARGS:
+#                                      --pairs N, --rounds N, --statistics); last line
+#                                      "torch-alloc: N sizes, M above 1.00"
 #        run.sh example NAME [ARGS...] examples/NAME ARGS...
 #        run.sh sanitize [TOOL...] [-- ARGS...]
 #                                      the test binaries of RMM_SANITIZE_BINS under NVIDIA's
@@ -84,6 +104,9 @@
 #   RMM_PEER_WRAP_ROUNDS  fresh processes a side for `peer`'s wrapper rounds (default 3; 0:
 #                       none)
 #   RMM_PEER_AB_ROUNDS  `peer-ab`'s processes a side when ROUNDS is not given (default 3)
+#   RMM_PEER_REPLAY_ROUNDS  `peer-replay`'s processes a side and log (default 5)
+#   RMM_PEER_REPLAY_OPS operations of each synthetic log of `peer-replay` without LOGs
+#                       (default 200000)
 #   NVCC                the compiler `peer` uses (default: nvcc on PATH, else
 #                       /usr/local/cuda/bin/nvcc or /usr/local/cuda-*/bin/nvcc)
 #   COMPUTE_SANITIZER   the compute-sanitizer `sanitize` uses (default: on PATH, else
@@ -98,11 +121,14 @@
 #                       process and fills an 80 GB GPU within one run of the conformance suite)
 #   RMM_STRESS_OPS      operations per thread of the stress trials; `sanitize` sets 40
 #                       unless it is set
-#   PYTHON              the Python `torch` and `torch-bench` use (default python3)
+#   PYTHON              the Python `torch`, `torch-bench` and `torch-alloc` use (default
+#                       python3)
+#   CXX, CUDA_HOME      `torch-alloc`'s C++ compiler (default g++, else c++) and CUDA
+#                       toolkit (default: nvcc's, as NVCC above)
 #
 # Logs stay in logs/ beside this script: <mode>--<binary>.log, bench--<name>.log,
 # example--<name>.log, peer-*.log (peer-frag-*.log, peer-wrap-*.log), sanitize-<tool>--<mode>--<binary>.log,
-# torch--<program>.log, torch-bench.log, summary.txt.
+# torch--<program>.log, torch-bench.log, torch-alloc.log (torch-alloc-compile.log), summary.txt.
 
 set -uo pipefail
 shopt -s extglob
@@ -733,6 +759,92 @@ run_peer_frag() {
   peer_steps peer-frag frag- "$failed_line" '^peer-frag: .* rows, ' "$@"
 }
 
+# run_peer_replay [LOG...]: end to end, each LOG (RMM-format CSV; default: the bundle's
+# peer/logs/*.csv and two synthetic logs of RMM_PEER_REPLAY_OPS operations, default 200000)
+# replayed through rmm-rs's pool (tools/rmm-replay --resource pool) and RMM's
+# (rmm_peer --replay, compiled as `peer` does or reused), on one thread: examples/peer
+# replay-prep writes each log with every row on thread 1 into peer/build/replay/. Each side
+# runs RMM_PEER_REPLAY_ROUNDS (default 5) fresh processes a log in ABBA order (RMM, rmm-rs,
+# rmm-rs, RMM, ...), reduced by examples/peer report-replay. Logs are
+# logs/peer-replay-<log>-<side>-<n>.log; OUT gets peer-replay-report.txt. Last line
+# "peer-replay: N logs, M above 0.30"; exit status 0 when every process gave its figure.
+REPLAY_FAILED="peer-replay: 0 logs, 0 above 0.30"
+run_peer_replay() {
+  local rounds=${RMM_PEER_REPLAY_ROUNDS:-5}
+  if ! wrap_rounds "$rounds" RMM_PEER_REPLAY_ROUNDS 1; then
+    echo "$REPLAY_FAILED (bad RMM_PEER_REPLAY_ROUNDS)"
+    return 1
+  fi
+  rounds=$((10#$rounds))
+  local tool="$BUNDLE/tools/rmm-replay"
+  if [[ ! -f $tool ]]; then
+    echo "run.sh: this bundle has no tools/rmm-replay; build it with: cargo xtask gpu bundle --peer" >&2
+    echo "$REPLAY_FAILED (no rmm-replay)"
+    return 2
+  fi
+  [[ -x $tool ]] || chmod +x "$tool" 2>/dev/null
+  peer_build "$REPLAY_FAILED" reuse || return
+  local build="$BUNDLE/peer/build" peer="$BUNDLE/examples/peer" libs=$PEER_LIBS
+  local dir="$BUNDLE/peer/build/replay" report="$LOGS/summary.txt"
+  local -a logs=("$@") prep=() prepared=() steps=() triples=()
+  local i
+  # The processes run in the bundle folder: a relative path is the caller's.
+  for i in "${!logs[@]}"; do
+    [[ ${logs[i]} == /* ]] || logs[i]="$PWD/${logs[i]}"
+  done
+  if ((${#logs[@]} == 0)); then
+    shopt -s nullglob
+    logs=("$BUNDLE"/peer/logs/*.csv)
+    shopt -u nullglob
+    prep=(--synthetic "${RMM_PEER_REPLAY_OPS:-200000}")
+  fi
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  echo "=== [peer-replay] the logs, every row on thread 1, in peer/build/replay/"
+  run_captured "$LOGS/peer-replay-prep.log" "$peer" replay-prep "$dir" "${prep[@]}" "${logs[@]}"
+  steps+=("peer replay-prep: $(describe_exit "$RC")")
+  mapfile -t prepared < <(grep -E '\.csv$' "$LOGS/peer-replay-prep.log")
+  if ((RC != 0 || ${#prepared[@]} == 0)); then
+    printf '%s\n' "${steps[@]}" "$REPLAY_FAILED (no logs)" >"$report"
+    export_out "$report"
+    cat "$report"
+    return 1
+  fi
+  local log name side n out ours theirs
+  for log in "${prepared[@]}"; do
+    name=${log##*/}
+    ours="" theirs=""
+    for ((i = 0; i < 2 * rounds; i++)); do
+      n=$((i / 2 + 1))
+      # Pairs alternate which side goes first: (RMM, rmm-rs), (rmm-rs, RMM), ...
+      if (((i / 2) % 2 == i % 2)); then side=rmm; else side=rmm-rs; fi
+      out="$LOGS/peer-replay-${name%.csv}-$side-$n.log"
+      echo "=== [peer-replay] $name: process $((i + 1)) of $((2 * rounds)): $side"
+      if [[ $side == rmm ]]; then
+        run_captured "$out" env LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+          "$build/rmm_peer" --replay "$log"
+        theirs+="${theirs:+,}$out"
+      else
+        run_captured "$out" env RMM_DEFAULT_STREAM=legacy "$tool" --resource pool "$log"
+        ours+="${ours:+,}$out"
+      fi
+      steps+=("$name, $side process $n: $(describe_exit "$RC")")
+    done
+    triples+=("$name" "$ours" "$theirs")
+  done
+  echo "=== [peer-replay] report"
+  run_captured "$LOGS/peer-replay-report.log" "$peer" report-replay "${triples[@]}"
+  local rc=$RC
+  peer_summary "$LOGS/peer-replay-report.log" '^peer-replay: .* logs, ' "$REPLAY_FAILED" "$rc"
+  if [[ -n ${OUT:-} ]] && mkdir -p "$OUT"; then
+    cp "$LOGS/peer-replay-report.log" "$OUT/peer-replay-report.txt" 2>/dev/null
+  fi
+  export_out "$report"
+  echo
+  cat "$report"
+  return "$rc"
+}
+
 # parse_plain LOG LABEL: sets P_FOUND, P_PASSED, P_FAILED, P_SKIPPED from the last
 # "LABEL: N passed, M failed[, K skipped]" line of LOG.
 parse_plain() {
@@ -837,6 +949,78 @@ run_torch_bench() {
   {
     sed -n '/^torch .* on /,$p' "$LOGS/torch-bench.log"
     echo "torch-bench: $(describe_exit "$rc")"
+  } >"$report"
+  export_out "$report"
+  echo
+  cat "$report"
+  return "$rc"
+}
+
+# run_torch_alloc [ARGS...]: the allocator alone, without Python (a bundle made with `cargo
+# xtask gpu bundle --torch`): compiles capi/python/tools/torch_alloc.cpp with CXX (default
+# g++, else c++) against python's torch (its include/ and lib/: libc10, libc10_cuda; the C++
+# ABI torch.compiled_with_cxx11_abi() says), the CUDA headers beside nvcc (or CUDA_HOME) and
+# capi/librmm_capi.so, then runs it with ARGS (--pairs N, --rounds N, --statistics): ns per
+# allocate+free pair through torch's caching allocator and rmm-rs's torch hooks, ABBA, in one
+# process. Last line "torch-alloc: N sizes, M above 1.00".
+TORCH_ALLOC_FAILED="torch-alloc: 0 sizes, 0 above 1.00"
+run_torch_alloc() {
+  torch_ready || return $?
+  local dir="$BUNDLE/capi" py=${PYTHON:-python3} report="$LOGS/summary.txt"
+  local src="$BUNDLE/capi/python/tools/torch_alloc.cpp" build="$BUNDLE/capi/build"
+  local fail_line="$TORCH_ALLOC_FAILED (compile error)"
+  local -a found=()
+  mapfile -t found < <("$py" -c 'import os, torch; print(os.path.dirname(torch.__file__)); print(int(torch.compiled_with_cxx11_abi()))' 2>&1)
+  local torch_dir=${found[0]:-} abi=${found[1]:-}
+  if [[ ! -d $torch_dir/include || ! $abi =~ ^[01]$ ]]; then
+    {
+      echo "torch-alloc: $py cannot say where torch is: ${found[*]}"
+      echo "$TORCH_ALLOC_FAILED (no torch)"
+    } >"$report"
+    export_out "$report"
+    cat "$report"
+    return 1
+  fi
+  local cuda_home=${CUDA_HOME:-} nvcc
+  if [[ -z $cuda_home ]] && nvcc=$(find_nvcc); then
+    cuda_home=$(cd "$(dirname "$nvcc")/.." && pwd)
+  fi
+  local cxx=${CXX:-}
+  if [[ -z $cxx ]]; then
+    if command -v g++ >/dev/null 2>&1; then cxx=g++; else cxx=c++; fi
+  fi
+  mkdir -p "$build"
+  local -a compile=("$cxx" -std=c++20 -O2 "-D_GLIBCXX_USE_CXX11_ABI=$abi"
+    -I"$torch_dir/include" -I"$torch_dir/include/torch/csrc/api/include"
+    ${cuda_home:+-I"$cuda_home/include"} -I"$dir"
+    "$src" -o "$build/torch_alloc"
+    -L"$torch_dir/lib" -L"$dir" -Wl,--no-as-needed -lc10_cuda -lc10 -lrmm_capi
+    -Wl,-rpath,"$torch_dir/lib:$dir")
+  echo "=== [torch-alloc] compiling torch_alloc.cpp: ${compile[*]}"
+  local clog="$LOGS/torch-alloc-compile.log"
+  if ! "${compile[@]}" >"$clog" 2>&1 || [[ ! -x $build/torch_alloc ]]; then
+    RUN_LOGS+=("$clog")
+    {
+      echo "torch-alloc: compiling torch_alloc.cpp failed; the command:"
+      echo "  ${compile[*]}"
+      echo "the compiler's output (last 150 lines; all of it in logs/torch-alloc-compile.log):"
+      tail -n 150 "$clog"
+      echo "$fail_line"
+    } >"$report"
+    export_out "$report"
+    cat "$report"
+    return 1
+  fi
+  RUN_LOGS+=("$clog")
+  echo "=== [torch-alloc] torch_alloc $*"
+  run_captured "$LOGS/torch-alloc.log" env RMM_DEFAULT_STREAM=legacy \
+    LD_LIBRARY_PATH="$torch_dir/lib:$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    "$build/torch_alloc" "$@"
+  local rc=$RC last
+  last=$(grep '^torch-alloc: .* sizes, ' "$LOGS/torch-alloc.log" | tail -n 1)
+  {
+    grep -v '^torch-alloc: .* sizes, ' "$LOGS/torch-alloc.log"
+    echo "${last:-$TORCH_ALLOC_FAILED (no result: $(describe_exit "$rc"))}"
   } >"$report"
   export_out "$report"
   echo
@@ -1165,7 +1349,8 @@ st_run() {
     -u COMPUTE_SANITIZER -u RMM_SANITIZE_BINS -u RMM_SANITIZE_MODES -u RMM_SANITIZE_TIMEOUT \
     -u RMM_SANITIZE_SPLIT \
     -u RMM_STRESS_OPS -u RMM_PEER_WRAP_ROUNDS -u RMM_PEER_AB_ROUNDS \
-    -u PYTHON -u RMM_RS_LIBRARY -u RMM_REPLAY \
+    -u RMM_PEER_REPLAY_ROUNDS -u RMM_PEER_REPLAY_OPS \
+    -u PYTHON -u RMM_RS_LIBRARY -u RMM_REPLAY -u CXX -u CUDA_HOME \
     RMM_GPU_NVIDIA_LIB=/nonexistent "${envs[@]}" bash "$@" >"$tmp/$name.txt" 2>&1
   ST_RC=$?
 }
@@ -1304,7 +1489,7 @@ echo '$result'"
   fake "$tmp/nvcc" "printf '%s\n' \"\$@\" >'$tmp/nvcc-args.txt'
 out=
 while ((\$#)); do [[ \$1 == -o ]] && out=\$2; shift; done
-printf '#!/usr/bin/env bash\nif [[ \$1 == --frag ]]; then echo \"rmm_peer frag plan=\$2\"; echo rmm-frag-row >\"\$3\"; exit 0; fi\necho \"rmm_peer plan=\$1 ld=\$LD_LIBRARY_PATH\"\nprintf \"rmm\\\\ta\\\\tpool\\\\t1\\\\t400.0\\\\t1024\\\\tok\\\\n\" >\"\$2\"\n' >\"\$out\"
+printf '#!/usr/bin/env bash\nif [[ \$1 == --frag ]]; then echo \"rmm_peer frag plan=\$2\"; echo rmm-frag-row >\"\$3\"; exit 0; fi\nif [[ \$1 == --replay ]]; then echo \"rmm_peer replay log=\$2 ld=\$LD_LIBRARY_PATH\"; exit 0; fi\necho \"rmm_peer plan=\$1 ld=\$LD_LIBRARY_PATH\"\nprintf \"rmm\\\\ta\\\\tpool\\\\t1\\\\t400.0\\\\t1024\\\\tok\\\\n\" >\"\$2\"\n' >\"\$out\"
 chmod +x \"\$out\""
   fake "$tmp/nvcc-broken" "echo 'rmm_peer.cpp:1: error: boom' >&2; exit 1"
   fake "$b7/examples/peer" "case \$1 in
@@ -1316,6 +1501,8 @@ frag-run) echo rmm-rs-frag-row >\"\$3\"; echo \"frag-run mode=\$RMM_DEFAULT_STRE
 frag-report) echo \"frag-report of \$(cat \"\$2\" \"\$3\")\"; echo 'peer-frag: 1 rmm-rs rows, 1 RMM rows, 0 failed' ;;
 report-rounds) echo \"rounds ours=\$2 theirs=\$3\"; [[ -n \${FAKE_ROUNDS_FAIL:-} ]] && exit 1; echo 'peer-wrappers: 1 cells, 0 above 1.00' ;;
 report-ab) echo \"ab before=\$2 after=\$3\"; head -n 1 \"\${2%%,*}\"; [[ -n \${FAKE_AB_FAIL:-} ]] && exit 1; echo 'memory: 0 of 1 cells'; echo 'peer-ab: 1 cells, 0 above 1.10' ;;
+replay-prep) echo \"prep args=\$*\"; shift; d=\$1; shift; [[ \$1 == --synthetic ]] && shift 2; echo x >\"\$d/synthetic-a.csv\"; echo \"\$d/synthetic-a.csv\"; for l in \"\$@\"; do cp \"\$l\" \"\$d/01-\${l##*/}\"; echo \"\$d/01-\${l##*/}\"; done ;;
+report-replay) echo \"replay-report \$*\"; [[ -n \${FAKE_REPLAY_FAIL:-} ]] && exit 1; echo 'peer-replay: 1 logs, 0 above 0.30' ;;
 esac"
   st_run peer OUT="$tmp/out7" NVCC="$tmp/nvcc" -- "$b7/run.sh" peer --quick
   expect_eq "peer exits 0" "$ST_RC" 0
@@ -1474,6 +1661,44 @@ printf 'rmm-rs\\ta\\tpool\\t1\\t110.0\\t1024\\tok\\t8\\n' >\"\$3\"; echo \"old r
   st_run peerabnopeer -- "$b2/run.sh" peer-ab "$tmp/old/peer"
   expect_eq "a bundle without examples/peer exits 2" "$ST_RC" 2
 
+  # 7c. peer-replay: 7's bundle with a fake tools/rmm-replay and a log of its own.
+  fake "$b7/tools/rmm-replay" "echo \"rmm-replay args=\$* mode=\$RMM_DEFAULT_STREAM\""
+  echo 'Thread,Time,Action,Pointer,Size,Stream' >"$tmp/mine.csv"
+  st_run peerreplay OUT="$tmp/out7r" RMM_PEER_REPLAY_ROUNDS=2 NVCC="$tmp/nvcc" -- "$b7/run.sh" peer-replay
+  expect_eq "peer-replay exits 0" "$ST_RC" 0
+  expect_eq "peer-replay's last line" "$(tail -n 1 "$tmp/peerreplay.txt")" \
+    "peer-replay: 1 logs, 0 above 0.30"
+  expect "without logs, the synthetic ones are made" file_has "$b7/logs/peer-replay-prep.log" \
+    "prep args=replay-prep $b7/peer/build/replay --synthetic 200000"
+  expect_eq "the processes alternate ABBA" \
+    "$(grep -E '^synthetic-a.csv, ' "$b7/logs/summary.txt" | cut -d: -f1 | tr '\n' ,)" \
+    "synthetic-a.csv, rmm process 1,synthetic-a.csv, rmm-rs process 1,synthetic-a.csv, rmm-rs process 2,synthetic-a.csv, rmm process 2,"
+  expect "RMM's side replays the prepared log with the wheels' libraries" \
+    file_has "$b7/logs/peer-replay-synthetic-a-rmm-2.log" \
+    "rmm_peer replay log=$b7/peer/build/replay/synthetic-a.csv ld=$b7/peer/build/librmm/librmm/lib64:"
+  expect "rmm-rs's side is rmm-replay's pool in legacy mode" \
+    file_has "$b7/logs/peer-replay-synthetic-a-rmm-rs-2.log" \
+    "rmm-replay args=--resource pool $b7/peer/build/replay/synthetic-a.csv mode=legacy"
+  expect "report-replay gets the log's name and each side's processes" \
+    file_has "$b7/logs/peer-replay-report.log" \
+    "replay-report report-replay synthetic-a.csv $b7/logs/peer-replay-synthetic-a-rmm-rs-1.log,$b7/logs/peer-replay-synthetic-a-rmm-rs-2.log $b7/logs/peer-replay-synthetic-a-rmm-1.log,$b7/logs/peer-replay-synthetic-a-rmm-2.log"
+  expect "OUT gets the report" file_has "$tmp/out7r/peer-replay-report.txt" "peer-replay: 1 logs"
+  (cd "$tmp" && RMM_PEER_REPLAY_ROUNDS=1 RMM_GPU_NVIDIA_LIB=/nonexistent NVCC="$tmp/nvcc" \
+    bash "$b7/run.sh" peer-replay mine.csv >"$tmp/peerreplaylog.txt" 2>&1)
+  expect "a relative LOG is the caller's, without synthetic logs" file_has "$b7/logs/peer-replay-prep.log" \
+    "prep args=replay-prep $b7/peer/build/replay $tmp/mine.csv"
+  expect "and it is replayed" file_has "$b7/logs/peer-replay-01-mine-rmm-rs-1.log" \
+    "rmm-replay args=--resource pool $b7/peer/build/replay/01-mine.csv"
+  st_run peerreplayfail RMM_PEER_REPLAY_ROUNDS=1 FAKE_REPLAY_FAIL=1 NVCC="$tmp/nvcc" -- "$b7/run.sh" peer-replay
+  expect_eq "a failed report-replay fails peer-replay" "$ST_RC" 1
+  expect_eq "and says so last" "$(tail -n 1 "$tmp/peerreplayfail.txt")" \
+    "peer-replay: 0 logs, 0 above 0.30 (no report: exit status 1)"
+  st_run peerreplaybad RMM_PEER_REPLAY_ROUNDS=0 NVCC="$tmp/nvcc" -- "$b7/run.sh" peer-replay
+  expect_eq "RMM_PEER_REPLAY_ROUNDS=0 fails peer-replay" "$ST_RC" 1
+  st_run peerreplaynotool NVCC="$tmp/nvcc" -- "$b7ab/run.sh" peer-replay
+  expect_eq "a bundle without tools/rmm-replay exits 2" "$ST_RC" 2
+  expect "it says how to build one" file_has "$tmp/peerreplaynotool.txt" "cargo xtask gpu bundle --peer"
+
   # 8. sanitize: a fake compute-sanitizer that runs the binary and reports the errors it asks for
   # (lines "SANITIZER-ERROR <tool>"), in the two summary formats.
   local b8=$tmp/b8 san=$tmp/fake-sanitizer
@@ -1629,6 +1854,33 @@ esac"
   expect_eq "torch-bench's last line" "$(tail -n 1 "$tmp/torchbench.txt")" "torch-bench: exit status 0"
   expect "the table is the report" file_has "$b9/logs/summary.txt" "row args=--library $b9/capi/librmm_capi.so --repeats 3"
   expect "noise before the table is left out" test "$(grep -c noise "$b9/logs/summary.txt")" == 0
+  # torch-alloc: a fake python that says where a fake torch is, a fake compiler.
+  mkdir -p "$tmp/torchpkg/include" "$tmp/torchpkg/lib" "$b9/capi/python/tools"
+  : >"$b9/capi/python/tools/torch_alloc.cpp"
+  fake "$tmp/python-ta" "echo '$tmp/torchpkg'; echo 1"
+  fake "$tmp/cxx" "printf '%s\n' \"\$@\" >'$tmp/cxx-args.txt'
+out=
+while ((\$#)); do [[ \$1 == -o ]] && out=\$2; shift; done
+printf '#!/usr/bin/env bash\necho \"alloc args=\$* ld=\$LD_LIBRARY_PATH\"\necho \"torch-alloc: 4 sizes, 1 above 1.00\"\n' >\"\$out\"
+chmod +x \"\$out\""
+  st_run torchalloc PYTHON="$tmp/python-ta" CXX="$tmp/cxx" CUDA_HOME=/cuda -- "$b9/run.sh" torch-alloc --rounds 3
+  expect_eq "torch-alloc exits 0" "$ST_RC" 0
+  expect_eq "torch-alloc's last line" "$(tail -n 1 "$tmp/torchalloc.txt")" "torch-alloc: 4 sizes, 1 above 1.00"
+  expect "the program gets ARGS and torch's libraries" file_has "$b9/logs/torch-alloc.log" \
+    "alloc args=--rounds 3 ld=$tmp/torchpkg/lib:$b9/capi"
+  expect "the C++ ABI is torch's" file_has "$tmp/cxx-args.txt" "-D_GLIBCXX_USE_CXX11_ABI=1"
+  expect "torch's headers" file_has "$tmp/cxx-args.txt" "-I$tmp/torchpkg/include"
+  expect "CUDA's headers" file_has "$tmp/cxx-args.txt" "-I/cuda/include"
+  expect "the libraries" file_has "$tmp/cxx-args.txt" "$(printf -- '-lc10_cuda\n-lc10\n-lrmm_capi')"
+  st_run torchallocbroken PYTHON="$tmp/python-ta" CXX="$tmp/nvcc-broken" CUDA_HOME=/cuda -- "$b9/run.sh" torch-alloc
+  expect_eq "a compile error fails torch-alloc" "$ST_RC" 1
+  expect "the compile error is shown" file_has "$tmp/torchallocbroken.txt" "rmm_peer.cpp:1: error: boom"
+  expect "with the command" file_has "$tmp/torchallocbroken.txt" "-lc10_cuda -lc10 -lrmm_capi"
+  expect_eq "torch-alloc's compile error line" "$(tail -n 1 "$tmp/torchallocbroken.txt")" \
+    "torch-alloc: 0 sizes, 0 above 1.00 (compile error)"
+  st_run torchallocnotorch PYTHON="$tmp/python" CXX="$tmp/cxx" -- "$b9/run.sh" torch-alloc
+  expect_eq "torch-alloc without torch fails" "$ST_RC" 1
+  expect "and says so last" file_has "$tmp/torchallocnotorch.txt" "torch-alloc: 0 sizes, 0 above 1.00 (no torch)"
   st_run notorch -- "$b2/run.sh" torch
   expect_eq "a bundle without capi/ exits 2" "$ST_RC" 2
 
@@ -1689,6 +1941,11 @@ main() {
     setup_env
     run_peer_ab "$@"
     ;;
+  peer-replay)
+    shift
+    setup_env
+    run_peer_replay "$@"
+    ;;
   example)
     shift
     setup_env
@@ -1708,6 +1965,11 @@ main() {
     shift
     setup_env
     run_torch_bench "$@"
+    ;;
+  torch-alloc)
+    shift
+    setup_env
+    run_torch_alloc "$@"
     ;;
   test)
     (($#)) && shift

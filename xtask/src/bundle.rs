@@ -28,7 +28,7 @@ const OWNED: &[&str] = &[
 ];
 
 /// Builds everything and writes the bundle to `out`; with `with_peer`, also `out/peer/` (the
-/// RMM C++ driver and the librmm wheels, see [`peer`]). With `torch`, the bundle is the C API
+/// RMM C++ driver, the librmm wheels and the sample log, see [`peer`]) and `out/tools/rmm-replay`. With `torch`, the bundle is the C API
 /// and PyTorch one instead (see [`capi`]): the test binaries of [`capi::TORCH_PACKAGES`] only,
 /// no benches or examples, and `capi/` and `tools/`. The default bundle leaves rmm-capi's
 /// tests to that one.
@@ -160,6 +160,9 @@ pub(crate) fn build(out: &Path, with_peer: bool, torch: bool) -> Result<(), Erro
     if torch {
         entries.extend(capi::add_to_bundle(out)?);
     }
+    if with_peer {
+        entries.push(peer::add_replay_tool(out)?);
+    }
     entries.sort_by(|a, b| (a.kind, &a.path).cmp(&(b.kind, &b.path)));
 
     let manifest = Value::Array(entries.iter().map(Entry::to_json).collect());
@@ -209,7 +212,7 @@ pub(crate) fn build(out: &Path, with_peer: bool, torch: bool) -> Result<(), Erro
     check_size(packed)?;
     if torch {
         println!(
-            "run it on a GPU machine with: bash {}/run.sh torch (and run.sh torch-bench, run.sh for the tests of {})",
+            "run it on a GPU machine with: bash {}/run.sh torch (and run.sh torch-bench, run.sh torch-alloc, run.sh for the tests of {})",
             out.display(),
             capi::TORCH_PACKAGES.join(", ")
         );
@@ -224,7 +227,8 @@ pub(crate) fn build(out: &Path, with_peer: bool, torch: bool) -> Result<(), Erro
             "the peer comparison with RMM C++, then its wrapper cells over several \
              processes a side: bash {0}/run.sh peer (RMM_PEER_WRAP_ROUNDS=0: the comparison \
              alone; run.sh peer-wrap: the wrapper cells alone); the fragmentation scenarios \
-             beside RMM's: bash {0}/run.sh peer-frag",
+             beside RMM's: bash {0}/run.sh peer-frag; real logs replayed through both \
+             pools: bash {0}/run.sh peer-replay [LOG...]",
             out.display()
         );
     }

@@ -1,5 +1,6 @@
 //! The C API and PyTorch bundle, `cargo xtask gpu bundle --torch` (`run.sh torch`,
-//! `run.sh torch-bench`, and `run.sh` for the GPU tests of [`TORCH_PACKAGES`]): the shared
+//! `run.sh torch-bench`, `run.sh torch-alloc`, and `run.sh` for the GPU tests of
+//! [`TORCH_PACKAGES`]): the shared
 //! library, the C and C++ test programs compiled here against it (the GPU machine has no Rust),
 //! the Python files, and the `rmm-replay` tool that replays the log the PyTorch run writes. It
 //! is a bundle of its own because the default bundle is close to the 60 MiB a bundle may weigh.
@@ -11,7 +12,9 @@
 //!                                as the header says
 //! capi/test_torch_shim           crates/rmm-capi/tests/c/test_torch_shim.cpp, linked with
 //!                                librmm_capi.so beside it, as PyTorch uses the library
-//! capi/python/...                python/rmm_rs_torch.py, bench_torch.py, tests/test_*.py
+//! capi/python/...                python/rmm_rs_torch.py, bench_torch.py, tests/test_*.py,
+//!                                tools/torch_alloc.cpp (compiled on the GPU machine against
+//!                                torch by `run.sh torch-alloc`)
 //! capi/rmm_rs_torch-*.whl        the wheel (`cargo xtask wheel`): what `run.sh torch` installs
 //!                                into a venv and runs the Python tests with
 //! tools/rmm-replay               the log replay (crates/rmm-replay)
@@ -31,7 +34,8 @@ pub(crate) const PACKAGE: &str = "rmm-capi";
 /// primary-context guard the C API relies on).
 pub(crate) const TORCH_PACKAGES: &[&str] = &[PACKAGE, "rmm-sys"];
 
-/// The Python files that travel, relative to the repository root, and their place under
+/// The Python files that travel (and `torch_alloc.cpp`, which `run.sh torch-alloc` compiles
+/// against torch on the GPU machine), relative to the repository root, and their place under
 /// `capi/`.
 pub(crate) const PYTHON_FILES: &[(&str, &str)] = &[
     ("python/rmm_rs_torch.py", "python/rmm_rs_torch.py"),
@@ -41,6 +45,10 @@ pub(crate) const PYTHON_FILES: &[(&str, &str)] = &[
     (
         "python/tools/make_torch_snapshots.py",
         "python/tools/make_torch_snapshots.py",
+    ),
+    (
+        "python/tools/torch_alloc.cpp",
+        "python/tools/torch_alloc.cpp",
     ),
 ];
 

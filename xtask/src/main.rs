@@ -35,7 +35,8 @@ commands:
                             first failure)
   gpu bundle [--out DIR] [--peer | --torch]
                             build GPU test/bench/example binaries into DIR (default gpu-bundle/);
-                            --peer adds the RMM C++ driver and the librmm wheels (run.sh peer);
+                            --peer adds the RMM C++ driver, the librmm wheels and rmm-replay
+                            (run.sh peer, peer-replay);
                             --torch builds the C API and PyTorch bundle (run.sh torch) instead
   gpu run [ARGS...]         run gpu-bundle/run.sh ARGS on this (GPU) machine
   gpu bench [--peer] [ARGS...]

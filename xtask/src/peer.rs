@@ -1,6 +1,8 @@
 //! What `cargo xtask gpu bundle --peer` adds to a bundle for the peer comparison with RMM C++
 //! (`run.sh peer`): the C++ driver `benches/peer/rmm_peer.cpp` and the `librmm-cu13` and
-//! `rapids-logger` wheels it is compiled against on the GPU machine.
+//! `rapids-logger` wheels it is compiled against on the GPU machine; for the end-to-end
+//! replay (`run.sh peer-replay`) also `tools/rmm-replay` (the rmm-rs side) and
+//! `peer/logs/sample.csv` (rmm-replay's sample log).
 //!
 //! The wheels are looked for in `$RMM_PEER_WHEELS` (a folder) or `target/peer-wheels/`, and
 //! downloaded there with pip when missing:
@@ -10,7 +12,9 @@
 //!     --python-version 3.12 -d target/peer-wheels "librmm-cu13==26.10.*" "rapids-logger==0.2.*"
 //! ```
 
+use crate::artifacts::{Entry, Kind};
 use crate::cargo::{self, Error};
+use serde_json::Value;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -24,6 +28,49 @@ const LIBRMM_PREFIX: &str = "librmm_cu13-26.10.";
 const LOGGER_PREFIX: &str = "rapids_logger-0.2.";
 /// The driver's source, relative to the repository root.
 pub(crate) const DRIVER_SOURCE: &str = "benches/peer/rmm_peer.cpp";
+/// The log `run.sh peer-replay` replays by default (with two synthetic ones), relative to the
+/// repository root; it travels as `peer/logs/sample.csv`.
+pub(crate) const SAMPLE_LOG: &str = "crates/rmm-replay/samples/sample.csv";
+
+/// The `rmm-replay` executable among cargo's messages.
+pub(crate) fn replay_executable(messages: &[Value]) -> Option<PathBuf> {
+    messages.iter().find_map(|msg| {
+        (msg.get("reason").and_then(Value::as_str) == Some("compiler-artifact")
+            && msg["target"]["name"].as_str() == Some("rmm-replay"))
+        .then(|| msg["executable"].as_str().map(PathBuf::from))
+        .flatten()
+    })
+}
+
+/// Builds `rmm-replay` (profile gpu, default features: no test hook in what it times) and
+/// copies it to `out/tools/rmm-replay`, the rmm-rs side of `run.sh peer-replay`; returns its
+/// manifest entry.
+pub(crate) fn add_replay_tool(out: &Path) -> Result<Entry, Error> {
+    println!("==> building rmm-replay (profile gpu, default features) for run.sh peer-replay");
+    let messages = cargo::json_messages(&mut cargo::cargo([
+        "build",
+        "--profile",
+        "gpu",
+        "-p",
+        "rmm-replay",
+        "--bin",
+        "rmm-replay",
+        "--message-format=json",
+    ]))?;
+    let exe = replay_executable(&messages).ok_or("cargo built no rmm-replay executable")?;
+    let to = out.join("tools").join("rmm-replay");
+    let dir = out.join("tools");
+    fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let bytes = fs::copy(&exe, &to)
+        .map_err(|e| format!("cannot copy {} to {}: {e}", exe.display(), to.display()))?;
+    Ok(Entry {
+        kind: Kind::Tool,
+        package: "rmm-replay".to_owned(),
+        target: "rmm-replay".to_owned(),
+        path: "tools/rmm-replay".to_owned(),
+        bytes,
+    })
+}
 
 /// Where the wheels are looked for and downloaded to.
 pub(crate) fn wheel_dir() -> PathBuf {
@@ -109,10 +156,13 @@ pub(crate) fn add_to_bundle(out: &Path) -> Result<u64, Error> {
     let wheel_dir = dir.join("wheels");
     fs::create_dir_all(&wheel_dir)
         .map_err(|e| format!("cannot create {}: {e}", wheel_dir.display()))?;
+    let logs = dir.join("logs");
+    fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
     let source = cargo::repo_root().join(DRIVER_SOURCE);
     let mut total = 0;
     for (from, to) in [
         (source, dir.join("rmm_peer.cpp")),
+        (cargo::repo_root().join(SAMPLE_LOG), logs.join("sample.csv")),
         (librmm.clone(), wheel_dir.join(file_name(&librmm)?)),
         (logger.clone(), wheel_dir.join(file_name(&logger)?)),
     ] {
@@ -174,7 +224,25 @@ mod tests {
     }
 
     #[test]
-    fn the_driver_source_exists() {
+    fn the_driver_source_and_the_sample_log_exist() {
         assert!(cargo::repo_root().join(DRIVER_SOURCE).is_file());
+        assert!(cargo::repo_root().join(SAMPLE_LOG).is_file());
+    }
+
+    #[test]
+    fn finds_the_replay_executable() {
+        use serde_json::json;
+        let messages = vec![
+            json!({"reason": "compiler-artifact", "target": {"name": "rmm_replay"},
+                   "filenames": ["/t/gpu/librmm_replay.rlib"], "executable": null}),
+            json!({"reason": "compiler-artifact", "target": {"name": "rmm-replay"},
+                   "filenames": ["/t/gpu/rmm-replay"], "executable": "/t/gpu/rmm-replay"}),
+            json!({"reason": "build-finished", "success": true}),
+        ];
+        assert_eq!(
+            replay_executable(&messages),
+            Some(PathBuf::from("/t/gpu/rmm-replay"))
+        );
+        assert_eq!(replay_executable(&messages[..1]), None);
     }
 }

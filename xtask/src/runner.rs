@@ -168,6 +168,41 @@ mod tests {
         assert!(README_TXT.contains("run.sh peer-ab"));
     }
 
+    /// `run.sh peer-replay` replays each log through rmm-rs's pool (`rmm-replay`) and RMM's
+    /// (`rmm_peer --replay`) in alternating processes, reduced by `report-replay` (the
+    /// self-test checks the order and the files on fake programs).
+    #[test]
+    fn peer_replay_mode_alternates_both_replays() {
+        assert!(RUN_SH.contains("  peer-replay)\n"));
+        for step in [
+            "peer_build \"$REPLAY_FAILED\" reuse",
+            "\"$peer\" replay-prep \"$dir\"",
+            "\"$build/rmm_peer\" --replay \"$log\"",
+            "\"$tool\" --resource pool \"$log\"",
+            "\"$peer\" report-replay \"${triples[@]}\"",
+        ] {
+            assert!(RUN_SH.contains(step), "{step}");
+        }
+        assert!(README_TXT.contains("run.sh peer-replay"));
+    }
+
+    /// `run.sh torch-alloc` compiles `torch_alloc.cpp` against python's torch and the C API's
+    /// library, printing the command on failure (the self-test checks it on fake programs).
+    #[test]
+    fn torch_alloc_mode_compiles_against_torch_and_the_library() {
+        assert!(RUN_SH.contains("  torch-alloc)\n"));
+        for needle in [
+            "torch.compiled_with_cxx11_abi()",
+            "\"-D_GLIBCXX_USE_CXX11_ABI=$abi\"",
+            "-lc10_cuda -lc10 -lrmm_capi",
+            "echo \"  ${compile[*]}\"",
+            "\"$build/torch_alloc\" \"$@\"",
+        ] {
+            assert!(RUN_SH.contains(needle), "{needle}");
+        }
+        assert!(README_TXT.contains("run.sh torch-alloc"));
+    }
+
     #[test]
     fn running_a_missing_bundle_is_an_error() {
         let err = run(Path::new("/nonexistent/gpu-bundle"), &[], &[]).unwrap_err();

@@ -39,6 +39,8 @@ pub enum RunError {
     Build(BuildError),
     /// A stream of the log could not be created on the GPU.
     Stream(CudaError),
+    /// The GPU's context could not be made current.
+    Context(CudaError),
     /// The replay could not start.
     Replay(ReplayError),
 }
@@ -48,6 +50,7 @@ impl fmt::Display for RunError {
         match self {
             RunError::Build(e) => e.fmt(f),
             RunError::Stream(e) => write!(f, "cannot create a stream: {e}"),
+            RunError::Context(e) => write!(f, "cannot make the GPU's context current: {e}"),
             RunError::Replay(e) => e.fmt(f),
         }
     }
@@ -93,6 +96,12 @@ pub fn replay_log_with(
     options: BuildOptions,
     progress: &AtomicUsize,
 ) -> Result<Report, RunError> {
+    if memory == Memory::Device {
+        // The device's primary context is created here, before the replay, so that its creation
+        // (tens of milliseconds) is not in the replay's wall time when the log's first step is
+        // the first call that needs it (a log on the default streams only).
+        rmm::sys::ensure_current_context().map_err(RunError::Context)?;
+    }
     let target = target::build_with(kind, memory, workload, options).map_err(RunError::Build)?;
     let device_streams;
     let streams = match memory {
