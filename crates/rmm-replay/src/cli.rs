@@ -82,6 +82,12 @@ pub struct Args {
     #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u16).range(0..=100))]
     pub vmm_min_growth: Option<u16>,
 
+    /// Write the one log or snapshot given as an RMM memory-event log (CSV) to FILE and stop,
+    /// replaying nothing (no GPU needed): a PyTorch snapshot becomes a log that RMM's replay
+    /// benchmark and `rmm_peer --replay` read.
+    #[arg(long, value_name = "FILE.csv")]
+    pub write_log: Option<PathBuf>,
+
     /// Draw bytes in use and reserved over each log into FILE.svg or FILE.png.
     #[arg(short, long, value_name = "FILE.svg|FILE.png", value_parser = parse_plot_path)]
     pub plot: Option<PathBuf>,
@@ -168,6 +174,9 @@ fn run(args: &Args) -> Result<(), Failure> {
             .map_err(|e| Failure::new(EXIT_BAD_INPUT, format!("{}: {e}", path.display())))?;
         workloads.extend(read);
     }
+    if let Some(path) = &args.write_log {
+        return write_log(path, &workloads);
+    }
     if memory == Memory::Device {
         if let Some(why) = rmm::sys::gpu_unavailable_reason() {
             return Err(Failure::new(
@@ -213,6 +222,29 @@ fn run(args: &Args) -> Result<(), Failure> {
     } else {
         Ok(())
     }
+}
+
+/// `--write-log`: the one workload of `workloads` written to `path` as an RMM log.
+fn write_log(path: &Path, workloads: &[(String, Workload)]) -> Result<(), Failure> {
+    let [(name, workload)] = workloads else {
+        return Err(Failure::new(
+            EXIT_BAD_INPUT,
+            format!(
+                "--write-log writes one workload; the input holds {}",
+                workloads.len()
+            ),
+        ));
+    };
+    let failed = |e: io::Error| Failure::new(EXIT_FAILED, format!("{}: {e}", path.display()));
+    let mut out = io::BufWriter::new(File::create(path).map_err(failed)?);
+    workload.write_rmm_log(&mut out).map_err(failed)?;
+    out.flush().map_err(failed)?;
+    println!(
+        "{name}: {} steps written to {}",
+        workload.steps.len(),
+        path.display()
+    );
+    Ok(())
 }
 
 /// Reads and plans one file, with a progress bar for large files on a terminal: a CSV log

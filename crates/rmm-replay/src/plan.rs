@@ -231,6 +231,54 @@ impl Workload {
     pub fn largest_request(&self) -> usize {
         self.slots.iter().map(|&(size, _)| size).max().unwrap_or(0)
     }
+
+    /// Writes the steps as an RMM memory-event log (`Thread,Time,Action,Pointer,Size,Stream`,
+    /// what RMM's replay benchmark and `rmm_peer --replay` read): each step's logged thread and
+    /// stream, each allocation a pointer of its own (slot `s` at `0x7f00_0000_0000 + 256 (s +
+    /// 1)`, so no two allocations share one), times counting microseconds from midnight. The
+    /// log's `allocate failure` rows and unmatched frees are not steps and are not written;
+    /// what it leaves allocated stays allocated.
+    ///
+    /// # Errors
+    ///
+    /// What writing to `out` returns.
+    pub fn write_rmm_log<W: std::io::Write>(&self, out: &mut W) -> std::io::Result<()> {
+        rmm::mr::write_header(out)?;
+        for (i, step) in self.steps.iter().enumerate() {
+            let thread = self.threads[step.thread as usize];
+            let stream = self.streams[step.stream as usize];
+            let time = event_time(i);
+            let event = match step.op {
+                Op::Allocate { slot, size } => {
+                    MemoryEvent::allocate(thread, time, slot_pointer(slot), size, stream)
+                }
+                Op::Free { slot, size } => {
+                    MemoryEvent::free(thread, time, slot_pointer(slot), size, stream)
+                }
+            };
+            rmm::mr::write_event(out, &event)?;
+        }
+        Ok(())
+    }
+}
+
+/// The pointer [`Workload::write_rmm_log`] gives slot `slot`.
+fn slot_pointer(slot: u32) -> u64 {
+    0x7f00_0000_0000 + 256 * (u64::from(slot) + 1)
+}
+
+/// The `i`-th microsecond after midnight (wrapping after a day).
+fn event_time(i: usize) -> rmm::mr::EventTime {
+    let us = (i % 86_400_000_000) as u64;
+    let (secs, micros) = (us / 1_000_000, (us % 1_000_000) as u32);
+    // In range by construction: hours < 24, minutes and seconds < 60.
+    rmm::mr::EventTime::new(
+        (secs / 3600) as u32,
+        (secs / 60 % 60) as u32,
+        (secs % 60) as u32,
+        micros,
+    )
+    .unwrap_or(rmm::mr::EventTime::MIDNIGHT)
 }
 
 /// A row that contradicts the log before it.
@@ -532,6 +580,21 @@ mod tests {
             }
             let still: Vec<u32> = (0..w.slots.len() as u32).filter(|&s| allocated[s as usize]).collect();
             prop_assert_eq!(&still, &w.leaked);
+            // Written as a log and planned again: the same steps (but their lines), threads,
+            // streams, slots and bytes in use; no failure rows, none unmatched.
+            let mut out = Vec::new();
+            w.write_rmm_log(&mut out).unwrap();
+            let again = Workload::from_events(&parse_log_lines(&out[..]).unwrap()).unwrap();
+            let shape = |w: &Workload| {
+                w.steps.iter().map(|s| (s.thread, s.stream, s.op)).collect::<Vec<_>>()
+            };
+            prop_assert_eq!(shape(&again), shape(&w));
+            prop_assert_eq!(&again.threads, &w.threads);
+            prop_assert_eq!(&again.streams, &w.streams);
+            prop_assert_eq!(&again.slots, &w.slots);
+            prop_assert_eq!(&again.in_use, &w.in_use);
+            prop_assert_eq!(&again.leaked, &w.leaked);
+            prop_assert_eq!((again.failures, again.unmatched_frees), (0, 0));
         }
     }
 

@@ -69,6 +69,7 @@ fn help_lists_every_option() -> Result<(), Failed> {
         "PyTorch memory snapshot",
         "--resource <RESOURCE>",
         "--simulate <SIZE>",
+        "--write-log <FILE.csv>",
         "--plot <FILE.svg|FILE.png>",
         "pool",
         "arena",
@@ -510,6 +511,55 @@ fn plots_are_written_as_svg_and_png() -> Result<(), Failed> {
     )
 }
 
+/// `--write-log`: the two-stream PyTorch snapshot written as an RMM log replays over simulated
+/// memory with the snapshot's own figures (no failure rows, nothing unmatched); two inputs are a
+/// usage error.
+fn writes_a_snapshot_as_an_rmm_log() -> Result<(), Failed> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("samples");
+    let snap = dir.join("torch_two_streams.pickle");
+    let log = scratch("two_streams.csv");
+    let out = run(&["--write-log", log.to_str().unwrap(), snap.to_str().unwrap()]);
+    check(
+        out.status.success(),
+        "--write-log writes the snapshot",
+        &out,
+    )?;
+    let head = std::fs::read_to_string(&log).map_err(|e| format!("{e}"))?;
+    check(
+        head.starts_with("Thread,Time,Action,Pointer,Size,Stream\n"),
+        "the log has RMM's header",
+        &out,
+    )?;
+    let of_snapshot = run(&["--simulate", "1GiB", snap.to_str().unwrap()]);
+    let of_log = run(&["--simulate", "1GiB", log.to_str().unwrap()]);
+    check(of_log.status.success(), "the written log replays", &of_log)?;
+    let (snapshot_says, log_says) = (text(&of_snapshot.stdout), text(&of_log.stdout));
+    for label in [
+        "allocations replayed",
+        "frees replayed",
+        "peak bytes reserved",
+    ] {
+        let want = field(&snapshot_says, label);
+        check(
+            want.is_some() && field(&log_says, label) == want,
+            &format!("{label} as the snapshot's ({want:?})"),
+            &of_log,
+        )?;
+    }
+    let sample = sample();
+    let two = run(&[
+        "--write-log",
+        log.to_str().unwrap(),
+        sample.to_str().unwrap(),
+        sample.to_str().unwrap(),
+    ]);
+    check(
+        two.status.code() == Some(2) && text(&two.stderr).contains("one workload"),
+        "two inputs are a usage error",
+        &two,
+    )
+}
+
 fn main() {
     let args = Arguments::from_args();
     let missing = !Path::new(BIN).exists();
@@ -531,6 +581,10 @@ fn main() {
             replays_the_sample_over_simulated_memory,
         ),
         trial("replays_a_pytorch_snapshot", replays_a_pytorch_snapshot),
+        trial(
+            "writes_a_snapshot_as_an_rmm_log",
+            writes_a_snapshot_as_an_rmm_log,
+        ),
         trial(
             "replays_a_real_pytorch_snapshot",
             replays_a_real_pytorch_snapshot,
