@@ -66,9 +66,7 @@ fn main() -> ExitCode {
         Some((cmd, rest)) if cmd == "loom" => loom::run(rest),
         Some((cmd, rest)) if cmd == "api-count" => api_count::run(rest),
         Some((cmd, [])) if cmd == "size" => size::run(false).map(|()| 0),
-        Some((cmd, [flag])) if cmd == "size" && flag == "--files" => {
-            size::run(true).map(|()| 0)
-        }
+        Some((cmd, [flag])) if cmd == "size" && flag == "--files" => size::run(true).map(|()| 0),
         Some((cmd, rest)) if cmd == "wheel" => wheel::run(rest),
         Some((cmd, _)) if matches!(cmd.as_str(), "help" | "-h" | "--help") => {
             println!("{USAGE}");
