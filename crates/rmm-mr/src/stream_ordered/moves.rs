@@ -353,33 +353,24 @@ pub(crate) struct InFlight {
 }
 
 impl InFlight {
-    pub(crate) fn begin(&self) -> InFlightGuard<'_> {
-        *self
-            .count
+    fn count(&self) -> std::sync::MutexGuard<'_, usize> {
+        self.count
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) += 1;
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn begin(&self) -> InFlightGuard<'_> {
+        *self.count() += 1;
         InFlightGuard(self)
     }
 
     pub(crate) fn is_busy(&self) -> bool {
-        *self
-            .count
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            > 0
+        *self.count() > 0
     }
 
     pub(crate) fn wait_idle(&self) {
-        let mut count = self
-            .count
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        while *count > 0 {
-            count = self
-                .idle
-                .wait(count)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-        }
+        let idle = self.idle.wait_while(self.count(), |count| *count > 0);
+        drop(idle.unwrap_or_else(std::sync::PoisonError::into_inner));
     }
 }
 
@@ -388,11 +379,7 @@ pub(crate) struct InFlightGuard<'a>(&'a InFlight);
 
 impl Drop for InFlightGuard<'_> {
     fn drop(&mut self) {
-        let mut count = self
-            .0
-            .count
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut count = self.0.count();
         *count -= 1;
         if *count == 0 {
             self.0.idle.notify_all();

@@ -181,11 +181,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     /// [`FreeBlocks::extendable_tail`] of `own` if it is still `key`'s list.
     fn own_tail(&self, own: &StreamList<L>, key: StreamKey) -> Option<usize> {
         let st = own.lock();
-        if st.key() == Some(key) {
-            st.blocks.extendable_tail()
-        } else {
-            None
-        }
+        (st.key() == Some(key)).then(|| st.blocks.extendable_tail())?
     }
 
     /// Before an allocation fails for want of memory: [`release_unused`](Self::release_unused)
@@ -194,13 +190,10 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     /// is logged (the allocation then reports its own out-of-memory).
     #[cold]
     fn release_for_growth(&self, upstream: &dyn DeviceMemoryResource) -> bool {
-        match self.release_unused(upstream) {
-            Ok(bytes) => bytes > 0,
-            Err(e) => {
-                log::warn!("rmm: releasing free chunks before failing an allocation failed: {e}");
-                false
-            }
-        }
+        let released = self.release_unused(upstream).inspect_err(|e| {
+            log::warn!("rmm: releasing free chunks before failing an allocation failed: {e}");
+        });
+        released.is_ok_and(|bytes| bytes > 0)
     }
 
     /// Gives every wholly free upstream chunk back to `upstream` and returns the bytes released.
