@@ -1214,7 +1214,7 @@ mod tests {
                     let _sim = rmm_sys::fault::FaultScope::simulated();
                     // G's wait is bounded by yields only, not by the clock: on a loaded
                     // machine X may not run within the growth budget's milliseconds.
-                    crate::stream_ordered::moves::UNTIMED_GROWTH.set(true);
+                    crate::stream_ordered::moves::hooks::UNTIMED_GROWTH.set(true);
                     pg.allocate(g, 2 * U, 256).unwrap()
                 })
                 .join()
@@ -1239,12 +1239,12 @@ mod tests {
     /// The grower's wait is bounded for the whole growth, not per search
     /// (`stream_ordered::moves`, the budget): while it waits, frees keep coming (so it never
     /// stops for want of any), and every 500th says it left a fitting block that the grower's
-    /// next search does not find (another thread took it first). With a wait per search, each
-    /// of the 65 searches would wait again, 65 x 500 yields under the growth lock; with one
-    /// budget per hold of the lock, at most `WAIT_YIELDS` (or `WAIT_TIME`), and the pool grows.
+    /// next search does not find (another thread took it first). With a wait per search, every
+    /// search would wait again, without end under the growth lock; with one budget per hold of
+    /// the lock, at most `PATIENCE` yields and searches (or `WAIT_TIME`), and the pool grows.
     #[test]
     fn a_growers_wait_is_bounded_for_the_whole_growth() {
-        use crate::stream_ordered::tuning::WAIT_YIELDS;
+        use crate::stream_ordered::tuning::PATIENCE;
         use std::sync::atomic::{AtomicU32, Ordering};
         let (p, mock) = pool(4096, None);
         let a = p.allocate(s(), 4096, 256).unwrap();
@@ -1258,10 +1258,7 @@ mod tests {
         // The hook holds a handle of the pool.
         drop(p.inner.core.moves().hooks.yielding.lock().unwrap().take());
         let yields = yields.load(Ordering::Relaxed);
-        assert!(
-            yields <= WAIT_YIELDS,
-            "{yields} yields under the growth lock"
-        );
+        assert!(yields <= PATIENCE, "{yields} yields under the growth lock");
         let holds = p.growth_lock_holds();
         assert_eq!(holds.count(), 1, "one hold of the growth lock");
         assert_eq!(holds.max_yields(), u64::from(yields));

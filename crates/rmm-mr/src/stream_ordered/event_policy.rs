@@ -4,7 +4,7 @@
 //! makes the calls it asks for). Only the owner of a stream ever records on it; a list is *lazy*
 //! (frees record nothing) until a thief takes from it or asks, then *recording* for
 //! [`RECORD_RUN`] frees; a thief that finds unrecorded blocks asks and looks elsewhere, and after
-//! [`OWNER_GRACE`] synchronizes the device instead. A thief synchronizes with no lock held, so
+//! [`WAIT_TIME`] synchronizes the device instead. A thief synchronizes with no lock held, so
 //! the policy counts the blocks that entered ([`EventPolicy::entered`]) and takes a
 //! synchronization into account only if none entered after the thief let go of the list
 //! ([`EventPolicy::synchronized_since`]). The list of a dead owner's blocks (the *orphan* list)
@@ -18,7 +18,7 @@
 
 use std::time::Instant;
 
-use crate::stream_ordered::tuning::{MAX_ORPHAN_WAITS, OWNER_GRACE, RECORD_RUN};
+use crate::stream_ordered::tuning::{RECORD_RUN, WAIT_TIME};
 
 /// What a thief may do with a list's blocks now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,7 +31,7 @@ pub(crate) enum StealAction {
     RecordThenWait,
     /// Some blocks are not covered; the owner has been asked to record. Look elsewhere.
     Ask,
-    /// The owner did not answer within [`OWNER_GRACE`]: synchronize the device, then take
+    /// The owner did not answer within [`WAIT_TIME`]: synchronize the device, then take
     /// (and report it with [`EventPolicy::synchronized`]).
     SyncDevice,
 }
@@ -107,7 +107,7 @@ impl EventPolicy {
                 self.wanted_since = Some(now);
                 StealAction::Ask
             }
-            Some(since) if now.saturating_duration_since(since) < OWNER_GRACE => StealAction::Ask,
+            Some(since) if now.saturating_duration_since(since) < WAIT_TIME => StealAction::Ask,
             Some(_) => StealAction::SyncDevice,
         }
     }
@@ -163,13 +163,13 @@ impl EventPolicy {
     }
 
     /// Blocks of a retired list joined the orphan list (which has no owner to record): `covered`
-    /// when an event recorded after every one of them comes with them, `waits` the number of
-    /// events the orphan list already waits on. Returns whether to keep that event as one more
-    /// wait; `false`: blocks no event covers are in the list now (or the list already needs one),
-    /// so its next thief synchronizes the device and the events may go.
-    pub(crate) fn on_orphaned(&mut self, covered: bool, waits: usize) -> bool {
+    /// when an event recorded after every one of them comes with them and the list has room
+    /// for it. Returns whether to keep that event as one more wait; `false`: blocks no event
+    /// covers are in the list now (or the list already needs one), so its next thief
+    /// synchronizes the device and the events may go.
+    pub(crate) fn on_orphaned(&mut self, covered: bool) -> bool {
         self.entered = self.entered.wrapping_add(1);
-        if self.record_failed || !covered || waits >= MAX_ORPHAN_WAITS {
+        if self.record_failed || !covered {
             self.record_failed = true;
             return false;
         }
@@ -244,7 +244,7 @@ mod tests {
         assert_eq!(p.on_steal(t), StealAction::Ask);
         assert!(p.is_wanted());
         // A second thief within the grace period asks again; nothing else changes.
-        assert_eq!(p.on_steal(t + OWNER_GRACE / 2), StealAction::Ask);
+        assert_eq!(p.on_steal(t + WAIT_TIME / 2), StealAction::Ask);
         assert!(p.on_enter(), "the owner's free did not answer the request");
         assert!(!p.unrecorded && !p.is_wanted());
         assert_eq!(p.on_steal(t), StealAction::WaitEvent);
@@ -270,12 +270,12 @@ mod tests {
         p.on_enter();
         let t = Instant::now();
         assert_eq!(p.on_steal(t), StealAction::Ask);
-        assert_eq!(p.on_steal(t + OWNER_GRACE), StealAction::SyncDevice);
+        assert_eq!(p.on_steal(t + WAIT_TIME), StealAction::SyncDevice);
         // Until a thief reports the synchronization, the answer stays.
-        assert_eq!(p.on_steal(t + OWNER_GRACE * 2), StealAction::SyncDevice);
+        assert_eq!(p.on_steal(t + WAIT_TIME * 2), StealAction::SyncDevice);
         p.synchronized();
         assert!(!p.unrecorded && !p.is_wanted());
-        assert_eq!(p.on_steal(t + OWNER_GRACE * 3), StealAction::WaitEvent);
+        assert_eq!(p.on_steal(t + WAIT_TIME * 3), StealAction::WaitEvent);
     }
 
     #[test]
@@ -314,7 +314,7 @@ mod tests {
         p.on_enter();
         let t = Instant::now();
         assert_eq!(p.on_steal(t), StealAction::Ask);
-        assert_eq!(p.on_steal(t + OWNER_GRACE), StealAction::SyncDevice);
+        assert_eq!(p.on_steal(t + WAIT_TIME), StealAction::SyncDevice);
         let snapshot = p.entered();
         // The owner frees again while the thief synchronizes with the lock released; the
         // request is answered by a record, but the thief's synchronization says nothing.
@@ -325,7 +325,7 @@ mod tests {
         let mut p = EventPolicy::default();
         p.on_enter();
         p.on_steal(t);
-        assert_eq!(p.on_steal(t + OWNER_GRACE), StealAction::SyncDevice);
+        assert_eq!(p.on_steal(t + WAIT_TIME), StealAction::SyncDevice);
         let snapshot = p.entered();
         p.mark_unrecorded();
         assert!(!p.synchronized_since(snapshot));
@@ -340,26 +340,21 @@ mod tests {
     fn the_orphan_list_waits_on_events_or_synchronizes() {
         let mut p = EventPolicy::default();
         let t = Instant::now();
-        for waits in 0..MAX_ORPHAN_WAITS {
-            assert!(
-                p.on_orphaned(true, waits),
-                "covered blocks need their event only"
-            );
+        for _ in 0..3 {
+            assert!(p.on_orphaned(true), "covered blocks need their event only");
             assert_eq!(p.on_steal(t), StealAction::WaitEvent);
         }
-        assert!(
-            !p.on_orphaned(true, MAX_ORPHAN_WAITS),
-            "too many events kept"
-        );
+        // No room for one more event: the blocks count as uncovered.
+        assert!(!p.on_orphaned(false), "an uncovered join keeps no event");
         assert_eq!(p.on_steal(t), StealAction::SyncDevice);
         p.on_emptied();
         assert_eq!(p.on_steal(t), StealAction::WaitEvent);
         // Uncovered blocks: a synchronization, and later events are not kept either.
-        assert!(!p.on_orphaned(false, 0));
-        assert!(!p.on_orphaned(true, 0));
+        assert!(!p.on_orphaned(false));
+        assert!(!p.on_orphaned(true));
         assert_eq!(p.on_steal(t), StealAction::SyncDevice);
         let snapshot = p.entered();
-        assert!(!p.on_orphaned(true, 0));
+        assert!(!p.on_orphaned(true));
         assert!(
             !p.synchronized_since(snapshot),
             "a join after the snapshot was ignored"
@@ -441,7 +436,7 @@ mod tests {
                     }
                     Op::Steal | Op::LateSteal => {
                         if matches!(op, Op::LateSteal) {
-                            clock += OWNER_GRACE * 2;
+                            clock += WAIT_TIME * 2;
                         }
                         match p.on_steal(clock) {
                             StealAction::WaitEvent => {
@@ -516,7 +511,7 @@ mod tests {
                     }
                     Op::Steal | Op::LateSteal => {
                         if matches!(op, Op::LateSteal) {
-                            clock += OWNER_GRACE * 2;
+                            clock += WAIT_TIME * 2;
                         }
                         if p.on_steal(clock) == StealAction::WaitEvent {
                             assert!(!uncovered, "uncovered blocks handed over: {seq:?}");

@@ -16,21 +16,18 @@
 //! (a merge begun after that could not hide a block from the search: its victim had been
 //! searched before), and says to search again only if one of them left a fitting block behind.
 //! So a grower never re-searches for merges that cannot serve it, and never waits for merges
-//! that began after its search. Its re-searches are bounded ([`SETTLE_TRIES`](crate::stream_ordered::tuning::SETTLE_TRIES)), as is its wait
-//! ([`DRAIN_SPINS`]: a merger preempted between its two locks must not hold growth back long);
-//! past either it grows, as before.
+//! that began after its search.
 //!
 //! A miss no merge caused is real, and growing doubles the pool; at 16 threads another
 //! thread's free often leaves a fitting block a moment later. So frees made while a grower
-//! watches say so too ([`Moves::freed`]), and after a real miss the grower waits up to
-//! [`PATIENCE`] yields for one, stopping after [`IDLE_WINDOW`] yields without any free.
+//! watches say so too ([`Moves::freed`]), and after a real miss the grower waits for one,
+//! stopping after [`IDLE_WINDOW`] yields without any free.
 //!
-//! All these waits together are bounded by one [`Budget`] per growth (per hold of the growth
-//! lock): at most [`WAIT_YIELDS`] yields and [`WAIT_TIME`] of wall time, whichever runs out
-//! first; past it the grower searches again only where a fitting block landed (no more yields)
-//! and grows, so the lock is held for at most [`SETTLE_TRIES`](crate::stream_ordered::tuning::SETTLE_TRIES) + 1 searches, the waits within
-//! the budget, and the upstream call. The patience protocol's loom models, with the frees that
-//! report to it: `moves/loom_tests.rs`.
+//! Every wait of a growth (per hold of the growth lock) comes out of one [`Budget`]:
+//! [`PATIENCE`] steps (a yield, or a search again after a fitting block landed) and
+//! [`WAIT_TIME`] of wall time, whichever runs out first; past it the grower grows. So the lock
+//! is held for at most `PATIENCE` + 1 searches, the waits within the budget (one step past the
+//! deadline at worst), and the upstream call.
 //!
 //! Merges are not the only way blocks leave every list: a thief that must synchronize the
 //! device takes its blocks out first and synchronizes with no lock held. [`InFlight`] counts
@@ -45,7 +42,7 @@ use crate::sync::yield_now;
 use crossbeam_utils::CachePadded;
 use std::time::Instant;
 
-use crate::stream_ordered::tuning::{DRAIN_SPINS, IDLE_WINDOW, PATIENCE, WAIT_TIME, WAIT_YIELDS};
+use crate::stream_ordered::tuning::{IDLE_WINDOW, PATIENCE, WAIT_TIME};
 
 /// The grower's size while no grower is searching ([`Moves::wanted`]).
 const NOBODY: usize = usize::MAX;
@@ -71,11 +68,11 @@ pub(crate) struct Moves {
 }
 
 /// What a grower may still wait for one growth (one hold of the growth lock), shared by all
-/// its settles: yields, and a deadline on the wall clock (see the
+/// its settles: steps (yields and searches again), and a deadline on the wall clock (see the
 /// [module documentation](self)).
 #[derive(Debug)]
 pub(crate) struct Budget {
-    /// Yields left.
+    /// Steps left.
     left: u32,
     /// Yields made (read by the growth-lock record of benchmarks and tests only).
     #[cfg(any(test, feature = "testing"))]
@@ -84,53 +81,24 @@ pub(crate) struct Budget {
     deadline: Option<Instant>,
 }
 
-/// Yields of a growth budget on a thread that set [`UNTIMED_GROWTH`]: enough for any hook of a
-/// test to run on a loaded machine, still finite so that a broken protocol fails the test.
-#[cfg(test)]
-const UNTIMED_YIELDS: u32 = 1 << 22;
-
-#[cfg(test)]
-thread_local! {
-    /// Set by a test on its grower's thread: that thread's growth budgets count yields only,
-    /// so the test's outcome does not depend on the wall clock (the machine's load).
-    pub(crate) static UNTIMED_GROWTH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
 impl Budget {
-    /// A growth's budget: [`WAIT_YIELDS`] yields and [`WAIT_TIME`] from `locked`, when the
-    /// growth lock was taken.
+    /// A growth's budget: [`PATIENCE`] steps and [`WAIT_TIME`] from `locked`, when the growth
+    /// lock was taken.
     pub(crate) fn growth(locked: Instant) -> Self {
         #[cfg(test)]
-        if UNTIMED_GROWTH.get() {
-            return Self::yields(UNTIMED_YIELDS);
+        if hooks::UNTIMED_GROWTH.get() {
+            return Self::new(hooks::UNTIMED_YIELDS, None);
         }
-        Self {
-            left: WAIT_YIELDS,
-            #[cfg(any(test, feature = "testing"))]
-            spent: 0,
-            deadline: locked.checked_add(WAIT_TIME),
-        }
+        Self::new(PATIENCE, locked.checked_add(WAIT_TIME))
     }
 
-    /// `yields` yields, and no clock (tests and the loom models).
-    #[cfg(test)]
-    pub(crate) fn yields(yields: u32) -> Self {
+    /// `left` steps until `deadline` (`None`: only steps count, for the models).
+    fn new(left: u32, deadline: Option<Instant>) -> Self {
         Self {
-            left: yields,
+            left,
             #[cfg(any(test, feature = "testing"))]
             spent: 0,
-            deadline: None,
-        }
-    }
-
-    /// `yields` yields and `time` of wall time from now (tests).
-    #[cfg(all(test, not(loom)))]
-    pub(crate) fn with_time(yields: u32, time: std::time::Duration) -> Self {
-        Self {
-            left: yields,
-            #[cfg(any(test, feature = "testing"))]
-            spent: 0,
-            deadline: Instant::now().checked_add(time),
+            deadline,
         }
     }
 
@@ -140,13 +108,13 @@ impl Budget {
         self.spent
     }
 
-    /// Whether the budget ran out (no yield left, or past the deadline).
+    /// Whether the budget ran out (no step left, or past the deadline).
     #[cfg(any(test, feature = "testing"))]
     pub(crate) fn ran_out(&self) -> bool {
         self.left == 0
     }
 
-    /// Takes one yield from the budget: false, for good, once it ran out. Reads the clock (only
+    /// Takes one step from the budget: false, for good, once it ran out. Reads the clock (only
     /// here: on a waiting grower's path).
     fn take(&mut self) -> bool {
         if self.left == 0 {
@@ -157,10 +125,6 @@ impl Budget {
             return false;
         }
         self.left -= 1;
-        #[cfg(any(test, feature = "testing"))]
-        {
-            self.spent += 1;
-        }
         true
     }
 }
@@ -179,8 +143,7 @@ pub(crate) enum Settled {
     Grow,
     /// A merge left a fitting block (or could not say): search again.
     SearchAgain,
-    /// The wait for the epoch's merges ran out ([`DRAIN_SPINS`], or the growth's [`Budget`]):
-    /// grow, as before.
+    /// The growth's [`Budget`] ran out (waiting, or before a search again): grow.
     GaveUp,
 }
 
@@ -256,6 +219,10 @@ impl Moves {
         if !budget.take() {
             return false;
         }
+        #[cfg(any(test, feature = "testing"))]
+        {
+            budget.spent += 1;
+        }
         #[cfg(test)]
         self.hooks.yielding_point();
         yield_now();
@@ -291,59 +258,60 @@ impl Moves {
 impl Watch<'_> {
     /// After a search that missed: ends the epoch, waits for the merges counted in it to land
     /// and says whether one of them left a fitting block since the [`Moves::watch`]; after a
-    /// real miss, waits for a fitting free (the patience). Every yield comes out of `budget`,
-    /// the growth's: once it ran out, no wait yields and a verdict comes at once.
+    /// real miss, waits for a fitting free (the patience). Every yield, and the search again
+    /// it may send the grower to, comes out of `budget`, the growth's: once it ran out, no wait
+    /// yields and the grower grows.
     pub(crate) fn settle(self, budget: &mut Budget) -> Settled {
-        self.settle_with(budget, DRAIN_SPINS, PATIENCE, IDLE_WINDOW)
+        self.settle_with(budget, IDLE_WINDOW)
     }
 
-    /// [`Watch::settle`] with its limits as parameters (the models set them small).
-    fn settle_with(&self, budget: &mut Budget, drain: u32, patience: u32, idle: u32) -> Settled {
-        match self.settle_within(drain, budget) {
-            Settled::Grow => self.wait_for_fit(patience, idle, budget),
+    /// [`Watch::settle`] with its idle rule as a parameter (the models set it small).
+    fn settle_with(&self, budget: &mut Budget, idle: u32) -> Settled {
+        let settled = match self.settle_within(budget) {
+            Settled::Grow => self.wait_for_fit(idle, budget),
             other => other,
+        };
+        // A search again is a step of the budget too.
+        if settled == Settled::SearchAgain && !budget.take() {
+            return Settled::GaveUp;
         }
+        settled
     }
 
-    /// After a real miss: waits up to `patience` yields (of `budget`) for a free or a merge to
-    /// leave a fitting block, and gives up early after `idle` yields with no free at all.
-    fn wait_for_fit(&self, patience: u32, idle: u32, budget: &mut Budget) -> Settled {
+    /// After a real miss: waits (within `budget`) for a free or a merge to leave a fitting
+    /// block, and gives up early after `idle` yields with no free at all.
+    fn wait_for_fit(&self, idle: u32, budget: &mut Budget) -> Settled {
         let m = self.moves;
         let mut seen = m.frees_seen.load(Ordering::Relaxed);
-        for spin in 1..=patience {
+        for spins in 1u32.. {
             if m.fit_landed.load(Ordering::SeqCst) {
                 return Settled::SearchAgain;
             }
             if !m.pause(budget) {
                 break;
             }
-            if spin % idle == 0 {
+            if spins % idle == 0 {
                 let now = m.frees_seen.load(Ordering::Relaxed);
                 if now == seen {
-                    break;
+                    // A last look: a free may have landed during the last yield.
+                    return m.verdict();
                 }
                 seen = now;
             }
         }
-        // A last look: a free may have landed during the last yield.
-        m.verdict()
+        Settled::GaveUp
     }
 
-    /// Ends the epoch and waits for its merges to land, giving up after `spins_left` yields or
-    /// when `budget` runs out.
-    fn settle_within(&self, spins_left: u32, budget: &mut Budget) -> Settled {
+    /// Ends the epoch and waits for its merges to land, giving up when `budget` runs out.
+    fn settle_within(&self, budget: &mut Budget) -> Settled {
         let m = self.moves;
         let slot = (m.epoch.fetch_add(1, Ordering::SeqCst) & 1) as usize;
-        let mut spins = 0;
         while m.in_transit[slot].load(Ordering::SeqCst) != 0 {
-            if spins == 0 {
-                #[cfg(test)]
-                hooks::run(&m.hooks.unsettled);
-            }
-            if spins == spins_left || !m.pause(budget) {
+            #[cfg(test)]
+            hooks::run(&m.hooks.unsettled);
+            if !m.pause(budget) {
                 return Settled::GaveUp;
             }
-            spins += 1;
         }
         // After the wait: a merge sets the flag before its count goes down.
         m.verdict()
@@ -385,33 +353,24 @@ pub(crate) struct InFlight {
 }
 
 impl InFlight {
-    pub(crate) fn begin(&self) -> InFlightGuard<'_> {
-        *self
-            .count
+    fn count(&self) -> std::sync::MutexGuard<'_, usize> {
+        self.count
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) += 1;
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn begin(&self) -> InFlightGuard<'_> {
+        *self.count() += 1;
         InFlightGuard(self)
     }
 
     pub(crate) fn is_busy(&self) -> bool {
-        *self
-            .count
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            > 0
+        *self.count() > 0
     }
 
     pub(crate) fn wait_idle(&self) {
-        let mut count = self
-            .count
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        while *count > 0 {
-            count = self
-                .idle
-                .wait(count)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-        }
+        let idle = self.idle.wait_while(self.count(), |count| *count > 0);
+        drop(idle.unwrap_or_else(std::sync::PoisonError::into_inner));
     }
 }
 
@@ -420,11 +379,7 @@ pub(crate) struct InFlightGuard<'a>(&'a InFlight);
 
 impl Drop for InFlightGuard<'_> {
     fn drop(&mut self) {
-        let mut count = self
-            .0
-            .count
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut count = self.0.count();
         *count -= 1;
         if *count == 0 {
             self.0.idle.notify_all();
@@ -437,8 +392,31 @@ impl Drop for InFlightGuard<'_> {
 pub(crate) mod hooks {
     use std::sync::{Mutex, PoisonError};
 
-    use super::Moves;
+    use super::{Budget, Moves};
     use crate::sync::atomic::Ordering;
+
+    /// Steps of a growth budget on a thread that set [`UNTIMED_GROWTH`]: enough for any hook of
+    /// a test to run on a loaded machine, still finite so that a broken protocol fails the test.
+    pub(super) const UNTIMED_YIELDS: u32 = 1 << 22;
+
+    thread_local! {
+        /// Set by a test on its grower's thread: that thread's growth budgets count steps only,
+        /// so the test's outcome does not depend on the wall clock (the machine's load).
+        pub(crate) static UNTIMED_GROWTH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    impl Budget {
+        /// `steps` steps, and no clock (tests and the loom models).
+        pub(crate) fn yields(steps: u32) -> Self {
+            Self::new(steps, None)
+        }
+
+        /// `steps` steps and `time` of wall time from now (tests).
+        #[cfg(not(loom))]
+        pub(crate) fn with_time(steps: u32, time: std::time::Duration) -> Self {
+            Self::new(steps, std::time::Instant::now().checked_add(time))
+        }
+    }
 
     impl Moves {
         /// Whether a merge or a free left a fitting block since the grower's watch.
@@ -500,7 +478,6 @@ mod loom_tests;
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::stream_ordered::tuning::SETTLE_TRIES;
     use proptest::prelude::*;
     use std::time::Duration;
 
@@ -563,7 +540,7 @@ mod tests {
         let early = m.begin();
         let w = m.watch(4);
         // Still in transit: the wait runs out.
-        assert_eq!(w.settle_within(3, &mut free()), Settled::GaveUp);
+        assert_eq!(w.settle_within(&mut Budget::yields(3)), Settled::GaveUp);
         drop(early);
         // While the grower waits, `early2` ends and `late` begins: the grower does not wait
         // for `late` (its victim was searched before it began).
@@ -576,14 +553,14 @@ mod tests {
             early2.landed(|_| false);
         }));
         let w = m.watch(4);
-        assert_eq!(w.settle_within(3, &mut free()), Settled::Grow);
+        assert_eq!(w.settle_within(&mut Budget::yields(3)), Settled::Grow);
         assert!(late.lock().unwrap().is_some(), "the hook ran");
         // `late` is of the next epoch.
         let w = m.watch(4);
-        assert_eq!(w.settle_within(3, &mut free()), Settled::GaveUp);
+        assert_eq!(w.settle_within(&mut Budget::yields(3)), Settled::GaveUp);
         drop(late.lock().unwrap().take());
         let w = m.watch(4);
-        assert_eq!(w.settle_within(3, &mut free()), Settled::Grow);
+        assert_eq!(w.settle_within(&mut Budget::yields(3)), Settled::Grow);
     }
 
     #[test]
@@ -627,7 +604,7 @@ mod tests {
         let w = m.watch(4);
         std::thread::scope(|s| {
             // No limit and no idle rule: it returns only once the free landed.
-            let grower = s.spawn(|| w.wait_for_fit(u32::MAX, u32::MAX, &mut free()));
+            let grower = s.spawn(|| w.wait_for_fit(u32::MAX, &mut free()));
             for _ in 0..3 {
                 m.freed(|_| false);
             }
@@ -641,40 +618,45 @@ mod tests {
         let m = Moves::new();
         let w = m.watch(4);
         // Without the idle rule this would yield u32::MAX times.
-        assert_eq!(w.wait_for_fit(u32::MAX, 4, &mut free()), Settled::Grow);
+        assert_eq!(w.wait_for_fit(4, &mut free()), Settled::Grow);
     }
 
-    /// One budget for all the settles of a growth: a grower whose searches keep missing a
-    /// fitting block that frees report (another thread takes each first) settles at most
-    /// `SETTLE_TRIES` + 1 times, and yields at most the budget in all, not per settle.
+    /// One budget for all the settles of a growth, searches again included: a grower whose
+    /// searches keep missing a fitting block that frees report (another thread takes each
+    /// first) takes `PATIENCE` steps in all, yields and searches again together, not per
+    /// settle, and then grows.
     #[test]
     fn the_budget_spans_every_settle_of_a_growth() {
         let m: &'static Moves = Box::leak(Box::new(Moves::new()));
         let yields = std::sync::Arc::new(AtomicU64::new(0));
         let y = std::sync::Arc::clone(&yields);
-        // Frees all along, every 1000th fitting.
+        // Frees all along, every 100th fitting.
         *m.hooks.yielding.lock().unwrap() = Some(Box::new(move || {
             let n = y.fetch_add(1, Ordering::Relaxed) + 1;
-            m.freed(|_| n % 1000 == 0);
+            m.freed(|_| n % 100 == 0);
         }));
-        let mut budget = Budget::yields(WAIT_YIELDS);
-        let mut settles = 0;
-        for _ in 0..=SETTLE_TRIES {
+        let mut budget = Budget::yields(PATIENCE);
+        let mut again = 0;
+        loop {
             let w = m.watch(4);
             // The search misses.
-            settles += 1;
-            if w.settle(&mut budget) != Settled::SearchAgain {
-                break;
+            match w.settle(&mut budget) {
+                Settled::SearchAgain => again += 1,
+                other => break assert_eq!(other, Settled::GaveUp),
             }
         }
-        // Without the shared budget: 65 settles of 1000 yields each.
+        // Without the shared budget this never ends (each settle is sent back after 100
+        // yields); with a search again free of charge, 1024 yields and 10 searches.
         let yields = yields.load(Ordering::Relaxed);
-        assert_eq!(yields, u64::from(WAIT_YIELDS), "{settles} settles");
+        assert_eq!((yields, again), (1014, 10));
+        assert_eq!(yields + again, u64::from(PATIENCE));
         assert!(budget.ran_out());
-        // Past the budget a settle yields no more and gives a verdict at once.
+        // Past the budget a settle yields no more, and a fitting block no longer sends the
+        // grower back.
         let w = m.watch(4);
-        assert_eq!(w.settle(&mut budget), Settled::Grow);
-        assert_eq!(budget.spent(), WAIT_YIELDS);
+        m.freed(|_| true);
+        assert_eq!(w.settle(&mut budget), Settled::GaveUp);
+        assert_eq!(u64::from(budget.spent()), yields);
     }
 
     /// The wall-clock side of the budget: yields that take a millisecond each (an
@@ -686,10 +668,10 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
             m.freed(|_| false);
         }));
-        let mut budget = Budget::with_time(u32::MAX, Duration::from_millis(5));
+        let mut budget = Budget::with_time(1000, Duration::from_millis(5));
         let w = m.watch(4);
-        // No idle rule, and patience for a second: only the clock stops it sooner.
-        assert_eq!(w.wait_for_fit(1000, u32::MAX, &mut budget), Settled::Grow);
+        // No idle rule, and 1,000 steps: only the clock stops it sooner.
+        assert_eq!(w.wait_for_fit(u32::MAX, &mut budget), Settled::GaveUp);
         assert!(budget.ran_out());
         assert!(budget.spent() <= 5, "{} yields", budget.spent());
     }
@@ -781,7 +763,7 @@ mod tests {
                                 Settled::Grow
                             };
                             epoch += 1;
-                            prop_assert_eq!(w.settle_within(0, &mut free()), want);
+                            prop_assert_eq!(w.settle_within(&mut Budget::yields(0)), want);
                         }
                     }
                 }

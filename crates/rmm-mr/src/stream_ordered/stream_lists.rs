@@ -189,13 +189,19 @@ pub(crate) struct ListState<L> {
     /// [`EventPolicy`]); for the orphan list, whether its thief waits on `waits` or synchronizes.
     policy: EventPolicy,
     /// The orphan list only: the events of the retired lists whose blocks it holds (each
-    /// recorded after its list's last block entered); a thief waits on all of them.
+    /// recorded after its list's last block entered), at most [`ORPHAN_EVENTS`]; a thief waits
+    /// on all of them.
     waits: Vec<CudaEvent>,
     /// An ordinary stream's list whose stream is an rmm-stream `CudaStream`: its life, which a
     /// thief pins to record the list's event on that stream itself
     /// ([`EventPolicy::on_steal_pinned`]).
     owner: Option<StreamLife>,
 }
+
+/// The capacity of the orphan list's `waits`: a thief makes one stream wait per event, and
+/// one device synchronization covers any number, so the list keeps a few (blocks of retired
+/// lists are rare) and past them counts its blocks as uncovered.
+const ORPHAN_EVENTS: usize = 8;
 
 impl<L> ListState<L> {
     /// Whose list this is (`None`: a free slot).
@@ -311,10 +317,8 @@ impl<L> ListState<L> {
         }
         let absorbed = self.blocks.absorb(&mut blocks);
         // Even a partial absorb brought blocks in: count them (uncovered if it failed).
-        if self
-            .policy
-            .on_orphaned(covered && absorbed.is_ok(), self.waits.len())
-        {
+        let room = self.waits.len() < ORPHAN_EVENTS;
+        if self.policy.on_orphaned(covered && absorbed.is_ok() && room) {
             self.waits.extend(event);
         } else if self.policy.is_record_failed() {
             // The next thief synchronizes the device, which covers what the events would.

@@ -79,7 +79,7 @@ enum Op {
     /// Frees every live allocation (without faults), so that whole chunks become free.
     FreeAll,
     /// Nothing for a little longer than a stream's owner may take to answer a thief
-    /// (`OWNER_GRACE`), so that later thieves synchronize the device instead of asking.
+    /// (`WAIT_TIME`), so that later thieves synchronize the device instead of asking.
     Idle,
 }
 
@@ -390,7 +390,8 @@ fn run(subject: &Subject<'_>, seed: u64, tally: &mut Tally) {
                 Ok(())
             }
             Op::Idle => {
-                std::thread::sleep(std::time::Duration::from_millis(3));
+                let grace = crate::stream_ordered::tuning::WAIT_TIME;
+                std::thread::sleep(grace + grace / 4);
                 Ok(())
             }
         };

@@ -105,8 +105,9 @@ impl Default for GrowthLockHolds {
 }
 
 impl GrowthLockHolds {
-    /// The most yields a grower makes waiting in one hold (the budget's yields).
-    pub const BUDGET_YIELDS: u32 = crate::stream_ordered::tuning::WAIT_YIELDS;
+    /// The most yields a grower makes waiting in one hold (the budget's steps, of which each
+    /// search again takes one too).
+    pub const BUDGET_YIELDS: u32 = crate::stream_ordered::tuning::PATIENCE;
 
     /// The most wall time a grower spends waiting in one hold, counted from the lock's
     /// acquisition (the budget's time).
@@ -219,11 +220,11 @@ mod tests {
         for us in 1..=1000u64 {
             r.record(Duration::from_micros(us), 0, false);
         }
-        r.record(Duration::from_millis(40), 5120, true);
+        r.record(Duration::from_millis(40), 1024, true);
         let s = r.snapshot();
         assert_eq!(s.count(), 1001);
         assert_eq!(s.max(), Duration::from_millis(40));
-        assert_eq!((s.max_yields(), s.budget_ran_out()), (5120, 1));
+        assert_eq!((s.max_yields(), s.budget_ran_out()), (1024, 1));
         let p50 = s.quantile(0.5).as_nanos();
         assert!((500_000..=500_000 + 500_000 / 8).contains(&p50), "{p50}");
         let p999 = s.quantile(0.999).as_nanos();

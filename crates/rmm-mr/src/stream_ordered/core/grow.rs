@@ -21,7 +21,6 @@ use crate::stream_ordered::free_blocks::{Expand, FreeBlocks};
 use crate::stream_ordered::moves::{Budget, Settled};
 use crate::stream_ordered::pressure::{GrowthCause, PressureScope};
 use crate::stream_ordered::stream_lists::{device_synchronize, StreamKey, StreamList};
-use crate::stream_ordered::tuning::SETTLE_TRIES;
 
 /// The growth lock held by a grower ([`StreamOrdered::lock_growth`]): the chunk set, the
 /// budget of the grower's waits for this hold, and (for benchmarks and tests) where its hold
@@ -63,7 +62,6 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             // of growing the pool once per waiting thread (RMM serializes everything on one mutex
             // and so never races here). Nothing synchronizes the device under this lock.
             let mut chunks = self.lock_growth();
-            let mut tries = 0;
             let withheld = loop {
                 let watch = self.moves.watch(size);
                 if let Some(block) = self.take_own(own, key, size) {
@@ -73,12 +71,13 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                     Search::Taken(block) => return Ok(block),
                     // Grow only once no merge outside this lock hid a fitting block from the
                     // search (in transit, or moved behind it), and, after such a real miss, no
-                    // free left one within the grower's patience; every wait comes out of
-                    // the one budget of this hold of the lock; see `moves`.
-                    Search::Missed { withheld } => match watch.settle(&mut chunks.budget) {
-                        Settled::SearchAgain if tries < SETTLE_TRIES => tries += 1,
-                        Settled::SearchAgain | Settled::Grow | Settled::GaveUp => break withheld,
-                    },
+                    // free left one within the grower's patience; every wait and every search
+                    // again comes out of the one budget of this hold of the lock; see `moves`.
+                    Search::Missed { withheld } => {
+                        if watch.settle(&mut chunks.budget) != Settled::SearchAgain {
+                            break withheld;
+                        }
+                    }
                 }
             };
             // Chunks that merge grow the free block at the end of the memory by what it lacks.
@@ -182,11 +181,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     /// [`FreeBlocks::extendable_tail`] of `own` if it is still `key`'s list.
     fn own_tail(&self, own: &StreamList<L>, key: StreamKey) -> Option<usize> {
         let st = own.lock();
-        if st.key() == Some(key) {
-            st.blocks.extendable_tail()
-        } else {
-            None
-        }
+        (st.key() == Some(key)).then(|| st.blocks.extendable_tail())?
     }
 
     /// Before an allocation fails for want of memory: [`release_unused`](Self::release_unused)
@@ -195,13 +190,10 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     /// is logged (the allocation then reports its own out-of-memory).
     #[cold]
     fn release_for_growth(&self, upstream: &dyn DeviceMemoryResource) -> bool {
-        match self.release_unused(upstream) {
-            Ok(bytes) => bytes > 0,
-            Err(e) => {
-                log::warn!("rmm: releasing free chunks before failing an allocation failed: {e}");
-                false
-            }
-        }
+        let released = self.release_unused(upstream).inspect_err(|e| {
+            log::warn!("rmm: releasing free chunks before failing an allocation failed: {e}");
+        });
+        released.is_ok_and(|bytes| bytes > 0)
     }
 
     /// Gives every wholly free upstream chunk back to `upstream` and returns the bytes released.

@@ -11,7 +11,6 @@ use super::StreamOrdered;
 use crate::error::{MrError, MrResult};
 use crate::stream_ordered::free_blocks::FreeBlocks;
 use crate::stream_ordered::stream_lists::{device_synchronize, Steal, StreamKey, StreamList};
-use crate::stream_ordered::tuning::FULL_RETRIES;
 
 /// What a search of the other lists ([`StreamOrdered::take_from_others`]) found.
 #[derive(Debug)]
@@ -163,7 +162,10 @@ impl<L: FreeBlocks> StreamOrdered<L> {
 
     /// The resource cannot grow: reclaims the blocks no event covers (one device
     /// synchronization, no lock held), and if there are none while other threads'
-    /// synchronizations hold blocks out of every list, waits for those and looks again.
+    /// synchronizations hold blocks out of every list, waits once for those, looks again and
+    /// reclaims again (a reclaim's blocks enter its thief's list uncovered). Once: after the
+    /// wait every block they held out is in a list or in use; a synchronization begun since
+    /// took blocks the searches saw in a list, or that were freed after them.
     /// `Ok(None)`: nothing to take.
     #[cold]
     pub(super) fn reclaim_or_wait(
@@ -173,23 +175,21 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         stream: CudaStreamView<'_>,
         size: usize,
     ) -> MrResult<Option<(u64, L::Tag)>> {
-        for _ in 0..FULL_RETRIES {
-            let busy = self.in_flight.is_busy();
-            if let Some(block) = self.reclaim_unrecorded(own, key, stream, size)? {
-                return Ok(Some(block));
-            }
-            if !busy && !self.in_flight.is_busy() {
-                break;
-            }
-            self.in_flight.wait_idle();
-            if let Some(block) = self.take_own(own, key, size) {
-                return Ok(Some(block));
-            }
-            if let Search::Taken(block) = self.take_from_others(own, key, stream, size, false)? {
-                return Ok(Some(block));
-            }
+        let busy = self.in_flight.is_busy();
+        if let Some(block) = self.reclaim_unrecorded(own, key, stream, size)? {
+            return Ok(Some(block));
         }
-        Ok(None)
+        if !busy && !self.in_flight.is_busy() {
+            return Ok(None);
+        }
+        self.in_flight.wait_idle();
+        if let Some(block) = self.take_own(own, key, size) {
+            return Ok(Some(block));
+        }
+        if let Search::Taken(block) = self.take_from_others(own, key, stream, size, false)? {
+            return Ok(Some(block));
+        }
+        self.reclaim_unrecorded(own, key, stream, size)
     }
 
     /// Moves the blocks of every other list that an event does not cover into `own` after one

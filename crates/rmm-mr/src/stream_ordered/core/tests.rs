@@ -370,7 +370,7 @@ mod retire {
     use super::{allocate, core, drop_core, ModelBlocks, BLOCK, CHUNK};
     use crate::error::{MrError, MrResult};
     use crate::stream_ordered::core::{StreamKey, StreamOrdered};
-    use crate::stream_ordered::tuning::OWNER_GRACE;
+    use crate::stream_ordered::tuning::WAIT_TIME;
     use crate::testing::HostMockResource;
 
     /// An allocation on `stream` that may not grow the core (its upstream is full).
@@ -636,7 +636,7 @@ mod retire {
         assert_eq!(core.pool_size(), 2 * CHUNK);
         // A stays idle past the grace period: B's next allocation steals one block of A's after a
         // device synchronization, which it makes with A's list unlocked.
-        std::thread::sleep(OWNER_GRACE * 2);
+        std::thread::sleep(WAIT_TIME * 2);
         let got = while_the_thief_waits(
             &core,
             || allocate(&core, &mock, b),
@@ -695,7 +695,7 @@ mod retire {
             });
             // Let C reach its wait (if it has not by then, it finds the blocks later: the checks
             // below hold either way).
-            std::thread::sleep(OWNER_GRACE * 10);
+            std::thread::sleep(WAIT_TIME * 10);
             go_tx.send(()).unwrap();
             drop(go_tx);
             let p1 = t1.join().unwrap().unwrap();
@@ -736,7 +736,7 @@ mod retire {
             .iter()
             .all(|p| core.list_holding(p.addr()) == Some(a_key)));
         // The steal's synchronization (past the grace period) fails: the same.
-        std::thread::sleep(OWNER_GRACE * 2);
+        std::thread::sleep(WAIT_TIME * 2);
         let before = core.state();
         fault::inject(Fault::next(DriverCall::Synchronize));
         let e = allocate_full(&core, &mock, b).unwrap_err();

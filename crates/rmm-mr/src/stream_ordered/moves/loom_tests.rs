@@ -52,7 +52,7 @@ fn run(block: usize, requests: &'static [usize]) -> Vec<Vec<Result<(), Settled>>
                 searches.push(Ok(()));
                 break;
             }
-            let settled = watch.settle_within(SPINS, &mut Budget::yields(SPINS));
+            let settled = watch.settle_within(&mut Budget::yields(SPINS));
             searches.push(Err(settled));
             if settled != Settled::SearchAgain {
                 break;
@@ -98,15 +98,13 @@ fn loom_a_grower_is_not_sent_back_for_blocks_that_do_not_fit() {
 /// The patience protocol with the frees that report to it (`Moves::freed`, `Watch::settle`'s
 /// wait for a fit, the growth's [`Budget`]): a grower announces `wanted` bytes, searches list
 /// `a` (empty at first) and, after each miss, settles with what is left of one budget of
-/// `budget` yields, its patience `patience` and its idle rule `idle`, searching again at most
-/// twice; a freeing thread puts `blocks` into `a` one by one, each under `a`'s lock and
+/// `budget` steps and its idle rule `idle`, searching again at most twice; a freeing thread puts `blocks` into `a` one by one, each under `a`'s lock and
 /// reported there, as the core's frees are. Returns the grower's searches and the budget it
 /// was left with.
 fn wait_for_frees(
     blocks: &'static [usize],
     wanted: usize,
     budget: u32,
-    patience: u32,
     idle: u32,
 ) -> (Vec<Result<(), Settled>>, Budget) {
     let moves = Arc::new(Moves::new());
@@ -130,7 +128,7 @@ fn wait_for_frees(
                 searches.push(Ok(()));
                 break;
             }
-            let settled = watch.settle_with(&mut left, budget, patience, idle);
+            let settled = watch.settle_with(&mut left, idle);
             searches.push(Err(settled));
             if settled != Settled::SearchAgain {
                 break;
@@ -151,7 +149,7 @@ fn loom_a_waiting_grower_sees_a_fitting_free() {
     static SEEN: Seen<2> = Seen::new(["found at once", "missed, waited, sent back, found"]);
     crate::sync::model("loom_a_waiting_grower_sees_a_fitting_free", || {
         // A block too small first (a sign of life, no fit), then one that fits; no idle rule.
-        let (searches, left) = wait_for_frees(&[4, 16], 8, ENOUGH, ENOUGH, ENOUGH);
+        let (searches, left) = wait_for_frees(&[4, 16], 8, ENOUGH, ENOUGH);
         assert!(left.spent() <= ENOUGH);
         match searches.as_slice() {
             [Ok(())] => SEEN.saw(0),
@@ -168,7 +166,7 @@ fn loom_frees_that_do_not_fit_let_the_grower_grow_early() {
     crate::sync::model(
         "loom_frees_that_do_not_fit_let_the_grower_grow_early",
         || {
-            let (searches, left) = wait_for_frees(&[4], 8, ENOUGH, ENOUGH, 2);
+            let (searches, left) = wait_for_frees(&[4], 8, ENOUGH, 2);
             assert_eq!(searches, [Err(Settled::Grow)], "the grower's searches");
             // The idle rule ended the wait, not the budget.
             assert!(!left.ran_out(), "{} yields", left.spent());
@@ -186,14 +184,14 @@ fn loom_the_budget_ends_the_wait() {
         "grew when the budget ran out",
     ]);
     crate::sync::model("loom_the_budget_ends_the_wait", || {
-        // One yield in all, a patience of many: the grower may grow before the fitting free
-        // comes, never with budget left.
-        let (searches, left) = wait_for_frees(&[16], 8, 1, ENOUGH, ENOUGH);
+        // One step in all: the grower may grow before the fitting free comes (or before it can
+        // search again), never with budget left.
+        let (searches, left) = wait_for_frees(&[16], 8, 1, ENOUGH);
         assert!(left.spent() <= 1);
         match searches.as_slice() {
             [Ok(())] => SEEN.saw(0),
             [Err(Settled::SearchAgain), Ok(())] => SEEN.saw(1),
-            [Err(Settled::Grow)] if left.ran_out() => SEEN.saw(2),
+            [Err(Settled::GaveUp)] if left.ran_out() => SEEN.saw(2),
             other => panic!("the grower's searches: {other:?}, {left:?}"),
         }
     });
