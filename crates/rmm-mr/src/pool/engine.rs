@@ -18,13 +18,11 @@ use crate::stream_ordered::core::{Expand, StreamOrdered};
 use crate::util::alignment::{self, OverAligned, MAX_OVER_ALIGNMENT};
 use crate::util::format::format_bytes;
 
-mod addr_table;
 mod blocks;
 mod boundary_list;
 mod handed;
 mod size_index;
 
-pub(crate) use addr_table::{shard_bits, AddrTable};
 pub(crate) use blocks::{ChunkLayout, Contiguous, Separate};
 pub use boundary_list::{Block, FreeListError};
 #[cfg(any(test, feature = "testing"))]

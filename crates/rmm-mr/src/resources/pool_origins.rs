@@ -27,9 +27,9 @@ use std::sync::LazyLock;
 
 use crossbeam_utils::CachePadded;
 
-use crate::pool::engine::{shard_bits, AddrTable};
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::Mutex;
+use crate::util::addr_table::{shard_bits, AddrTable};
 use crate::util::cross_thread::{needs_legacy_order, Origin};
 
 /// Number of shards (a power of two), as the pool's record of handed-out blocks.

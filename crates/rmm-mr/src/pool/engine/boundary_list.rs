@@ -24,8 +24,8 @@
 
 use std::fmt;
 
-use super::addr_table::AddrTable;
 use super::size_index::{NodeId, SizeIndex};
+use crate::util::addr_table::AddrTable;
 
 /// A contiguous range of pool memory: `[addr, addr + size)`.
 ///

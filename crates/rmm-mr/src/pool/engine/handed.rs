@@ -6,8 +6,8 @@
 
 use crossbeam_utils::CachePadded;
 
-use super::addr_table::{shard_bits, AddrTable};
 use crate::sync::{Mutex, MutexGuard};
+use crate::util::addr_table::{shard_bits, AddrTable};
 
 /// Number of shards (a power of two): enough that 16 threads rarely meet on one.
 const SHARDS: usize = 64;

@@ -1,11 +1,11 @@
-//! A hash table from block addresses to small values, for the record of handed-out blocks
-//! ([`crate::pool::engine::handed`]) and the pool's boundary tags
-//! ([`crate::pool::engine::boundary_list`]): open addressing with linear probing, at most a quarter
-//! full ([`MAX_LOAD`]), deletion by backward shift (no tombstones, so probes stay short however
-//! many blocks come and go), and a multiplicative hash of the address's 256-byte unit whose top
-//! bits pick the home slot. One insertion or removal is a multiply, a shift and, at that load,
-//! usually the home slot alone: a fraction of a general-purpose map's work, which is what the
-//! record costs on every allocation and free.
+//! A hash table from block addresses to small values, for the pools' record of handed-out
+//! blocks (`pool/engine/handed.rs`) and boundary tags (`pool/engine/boundary_list.rs`) and the
+//! driver pools' record of who allocated a block (`resources/pool_origins.rs`): open addressing
+//! with linear probing, at most a quarter full ([`MAX_LOAD`]), deletion by backward shift (no
+//! tombstones, so probes stay short however many blocks come and go), and a multiplicative hash
+//! of the address's 256-byte unit whose top bits pick the home slot. One insertion or removal is
+//! a multiply, a shift and, at that load, usually the home slot alone: a fraction of a
+//! general-purpose map's work, which is what the record costs on every allocation and free.
 //!
 //! Pure bookkeeping: no CUDA calls.
 
