@@ -86,7 +86,7 @@ pub(crate) struct PoolBlocks<C: ChunkLayout = Separate> {
     free: BoundaryFreeList,
     /// Tagged with whether the block starts a chunk and who allocated it (an [`Origin`] as a
     /// word).
-    handed: Arc<HandedMap<(bool, u64)>>,
+    handed: Arc<HandedMap>,
     chunks: C,
 }
 
