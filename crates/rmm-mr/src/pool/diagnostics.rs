@@ -5,7 +5,7 @@
 
 use crate::diagnostics::build::{self, Piece};
 use crate::diagnostics::{OomReport, Snapshot};
-use crate::error::MrError;
+use crate::error::{MrError, MrResult};
 use crate::pool::engine::{ChunkLayout, Growth, Pool};
 use rmm_sys::{checked_align_up, ALLOCATION_ALIGNMENT};
 
@@ -35,8 +35,11 @@ impl<G: Growth> Pool<G> {
         })
     }
 
-    /// The chunks with their free and handed-out blocks.
-    pub(crate) fn snapshot(&self) -> Snapshot {
+    /// The chunks with their free and handed-out blocks ([`DeviceMemoryResource::snapshot`]
+    /// of both resources: never an error).
+    ///
+    /// [`DeviceMemoryResource::snapshot`]: crate::DeviceMemoryResource::snapshot
+    pub(crate) fn snapshot(&self) -> MrResult<Snapshot> {
         let device = self.core.device().map_or(0, rmm_sys::DeviceId::value);
         let mut pieces: Vec<Piece> = self
             .core
@@ -57,10 +60,10 @@ impl<G: Growth> Pool<G> {
             // contiguous chunks, as PyTorch's expandable segments.
             chunks = merge_contiguous(chunks);
         }
-        Snapshot {
+        Ok(Snapshot {
             segments: build::segments(device, &chunks, &mut pieces),
             trace: Vec::new(),
-        }
+        })
     }
 }
 

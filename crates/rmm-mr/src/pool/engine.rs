@@ -86,7 +86,8 @@ impl<G: Growth> Pool<G> {
         }
     }
 
-    /// [`DeviceMemoryResource::allocate`].
+    /// [`DeviceMemoryResource::allocate`] of both resources: from a graph pool when `stream`
+    /// is in an rmm-rs capture, else from this pool.
     #[inline]
     pub(crate) fn allocate(
         &self,
@@ -94,6 +95,9 @@ impl<G: Growth> Pool<G> {
         bytes: usize,
         alignment: usize,
     ) -> MrResult<DevicePtr> {
+        if let Some(routed) = crate::graph::route_allocate(stream, bytes, alignment) {
+            return routed;
+        }
         let alignment = alignment::check(alignment, MAX_OVER_ALIGNMENT)?;
         if alignment > ALLOCATION_ALIGNMENT {
             return self.allocate_over_aligned(stream, bytes, alignment);
@@ -101,7 +105,8 @@ impl<G: Growth> Pool<G> {
         self.allocate_block(stream, bytes)
     }
 
-    /// [`DeviceMemoryResource::deallocate`].
+    /// [`DeviceMemoryResource::deallocate`] of both resources: to its graph pool when one owns
+    /// `ptr` (or refused, see `crate::graph::route_deallocate`), else to this pool.
     ///
     /// # Safety
     /// As [`DeviceMemoryResource::deallocate`].
@@ -113,6 +118,11 @@ impl<G: Growth> Pool<G> {
         bytes: usize,
         alignment: usize,
     ) -> MrResult<()> {
+        // SAFETY: the caller's contract.
+        let routed = unsafe { crate::graph::route_deallocate(stream, ptr, bytes, alignment) };
+        if let Some(routed) = routed {
+            return routed;
+        }
         if let Some(alignment) = alignment::over_aligned(alignment, MAX_OVER_ALIGNMENT) {
             return self
                 .over_aligned
