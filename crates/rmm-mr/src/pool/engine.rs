@@ -16,7 +16,6 @@ use crate::error::{MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
 use crate::stream_ordered::core::{Expand, StreamOrdered};
 use crate::util::alignment::{self, OverAligned, MAX_OVER_ALIGNMENT};
-use crate::util::format::format_bytes;
 
 mod blocks;
 mod boundary_list;
@@ -147,15 +146,8 @@ impl<G: Growth> Pool<G> {
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
-        let size = checked_align_up(bytes, ALLOCATION_ALIGNMENT).ok_or_else(|| {
-            MrError::out_of_memory(
-                bytes,
-                format!(
-                    "Maximum allocation size exceeded (failed to allocate {})",
-                    format_bytes(bytes)
-                ),
-            )
-        })?;
+        let size = checked_align_up(bytes, ALLOCATION_ALIGNMENT)
+            .ok_or_else(|| MrError::max_allocation_exceeded(bytes))?;
         self.core
             .allocate(stream, size, self.growth.source(), |ask| {
                 self.growth.grow(stream, bytes, size, ask)
