@@ -17,6 +17,19 @@ pub(crate) struct Piece {
     pub(crate) requested: usize,
 }
 
+impl Piece {
+    /// A handed-out block of `size` bytes for a request of `requested` (rounded) bytes.
+    pub(crate) fn handed(address: u64, size: usize, requested: usize) -> Self {
+        Self {
+            address,
+            size,
+            allocated: true,
+            stream: 0,
+            requested,
+        }
+    }
+}
+
 /// The segments of `chunks` (`(address, size)`), each with the parts of `pieces` that lie in
 /// it, in address order. A piece that spans chunks (the VMM pool's chunks merge) is cut at
 /// their boundaries; pieces outside every chunk are left out.
@@ -117,11 +130,8 @@ mod tests {
 
     fn piece(address: u64, size: usize, allocated: bool) -> Piece {
         Piece {
-            address,
-            size,
             allocated,
-            stream: 0,
-            requested: size,
+            ..Piece::handed(address, size, size)
         }
     }
 

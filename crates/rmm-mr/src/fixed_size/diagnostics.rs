@@ -43,13 +43,7 @@ impl<U: DeviceMemoryResource> FixedSizeMemoryResource<U> {
         let mut pieces: Vec<Piece> = core
             .handed_blocks()
             .into_iter()
-            .map(|(address, requested)| Piece {
-                address,
-                size: block_size,
-                allocated: true,
-                stream: 0,
-                requested,
-            })
+            .map(|(address, requested)| Piece::handed(address, block_size, requested))
             .collect();
         pieces.extend(build::free_pieces(build::numbered(core.free_lists())));
         let device = core.device().map_or(0, rmm_sys::DeviceId::value);

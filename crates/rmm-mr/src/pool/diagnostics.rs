@@ -45,13 +45,7 @@ impl<G: Growth> Pool<G> {
             .core
             .handed_blocks()
             .into_iter()
-            .map(|(address, size)| Piece {
-                address,
-                size,
-                allocated: true,
-                stream: 0,
-                requested: size,
-            })
+            .map(|(address, size)| Piece::handed(address, size, size))
             .collect();
         pieces.extend(build::free_pieces(build::numbered(self.core.free_lists())));
         let mut chunks = self.core.chunk_list();
