@@ -1,9 +1,9 @@
 //! The pool's engine, which the pool and the VMM pool share whole: the stream-ordered core over
 //! [`PoolBlocks`] (the per-stream boundary lists, `boundary_list` with its size classes,
-//! `size_index`, and address tables, `addr_table`, with the record of handed-out blocks,
-//! `handed`),
-//! allocations above 256-byte alignment, the hot paths of `allocate` and `deallocate`, the
-//! release of wholly free chunks and the drop. The two resources differ only in where a new
+//! `size_index`, and address tables, `crate::util::addr_table`, with the record of handed-out
+//! blocks, `handed`), allocations above 256-byte alignment, the hot paths of `allocate` and
+//! `deallocate` (after the graph pools' routing), the release of wholly free chunks and the
+//! drop. The two resources differ only in where a new
 //! chunk comes from and where a released one goes ([`Growth`]): the pool takes separate chunks
 //! from its upstream; the VMM pool maps chunks at the end of one reserved range, where they
 //! merge with the free block before them.
