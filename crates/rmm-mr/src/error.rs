@@ -100,6 +100,18 @@ impl MrError {
         }
     }
 
+    /// RMM's out-of-memory error for a request no block can hold (a pool's request that
+    /// overflows when rounded up to 256, a fixed-size resource's request above its block size):
+    /// `"Maximum allocation size exceeded (failed to allocate <bytes>)"`.
+    #[cold]
+    pub(crate) fn max_allocation_exceeded(bytes: usize) -> Self {
+        let bytes_text = crate::util::format::format_bytes(bytes);
+        Self::out_of_memory(
+            bytes,
+            format!("Maximum allocation size exceeded (failed to allocate {bytes_text})"),
+        )
+    }
+
     /// An out-of-memory error carrying `report` (its `requested` is the report's).
     #[cold]
     #[inline(never)]

@@ -130,15 +130,11 @@ pub mod __internals {
         pub use crate::arena::superblock::{RejectedSuperblock, Superblock};
     }
 
-    /// How many stream lists a pool keeps (`tests/retire`); the coalescing free list and
-    /// growth policy (used by no bench, fuzz target or check: their only users are tests, and
-    /// core28's rebuild of the pool moves or removes them).
+    /// How many stream lists a pool keeps (`tests/retire`); the coalescing free list (used by
+    /// no bench, fuzz target or check: its only users are tests, and core28's rebuild of the
+    /// pool moves or removes it).
     pub mod pool {
         pub use crate::pool::engine::{Block, FreeListError};
-        pub use crate::pool::growth::{
-            size_to_grow, size_under_pressure, try_to_expand, Grown, GrowthError, GrowthFailure,
-            GrowthPlan, PoolOutOfMemory, PoolSizes,
-        };
         pub use crate::pool::resource::stream_lists;
         pub use crate::stream_ordered::core::StreamLists;
         #[cfg(feature = "testing")]

@@ -1,7 +1,8 @@
-//! Small helpers shared by the resources and adaptors: the alignment rule, the cross-thread
-//! rule of the per-thread default stream, RMM's byte-size format, the per-thread counter
-//! slots, and whether a host thread is still alive.
+//! Small helpers shared by the resources and adaptors: the hash table of block addresses, the
+//! alignment rule, the cross-thread rule of the per-thread default stream, RMM's byte-size
+//! format, the per-thread counter slots, and whether a host thread is still alive.
 
+pub(crate) mod addr_table;
 pub(crate) mod alignment;
 pub(crate) mod cross_thread;
 pub(crate) mod format;

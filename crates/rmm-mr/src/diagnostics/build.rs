@@ -2,6 +2,10 @@
 
 use super::report::OomReport;
 use super::snapshot::{BlockRecord, Segment};
+use crate::stream_ordered::stream_lists::StreamKey;
+
+/// A stream-ordered resource's free lists: `(stream, [(address, size)])`.
+type Lists<K> = Vec<(K, Vec<(u64, usize)>)>;
 
 /// One block as a resource lists it: `(address, size, allocated, stream, requested)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -11,6 +15,19 @@ pub(crate) struct Piece {
     pub(crate) allocated: bool,
     pub(crate) stream: u64,
     pub(crate) requested: usize,
+}
+
+impl Piece {
+    /// A handed-out block of `size` bytes for a request of `requested` (rounded) bytes.
+    pub(crate) fn handed(address: u64, size: usize, requested: usize) -> Self {
+        Self {
+            address,
+            size,
+            allocated: true,
+            stream: 0,
+            requested,
+        }
+    }
 }
 
 /// The segments of `chunks` (`(address, size)`), each with the parts of `pieces` that lie in
@@ -73,17 +90,48 @@ pub(crate) fn free_lists(report: &mut OomReport, lists: &[(u64, Vec<(u64, usize)
         .unwrap_or(0);
 }
 
+/// The number a stream list is reported under: the stream's id (`cuStreamGetId`) for
+/// ordinary streams, 0 for the legacy default stream, 2 (`CU_STREAM_PER_THREAD`) for a
+/// per-thread default stream, `u64::MAX` for the list of blocks whose stream is gone.
+fn stream_number(key: StreamKey) -> u64 {
+    match key {
+        StreamKey::Legacy => 0,
+        StreamKey::PerThread(_) => 2,
+        StreamKey::Stream(id) => id,
+        StreamKey::Orphan => u64::MAX,
+    }
+}
+
+/// The free lists of a stream-ordered core (`StreamOrdered::free_lists`), each under its
+/// stream's number ([`stream_number`]), for [`free_lists`] and [`free_pieces`].
+pub(crate) fn numbered(lists: Lists<StreamKey>) -> Lists<u64> {
+    lists
+        .into_iter()
+        .map(|(key, blocks)| (stream_number(key), blocks))
+        .collect()
+}
+
+/// The blocks of `lists` as free pieces on their lists' streams.
+pub(crate) fn free_pieces(lists: Lists<u64>) -> impl Iterator<Item = Piece> {
+    lists.into_iter().flat_map(|(stream, blocks)| {
+        blocks.into_iter().map(move |(address, size)| Piece {
+            address,
+            size,
+            allocated: false,
+            stream,
+            requested: 0,
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn piece(address: u64, size: usize, allocated: bool) -> Piece {
         Piece {
-            address,
-            size,
             allocated,
-            stream: 0,
-            requested: size,
+            ..Piece::handed(address, size, size)
         }
     }
 
@@ -105,6 +153,30 @@ mod tests {
         let s1: Vec<_> = segs[1].blocks.iter().map(|b| (b.address, b.size)).collect();
         assert_eq!(s1, [(0x1200, 0x100), (0x1300, 0x100)]);
         assert_eq!(segs[1].allocated_bytes(), 0x100);
+    }
+
+    #[test]
+    fn free_lists_are_numbered_by_stream() {
+        let lists = numbered(vec![
+            (StreamKey::Legacy, vec![(0x100, 1)]),
+            (StreamKey::PerThread(7), vec![]),
+            (StreamKey::Stream(42), vec![(0x200, 2), (0x300, 3)]),
+            (StreamKey::Orphan, vec![(0x400, 4)]),
+        ]);
+        let streams: Vec<u64> = lists.iter().map(|l| l.0).collect();
+        assert_eq!(streams, [0, 2, 42, u64::MAX]);
+        let pieces: Vec<_> = free_pieces(lists)
+            .map(|p| (p.address, p.size, p.allocated, p.stream))
+            .collect();
+        assert_eq!(
+            pieces,
+            [
+                (0x100, 1, false, 0),
+                (0x200, 2, false, 42),
+                (0x300, 3, false, 42),
+                (0x400, 4, false, u64::MAX)
+            ]
+        );
     }
 
     #[test]

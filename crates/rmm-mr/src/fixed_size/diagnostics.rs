@@ -4,7 +4,6 @@ use crate::diagnostics::build::{self, Piece};
 use crate::diagnostics::{OomReport, Snapshot};
 use crate::error::MrError;
 use crate::fixed_size::resource::FixedSizeMemoryResource;
-use crate::pool::diagnostics::stream_number;
 use crate::resource::DeviceMemoryResource;
 
 impl<U: DeviceMemoryResource> FixedSizeMemoryResource<U> {
@@ -19,18 +18,13 @@ impl<U: DeviceMemoryResource> FixedSizeMemoryResource<U> {
         let core = &self.inner.core;
         let block_size = self.inner.block_size;
         e.with_oom_report(|requested| {
-            let lists: Vec<(u64, Vec<(u64, usize)>)> = core
-                .free_lists()
-                .into_iter()
-                .map(|(k, b)| (stream_number(k), b))
-                .collect();
             let mut report = OomReport {
                 resource: "fixed_size_memory_resource",
                 reserved: core.pool_size(),
                 in_use: core.outstanding().saturating_mul(block_size),
                 ..OomReport::new(requested)
             };
-            build::free_lists(&mut report, &lists);
+            build::free_lists(&mut report, &build::numbered(core.free_lists()));
             if requested > block_size {
                 // The block size is the configured maximum of every request.
                 report.verdict = crate::diagnostics::Verdict::Limit;
@@ -49,24 +43,9 @@ impl<U: DeviceMemoryResource> FixedSizeMemoryResource<U> {
         let mut pieces: Vec<Piece> = core
             .handed_blocks()
             .into_iter()
-            .map(|(address, requested)| Piece {
-                address,
-                size: block_size,
-                allocated: true,
-                stream: 0,
-                requested,
-            })
+            .map(|(address, requested)| Piece::handed(address, block_size, requested))
             .collect();
-        for (key, blocks) in core.free_lists() {
-            let stream = stream_number(key);
-            pieces.extend(blocks.into_iter().map(|(address, size)| Piece {
-                address,
-                size,
-                allocated: false,
-                stream,
-                requested: 0,
-            }));
-        }
+        pieces.extend(build::free_pieces(build::numbered(core.free_lists())));
         let device = core.device().map_or(0, rmm_sys::DeviceId::value);
         Snapshot {
             segments: build::segments(device, &core.chunk_list(), &mut pieces),

@@ -16,7 +16,6 @@ use crate::stream_ordered::core::{FreeBlocks, StreamLists, StreamOrdered};
 use crate::stream_ordered::tuning::THIEF_SHARE;
 use crate::util::alignment;
 use crate::util::cross_thread::Origin;
-use crate::util::format::format_bytes;
 
 /// RMM's default block size: 1 MiB.
 pub const DEFAULT_BLOCK_SIZE: usize = 1 << 20;
@@ -275,18 +274,6 @@ impl<U: DeviceMemoryResource> Drop for FixedSize<U> {
 /// The name in messages.
 const NAME: &str = "fixed_size_memory_resource";
 
-/// RMM's error for a request larger than a block.
-#[cold]
-fn larger_than_a_block(bytes: usize) -> MrError {
-    MrError::out_of_memory(
-        bytes,
-        format!(
-            "Maximum allocation size exceeded (failed to allocate {})",
-            format_bytes(bytes)
-        ),
-    )
-}
-
 /// Hands out blocks of one size from chunks of its upstream (RMM's
 /// `fixed_size_memory_resource`), with the same per-stream free lists, stealing, merging and
 /// events as [`PoolMemoryResource`](crate::PoolMemoryResource) (the two share one
@@ -501,7 +488,7 @@ impl<U: DeviceMemoryResource> FixedSizeMemoryResource<U> {
         }
         let inner = &*self.inner;
         if bytes > inner.block_size {
-            return Err(self.with_oom_report(larger_than_a_block(bytes)));
+            return Err(self.with_oom_report(MrError::max_allocation_exceeded(bytes)));
         }
         // `block_size` is a multiple of 256, so this cannot overflow past it.
         let size = align_up(bytes, ALLOCATION_ALIGNMENT);

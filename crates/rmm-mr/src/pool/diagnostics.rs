@@ -5,29 +5,9 @@
 
 use crate::diagnostics::build::{self, Piece};
 use crate::diagnostics::{OomReport, Snapshot};
-use crate::error::MrError;
+use crate::error::{MrError, MrResult};
 use crate::pool::engine::{ChunkLayout, Growth, Pool};
-use crate::stream_ordered::stream_lists::StreamKey;
 use rmm_sys::{checked_align_up, ALLOCATION_ALIGNMENT};
-
-/// The number a stream list is reported under: the stream's id (`cuStreamGetId`) for
-/// ordinary streams, 0 for the legacy default stream, 2 (`CU_STREAM_PER_THREAD`) for a
-/// per-thread default stream, `u64::MAX` for the list of blocks whose stream is gone.
-pub(crate) fn stream_number(key: StreamKey) -> u64 {
-    match key {
-        StreamKey::Legacy => 0,
-        StreamKey::PerThread(_) => 2,
-        StreamKey::Stream(id) => id,
-        StreamKey::Orphan => u64::MAX,
-    }
-}
-
-fn numbered(lists: Vec<(StreamKey, Vec<(u64, usize)>)>) -> Vec<(u64, Vec<(u64, usize)>)> {
-    lists
-        .into_iter()
-        .map(|(k, blocks)| (stream_number(k), blocks))
-        .collect()
-}
 
 impl<G: Growth> Pool<G> {
     /// `e` with an [`OomReport`] attached when it is out-of-memory (the failure path of
@@ -46,7 +26,7 @@ impl<G: Growth> Pool<G> {
                 limit: self.growth.release_limit(),
                 ..OomReport::new(requested)
             };
-            build::free_lists(&mut report, &numbered(self.core.free_lists()));
+            build::free_lists(&mut report, &build::numbered(self.core.free_lists()));
             let rounded = checked_align_up(requested, ALLOCATION_ALIGNMENT).unwrap_or(usize::MAX);
             let limit_hit = report
                 .limit
@@ -55,40 +35,29 @@ impl<G: Growth> Pool<G> {
         })
     }
 
-    /// The chunks with their free and handed-out blocks.
-    pub(crate) fn snapshot(&self) -> Snapshot {
+    /// The chunks with their free and handed-out blocks ([`DeviceMemoryResource::snapshot`]
+    /// of both resources: never an error).
+    ///
+    /// [`DeviceMemoryResource::snapshot`]: crate::DeviceMemoryResource::snapshot
+    pub(crate) fn snapshot(&self) -> MrResult<Snapshot> {
         let device = self.core.device().map_or(0, rmm_sys::DeviceId::value);
         let mut pieces: Vec<Piece> = self
             .core
             .handed_blocks()
             .into_iter()
-            .map(|(address, size)| Piece {
-                address,
-                size,
-                allocated: true,
-                stream: 0,
-                requested: size,
-            })
+            .map(|(address, size)| Piece::handed(address, size, size))
             .collect();
-        for (stream, blocks) in numbered(self.core.free_lists()) {
-            pieces.extend(blocks.into_iter().map(|(address, size)| Piece {
-                address,
-                size,
-                allocated: false,
-                stream,
-                requested: 0,
-            }));
-        }
+        pieces.extend(build::free_pieces(build::numbered(self.core.free_lists())));
         let mut chunks = self.core.chunk_list();
         if !<G::Layout as ChunkLayout>::HEADS {
             // Chunks mapped one after the other merge (the VMM pool): one segment per run of
             // contiguous chunks, as PyTorch's expandable segments.
             chunks = merge_contiguous(chunks);
         }
-        Snapshot {
+        Ok(Snapshot {
             segments: build::segments(device, &chunks, &mut pieces),
             trace: Vec::new(),
-        }
+        })
     }
 }
 

@@ -1,9 +1,9 @@
 //! The pool's engine, which the pool and the VMM pool share whole: the stream-ordered core over
 //! [`PoolBlocks`] (the per-stream boundary lists, `boundary_list` with its size classes,
-//! `size_index`, and address tables, `addr_table`, with the record of handed-out blocks,
-//! `handed`),
-//! allocations above 256-byte alignment, the hot paths of `allocate` and `deallocate`, the
-//! release of wholly free chunks and the drop. The two resources differ only in where a new
+//! `size_index`, and address tables, `crate::util::addr_table`, with the record of handed-out
+//! blocks, `handed`), allocations above 256-byte alignment, the hot paths of `allocate` and
+//! `deallocate` (after the graph pools' routing), the release of wholly free chunks and the
+//! drop. The two resources differ only in where a new
 //! chunk comes from and where a released one goes ([`Growth`]): the pool takes separate chunks
 //! from its upstream; the VMM pool maps chunks at the end of one reserved range, where they
 //! merge with the free block before them.
@@ -16,15 +16,12 @@ use crate::error::{MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
 use crate::stream_ordered::core::{Expand, StreamOrdered};
 use crate::util::alignment::{self, OverAligned, MAX_OVER_ALIGNMENT};
-use crate::util::format::format_bytes;
 
-mod addr_table;
 mod blocks;
 mod boundary_list;
 mod handed;
 mod size_index;
 
-pub(crate) use addr_table::{shard_bits, AddrTable};
 pub(crate) use blocks::{ChunkLayout, Contiguous, Separate};
 pub use boundary_list::{Block, FreeListError};
 #[cfg(any(test, feature = "testing"))]
@@ -88,7 +85,8 @@ impl<G: Growth> Pool<G> {
         }
     }
 
-    /// [`DeviceMemoryResource::allocate`].
+    /// [`DeviceMemoryResource::allocate`] of both resources: from a graph pool when `stream`
+    /// is in an rmm-rs capture, else from this pool.
     #[inline]
     pub(crate) fn allocate(
         &self,
@@ -96,6 +94,9 @@ impl<G: Growth> Pool<G> {
         bytes: usize,
         alignment: usize,
     ) -> MrResult<DevicePtr> {
+        if let Some(routed) = crate::graph::route_allocate(stream, bytes, alignment) {
+            return routed;
+        }
         let alignment = alignment::check(alignment, MAX_OVER_ALIGNMENT)?;
         if alignment > ALLOCATION_ALIGNMENT {
             return self.allocate_over_aligned(stream, bytes, alignment);
@@ -103,7 +104,8 @@ impl<G: Growth> Pool<G> {
         self.allocate_block(stream, bytes)
     }
 
-    /// [`DeviceMemoryResource::deallocate`].
+    /// [`DeviceMemoryResource::deallocate`] of both resources: to its graph pool when one owns
+    /// `ptr` (or refused, see `crate::graph::route_deallocate`), else to this pool.
     ///
     /// # Safety
     /// As [`DeviceMemoryResource::deallocate`].
@@ -115,6 +117,11 @@ impl<G: Growth> Pool<G> {
         bytes: usize,
         alignment: usize,
     ) -> MrResult<()> {
+        // SAFETY: the caller's contract.
+        let routed = unsafe { crate::graph::route_deallocate(stream, ptr, bytes, alignment) };
+        if let Some(routed) = routed {
+            return routed;
+        }
         if let Some(alignment) = alignment::over_aligned(alignment, MAX_OVER_ALIGNMENT) {
             return self
                 .over_aligned
@@ -139,15 +146,8 @@ impl<G: Growth> Pool<G> {
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
-        let size = checked_align_up(bytes, ALLOCATION_ALIGNMENT).ok_or_else(|| {
-            MrError::out_of_memory(
-                bytes,
-                format!(
-                    "Maximum allocation size exceeded (failed to allocate {})",
-                    format_bytes(bytes)
-                ),
-            )
-        })?;
+        let size = checked_align_up(bytes, ALLOCATION_ALIGNMENT)
+            .ok_or_else(|| MrError::max_allocation_exceeded(bytes))?;
         self.core
             .allocate(stream, size, self.growth.source(), |ask| {
                 self.growth.grow(stream, bytes, size, ask)

@@ -8,7 +8,7 @@ use rmm_sys::{DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{MrError, MrResult};
 use crate::pool::engine::{Growth, Pool, Separate};
-use crate::pool::growth::{try_to_expand, PoolSizes};
+use crate::pool::growth::{check_sizes, size_to_grow, size_under_pressure, try_to_expand};
 use crate::resource::{DeviceMemoryResource, SharedResource};
 use crate::stream_ordered::accept_chunk;
 use crate::stream_ordered::core::{Expand, GrowthCause, StreamLists};
@@ -17,7 +17,8 @@ use crate::stream_ordered::core::{Expand, GrowthCause, StreamLists};
 /// policy.
 struct FromUpstream<U: DeviceMemoryResource> {
     upstream: U,
-    sizes: PoolSizes,
+    /// The maximum pool size, if any.
+    maximum: Option<usize>,
 }
 
 impl<U: DeviceMemoryResource> Growth for FromUpstream<U> {
@@ -29,12 +30,12 @@ impl<U: DeviceMemoryResource> Growth for FromUpstream<U> {
     }
 
     fn release_limit(&self) -> Option<usize> {
-        self.sizes.maximum()
+        self.maximum
     }
 
     /// RMM's `expand_pool`: one new upstream chunk of `size_to_grow` bytes, halved on failure
     /// down to `size`, on `stream`; under pressure (a fitting block waits on its owner's event)
-    /// just `size` ([`PoolSizes::size_under_pressure`]). Chunks never merge, so the tail is 0.
+    /// just `size` ([`size_under_pressure`]). Chunks never merge, so the tail is 0.
     fn grow(
         &self,
         stream: CudaStreamView<'_>,
@@ -43,60 +44,46 @@ impl<U: DeviceMemoryResource> Growth for FromUpstream<U> {
         ask: Expand,
     ) -> MrResult<(DevicePtr, usize)> {
         let try_size = match ask.cause {
-            GrowthCause::Ordinary => self.sizes.size_to_grow(ask.pool_size, size),
-            GrowthCause::Pressure => self.sizes.size_under_pressure(ask.pool_size, size),
+            GrowthCause::Ordinary => size_to_grow(ask.pool_size, size, self.maximum),
+            GrowthCause::Pressure => size_under_pressure(ask.pool_size, size, self.maximum),
         };
-        grow(
-            &self.upstream,
-            stream,
-            bytes,
-            try_size,
-            size,
-            ask.pool_size,
-            self.sizes,
-        )
+        self.chunk(stream, bytes, try_size, size, ask.pool_size)
     }
 }
 
-/// RMM's `try_to_expand` against `upstream`: the first size of the halving plan the upstream
-/// grants. Failure is out-of-memory with RMM's message, except that a missing driver or device
-/// stays that error.
-fn grow<U: DeviceMemoryResource>(
-    upstream: &U,
-    stream: CudaStreamView<'_>,
-    bytes: usize,
-    try_size: usize,
-    min_size: usize,
-    pool_size: usize,
-    sizes: PoolSizes,
-) -> MrResult<(DevicePtr, usize)> {
-    let mut last = None;
-    // Refused under a capture not begun through a `GraphPool` (cuMemAlloc would invalidate it).
-    let grown = crate::graph::growth(stream, bytes, || {
-        Ok(try_to_expand(
-            try_size,
-            min_size,
-            pool_size,
-            sizes.maximum(),
-            |s| {
-                upstream
-                    .allocate(stream, s, ALLOCATION_ALIGNMENT)
-                    .map_err(|e| {
-                        let message = e.to_string();
-                        last = Some(e);
-                        message
-                    })
-            },
-        ))
-    })?;
-    match (grown, last) {
-        // SAFETY: the upstream just handed out this chunk on `stream` for `g.size` bytes.
-        (Ok(g), _) => unsafe { accept_chunk(upstream, stream, g.chunk, g.size, NAME) }
-            .map(|chunk| (chunk, g.size)),
-        (Err(_), Some(e)) if e.is_no_device() => Err(e),
-        (Err(oom), _) => {
-            log::error!("rmm: pool_memory_resource: {oom}");
-            Err(MrError::out_of_memory(bytes, oom.to_string()))
+impl<U: DeviceMemoryResource> FromUpstream<U> {
+    /// RMM's `try_to_expand` against the upstream: the first size of the halving plan from
+    /// `try_size` down to `min_size` the upstream grants, for a pool of `pool_size` bytes.
+    /// Failure is out-of-memory with RMM's message, except that a missing driver or device
+    /// stays that error.
+    fn chunk(
+        &self,
+        stream: CudaStreamView<'_>,
+        bytes: usize,
+        try_size: usize,
+        min_size: usize,
+        pool_size: usize,
+    ) -> MrResult<(DevicePtr, usize)> {
+        let upstream = &self.upstream;
+        // Refused under a capture not begun through a `GraphPool` (cuMemAlloc would invalidate it).
+        let grown = crate::graph::growth(stream, bytes, || {
+            Ok(try_to_expand(
+                try_size,
+                min_size,
+                pool_size,
+                self.maximum,
+                |s| upstream.allocate(stream, s, ALLOCATION_ALIGNMENT),
+            ))
+        })?;
+        match grown {
+            // SAFETY: the upstream just handed out this chunk on `stream` for `size` bytes.
+            Ok((chunk, size)) => unsafe { accept_chunk(upstream, stream, chunk, size, NAME) }
+                .map(|chunk| (chunk, size)),
+            Err((_, Some(e))) if e.is_no_device() => Err(e),
+            Err((oom, _)) => {
+                log::error!("rmm: pool_memory_resource: {oom}");
+                Err(MrError::out_of_memory(bytes, oom))
+            }
         }
     }
 }
@@ -233,18 +220,19 @@ impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
             initial_pool_size,
             maximum_pool_size,
         } = options;
-        let sizes = PoolSizes::new(initial_pool_size, maximum_pool_size)
-            .map_err(|e| MrError::invalid_argument(e.to_string()))?;
-        let pool = Pool::new(FromUpstream { upstream, sizes }, Separate);
+        check_sizes(initial_pool_size, maximum_pool_size).map_err(MrError::invalid_argument)?;
+        let growth = FromUpstream {
+            upstream,
+            maximum: maximum_pool_size,
+        };
+        let pool = Pool::new(growth, Separate);
         if initial_pool_size > 0 {
-            let (ptr, size) = grow(
-                &pool.growth.upstream,
+            let (ptr, size) = pool.growth.chunk(
                 CudaStreamView::legacy(),
                 initial_pool_size,
                 initial_pool_size,
                 initial_pool_size,
                 0,
-                sizes,
             )?;
             pool.core.add_initial_chunk(ptr, size)?;
         }
@@ -262,7 +250,7 @@ impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
     /// The maximum pool size, if any.
     #[must_use]
     pub fn maximum_pool_size(&self) -> Option<usize> {
-        self.inner.growth.sizes.maximum()
+        self.inner.growth.maximum
     }
 
     /// The upstream resource (RMM's `get_upstream_resource()`).
@@ -337,36 +325,14 @@ unsafe impl<U: DeviceMemoryResource> DeviceMemoryResource for PoolMemoryResource
         bytes: usize,
         alignment: usize,
     ) -> MrResult<DevicePtr> {
-        if let Some(routed) = crate::graph::route_allocate(stream, bytes, alignment) {
-            return routed;
-        }
         self.inner.allocate(stream, bytes, alignment)
     }
 
-    #[inline]
-    unsafe fn deallocate(
-        &self,
-        stream: CudaStreamView<'_>,
-        ptr: DevicePtr,
-        bytes: usize,
-        alignment: usize,
-    ) -> MrResult<()> {
-        // SAFETY: the trait's contract.
-        let routed = unsafe { crate::graph::route_deallocate(stream, ptr, bytes, alignment) };
-        if let Some(routed) = routed {
-            return routed;
-        }
-        // SAFETY: the trait's contract.
-        unsafe { self.inner.deallocate(stream, ptr, bytes, alignment) }
-    }
-
-    fn snapshot(&self) -> MrResult<crate::Snapshot> {
-        Ok(self.inner.snapshot())
-    }
-
     crate::resource::resource_tail! {
+        deallocate: forward(inner),
         is_equal: shared(inner),
         properties: forward(inner.growth.upstream),
+        snapshot: forward(inner),
     }
 }
 

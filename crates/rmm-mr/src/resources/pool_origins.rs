@@ -25,15 +25,9 @@
 
 use std::sync::LazyLock;
 
-use crossbeam_utils::CachePadded;
-
-use crate::pool::engine::{shard_bits, AddrTable};
 use crate::sync::atomic::{AtomicBool, Ordering};
-use crate::sync::Mutex;
+use crate::util::addr_table::Sharded;
 use crate::util::cross_thread::{needs_legacy_order, Origin};
-
-/// Number of shards (a power of two), as the pool's record of handed-out blocks.
-const SHARDS: usize = 64;
 
 /// Where a free goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,8 +66,7 @@ pub(crate) fn free_on(freeing: Option<u64>, recorded: Option<u64>) -> FreeOn {
 /// thread's number (see the [module documentation](self)).
 #[derive(Debug)]
 pub(crate) struct Origins {
-    /// A fixed-size array, so that picking a shard needs no bounds check.
-    shards: Box<[CachePadded<Mutex<AddrTable<u64>>>; SHARDS]>,
+    shards: Sharded<u64>,
     /// Set, once, by the first record: until then a free on a shared stream has nothing to
     /// take back. A hint only (see the module documentation): a free that misses it leaves a
     /// stale record, which never weakens the rule.
@@ -83,20 +76,13 @@ pub(crate) struct Origins {
 impl Default for Origins {
     fn default() -> Self {
         Self {
-            shards: Box::new(std::array::from_fn(|_| {
-                CachePadded::new(Mutex::new(AddrTable::default()))
-            })),
+            shards: Sharded::default(),
             recorded_any: AtomicBool::new(false),
         }
     }
 }
 
 impl Origins {
-    #[inline(always)]
-    fn shard(&self, addr: u64) -> &Mutex<AddrTable<u64>> {
-        &self.shards[shard_bits(addr) & (SHARDS - 1)]
-    }
-
     /// Notes that the block at `addr` was just allocated; `allocating` is the allocating
     /// thread's number when the allocation was made on its per-thread default stream (else
     /// nothing is recorded).
@@ -108,7 +94,7 @@ impl Origins {
         if !self.recorded_any.load(Ordering::Relaxed) {
             self.recorded_any.store(true, Ordering::Relaxed);
         }
-        let mut shard = self.shard(addr).lock();
+        let mut shard = self.shards.shard(addr);
         if !shard.insert(addr, thread) {
             // A stale record of the address: this allocation's is the true one.
             let _ = shard.remove_if(addr, |_| true);
@@ -122,7 +108,7 @@ impl Origins {
     #[inline]
     pub(crate) fn take(&self, addr: u64, freeing: Option<u64>) -> Taken {
         let record = if freeing.is_some() || self.recorded_any.load(Ordering::Relaxed) {
-            self.shard(addr).lock().remove_if(addr, |_| true).ok()
+            self.shards.shard(addr).remove_if(addr, |_| true).ok()
         } else {
             None
         };
@@ -143,7 +129,7 @@ impl Origins {
     /// Number of records (each shard read under its lock in turn).
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().len()).sum()
+        self.shards.each().map(|s| s.len()).sum()
     }
 }
 

@@ -8,7 +8,7 @@
 //! Not here: the parameters of the data structures, whose values are facts about a structure
 //! rather than choices about a protocol, stay private beside the structure that they size (the
 //! per-thread list cache's slots and the orphan list's events, `stream_lists.rs`; the record's
-//! shards, `pool/engine/handed.rs`; the address tables' load, `pool/engine/addr_table.rs`; the
+//! shards, `pool/engine/handed.rs`; the address tables' load, `util/addr_table.rs`; the
 //! size classes, `pool/engine/size_index.rs`).
 
 use std::time::Duration;

@@ -333,35 +333,13 @@ unsafe impl DeviceMemoryResource for VmmPoolMemoryResource {
         bytes: usize,
         alignment: usize,
     ) -> MrResult<DevicePtr> {
-        if let Some(routed) = crate::graph::route_allocate(stream, bytes, alignment) {
-            return routed;
-        }
         self.inner.allocate(stream, bytes, alignment)
     }
 
-    #[inline]
-    unsafe fn deallocate(
-        &self,
-        stream: CudaStreamView<'_>,
-        ptr: DevicePtr,
-        bytes: usize,
-        alignment: usize,
-    ) -> MrResult<()> {
-        // SAFETY: the trait's contract.
-        let routed = unsafe { crate::graph::route_deallocate(stream, ptr, bytes, alignment) };
-        if let Some(routed) = routed {
-            return routed;
-        }
-        // SAFETY: the trait's contract.
-        unsafe { self.inner.deallocate(stream, ptr, bytes, alignment) }
-    }
-
-    fn snapshot(&self) -> MrResult<crate::Snapshot> {
-        Ok(self.inner.snapshot())
-    }
-
     crate::resource::resource_tail! {
+        deallocate: forward(inner),
         is_equal: shared(inner),
         properties: forward(inner.growth),
+        snapshot: forward(inner),
     }
 }

@@ -86,7 +86,7 @@ pub(crate) struct PoolBlocks<C: ChunkLayout = Separate> {
     free: BoundaryFreeList,
     /// Tagged with whether the block starts a chunk and who allocated it (an [`Origin`] as a
     /// word).
-    handed: Arc<HandedMap<(bool, u64)>>,
+    handed: Arc<HandedMap>,
     chunks: C,
 }
 
@@ -132,9 +132,7 @@ impl<C: ChunkLayout> FreeBlocks for PoolBlocks<C> {
 
     /// Separate chunks start with a head; contiguous ones merge with the blocks on either side.
     fn add_chunk(&mut self, addr: u64, size: usize) -> Result<(), String> {
-        self.free
-            .insert(Block::new(addr, size, C::HEADS))
-            .map_err(|e| e.to_string())
+        self.put(addr, size, C::HEADS)
     }
 
     fn absorb(&mut self, other: &mut Self) -> Result<(), String> {

@@ -24,8 +24,8 @@
 
 use std::fmt;
 
-use super::addr_table::AddrTable;
 use super::size_index::{NodeId, SizeIndex};
+use crate::util::addr_table::AddrTable;
 
 /// A contiguous range of pool memory: `[addr, addr + size)`.
 ///
@@ -64,38 +64,6 @@ impl Block {
     #[must_use]
     pub const fn checked_end(&self) -> Option<u64> {
         self.addr.checked_add(self.size as u64)
-    }
-
-    /// Whether `self` ends exactly where `next` starts and `next` may merge into it
-    /// (`next` is not the head of an upstream chunk).
-    #[must_use]
-    pub const fn is_contiguous_before(&self, next: &Block) -> bool {
-        self.end() == next.addr && !next.is_head
-    }
-
-    /// Whether the block shares at least one byte with `[addr, addr + size)`.
-    #[must_use]
-    pub const fn overlaps(&self, addr: u64, size: usize) -> bool {
-        let end = addr.saturating_add(size as u64);
-        size != 0 && self.size != 0 && self.addr < end && addr < self.end()
-    }
-
-    /// Splits the block into an allocated part of `size` bytes (keeping the head flag) and the
-    /// remainder (`is_head = false`), or `None` when nothing remains.
-    ///
-    /// A `size` of at least `self.size` takes the whole block.
-    #[must_use]
-    pub const fn split(self, size: usize) -> (Block, Option<Block>) {
-        if size >= self.size {
-            return (self, None);
-        }
-        let allocated = Block::new(self.addr, size, self.is_head);
-        let rest = Block::new(
-            self.addr.saturating_add(size as u64),
-            self.size - size,
-            false,
-        );
-        (allocated, Some(rest))
     }
 }
 
@@ -597,7 +565,8 @@ mod tests {
             }
             for w in blocks.windows(2) {
                 assert!(w[0].end() <= w[1].addr, "overlap {w:?}");
-                assert!(!w[0].is_contiguous_before(&w[1]), "uncoalesced {w:?}");
+                let mergeable = w[0].end() == w[1].addr && !w[1].is_head;
+                assert!(!mergeable, "uncoalesced {w:?}");
             }
         }
     }

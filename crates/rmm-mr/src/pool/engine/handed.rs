@@ -1,66 +1,39 @@
 //! The map of handed-out blocks of a pool (and of the VMM pool): address → rounded size and
-//! tag, shared by every stream list of one resource. A fixed set of shards, each an
-//! [`AddrTable`] behind its own short lock, the shard chosen from middle bits of the same
-//! multiplicative hash the table takes its home slot from: one operation hashes once, locks one
-//! shard and looks at a slot or two.
+//! tag, shared by every stream list of one resource, in a [`Sharded`] table.
 
-use crossbeam_utils::CachePadded;
+use crate::util::addr_table::Sharded;
 
-use super::addr_table::{shard_bits, AddrTable};
-use crate::sync::{Mutex, MutexGuard};
-
-/// Number of shards (a power of two): enough that 16 threads rarely meet on one.
-const SHARDS: usize = 64;
+/// The tag the pools keep with a handed-out block: whether it starts a chunk and who allocated
+/// it (an `Origin` as a word).
+type Tag = (bool, u64);
 
 /// What the map remembers of a block.
 #[derive(Debug, Clone, Copy, Default)]
-struct Handed<T> {
+struct Handed {
     /// The request rounded up to 256.
     size: usize,
-    tag: T,
+    tag: Tag,
 }
-
-/// One shard: a table behind its own lock, on its own cache line.
-type Shard<T> = CachePadded<Mutex<AddrTable<Handed<T>>>>;
 
 /// Handed-out blocks by address.
-#[derive(Debug)]
-pub(crate) struct HandedMap<T> {
-    /// A fixed-size array, so that picking a shard needs no bounds check.
-    shards: Box<[Shard<T>; SHARDS]>,
-}
+#[derive(Debug, Default)]
+pub(crate) struct HandedMap(Sharded<Handed>);
 
-impl<T: Copy + Default> Default for HandedMap<T> {
-    fn default() -> Self {
-        Self {
-            shards: Box::new(std::array::from_fn(|_| {
-                CachePadded::new(Mutex::new(AddrTable::default()))
-            })),
-        }
-    }
-}
-
-impl<T: Copy + Default> HandedMap<T> {
-    #[inline(always)]
-    fn shard(&self, addr: u64) -> MutexGuard<'_, AddrTable<Handed<T>>> {
-        // Every operation leaves its shard consistent (a panic inside one would come before
-        // any change), so the lock needs no poisoning (`crate::sync`'s has none).
-        self.shards[shard_bits(addr) & (SHARDS - 1)].lock()
-    }
-
+impl HandedMap {
     /// Records `addr` as handed out with `size` and `tag`; `false` when it already was (the
     /// record is kept as it was).
     #[inline(always)]
-    pub(crate) fn record(&self, addr: u64, size: usize, tag: T) -> bool {
-        self.shard(addr).insert(addr, Handed { size, tag })
+    pub(crate) fn record(&self, addr: u64, size: usize, tag: Tag) -> bool {
+        self.0.shard(addr).insert(addr, Handed { size, tag })
     }
 
     /// Forgets `addr` if it is handed out with `size` and returns its tag; otherwise
     /// `Err(Some(allocated))` when it is handed out with another size, `Err(None)` when it is not
     /// handed out. Of two concurrent calls for one block, at most one succeeds.
     #[inline(always)]
-    pub(crate) fn release(&self, addr: u64, size: usize) -> Result<T, Option<usize>> {
-        self.shard(addr)
+    pub(crate) fn release(&self, addr: u64, size: usize) -> Result<Tag, Option<usize>> {
+        self.0
+            .shard(addr)
             .remove_if(addr, |h| h.size == size)
             .map(|h| h.tag)
             .map_err(|kept| kept.map(|h| h.size))
@@ -70,8 +43,8 @@ impl<T: Copy + Default> HandedMap<T> {
     /// (snapshots: exact when nothing runs concurrently).
     pub(crate) fn blocks(&self) -> Vec<(u64, usize)> {
         let mut out = Vec::new();
-        for shard in self.shards.iter() {
-            out.extend(shard.lock().entries().map(|(a, h)| (a, h.size)));
+        for shard in self.0.each() {
+            out.extend(shard.entries().map(|(a, h)| (a, h.size)));
         }
         out
     }
@@ -79,8 +52,7 @@ impl<T: Copy + Default> HandedMap<T> {
     /// Number of blocks handed out and the sum of their sizes (each shard read under its lock
     /// in turn: exact when nothing runs concurrently).
     pub(crate) fn totals(&self) -> (usize, usize) {
-        self.shards.iter().fold((0, 0), |(n, bytes), shard| {
-            let shard = shard.lock();
+        self.0.each().fold((0, 0), |(n, bytes), shard| {
             (
                 n + shard.len(),
                 bytes + shard.values().map(|h| h.size).sum::<usize>(),
@@ -96,16 +68,19 @@ mod tests {
     #[test]
     fn record_release_and_mismatch() {
         let m = HandedMap::default();
-        assert!(m.record(0x1000, 512, true));
-        assert!(m.record(0x2000, 256, false));
+        assert!(m.record(0x1000, 512, (true, 0)));
+        assert!(m.record(0x2000, 256, (false, 1)));
         assert_eq!(m.totals(), (2, 768));
         assert_eq!(m.release(0x1000, 256), Err(Some(512)));
         assert_eq!(m.release(0x3000, 256), Err(None));
-        assert_eq!(m.release(0x1000, 512), Ok(true));
+        assert_eq!(m.release(0x1000, 512), Ok((true, 0)));
         assert_eq!(m.release(0x1000, 512), Err(None));
-        assert!(!m.record(0x2000, 1024, true), "a second record is reported");
+        assert!(
+            !m.record(0x2000, 1024, (true, 2)),
+            "a second record is reported"
+        );
         assert_eq!(m.totals(), (1, 256), "and the first one kept");
-        assert_eq!(m.release(0x2000, 256), Ok(false));
+        assert_eq!(m.release(0x2000, 256), Ok((false, 1)));
         assert_eq!(m.totals(), (0, 0));
     }
 
@@ -115,7 +90,7 @@ mod tests {
         let rounds = if cfg!(miri) { 4 } else { 200 };
         for round in 0..rounds {
             let addr = (1 << 40) + round * 256;
-            assert!(m.record(addr, 256, round));
+            assert!(m.record(addr, 256, (false, round)));
             let wins: usize = std::thread::scope(|s| {
                 let handles: Vec<_> = (0..4)
                     .map(|_| s.spawn(|| usize::from(m.release(addr, 256).is_ok())))

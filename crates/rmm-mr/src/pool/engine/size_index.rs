@@ -303,7 +303,7 @@ impl SizeIndex {
     }
 
     /// [`replace`](Self::replace) of an entry `old` of class `c` (its class, as
-    /// [`best_fit`](Self::best_fit) returned it).
+    /// [`best_fit_in_class`](Self::best_fit_in_class) returned it).
     #[inline(always)]
     pub(crate) fn replace_from(
         &mut self,
@@ -385,14 +385,7 @@ impl SizeIndex {
     }
 
     /// The smallest block with at least `request` bytes, ties to the lowest address, left in
-    /// the index: `(size, address, node)`.
-    #[cfg(any(test, feature = "testing"))]
-    #[inline(always)]
-    pub(crate) fn best_fit(&self, request: usize) -> Option<(usize, u64, NodeId)> {
-        self.best_fit_in_class(request).map(|(_, found)| found)
-    }
-
-    /// [`best_fit`](Self::best_fit) with the class of the block found.
+    /// the index, with its class: `(class, (size, address, node))`.
     #[inline(always)]
     pub(crate) fn best_fit_in_class(&self, request: usize) -> Option<(usize, Entry)> {
         let c = class_of(request);
@@ -436,15 +429,6 @@ impl SizeIndex {
         let g = later.trailing_zeros() as usize;
         Some(g * 64 + self.groups[g].trailing_zeros() as usize)
     }
-
-    /// Removes every block.
-    #[cfg(any(test, feature = "testing"))]
-    pub(crate) fn clear(&mut self) {
-        self.classes.clear();
-        self.groups = [0; GROUPS];
-        self.summary = 0;
-        self.len = 0;
-    }
 }
 
 #[cfg(test)]
@@ -466,6 +450,12 @@ mod tests {
 
     /// What the tests read of the structure.
     impl SizeIndex {
+        /// The smallest block with at least `request` bytes, ties to the lowest address, left
+        /// in the index: `(size, address, node)`.
+        fn best_fit(&self, request: usize) -> Option<(usize, u64, NodeId)> {
+            self.best_fit_in_class(request).map(|(_, found)| found)
+        }
+
         /// Number of blocks.
         pub(crate) fn len(&self) -> usize {
             self.len
@@ -560,7 +550,7 @@ mod tests {
         assert_eq!(x.remove(513, 4096), None);
         assert_eq!(x.best_fit(1), Some((512, 4096, 1)));
         assert_eq!(x.entries().len(), 3);
-        x.clear();
+        x = SizeIndex::default();
         assert_eq!((x.best_fit(1), x.largest(), x.len()), (None, None, 0));
     }
 

@@ -1,13 +1,19 @@
-//! A hash table from block addresses to small values, for the record of handed-out blocks
-//! ([`crate::pool::engine::handed`]) and the pool's boundary tags
-//! ([`crate::pool::engine::boundary_list`]): open addressing with linear probing, at most a quarter
-//! full ([`MAX_LOAD`]), deletion by backward shift (no tombstones, so probes stay short however
-//! many blocks come and go), and a multiplicative hash of the address's 256-byte unit whose top
-//! bits pick the home slot. One insertion or removal is a multiply, a shift and, at that load,
-//! usually the home slot alone: a fraction of a general-purpose map's work, which is what the
-//! record costs on every allocation and free.
+//! A hash table from block addresses to small values, for the pools' record of handed-out
+//! blocks (`pool/engine/handed.rs`) and boundary tags (`pool/engine/boundary_list.rs`) and the
+//! driver pools' record of who allocated a block (`resources/pool_origins.rs`): open addressing
+//! with linear probing, at most a quarter full ([`MAX_LOAD`]), deletion by backward shift (no
+//! tombstones, so probes stay short however many blocks come and go), and a multiplicative hash
+//! of the address's 256-byte unit whose top bits pick the home slot. One insertion or removal is
+//! a multiply, a shift and, at that load, usually the home slot alone: a fraction of a
+//! general-purpose map's work, which is what the record costs on every allocation and free.
+//! [`Sharded`] puts a fixed set of tables behind locks of their own, for the records that every
+//! thread of a resource (or of the process) updates.
 //!
 //! Pure bookkeeping: no CUDA calls.
+
+use crossbeam_utils::CachePadded;
+
+use crate::sync::{Mutex, MutexGuard};
 
 /// The multiplier of the hash (2^64 over the golden ratio, odd).
 const MULTIPLIER: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -21,7 +27,7 @@ pub(crate) fn hash(addr: u64) -> u64 {
 
 /// Bits 20.. of [`hash`], independent of the top bits a table of fewer than 2^44 slots uses.
 #[inline]
-pub(crate) fn shard_bits(addr: u64) -> usize {
+fn shard_bits(addr: u64) -> usize {
     (hash(addr) >> 20) as usize
 }
 
@@ -215,6 +221,44 @@ impl<V: Copy + Default> AddrTable<V> {
         }
         bigger.empty_key = self.empty_key;
         *self = bigger;
+    }
+}
+
+/// Number of shards of a [`Sharded`] table (a power of two): enough that 16 threads rarely
+/// meet on one.
+const SHARDS: usize = 64;
+
+/// [`AddrTable`]s behind [`SHARDS`] short locks, each on its own cache line, the shard chosen
+/// from middle bits of the same multiplicative hash the table takes its home slot from
+/// ([`shard_bits`]): one operation hashes once, locks one shard and looks at a slot or two.
+#[derive(Debug)]
+pub(crate) struct Sharded<V> {
+    /// A fixed-size array, so that picking a shard needs no bounds check.
+    shards: Box<[CachePadded<Mutex<AddrTable<V>>>; SHARDS]>,
+}
+
+impl<V: Copy + Default> Default for Sharded<V> {
+    fn default() -> Self {
+        Self {
+            shards: Box::new(std::array::from_fn(|_| {
+                CachePadded::new(Mutex::new(AddrTable::default()))
+            })),
+        }
+    }
+}
+
+impl<V: Copy + Default> Sharded<V> {
+    /// The shard of `addr`, locked. Every operation of a table leaves it consistent (a panic
+    /// inside one would come before any change), so the lock needs no poisoning
+    /// (`crate::sync`'s has none).
+    #[inline(always)]
+    pub(crate) fn shard(&self, addr: u64) -> MutexGuard<'_, AddrTable<V>> {
+        self.shards[shard_bits(addr) & (SHARDS - 1)].lock()
+    }
+
+    /// Every shard, each locked in turn (snapshots: exact when nothing runs concurrently).
+    pub(crate) fn each(&self) -> impl Iterator<Item = MutexGuard<'_, AddrTable<V>>> {
+        self.shards.iter().map(|shard| shard.lock())
     }
 }
 
