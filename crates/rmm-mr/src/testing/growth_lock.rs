@@ -38,6 +38,7 @@ fn bucket_top(i: usize) -> u64 {
 pub(crate) struct HoldRecorder {
     counts: Box<[AtomicU64]>,
     max_ns: AtomicU64,
+    max_beyond_ns: AtomicU64,
     max_yields: AtomicU64,
     ran_out: AtomicU64,
 }
@@ -47,17 +48,20 @@ impl HoldRecorder {
         Self {
             counts: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             max_ns: AtomicU64::new(0),
+            max_beyond_ns: AtomicU64::new(0),
             max_yields: AtomicU64::new(0),
             ran_out: AtomicU64::new(0),
         }
     }
 
-    /// One hold of `held`, whose grower yielded `yields` times waiting, and whose wait budget
-    /// ran out or not.
-    pub(crate) fn record(&self, held: Duration, yields: u32, ran_out: bool) {
+    /// One hold of `held`, `upstream` of it in the upstream's allocation calls, whose grower
+    /// yielded `yields` times waiting, and whose wait budget ran out or not.
+    pub(crate) fn record(&self, held: Duration, upstream: Duration, yields: u32, ran_out: bool) {
         let ns = u64::try_from(held.as_nanos()).unwrap_or(u64::MAX);
+        let beyond = u64::try_from(held.saturating_sub(upstream).as_nanos()).unwrap_or(u64::MAX);
         self.counts[bucket(ns)].fetch_add(1, Ordering::Relaxed);
         self.max_ns.fetch_max(ns, Ordering::Relaxed);
+        self.max_beyond_ns.fetch_max(beyond, Ordering::Relaxed);
         self.max_yields
             .fetch_max(u64::from(yields), Ordering::Relaxed);
         if ran_out {
@@ -74,6 +78,7 @@ impl HoldRecorder {
                 .map(|c| c.load(Ordering::Relaxed))
                 .collect(),
             max_ns: self.max_ns.load(Ordering::Relaxed),
+            max_beyond_ns: self.max_beyond_ns.load(Ordering::Relaxed),
             max_yields: self.max_yields.load(Ordering::Relaxed),
             ran_out: self.ran_out.load(Ordering::Relaxed),
         }
@@ -89,6 +94,7 @@ impl HoldRecorder {
 pub struct GrowthLockHolds {
     counts: Vec<u64>,
     max_ns: u64,
+    max_beyond_ns: u64,
     max_yields: u64,
     ran_out: u64,
 }
@@ -98,6 +104,7 @@ impl Default for GrowthLockHolds {
         Self {
             counts: vec![0; BUCKETS],
             max_ns: 0,
+            max_beyond_ns: 0,
             max_yields: 0,
             ran_out: 0,
         }
@@ -123,6 +130,14 @@ impl GrowthLockHolds {
     #[must_use]
     pub fn max(&self) -> Duration {
         Duration::from_nanos(self.max_ns)
+    }
+
+    /// The longest hold less the time its grower spent in the upstream's allocation calls:
+    /// what the resource itself kept the lock for (its searches and waits). The arena's
+    /// global lock calls no upstream, so there it is [`max`](Self::max).
+    #[must_use]
+    pub fn max_beyond_upstream(&self) -> Duration {
+        Duration::from_nanos(self.max_beyond_ns)
     }
 
     /// The hold time at quantile `q` (0.5: the median; 0.999: p99.9), rounded up to its
@@ -172,6 +187,7 @@ impl GrowthLockHolds {
                 .map(|(a, b)| a.saturating_sub(*b))
                 .collect(),
             max_ns: self.max_ns,
+            max_beyond_ns: self.max_beyond_ns,
             max_yields: self.max_yields,
             ran_out: self.ran_out.saturating_sub(earlier.ran_out),
         }
@@ -188,6 +204,7 @@ impl GrowthLockHolds {
                 .map(|(a, b)| a + b)
                 .collect(),
             max_ns: self.max_ns.max(other.max_ns),
+            max_beyond_ns: self.max_beyond_ns.max(other.max_beyond_ns),
             max_yields: self.max_yields.max(other.max_yields),
             ran_out: self.ran_out + other.ran_out,
         }
@@ -218,13 +235,21 @@ mod tests {
         let r = HoldRecorder::new();
         assert_eq!(r.snapshot().quantile(0.5), Duration::ZERO);
         for us in 1..=1000u64 {
-            r.record(Duration::from_micros(us), 0, false);
+            r.record(Duration::from_micros(us), Duration::ZERO, 0, false);
         }
-        r.record(Duration::from_millis(40), 1024, true);
+        r.record(
+            Duration::from_millis(40),
+            Duration::from_millis(39),
+            1024,
+            true,
+        );
         let s = r.snapshot();
         assert_eq!(s.count(), 1001);
         assert_eq!(s.max(), Duration::from_millis(40));
         assert_eq!((s.max_yields(), s.budget_ran_out()), (1024, 1));
+        // The 40 ms hold spent 39 of them upstream: the longest hold beyond the upstream is the
+        // 1 ms hold that called none.
+        assert_eq!(s.max_beyond_upstream(), Duration::from_millis(1));
         let p50 = s.quantile(0.5).as_nanos();
         assert!((500_000..=500_000 + 500_000 / 8).contains(&p50), "{p50}");
         let p999 = s.quantile(0.999).as_nanos();

@@ -140,7 +140,7 @@ impl Drop for GlobalGuard<'_> {
         #[cfg(any(test, feature = "testing"))]
         {
             let (recorder, locked) = self.record;
-            recorder.record(locked.elapsed(), 0, false);
+            recorder.record(locked.elapsed(), std::time::Duration::ZERO, 0, false);
         }
     }
 }

@@ -28,15 +28,25 @@ use crate::stream_ordered::stream_lists::{device_synchronize, StreamKey, StreamL
 struct GrowthHold<'a> {
     chunks: MutexGuard<'a, BTreeMap<u64, usize>>,
     budget: Budget,
+    /// The recorder, when the lock was taken, and the time spent in `expand` since.
     #[cfg(any(test, feature = "testing"))]
-    record: (&'a crate::testing::growth_lock::HoldRecorder, Instant),
+    record: (
+        &'a crate::testing::growth_lock::HoldRecorder,
+        Instant,
+        std::time::Duration,
+    ),
 }
 
 #[cfg(any(test, feature = "testing"))]
 impl Drop for GrowthHold<'_> {
     fn drop(&mut self) {
-        let (recorder, locked) = self.record;
-        recorder.record(locked.elapsed(), self.budget.spent(), self.budget.ran_out());
+        let (recorder, locked, upstream) = self.record;
+        recorder.record(
+            locked.elapsed(),
+            upstream,
+            self.budget.spent(),
+            self.budget.ran_out(),
+        );
     }
 }
 
@@ -85,6 +95,8 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             // operation) makes this growth a pressure growth: only what the request needs.
             let tail = self.own_tail(own, key);
             let cause = GrowthCause::decide(withheld, PressureScope::is_active());
+            #[cfg(any(test, feature = "testing"))]
+            let called = Instant::now();
             let grown = {
                 // What `expand` allocates from a stream-ordered upstream grows it likewise.
                 let _pressure = PressureScope::enter(cause);
@@ -94,6 +106,10 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                     cause,
                 })
             };
+            #[cfg(any(test, feature = "testing"))]
+            {
+                chunks.record.2 += called.elapsed();
+            }
             let (ptr, chunk_size) = match grown {
                 Ok(chunk) => chunk,
                 Err(e) if e.is_out_of_memory() => {
@@ -325,7 +341,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             chunks,
             budget: Budget::growth(locked),
             #[cfg(any(test, feature = "testing"))]
-            record: (&self.holds, locked),
+            record: (&self.holds, locked, std::time::Duration::ZERO),
         }
     }
 
