@@ -6,7 +6,6 @@
 //! how: `docs/internals/stream-ordered.md`, "Stream keys and events" and "Retiring lists".
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
@@ -16,6 +15,7 @@ use rmm_sys::{CudaResult, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
 use crate::stream_ordered::event_policy::{EventPolicy, StealAction};
 use crate::sync::{Mutex, MutexGuard};
 use crate::util::cross_thread::Origin;
+pub(crate) use crate::util::thread_life::thread_number;
 
 /// Which free list a stream's blocks go to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -77,33 +77,6 @@ impl StreamKey {
             Self::Legacy | Self::Stream(_) | Self::Orphan => Origin::Shared,
         }
     }
-}
-
-static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
-
-thread_local! {
-    /// This thread's number, 0 until assigned. Constant-initialized and without a destructor:
-    /// reading it is one thread-local load, and it stays readable during thread-local teardown.
-    static THREAD_NUMBER: Cell<u64> = const { Cell::new(0) };
-}
-
-/// A process-unique number of the calling thread (never reused), assigned on first use.
-#[inline]
-pub(crate) fn thread_number() -> u64 {
-    match THREAD_NUMBER.try_with(Cell::get) {
-        Ok(n) if n != 0 => n,
-        _ => assign_thread_number(),
-    }
-}
-
-#[cold]
-#[inline(never)]
-fn assign_thread_number() -> u64 {
-    let n = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
-    // Cannot fail (no destructor); if it did, the caller would get a fresh number each time:
-    // lists of its own, correct (per-thread lists record at steal time) but unshared.
-    let _ = THREAD_NUMBER.try_with(|c| c.set(n));
-    n
 }
 
 /// `cuCtxSynchronize`: blocks until all work of the current context, on every stream
