@@ -12,7 +12,7 @@ use rmm_stream::CudaStreamView;
 use super::StreamOrdered;
 use crate::error::{MrError, MrResult};
 use crate::stream_ordered::free_blocks::FreeBlocks;
-use crate::stream_ordered::slot_table::{deaths, Life, Placement, Registry, StreamLists};
+use crate::stream_ordered::slot_table::{deaths, Life, Registry, StreamLists};
 use crate::stream_ordered::stream_lists::{
     remember_list, ListGuard, Retired, StreamKey, StreamList,
 };
@@ -33,20 +33,12 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         self.sweep_locked(&mut reg);
         let (index, first_use) = if key == StreamKey::Legacy {
             (None, !self.legacy_used.load(Ordering::Relaxed))
-        } else if let Some(i) = reg.table.get(&key) {
+        } else if let Some(i) = reg.get(key) {
             (Some(i), false)
         } else {
-            let placement = reg.table.insert(key, Life::of(key, stream));
-            if let Placement::New(i) = placement {
-                let pushed = self.lists.push(StreamList::new(None, self.empty.clone()));
-                if pushed != i {
-                    reg.table.undo_insert(&key, placement);
-                    return Err(MrError::bad_alloc(format!(
-                        "stream list storage out of step: slot {pushed}, expected {i}"
-                    )));
-                }
-            }
-            (Some(placement.slot()), true)
+            // New slots are made only here, under the registry's lock: the storage's next index.
+            let new_slot = || self.lists.push(StreamList::new(None, self.empty.clone()));
+            (Some(reg.insert(key, Life::of(key, stream), new_slot)), true)
         };
         let list = match index {
             None => &self.legacy,
@@ -108,7 +100,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         if self.swept.swap(now, Ordering::Relaxed) == now {
             return;
         }
-        for (key, slot) in reg.table.dead(Life::is_alive) {
+        for (key, slot) in reg.dead(|_, life| life.is_alive()) {
             self.retire(reg, key, slot);
         }
     }
@@ -120,7 +112,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     /// with the list's event when it covers them all, else marked for a device synchronization
     /// (the stream is gone: nobody can record on it any more).
     fn retire(&self, reg: &mut Registry, key: StreamKey, slot: usize) {
-        reg.table.remove(&key);
+        reg.remove(key);
         if reg.first_user == Some(slot) {
             reg.first_user = None;
         }
@@ -195,7 +187,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     /// owner died counts until it is retired, at the next allocation that misses its own list or
     /// the next new key).
     pub(crate) fn list_count(&self) -> usize {
-        1 + self.lock_registry().table.live()
+        1 + self.lock_registry().live()
     }
 
     /// Number of list slots ever made (live and free): bounded by the most lists alive at once.
