@@ -43,21 +43,14 @@ impl StreamKey {
     #[inline]
     pub(crate) fn of(stream: CudaStreamView<'_>) -> CudaResult<Self> {
         // `as_raw` resolves handle 0 by the default-stream mode, so this is exactly
-        // `is_default()` / `is_per_thread_default()`, in one inlined comparison.
-        let raw = stream.as_raw();
-        if raw.is_null() || raw == CU_STREAM_LEGACY {
+        // `is_default()` / `is_per_thread_default()`, in inlined comparisons.
+        if Self::is_legacy(stream) {
             Ok(Self::Legacy)
-        } else if raw == CU_STREAM_PER_THREAD {
+        } else if stream.as_raw() == CU_STREAM_PER_THREAD {
             Ok(Self::PerThread(thread_number()))
         } else {
             stream.id().map(Self::Stream)
         }
-    }
-
-    /// Whether this is the legacy or a per-thread default stream (streams that never die, whose
-    /// event recording is deferred to steal time), or the orphan list (which never records).
-    pub(crate) fn is_special(self) -> bool {
-        !matches!(self, Self::Stream(_))
     }
 
     /// The thread whose per-thread default stream this is, if it is one.
@@ -82,9 +75,7 @@ impl StreamKey {
 /// `cuCtxSynchronize`: blocks until all work of the current context, on every stream
 /// (non-blocking ones included), has completed. (Tests watch it with
 /// `rmm_sys::fault::watch(DriverCall::Synchronize, ..)` to check what is locked meanwhile.)
-pub(crate) fn device_synchronize() -> CudaResult<()> {
-    rmm_sys::device_synchronize()
-}
+pub(crate) use rmm_sys::device_synchronize;
 
 /// What a thief may do with a list it has locked ([`ListState::prepare_steal`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,7 +151,8 @@ pub(crate) struct ListState<L> {
     event: Option<CudaEvent>,
     /// When an ordinary stream's list records, and what a thief must do first (see
     /// [`EventPolicy`]); for the orphan list, whether its thief waits on `waits` or synchronizes.
-    policy: EventPolicy,
+    /// The core reads it, and marks a list unrecorded when the pool turns eager.
+    pub(crate) policy: EventPolicy,
     /// The orphan list only: the events of the retired lists whose blocks it holds (each
     /// recorded after its list's last block entered); a thief waits on all of them.
     waits: Vec<CudaEvent>,
@@ -202,14 +194,13 @@ impl<L> ListState<L> {
         })
     }
 
+    /// The list's event, created on first use.
     fn event(&mut self) -> CudaResult<&CudaEvent> {
-        if self.event.is_none() {
-            self.event = Some(CudaEvent::new()?);
-        }
-        // Just set when it was `None`.
-        self.event
-            .as_ref()
-            .ok_or(rmm_sys::CudaError::DriverNotFound)
+        let event = match self.event.take() {
+            Some(event) => event,
+            None => CudaEvent::new()?,
+        };
+        Ok(self.event.insert(event))
     }
 
     /// Blocks entered the list on `stream` (a free, a merge, a new chunk): records the list's
@@ -231,22 +222,6 @@ impl<L> ListState<L> {
                 self.record(stream);
             }
         }
-    }
-
-    /// The pool turned eager: this list's blocks were freed without an event.
-    pub(crate) fn mark_unrecorded(&mut self) {
-        self.policy.mark_unrecorded();
-    }
-
-    /// Whether some blocks of an ordinary stream's list (or of the orphan list) are covered by no
-    /// event (a thief would have to ask for them or synchronize the device).
-    pub(crate) fn is_uncovered(&self) -> bool {
-        self.policy.is_uncovered()
-    }
-
-    /// The count of entries, for [`synchronized_since`](Self::synchronized_since).
-    pub(crate) fn entered(&self) -> u64 {
-        self.policy.entered()
     }
 
     /// A thief synchronized the device after taking `snapshot` (see [`Steal::AfterSync`]).
@@ -527,8 +502,6 @@ mod tests {
         );
         let here = StreamKey::of(CudaStreamView::per_thread()).unwrap();
         assert_eq!(here, StreamKey::PerThread(thread_number()));
-        assert!(here.is_special() && StreamKey::Legacy.is_special());
-        assert!(!StreamKey::Stream(7).is_special());
         let there = std::thread::spawn(|| StreamKey::of(CudaStreamView::per_thread()).unwrap())
             .join()
             .unwrap();
@@ -590,7 +563,7 @@ mod tests {
         let mut g = list.lock();
         // Not eager: nothing recorded, no CUDA call, nothing marked.
         g.publish(CudaStreamView::legacy(), false);
-        assert!(g.event.is_none() && !g.policy.is_record_failed() && !g.is_uncovered());
+        assert!(g.event.is_none() && !g.policy.is_record_failed() && !g.policy.is_uncovered());
         // Special keys never record at publish time.
         for key in [
             StreamKey::Legacy,
@@ -600,11 +573,11 @@ mod tests {
             let special = StreamList::new(Some(key), ());
             let mut s = special.lock();
             s.publish(CudaStreamView::legacy(), true);
-            assert!(s.event.is_none() && !s.policy.is_record_failed() && !s.is_uncovered());
+            assert!(s.event.is_none() && !s.policy.is_record_failed() && !s.policy.is_uncovered());
         }
         // Eager and ordinary, no thief yet: nothing recorded, the list is unrecorded.
         g.publish(CudaStreamView::legacy(), true);
-        assert!(g.event.is_none() && !g.policy.is_record_failed() && g.is_uncovered());
+        assert!(g.event.is_none() && !g.policy.is_record_failed() && g.policy.is_uncovered());
         // A thief asks (no CUDA call), and cannot take yet.
         assert_eq!(
             g.prepare_steal(CudaStreamView::legacy(), true).unwrap(),
@@ -616,7 +589,7 @@ mod tests {
             // falls back to a device synchronization by its next thief, with the lock released.
             g.publish(CudaStreamView::legacy(), true);
             assert!(g.event.is_none() && g.policy.is_record_failed() && !g.policy.is_wanted());
-            let snapshot = g.entered();
+            let snapshot = g.policy.entered();
             assert_eq!(
                 g.prepare_steal(CudaStreamView::legacy(), false).unwrap(),
                 Steal::NotNow,
@@ -627,7 +600,7 @@ mod tests {
                 Steal::AfterSync(snapshot)
             );
             g.synchronized_since(snapshot);
-            assert!(!g.is_uncovered());
+            assert!(!g.policy.is_uncovered());
         }
     }
 
@@ -652,7 +625,7 @@ mod tests {
         assert!(!r.covered, "an unrecorded list retired as covered");
         // Given to a new key, the slot starts afresh.
         g.assign(StreamKey::Stream(11), None);
-        assert!(!g.is_uncovered());
+        assert!(!g.policy.is_uncovered());
     }
 }
 

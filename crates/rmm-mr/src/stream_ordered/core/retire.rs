@@ -60,8 +60,8 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 self.eager.store(true, Ordering::SeqCst);
                 if let Some(first) = reg.first_user.take().and_then(|i| self.lists.get(i)) {
                     let mut f = first.lock();
-                    if f.key().is_some_and(|k| !k.is_special()) {
-                        f.mark_unrecorded();
+                    if matches!(f.key(), Some(StreamKey::Stream(_))) {
+                        f.policy.mark_unrecorded();
                     }
                 }
             }
@@ -71,15 +71,11 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         }
         let mut st = list.lock();
         if st.key().is_none() {
-            let owner = match key {
-                StreamKey::Stream(_) => stream.life(),
-                _ => None,
-            };
-            st.assign(key, owner);
+            st.assign(key, stream.life());
         }
         drop(reg);
         if index.is_some() {
-            // `list` is an element of `self.lists` (see `lock_cached`).
+            // `list` is an element of `self.lists` (see `lock_own`).
             remember_list(self.id, key, std::ptr::from_ref(list).cast());
         }
         Ok((list, st))
@@ -131,13 +127,10 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             mut blocks,
             event,
             covered,
-        }) = retired
+        }) = retired.filter(|r| !r.blocks.is_empty())
         else {
             return;
         };
-        if blocks.is_empty() {
-            return;
-        }
         if key.per_thread().is_some() {
             let absorbed = self.legacy.lock().blocks.absorb(&mut blocks);
             if let Err(e) = absorbed {
@@ -190,20 +183,16 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         1 + self.lock_registry().live()
     }
 
-    /// Number of list slots ever made (live and free): bounded by the most lists alive at once.
-    pub(crate) fn slot_count(&self) -> usize {
-        self.lists.len()
-    }
-
-    /// [`list_count`](Self::list_count) and [`slot_count`](Self::slot_count), after retiring the
-    /// lists of owners that died since the last look when `retire` (tests, figures).
+    /// [`list_count`](Self::list_count) and the list slots ever made (live and free: bounded by
+    /// the most lists alive at once), after retiring the lists of owners that died since the
+    /// last look when `retire` (tests, figures).
     pub(crate) fn stream_lists(&self, retire: bool) -> StreamLists {
         if retire {
             self.sweep();
         }
         StreamLists {
             alive: self.list_count(),
-            slots: self.slot_count(),
+            slots: self.lists.len(),
         }
     }
 }
