@@ -40,7 +40,7 @@ pub(crate) use crate::stream_ordered::pressure::GrowthCause;
 pub use crate::stream_ordered::slot_table::StreamLists;
 use crate::stream_ordered::slot_table::{deaths, Registry};
 use crate::stream_ordered::stream_lists::{cached_list, ListGuard, StreamKey, StreamList};
-use crate::stream_ordered::append_only::AppendOnlyVec;
+use crate::util::append_only::AppendOnlyVec;
 use crate::util::cross_thread::{needs_legacy_order, Origin};
 
 mod grow;

@@ -478,7 +478,7 @@ mod tests {
 
     #[test]
     fn neighbouring_lists_share_no_cache_line() {
-        let lists = crate::stream_ordered::append_only::AppendOnlyVec::new();
+        let lists = crate::util::append_only::AppendOnlyVec::new();
         for _ in 0..3 {
             lists.push(StreamList::new(None, [0u8; 100]));
         }
