@@ -39,7 +39,9 @@ use crate::stream_ordered::moves::{InFlight, MoveGuard, Moves};
 pub(crate) use crate::stream_ordered::pressure::GrowthCause;
 pub use crate::stream_ordered::slot_table::StreamLists;
 use crate::stream_ordered::slot_table::{deaths, Registry};
-use crate::stream_ordered::stream_lists::{cached_list, ListGuard, StreamKey, StreamList};
+use crate::stream_ordered::stream_lists::{
+    cached_list, new_list, ListGuard, StreamKey, StreamList,
+};
 use crate::util::append_only::AppendOnlyVec;
 use crate::util::cross_thread::{needs_legacy_order, Origin};
 
@@ -138,8 +140,8 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     pub(crate) fn new(empty: L) -> Self {
         Self {
             id: NEXT_POOL.fetch_add(1, Ordering::Relaxed),
-            legacy: StreamList::new(Some(StreamKey::Legacy), empty.clone()),
-            orphan: StreamList::new(Some(StreamKey::Orphan), empty.clone()),
+            legacy: new_list(Some(StreamKey::Legacy), empty.clone()),
+            orphan: new_list(Some(StreamKey::Orphan), empty.clone()),
             lists: AppendOnlyVec::new(),
             legacy_used: AtomicBool::new(false),
             eager: AtomicBool::new(false),

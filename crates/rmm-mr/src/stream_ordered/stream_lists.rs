@@ -98,34 +98,24 @@ pub(crate) enum Steal {
 /// each is written at every operation by the thread whose stream it serves (its lock, its free
 /// list, its event policy). Unpadded, the last bytes of one list and the lock of the next share
 /// a cache line, which then moves between the two threads' cores at every operation of either.
-#[derive(Debug)]
-pub(crate) struct StreamList<L> {
-    state: CachePadded<Mutex<ListState<L>>>,
-}
+///
+/// Its lock (from `crate::sync`, loom's under `--cfg loom`) is never held together with another
+/// list's.
+pub(crate) type StreamList<L> = CachePadded<Mutex<ListState<L>>>;
 
-/// A locked [`StreamList`] (its lock comes from `crate::sync`, loom's under `--cfg loom`).
+/// A locked [`StreamList`].
 pub(crate) type ListGuard<'a, L> = MutexGuard<'a, ListState<L>>;
 
-impl<L> StreamList<L> {
-    /// A list for `key` (`None`: a free slot).
-    pub(crate) fn new(key: Option<StreamKey>, blocks: L) -> Self {
-        Self {
-            state: CachePadded::new(Mutex::new(ListState {
-                key,
-                blocks,
-                event: None,
-                policy: EventPolicy::default(),
-                waits: Vec::new(),
-                owner: None,
-            })),
-        }
-    }
-
-    /// Locks the list. Never held together with another list's lock.
-    #[inline]
-    pub(crate) fn lock(&self) -> ListGuard<'_, L> {
-        self.state.lock()
-    }
+/// A list for `key` (`None`: a free slot).
+pub(crate) fn new_list<L>(key: Option<StreamKey>, blocks: L) -> StreamList<L> {
+    CachePadded::new(Mutex::new(ListState {
+        key,
+        blocks,
+        event: None,
+        policy: EventPolicy::default(),
+        waits: Vec::new(),
+        owner: None,
+    }))
 }
 
 /// The blocks of a list that was retired, with what covers them.
@@ -458,14 +448,6 @@ pub(crate) fn remember_list(pool: u64, key: StreamKey, list: *const ()) {
 mod tests {
     use super::*;
 
-    /// What the tests read of the structure.
-    impl<L> StreamList<L> {
-        /// Whether some thread holds the list's lock now (tests).
-        pub(crate) fn is_locked(&self) -> bool {
-            self.state.try_lock().is_none()
-        }
-    }
-
     /// A fake list address (the cache only stores and returns it).
     fn at(n: usize) -> *const () {
         std::ptr::without_provenance(n)
@@ -480,7 +462,7 @@ mod tests {
     fn neighbouring_lists_share_no_cache_line() {
         let lists = crate::util::append_only::AppendOnlyVec::new();
         for _ in 0..3 {
-            lists.push(StreamList::new(None, [0u8; 100]));
+            lists.push(new_list(None, [0u8; 100]));
         }
         for i in 0..3 {
             let list = lists.get(i).unwrap();
@@ -559,7 +541,7 @@ mod tests {
 
     #[test]
     fn publish_is_lazy() {
-        let list = StreamList::new(Some(StreamKey::Stream(3)), ());
+        let list = new_list(Some(StreamKey::Stream(3)), ());
         let mut g = list.lock();
         // Not eager: nothing recorded, no CUDA call, nothing marked.
         g.publish(CudaStreamView::legacy(), false);
@@ -570,7 +552,7 @@ mod tests {
             StreamKey::PerThread(1),
             StreamKey::Orphan,
         ] {
-            let special = StreamList::new(Some(key), ());
+            let special = new_list(Some(key), ());
             let mut s = special.lock();
             s.publish(CudaStreamView::legacy(), true);
             assert!(s.event.is_none() && !s.policy.is_record_failed() && !s.policy.is_uncovered());
@@ -606,7 +588,7 @@ mod tests {
 
     #[test]
     fn a_free_slot_is_never_stolen_from_and_a_retired_list_keeps_its_coverage() {
-        let list = StreamList::new(None, ());
+        let list = new_list(None, ());
         let mut g = list.lock();
         assert_eq!(g.key(), None);
         assert_eq!(

@@ -14,7 +14,7 @@ use crate::error::{MrError, MrResult};
 use crate::stream_ordered::free_blocks::FreeBlocks;
 use crate::stream_ordered::slot_table::{deaths, Life, Registry, StreamLists};
 use crate::stream_ordered::stream_lists::{
-    remember_list, ListGuard, Retired, StreamKey, StreamList,
+    new_list, remember_list, ListGuard, Retired, StreamKey, StreamList,
 };
 
 impl<L: FreeBlocks> StreamOrdered<L> {
@@ -37,7 +37,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             (Some(i), false)
         } else {
             // New slots are made only here, under the registry's lock: the storage's next index.
-            let new_slot = || self.lists.push(StreamList::new(None, self.empty.clone()));
+            let new_slot = || self.lists.push(new_list(None, self.empty.clone()));
             (Some(reg.insert(key, Life::of(key, stream), new_slot)), true)
         };
         let list = match index {

@@ -572,7 +572,7 @@ mod retire {
             let locked: Vec<usize> = core
                 .lists()
                 .enumerate()
-                .filter(|(_, l)| l.is_locked())
+                .filter(|(_, l)| l.try_lock().is_none())
                 .map(|(i, _)| i)
                 .collect();
             assert!(
