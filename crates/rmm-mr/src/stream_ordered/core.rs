@@ -109,7 +109,8 @@ pub(crate) struct StreamOrdered<L: FreeBlocks> {
     legacy_used: AtomicBool,
     /// Set when a second key first appears: from then on frees on ordinary streams record.
     eager: AtomicBool,
-    registry: Mutex<Registry>,
+    /// The crate's lock (no poisoning), as the lists'.
+    registry: crate::sync::Mutex<Registry>,
     /// [`deaths`] when the lists were last looked at for dead owners.
     swept: AtomicU64,
     /// Upstream chunks by address (the growth lock).
@@ -145,7 +146,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             lists: AppendOnlyVec::new(),
             legacy_used: AtomicBool::new(false),
             eager: AtomicBool::new(false),
-            registry: Mutex::new(Registry::default()),
+            registry: crate::sync::Mutex::new(Registry::default()),
             swept: AtomicU64::new(deaths()),
             empty,
             chunks: Mutex::new(BTreeMap::new()),

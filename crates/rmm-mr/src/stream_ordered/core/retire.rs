@@ -5,7 +5,6 @@
 //! `docs/internals/stream-ordered.md`, "Retiring lists".
 
 use std::sync::atomic::Ordering;
-use std::sync::{MutexGuard, PoisonError};
 
 use rmm_stream::CudaStreamView;
 
@@ -29,7 +28,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         key: StreamKey,
         stream: CudaStreamView<'_>,
     ) -> MrResult<(&StreamList<L>, ListGuard<'_, L>)> {
-        let mut reg = self.lock_registry();
+        let mut reg = self.registry.lock();
         self.sweep_locked(&mut reg);
         let (index, first_use) = if key == StreamKey::Legacy {
             (None, !self.legacy_used.load(Ordering::Relaxed))
@@ -85,7 +84,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     /// the last look (one atomic load otherwise).
     pub(super) fn sweep(&self) {
         if self.swept.load(Ordering::Relaxed) != deaths() {
-            let mut reg = self.lock_registry();
+            let mut reg = self.registry.lock();
             self.sweep_locked(&mut reg);
         }
     }
@@ -172,15 +171,11 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         self.to_orphan(blocks);
     }
 
-    fn lock_registry(&self) -> MutexGuard<'_, Registry> {
-        self.registry.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Number of stream lists alive: the legacy list and one per key with a list (a list whose
     /// owner died counts until it is retired, at the next allocation that misses its own list or
     /// the next new key).
     pub(crate) fn list_count(&self) -> usize {
-        1 + self.lock_registry().live()
+        1 + self.registry.lock().live()
     }
 
     /// [`list_count`](Self::list_count) and the list slots ever made (live and free: bounded by

@@ -580,7 +580,7 @@ mod retire {
                 "lists {locked:?} locked while the thief waits"
             );
             assert!(core.chunks.try_lock().is_ok(), "the growth lock is held");
-            assert!(core.registry.try_lock().is_ok(), "the registry is locked");
+            assert!(core.registry.try_lock().is_some(), "the registry is locked");
             meanwhile();
             go_tx.send(()).unwrap();
             // Any later synchronization of the thief's goes on without waiting.
