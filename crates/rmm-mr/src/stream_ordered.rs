@@ -1,9 +1,7 @@
 //! The stream-ordered core shared by the pool and the fixed-size resource (RMM's
 //! `stream_ordered_memory_resource`): per-stream free lists, the event rule, the record of
-//! handed-out blocks, the append-only storage the lists live in and the registry of which key
-//! owns which of its slots.
+//! handed-out blocks and the registry of which key owns which slot of the lists' storage.
 
-pub(crate) mod append_only;
 pub(crate) mod core;
 pub(crate) mod event_policy;
 pub(crate) mod free_blocks;

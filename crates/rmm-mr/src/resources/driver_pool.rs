@@ -20,7 +20,7 @@ use crate::resource::{
 };
 use crate::resources::cuda::free_error;
 use crate::resources::pool_origins::{FreeOn, ORIGINS};
-use crate::stream_ordered::stream_lists::thread_number;
+use crate::util::thread_life::thread_number;
 
 /// A resource that allocates from one driver pool with [`pool_allocate`] and frees with
 /// [`pool_deallocate`]: it implements [`DeviceMemoryResource`] through the impl below, and

@@ -34,13 +34,15 @@ use rmm_sys::{checked_align_up, DeviceId, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
-use crate::stream_ordered::append_only::AppendOnlyVec;
 pub(crate) use crate::stream_ordered::free_blocks::{Expand, FreeBlocks};
 use crate::stream_ordered::moves::{InFlight, MoveGuard, Moves};
 pub(crate) use crate::stream_ordered::pressure::GrowthCause;
 pub use crate::stream_ordered::slot_table::StreamLists;
 use crate::stream_ordered::slot_table::{deaths, Registry};
-use crate::stream_ordered::stream_lists::{cached_list, ListGuard, StreamKey, StreamList};
+use crate::stream_ordered::stream_lists::{
+    cached_list, new_list, ListGuard, StreamKey, StreamList,
+};
+use crate::util::append_only::AppendOnlyVec;
 use crate::util::cross_thread::{needs_legacy_order, Origin};
 
 mod grow;
@@ -107,7 +109,8 @@ pub(crate) struct StreamOrdered<L: FreeBlocks> {
     legacy_used: AtomicBool,
     /// Set when a second key first appears: from then on frees on ordinary streams record.
     eager: AtomicBool,
-    registry: Mutex<Registry>,
+    /// The crate's lock (no poisoning), as the lists'.
+    registry: crate::sync::Mutex<Registry>,
     /// [`deaths`] when the lists were last looked at for dead owners.
     swept: AtomicU64,
     /// Upstream chunks by address (the growth lock).
@@ -138,12 +141,12 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     pub(crate) fn new(empty: L) -> Self {
         Self {
             id: NEXT_POOL.fetch_add(1, Ordering::Relaxed),
-            legacy: StreamList::new(Some(StreamKey::Legacy), empty.clone()),
-            orphan: StreamList::new(Some(StreamKey::Orphan), empty.clone()),
+            legacy: new_list(Some(StreamKey::Legacy), empty.clone()),
+            orphan: new_list(Some(StreamKey::Orphan), empty.clone()),
             lists: AppendOnlyVec::new(),
             legacy_used: AtomicBool::new(false),
             eager: AtomicBool::new(false),
-            registry: Mutex::new(Registry::default()),
+            registry: crate::sync::Mutex::new(Registry::default()),
             swept: AtomicU64::new(deaths()),
             empty,
             chunks: Mutex::new(BTreeMap::new()),
@@ -214,8 +217,8 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     }
 
     /// The list of `stream`, locked, with its key, registering the key on first use. The legacy
-    /// list is found inline; other streams go through this thread's cache
-    /// ([`lock_cached`](Self::lock_cached)).
+    /// list is found inline; other streams go through this thread's cache, and a slot found
+    /// there that no longer belongs to the key (retired) is looked up again.
     #[inline(always)]
     #[allow(clippy::type_complexity)]
     fn lock_own(
@@ -225,17 +228,6 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         if StreamKey::is_legacy(stream) && self.legacy_used.load(Ordering::Acquire) {
             return Ok((&self.legacy, self.legacy.lock(), StreamKey::Legacy));
         }
-        self.lock_cached(stream)
-    }
-
-    /// [`lock_own`](Self::lock_own) past the legacy list: a slot found through this thread's
-    /// cache that no longer belongs to the key (retired) is looked up again.
-    #[inline(always)]
-    #[allow(clippy::type_complexity)]
-    fn lock_cached(
-        &self,
-        stream: CudaStreamView<'_>,
-    ) -> MrResult<(&StreamList<L>, ListGuard<'_, L>, StreamKey)> {
         let key = StreamKey::of(stream)?;
         if key != StreamKey::Legacy {
             if let Some(list) = cached_list(self.id, key) {
@@ -465,7 +457,7 @@ impl<L: FreeBlocks> fmt::Debug for StreamOrdered<L> {
             .field("pool_size", &self.pool_size())
             .field("outstanding", &self.outstanding())
             .field("lists", &self.list_count())
-            .field("slots", &self.slot_count())
+            .field("slots", &self.lists.len())
             .field("eager", &self.is_eager())
             .finish()
     }

@@ -9,106 +9,11 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
-use std::hash::Hash;
 
 use rmm_stream::{CudaStreamView, StreamLife};
 
 use crate::stream_ordered::stream_lists::StreamKey;
 use crate::util::thread_life::{self, ThreadLife};
-
-/// Where a new key's list goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Placement {
-    /// A retired slot, to be reused.
-    Reused(usize),
-    /// A new slot at the end of the storage (its index is the number of slots made before).
-    New(usize),
-}
-
-impl Placement {
-    /// The slot.
-    pub(crate) fn slot(self) -> usize {
-        match self {
-            Self::Reused(i) | Self::New(i) => i,
-        }
-    }
-}
-
-/// The key -> slot registry with slot reuse (see the [module documentation](self)). `Life` says
-/// whether a key's owner is alive; the table only stores it.
-#[derive(Debug)]
-pub(crate) struct SlotTable<K, Life> {
-    by_key: HashMap<K, (usize, Life)>,
-    /// Retired slots, lowest first.
-    free: BinaryHeap<Reverse<usize>>,
-    /// Slots made so far.
-    made: usize,
-}
-
-impl<K: Copy + Eq + Hash, Life> Default for SlotTable<K, Life> {
-    fn default() -> Self {
-        Self {
-            by_key: HashMap::new(),
-            free: BinaryHeap::new(),
-            made: 0,
-        }
-    }
-}
-
-impl<K: Copy + Eq + Hash, Life> SlotTable<K, Life> {
-    /// The slot of `key`, if it has one.
-    pub(crate) fn get(&self, key: &K) -> Option<usize> {
-        self.by_key.get(key).map(|&(slot, _)| slot)
-    }
-
-    /// Gives `key` (which has no slot) a slot: the lowest retired one, else a new one.
-    pub(crate) fn insert(&mut self, key: K, life: Life) -> Placement {
-        debug_assert!(!self.by_key.contains_key(&key));
-        let placement = match self.free.pop() {
-            Some(Reverse(slot)) => Placement::Reused(slot),
-            None => {
-                self.made += 1;
-                Placement::New(self.made - 1)
-            }
-        };
-        self.by_key.insert(key, (placement.slot(), life));
-        placement
-    }
-
-    /// Undoes the [`insert`](Self::insert) of `key` that gave `placement` (the storage could not
-    /// take the list).
-    pub(crate) fn undo_insert(&mut self, key: &K, placement: Placement) {
-        self.by_key.remove(key);
-        match placement {
-            Placement::Reused(slot) => self.free.push(Reverse(slot)),
-            Placement::New(_) => self.made -= 1,
-        }
-    }
-
-    /// The keys whose owner is dead by `is_alive`, with their slots, lowest slot first.
-    pub(crate) fn dead(&self, is_alive: impl Fn(&Life) -> bool) -> Vec<(K, usize)> {
-        let mut dead: Vec<(K, usize)> = self
-            .by_key
-            .iter()
-            .filter(|(_, (_, life))| !is_alive(life))
-            .map(|(&key, &(slot, _))| (key, slot))
-            .collect();
-        dead.sort_unstable_by_key(|&(_, slot)| slot);
-        dead
-    }
-
-    /// Retires `key`: its slot becomes free for the next new key. Returns the slot.
-    pub(crate) fn remove(&mut self, key: &K) -> Option<usize> {
-        let (slot, _) = self.by_key.remove(key)?;
-        self.free.push(Reverse(slot));
-        Some(slot)
-    }
-
-    /// Number of keys with a slot.
-    pub(crate) fn live(&self) -> usize {
-        self.by_key.len()
-    }
-}
 
 /// Whether the owner of a key is alive (see [`crate::stream_ordered::slot_table`]).
 #[derive(Debug)]
@@ -157,16 +62,68 @@ pub struct StreamLists {
     pub slots: usize,
 }
 
-/// Which stream keys have lists (in which slot), and who used the resource first.
+/// Which stream keys have lists (in which slot), whether their owners live, and who used the
+/// resource first (see the [module documentation](self)).
 #[derive(Default)]
 pub(crate) struct Registry {
-    /// The slot in `StreamOrdered::lists` of every key but the legacy one.
-    pub(crate) table: SlotTable<StreamKey, Life>,
+    /// The slot in `StreamOrdered::lists` of every key but the legacy one, with the life of its
+    /// owner.
+    by_key: HashMap<StreamKey, (usize, Life)>,
+    /// Retired slots, lowest first.
+    free: BinaryHeap<Reverse<usize>>,
     /// The slot of the first key a caller used, while it is the only one, when that list is
     /// not the legacy one.
     pub(crate) first_user: Option<usize>,
     /// Number of keys callers have used.
     pub(crate) users: usize,
+}
+
+impl Registry {
+    /// The slot of `key`, if it has one.
+    pub(crate) fn get(&self, key: StreamKey) -> Option<usize> {
+        self.by_key.get(&key).map(|&(slot, _)| slot)
+    }
+
+    /// Gives `key` (which has no slot) a slot: the lowest retired one, else `new_slot()` (which
+    /// makes one at the end of the storage and returns its index).
+    pub(crate) fn insert(
+        &mut self,
+        key: StreamKey,
+        life: Life,
+        new_slot: impl FnOnce() -> usize,
+    ) -> usize {
+        debug_assert!(!self.by_key.contains_key(&key));
+        let slot = self.free.pop().map_or_else(new_slot, |Reverse(slot)| slot);
+        self.by_key.insert(key, (slot, life));
+        slot
+    }
+
+    /// The keys whose owner is dead by `is_alive`, with their slots, lowest slot first.
+    pub(crate) fn dead(
+        &self,
+        is_alive: impl Fn(StreamKey, &Life) -> bool,
+    ) -> Vec<(StreamKey, usize)> {
+        let mut dead: Vec<(StreamKey, usize)> = self
+            .by_key
+            .iter()
+            .filter(|(&key, (_, life))| !is_alive(key, life))
+            .map(|(&key, &(slot, _))| (key, slot))
+            .collect();
+        dead.sort_unstable_by_key(|&(_, slot)| slot);
+        dead
+    }
+
+    /// Retires `key`: its slot becomes free for the next new key.
+    pub(crate) fn remove(&mut self, key: StreamKey) {
+        if let Some((slot, _)) = self.by_key.remove(&key) {
+            self.free.push(Reverse(slot));
+        }
+    }
+
+    /// Number of keys with a slot.
+    pub(crate) fn live(&self) -> usize {
+        self.by_key.len()
+    }
 }
 
 #[cfg(test)]
@@ -175,38 +132,37 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::BTreeSet;
 
-    /// What the tests read of the structure.
-    impl<K: Copy + Eq + Hash, Life> SlotTable<K, Life> {
-        /// Number of slots ever made (live and free).
-        pub(crate) fn made(&self) -> usize {
-            self.made
-        }
+    /// A key for the tests.
+    fn k(n: u8) -> StreamKey {
+        StreamKey::Stream(u64::from(n))
     }
 
     #[test]
     fn retired_slots_are_reused_lowest_first() {
-        let mut t: SlotTable<u32, bool> = SlotTable::default();
-        assert_eq!(t.insert(10, true), Placement::New(0));
-        assert_eq!(t.insert(11, false), Placement::New(1));
-        assert_eq!(t.insert(12, false), Placement::New(2));
-        assert_eq!(t.dead(|&alive| alive), vec![(11, 1), (12, 2)]);
-        assert_eq!(t.remove(&12), Some(2));
-        assert_eq!(t.remove(&11), Some(1));
-        assert_eq!(t.remove(&11), None);
-        assert_eq!(t.insert(13, true), Placement::Reused(1));
-        assert_eq!(t.insert(14, true), Placement::Reused(2));
-        assert_eq!(t.insert(15, true), Placement::New(3));
-        assert_eq!((t.live(), t.made()), (4, 4));
-        assert_eq!(t.get(&13), Some(1));
-        assert_eq!(t.get(&11), None);
-        let p = t.insert(16, true);
-        t.undo_insert(&16, p);
-        assert_eq!((t.live(), t.made(), t.get(&16)), (4, 4, None));
-        t.remove(&10);
-        let p = t.insert(17, true);
-        assert_eq!(p, Placement::Reused(0));
-        t.undo_insert(&17, p);
-        assert_eq!(t.insert(18, true), Placement::Reused(0));
+        let mut r = Registry::default();
+        let mut made = 0;
+        let mut new_slot = || {
+            made += 1;
+            made - 1
+        };
+        for n in 10..13 {
+            assert_eq!(
+                r.insert(k(n), Life::Forever, &mut new_slot),
+                usize::from(n - 10)
+            );
+        }
+        assert_eq!(r.dead(|key, _| key == k(10)), vec![(k(11), 1), (k(12), 2)]);
+        r.remove(k(12));
+        r.remove(k(11));
+        r.remove(k(11));
+        assert_eq!(r.insert(k(13), Life::Forever, &mut new_slot), 1);
+        assert_eq!(r.insert(k(14), Life::Forever, &mut new_slot), 2);
+        assert_eq!(r.insert(k(15), Life::Forever, &mut new_slot), 3);
+        assert_eq!(r.live(), 4);
+        assert_eq!((r.get(k(13)), r.get(k(11))), (Some(1), None));
+        r.remove(k(10));
+        assert_eq!(r.insert(k(16), Life::Forever, &mut new_slot), 0);
+        assert_eq!(made, 4);
     }
 
     #[derive(Debug, Clone)]
@@ -233,34 +189,43 @@ mod tests {
         /// slot at once.
         #[test]
         fn slots_are_bounded_by_the_peak_of_live_keys(ops in proptest::collection::vec(op(), 1..200)) {
-            // The life of a key is (key, the owner's generation when it registered); the owner
-            // is alive while its generation has not moved on.
-            let mut t: SlotTable<u8, (u8, u8)> = SlotTable::default();
+            // A key's owner is alive while its generation is the one it registered with.
+            let mut r = Registry::default();
             let mut generation = [0u8; 24];
-            let mut peak = 0;
+            let mut registered = [0u8; 24];
+            let (mut made, mut peak) = (0, 0);
             for op in ops {
                 match op {
-                    Op::Use(k) => {
-                        if t.get(&k).is_none() {
-                            t.insert(k, (k, generation[k as usize]));
+                    Op::Use(n) => {
+                        if r.get(k(n)).is_none() {
+                            registered[n as usize] = generation[n as usize];
+                            r.insert(k(n), Life::Forever, || {
+                                made += 1;
+                                made - 1
+                            });
                         }
                     }
-                    Op::Kill(k) => generation[k as usize] = generation[k as usize].wrapping_add(1),
+                    Op::Kill(n) => generation[n as usize] = generation[n as usize].wrapping_add(1),
                     Op::Sweep => {
-                        for (k, slot) in t.dead(|&(k, g)| generation[k as usize] == g) {
-                            prop_assert_eq!(t.remove(&k), Some(slot));
+                        let alive = |key: StreamKey, _: &Life| {
+                            let StreamKey::Stream(n) = key else { return true };
+                            generation[n as usize] == registered[n as usize]
+                        };
+                        for (key, slot) in r.dead(alive) {
+                            prop_assert_eq!(r.get(key), Some(slot));
+                            r.remove(key);
                         }
-                        prop_assert!(t.dead(|&(k, g)| generation[k as usize] == g).is_empty());
+                        prop_assert!(r.dead(alive).is_empty());
                     }
                 }
-                peak = peak.max(t.live());
-                let used: BTreeSet<usize> = t.by_key.values().map(|&(s, _)| s).collect();
-                prop_assert_eq!(used.len(), t.live(), "two keys share a slot");
-                let free: BTreeSet<usize> = t.free.iter().map(|&Reverse(s)| s).collect();
-                prop_assert_eq!(free.len(), t.free.len(), "a slot is free twice");
+                peak = peak.max(r.live());
+                let used: BTreeSet<usize> = r.by_key.values().map(|&(s, _)| s).collect();
+                prop_assert_eq!(used.len(), r.live(), "two keys share a slot");
+                let free: BTreeSet<usize> = r.free.iter().map(|&Reverse(s)| s).collect();
+                prop_assert_eq!(free.len(), r.free.len(), "a slot is free twice");
                 prop_assert!(used.is_disjoint(&free));
-                prop_assert_eq!(used.len() + free.len(), t.made());
-                prop_assert!(t.made() <= peak, "made {} slots for a peak of {}", t.made(), peak);
+                prop_assert_eq!(used.len() + free.len(), made);
+                prop_assert!(made <= peak, "made {} slots for a peak of {}", made, peak);
             }
         }
     }

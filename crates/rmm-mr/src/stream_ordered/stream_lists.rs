@@ -6,7 +6,6 @@
 //! how: `docs/internals/stream-ordered.md`, "Stream keys and events" and "Retiring lists".
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
@@ -16,6 +15,7 @@ use rmm_sys::{CudaResult, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
 use crate::stream_ordered::event_policy::{EventPolicy, StealAction};
 use crate::sync::{Mutex, MutexGuard};
 use crate::util::cross_thread::Origin;
+pub(crate) use crate::util::thread_life::thread_number;
 
 /// Which free list a stream's blocks go to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -43,21 +43,14 @@ impl StreamKey {
     #[inline]
     pub(crate) fn of(stream: CudaStreamView<'_>) -> CudaResult<Self> {
         // `as_raw` resolves handle 0 by the default-stream mode, so this is exactly
-        // `is_default()` / `is_per_thread_default()`, in one inlined comparison.
-        let raw = stream.as_raw();
-        if raw.is_null() || raw == CU_STREAM_LEGACY {
+        // `is_default()` / `is_per_thread_default()`, in inlined comparisons.
+        if Self::is_legacy(stream) {
             Ok(Self::Legacy)
-        } else if raw == CU_STREAM_PER_THREAD {
+        } else if stream.as_raw() == CU_STREAM_PER_THREAD {
             Ok(Self::PerThread(thread_number()))
         } else {
             stream.id().map(Self::Stream)
         }
-    }
-
-    /// Whether this is the legacy or a per-thread default stream (streams that never die, whose
-    /// event recording is deferred to steal time), or the orphan list (which never records).
-    pub(crate) fn is_special(self) -> bool {
-        !matches!(self, Self::Stream(_))
     }
 
     /// The thread whose per-thread default stream this is, if it is one.
@@ -79,39 +72,10 @@ impl StreamKey {
     }
 }
 
-static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
-
-thread_local! {
-    /// This thread's number, 0 until assigned. Constant-initialized and without a destructor:
-    /// reading it is one thread-local load, and it stays readable during thread-local teardown.
-    static THREAD_NUMBER: Cell<u64> = const { Cell::new(0) };
-}
-
-/// A process-unique number of the calling thread (never reused), assigned on first use.
-#[inline]
-pub(crate) fn thread_number() -> u64 {
-    match THREAD_NUMBER.try_with(Cell::get) {
-        Ok(n) if n != 0 => n,
-        _ => assign_thread_number(),
-    }
-}
-
-#[cold]
-#[inline(never)]
-fn assign_thread_number() -> u64 {
-    let n = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
-    // Cannot fail (no destructor); if it did, the caller would get a fresh number each time:
-    // lists of its own, correct (per-thread lists record at steal time) but unshared.
-    let _ = THREAD_NUMBER.try_with(|c| c.set(n));
-    n
-}
-
 /// `cuCtxSynchronize`: blocks until all work of the current context, on every stream
 /// (non-blocking ones included), has completed. (Tests watch it with
 /// `rmm_sys::fault::watch(DriverCall::Synchronize, ..)` to check what is locked meanwhile.)
-pub(crate) fn device_synchronize() -> CudaResult<()> {
-    rmm_sys::device_synchronize()
-}
+pub(crate) use rmm_sys::device_synchronize;
 
 /// What a thief may do with a list it has locked ([`ListState::prepare_steal`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,34 +98,24 @@ pub(crate) enum Steal {
 /// each is written at every operation by the thread whose stream it serves (its lock, its free
 /// list, its event policy). Unpadded, the last bytes of one list and the lock of the next share
 /// a cache line, which then moves between the two threads' cores at every operation of either.
-#[derive(Debug)]
-pub(crate) struct StreamList<L> {
-    state: CachePadded<Mutex<ListState<L>>>,
-}
+///
+/// Its lock (from `crate::sync`, loom's under `--cfg loom`) is never held together with another
+/// list's.
+pub(crate) type StreamList<L> = CachePadded<Mutex<ListState<L>>>;
 
-/// A locked [`StreamList`] (its lock comes from `crate::sync`, loom's under `--cfg loom`).
+/// A locked [`StreamList`].
 pub(crate) type ListGuard<'a, L> = MutexGuard<'a, ListState<L>>;
 
-impl<L> StreamList<L> {
-    /// A list for `key` (`None`: a free slot).
-    pub(crate) fn new(key: Option<StreamKey>, blocks: L) -> Self {
-        Self {
-            state: CachePadded::new(Mutex::new(ListState {
-                key,
-                blocks,
-                event: None,
-                policy: EventPolicy::default(),
-                waits: Vec::new(),
-                owner: None,
-            })),
-        }
-    }
-
-    /// Locks the list. Never held together with another list's lock.
-    #[inline]
-    pub(crate) fn lock(&self) -> ListGuard<'_, L> {
-        self.state.lock()
-    }
+/// A list for `key` (`None`: a free slot).
+pub(crate) fn new_list<L>(key: Option<StreamKey>, blocks: L) -> StreamList<L> {
+    CachePadded::new(Mutex::new(ListState {
+        key,
+        blocks,
+        event: None,
+        policy: EventPolicy::default(),
+        waits: Vec::new(),
+        owner: None,
+    }))
 }
 
 /// The blocks of a list that was retired, with what covers them.
@@ -187,7 +141,8 @@ pub(crate) struct ListState<L> {
     event: Option<CudaEvent>,
     /// When an ordinary stream's list records, and what a thief must do first (see
     /// [`EventPolicy`]); for the orphan list, whether its thief waits on `waits` or synchronizes.
-    policy: EventPolicy,
+    /// The core reads it, and marks a list unrecorded when the pool turns eager.
+    pub(crate) policy: EventPolicy,
     /// The orphan list only: the events of the retired lists whose blocks it holds (each
     /// recorded after its list's last block entered), at most [`ORPHAN_EVENTS`]; a thief waits
     /// on all of them.
@@ -235,14 +190,13 @@ impl<L> ListState<L> {
         })
     }
 
+    /// The list's event, created on first use.
     fn event(&mut self) -> CudaResult<&CudaEvent> {
-        if self.event.is_none() {
-            self.event = Some(CudaEvent::new()?);
-        }
-        // Just set when it was `None`.
-        self.event
-            .as_ref()
-            .ok_or(rmm_sys::CudaError::DriverNotFound)
+        let event = match self.event.take() {
+            Some(event) => event,
+            None => CudaEvent::new()?,
+        };
+        Ok(self.event.insert(event))
     }
 
     /// Blocks entered the list on `stream` (a free, a merge, a new chunk): records the list's
@@ -264,22 +218,6 @@ impl<L> ListState<L> {
                 self.record(stream);
             }
         }
-    }
-
-    /// The pool turned eager: this list's blocks were freed without an event.
-    pub(crate) fn mark_unrecorded(&mut self) {
-        self.policy.mark_unrecorded();
-    }
-
-    /// Whether some blocks of an ordinary stream's list (or of the orphan list) are covered by no
-    /// event (a thief would have to ask for them or synchronize the device).
-    pub(crate) fn is_uncovered(&self) -> bool {
-        self.policy.is_uncovered()
-    }
-
-    /// The count of entries, for [`synchronized_since`](Self::synchronized_since).
-    pub(crate) fn entered(&self) -> u64 {
-        self.policy.entered()
     }
 
     /// A thief synchronized the device after taking `snapshot` (see [`Steal::AfterSync`]).
@@ -514,14 +452,6 @@ pub(crate) fn remember_list(pool: u64, key: StreamKey, list: *const ()) {
 mod tests {
     use super::*;
 
-    /// What the tests read of the structure.
-    impl<L> StreamList<L> {
-        /// Whether some thread holds the list's lock now (tests).
-        pub(crate) fn is_locked(&self) -> bool {
-            self.state.try_lock().is_none()
-        }
-    }
-
     /// A fake list address (the cache only stores and returns it).
     fn at(n: usize) -> *const () {
         std::ptr::without_provenance(n)
@@ -534,9 +464,9 @@ mod tests {
 
     #[test]
     fn neighbouring_lists_share_no_cache_line() {
-        let lists = crate::stream_ordered::append_only::AppendOnlyVec::new();
+        let lists = crate::util::append_only::AppendOnlyVec::new();
         for _ in 0..3 {
-            lists.push(StreamList::new(None, [0u8; 100]));
+            lists.push(new_list(None, [0u8; 100]));
         }
         for i in 0..3 {
             let list = lists.get(i).unwrap();
@@ -558,8 +488,6 @@ mod tests {
         );
         let here = StreamKey::of(CudaStreamView::per_thread()).unwrap();
         assert_eq!(here, StreamKey::PerThread(thread_number()));
-        assert!(here.is_special() && StreamKey::Legacy.is_special());
-        assert!(!StreamKey::Stream(7).is_special());
         let there = std::thread::spawn(|| StreamKey::of(CudaStreamView::per_thread()).unwrap())
             .join()
             .unwrap();
@@ -617,25 +545,25 @@ mod tests {
 
     #[test]
     fn publish_is_lazy() {
-        let list = StreamList::new(Some(StreamKey::Stream(3)), ());
+        let list = new_list(Some(StreamKey::Stream(3)), ());
         let mut g = list.lock();
         // Not eager: nothing recorded, no CUDA call, nothing marked.
         g.publish(CudaStreamView::legacy(), false);
-        assert!(g.event.is_none() && !g.policy.is_record_failed() && !g.is_uncovered());
+        assert!(g.event.is_none() && !g.policy.is_record_failed() && !g.policy.is_uncovered());
         // Special keys never record at publish time.
         for key in [
             StreamKey::Legacy,
             StreamKey::PerThread(1),
             StreamKey::Orphan,
         ] {
-            let special = StreamList::new(Some(key), ());
+            let special = new_list(Some(key), ());
             let mut s = special.lock();
             s.publish(CudaStreamView::legacy(), true);
-            assert!(s.event.is_none() && !s.policy.is_record_failed() && !s.is_uncovered());
+            assert!(s.event.is_none() && !s.policy.is_record_failed() && !s.policy.is_uncovered());
         }
         // Eager and ordinary, no thief yet: nothing recorded, the list is unrecorded.
         g.publish(CudaStreamView::legacy(), true);
-        assert!(g.event.is_none() && !g.policy.is_record_failed() && g.is_uncovered());
+        assert!(g.event.is_none() && !g.policy.is_record_failed() && g.policy.is_uncovered());
         // A thief asks (no CUDA call), and cannot take yet.
         assert_eq!(
             g.prepare_steal(CudaStreamView::legacy(), true).unwrap(),
@@ -647,7 +575,7 @@ mod tests {
             // falls back to a device synchronization by its next thief, with the lock released.
             g.publish(CudaStreamView::legacy(), true);
             assert!(g.event.is_none() && g.policy.is_record_failed() && !g.policy.is_wanted());
-            let snapshot = g.entered();
+            let snapshot = g.policy.entered();
             assert_eq!(
                 g.prepare_steal(CudaStreamView::legacy(), false).unwrap(),
                 Steal::NotNow,
@@ -658,13 +586,13 @@ mod tests {
                 Steal::AfterSync(snapshot)
             );
             g.synchronized_since(snapshot);
-            assert!(!g.is_uncovered());
+            assert!(!g.policy.is_uncovered());
         }
     }
 
     #[test]
     fn a_free_slot_is_never_stolen_from_and_a_retired_list_keeps_its_coverage() {
-        let list = StreamList::new(None, ());
+        let list = new_list(None, ());
         let mut g = list.lock();
         assert_eq!(g.key(), None);
         assert_eq!(
@@ -683,7 +611,7 @@ mod tests {
         assert!(!r.covered, "an unrecorded list retired as covered");
         // Given to a new key, the slot starts afresh.
         g.assign(StreamKey::Stream(11), None);
-        assert!(!g.is_uncovered());
+        assert!(!g.policy.is_uncovered());
     }
 }
 

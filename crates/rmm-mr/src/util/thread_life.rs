@@ -3,10 +3,14 @@
 //! later, from any thread, whether that thread has exited, and [`exits`] counts exits, so a
 //! holder of many lives rechecks them only after the count moved.
 //!
+//! [`thread_number`] numbers threads (the stream-ordered core's per-thread default stream keys,
+//! the driver pool's cross-thread rule, the logging adaptor's `Thread` column).
+//!
 //! A thread-local guard makes the thread's life on first use and ends it in its destructor
 //! (during thread-local teardown, before the thread is gone). Nothing here panics during
 //! teardown: a thread that asks after its guard was destroyed gets a life that is already over.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -50,6 +54,35 @@ pub(crate) fn current() -> ThreadLife {
 /// How many threads that took a life have exited so far.
 pub(crate) fn exits() -> u64 {
     EXITS.load(Ordering::Acquire)
+}
+
+static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// This thread's number, 0 until assigned. Constant-initialized and without a destructor:
+    /// reading it is one thread-local load, and it stays readable during thread-local teardown.
+    static THREAD_NUMBER: Cell<u64> = const { Cell::new(0) };
+}
+
+/// A process-unique number of the calling thread (never reused, never 0), assigned on first
+/// use: 1, 2, 3, ... in order of first call.
+#[inline]
+pub(crate) fn thread_number() -> u64 {
+    match THREAD_NUMBER.try_with(Cell::get) {
+        Ok(n) if n != 0 => n,
+        _ => assign_thread_number(),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn assign_thread_number() -> u64 {
+    let n = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+    // Cannot fail (no destructor); if it did, the caller would get a fresh number each time:
+    // for the core, lists of its own, correct (per-thread lists record at steal time) but
+    // unshared.
+    let _ = THREAD_NUMBER.try_with(|c| c.set(n));
+    n
 }
 
 #[cfg(test)]

@@ -1,22 +1,15 @@
 //! [`current_thread_number`]: a numeric id for the `Thread` column.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
-static NEXT: AtomicU64 = AtomicU64::new(1);
-
-thread_local! {
-    static NUMBER: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
-}
-
 /// A number unique to the calling thread within this process (1, 2, 3, … in order of first
-/// call), stable for the thread's life.
+/// use, by this function or the resources, which number threads the same way), stable for the
+/// thread's life.
 ///
 /// RMM's `Thread` column holds spdlog's `%t`, the kernel thread id on Linux, which the standard
 /// library does not expose. The replay benchmark only groups events by this value, so any id
 /// that tells threads apart replays identically; a caller with access to the kernel id may put
 /// that in [`MemoryEvent::thread`](super::MemoryEvent::thread) instead.
 pub fn current_thread_number() -> u64 {
-    NUMBER.with(|n| *n)
+    crate::util::thread_life::thread_number()
 }
 
 #[cfg(test)]

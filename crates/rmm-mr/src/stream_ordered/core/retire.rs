@@ -5,16 +5,15 @@
 //! `docs/internals/stream-ordered.md`, "Retiring lists".
 
 use std::sync::atomic::Ordering;
-use std::sync::{MutexGuard, PoisonError};
 
 use rmm_stream::CudaStreamView;
 
 use super::StreamOrdered;
 use crate::error::{MrError, MrResult};
 use crate::stream_ordered::free_blocks::FreeBlocks;
-use crate::stream_ordered::slot_table::{deaths, Life, Placement, Registry, StreamLists};
+use crate::stream_ordered::slot_table::{deaths, Life, Registry, StreamLists};
 use crate::stream_ordered::stream_lists::{
-    remember_list, ListGuard, Retired, StreamKey, StreamList,
+    new_list, remember_list, ListGuard, Retired, StreamKey, StreamList,
 };
 
 impl<L: FreeBlocks> StreamOrdered<L> {
@@ -29,24 +28,16 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         key: StreamKey,
         stream: CudaStreamView<'_>,
     ) -> MrResult<(&StreamList<L>, ListGuard<'_, L>)> {
-        let mut reg = self.lock_registry();
+        let mut reg = self.registry.lock();
         self.sweep_locked(&mut reg);
         let (index, first_use) = if key == StreamKey::Legacy {
             (None, !self.legacy_used.load(Ordering::Relaxed))
-        } else if let Some(i) = reg.table.get(&key) {
+        } else if let Some(i) = reg.get(key) {
             (Some(i), false)
         } else {
-            let placement = reg.table.insert(key, Life::of(key, stream));
-            if let Placement::New(i) = placement {
-                let pushed = self.lists.push(StreamList::new(None, self.empty.clone()));
-                if pushed != i {
-                    reg.table.undo_insert(&key, placement);
-                    return Err(MrError::bad_alloc(format!(
-                        "stream list storage out of step: slot {pushed}, expected {i}"
-                    )));
-                }
-            }
-            (Some(placement.slot()), true)
+            // New slots are made only here, under the registry's lock: the storage's next index.
+            let new_slot = || self.lists.push(new_list(None, self.empty.clone()));
+            (Some(reg.insert(key, Life::of(key, stream), new_slot)), true)
         };
         let list = match index {
             None => &self.legacy,
@@ -68,8 +59,8 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 self.eager.store(true, Ordering::SeqCst);
                 if let Some(first) = reg.first_user.take().and_then(|i| self.lists.get(i)) {
                     let mut f = first.lock();
-                    if f.key().is_some_and(|k| !k.is_special()) {
-                        f.mark_unrecorded();
+                    if matches!(f.key(), Some(StreamKey::Stream(_))) {
+                        f.policy.mark_unrecorded();
                     }
                 }
             }
@@ -79,15 +70,11 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         }
         let mut st = list.lock();
         if st.key().is_none() {
-            let owner = match key {
-                StreamKey::Stream(_) => stream.life(),
-                _ => None,
-            };
-            st.assign(key, owner);
+            st.assign(key, stream.life());
         }
         drop(reg);
         if index.is_some() {
-            // `list` is an element of `self.lists` (see `lock_cached`).
+            // `list` is an element of `self.lists` (see `lock_own`).
             remember_list(self.id, key, std::ptr::from_ref(list).cast());
         }
         Ok((list, st))
@@ -97,7 +84,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     /// the last look (one atomic load otherwise).
     pub(super) fn sweep(&self) {
         if self.swept.load(Ordering::Relaxed) != deaths() {
-            let mut reg = self.lock_registry();
+            let mut reg = self.registry.lock();
             self.sweep_locked(&mut reg);
         }
     }
@@ -108,7 +95,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         if self.swept.swap(now, Ordering::Relaxed) == now {
             return;
         }
-        for (key, slot) in reg.table.dead(Life::is_alive) {
+        for (key, slot) in reg.dead(|_, life| life.is_alive()) {
             self.retire(reg, key, slot);
         }
     }
@@ -120,7 +107,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     /// with the list's event when it covers them all, else marked for a device synchronization
     /// (the stream is gone: nobody can record on it any more).
     fn retire(&self, reg: &mut Registry, key: StreamKey, slot: usize) {
-        reg.table.remove(&key);
+        reg.remove(key);
         if reg.first_user == Some(slot) {
             reg.first_user = None;
         }
@@ -139,13 +126,10 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             mut blocks,
             event,
             covered,
-        }) = retired
+        }) = retired.filter(|r| !r.blocks.is_empty())
         else {
             return;
         };
-        if blocks.is_empty() {
-            return;
-        }
         if key.per_thread().is_some() {
             let absorbed = self.legacy.lock().blocks.absorb(&mut blocks);
             if let Err(e) = absorbed {
@@ -187,31 +171,23 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         self.to_orphan(blocks);
     }
 
-    fn lock_registry(&self) -> MutexGuard<'_, Registry> {
-        self.registry.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Number of stream lists alive: the legacy list and one per key with a list (a list whose
     /// owner died counts until it is retired, at the next allocation that misses its own list or
     /// the next new key).
     pub(crate) fn list_count(&self) -> usize {
-        1 + self.lock_registry().table.live()
+        1 + self.registry.lock().live()
     }
 
-    /// Number of list slots ever made (live and free): bounded by the most lists alive at once.
-    pub(crate) fn slot_count(&self) -> usize {
-        self.lists.len()
-    }
-
-    /// [`list_count`](Self::list_count) and [`slot_count`](Self::slot_count), after retiring the
-    /// lists of owners that died since the last look when `retire` (tests, figures).
+    /// [`list_count`](Self::list_count) and the list slots ever made (live and free: bounded by
+    /// the most lists alive at once), after retiring the lists of owners that died since the
+    /// last look when `retire` (tests, figures).
     pub(crate) fn stream_lists(&self, retire: bool) -> StreamLists {
         if retire {
             self.sweep();
         }
         StreamLists {
             alive: self.list_count(),
-            slots: self.slot_count(),
+            slots: self.lists.len(),
         }
     }
 }

@@ -206,8 +206,8 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         let mut moved = Vec::new();
         for victim in self.lists().filter(|l| !std::ptr::eq(*l, own)) {
             let mut st = victim.lock();
-            if st.is_uncovered() && !st.blocks.is_empty() {
-                let snapshot = st.entered();
+            if st.policy.is_uncovered() && !st.blocks.is_empty() {
+                let snapshot = st.policy.entered();
                 let blocks = std::mem::replace(&mut st.blocks, self.empty.clone());
                 st.after_take();
                 moved.push((victim, st.key(), snapshot, blocks));

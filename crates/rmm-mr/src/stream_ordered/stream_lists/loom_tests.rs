@@ -21,7 +21,7 @@ use loom::thread;
 use rmm_stream::CudaStreamView;
 use rmm_sys::fault::{self, DriverCall, Fault, FaultScope};
 
-use super::{device_synchronize, Steal, StreamKey, StreamList};
+use super::{device_synchronize, new_list, Steal, StreamKey, StreamList};
 use crate::sync::Seen;
 
 const KEY: StreamKey = StreamKey::Stream(1);
@@ -141,7 +141,7 @@ fn loom_thieves_wait_only_on_events_that_cover_the_blocks() {
             if let Some(n) = fail {
                 fault::inject(Fault::nth(DriverCall::EventRecord, n));
             }
-            let list = Arc::new(StreamList::new(Some(KEY), Blocks::default()));
+            let list = Arc::new(new_list(Some(KEY), Blocks::default()));
             let owner = {
                 let list = Arc::clone(&list);
                 thread::spawn(move || {

@@ -1,7 +1,7 @@
-//! A vector that only grows, readable without a lock: the stream lists of a stream-ordered
-//! resource live in one, so a list found once can be named by its index (a plain number a
-//! thread-local cache can keep) and borrowed for as long as the resource, with no reference
-//! count touched per operation.
+//! A vector that only grows, readable without a lock: an element found once can be named by its
+//! index or address (a plain number a thread-local cache can keep) and borrowed for as long as
+//! the vector, with no reference count touched per operation. (The stream lists of the
+//! stream-ordered core live in one.) Nothing here knows its elements.
 //!
 //! Elements live in segments of doubling size (8, 16, 32, ...), each created once and never
 //! moved, so a reference handed out stays valid while the vector lives. Pushes are serialized by
