@@ -78,7 +78,7 @@ const README: &str = include_str!("../../../README.md");
 const WORKSPACE_MANIFEST: &str = include_str!("../../../Cargo.toml");
 const PERFORMANCE: &str = include_str!("../../../docs/performance.md");
 /// The dated run the "Start here" figures quote (docs/perf-log/, a file per run).
-const PEER_RUN: &str = include_str!("../../../docs/perf-log/2026-11-27-peer-h100.md");
+const PEER_RUN: &str = include_str!("../../../docs/perf-log/2026-11-29-final-h200.md");
 
 fn page(name: &str) -> &'static str {
     PAGES
@@ -209,35 +209,36 @@ fn the_cudarc_page_names_the_pinned_version() {
 fn start_here_names_a_peer_run_that_the_perf_log_has() {
     // The "Start here" figures quote one run by its heading; the run's file must have it, and
     // performance.md's figures must be dated by the same run.
-    let heading = "# Peer table, 2026-11-27, and the targets: where issue 16 ends";
+    let heading = "## The peer comparison, full";
     assert!(
-        PEER_RUN.starts_with(heading),
-        "docs/perf-log/2026-11-27-peer-h100.md lost {heading:?}"
+        PEER_RUN.contains(heading),
+        "docs/perf-log/2026-11-29-final-h200.md lost {heading:?}"
     );
     assert!(
-        PEER_RUN.contains("| a | 5 |") && PEER_RUN.contains("| r64 | 5 |"),
-        "the perf-log file lost run 5's rows"
+        PEER_RUN.contains("| `a` | 0.084 / 0.012 / 0.006 |")
+            && PEER_RUN.contains("| `r64` | 0.42 / 0.030 / 0.015 |"),
+        "the perf-log file lost the run's rows"
     );
     assert!(
-        PERFORMANCE.contains("**Measured on 2026-11-27**")
-            && PERFORMANCE.contains("run 5, [perf-log/2026-11-27-peer-h100.md]"),
+        PERFORMANCE.contains("**Measured on 2026-11-29**")
+            && PERFORMANCE.contains("[perf-log/2026-11-29-final-h200.md]"),
         "performance.md's figures are not dated by the run Start here quotes"
     );
     for (name, text, link) in [
         (
             "README.md",
             README,
-            "(docs/perf-log/2026-11-27-peer-h100.md)",
+            "(docs/perf-log/2026-11-29-final-h200.md)",
         ),
         (
             "guide 01",
             page("01-introduction.md"),
-            "(../perf-log/2026-11-27-peer-h100.md)",
+            "(../perf-log/2026-11-29-final-h200.md)",
         ),
     ] {
         assert!(text.contains("## Start here"), "{name} has no Start here");
         assert!(
-            text.contains("\"Peer table, 2026-11-27\", run 5") && text.contains(link),
+            text.contains("\"The peer comparison, full\"") && text.contains(link),
             "{name} does not name and link the run its figures come from"
         );
     }
