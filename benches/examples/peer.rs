@@ -216,7 +216,9 @@ fn plan(args: &Args, file: &str) -> Result<ExitCode, Error> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn run(file: &str, out: &str) -> Result<ExitCode, Error> {
+/// The plan in `file` and the results file `out`, created with the two lines that say which
+/// side and device wrote it (`run` and `latency-run`).
+fn open_run(file: &str, out: &str) -> Result<(PeerPlan, BufWriter<File>), Error> {
     let plan = read_plan(BufReader::new(
         File::open(file).map_err(|e| format!("cannot open {file}: {e}"))?,
     ))
@@ -224,6 +226,11 @@ fn run(file: &str, out: &str) -> Result<ExitCode, Error> {
     let mut w = BufWriter::new(File::create(out).map_err(|e| format!("cannot create {out}: {e}"))?);
     writeln!(w, "# side: rmm-rs {}", env!("CARGO_PKG_VERSION"))?;
     writeln!(w, "# device: {}", describe_device()?)?;
+    Ok((plan, w))
+}
+
+fn run(file: &str, out: &str) -> Result<ExitCode, Error> {
+    let (plan, mut w) = open_run(file, out)?;
     writeln!(w, "{RESULTS_HEADER_LIVE}")?;
     let mut failed = 0;
     for wl in &plan.workloads {
@@ -260,13 +267,7 @@ fn run(file: &str, out: &str) -> Result<ExitCode, Error> {
 /// `peer latency-run`: each sub-allocator cell of the plan, its calls' latencies
 /// ([`rmm_benches::gpu::measure_latency`]).
 fn latency(file: &str, out: &str) -> Result<ExitCode, Error> {
-    let plan = read_plan(BufReader::new(
-        File::open(file).map_err(|e| format!("cannot open {file}: {e}"))?,
-    ))
-    .map_err(|e| format!("{file}: {e}"))?;
-    let mut w = BufWriter::new(File::create(out).map_err(|e| format!("cannot create {out}: {e}"))?);
-    writeln!(w, "# side: rmm-rs {}", env!("CARGO_PKG_VERSION"))?;
-    writeln!(w, "# device: {}", describe_device()?)?;
+    let (plan, mut w) = open_run(file, out)?;
     writeln!(
         w,
         "# an empty clock pair: {:.0} ns",

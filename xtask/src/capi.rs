@@ -65,24 +65,21 @@ pub(crate) struct Built {
 
 /// Picks the libraries of rmm-capi and the `rmm-replay` executable out of cargo's messages.
 pub(crate) fn find_built(messages: &[Value]) -> Result<Built, Error> {
-    let (mut shared, mut static_lib, mut replay) = (None, None, None);
+    let (mut shared, mut static_lib) = (None, None);
+    let replay = crate::peer::replay_executable(messages);
     for msg in messages {
         if msg.get("reason").and_then(Value::as_str) != Some("compiler-artifact") {
             continue;
         }
-        let target = msg["target"]["name"].as_str().unwrap_or_default();
-        if target == "rmm_capi" {
-            for f in msg["filenames"].as_array().into_iter().flatten() {
-                let Some(f) = f.as_str() else { continue };
-                if f.ends_with("librmm_capi.so") {
-                    shared = Some(PathBuf::from(f));
-                } else if f.ends_with("librmm_capi.a") {
-                    static_lib = Some(PathBuf::from(f));
-                }
-            }
-        } else if target == "rmm-replay" {
-            if let Some(exe) = msg["executable"].as_str() {
-                replay = Some(PathBuf::from(exe));
+        if msg["target"]["name"].as_str() != Some("rmm_capi") {
+            continue;
+        }
+        for f in msg["filenames"].as_array().into_iter().flatten() {
+            let Some(f) = f.as_str() else { continue };
+            if f.ends_with("librmm_capi.so") {
+                shared = Some(PathBuf::from(f));
+            } else if f.ends_with("librmm_capi.a") {
+                static_lib = Some(PathBuf::from(f));
             }
         }
     }
