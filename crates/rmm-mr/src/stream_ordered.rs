@@ -5,7 +5,7 @@
 pub(crate) mod core;
 pub(crate) mod event_policy;
 pub(crate) mod free_blocks;
-pub(crate) mod moves;
+pub(crate) mod patience;
 pub(crate) mod pressure;
 pub(crate) mod slot_table;
 pub(crate) mod stream_lists;

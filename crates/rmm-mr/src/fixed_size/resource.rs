@@ -683,7 +683,7 @@ mod tests {
 
     /// A grower waiting after a real miss hears of every free that leaves a fitting block:
     /// into the freeing stream's list, or into the legacy list when another thread frees a
-    /// per-thread block (`stream_ordered::moves`, "Patience after a real miss").
+    /// per-thread block (`stream_ordered::patience`).
     #[test]
     fn frees_tell_a_watching_grower_wherever_the_block_goes() {
         let pt = CudaStreamView::per_thread();
@@ -692,14 +692,14 @@ mod tests {
         let (r, _mock) = fixed(1024, 1);
         let b = r.allocate(s(), 1024, 256).unwrap();
         let a = r.allocate(pt, 1024, 256).unwrap();
-        let moves = r.inner.core.moves();
-        let watch = moves.watch(1024);
-        assert!(!moves.fit_landed());
+        let patience = r.inner.core.patience();
+        let watch = patience.watch(1024);
+        assert!(!patience.fit_landed());
         // SAFETY: `b` came from `r`, freed once.
         unsafe { r.deallocate(s(), b, 1024, 256).unwrap() };
-        assert!(moves.fit_landed(), "an ordinary free");
+        assert!(patience.fit_landed(), "an ordinary free");
         drop(watch);
-        let watch = moves.watch(1024);
+        let watch = patience.watch(1024);
         std::thread::scope(|sc| {
             // SAFETY: `a` came from `r`, freed once.
             sc.spawn(|| unsafe { r.deallocate(pt, a, 1024, 256).unwrap() });
@@ -708,7 +708,7 @@ mod tests {
             r.inner.core.list_holding(a.addr()),
             Some(crate::stream_ordered::stream_lists::StreamKey::Legacy)
         );
-        assert!(moves.fit_landed(), "a free sent to the legacy list");
+        assert!(patience.fit_landed(), "a free sent to the legacy list");
         drop(watch);
     }
 

@@ -1121,89 +1121,8 @@ mod tests {
         assert_eq!(p.outstanding_allocations(), 0);
     }
 
-    /// Blocks in transit (`stream_ordered::moves`): X merges V's list into its own, and while
-    /// V's free block is in neither list, G (under the growth lock) finds nothing that fits.
-    /// G must not grow (RMM, under one mutex, would find the block): it searches again once the
-    /// merge ended and takes the block from X's list. Owning streams, so thieves record.
-    #[test]
-    fn a_grower_waits_for_blocks_in_transit_instead_of_growing() {
-        use std::sync::mpsc;
-        use std::time::Duration;
-        const U: usize = 256;
-        const PATIENCE: Duration = Duration::from_secs(30);
-        let _sim = rmm_sys::fault::FaultScope::simulated();
-        let device = crate::SimulatedMemoryResource::new(1 << 40).unwrap();
-        let p = PoolMemoryResource::new(device.clone(), 8 * U).unwrap();
-        let owned: Vec<rmm_stream::CudaStream> = (0..4)
-            .map(|n| rmm_stream::CudaStream::simulated(0x5e01 + n))
-            .collect();
-        let [v, w, x, g] = [0, 1, 2, 3].map(|i| owned[i].view());
-        // The initial chunk [0, 8U) is cut into V's 2U, W's 1U and X's 5U; V and W free theirs.
-        let bv = p.allocate(v, 2 * U, 256).unwrap();
-        let bw = p.allocate(w, U, 256).unwrap();
-        let bx = p.allocate(x, 5 * U, 256).unwrap();
-        // SAFETY: from `p` with these sizes, freed once.
-        unsafe {
-            p.deallocate(v, bv, 2 * U, 256).unwrap();
-            p.deallocate(w, bw, U, 256).unwrap();
-        }
-        assert_eq!(p.pool_size(), 8 * U);
-        let moves = || p.inner.core.moves();
-        let (in_transit, x_in_transit) = mpsc::channel();
-        let (go, wait_go) = mpsc::channel::<()>();
-        // X, asking 3U, finds no single block: it merges V's list first and stops in transit.
-        *moves().hooks.in_transit.lock().unwrap() = Some(Box::new(move || {
-            in_transit.send(()).unwrap();
-            let _ = wait_go.recv_timeout(PATIENCE);
-        }));
-        std::thread::scope(|s| {
-            let px = p.clone();
-            let tx = s.spawn(move || {
-                let _sim = rmm_sys::fault::FaultScope::simulated();
-                px.allocate(x, 3 * U, 256).unwrap()
-            });
-            x_in_transit.recv_timeout(PATIENCE).unwrap();
-            // G, asking 2U, misses under the growth lock while V's block is in transit; it lets
-            // X go and waits until the merge ended.
-            let (ended, wait_ended) = mpsc::channel();
-            let (pg, go_g) = (p.clone(), go.clone());
-            *moves().hooks.unsettled.lock().unwrap() = Some(Box::new(move || {
-                *pg.inner.core.moves().hooks.ended.lock().unwrap() = Some(Box::new(move || {
-                    ended.send(()).unwrap();
-                }));
-                go_g.send(()).unwrap();
-                let _ = wait_ended.recv_timeout(PATIENCE);
-            }));
-            let pg = p.clone();
-            let got = s
-                .spawn(move || {
-                    let _sim = rmm_sys::fault::FaultScope::simulated();
-                    // G's wait is bounded by yields only, not by the clock: on a loaded
-                    // machine X may not run within the growth budget's milliseconds.
-                    crate::stream_ordered::moves::hooks::UNTIMED_GROWTH.set(true);
-                    pg.allocate(g, 2 * U, 256).unwrap()
-                })
-                .join()
-                .unwrap();
-            // Without the wait, G grew and X is still in transit: let it go.
-            let _ = go.send(());
-            let got_x = tx.join().unwrap();
-            // (A growth would have served G from the new chunk.)
-            assert_eq!(got, bv, "G grew while V's block was in transit");
-            // X then grew once, by RMM's rule (no list holds 3U).
-            assert_eq!(p.pool_size(), 16 * U);
-            // SAFETY: from `p` with these sizes, freed once.
-            unsafe {
-                p.deallocate(g, got, 2 * U, 256).unwrap();
-                p.deallocate(x, got_x, 3 * U, 256).unwrap();
-                p.deallocate(x, bx, 5 * U, 256).unwrap();
-            }
-        });
-        assert_eq!(p.outstanding_allocations(), 0);
-    }
-
     /// The grower's wait is bounded for the whole growth, not per search
-    /// (`stream_ordered::moves`, the budget): while it waits, frees keep coming (so it never
+    /// (`stream_ordered::patience`, the budget): while it waits, frees keep coming (so it never
     /// stops for want of any), and every 500th says it left a fitting block that the grower's
     /// next search does not find (another thread took it first). With a wait per search, every
     /// search would wait again, without end under the growth lock; with one budget per hold of
@@ -1216,13 +1135,13 @@ mod tests {
         let a = p.allocate(s(), 4096, 256).unwrap();
         let yields = Arc::new(AtomicU32::new(0));
         let (pc, y) = (p.clone(), Arc::clone(&yields));
-        *p.inner.core.moves().hooks.yielding.lock().unwrap() = Some(Box::new(move || {
+        *p.inner.core.patience().yielding.lock().unwrap() = Some(Box::new(move || {
             let n = y.fetch_add(1, Ordering::Relaxed) + 1;
-            pc.inner.core.moves().freed(|_| n % 500 == 0);
+            pc.inner.core.patience().landed(|_| n % 500 == 0);
         }));
         let b = p.allocate(s(), 4096, 256).unwrap();
         // The hook holds a handle of the pool.
-        drop(p.inner.core.moves().hooks.yielding.lock().unwrap().take());
+        drop(p.inner.core.patience().yielding.lock().unwrap().take());
         let yields = yields.load(Ordering::Relaxed);
         assert!(yields <= PATIENCE, "{yields} yields under the growth lock");
         let holds = p.growth_lock_holds();

@@ -12,7 +12,8 @@
 //! mismatches). The lists of threads that exited and of streams that were destroyed are retired
 //! (their blocks go to the legacy list or to the orphan list, behind their event or a device
 //! synchronization) and their slots reused, so the lists stay as many as the live keys. Lock order:
-//! chunk set → registry → one list → the record's inner locks; no thread holds two list locks, and
+//! chunk set → registry → list → the record's inner locks; a thief holds two list locks at once,
+//! taken in address order ([`StreamOrdered::lock_both`]), no other thread more than one, and
 //! nothing synchronizes the device while holding any of them. A failed call leaves the core as it
 //! was (but for the wholly free chunks a failing allocation gave back). The algorithm, the lists,
 //! the locks and the failure rules in full: `docs/internals/stream-ordered.md`.
@@ -35,7 +36,7 @@ use rmm_sys::{checked_align_up, DeviceId, DevicePtr, ALLOCATION_ALIGNMENT};
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
 pub(crate) use crate::stream_ordered::free_blocks::{Expand, FreeBlocks};
-use crate::stream_ordered::moves::{InFlight, MoveGuard, Moves};
+use crate::stream_ordered::patience::{InFlight, Patience};
 pub(crate) use crate::stream_ordered::pressure::GrowthCause;
 pub use crate::stream_ordered::slot_table::StreamLists;
 use crate::stream_ordered::slot_table::{deaths, Registry};
@@ -123,9 +124,9 @@ pub(crate) struct StreamOrdered<L: FreeBlocks> {
     /// synchronization).
     device: Option<DeviceId>,
     in_flight: InFlight,
-    /// The merges made outside the growth lock, counted so that a grower does not miss their
-    /// blocks in transit (see [`moves`](crate::stream_ordered::moves)).
-    moves: Moves,
+    /// What a grower waits for: blocks that land while it searches (see
+    /// [`patience`](crate::stream_ordered::patience)).
+    patience: Patience,
     /// How long growers held the growth lock (benchmarks and tests).
     #[cfg(any(test, feature = "testing"))]
     holds: crate::testing::growth_lock::HoldRecorder,
@@ -154,7 +155,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             used: AtomicBool::new(false),
             device: rmm_sys::current_device().ok(),
             in_flight: InFlight::default(),
-            moves: Moves::new(),
+            patience: Patience::new(),
             #[cfg(any(test, feature = "testing"))]
             holds: crate::testing::growth_lock::HoldRecorder::new(),
             release_limit: None,
@@ -296,11 +297,45 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         }
     }
 
-    /// Puts `blocks` (safe for `stream` now) into `own`, `key`'s list, as entering on `stream`,
-    /// and takes `size` bytes from it (`None`: takes nothing); a merge in `transit` then says
-    /// whether the list fits the searching grower. If `own` was retired meanwhile, the block
-    /// comes from `blocks` and the rest goes to the orphan list. On error (an
-    /// inconsistency) the blocks `own` refused come back.
+    /// Locks `own` and `victim`, two different lists, in address order: a thief moves blocks
+    /// between them holding both, so that no block is ever in no list while it moves (see
+    /// [`patience`](crate::stream_ordered::patience)). The only place a thread holds two list
+    /// locks. Returns `(own, victim)`.
+    pub(super) fn lock_both<'a>(
+        own: &'a StreamList<L>,
+        victim: &'a StreamList<L>,
+    ) -> (ListGuard<'a, L>, ListGuard<'a, L>) {
+        if std::ptr::from_ref(own) < std::ptr::from_ref(victim) {
+            let own = own.lock();
+            (own, victim.lock())
+        } else {
+            let victim = victim.lock();
+            (own.lock(), victim)
+        }
+    }
+
+    /// Puts `blocks` (safe for `stream` now) into `mine`, the caller's list, locked, as
+    /// entering on `stream`, takes `size` bytes from it (`None`: takes nothing) and tells a
+    /// searching grower whether the list now fits it. On error (an inconsistency) the blocks
+    /// the list refused stay in `blocks`.
+    pub(super) fn receive(
+        &self,
+        mine: &mut ListGuard<'_, L>,
+        stream: CudaStreamView<'_>,
+        blocks: &mut L,
+        size: Option<usize>,
+    ) -> Result<Option<(u64, L::Tag)>, String> {
+        mine.publish(stream, self.is_eager());
+        mine.blocks.absorb(blocks)?;
+        let block = size.and_then(|size| mine.blocks.take(size));
+        self.patience.landed(|wanted| mine.blocks.fits(wanted));
+        Ok(block)
+    }
+
+    /// Puts `blocks` (safe for `stream` now, held in no list) into `own`, `key`'s list, and
+    /// takes `size` bytes from it (see [`receive`](Self::receive)). If `own` was retired
+    /// meanwhile, the block comes from `blocks` and the rest goes to the orphan list. On error
+    /// (an inconsistency) the blocks `own` refused come back.
     #[allow(clippy::type_complexity)]
     fn deposit(
         &self,
@@ -309,19 +344,12 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         stream: CudaStreamView<'_>,
         mut blocks: L,
         size: Option<usize>,
-        transit: Option<&mut MoveGuard<'_>>,
     ) -> Result<Option<(u64, L::Tag)>, (L, String)> {
         let mut st = own.lock();
         if st.key() == Some(key) {
-            st.publish(stream, self.is_eager());
-            if let Err(e) = st.blocks.absorb(&mut blocks) {
-                return Err((blocks, e));
-            }
-            let block = size.and_then(|size| st.blocks.take(size));
-            if let Some(transit) = transit {
-                transit.landed(|wanted| st.blocks.fits(wanted));
-            }
-            return Ok(block);
+            return self
+                .receive(&mut st, stream, &mut blocks, size)
+                .map_err(|e| (blocks, e));
         }
         drop(st);
         let block = size.and_then(|size| blocks.take(size));
@@ -363,7 +391,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         }
         // Under the same lock: no thief sees the block before the event covers it.
         st.publish(stream, self.is_eager());
-        self.moves.freed(|wanted| st.blocks.fits(wanted));
+        self.patience.landed(|wanted| st.blocks.fits(wanted));
         Ok(())
     }
 
@@ -398,7 +426,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             return Err(kept_allocated(&mut st.blocks, ptr, size, tag, origin, &e));
         }
         st.publish(CudaStreamView::legacy(), self.is_eager());
-        self.moves.freed(|wanted| st.blocks.fits(wanted));
+        self.patience.landed(|wanted| st.blocks.fits(wanted));
         Ok(())
     }
 

@@ -1,7 +1,7 @@
 //! The tuning knobs of the stream-ordered core, in one place, each with the measurement that
 //! chose it (or the plain statement that none did). Four: the grower's patience, the one wall
 //! time any thread waits for another, the recording run, the thief's share. The protocols they
-//! tune: `docs/internals/stream-ordered.md` ("Blocks in transit" for the grower's waits, "The
+//! tune: `docs/internals/stream-ordered.md` ("The grower's patience" for its waits, "The
 //! lazy event rule as a state machine" for the events, "Algorithm" for stealing); the table of
 //! the knobs with the runs behind each figure: same page, "Tuning knobs".
 //!
@@ -13,10 +13,9 @@
 
 use std::time::Duration;
 
-/// The grower's wait budget (`moves.rs`): the most steps a grower takes while it holds the
-/// growth lock for one growth, every wait of it together: a yield waiting for the merges of its
-/// epoch to land, a yield waiting for a fitting free after a real miss, and a search again
-/// after a fitting block landed are one step each; past it the grower grows. Growing doubles
+/// The grower's wait budget (`patience.rs`): the most steps a grower takes while it holds the
+/// growth lock for one growth, every wait of it together: a yield waiting for a fitting block
+/// to land after a miss and a search again after one landed are one step each; past it the grower grows. Growing doubles
 /// the pool, and at 16 threads other threads' frees often leave a fitting block within a
 /// millisecond. Measured as the patience of one search with 0, 64, 256, 1024 and 4096 (H100,
 /// 5-16 runs each): 1024 kept the pool on `a` at 16 threads at RMM's 54824 MiB in 10 of 10

@@ -1,9 +1,9 @@
 //! Growing: an allocation that found no block anywhere takes the growth lock, searches again
-//! (waiting, within one budget, for blocks in transit and for frees: `moves`), and asks its
+//! (waiting, within one budget, for blocks to land: `patience`), and asks its
 //! resource for a chunk ([`StreamOrdered::allocate_slow`]); and the way back: the wholly free
 //! chunks go back to the upstream ([`StreamOrdered::release_unused`], and every chunk at the
 //! drop, [`StreamOrdered::release_all`]). The rules: `docs/internals/stream-ordered.md`,
-//! "Algorithm" and "Blocks in transit".
+//! "Algorithm" and "The grower's patience".
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -18,7 +18,7 @@ use super::StreamOrdered;
 use crate::error::{MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
 use crate::stream_ordered::free_blocks::{Expand, FreeBlocks};
-use crate::stream_ordered::moves::{Budget, Settled};
+use crate::stream_ordered::patience::{Budget, Settled};
 use crate::stream_ordered::pressure::{GrowthCause, PressureScope};
 use crate::stream_ordered::stream_lists::{device_synchronize, StreamKey, StreamList};
 
@@ -73,16 +73,16 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             // and so never races here). Nothing synchronizes the device under this lock.
             let mut chunks = self.lock_growth();
             let withheld = loop {
-                let watch = self.moves.watch(size);
+                let watch = self.patience.watch(size);
                 if let Some(block) = self.take_own(own, key, size) {
                     return Ok(block);
                 }
                 match self.take_from_others(own, key, stream, size, false)? {
                     Search::Taken(block) => return Ok(block),
-                    // Grow only once no merge outside this lock hid a fitting block from the
-                    // search (in transit, or moved behind it), and, after such a real miss, no
-                    // free left one within the grower's patience; every wait and every search
-                    // again comes out of the one budget of this hold of the lock; see `moves`.
+                    // Grow only once no block that landed since the watch (a free, or a merge
+                    // from a list not yet searched into one searched) left a fitting one, and
+                    // none did within the grower's patience; every wait and every search again
+                    // comes out of the one budget of this hold of the lock; see `patience`.
                     Search::Missed { withheld } => {
                         if watch.settle(&mut chunks.budget) != Settled::SearchAgain {
                             break withheld;
@@ -333,7 +333,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     }
 
     /// Takes the growth lock for a growth: the chunk set, with the budget of the grower's waits
-    /// counted from now (see [`moves`](crate::stream_ordered::moves)).
+    /// counted from now (see [`patience`](crate::stream_ordered::patience)).
     fn lock_growth(&self) -> GrowthHold<'_> {
         let chunks = self.lock_chunks();
         let locked = Instant::now();

@@ -36,12 +36,15 @@ pub(super) fn settle(r: MrResult<()>) -> MrResult<()> {
 impl<L: FreeBlocks> StreamOrdered<L> {
     /// Steals one fitting block from another stream's list (the remainder stays there), else
     /// merges other lists into `own` until one fits; the stream waits on each victim's event.
-    /// A victim that needs a device synchronization is skipped unless `may_sync`; then the
-    /// blocks are taken out under its lock and the device is synchronized with no lock held.
-    /// When nothing is taken, says whether a fitting block was withheld for want of an event
-    /// (the growth that follows is then [`GrowthCause::Pressure`]). `may_sync` is true exactly
-    /// outside the growth lock, where the merges that need no synchronization are counted in
-    /// [`Moves`] while their blocks are in transit.
+    /// Blocks move from the victim's list to `own` under both locks ([`Self::lock_both`]). A
+    /// victim that needs a device synchronization is skipped unless `may_sync` (false under
+    /// the growth lock); then the blocks are taken out under its lock and the device is
+    /// synchronized with no lock held. When nothing is taken, says whether a fitting block was
+    /// withheld for want of an event (the growth that follows is then
+    /// [`GrowthCause::Pressure`]). While `own` is retired (its stream was destroyed
+    /// meanwhile), a steal takes no share and nothing is merged into it.
+    ///
+    /// [`GrowthCause::Pressure`]: crate::stream_ordered::pressure::GrowthCause::Pressure
     pub(super) fn take_from_others(
         &self,
         own: &StreamList<L>,
@@ -54,7 +57,11 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         let mut withheld = false;
         // Steal one block; the remainder stays with its stream.
         for victim in &others {
-            let mut st = victim.lock();
+            // A look under the victim's lock alone first: most lists cannot serve.
+            if !victim.lock().blocks.fits(size) {
+                continue;
+            }
+            let (mut mine, mut st) = Self::lock_both(own, victim);
             // Nothing is taken before the stream waits, so a failed wait takes nothing.
             if !st.blocks.fits(size) {
                 continue;
@@ -68,29 +75,21 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                         continue;
                     };
                     let mut share = self.empty.clone();
-                    st.blocks.share_with_thief(size, &mut share);
+                    if mine.key() == Some(key) {
+                        st.blocks.share_with_thief(size, &mut share);
+                    }
                     st.after_take();
-                    if share.is_empty() {
-                        return Ok(Search::Taken(block));
+                    if !share.is_empty() {
+                        if let Err(e) = self.receive(&mut mine, stream, &mut share, None) {
+                            log::error!("rmm: inconsistent free lists after a steal: {e}");
+                            drop((mine, st));
+                            self.to_orphan(share);
+                        }
                     }
-                    // As a merge: outside the growth lock a grower must not miss the share
-                    // while it is in no list.
-                    let mut transit = may_sync.then(|| self.moves.begin());
-                    let victim_key = st.key();
-                    drop(st);
-                    if transit.is_some() {
-                        self.moves.in_transit_point();
-                    }
-                    if let Err((rest, e)) =
-                        self.deposit(own, key, stream, share, None, transit.as_mut())
-                    {
-                        log::error!("rmm: inconsistent free lists after a steal: {e}");
-                        self.give_back(victim, victim_key, rest);
-                    }
-                    drop(transit);
                     return Ok(Search::Taken(block));
                 }
                 Steal::AfterSync(snapshot) => {
+                    drop(mine);
                     let victim_key = st.key();
                     let Some(block) = st.blocks.take(size) else {
                         continue;
@@ -116,37 +115,46 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         }
         // Merge whole lists into this one, retrying after each.
         for victim in &others {
-            let (moved, victim_key, sync, mut transit) = {
-                let mut st = victim.lock();
-                if st.blocks.is_empty() {
-                    continue;
-                }
-                let sync = match st.prepare_steal(stream, may_sync)? {
-                    Steal::NotNow => continue,
-                    Steal::Now => None,
-                    Steal::AfterSync(snapshot) => Some(snapshot),
-                };
-                // Outside the growth lock, a grower must not miss these blocks while they are
-                // in no list (until `deposit` below). A merge behind a synchronization
-                // is not counted: no grower waits for another thread's synchronization.
-                let transit = (may_sync && sync.is_none()).then(|| self.moves.begin());
-                let moved = std::mem::replace(&mut st.blocks, self.empty.clone());
-                st.after_take();
-                (moved, st.key(), sync, transit)
+            if victim.lock().blocks.is_empty() {
+                continue;
+            }
+            let (mut mine, mut st) = Self::lock_both(own, victim);
+            if st.blocks.is_empty() || mine.key() != Some(key) {
+                continue;
+            }
+            let snapshot = match st.prepare_steal(stream, may_sync)? {
+                Steal::NotNow => continue,
+                Steal::Now => None,
+                Steal::AfterSync(snapshot) => Some(snapshot),
             };
-            // `transit` lives to the end of this iteration, after the deposit.
-            if transit.is_some() {
-                self.moves.in_transit_point();
-            }
-            let _busy = sync.map(|_| self.in_flight.begin());
-            if let Some(snapshot) = sync {
-                if let Err(e) = self.synchronize_device() {
-                    self.give_back(victim, victim_key, moved);
-                    return Err(e);
+            let mut moved = std::mem::replace(&mut st.blocks, self.empty.clone());
+            st.after_take();
+            let Some(snapshot) = snapshot else {
+                match self.receive(&mut mine, stream, &mut moved, Some(size)) {
+                    Ok(Some(block)) => return Ok(Search::Taken(block)),
+                    Ok(None) => continue,
+                    Err(e) => {
+                        // Back where they were, under the same lock: nothing changed.
+                        if let Err(back) = st.blocks.absorb(&mut moved) {
+                            log::error!("rmm: free blocks lost while merging: {back}");
+                        }
+                        return Err(MrError::bad_alloc(format!(
+                            "inconsistent free lists while merging: {e}"
+                        )));
+                    }
                 }
-                victim.lock().synchronized_since(snapshot);
+            };
+            // Behind a synchronization: out of every list until the device is done (counted
+            // in `in_flight`), no lock held.
+            let victim_key = st.key();
+            drop((mine, st));
+            let _busy = self.in_flight.begin();
+            if let Err(e) = self.synchronize_device() {
+                self.give_back(victim, victim_key, moved);
+                return Err(e);
             }
-            match self.deposit(own, key, stream, moved, Some(size), transit.as_mut()) {
+            victim.lock().synchronized_since(snapshot);
+            match self.deposit(own, key, stream, moved, Some(size)) {
                 Ok(Some(block)) => return Ok(Search::Taken(block)),
                 Ok(None) => {}
                 Err((rest, e)) => {
@@ -235,7 +243,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 rejected.push((victim, victim_key, blocks));
             }
         }
-        let block = match self.deposit(own, key, stream, all, Some(size), None) {
+        let block = match self.deposit(own, key, stream, all, Some(size)) {
             Ok(block) => block,
             Err((rest, e)) => {
                 log::error!("rmm: inconsistent free lists while reclaiming: {e}");

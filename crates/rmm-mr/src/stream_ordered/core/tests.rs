@@ -14,7 +14,7 @@ use rmm_sys::DevicePtr;
 use super::{FreeBlocks, Origin, StreamKey, StreamOrdered};
 use crate::error::{InvalidFree, MrError, MrResult};
 use crate::resource::DeviceMemoryResource;
-use crate::stream_ordered::moves::Moves;
+use crate::stream_ordered::patience::Patience;
 use crate::testing::HostMockResource;
 
 /// Everything a core keeps, for tests that check a failed call changed nothing.
@@ -82,9 +82,9 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         self.lists.len()
     }
 
-    /// The merges in transit (tests set its hooks).
-    pub(crate) fn moves(&self) -> &Moves {
-        &self.moves
+    /// The grower's patience (tests set its hook).
+    pub(crate) fn patience(&self) -> &Patience {
+        &self.patience
     }
 
     /// Everything the core keeps (tests).

@@ -1,83 +1,70 @@
-//! Loom models of the grower's wait for blocks in transit (`cargo xtask loom`): a merger moves
-//! the free blocks of list `b` into list `a`, counted by [`Moves`], while a grower searches `a`
-//! and then `b` (the order in which a merge can hide blocks from it) and, after a miss,
-//! settles. On every interleaving: a grower that missed a fitting block is sent back and then
-//! finds it, and one whose miss was real is told to grow; the wait never runs out (the merger
-//! holds nothing the grower waits on). In the first model the grower first settles a request
-//! nothing fits, so that the merge may begin across the end of an epoch (`Moves::begin`'s
-//! second look at the epoch: without it the merge is counted in an epoch nobody waits for;
-//! that race needs four preemptions, so this model runs with at least that bound). The last
-//! three models check the patience after a real miss with the frees that report to it, and
-//! the growth's budget that bounds every wait.
+//! Loom models of the grower's patience (`cargo xtask loom`). The first two: a thief merges
+//! the free blocks of list `b` into list `a` holding both locks, as the core's thieves do,
+//! while a grower searches `a` and then `b` (the order in which a merge can hide blocks from
+//! it) and, after a miss, settles. On every interleaving: a grower that missed a fitting block
+//! is sent back and then finds it, and one whose miss was real is told to grow. The last three
+//! check the wait after a real miss with the frees that report to it, and the growth's budget
+//! that bounds every wait.
 
 use loom::sync::{Arc, Mutex};
 use loom::thread;
 
-use super::{Budget, Moves, Settled};
+use super::{Budget, Patience, Settled};
 use crate::sync::Seen;
-
-/// Enough yields for the merger's few steps: the model fails if the wait runs out.
-const SPINS: u32 = 64;
 
 /// Whether `list` holds a block of at least `size` bytes.
 fn fits(list: &[usize], size: usize) -> bool {
     list.iter().any(|&b| b >= size)
 }
 
-/// One interleaving: one free block of `block` bytes in `b`, a grower asking for each of
-/// `requests` in turn; returns, per request and search, whether it found a block or what it
-/// settled on.
-fn run(block: usize, requests: &'static [usize]) -> Vec<Vec<Result<(), Settled>>> {
-    let moves = Arc::new(Moves::new());
+/// One interleaving: one free block of `block` bytes in `b`, merged into `a` by a thief, and a
+/// grower asking `wanted` bytes; returns the grower's searches: whether each found a block or
+/// what it settled on.
+fn merge_while_searching(block: usize, wanted: usize) -> Vec<Result<(), Settled>> {
+    let patience = Arc::new(Patience::new());
     let a = Arc::new(Mutex::new(Vec::new()));
     let b = Arc::new(Mutex::new(vec![block]));
-    let merger = {
-        let (moves, a, b) = (Arc::clone(&moves), Arc::clone(&a), Arc::clone(&b));
+    let thief = {
+        let (patience, a, b) = (Arc::clone(&patience), Arc::clone(&a), Arc::clone(&b));
         thread::spawn(move || {
-            let mut transit = moves.begin();
-            let blocks = std::mem::take(&mut *b.lock().unwrap());
+            // Both locks, in one order (the core's: by address).
             let mut a = a.lock().unwrap();
-            a.extend(blocks);
-            transit.landed(|wanted| fits(&a, wanted));
-            drop(a);
-            drop(transit);
+            let mut b = b.lock().unwrap();
+            a.append(&mut b);
+            patience.landed(|wanted| fits(&a, wanted));
         })
     };
-    let mut outcomes = Vec::new();
-    for &wanted in requests {
-        let mut searches = Vec::new();
-        for _ in 0..3 {
-            let watch = moves.watch(wanted);
-            if fits(&a.lock().unwrap(), wanted) || fits(&b.lock().unwrap(), wanted) {
-                searches.push(Ok(()));
-                break;
-            }
-            let settled = watch.settle_within(&mut Budget::yields(SPINS));
-            searches.push(Err(settled));
-            if settled != Settled::SearchAgain {
-                break;
-            }
+    let mut searches = Vec::new();
+    let mut budget = Budget::new(ENOUGH, None);
+    for _ in 0..3 {
+        let watch = patience.watch(wanted);
+        // One list at a time: `a`'s lock is let go before `b`'s is taken.
+        let in_a = fits(&a.lock().unwrap(), wanted);
+        if in_a || fits(&b.lock().unwrap(), wanted) {
+            searches.push(Ok(()));
+            break;
         }
-        outcomes.push(searches);
+        let settled = watch.settle_with(&mut budget, 2);
+        searches.push(Err(settled));
+        if settled != Settled::SearchAgain {
+            break;
+        }
     }
-    merger.join().unwrap();
-    outcomes
+    thief.join().unwrap();
+    searches
 }
 
 #[test]
 fn loom_a_grower_finds_the_block_a_merge_hid() {
-    static SEEN: Seen<2> = Seen::new(["found at once", "missed in transit, sent back, found"]);
-    // Four preemptions: the merger stops after reading the epoch, the grower settles the first
-    // request and searches `a`, the merger takes `b`'s blocks, the grower searches `b`.
-    crate::sync::model_preempting("loom_a_grower_finds_the_block_a_merge_hid", 4, || {
-        let outcomes = run(8, &[16, 8]);
-        assert_eq!(outcomes[0], [Err(Settled::Grow)], "nothing fits 16");
-        match outcomes[1].as_slice() {
+    static SEEN: Seen<2> = Seen::new(["found at once", "missed behind a merge, sent back, found"]);
+    crate::sync::model(
+        "loom_a_grower_finds_the_block_a_merge_hid",
+        || match merge_while_searching(8, 8).as_slice() {
             [Ok(())] => SEEN.saw(0),
             [Err(Settled::SearchAgain), Ok(())] => SEEN.saw(1),
             other => panic!("the grower's searches: {other:?}"),
-        }
-    });
+        },
+    );
     SEEN.check();
 }
 
@@ -87,15 +74,15 @@ fn loom_a_grower_is_not_sent_back_for_blocks_that_do_not_fit() {
         "loom_a_grower_is_not_sent_back_for_blocks_that_do_not_fit",
         || {
             assert_eq!(
-                run(4, &[8]),
-                [[Err(Settled::Grow)]],
+                merge_while_searching(4, 8),
+                [Err(Settled::Grow)],
                 "the grower's searches"
             );
         },
     );
 }
 
-/// The patience protocol with the frees that report to it (`Moves::freed`, `Watch::settle`'s
+/// The patience protocol with the frees that report to it (`Patience::landed`, `Watch::settle`'s
 /// wait for a fit, the growth's [`Budget`]): a grower announces `wanted` bytes, searches list
 /// `a` (empty at first) and, after each miss, settles with what is left of one budget of
 /// `budget` steps and its idle rule `idle`, searching again at most twice; a freeing thread puts `blocks` into `a` one by one, each under `a`'s lock and
@@ -107,23 +94,23 @@ fn wait_for_frees(
     budget: u32,
     idle: u32,
 ) -> (Vec<Result<(), Settled>>, Budget) {
-    let moves = Arc::new(Moves::new());
+    let patience = Arc::new(Patience::new());
     let a = Arc::new(Mutex::new(Vec::new()));
     let freer = {
-        let (moves, a) = (Arc::clone(&moves), Arc::clone(&a));
+        let (patience, a) = (Arc::clone(&patience), Arc::clone(&a));
         thread::spawn(move || {
             for &block in blocks {
                 let mut list = a.lock().unwrap();
                 list.push(block);
-                moves.freed(|wanted| fits(&list, wanted));
+                patience.landed(|wanted| fits(&list, wanted));
             }
         })
     };
     let grower = thread::spawn(move || {
-        let mut left = Budget::yields(budget);
+        let mut left = Budget::new(budget, None);
         let mut searches = Vec::new();
         for _ in 0..3 {
-            let watch = moves.watch(wanted);
+            let watch = patience.watch(wanted);
             if fits(&a.lock().unwrap(), wanted) {
                 searches.push(Ok(()));
                 break;
