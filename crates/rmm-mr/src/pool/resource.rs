@@ -272,7 +272,7 @@ impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
     }
 
     /// How long growers held this resource's growth lock so far (each hold: the search, the
-    /// waits for blocks in transit and for frees, the upstream call). With the `testing`
+    /// waits for frees and merges to land, the upstream call). With the `testing`
     /// feature only; `gpu_alloc` prints it.
     #[cfg(any(test, feature = "testing"))]
     #[must_use]

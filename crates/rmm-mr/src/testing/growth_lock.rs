@@ -1,6 +1,6 @@
 //! How long growers held a stream-ordered resource's growth lock (the pool, the fixed-size
 //! resource, the VMM pool): each hold, from the lock's acquisition to its release (the search,
-//! the waits for blocks in transit and for frees, the upstream call), goes into a lock-free
+//! the waits for frees and merges to land, the upstream call), goes into a lock-free
 //! record per resource, a maximum and a log-linear histogram. Only with the `testing` feature:
 //! `gpu_alloc` prints it; a build without the feature records nothing.
 
@@ -87,9 +87,9 @@ impl HoldRecorder {
 
 /// How long growers held a resource's growth lock: the number of holds, their quantiles (read
 /// from a log-linear histogram, to within 1/8 of the value, never above the maximum), the
-/// longest exactly, the most yields a grower made in one hold waiting for blocks in transit or
-/// for frees, and how many holds ended their wait because its budget ran out (see
-/// `docs/internals/stream-ordered.md`, "Blocks in transit").
+/// longest exactly, the most yields a grower made in one hold waiting for frees and merges to
+/// land, and how many holds ended their wait because its budget ran out (see
+/// `docs/internals/stream-ordered.md`, "The grower's patience").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GrowthLockHolds {
     counts: Vec<u64>,
