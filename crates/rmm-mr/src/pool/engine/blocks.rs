@@ -43,7 +43,7 @@ impl ChunkLayout for Separate {
     const HEADS: bool = true;
 
     fn remove_chunk(&self, free: &mut BoundaryFreeList, addr: u64, size: usize) -> bool {
-        free.remove_chunk(addr, size)
+        free.remove_range(addr, size, true)
     }
 
     fn extendable_tail(&self, _free: &BoundaryFreeList) -> Option<usize> {
@@ -70,7 +70,7 @@ impl ChunkLayout for Contiguous {
     const HEADS: bool = false;
 
     fn remove_chunk(&self, free: &mut BoundaryFreeList, addr: u64, size: usize) -> bool {
-        free.remove_range(addr, size)
+        free.remove_range(addr, size, false)
     }
 
     fn extendable_tail(&self, free: &BoundaryFreeList) -> Option<usize> {

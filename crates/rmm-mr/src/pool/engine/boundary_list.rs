@@ -201,11 +201,6 @@ impl StartIndex {
             }
         }
     }
-
-    /// The slot of every block.
-    fn values(&self) -> impl Iterator<Item = NodeId> + '_ {
-        self.table.values()
-    }
 }
 
 /// Free blocks of one pool stream list, coalesced on insert, handed out best fit; O(1)
@@ -249,6 +244,7 @@ impl BoundaryFreeList {
     pub(crate) fn blocks(&self) -> Vec<Block> {
         let mut out: Vec<Block> = self
             .by_start
+            .table
             .values()
             .map(|n| self.node(n).block())
             .collect();
@@ -256,19 +252,19 @@ impl BoundaryFreeList {
         out
     }
 
-    /// The free block that starts exactly at `addr`, if any.
-    pub(crate) fn block_at(&self, addr: u64) -> Option<Block> {
-        self.by_start
-            .get(addr, &self.nodes)
-            .map(|n| self.node(n).block())
-    }
-
     /// Whether `addr` lies inside a free block (a scan: the classification of a rejected free).
     pub(crate) fn holds(&self, addr: u64) -> bool {
-        self.by_start.values().any(|n| {
-            let node = self.node(n);
-            node.addr <= addr && addr < node.end
-        })
+        addr.checked_add(1)
+            .is_some_and(|end| self.holding(addr, end).is_some())
+    }
+
+    /// The free block that holds all of `[addr, end)`, if any (a scan: cold paths).
+    fn holding(&self, addr: u64, end: u64) -> Option<Block> {
+        self.by_start
+            .table
+            .values()
+            .map(|n| self.node(n).block())
+            .find(|b| b.addr <= addr && end <= b.end())
     }
 
     /// Returns `block` to the list, merging it with the free block that ends at `block.addr`
@@ -283,7 +279,11 @@ impl BoundaryFreeList {
     /// The list is unchanged on error.
     #[inline(always)]
     pub(crate) fn insert(&mut self, block: Block) -> Result<(), FreeListError> {
-        self.insert_block::<true>(block)
+        let end = end_of(block)?;
+        if let Some(existing) = self.same_edge(block.addr, end) {
+            return Err(FreeListError::Overlap { block, existing });
+        }
+        self.insert_released(block)
     }
 
     /// [`insert`](Self::insert) of a block its caller knows overlaps no free block (the pool's
@@ -294,33 +294,17 @@ impl BoundaryFreeList {
     ///
     /// # Errors
     ///
-    /// As [`insert`](Self::insert), but never [`FreeListError::Overlap`] in release builds.
+    /// As [`insert`](Self::insert), but never [`FreeListError::Overlap`].
     #[inline(always)]
     pub(crate) fn insert_released(&mut self, block: Block) -> Result<(), FreeListError> {
-        self.insert_block::<false>(block)
-    }
-
-    /// [`insert`](Self::insert), with the same-edge check when `CHECKED` (always in debug
-    /// builds, where a failed check panics when not `CHECKED`).
-    #[inline(always)]
-    fn insert_block<const CHECKED: bool>(&mut self, block: Block) -> Result<(), FreeListError> {
-        if block.size == 0 {
-            return Err(FreeListError::ZeroSize { addr: block.addr });
-        }
-        let Some(end) = block.checked_end() else {
-            return Err(FreeListError::AddressOverflow { block });
-        };
+        let end = end_of(block)?;
         let prev = self.by_end.get(block.addr);
         let next = self.by_start.get(end, &self.nodes);
-        if CHECKED || cfg!(debug_assertions) {
-            if let Some(existing) = self.same_edge(block.addr, end) {
-                assert!(
-                    CHECKED,
-                    "released block {block:?} shares an edge with free block {existing:?}"
-                );
-                return Err(FreeListError::Overlap { block, existing });
-            }
-        }
+        debug_assert_eq!(
+            self.same_edge(block.addr, end),
+            None,
+            "released block {block:?} shares an edge with free block"
+        );
         let merge_prev = prev.filter(|_| !block.is_head);
         let merge_next = next.filter(|&n| !self.node(n).is_head);
         match (merge_prev, merge_next) {
@@ -407,18 +391,6 @@ impl BoundaryFreeList {
         Some(Block::new(addr, size, node.is_head))
     }
 
-    /// If one free block is exactly `[addr, addr + size)`, removes it and returns `true`;
-    /// otherwise changes nothing and returns `false`.
-    pub(crate) fn remove_chunk(&mut self, addr: u64, size: usize) -> bool {
-        match self.block_at(addr) {
-            Some(block) if block.size == size => {
-                self.remove_exact(block);
-                true
-            }
-            _ => false,
-        }
-    }
-
     /// The free block that ends exactly at `end`, if any (the VMM pool's free tail).
     pub(crate) fn block_ending_at(&self, end: u64) -> Option<Block> {
         self.by_end.get(end).map(|n| self.node(n).block())
@@ -426,18 +398,23 @@ impl BoundaryFreeList {
 
     /// If `[addr, addr + size)` lies wholly inside one free block, removes that range (the
     /// parts of the block before and after it stay free; the part before keeps the head flag)
-    /// and returns `true`; otherwise changes nothing and returns `false`. A scan: the VMM
-    /// pool's release of a chunk that may be part of a larger free block (a cold path).
-    pub(crate) fn remove_range(&mut self, addr: u64, size: usize) -> bool {
+    /// and returns `true`; otherwise changes nothing and returns `false`. With `exact`, only a
+    /// free block that is exactly the range counts (one lookup: the pool's chunks start with a
+    /// head, so a wholly free chunk is one block); without, the list is scanned (the VMM pool's
+    /// release of a chunk that may be part of a larger free block, a cold path).
+    pub(crate) fn remove_range(&mut self, addr: u64, size: usize, exact: bool) -> bool {
         let Some(end) = addr.checked_add(size as u64).filter(|_| size > 0) else {
             return false;
         };
-        let Some(block) = self
-            .by_start
-            .values()
-            .map(|n| self.node(n).block())
-            .find(|b| b.addr <= addr && end <= b.end())
-        else {
+        let found = if exact {
+            self.by_start
+                .get(addr, &self.nodes)
+                .map(|n| self.node(n).block())
+                .filter(|b| b.end() == end)
+        } else {
+            self.holding(addr, end)
+        };
+        let Some(block) = found else {
             return false;
         };
         self.remove_exact(block);
@@ -518,6 +495,17 @@ impl BoundaryFreeList {
     }
 }
 
+/// `block`'s end, or why a list refuses it whatever it holds.
+#[inline(always)]
+fn end_of(block: Block) -> Result<u64, FreeListError> {
+    if block.size == 0 {
+        return Err(FreeListError::ZeroSize { addr: block.addr });
+    }
+    block
+        .checked_end()
+        .ok_or(FreeListError::AddressOverflow { block })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -529,6 +517,13 @@ mod tests {
         /// Total free bytes.
         pub(crate) fn total_bytes(&self) -> usize {
             self.total
+        }
+
+        /// The free block that starts exactly at `addr`, if any.
+        fn block_at(&self, addr: u64) -> Option<Block> {
+            self.by_start
+                .get(addr, &self.nodes)
+                .map(|n| self.node(n).block())
         }
 
         /// Checks that the two tables, the size index, the slab, the count and the total describe
@@ -602,15 +597,15 @@ mod tests {
         assert_eq!(l.block_ending_at(4096), Some(Block::new(0, 4096, true)));
         assert_eq!(l.block_ending_at(4095), None);
         // Not wholly inside one free block: nothing changes.
-        assert!(!l.remove_range(3072, 2048));
-        assert!(!l.remove_range(5000, 256));
-        assert!(!l.remove_range(0, 0));
-        assert!(l.remove_range(1024, 2048));
+        assert!(!l.remove_range(3072, 2048, false));
+        assert!(!l.remove_range(5000, 256, false));
+        assert!(!l.remove_range(0, 0, false));
+        assert!(l.remove_range(1024, 2048, false));
         assert_eq!(
             blocks(&l),
             vec![(0, 1024, true), (3072, 1024, false), (8192, 1024, false)]
         );
-        assert!(l.remove_range(8192, 1024));
+        assert!(l.remove_range(8192, 1024, false));
         assert_eq!(l.total_bytes(), 2048);
         l.assert_consistent();
     }
@@ -682,8 +677,8 @@ mod tests {
         assert_eq!(l.allocate(0), None);
         assert_eq!(l.largest(), Some(Block::new(12288, 2048, true)));
         assert!(l.holds(12288 + 2047) && !l.holds(12288 + 2048) && !l.holds(4096));
-        assert!(!l.remove_chunk(0, 512));
-        assert!(l.remove_chunk(0, 1024));
+        assert!(!l.remove_range(0, 512, true));
+        assert!(l.remove_range(0, 1024, true));
         assert_eq!(l.total_bytes(), 256 + 2048);
         l.assert_consistent();
     }
@@ -814,7 +809,7 @@ mod tests {
                         for (addr, size) in chunks.drain(..) {
                             let mut removed = false;
                             for s in 0..2 {
-                                let r = fast[s].remove_chunk(addr, size);
+                                let r = fast[s].remove_range(addr, size, true);
                                 prop_assert_eq!(r, model[s].remove_chunk(addr, size));
                                 removed |= r;
                             }
