@@ -7,7 +7,7 @@ use rmm_stream::CudaStreamView;
 use rmm_sys::{DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{MrError, MrResult};
-use crate::pool::engine::{Growth, Pool, Separate};
+use crate::pool::engine::{Growth, Pool};
 use crate::pool::growth::{check_sizes, size_to_grow, size_under_pressure, try_to_expand};
 use crate::resource::{DeviceMemoryResource, SharedResource};
 use crate::stream_ordered::accept_chunk;
@@ -23,7 +23,6 @@ struct FromUpstream<U: DeviceMemoryResource> {
 
 impl<U: DeviceMemoryResource> Growth for FromUpstream<U> {
     const NAME: &'static str = NAME;
-    type Layout = Separate;
 
     fn source(&self) -> &dyn DeviceMemoryResource {
         &self.upstream
@@ -225,7 +224,7 @@ impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
             upstream,
             maximum: maximum_pool_size,
         };
-        let pool = Pool::new(growth, Separate);
+        let pool = Pool::new(growth);
         if initial_pool_size > 0 {
             let (ptr, size) = pool.growth.chunk(
                 CudaStreamView::legacy(),
