@@ -217,21 +217,17 @@ pub(crate) struct BoundaryFreeList {
     spare: Vec<NodeId>,
     /// `(size, addr)` of every free block, for best fit.
     sizes: SizeIndex,
-    /// Sum of the sizes of all free blocks.
-    total: usize,
-    /// Number of free blocks.
-    len: usize,
 }
 
 impl BoundaryFreeList {
     /// Number of free blocks.
     pub(crate) fn len(&self) -> usize {
-        self.len
+        self.by_end.len()
     }
 
     /// Whether no block is free.
     pub(crate) fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     /// A largest free block (the one with the highest address among equals), left in the list.
@@ -309,7 +305,6 @@ impl BoundaryFreeList {
         let merge_next = next.filter(|&n| !self.node(n).is_head);
         match (merge_prev, merge_next) {
             (_, Some(n)) => {
-                self.total += block.size;
                 // The block after it absorbs `block` (and the one before), keeping its end.
                 let after = self.node(n);
                 let head = match merge_prev {
@@ -319,7 +314,7 @@ impl BoundaryFreeList {
                         self.by_start.remove(p, &self.nodes);
                         self.sizes
                             .remove((before.end - before.addr) as usize, before.addr);
-                        self.free_node(p);
+                        self.spare.push(p);
                         before.block()
                     }
                     None => block,
@@ -335,7 +330,6 @@ impl BoundaryFreeList {
                 );
             }
             (Some(p), None) => {
-                self.total += block.size;
                 // The block before grows to `end`.
                 let before = self.node(p);
                 self.by_end.remove_if(before.end, |_| true).ok();
@@ -370,13 +364,12 @@ impl BoundaryFreeList {
             return None;
         }
         let (class, (found, addr, n)) = self.sizes.best_fit_in_class(size)?;
-        self.total -= size;
         let node = self.node(n);
         if found == size {
             self.by_start.remove(n, &self.nodes);
             self.sizes.remove(found, addr);
             self.by_end.remove_if(node.end, |_| true).ok();
-            self.free_node(n);
+            self.spare.push(n);
         } else {
             // The remainder keeps the block's end. The list is maximally coalesced, so it
             // touches no free neighbour it could merge with.
@@ -468,8 +461,6 @@ impl BoundaryFreeList {
         self.by_start.insert(addr, n, &self.nodes);
         self.by_end.insert(end, n);
         self.sizes.insert((end - addr) as usize, addr, n);
-        self.len += 1;
-        self.total += (end - addr) as usize;
     }
 
     /// Removes a block known to be in the list (its start, end and size as listed).
@@ -478,20 +469,13 @@ impl BoundaryFreeList {
             self.by_start.remove(n, &self.nodes);
             self.by_end.remove_if(block.end(), |_| true).ok();
             self.sizes.remove(block.size, block.addr);
-            self.total -= block.size;
-            self.free_node(n);
+            self.spare.push(n);
         }
     }
 
     #[inline]
     fn node(&self, n: NodeId) -> Node {
         self.nodes[n as usize]
-    }
-
-    #[inline]
-    fn free_node(&mut self, n: NodeId) {
-        self.spare.push(n);
-        self.len -= 1;
     }
 }
 
@@ -516,7 +500,7 @@ mod tests {
     impl BoundaryFreeList {
         /// Total free bytes.
         pub(crate) fn total_bytes(&self) -> usize {
-            self.total
+            self.blocks().iter().map(|b| b.size).sum()
         }
 
         /// The free block that starts exactly at `addr`, if any.
@@ -526,13 +510,12 @@ mod tests {
                 .map(|n| self.node(n).block())
         }
 
-        /// Checks that the two tables, the size index, the slab, the count and the total describe
+        /// Checks that the two tables, the size index and the slab (less its spare slots) describe
         /// the same blocks.
         fn assert_consistent(&self) {
             let blocks = self.blocks();
-            assert_eq!(blocks.len(), self.len);
-            assert_eq!(self.by_end.len(), self.len);
-            assert_eq!(blocks.iter().map(|b| b.size).sum::<usize>(), self.total);
+            assert_eq!(blocks.len(), self.len());
+            assert_eq!(self.nodes.len() - self.spare.len(), self.len());
             let mut by_size: Vec<(usize, u64)> = self
                 .sizes
                 .entries()
@@ -547,7 +530,7 @@ mod tests {
             let mut listed: Vec<(usize, u64)> = blocks.iter().map(|b| (b.size, b.addr)).collect();
             listed.sort_unstable();
             assert_eq!(by_size, listed);
-            assert_eq!(self.by_start.table.len(), self.len);
+            assert_eq!(self.by_start.table.len(), self.len());
             for b in &blocks {
                 assert_eq!(
                     self.by_start
