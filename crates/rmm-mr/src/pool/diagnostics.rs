@@ -6,7 +6,7 @@
 use crate::diagnostics::build::{self, Piece};
 use crate::diagnostics::{OomReport, Snapshot};
 use crate::error::{MrError, MrResult};
-use crate::pool::engine::{ChunkLayout, Growth, Pool};
+use crate::pool::engine::{Growth, Pool};
 use rmm_sys::{checked_align_up, ALLOCATION_ALIGNMENT};
 
 impl<G: Growth> Pool<G> {
@@ -49,10 +49,16 @@ impl<G: Growth> Pool<G> {
             .collect();
         pieces.extend(build::free_pieces(build::numbered(self.core.free_lists())));
         let mut chunks = self.core.chunk_list();
-        if !<G::Layout as ChunkLayout>::HEADS {
+        if self.growth.mapped_end().is_some() {
             // Chunks mapped one after the other merge (the VMM pool): one segment per run of
-            // contiguous chunks, as PyTorch's expandable segments.
-            chunks = merge_contiguous(chunks);
+            // contiguous chunks (sorted by address), as PyTorch's expandable segments.
+            chunks.dedup_by(|next, run| {
+                let contiguous = run.0 + run.1 as u64 == next.0;
+                if contiguous {
+                    run.1 += next.1;
+                }
+                contiguous
+            });
         }
         Ok(Snapshot {
             segments: build::segments(device, &chunks, &mut pieces),
@@ -61,14 +67,49 @@ impl<G: Growth> Pool<G> {
     }
 }
 
-/// `chunks` (sorted by address) with each run of contiguous ones made one.
-fn merge_contiguous(chunks: Vec<(u64, usize)>) -> Vec<(u64, usize)> {
-    let mut out: Vec<(u64, usize)> = Vec::with_capacity(chunks.len());
-    for (addr, size) in chunks {
-        match out.last_mut() {
-            Some(last) if last.0 + last.1 as u64 == addr => last.1 += size,
-            _ => out.push((addr, size)),
+#[cfg(test)]
+mod tests {
+    use rmm_stream::CudaStreamView;
+
+    use crate::resource::DeviceMemoryResource;
+    use crate::testing::HostMockResource;
+    use crate::{PoolMemoryResource, VmmPoolMemoryResource, VmmPoolOptions};
+
+    const MIB: usize = 1 << 20;
+
+    /// Three allocations that each need a new chunk, the middle one freed: the pool size and
+    /// the sizes of the snapshot's segments.
+    fn grown(mr: &dyn DeviceMemoryResource, pool_size: impl Fn() -> usize) -> (usize, Vec<usize>) {
+        let s = CudaStreamView::legacy();
+        let ptrs: Vec<_> = (0..3)
+            .map(|_| mr.allocate(s, 2 * MIB, 256).unwrap())
+            .collect();
+        // SAFETY: allocated above on `s` with this size, never used.
+        unsafe { mr.deallocate(s, ptrs[1], 2 * MIB, 256) }.unwrap();
+        let snapshot = mr.snapshot().unwrap();
+        let sizes = snapshot.segments.iter().map(|g| g.size).collect();
+        assert_eq!(snapshot.reserved_bytes(), pool_size());
+        for p in [ptrs[0], ptrs[2]] {
+            // SAFETY: as above.
+            unsafe { mr.deallocate(s, p, 2 * MIB, 256) }.unwrap();
         }
+        (pool_size(), sizes)
     }
-    out
+
+    /// The VMM pool's chunks lie one after the other: one segment for all of them. The
+    /// pool's are separate upstream chunks, one segment each, even where the upstream
+    /// happened to place them end to end.
+    #[test]
+    fn contiguous_chunks_are_one_segment_and_separate_ones_are_not() {
+        let vmm =
+            VmmPoolMemoryResource::simulated(VmmPoolOptions::new(64 * MIB).min_growth_percent(0))
+                .unwrap();
+        let (size, segments) = grown(&vmm, || vmm.pool_size());
+        assert!(vmm.chunk_count() >= 2, "{} chunks", vmm.chunk_count());
+        assert_eq!(segments, [size]);
+        let pool = PoolMemoryResource::new(HostMockResource::new(), 0).unwrap();
+        let (size, segments) = grown(&pool, || pool.pool_size());
+        assert!(segments.len() >= 2, "{segments:?}");
+        assert_eq!(segments.iter().sum::<usize>(), size);
+    }
 }

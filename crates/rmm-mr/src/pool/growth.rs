@@ -98,16 +98,14 @@ pub(crate) fn try_to_expand<T, E: fmt::Display>(
     mut upstream: impl FnMut(usize) -> Result<T, E>,
 ) -> Result<(T, usize), (String, Option<E>)> {
     let mut last = None;
-    let mut size = try_size;
-    while size >= min_size {
+    let plan = std::iter::successors((try_size >= min_size).then_some(try_size), |&size| {
+        (size > min_size).then(|| min_size.max(size / 2))
+    });
+    for size in plan {
         match upstream(size) {
             Ok(chunk) => return Ok((chunk, size)),
             Err(e) => last = Some(e),
         }
-        if size == min_size {
-            break;
-        }
-        size = min_size.max(size / 2);
     }
     let reason = match &last {
         Some(e) => e.to_string(),

@@ -7,7 +7,7 @@ use rmm_stream::CudaStreamView;
 use rmm_sys::{DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{MrError, MrResult};
-use crate::pool::engine::{Growth, Pool, Separate};
+use crate::pool::engine::{Growth, Pool};
 use crate::pool::growth::{check_sizes, size_to_grow, size_under_pressure, try_to_expand};
 use crate::resource::{DeviceMemoryResource, SharedResource};
 use crate::stream_ordered::accept_chunk;
@@ -23,7 +23,6 @@ struct FromUpstream<U: DeviceMemoryResource> {
 
 impl<U: DeviceMemoryResource> Growth for FromUpstream<U> {
     const NAME: &'static str = NAME;
-    type Layout = Separate;
 
     fn source(&self) -> &dyn DeviceMemoryResource {
         &self.upstream
@@ -216,24 +215,13 @@ impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
     /// exceeds the maximum; [`MrError::OutOfMemory`] when the upstream refuses the initial
     /// chunk.
     pub fn with_options(upstream: U, options: PoolOptions) -> MrResult<Self> {
-        let PoolOptions {
-            initial_pool_size,
-            maximum_pool_size,
-        } = options;
-        check_sizes(initial_pool_size, maximum_pool_size).map_err(MrError::invalid_argument)?;
-        let growth = FromUpstream {
-            upstream,
-            maximum: maximum_pool_size,
-        };
-        let pool = Pool::new(growth, Separate);
-        if initial_pool_size > 0 {
-            let (ptr, size) = pool.growth.chunk(
-                CudaStreamView::legacy(),
-                initial_pool_size,
-                initial_pool_size,
-                initial_pool_size,
-                0,
-            )?;
+        let (initial, maximum) = (options.initial_pool_size, options.maximum_pool_size);
+        check_sizes(initial, maximum).map_err(MrError::invalid_argument)?;
+        let pool = Pool::new(FromUpstream { upstream, maximum });
+        if initial > 0 {
+            let (ptr, size) =
+                pool.growth
+                    .chunk(CudaStreamView::legacy(), initial, initial, initial, 0)?;
             pool.core.add_initial_chunk(ptr, size)?;
         }
         Ok(Self {
@@ -257,12 +245,6 @@ impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
     #[must_use]
     pub fn upstream(&self) -> &U {
         &self.inner.growth.upstream
-    }
-
-    /// Everything the pool's core keeps (tests).
-    #[cfg(test)]
-    pub(crate) fn core_state(&self) -> crate::stream_ordered::core::tests::CoreState {
-        self.inner.core.state()
     }
 
     /// Number of allocations handed out and not yet freed.
@@ -344,6 +326,13 @@ mod tests {
     use crate::testing::HostMockResource;
     use crate::LimitingResourceAdaptor;
     use proptest::prelude::*;
+
+    impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
+        /// Everything the pool's core keeps.
+        pub(crate) fn core_state(&self) -> crate::stream_ordered::core::tests::CoreState {
+            self.inner.core.state()
+        }
+    }
 
     /// The legacy default stream: its list needs no CUDA call, in either default-stream mode.
     fn s() -> CudaStreamView<'static> {

@@ -1,6 +1,7 @@
 //! The VMM pool resource: the stream-ordered core over a [`Mapper`].
 
 use std::fmt;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use rmm_stream::CudaStreamView;
@@ -8,7 +9,7 @@ use rmm_sys::vmm::{self as sys_vmm, Granularity};
 use rmm_sys::{AllocationHandleType, DeviceId, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{MrError, MrResult};
-use crate::pool::engine::{Contiguous, Growth, Pool};
+use crate::pool::engine::{Growth, Pool};
 use crate::resource::DeviceMemoryResource;
 use crate::stream_ordered::core::{Expand, GrowthCause};
 use crate::vmm::mapper::{Mapper, VmmGrowthStatistics, NAME};
@@ -20,10 +21,13 @@ const SIMULATED_GRANULARITY: usize = 2 << 20;
 
 impl Growth for Mapper {
     const NAME: &'static str = NAME;
-    type Layout = Contiguous;
 
     fn source(&self) -> &dyn DeviceMemoryResource {
         self
+    }
+
+    fn mapped_end(&self) -> Option<Arc<AtomicU64>> {
+        Some(self.end())
     }
 
     fn release_limit(&self) -> Option<usize> {
@@ -211,8 +215,7 @@ impl VmmPoolMemoryResource {
     }
 
     fn build(mapper: Mapper, geometry: Geometry) -> MrResult<Self> {
-        let chunks = Contiguous::new(mapper.end());
-        let vmm = Pool::new(mapper, chunks);
+        let vmm = Pool::new(mapper);
         if geometry.initial > 0 {
             let (ptr, size) =
                 vmm.growth

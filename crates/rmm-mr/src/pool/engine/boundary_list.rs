@@ -201,11 +201,6 @@ impl StartIndex {
             }
         }
     }
-
-    /// The slot of every block.
-    fn values(&self) -> impl Iterator<Item = NodeId> + '_ {
-        self.table.values()
-    }
 }
 
 /// Free blocks of one pool stream list, coalesced on insert, handed out best fit; O(1)
@@ -222,21 +217,17 @@ pub(crate) struct BoundaryFreeList {
     spare: Vec<NodeId>,
     /// `(size, addr)` of every free block, for best fit.
     sizes: SizeIndex,
-    /// Sum of the sizes of all free blocks.
-    total: usize,
-    /// Number of free blocks.
-    len: usize,
 }
 
 impl BoundaryFreeList {
     /// Number of free blocks.
     pub(crate) fn len(&self) -> usize {
-        self.len
+        self.by_end.len()
     }
 
     /// Whether no block is free.
     pub(crate) fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     /// A largest free block (the one with the highest address among equals), left in the list.
@@ -249,6 +240,7 @@ impl BoundaryFreeList {
     pub(crate) fn blocks(&self) -> Vec<Block> {
         let mut out: Vec<Block> = self
             .by_start
+            .table
             .values()
             .map(|n| self.node(n).block())
             .collect();
@@ -256,19 +248,19 @@ impl BoundaryFreeList {
         out
     }
 
-    /// The free block that starts exactly at `addr`, if any.
-    pub(crate) fn block_at(&self, addr: u64) -> Option<Block> {
-        self.by_start
-            .get(addr, &self.nodes)
-            .map(|n| self.node(n).block())
-    }
-
     /// Whether `addr` lies inside a free block (a scan: the classification of a rejected free).
     pub(crate) fn holds(&self, addr: u64) -> bool {
-        self.by_start.values().any(|n| {
-            let node = self.node(n);
-            node.addr <= addr && addr < node.end
-        })
+        addr.checked_add(1)
+            .is_some_and(|end| self.holding(addr, end).is_some())
+    }
+
+    /// The free block that holds all of `[addr, end)`, if any (a scan: cold paths).
+    fn holding(&self, addr: u64, end: u64) -> Option<Block> {
+        self.by_start
+            .table
+            .values()
+            .map(|n| self.node(n).block())
+            .find(|b| b.addr <= addr && end <= b.end())
     }
 
     /// Returns `block` to the list, merging it with the free block that ends at `block.addr`
@@ -283,7 +275,11 @@ impl BoundaryFreeList {
     /// The list is unchanged on error.
     #[inline(always)]
     pub(crate) fn insert(&mut self, block: Block) -> Result<(), FreeListError> {
-        self.insert_block::<true>(block)
+        let end = end_of(block)?;
+        if let Some(existing) = self.same_edge(block.addr, end) {
+            return Err(FreeListError::Overlap { block, existing });
+        }
+        self.insert_released(block)
     }
 
     /// [`insert`](Self::insert) of a block its caller knows overlaps no free block (the pool's
@@ -294,38 +290,21 @@ impl BoundaryFreeList {
     ///
     /// # Errors
     ///
-    /// As [`insert`](Self::insert), but never [`FreeListError::Overlap`] in release builds.
+    /// As [`insert`](Self::insert), but never [`FreeListError::Overlap`].
     #[inline(always)]
     pub(crate) fn insert_released(&mut self, block: Block) -> Result<(), FreeListError> {
-        self.insert_block::<false>(block)
-    }
-
-    /// [`insert`](Self::insert), with the same-edge check when `CHECKED` (always in debug
-    /// builds, where a failed check panics when not `CHECKED`).
-    #[inline(always)]
-    fn insert_block<const CHECKED: bool>(&mut self, block: Block) -> Result<(), FreeListError> {
-        if block.size == 0 {
-            return Err(FreeListError::ZeroSize { addr: block.addr });
-        }
-        let Some(end) = block.checked_end() else {
-            return Err(FreeListError::AddressOverflow { block });
-        };
+        let end = end_of(block)?;
         let prev = self.by_end.get(block.addr);
         let next = self.by_start.get(end, &self.nodes);
-        if CHECKED || cfg!(debug_assertions) {
-            if let Some(existing) = self.same_edge(block.addr, end) {
-                assert!(
-                    CHECKED,
-                    "released block {block:?} shares an edge with free block {existing:?}"
-                );
-                return Err(FreeListError::Overlap { block, existing });
-            }
-        }
+        debug_assert_eq!(
+            self.same_edge(block.addr, end),
+            None,
+            "released block {block:?} shares an edge with free block"
+        );
         let merge_prev = prev.filter(|_| !block.is_head);
         let merge_next = next.filter(|&n| !self.node(n).is_head);
         match (merge_prev, merge_next) {
             (_, Some(n)) => {
-                self.total += block.size;
                 // The block after it absorbs `block` (and the one before), keeping its end.
                 let after = self.node(n);
                 let head = match merge_prev {
@@ -335,7 +314,7 @@ impl BoundaryFreeList {
                         self.by_start.remove(p, &self.nodes);
                         self.sizes
                             .remove((before.end - before.addr) as usize, before.addr);
-                        self.free_node(p);
+                        self.spare.push(p);
                         before.block()
                     }
                     None => block,
@@ -351,7 +330,6 @@ impl BoundaryFreeList {
                 );
             }
             (Some(p), None) => {
-                self.total += block.size;
                 // The block before grows to `end`.
                 let before = self.node(p);
                 self.by_end.remove_if(before.end, |_| true).ok();
@@ -386,13 +364,12 @@ impl BoundaryFreeList {
             return None;
         }
         let (class, (found, addr, n)) = self.sizes.best_fit_in_class(size)?;
-        self.total -= size;
         let node = self.node(n);
         if found == size {
             self.by_start.remove(n, &self.nodes);
             self.sizes.remove(found, addr);
             self.by_end.remove_if(node.end, |_| true).ok();
-            self.free_node(n);
+            self.spare.push(n);
         } else {
             // The remainder keeps the block's end. The list is maximally coalesced, so it
             // touches no free neighbour it could merge with.
@@ -407,18 +384,6 @@ impl BoundaryFreeList {
         Some(Block::new(addr, size, node.is_head))
     }
 
-    /// If one free block is exactly `[addr, addr + size)`, removes it and returns `true`;
-    /// otherwise changes nothing and returns `false`.
-    pub(crate) fn remove_chunk(&mut self, addr: u64, size: usize) -> bool {
-        match self.block_at(addr) {
-            Some(block) if block.size == size => {
-                self.remove_exact(block);
-                true
-            }
-            _ => false,
-        }
-    }
-
     /// The free block that ends exactly at `end`, if any (the VMM pool's free tail).
     pub(crate) fn block_ending_at(&self, end: u64) -> Option<Block> {
         self.by_end.get(end).map(|n| self.node(n).block())
@@ -426,18 +391,23 @@ impl BoundaryFreeList {
 
     /// If `[addr, addr + size)` lies wholly inside one free block, removes that range (the
     /// parts of the block before and after it stay free; the part before keeps the head flag)
-    /// and returns `true`; otherwise changes nothing and returns `false`. A scan: the VMM
-    /// pool's release of a chunk that may be part of a larger free block (a cold path).
-    pub(crate) fn remove_range(&mut self, addr: u64, size: usize) -> bool {
+    /// and returns `true`; otherwise changes nothing and returns `false`. With `exact`, only a
+    /// free block that is exactly the range counts (one lookup: the pool's chunks start with a
+    /// head, so a wholly free chunk is one block); without, the list is scanned (the VMM pool's
+    /// release of a chunk that may be part of a larger free block, a cold path).
+    pub(crate) fn remove_range(&mut self, addr: u64, size: usize, exact: bool) -> bool {
         let Some(end) = addr.checked_add(size as u64).filter(|_| size > 0) else {
             return false;
         };
-        let Some(block) = self
-            .by_start
-            .values()
-            .map(|n| self.node(n).block())
-            .find(|b| b.addr <= addr && end <= b.end())
-        else {
+        let found = if exact {
+            self.by_start
+                .get(addr, &self.nodes)
+                .map(|n| self.node(n).block())
+                .filter(|b| b.end() == end)
+        } else {
+            self.holding(addr, end)
+        };
+        let Some(block) = found else {
             return false;
         };
         self.remove_exact(block);
@@ -491,8 +461,6 @@ impl BoundaryFreeList {
         self.by_start.insert(addr, n, &self.nodes);
         self.by_end.insert(end, n);
         self.sizes.insert((end - addr) as usize, addr, n);
-        self.len += 1;
-        self.total += (end - addr) as usize;
     }
 
     /// Removes a block known to be in the list (its start, end and size as listed).
@@ -501,8 +469,7 @@ impl BoundaryFreeList {
             self.by_start.remove(n, &self.nodes);
             self.by_end.remove_if(block.end(), |_| true).ok();
             self.sizes.remove(block.size, block.addr);
-            self.total -= block.size;
-            self.free_node(n);
+            self.spare.push(n);
         }
     }
 
@@ -510,12 +477,17 @@ impl BoundaryFreeList {
     fn node(&self, n: NodeId) -> Node {
         self.nodes[n as usize]
     }
+}
 
-    #[inline]
-    fn free_node(&mut self, n: NodeId) {
-        self.spare.push(n);
-        self.len -= 1;
+/// `block`'s end, or why a list refuses it whatever it holds.
+#[inline(always)]
+fn end_of(block: Block) -> Result<u64, FreeListError> {
+    if block.size == 0 {
+        return Err(FreeListError::ZeroSize { addr: block.addr });
     }
+    block
+        .checked_end()
+        .ok_or(FreeListError::AddressOverflow { block })
 }
 
 #[cfg(test)]
@@ -528,16 +500,22 @@ mod tests {
     impl BoundaryFreeList {
         /// Total free bytes.
         pub(crate) fn total_bytes(&self) -> usize {
-            self.total
+            self.blocks().iter().map(|b| b.size).sum()
         }
 
-        /// Checks that the two tables, the size index, the slab, the count and the total describe
+        /// The free block that starts exactly at `addr`, if any.
+        fn block_at(&self, addr: u64) -> Option<Block> {
+            self.by_start
+                .get(addr, &self.nodes)
+                .map(|n| self.node(n).block())
+        }
+
+        /// Checks that the two tables, the size index and the slab (less its spare slots) describe
         /// the same blocks.
         fn assert_consistent(&self) {
             let blocks = self.blocks();
-            assert_eq!(blocks.len(), self.len);
-            assert_eq!(self.by_end.len(), self.len);
-            assert_eq!(blocks.iter().map(|b| b.size).sum::<usize>(), self.total);
+            assert_eq!(blocks.len(), self.len());
+            assert_eq!(self.nodes.len() - self.spare.len(), self.len());
             let mut by_size: Vec<(usize, u64)> = self
                 .sizes
                 .entries()
@@ -552,7 +530,7 @@ mod tests {
             let mut listed: Vec<(usize, u64)> = blocks.iter().map(|b| (b.size, b.addr)).collect();
             listed.sort_unstable();
             assert_eq!(by_size, listed);
-            assert_eq!(self.by_start.table.len(), self.len);
+            assert_eq!(self.by_start.table.len(), self.len());
             for b in &blocks {
                 assert_eq!(
                     self.by_start
@@ -602,15 +580,15 @@ mod tests {
         assert_eq!(l.block_ending_at(4096), Some(Block::new(0, 4096, true)));
         assert_eq!(l.block_ending_at(4095), None);
         // Not wholly inside one free block: nothing changes.
-        assert!(!l.remove_range(3072, 2048));
-        assert!(!l.remove_range(5000, 256));
-        assert!(!l.remove_range(0, 0));
-        assert!(l.remove_range(1024, 2048));
+        assert!(!l.remove_range(3072, 2048, false));
+        assert!(!l.remove_range(5000, 256, false));
+        assert!(!l.remove_range(0, 0, false));
+        assert!(l.remove_range(1024, 2048, false));
         assert_eq!(
             blocks(&l),
             vec![(0, 1024, true), (3072, 1024, false), (8192, 1024, false)]
         );
-        assert!(l.remove_range(8192, 1024));
+        assert!(l.remove_range(8192, 1024, false));
         assert_eq!(l.total_bytes(), 2048);
         l.assert_consistent();
     }
@@ -682,8 +660,8 @@ mod tests {
         assert_eq!(l.allocate(0), None);
         assert_eq!(l.largest(), Some(Block::new(12288, 2048, true)));
         assert!(l.holds(12288 + 2047) && !l.holds(12288 + 2048) && !l.holds(4096));
-        assert!(!l.remove_chunk(0, 512));
-        assert!(l.remove_chunk(0, 1024));
+        assert!(!l.remove_range(0, 512, true));
+        assert!(l.remove_range(0, 1024, true));
         assert_eq!(l.total_bytes(), 256 + 2048);
         l.assert_consistent();
     }
@@ -814,7 +792,7 @@ mod tests {
                         for (addr, size) in chunks.drain(..) {
                             let mut removed = false;
                             for s in 0..2 {
-                                let r = fast[s].remove_chunk(addr, size);
+                                let r = fast[s].remove_range(addr, size, true);
                                 prop_assert_eq!(r, model[s].remove_chunk(addr, size));
                                 removed |= r;
                             }
