@@ -13,7 +13,7 @@ use crate::error::{MrError, MrResult};
 use crate::stream_ordered::free_blocks::FreeBlocks;
 use crate::stream_ordered::slot_table::{deaths, Life, Registry, StreamLists};
 use crate::stream_ordered::stream_lists::{
-    new_list, remember_list, ListGuard, Retired, StreamKey, StreamList,
+    new_list, remember_list, ListGuard, StreamKey, StreamList,
 };
 
 impl<L: FreeBlocks> StreamOrdered<L> {
@@ -114,22 +114,13 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         let Some(list) = self.lists.get(slot) else {
             return;
         };
-        let retired = {
-            let mut st = list.lock();
-            if st.key() != Some(key) {
-                log::error!("rmm: stream list {slot} is not {key:?}'s; nothing to retire");
-                return;
-            }
-            st.retire(self.empty.clone())
-        };
-        let Some(Retired {
-            mut blocks,
-            event,
-            covered,
-        }) = retired.filter(|r| !r.blocks.is_empty())
-        else {
+        let Some((mut blocks, event, covered)) = list.lock().retire(key, self.empty.clone()) else {
+            log::error!("rmm: stream list {slot} is not {key:?}'s; nothing to retire");
             return;
         };
+        if blocks.is_empty() {
+            return;
+        }
         if key.per_thread().is_some() {
             let absorbed = self.legacy.lock().blocks.absorb(&mut blocks);
             if let Err(e) = absorbed {
@@ -140,16 +131,15 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         }
         // Before the pool turned eager nothing was recorded at all.
         let covered = covered && self.is_eager();
-        if let Err((rest, e)) = self.orphan.lock().adopt(blocks, event, covered) {
+        if let Err(e) = self.orphan.lock().adopt(blocks, event, covered) {
             log::error!("rmm: free blocks lost while retiring a stream list: {e}");
-            drop(rest);
         }
     }
 
     /// Puts `blocks` in the orphan list, behind a device synchronization (for blocks whose list
     /// is gone, or whose cover is unknown).
     pub(super) fn to_orphan(&self, blocks: L) {
-        if let Err((_, e)) = self.orphan.lock().adopt(blocks, None, false) {
+        if let Err(e) = self.orphan.lock().adopt(blocks, None, false) {
             log::error!("rmm: free blocks lost while moving them to the orphan list: {e}");
         }
     }
@@ -160,12 +150,10 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     pub(super) fn give_back(&self, victim: &StreamList<L>, key: Option<StreamKey>, mut blocks: L) {
         let mut st = victim.lock();
         if key.is_some() && st.key() == key && key != Some(StreamKey::Orphan) {
-            if let Err(e) = st.blocks.absorb(&mut blocks) {
-                drop(st);
-                log::error!("rmm: a list refused its own blocks back: {e}");
-                self.to_orphan(blocks);
-            }
-            return;
+            let Err(e) = st.blocks.absorb(&mut blocks) else {
+                return;
+            };
+            log::error!("rmm: a list refused its own blocks back: {e}");
         }
         drop(st);
         self.to_orphan(blocks);
