@@ -15,6 +15,7 @@ use crate::stream_ordered::slot_table::{deaths, Life, Registry, StreamLists};
 use crate::stream_ordered::stream_lists::{
     new_list, remember_list, ListGuard, StreamKey, StreamList,
 };
+use crate::util::thread_life;
 
 impl<L: FreeBlocks> StreamOrdered<L> {
     /// Finds or creates the list of `key` (after retiring the lists of dead owners, whose slots
@@ -35,9 +36,15 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         } else if let Some(i) = reg.get(key) {
             (Some(i), false)
         } else {
+            // The owner's life: this thread, or the stream's when rmm-stream made it (a
+            // foreign stream's death cannot be known).
+            let life = match key {
+                StreamKey::PerThread(_) => Life::Thread(thread_life::current()),
+                _ => stream.life().map_or(Life::Forever, Life::Stream),
+            };
             // New slots are made only here, under the registry's lock: the storage's next index.
             let new_slot = || self.lists.push(new_list(None, self.empty.clone()));
-            (Some(reg.insert(key, Life::of(key, stream), new_slot)), true)
+            (Some(reg.insert(key, life, new_slot)), true)
         };
         let list = match index {
             None => &self.legacy,
@@ -95,22 +102,18 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         if self.swept.swap(now, Ordering::Relaxed) == now {
             return;
         }
-        for (key, slot) in reg.dead(|_, life| life.is_alive()) {
-            self.retire(reg, key, slot);
+        for (key, slot) in reg.retire_dead(|_, life| life.is_alive()) {
+            self.retire(key, slot);
         }
     }
 
-    /// Retires `key`'s list in `slot` (its owner died): the slot becomes free, and its blocks go
+    /// Retires `key`'s list in `slot` (its owner died; the registry freed the slot): its blocks go
     /// where stream order keeps them safe. A per-thread list's go to the legacy list: the
     /// legacy stream waits for all earlier work of every blocking stream, per-thread default
     /// streams included (as for a cross-thread free). An ordinary stream's go to the orphan list
     /// with the list's event when it covers them all, else marked for a device synchronization
     /// (the stream is gone: nobody can record on it any more).
-    fn retire(&self, reg: &mut Registry, key: StreamKey, slot: usize) {
-        reg.remove(key);
-        if reg.first_user == Some(slot) {
-            reg.first_user = None;
-        }
+    fn retire(&self, key: StreamKey, slot: usize) {
         let Some(list) = self.lists.get(slot) else {
             return;
         };
