@@ -117,13 +117,11 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         let Some(list) = self.lists.get(slot) else {
             return;
         };
+        // (An empty list needs no care: absorbing or adopting no block changes nothing.)
         let Some((mut blocks, event, covered)) = list.lock().retire(key, self.empty.clone()) else {
             log::error!("rmm: stream list {slot} is not {key:?}'s; nothing to retire");
             return;
         };
-        if blocks.is_empty() {
-            return;
-        }
         if key.per_thread().is_some() {
             let absorbed = self.legacy.lock().blocks.absorb(&mut blocks);
             if let Err(e) = absorbed {
