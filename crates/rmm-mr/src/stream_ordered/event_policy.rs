@@ -93,26 +93,24 @@ impl EventPolicy {
     /// A thief (another stream) wants blocks of this list at `now`; `may_sync`: whether it may
     /// synchronize the device for them (else it is told [`Steal::NotNow`] where it would).
     pub(crate) fn on_steal(&mut self, now: Instant, may_sync: bool) -> Steal {
-        if !self.record_failed {
-            if !self.unrecorded {
-                // Someone takes this stream's blocks: keep them covered for a while.
-                self.recording_left = RECORD_RUN;
-                return Steal::Now;
-            }
-            // Ask the owner to record, or wait for its answer, up to `WAIT_TIME`.
-            match self.wanted_since {
-                Some(since) if now.saturating_duration_since(since) >= WAIT_TIME => {}
-                _ => {
-                    self.wanted_since.get_or_insert(now);
-                    return Steal::NotNow;
-                }
-            }
+        if !self.record_failed && !self.unrecorded {
+            // Someone takes this stream's blocks: keep them covered for a while.
+            self.recording_left = RECORD_RUN;
+            return Steal::Now;
         }
-        if may_sync {
-            Steal::AfterSync(self.entered)
-        } else {
-            Steal::NotNow
+        // A failed record, or a request the owner left unanswered for `WAIT_TIME`: only a
+        // device synchronization covers the blocks now.
+        let late = |since: Instant| now.saturating_duration_since(since) >= WAIT_TIME;
+        if self.record_failed || self.wanted_since.is_some_and(late) {
+            return if may_sync {
+                Steal::AfterSync(self.entered)
+            } else {
+                Steal::NotNow
+            };
         }
+        // Ask the owner to record (or wait for its answer).
+        self.wanted_since.get_or_insert(now);
+        Steal::NotNow
     }
 
     /// A thief that holds the owner's stream alive (a pin, so it may record on that stream

@@ -206,44 +206,6 @@ impl<L> ListState<L> {
         }
     }
 
-    /// Blocks left the list: the orphan list forgets its events once it is empty.
-    pub(crate) fn after_take(&mut self)
-    where
-        L: FreeBlocks,
-    {
-        if self.key == Some(StreamKey::Orphan) && self.blocks.is_empty() {
-            self.policy.covered_all();
-            self.waits.clear();
-        }
-    }
-
-    /// The orphan list takes `blocks`: `covered` when `event` (if any) was recorded after every
-    /// one of them. On error (an inconsistency) the blocks not taken are dropped (lost).
-    pub(crate) fn adopt(
-        &mut self,
-        mut blocks: L,
-        event: Option<CudaEvent>,
-        covered: bool,
-    ) -> Result<(), String>
-    where
-        L: FreeBlocks,
-    {
-        debug_assert_eq!(self.key, Some(StreamKey::Orphan));
-        if blocks.is_empty() {
-            return Ok(());
-        }
-        let absorbed = self.blocks.absorb(&mut blocks);
-        // Even a partial absorb brought blocks in: count them (uncovered if it failed).
-        let room = self.waits.len() < ORPHAN_EVENTS;
-        if self.policy.on_orphaned(covered && absorbed.is_ok() && room) {
-            self.waits.extend(event);
-        } else {
-            // The next thief synchronizes the device, which covers what the events would.
-            self.waits.clear();
-        }
-        absorbed
-    }
-
     /// Records the event on `stream`; when that fails (`false`) the policy makes the next thief
     /// synchronize the device instead of waiting on the event.
     #[cold]
@@ -302,6 +264,41 @@ impl<L> ListState<L> {
         ev.record(on)?;
         ev.wait(thief)?;
         Ok(Steal::Now)
+    }
+}
+
+/// What the orphan list does with its blocks (it needs to know whether it has any).
+impl<L: FreeBlocks> ListState<L> {
+    /// Blocks left the list: the orphan list forgets its events once it is empty.
+    pub(crate) fn after_take(&mut self) {
+        if self.key == Some(StreamKey::Orphan) && self.blocks.is_empty() {
+            self.policy.covered_all();
+            self.waits.clear();
+        }
+    }
+
+    /// The orphan list takes `blocks`: `covered` when `event` (if any) was recorded after every
+    /// one of them. On error (an inconsistency) the blocks not taken are dropped (lost).
+    pub(crate) fn adopt(
+        &mut self,
+        mut blocks: L,
+        event: Option<CudaEvent>,
+        covered: bool,
+    ) -> Result<(), String> {
+        debug_assert_eq!(self.key, Some(StreamKey::Orphan));
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        let absorbed = self.blocks.absorb(&mut blocks);
+        // Even a partial absorb brought blocks in: count them (uncovered if it failed).
+        let room = self.waits.len() < ORPHAN_EVENTS;
+        if self.policy.on_orphaned(covered && absorbed.is_ok() && room) {
+            self.waits.extend(event);
+        } else {
+            // The next thief synchronizes the device, which covers what the events would.
+            self.waits.clear();
+        }
+        absorbed
     }
 }
 
@@ -400,7 +397,9 @@ pub(crate) fn remember_list(pool: u64, key: StreamKey, list: *const ()) {
         // Replace the entry of the same key, else take the home slot if it is free, else
         // round robin.
         let home = home_slot(pool, key);
-        let i = (c.slots.iter())
+        let i = c
+            .slots
+            .iter()
             .position(|s| s.get().is_some_and(|s| s.pool == pool && s.key == key))
             .or_else(|| c.slots[home].get().is_none().then_some(home))
             .unwrap_or_else(|| {
