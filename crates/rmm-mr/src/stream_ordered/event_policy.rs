@@ -173,11 +173,8 @@ impl EventPolicy {
     /// synchronizes the device and the events may go.
     pub(crate) fn on_orphaned(&mut self, covered: bool) -> bool {
         self.entered = self.entered.wrapping_add(1);
-        if self.record_failed || !covered {
-            self.record_failed = true;
-            return false;
-        }
-        true
+        self.record_failed |= !covered;
+        !self.record_failed
     }
 
     /// Whether some blocks are not covered by the event (never recorded after them, or the

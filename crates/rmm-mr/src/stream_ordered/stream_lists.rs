@@ -172,11 +172,10 @@ impl<L> ListState<L> {
 
     /// The list's event, created on first use.
     fn event(&mut self) -> CudaResult<&CudaEvent> {
-        let event = match self.event.take() {
-            Some(event) => event,
-            None => CudaEvent::new()?,
-        };
-        Ok(self.event.insert(event))
+        match &mut self.event {
+            Some(event) => Ok(event),
+            none => Ok(none.insert(CudaEvent::new()?)),
+        }
     }
 
     /// Blocks entered the list on `stream` (a free, a merge, a new chunk): records the list's
