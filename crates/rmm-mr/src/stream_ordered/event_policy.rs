@@ -20,20 +20,23 @@ use std::time::Instant;
 
 use crate::stream_ordered::tuning::{RECORD_RUN, WAIT_TIME};
 
-/// What a thief may do with a list's blocks now.
+/// What a thief may do with a list it has locked (the answer of
+/// [`ListState::prepare_steal`](crate::stream_ordered::stream_lists::ListState::prepare_steal),
+/// through [`EventPolicy::on_steal`] for an ordinary stream's list).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum StealAction {
-    /// Every block is covered by the list's event: wait on it (if it was ever recorded), take.
-    WaitEvent,
-    /// The thief holds the owner's stream alive: record the list's event on it (after every
-    /// block in the list), wait on it, take. If the record fails, report it
-    /// ([`EventPolicy::record_failed`]) and take nothing.
-    RecordThenWait,
-    /// Some blocks are not covered; the owner has been asked to record. Look elsewhere.
-    Ask,
-    /// The owner did not answer within [`WAIT_TIME`]: synchronize the device, then take
-    /// (and report it with [`EventPolicy::synchronized`]).
-    SyncDevice,
+pub(crate) enum Steal {
+    /// The thief's stream now waits for the list's pending work (every block is covered by the
+    /// list's event, if it was ever recorded): take blocks.
+    Now,
+    /// Not now (some blocks are not covered, and the owner has been asked to record, or only a
+    /// device synchronization would do where the thief may not make one): look elsewhere.
+    NotNow,
+    /// Only after a device synchronization (the owner did not answer within [`WAIT_TIME`], or a
+    /// record failed): take the blocks out, release the lock, synchronize the device, then
+    /// report it (`ListState::synchronized_since`, then [`EventPolicy::synchronized_since`])
+    /// with this snapshot of [`entered`](EventPolicy::entered) (or, if it failed, give the
+    /// blocks back).
+    AfterSync(u64),
 }
 
 /// The lazy-recording state of one ordinary stream's list (see the [module docs](self)).
@@ -60,18 +63,13 @@ impl EventPolicy {
     #[inline]
     pub(crate) fn on_enter(&mut self) -> bool {
         self.entered = self.entered.wrapping_add(1);
-        if self.wanted_since.take().is_some() {
-            self.recording_left = RECORD_RUN;
-            self.unrecorded = false;
+        if self.on_owner_allocate() {
             return true;
         }
-        if self.recording_left > 0 {
-            self.recording_left -= 1;
-            self.unrecorded = false;
-            return true;
-        }
-        self.unrecorded = true;
-        false
+        // Within a recording run, one more free of it records.
+        self.unrecorded = self.recording_left == 0;
+        self.recording_left = self.recording_left.saturating_sub(1);
+        !self.unrecorded
     }
 
     /// The owner allocates on its (live) stream: returns whether to record now, to answer a
@@ -92,44 +90,50 @@ impl EventPolicy {
         self.record_failed = true;
     }
 
-    /// A thief (another stream) wants blocks of this list at `now`.
-    pub(crate) fn on_steal(&mut self, now: Instant) -> StealAction {
-        if self.record_failed {
-            return StealAction::SyncDevice;
-        }
-        if !self.unrecorded {
+    /// A thief (another stream) wants blocks of this list at `now`; `may_sync`: whether it may
+    /// synchronize the device for them (else it is told [`Steal::NotNow`] where it would).
+    pub(crate) fn on_steal(&mut self, now: Instant, may_sync: bool) -> Steal {
+        if !self.record_failed && !self.unrecorded {
             // Someone takes this stream's blocks: keep them covered for a while.
             self.recording_left = RECORD_RUN;
-            return StealAction::WaitEvent;
+            return Steal::Now;
         }
-        match self.wanted_since {
-            None => {
-                self.wanted_since = Some(now);
-                StealAction::Ask
-            }
-            Some(since) if now.saturating_duration_since(since) < WAIT_TIME => StealAction::Ask,
-            Some(_) => StealAction::SyncDevice,
+        // A failed record, or a request the owner left unanswered for `WAIT_TIME`: only a
+        // device synchronization covers the blocks now.
+        let late = |since: Instant| now.saturating_duration_since(since) >= WAIT_TIME;
+        if self.record_failed || self.wanted_since.is_some_and(late) {
+            return if may_sync {
+                Steal::AfterSync(self.entered)
+            } else {
+                Steal::NotNow
+            };
         }
+        // Ask the owner to record (or wait for its answer).
+        self.wanted_since.get_or_insert(now);
+        Steal::NotNow
     }
 
     /// A thief that holds the owner's stream alive (a pin, so it may record on that stream
-    /// itself) wants blocks of this list. Uncovered blocks, or a failed record, make it record
-    /// the event on the owner's stream now, which covers every block in the list; covered
-    /// blocks need only the wait. No request to the owner and no recording run: the next thief
-    /// records again if blocks entered since.
-    pub(crate) fn on_steal_pinned(&mut self) -> StealAction {
-        if self.unrecorded || self.record_failed {
+    /// itself) wants blocks of this list: returns whether it must record the list's event on the
+    /// owner's stream first (uncovered blocks, or a failed record), which covers every block in
+    /// the list; then, or for covered blocks at once, it waits on the event and takes. If the
+    /// record fails it reports it ([`record_failed`](Self::record_failed)) and takes nothing.
+    /// No request to the owner and no recording run: the next thief records again if blocks
+    /// entered since.
+    pub(crate) fn on_steal_pinned(&mut self) -> bool {
+        let record = self.is_uncovered();
+        if record {
             self.unrecorded = false;
             self.record_failed = false;
             self.wanted_since = None;
-            return StealAction::RecordThenWait;
         }
-        StealAction::WaitEvent
+        record
     }
 
-    /// The device was synchronized after every block now in the list entered it: they are all
-    /// safe for any stream.
-    pub(crate) fn synchronized(&mut self) {
+    /// Every block now in the list is safe for any stream: the device was synchronized after
+    /// they all entered, or (the orphan list) none is left. Nothing needs covering, and a
+    /// thief's request is void; an ordinary list records for a run, as after a steal.
+    pub(crate) fn covered_all(&mut self) {
         self.record_failed = false;
         self.unrecorded = false;
         self.wanted_since = None;
@@ -152,14 +156,14 @@ impl EventPolicy {
     /// A thief that read [`entered`](Self::entered) as `snapshot`, then released the list's lock
     /// and synchronized the device, reports it. Every block in the list entered before the
     /// synchronization began only if no block entered since the snapshot: then they are all safe
-    /// for any stream ([`synchronized`](Self::synchronized)) and this returns `true`; otherwise
+    /// for any stream ([`covered_all`](Self::covered_all)) and this returns `true`; otherwise
     /// nothing changes (later blocks may still be in use).
     pub(crate) fn synchronized_since(&mut self, snapshot: u64) -> bool {
-        if self.entered != snapshot {
-            return false;
+        let all = self.entered == snapshot;
+        if all {
+            self.covered_all();
         }
-        self.synchronized();
-        true
+        all
     }
 
     /// Blocks of a retired list joined the orphan list (which has no owner to record): `covered`
@@ -169,30 +173,14 @@ impl EventPolicy {
     /// synchronizes the device and the events may go.
     pub(crate) fn on_orphaned(&mut self, covered: bool) -> bool {
         self.entered = self.entered.wrapping_add(1);
-        if self.record_failed || !covered {
-            self.record_failed = true;
-            return false;
-        }
-        true
-    }
-
-    /// The orphan list became empty: nothing in it needs covering any more.
-    pub(crate) fn on_emptied(&mut self) {
-        self.record_failed = false;
-        self.unrecorded = false;
-        self.wanted_since = None;
+        self.record_failed |= !covered;
+        !self.record_failed
     }
 
     /// Whether some blocks are not covered by the event (never recorded after them, or the
     /// record failed): only a device synchronization makes them safe for another stream now.
     pub(crate) fn is_uncovered(&self) -> bool {
         self.unrecorded || self.record_failed
-    }
-
-    /// Whether the next thief must synchronize the device (a record failed, or uncovered blocks
-    /// joined the orphan list) until a synchronization is reported.
-    pub(crate) fn is_record_failed(&self) -> bool {
-        self.record_failed
     }
 }
 
@@ -206,6 +194,12 @@ mod tests {
         /// Whether a thief's request is open.
         pub(crate) fn is_wanted(&self) -> bool {
             self.wanted_since.is_some()
+        }
+
+        /// Whether the next thief must synchronize the device (a record failed, or uncovered
+        /// blocks joined the orphan list) until a synchronization is reported.
+        pub(crate) fn is_record_failed(&self) -> bool {
+            self.record_failed
         }
     }
 
@@ -223,11 +217,7 @@ mod tests {
     fn a_covered_list_is_stolen_and_then_records_for_a_run() {
         let mut p = EventPolicy::default();
         let t = Instant::now();
-        assert_eq!(
-            p.on_steal(t),
-            StealAction::WaitEvent,
-            "empty history is covered"
-        );
+        assert_eq!(p.on_steal(t, true), Steal::Now, "empty history is covered");
         for i in 0..RECORD_RUN {
             assert!(p.on_enter(), "free {i} of the run did not record");
             assert!(!p.unrecorded);
@@ -241,16 +231,16 @@ mod tests {
         let mut p = EventPolicy::default();
         assert!(!p.on_enter());
         let t = Instant::now();
-        assert_eq!(p.on_steal(t), StealAction::Ask);
+        assert_eq!(p.on_steal(t, true), Steal::NotNow);
         assert!(p.is_wanted());
         // A second thief within the grace period asks again; nothing else changes.
-        assert_eq!(p.on_steal(t + WAIT_TIME / 2), StealAction::Ask);
+        assert_eq!(p.on_steal(t + WAIT_TIME / 2, true), Steal::NotNow);
         assert!(p.on_enter(), "the owner's free did not answer the request");
         assert!(!p.unrecorded && !p.is_wanted());
-        assert_eq!(p.on_steal(t), StealAction::WaitEvent);
+        assert_eq!(p.on_steal(t, true), Steal::Now);
         // Recording now: the next frees keep the list covered.
         assert!(p.on_enter());
-        assert_eq!(p.on_steal(t), StealAction::WaitEvent);
+        assert_eq!(p.on_steal(t, true), Steal::Now);
     }
 
     #[test]
@@ -258,10 +248,10 @@ mod tests {
         let mut p = EventPolicy::default();
         p.on_enter();
         let t = Instant::now();
-        assert_eq!(p.on_steal(t), StealAction::Ask);
+        assert_eq!(p.on_steal(t, true), Steal::NotNow);
         assert!(p.on_owner_allocate());
         assert!(!p.on_owner_allocate(), "answered twice");
-        assert_eq!(p.on_steal(t), StealAction::WaitEvent);
+        assert_eq!(p.on_steal(t, true), Steal::Now);
     }
 
     #[test]
@@ -269,13 +259,21 @@ mod tests {
         let mut p = EventPolicy::default();
         p.on_enter();
         let t = Instant::now();
-        assert_eq!(p.on_steal(t), StealAction::Ask);
-        assert_eq!(p.on_steal(t + WAIT_TIME), StealAction::SyncDevice);
+        assert_eq!(p.on_steal(t, true), Steal::NotNow);
+        // A thief that may not synchronize looks elsewhere, and changes nothing.
+        assert_eq!(p.on_steal(t + WAIT_TIME, false), Steal::NotNow);
+        assert_eq!(
+            p.on_steal(t + WAIT_TIME, true),
+            Steal::AfterSync(p.entered())
+        );
         // Until a thief reports the synchronization, the answer stays.
-        assert_eq!(p.on_steal(t + WAIT_TIME * 2), StealAction::SyncDevice);
-        p.synchronized();
+        assert_eq!(
+            p.on_steal(t + WAIT_TIME * 2, true),
+            Steal::AfterSync(p.entered())
+        );
+        p.covered_all();
         assert!(!p.unrecorded && !p.is_wanted());
-        assert_eq!(p.on_steal(t + WAIT_TIME * 3), StealAction::WaitEvent);
+        assert_eq!(p.on_steal(t + WAIT_TIME * 3, true), Steal::Now);
     }
 
     #[test]
@@ -283,29 +281,32 @@ mod tests {
         let mut p = EventPolicy::default();
         p.on_enter();
         let t = Instant::now() + Duration::from_secs(1);
-        assert_eq!(p.on_steal(t), StealAction::Ask);
-        assert_eq!(p.on_steal(t - Duration::from_millis(500)), StealAction::Ask);
+        assert_eq!(p.on_steal(t, true), Steal::NotNow);
+        assert_eq!(
+            p.on_steal(t - Duration::from_millis(500), true),
+            Steal::NotNow
+        );
     }
 
     #[test]
     fn a_failed_record_makes_the_next_thief_synchronize() {
         let mut p = EventPolicy::default();
         let t = Instant::now();
-        assert_eq!(p.on_steal(t), StealAction::WaitEvent);
+        assert_eq!(p.on_steal(t, true), Steal::Now);
         assert!(p.on_enter(), "the run after a steal records");
         p.record_failed();
         assert!(p.is_uncovered());
-        assert_eq!(p.on_steal(t), StealAction::SyncDevice);
-        p.synchronized();
+        assert_eq!(p.on_steal(t, true), Steal::AfterSync(p.entered()));
+        p.covered_all();
         assert!(!p.is_uncovered());
-        assert_eq!(p.on_steal(t), StealAction::WaitEvent);
+        assert_eq!(p.on_steal(t, true), Steal::Now);
     }
 
     #[test]
     fn marking_unrecorded_makes_thieves_ask() {
         let mut p = EventPolicy::default();
         p.mark_unrecorded();
-        assert_eq!(p.on_steal(Instant::now()), StealAction::Ask);
+        assert_eq!(p.on_steal(Instant::now(), true), Steal::NotNow);
     }
 
     #[test]
@@ -313,19 +314,25 @@ mod tests {
         let mut p = EventPolicy::default();
         p.on_enter();
         let t = Instant::now();
-        assert_eq!(p.on_steal(t), StealAction::Ask);
-        assert_eq!(p.on_steal(t + WAIT_TIME), StealAction::SyncDevice);
+        assert_eq!(p.on_steal(t, true), Steal::NotNow);
+        assert_eq!(
+            p.on_steal(t + WAIT_TIME, true),
+            Steal::AfterSync(p.entered())
+        );
         let snapshot = p.entered();
         // The owner frees again while the thief synchronizes with the lock released; the
         // request is answered by a record, but the thief's synchronization says nothing.
         assert!(p.on_enter());
         assert!(!p.synchronized_since(snapshot));
-        assert_eq!(p.on_steal(t), StealAction::WaitEvent);
+        assert_eq!(p.on_steal(t, true), Steal::Now);
         // A lazy free after the snapshot: the synchronization must not cover it.
         let mut p = EventPolicy::default();
         p.on_enter();
-        p.on_steal(t);
-        assert_eq!(p.on_steal(t + WAIT_TIME), StealAction::SyncDevice);
+        p.on_steal(t, true);
+        assert_eq!(
+            p.on_steal(t + WAIT_TIME, true),
+            Steal::AfterSync(p.entered())
+        );
         let snapshot = p.entered();
         p.mark_unrecorded();
         assert!(!p.synchronized_since(snapshot));
@@ -342,17 +349,17 @@ mod tests {
         let t = Instant::now();
         for _ in 0..3 {
             assert!(p.on_orphaned(true), "covered blocks need their event only");
-            assert_eq!(p.on_steal(t), StealAction::WaitEvent);
+            assert_eq!(p.on_steal(t, true), Steal::Now);
         }
         // No room for one more event: the blocks count as uncovered.
         assert!(!p.on_orphaned(false), "an uncovered join keeps no event");
-        assert_eq!(p.on_steal(t), StealAction::SyncDevice);
-        p.on_emptied();
-        assert_eq!(p.on_steal(t), StealAction::WaitEvent);
+        assert_eq!(p.on_steal(t, true), Steal::AfterSync(p.entered()));
+        p.covered_all();
+        assert_eq!(p.on_steal(t, true), Steal::Now);
         // Uncovered blocks: a synchronization, and later events are not kept either.
         assert!(!p.on_orphaned(false));
         assert!(!p.on_orphaned(true));
-        assert_eq!(p.on_steal(t), StealAction::SyncDevice);
+        assert_eq!(p.on_steal(t, true), Steal::AfterSync(p.entered()));
         let snapshot = p.entered();
         assert!(!p.on_orphaned(true));
         assert!(
@@ -361,28 +368,31 @@ mod tests {
         );
         let snapshot = p.entered();
         assert!(p.synchronized_since(snapshot));
-        assert_eq!(p.on_steal(t), StealAction::WaitEvent);
+        assert_eq!(p.on_steal(t, true), Steal::Now);
     }
 
     #[test]
     fn a_pinned_thief_records_itself_and_starts_no_run() {
         let mut p = EventPolicy::default();
         assert!(!p.on_enter());
-        assert_eq!(p.on_steal_pinned(), StealAction::RecordThenWait);
+        assert!(
+            p.on_steal_pinned(),
+            "an unrecorded list was taken without a record"
+        );
         assert!(!p.is_uncovered() && !p.is_wanted());
         // Covered now: the next pinned thief only waits; the owner keeps freeing lazily.
-        assert_eq!(p.on_steal_pinned(), StealAction::WaitEvent);
+        assert!(!p.on_steal_pinned());
         assert!(!p.on_enter(), "a pinned steal started a recording run");
-        assert_eq!(p.on_steal_pinned(), StealAction::RecordThenWait);
+        assert!(p.on_steal_pinned());
         // A failed record is mended by the next pinned thief's own record, not a
         // synchronization.
         p.record_failed();
-        assert_eq!(p.on_steal_pinned(), StealAction::RecordThenWait);
+        assert!(p.on_steal_pinned());
         assert!(!p.is_record_failed());
         // An open request of an unpinned thief is answered by the pinned thief's record.
         assert!(!p.on_enter());
-        assert_eq!(p.on_steal(Instant::now()), StealAction::Ask);
-        assert_eq!(p.on_steal_pinned(), StealAction::RecordThenWait);
+        assert_eq!(p.on_steal(Instant::now(), true), Steal::NotNow);
+        assert!(p.on_steal_pinned());
         assert!(!p.is_wanted());
         assert!(
             !p.on_owner_allocate(),
@@ -421,14 +431,9 @@ mod tests {
                 seq.push(op);
                 match op {
                     Op::Free => uncovered = !p.on_enter(),
-                    Op::PinnedSteal => match p.on_steal_pinned() {
-                        StealAction::WaitEvent => {
-                            assert!(!uncovered, "uncovered blocks handed over: {seq:?}")
-                        }
-                        // The thief's record covers every block in the list.
-                        StealAction::RecordThenWait => uncovered = false,
-                        other => panic!("a pinned thief was told {other:?}: {seq:?}"),
-                    },
+                    // The thief's record covers every block in the list.
+                    Op::PinnedSteal if p.on_steal_pinned() => uncovered = false,
+                    Op::PinnedSteal => assert!(!uncovered, "uncovered blocks handed over: {seq:?}"),
                     Op::OwnerAllocate => {
                         if p.on_owner_allocate() {
                             uncovered = false;
@@ -438,17 +443,14 @@ mod tests {
                         if matches!(op, Op::LateSteal) {
                             clock += WAIT_TIME * 2;
                         }
-                        match p.on_steal(clock) {
-                            StealAction::WaitEvent => {
+                        match p.on_steal(clock, true) {
+                            Steal::Now => {
                                 assert!(!uncovered, "uncovered blocks handed over: {seq:?}")
                             }
-                            StealAction::Ask => assert!(p.is_wanted(), "{seq:?}"),
-                            StealAction::SyncDevice => {
-                                p.synchronized();
+                            Steal::NotNow => assert!(p.is_wanted(), "{seq:?}"),
+                            Steal::AfterSync(_) => {
+                                p.covered_all();
                                 uncovered = false;
-                            }
-                            StealAction::RecordThenWait => {
-                                panic!("an unpinned thief was told to record: {seq:?}")
                             }
                         }
                     }
@@ -513,17 +515,12 @@ mod tests {
                         if matches!(op, Op::LateSteal) {
                             clock += WAIT_TIME * 2;
                         }
-                        if p.on_steal(clock) == StealAction::WaitEvent {
+                        if p.on_steal(clock, true) == Steal::Now {
                             assert!(!uncovered, "uncovered blocks handed over: {seq:?}");
                         }
                     }
-                    Op::PinnedSteal => match p.on_steal_pinned() {
-                        StealAction::WaitEvent => {
-                            assert!(!uncovered, "uncovered blocks handed over: {seq:?}")
-                        }
-                        StealAction::RecordThenWait => uncovered = false,
-                        other => panic!("a pinned thief was told {other:?}: {seq:?}"),
-                    },
+                    Op::PinnedSteal if p.on_steal_pinned() => uncovered = false,
+                    Op::PinnedSteal => assert!(!uncovered, "uncovered blocks handed over: {seq:?}"),
                     Op::BeginSync => {
                         if sync.is_none() {
                             sync = Some((p.entered(), false));

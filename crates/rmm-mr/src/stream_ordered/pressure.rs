@@ -62,13 +62,12 @@ impl PressureScope {
     /// Enters a scope for a growth of `cause`: `None` (no scope) for an ordinary growth.
     #[must_use]
     pub(crate) fn enter(cause: GrowthCause) -> Option<Self> {
-        if cause != GrowthCause::Pressure {
-            return None;
-        }
-        // Cannot fail (no destructor); if it did, the growth beneath would be ordinary.
-        let _ = UNDER_PRESSURE.try_with(|c| c.set(c.get().saturating_add(1)));
-        Some(Self {
-            _thread: std::marker::PhantomData,
+        (cause == GrowthCause::Pressure).then(|| {
+            // Cannot fail (no destructor); if it did, the growth beneath would be ordinary.
+            let _ = UNDER_PRESSURE.try_with(|c| c.set(c.get().saturating_add(1)));
+            Self {
+                _thread: std::marker::PhantomData,
+            }
         })
     }
 

@@ -10,7 +10,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
-use rmm_stream::{CudaStreamView, StreamLife};
+use rmm_stream::StreamLife;
 
 use crate::stream_ordered::stream_lists::StreamKey;
 use crate::util::thread_life::{self, ThreadLife};
@@ -28,15 +28,6 @@ pub(crate) enum Life {
 }
 
 impl Life {
-    /// The life of `key`'s owner; `stream` is the caller's stream of that key.
-    pub(crate) fn of(key: StreamKey, stream: CudaStreamView<'_>) -> Self {
-        match key {
-            StreamKey::PerThread(_) => Self::Thread(thread_life::current()),
-            StreamKey::Stream(_) => stream.life().map_or(Self::Forever, Self::Stream),
-            StreamKey::Legacy | StreamKey::Orphan => Self::Forever,
-        }
-    }
-
     pub(crate) fn is_alive(&self) -> bool {
         match self {
             Self::Forever => true,
@@ -98,26 +89,27 @@ impl Registry {
         slot
     }
 
-    /// The keys whose owner is dead by `is_alive`, with their slots, lowest slot first.
-    pub(crate) fn dead(
-        &self,
+    /// Retires the keys whose owner is dead by `is_alive`: their slots become free for the next
+    /// new keys, lowest first (and none is the first user's any more). Returns them with their
+    /// slots, lowest slot first.
+    pub(crate) fn retire_dead(
+        &mut self,
         is_alive: impl Fn(StreamKey, &Life) -> bool,
     ) -> Vec<(StreamKey, usize)> {
-        let mut dead: Vec<(StreamKey, usize)> = self
-            .by_key
-            .iter()
-            .filter(|(&key, (_, life))| !is_alive(key, life))
-            .map(|(&key, &(slot, _))| (key, slot))
-            .collect();
+        let mut dead = Vec::new();
+        self.by_key.retain(|&key, (slot, life)| {
+            let alive = is_alive(key, life);
+            if !alive {
+                dead.push((key, *slot));
+            }
+            alive
+        });
         dead.sort_unstable_by_key(|&(_, slot)| slot);
-        dead
-    }
-
-    /// Retires `key`: its slot becomes free for the next new key.
-    pub(crate) fn remove(&mut self, key: StreamKey) {
-        if let Some((slot, _)) = self.by_key.remove(&key) {
+        for &(_, slot) in &dead {
             self.free.push(Reverse(slot));
+            self.first_user = self.first_user.filter(|&first| first != slot);
         }
+        dead
     }
 
     /// Number of keys with a slot.
@@ -151,16 +143,20 @@ mod tests {
                 usize::from(n - 10)
             );
         }
-        assert_eq!(r.dead(|key, _| key == k(10)), vec![(k(11), 1), (k(12), 2)]);
-        r.remove(k(12));
-        r.remove(k(11));
-        r.remove(k(11));
+        r.first_user = Some(1);
+        let dead = r.retire_dead(|key, _| key == k(10));
+        assert_eq!(dead, vec![(k(11), 1), (k(12), 2)]);
+        assert_eq!(
+            r.first_user, None,
+            "a retired slot is still the first user's"
+        );
+        assert!(r.retire_dead(|_, _| true).is_empty());
         assert_eq!(r.insert(k(13), Life::Forever, &mut new_slot), 1);
         assert_eq!(r.insert(k(14), Life::Forever, &mut new_slot), 2);
         assert_eq!(r.insert(k(15), Life::Forever, &mut new_slot), 3);
         assert_eq!(r.live(), 4);
         assert_eq!((r.get(k(13)), r.get(k(11))), (Some(1), None));
-        r.remove(k(10));
+        r.retire_dead(|key, _| key != k(10));
         assert_eq!(r.insert(k(16), Life::Forever, &mut new_slot), 0);
         assert_eq!(made, 4);
     }
@@ -211,11 +207,12 @@ mod tests {
                             let StreamKey::Stream(n) = key else { return true };
                             generation[n as usize] == registered[n as usize]
                         };
-                        for (key, slot) in r.dead(alive) {
-                            prop_assert_eq!(r.get(key), Some(slot));
-                            r.remove(key);
+                        let slots: Vec<_> = r.by_key.iter().map(|(&key, &(s, _))| (key, s)).collect();
+                        for (key, slot) in r.retire_dead(alive) {
+                            prop_assert!(slots.contains(&(key, slot)));
+                            prop_assert!(!alive(key, &Life::Forever) && r.get(key).is_none());
                         }
-                        prop_assert!(r.dead(alive).is_empty());
+                        prop_assert!(r.retire_dead(alive).is_empty());
                     }
                 }
                 peak = peak.max(r.live());

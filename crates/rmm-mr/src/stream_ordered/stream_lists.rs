@@ -12,7 +12,8 @@ use crossbeam_utils::CachePadded;
 use rmm_stream::{CudaEvent, CudaStreamView, StreamLife};
 use rmm_sys::{CudaResult, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
 
-use crate::stream_ordered::event_policy::{EventPolicy, StealAction};
+pub(crate) use crate::stream_ordered::event_policy::{EventPolicy, Steal};
+use crate::stream_ordered::free_blocks::FreeBlocks;
 use crate::sync::{Mutex, MutexGuard};
 use crate::util::cross_thread::Origin;
 pub(crate) use crate::util::thread_life::thread_number;
@@ -65,10 +66,7 @@ impl StreamKey {
     /// The [`Origin`] of a block allocated on this stream.
     #[inline]
     pub(crate) fn origin(self) -> Origin {
-        match self {
-            Self::PerThread(t) => Origin::Thread(t),
-            Self::Legacy | Self::Stream(_) | Self::Orphan => Origin::Shared,
-        }
+        self.per_thread().map_or(Origin::Shared, Origin::Thread)
     }
 }
 
@@ -76,19 +74,6 @@ impl StreamKey {
 /// (non-blocking ones included), has completed. (Tests watch it with
 /// `rmm_sys::fault::watch(DriverCall::Synchronize, ..)` to check what is locked meanwhile.)
 pub(crate) use rmm_sys::device_synchronize;
-
-/// What a thief may do with a list it has locked ([`ListState::prepare_steal`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Steal {
-    /// The thief's stream now waits for the list's pending work: take blocks.
-    Now,
-    /// Not now: look elsewhere.
-    NotNow,
-    /// Only after a device synchronization: take the blocks out, release the lock, synchronize
-    /// the device, then report it with [`ListState::synchronized_since`] and this snapshot (or,
-    /// if it failed, give the blocks back).
-    AfterSync(u64),
-}
 
 /// One slot of a resource's list storage: a stream's free list with its event, or a free slot
 /// (a retired list's, until a new key takes it). The key lives under the lock, so a caller that
@@ -116,18 +101,6 @@ pub(crate) fn new_list<L>(key: Option<StreamKey>, blocks: L) -> StreamList<L> {
         waits: Vec::new(),
         owner: None,
     }))
-}
-
-/// The blocks of a list that was retired, with what covers them.
-#[derive(Debug)]
-pub(crate) struct Retired<L> {
-    /// Its free blocks.
-    pub(crate) blocks: L,
-    /// Its event, recorded after every block when `covered`.
-    pub(crate) event: Option<CudaEvent>,
-    /// Whether the event (or nothing, when it is `None`) covers every block: no block entered
-    /// unrecorded, and no record failed.
-    pub(crate) covered: bool,
 }
 
 /// The locked part of a [`StreamList`].
@@ -168,35 +141,41 @@ impl<L> ListState<L> {
     /// Gives the free slot to `key`; `owner`: the life of its stream when that is an owning
     /// rmm-stream stream (ordinary keys only).
     pub(crate) fn assign(&mut self, key: StreamKey, owner: Option<StreamLife>) {
-        debug_assert!(self.key.is_none());
+        // A free slot is as `new_list` made it: `retire` left no event, policy or waits.
+        debug_assert!(self.key.is_none() && self.event.is_none() && self.waits.is_empty());
         self.key = Some(key);
-        self.event = None;
-        self.policy = EventPolicy::default();
-        self.waits.clear();
         self.owner = owner.filter(|_| matches!(key, StreamKey::Stream(_)));
     }
 
-    /// Retires the list: its blocks (replaced by `empty`), event and coverage go to the caller,
-    /// and the slot becomes free. `None` when the slot is already free.
-    pub(crate) fn retire(&mut self, empty: L) -> Option<Retired<L>> {
-        self.key.take()?;
-        let policy = std::mem::take(&mut self.policy);
+    /// Retires the list if it is still `key`'s: its blocks (replaced by `empty`), its event
+    /// (recorded after every block when covered) and whether the event, or nothing when there
+    /// is none, covers every block (no block entered unrecorded, no record failed) go to the
+    /// caller, and the slot becomes free as a new list's.
+    pub(crate) fn retire(
+        &mut self,
+        key: StreamKey,
+        empty: L,
+    ) -> Option<(L, Option<CudaEvent>, bool)> {
+        if self.key != Some(key) {
+            return None;
+        }
+        self.key = None;
         self.waits.clear();
         self.owner = None;
-        Some(Retired {
-            blocks: std::mem::replace(&mut self.blocks, empty),
-            event: self.event.take(),
-            covered: !policy.is_uncovered(),
-        })
+        let blocks = std::mem::replace(&mut self.blocks, empty);
+        Some((
+            blocks,
+            self.event.take(),
+            !std::mem::take(&mut self.policy).is_uncovered(),
+        ))
     }
 
     /// The list's event, created on first use.
     fn event(&mut self) -> CudaResult<&CudaEvent> {
-        let event = match self.event.take() {
-            Some(event) => event,
-            None => CudaEvent::new()?,
-        };
-        Ok(self.event.insert(event))
+        match &mut self.event {
+            Some(event) => Ok(event),
+            none => Ok(none.insert(CudaEvent::new()?)),
+        }
     }
 
     /// Blocks entered the list on `stream` (a free, a merge, a new chunk): records the list's
@@ -213,56 +192,17 @@ impl<L> ListState<L> {
     /// The owner allocates from the list on `stream`: answers a thief's request to record.
     #[inline]
     pub(crate) fn serve(&mut self, stream: CudaStreamView<'_>) {
-        if let Some(StreamKey::Stream(_)) = self.key {
-            if self.policy.on_owner_allocate() {
-                self.record(stream);
-            }
+        if matches!(self.key, Some(StreamKey::Stream(_))) && self.policy.on_owner_allocate() {
+            self.record(stream);
         }
     }
 
-    /// A thief synchronized the device after taking `snapshot` (see [`Steal::AfterSync`]).
+    /// A thief synchronized the device after taking `snapshot` (see [`Steal::AfterSync`]); the
+    /// orphan list forgets the events it no longer needs (only it has `waits`).
     pub(crate) fn synchronized_since(&mut self, snapshot: u64) {
-        if self.policy.synchronized_since(snapshot) && self.key == Some(StreamKey::Orphan) {
+        if self.policy.synchronized_since(snapshot) {
             self.waits.clear();
         }
-    }
-
-    /// Blocks left the list: the orphan list forgets its events once it is empty.
-    pub(crate) fn after_take(&mut self)
-    where
-        L: crate::stream_ordered::free_blocks::FreeBlocks,
-    {
-        if self.key == Some(StreamKey::Orphan) && self.blocks.is_empty() {
-            self.policy.on_emptied();
-            self.waits.clear();
-        }
-    }
-
-    /// The orphan list takes `blocks`: `covered` when `event` (if any) was recorded after every
-    /// one of them. On error (an inconsistency) the blocks not taken are returned.
-    pub(crate) fn adopt(
-        &mut self,
-        mut blocks: L,
-        event: Option<CudaEvent>,
-        covered: bool,
-    ) -> Result<(), (L, String)>
-    where
-        L: crate::stream_ordered::free_blocks::FreeBlocks,
-    {
-        debug_assert_eq!(self.key, Some(StreamKey::Orphan));
-        if blocks.is_empty() {
-            return Ok(());
-        }
-        let absorbed = self.blocks.absorb(&mut blocks);
-        // Even a partial absorb brought blocks in: count them (uncovered if it failed).
-        let room = self.waits.len() < ORPHAN_EVENTS;
-        if self.policy.on_orphaned(covered && absorbed.is_ok() && room) {
-            self.waits.extend(event);
-        } else if self.policy.is_record_failed() {
-            // The next thief synchronizes the device, which covers what the events would.
-            self.waits.clear();
-        }
-        absorbed.map_err(|e| (blocks, e))
     }
 
     /// Records the event on `stream`; when that fails (`false`) the policy makes the next thief
@@ -299,42 +239,65 @@ impl<L> ListState<L> {
             Some(StreamKey::Stream(_) | StreamKey::Orphan) => {
                 // An owning stream that is still alive stays so while pinned: the thief may
                 // record on it itself. Other lists follow the ask / synchronize rule.
-                let pin = self.owner.as_ref().and_then(StreamLife::pin);
-                let action = match pin {
-                    Some(_) => self.policy.on_steal_pinned(),
-                    None => self.policy.on_steal(Instant::now()),
-                };
-                return match (action, pin) {
-                    (StealAction::RecordThenWait, Some(pin)) => {
-                        if !self.record(pin.view()) {
+                let answer = match self.owner.as_ref().and_then(StreamLife::pin) {
+                    // The pin goes once the record is made.
+                    Some(pin) => {
+                        if self.policy.on_steal_pinned() && !self.record(pin.view()) {
                             return Ok(Steal::NotNow);
                         }
-                        drop(pin);
-                        self.event()?.wait(thief)?;
-                        Ok(Steal::Now)
+                        Steal::Now
                     }
-                    // Unpinned thieves are never told to record.
-                    (StealAction::RecordThenWait, None) => Ok(Steal::NotNow),
+                    None => self.policy.on_steal(Instant::now(), may_sync),
+                };
+                if answer == Steal::Now {
                     // Covered: recorded after every block that entered, or never needed (only
                     // the orphan list has `waits`; it is never pinned).
-                    (StealAction::WaitEvent, pin) => {
-                        drop(pin);
-                        for ev in self.event.iter().chain(&self.waits) {
-                            ev.wait(thief)?;
-                        }
-                        Ok(Steal::Now)
+                    for ev in self.event.iter().chain(&self.waits) {
+                        ev.wait(thief)?;
                     }
-                    (StealAction::SyncDevice, _) if may_sync => {
-                        Ok(Steal::AfterSync(self.policy.entered()))
-                    }
-                    (StealAction::Ask | StealAction::SyncDevice, _) => Ok(Steal::NotNow),
-                };
+                }
+                return Ok(answer);
             }
         };
         let ev = self.event()?;
         ev.record(on)?;
         ev.wait(thief)?;
         Ok(Steal::Now)
+    }
+}
+
+/// What the orphan list does with its blocks (it needs to know whether it has any).
+impl<L: FreeBlocks> ListState<L> {
+    /// Blocks left the list: the orphan list forgets its events once it is empty.
+    pub(crate) fn after_take(&mut self) {
+        if self.key == Some(StreamKey::Orphan) && self.blocks.is_empty() {
+            self.policy.covered_all();
+            self.waits.clear();
+        }
+    }
+
+    /// The orphan list takes `blocks`: `covered` when `event` (if any) was recorded after every
+    /// one of them. On error (an inconsistency) the blocks not taken are dropped (lost).
+    pub(crate) fn adopt(
+        &mut self,
+        mut blocks: L,
+        event: Option<CudaEvent>,
+        covered: bool,
+    ) -> Result<(), String> {
+        debug_assert_eq!(self.key, Some(StreamKey::Orphan));
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        let absorbed = self.blocks.absorb(&mut blocks);
+        // Even a partial absorb brought blocks in: count them (uncovered if it failed).
+        let room = self.waits.len() < ORPHAN_EVENTS;
+        if self.policy.on_orphaned(covered && absorbed.is_ok() && room) {
+            self.waits.extend(event);
+        } else {
+            // The next thief synchronizes the device, which covers what the events would.
+            self.waits.clear();
+        }
+        absorbed
     }
 }
 
@@ -430,20 +393,20 @@ fn scan_list_cache(c: &ListCache, pool: u64, key: StreamKey) -> Option<CacheSlot
 /// for).
 pub(crate) fn remember_list(pool: u64, key: StreamKey, list: *const ()) {
     let _ = LIST_CACHE.try_with(|c| {
-        let slot = Some(CacheSlot { pool, key, list });
         // Replace the entry of the same key, else take the home slot if it is free, else
         // round robin.
-        let same = c
+        let home = home_slot(pool, key);
+        let i = c
             .slots
             .iter()
-            .position(|s| s.get().is_some_and(|s| s.pool == pool && s.key == key));
-        let home = home_slot(pool, key);
-        let free_home = c.slots.get(home).is_some_and(|s| s.get().is_none());
-        let i = same.unwrap_or(if free_home { home } else { c.next.get() });
-        if same.is_none() && !free_home {
-            c.next.set((i + 1) % CACHE_SLOTS);
-        }
-        c.slots[i].set(slot);
+            .position(|s| s.get().is_some_and(|s| s.pool == pool && s.key == key))
+            .or_else(|| c.slots[home].get().is_none().then_some(home))
+            .unwrap_or_else(|| {
+                let next = c.next.get();
+                c.next.set((next + 1) % CACHE_SLOTS);
+                next
+            });
+        c.slots[i].set(Some(CacheSlot { pool, key, list }));
         c.last.set(i);
     });
 }
@@ -599,16 +562,20 @@ mod tests {
             g.prepare_steal(CudaStreamView::legacy(), true).unwrap(),
             Steal::NotNow
         );
-        assert!(g.retire(()).is_none());
+        assert!(g.retire(StreamKey::Stream(9), ()).is_none());
         g.assign(StreamKey::Stream(9), None);
         assert_eq!(g.key(), Some(StreamKey::Stream(9)));
-        let r = g.retire(()).unwrap();
-        assert!(r.covered && r.event.is_none());
+        assert!(
+            g.retire(StreamKey::Stream(8), ()).is_none(),
+            "retired another key's list"
+        );
+        let ((), event, covered) = g.retire(StreamKey::Stream(9), ()).unwrap();
+        assert!(covered && event.is_none());
         assert_eq!(g.key(), None);
         g.assign(StreamKey::Stream(10), None);
         g.publish(CudaStreamView::legacy(), true);
-        let r = g.retire(()).unwrap();
-        assert!(!r.covered, "an unrecorded list retired as covered");
+        let ((), _, covered) = g.retire(StreamKey::Stream(10), ()).unwrap();
+        assert!(!covered, "an unrecorded list retired as covered");
         // Given to a new key, the slot starts afresh.
         g.assign(StreamKey::Stream(11), None);
         assert!(!g.policy.is_uncovered());

@@ -13,8 +13,9 @@ use crate::error::{MrError, MrResult};
 use crate::stream_ordered::free_blocks::FreeBlocks;
 use crate::stream_ordered::slot_table::{deaths, Life, Registry, StreamLists};
 use crate::stream_ordered::stream_lists::{
-    new_list, remember_list, ListGuard, Retired, StreamKey, StreamList,
+    new_list, remember_list, ListGuard, StreamKey, StreamList,
 };
+use crate::util::thread_life;
 
 impl<L: FreeBlocks> StreamOrdered<L> {
     /// Finds or creates the list of `key` (after retiring the lists of dead owners, whose slots
@@ -35,9 +36,15 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         } else if let Some(i) = reg.get(key) {
             (Some(i), false)
         } else {
+            // The owner's life: this thread, or the stream's when rmm-stream made it (a
+            // foreign stream's death cannot be known).
+            let life = match key {
+                StreamKey::PerThread(_) => Life::Thread(thread_life::current()),
+                _ => stream.life().map_or(Life::Forever, Life::Stream),
+            };
             // New slots are made only here, under the registry's lock: the storage's next index.
             let new_slot = || self.lists.push(new_list(None, self.empty.clone()));
-            (Some(reg.insert(key, Life::of(key, stream), new_slot)), true)
+            (Some(reg.insert(key, life, new_slot)), true)
         };
         let list = match index {
             None => &self.legacy,
@@ -95,39 +102,24 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         if self.swept.swap(now, Ordering::Relaxed) == now {
             return;
         }
-        for (key, slot) in reg.dead(|_, life| life.is_alive()) {
-            self.retire(reg, key, slot);
+        for (key, slot) in reg.retire_dead(|_, life| life.is_alive()) {
+            self.retire(key, slot);
         }
     }
 
-    /// Retires `key`'s list in `slot` (its owner died): the slot becomes free, and its blocks go
+    /// Retires `key`'s list in `slot` (its owner died; the registry freed the slot): its blocks go
     /// where stream order keeps them safe. A per-thread list's go to the legacy list: the
     /// legacy stream waits for all earlier work of every blocking stream, per-thread default
     /// streams included (as for a cross-thread free). An ordinary stream's go to the orphan list
     /// with the list's event when it covers them all, else marked for a device synchronization
     /// (the stream is gone: nobody can record on it any more).
-    fn retire(&self, reg: &mut Registry, key: StreamKey, slot: usize) {
-        reg.remove(key);
-        if reg.first_user == Some(slot) {
-            reg.first_user = None;
-        }
+    fn retire(&self, key: StreamKey, slot: usize) {
         let Some(list) = self.lists.get(slot) else {
             return;
         };
-        let retired = {
-            let mut st = list.lock();
-            if st.key() != Some(key) {
-                log::error!("rmm: stream list {slot} is not {key:?}'s; nothing to retire");
-                return;
-            }
-            st.retire(self.empty.clone())
-        };
-        let Some(Retired {
-            mut blocks,
-            event,
-            covered,
-        }) = retired.filter(|r| !r.blocks.is_empty())
-        else {
+        // (An empty list needs no care: absorbing or adopting no block changes nothing.)
+        let Some((mut blocks, event, covered)) = list.lock().retire(key, self.empty.clone()) else {
+            log::error!("rmm: stream list {slot} is not {key:?}'s; nothing to retire");
             return;
         };
         if key.per_thread().is_some() {
@@ -140,16 +132,15 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         }
         // Before the pool turned eager nothing was recorded at all.
         let covered = covered && self.is_eager();
-        if let Err((rest, e)) = self.orphan.lock().adopt(blocks, event, covered) {
+        if let Err(e) = self.orphan.lock().adopt(blocks, event, covered) {
             log::error!("rmm: free blocks lost while retiring a stream list: {e}");
-            drop(rest);
         }
     }
 
     /// Puts `blocks` in the orphan list, behind a device synchronization (for blocks whose list
     /// is gone, or whose cover is unknown).
     pub(super) fn to_orphan(&self, blocks: L) {
-        if let Err((_, e)) = self.orphan.lock().adopt(blocks, None, false) {
+        if let Err(e) = self.orphan.lock().adopt(blocks, None, false) {
             log::error!("rmm: free blocks lost while moving them to the orphan list: {e}");
         }
     }
@@ -160,12 +151,10 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     pub(super) fn give_back(&self, victim: &StreamList<L>, key: Option<StreamKey>, mut blocks: L) {
         let mut st = victim.lock();
         if key.is_some() && st.key() == key && key != Some(StreamKey::Orphan) {
-            if let Err(e) = st.blocks.absorb(&mut blocks) {
-                drop(st);
-                log::error!("rmm: a list refused its own blocks back: {e}");
-                self.to_orphan(blocks);
-            }
-            return;
+            let Err(e) = st.blocks.absorb(&mut blocks) else {
+                return;
+            };
+            log::error!("rmm: a list refused its own blocks back: {e}");
         }
         drop(st);
         self.to_orphan(blocks);
