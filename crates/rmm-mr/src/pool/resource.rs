@@ -1126,7 +1126,7 @@ mod tests {
         let (pc, y) = (p.clone(), Arc::clone(&yields));
         *p.inner.core.patience().yielding.lock().unwrap() = Some(Box::new(move || {
             let n = y.fetch_add(1, Ordering::Relaxed) + 1;
-            pc.inner.core.patience().landed(|_| n % 500 == 0);
+            pc.inner.core.patience().freed(|_| n % 500 == 0);
         }));
         let b = p.allocate(s(), 4096, 256).unwrap();
         // The hook holds a handle of the pool.

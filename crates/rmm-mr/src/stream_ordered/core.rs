@@ -13,7 +13,7 @@
 //! (their blocks go to the legacy list or to the orphan list, behind their event or a device
 //! synchronization) and their slots reused, so the lists stay as many as the live keys. Lock order:
 //! chunk set → registry → list → the record's inner locks; a thief holds two list locks at once,
-//! taken in address order ([`StreamOrdered::lock_both`]), no other thread more than one, and
+//! in address order ([`StreamOrdered::also_lock_own`]), no other thread more than one, and
 //! nothing synchronizes the device while holding any of them. A failed call leaves the core as it
 //! was (but for the wholly free chunks a failing allocation gave back). The algorithm, the lists,
 //! the locks and the failure rules in full: `docs/internals/stream-ordered.md`.
@@ -297,10 +297,25 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         }
     }
 
-    /// Locks `own` and `victim`, two different lists, in address order: a thief moves blocks
-    /// between them holding both, so that no block is ever in no list while it moves (see
-    /// [`patience`](crate::stream_ordered::patience)). The only place a thread holds two list
-    /// locks. Returns `(own, victim)`.
+    /// Locks `own`, the caller's list, while the caller holds `victim`'s lock, keeping the
+    /// address order of list locks: blocking when `own` lies after `victim`, else only if it
+    /// is free at once (`None`: it was not; nothing was locked). A thief moves blocks from the
+    /// victim into its own list this way, letting the victim go before the blocks go in, so
+    /// that they are never in no list while a search could pass (see
+    /// [`patience`](crate::stream_ordered::patience)).
+    pub(super) fn also_lock_own<'a>(
+        own: &'a StreamList<L>,
+        victim: &StreamList<L>,
+    ) -> Option<ListGuard<'a, L>> {
+        if std::ptr::from_ref(own) > std::ptr::from_ref(victim) {
+            Some(own.lock())
+        } else {
+            own.try_lock()
+        }
+    }
+
+    /// Locks `own` and `victim`, two different lists, in address order. Returns
+    /// `(own, victim)`.
     pub(super) fn lock_both<'a>(
         own: &'a StreamList<L>,
         victim: &'a StreamList<L>,
@@ -328,7 +343,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         mine.publish(stream, self.is_eager());
         mine.blocks.absorb(blocks)?;
         let block = size.and_then(|size| mine.blocks.take(size));
-        self.patience.landed(|wanted| mine.blocks.fits(wanted));
+        self.patience.merged(|wanted| mine.blocks.fits(wanted));
         Ok(block)
     }
 
@@ -391,7 +406,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         }
         // Under the same lock: no thief sees the block before the event covers it.
         st.publish(stream, self.is_eager());
-        self.patience.landed(|wanted| st.blocks.fits(wanted));
+        self.patience.freed(|wanted| st.blocks.fits(wanted));
         Ok(())
     }
 
@@ -426,7 +441,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             return Err(kept_allocated(&mut st.blocks, ptr, size, tag, origin, &e));
         }
         st.publish(CudaStreamView::legacy(), self.is_eager());
-        self.patience.landed(|wanted| st.blocks.fits(wanted));
+        self.patience.freed(|wanted| st.blocks.fits(wanted));
         Ok(())
     }
 

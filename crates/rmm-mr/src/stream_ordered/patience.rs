@@ -2,17 +2,15 @@
 //! nothing grows, and growing at least doubles a pool without a maximum; at 16 threads another
 //! thread's free often leaves a fitting block a moment later. So a grower announces its size
 //! ([`Patience::watch`]) before its search; every block that enters a list while it watches (a
-//! free, or a thief's merge or share, each under the receiving list's lock) says so
-//! ([`Patience::landed`]), and whether that list now fits the grower's size. After a miss,
+//! free, [`Patience::freed`], or a thief's merge or share, [`Patience::merged`], each under
+//! the receiving list's lock) says whether that list now fits the grower's size. After a miss,
 //! [`Watch::settle`] searches again at once if a fitting block landed since the watch, else
-//! waits for one, stopping after [`IDLE_WINDOW`] yields without any block landing at all.
+//! waits for one, stopping after [`IDLE_WINDOW`] yields without any free at all.
 //!
-//! Blocks are never in transit between lists: a thief moves them from the victim's list into
-//! its own holding both locks (`StreamOrdered::lock_both`), so a search sees them in one list
-//! or the other; a merge from a list the grower had not searched yet into one it had searched
-//! lands after the grower's watch and so sends it back. (Until 2026-11 merges took the blocks
-//! out under one lock and put them in under the other, and the grower counted those merges by
-//! epoch and waited for them; two locks at once made all of that unnecessary.)
+//! Blocks are never in transit unseen: a thief locks its own list before it lets go of the
+//! victim's (`StreamOrdered::also_lock_own`), and keeps it locked until the blocks are in, so
+//! a search that reaches its list waits for them there; a merge from a list the grower had not
+//! searched yet into one it had searched lands after the grower's watch and so sends it back.
 //!
 //! Every wait of a growth (per hold of the growth lock) comes out of one [`Budget`]:
 //! [`PATIENCE`] steps (a yield, or a search again after a fitting block landed) and
@@ -46,8 +44,8 @@ pub(crate) struct Patience {
     /// Since the grower's [`Patience::watch`], blocks landed in a list that then fitted the
     /// grower's size.
     fit_landed: AtomicBool,
-    /// Landings while a grower watched (fitting or not): the grower's sign of life.
-    landings: AtomicU64,
+    /// Frees made while a grower watched (fitting or not): the grower's sign of life.
+    frees: AtomicU64,
     /// Run at every yield of a waiting grower, on its thread, before it yields (tests).
     #[cfg(test)]
     pub(crate) yielding: std::sync::Mutex<Option<Box<dyn FnMut() + Send>>>,
@@ -143,23 +141,31 @@ impl Patience {
         Self {
             wanted: CachePadded::new(AtomicUsize::new(NOBODY)),
             fit_landed: AtomicBool::new(false),
-            landings: AtomicU64::new(0),
+            frees: AtomicU64::new(0),
             #[cfg(test)]
             yielding: std::sync::Mutex::new(None),
         }
     }
 
-    /// Blocks entered a list (a free, a merge, a share): called under that list's lock, after
-    /// they went in (for a thief, before it lets go of the victim's lock), with the list's
-    /// `fits`; asks it about the searching grower's size, if one searches.
+    /// A block was freed into a list: called under its lock, after the block went in, with the
+    /// list's `fits`; while a grower searches, counts as its sign of life, and raises the flag
+    /// if the list now fits its size.
     #[inline]
-    pub(crate) fn landed(&self, fits: impl FnOnce(usize) -> bool) {
+    pub(crate) fn freed(&self, fits: impl FnOnce(usize) -> bool) {
+        if self.wanted.load(Ordering::SeqCst) != NOBODY {
+            self.frees.fetch_add(1, Ordering::Relaxed);
+            self.merged(fits);
+        }
+    }
+
+    /// A thief's blocks (a merge, a share) entered its list: called under its lock, after
+    /// they went in, with the list's `fits`; raises the flag if the list now fits the
+    /// searching grower's size (they are no sign of life: they only move free memory).
+    #[inline]
+    pub(crate) fn merged(&self, fits: impl FnOnce(usize) -> bool) {
         let wanted = self.wanted.load(Ordering::SeqCst);
-        if wanted != NOBODY {
-            self.landings.fetch_add(1, Ordering::Relaxed);
-            if fits(wanted) {
-                self.fit_landed.store(true, Ordering::SeqCst);
-            }
+        if wanted != NOBODY && fits(wanted) {
+            self.fit_landed.store(true, Ordering::SeqCst);
         }
     }
 
@@ -207,7 +213,7 @@ impl Watch<'_> {
     /// [`Watch::settle`] with its idle rule as a parameter (the models set it small).
     fn settle_with(&self, budget: &mut Budget, idle: u32) -> Settled {
         let p = self.patience;
-        let mut seen = p.landings.load(Ordering::Relaxed);
+        let mut seen = p.frees.load(Ordering::Relaxed);
         let mut settled = Settled::GaveUp;
         for spins in 1u32.. {
             if p.fit_landed.load(Ordering::SeqCst) {
@@ -218,7 +224,7 @@ impl Watch<'_> {
                 break;
             }
             if spins % idle == 0 {
-                let now = p.landings.load(Ordering::Relaxed);
+                let now = p.frees.load(Ordering::Relaxed);
                 if now == seen {
                     // A last look: a block may have landed during the last yield.
                     if p.fit_landed.load(Ordering::SeqCst) {
@@ -323,15 +329,29 @@ mod tests {
     fn a_landing_that_left_a_fitting_block_sends_the_grower_back() {
         let p = Patience::new();
         let w = p.watch(4);
-        p.landed(|wanted| wanted <= 2);
+        p.freed(|wanted| wanted <= 2);
         assert!(!p.fit_landed.load(Ordering::SeqCst), "2 bytes do not fit 4");
-        p.landed(|wanted| wanted <= 8);
+        p.freed(|wanted| wanted <= 8);
         assert_eq!(w.settle(&mut free()), Settled::SearchAgain);
         // The next search starts afresh.
         let w = p.watch(4);
         assert_eq!(w.settle(&mut free()), Settled::Grow);
         // Without a grower a landing asks nothing.
-        p.landed(|_| panic!("nobody searches"));
+        p.freed(|_| panic!("nobody searches"));
+    }
+
+    #[test]
+    fn a_merge_raises_the_flag_but_is_no_sign_of_life() {
+        let p = Patience::new();
+        let w = p.watch(4);
+        p.merged(|wanted| wanted <= 2);
+        let mut budget = free();
+        // Only frees keep a grower waiting: with the idle rule at 4 yields it grows.
+        assert_eq!(w.settle_with(&mut budget, 4), Settled::Grow);
+        let w = p.watch(4);
+        p.merged(|wanted| wanted <= 8);
+        assert_eq!(w.settle(&mut free()), Settled::SearchAgain);
+        p.merged(|_| panic!("nobody searches"));
     }
 
     #[test]
@@ -342,9 +362,9 @@ mod tests {
             // No limit and no idle rule: it returns only once the block landed.
             let grower = s.spawn(|| w.settle_with(&mut free(), u32::MAX));
             for _ in 0..3 {
-                p.landed(|_| false);
+                p.freed(|_| false);
             }
-            p.landed(|wanted| wanted == 4);
+            p.freed(|wanted| wanted == 4);
             assert_eq!(grower.join().unwrap(), Settled::SearchAgain);
         });
     }
@@ -371,7 +391,7 @@ mod tests {
         // Frees all along, every 100th fitting.
         *p.yielding.lock().unwrap() = Some(Box::new(move || {
             let n = y.fetch_add(1, Ordering::Relaxed) + 1;
-            p.landed(|_| n % 100 == 0);
+            p.freed(|_| n % 100 == 0);
         }));
         let mut budget = Budget::new(PATIENCE, None);
         let mut again = 0;
@@ -392,7 +412,7 @@ mod tests {
         // Past the budget a settle yields no more, and a fitting block no longer sends the
         // grower back.
         let w = p.watch(4);
-        p.landed(|_| true);
+        p.freed(|_| true);
         assert_eq!(w.settle(&mut budget), Settled::GaveUp);
         assert_eq!(u64::from(budget.spent()), yields);
     }
@@ -404,7 +424,7 @@ mod tests {
         let p: &'static Patience = Box::leak(Box::new(Patience::new()));
         *p.yielding.lock().unwrap() = Some(Box::new(move || {
             std::thread::sleep(Duration::from_millis(1));
-            p.landed(|_| false);
+            p.freed(|_| false);
         }));
         let mut budget = Budget::new(1000, Instant::now().checked_add(Duration::from_millis(5)));
         let w = p.watch(4);

@@ -36,13 +36,12 @@ pub(super) fn settle(r: MrResult<()>) -> MrResult<()> {
 impl<L: FreeBlocks> StreamOrdered<L> {
     /// Steals one fitting block from another stream's list (the remainder stays there), else
     /// merges other lists into `own` until one fits; the stream waits on each victim's event.
-    /// Blocks move from the victim's list to `own` under both locks ([`Self::lock_both`]). A
-    /// victim that needs a device synchronization is skipped unless `may_sync` (false under
-    /// the growth lock); then the blocks are taken out under its lock and the device is
-    /// synchronized with no lock held. When nothing is taken, says whether a fitting block was
-    /// withheld for want of an event (the growth that follows is then
-    /// [`GrowthCause::Pressure`]). While `own` is retired (its stream was destroyed
-    /// meanwhile), a steal takes no share and nothing is merged into it.
+    /// Blocks that move into `own` (a merge, a share) go in with `own` locked before the
+    /// victim is let go ([`Self::also_lock_own`]). A victim that needs a device
+    /// synchronization is skipped unless `may_sync` (false under the growth lock); then the
+    /// blocks are taken out under its lock and the device is synchronized with no lock held.
+    /// When nothing is taken, says whether a fitting block was withheld for want of an event
+    /// (the growth that follows is then [`GrowthCause::Pressure`]).
     ///
     /// [`GrowthCause::Pressure`]: crate::stream_ordered::pressure::GrowthCause::Pressure
     pub(super) fn take_from_others(
@@ -57,11 +56,7 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         let mut withheld = false;
         // Steal one block; the remainder stays with its stream.
         for victim in &others {
-            // A look under the victim's lock alone first: most lists cannot serve.
-            if !victim.lock().blocks.fits(size) {
-                continue;
-            }
-            let (mut mine, mut st) = Self::lock_both(own, victim);
+            let mut st = victim.lock();
             // Nothing is taken before the stream waits, so a failed wait takes nothing.
             if !st.blocks.fits(size) {
                 continue;
@@ -74,22 +69,28 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                     let Some(block) = st.blocks.take(size) else {
                         continue;
                     };
+                    // A share goes only into `own` locked before the victim is let go (no
+                    // share when that lock is not to be had at once).
+                    let mine = L::SHARES
+                        .then(|| Self::also_lock_own(own, victim))
+                        .flatten()
+                        .filter(|mine| mine.key() == Some(key));
                     let mut share = self.empty.clone();
-                    if mine.key() == Some(key) {
+                    if mine.is_some() {
                         st.blocks.share_with_thief(size, &mut share);
                     }
                     st.after_take();
-                    if !share.is_empty() {
+                    drop(st);
+                    if let (Some(mut mine), false) = (mine, share.is_empty()) {
                         if let Err(e) = self.receive(&mut mine, stream, &mut share, None) {
                             log::error!("rmm: inconsistent free lists after a steal: {e}");
-                            drop((mine, st));
+                            drop(mine);
                             self.to_orphan(share);
                         }
                     }
                     return Ok(Search::Taken(block));
                 }
                 Steal::AfterSync(snapshot) => {
-                    drop(mine);
                     let victim_key = st.key();
                     let Some(block) = st.blocks.take(size) else {
                         continue;
@@ -115,11 +116,8 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         }
         // Merge whole lists into this one, retrying after each.
         for victim in &others {
-            if victim.lock().blocks.is_empty() {
-                continue;
-            }
-            let (mut mine, mut st) = Self::lock_both(own, victim);
-            if st.blocks.is_empty() || mine.key() != Some(key) {
+            let mut st = victim.lock();
+            if st.blocks.is_empty() {
                 continue;
             }
             let snapshot = match st.prepare_steal(stream, may_sync)? {
@@ -127,17 +125,35 @@ impl<L: FreeBlocks> StreamOrdered<L> {
                 Steal::Now => None,
                 Steal::AfterSync(snapshot) => Some(snapshot),
             };
-            let mut moved = std::mem::replace(&mut st.blocks, self.empty.clone());
-            st.after_take();
+            let victim_key = st.key();
             let Some(snapshot) = snapshot else {
+                let mut mine = match Self::also_lock_own(own, victim) {
+                    Some(mine) => mine,
+                    None => {
+                        // Both locks in address order instead; blocks may have entered the
+                        // victim meanwhile, so the stream waits again.
+                        drop(st);
+                        let (mine, again) = Self::lock_both(own, victim);
+                        st = again;
+                        if st.blocks.is_empty() || st.prepare_steal(stream, may_sync)? != Steal::Now
+                        {
+                            continue;
+                        }
+                        mine
+                    }
+                };
+                if mine.key() != Some(key) {
+                    continue;
+                }
+                let mut moved = std::mem::replace(&mut st.blocks, self.empty.clone());
+                st.after_take();
+                drop(st);
                 match self.receive(&mut mine, stream, &mut moved, Some(size)) {
                     Ok(Some(block)) => return Ok(Search::Taken(block)),
                     Ok(None) => continue,
                     Err(e) => {
-                        // Back where they were, under the same lock: nothing changed.
-                        if let Err(back) = st.blocks.absorb(&mut moved) {
-                            log::error!("rmm: free blocks lost while merging: {back}");
-                        }
+                        drop(mine);
+                        self.give_back(victim, victim_key, moved);
                         return Err(MrError::bad_alloc(format!(
                             "inconsistent free lists while merging: {e}"
                         )));
@@ -146,8 +162,9 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             };
             // Behind a synchronization: out of every list until the device is done (counted
             // in `in_flight`), no lock held.
-            let victim_key = st.key();
-            drop((mine, st));
+            let moved = std::mem::replace(&mut st.blocks, self.empty.clone());
+            st.after_take();
+            drop(st);
             let _busy = self.in_flight.begin();
             if let Err(e) = self.synchronize_device() {
                 self.give_back(victim, victim_key, moved);

@@ -1,5 +1,6 @@
 //! Loom models of the grower's patience (`cargo xtask loom`). The first two: a thief merges
-//! the free blocks of list `b` into list `a` holding both locks, as the core's thieves do,
+//! the free blocks of list `b` into list `a`, locking `a` before it lets go of `b` and keeping
+//! it until the blocks are in, as the core's thieves do,
 //! while a grower searches `a` and then `b` (the order in which a merge can hide blocks from
 //! it) and, after a miss, settles. On every interleaving: a grower that missed a fitting block
 //! is sent back and then finds it, and one whose miss was real is told to grow. The last three
@@ -27,11 +28,14 @@ fn merge_while_searching(block: usize, wanted: usize) -> Vec<Result<(), Settled>
     let thief = {
         let (patience, a, b) = (Arc::clone(&patience), Arc::clone(&a), Arc::clone(&b));
         thread::spawn(move || {
-            // Both locks, in one order (the core's: by address).
-            let mut a = a.lock().unwrap();
-            let mut b = b.lock().unwrap();
-            a.append(&mut b);
-            patience.landed(|wanted| fits(&a, wanted));
+            // The victim first, then its own list (blocking: it lies after the victim), then
+            // the victim let go before the blocks go in (the core's order).
+            let mut victim = b.lock().unwrap();
+            let mut mine = a.lock().unwrap();
+            let mut moved = std::mem::take(&mut *victim);
+            drop(victim);
+            mine.append(&mut moved);
+            patience.merged(|wanted| fits(&mine, wanted));
         })
     };
     let mut searches = Vec::new();
@@ -82,7 +86,7 @@ fn loom_a_grower_is_not_sent_back_for_blocks_that_do_not_fit() {
     );
 }
 
-/// The patience protocol with the frees that report to it (`Patience::landed`, `Watch::settle`'s
+/// The patience protocol with the frees that report to it (`Patience::freed`, `Watch::settle`'s
 /// wait for a fit, the growth's [`Budget`]): a grower announces `wanted` bytes, searches list
 /// `a` (empty at first) and, after each miss, settles with what is left of one budget of
 /// `budget` steps and its idle rule `idle`, searching again at most twice; a freeing thread puts `blocks` into `a` one by one, each under `a`'s lock and
@@ -102,7 +106,7 @@ fn wait_for_frees(
             for &block in blocks {
                 let mut list = a.lock().unwrap();
                 list.push(block);
-                patience.landed(|wanted| fits(&list, wanted));
+                patience.freed(|wanted| fits(&list, wanted));
             }
         })
     };
