@@ -191,8 +191,6 @@ impl FreeBlocks for FixedBlocks {
     }
 
     /// Half the victim's blocks, at most [`THIEF_SHARE`]: every block fits every request.
-    const SHARES: bool = true;
-
     fn share_with_thief(&mut self, _size: usize, into: &mut Self) {
         for _ in 0..(self.free.len() / 2).min(THIEF_SHARE) {
             match self.free.pop_front() {

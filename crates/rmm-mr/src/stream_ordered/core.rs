@@ -12,9 +12,8 @@
 //! mismatches). The lists of threads that exited and of streams that were destroyed are retired
 //! (their blocks go to the legacy list or to the orphan list, behind their event or a device
 //! synchronization) and their slots reused, so the lists stay as many as the live keys. Lock order:
-//! chunk set → registry → list → the record's inner locks; a thief holds two list locks at once,
-//! in address order ([`StreamOrdered::also_lock_own`]), no other thread more than one, and
-//! nothing synchronizes the device while holding any of them. A failed call leaves the core as it
+//! chunk set → registry → one list → the record's inner locks; no thread holds two list locks,
+//! and nothing synchronizes the device while holding any of them. A failed call leaves the core as it
 //! was (but for the wholly free chunks a failing allocation gave back). The algorithm, the lists,
 //! the locks and the failure rules in full: `docs/internals/stream-ordered.md`.
 //!
@@ -297,60 +296,12 @@ impl<L: FreeBlocks> StreamOrdered<L> {
         }
     }
 
-    /// Locks `own`, the caller's list, while the caller holds `victim`'s lock, keeping the
-    /// address order of list locks: blocking when `own` lies after `victim`, else only if it
-    /// is free at once (`None`: it was not; nothing was locked). A thief moves blocks from the
-    /// victim into its own list this way, letting the victim go before the blocks go in, so
-    /// that they are never in no list while a search could pass (see
-    /// [`patience`](crate::stream_ordered::patience)).
-    pub(super) fn also_lock_own<'a>(
-        own: &'a StreamList<L>,
-        victim: &StreamList<L>,
-    ) -> Option<ListGuard<'a, L>> {
-        if std::ptr::from_ref(own) > std::ptr::from_ref(victim) {
-            Some(own.lock())
-        } else {
-            own.try_lock()
-        }
-    }
-
-    /// Locks `own` and `victim`, two different lists, in address order. Returns
-    /// `(own, victim)`.
-    pub(super) fn lock_both<'a>(
-        own: &'a StreamList<L>,
-        victim: &'a StreamList<L>,
-    ) -> (ListGuard<'a, L>, ListGuard<'a, L>) {
-        if std::ptr::from_ref(own) < std::ptr::from_ref(victim) {
-            let own = own.lock();
-            (own, victim.lock())
-        } else {
-            let victim = victim.lock();
-            (own.lock(), victim)
-        }
-    }
-
-    /// Puts `blocks` (safe for `stream` now) into `mine`, the caller's list, locked, as
-    /// entering on `stream`, takes `size` bytes from it (`None`: takes nothing) and tells a
-    /// searching grower whether the list now fits it. On error (an inconsistency) the blocks
-    /// the list refused stay in `blocks`.
-    pub(super) fn receive(
-        &self,
-        mine: &mut ListGuard<'_, L>,
-        stream: CudaStreamView<'_>,
-        blocks: &mut L,
-        size: Option<usize>,
-    ) -> Result<Option<(u64, L::Tag)>, String> {
-        mine.publish(stream, self.is_eager());
-        mine.blocks.absorb(blocks)?;
-        let block = size.and_then(|size| mine.blocks.take(size));
-        self.patience.merged(|wanted| mine.blocks.fits(wanted));
-        Ok(block)
-    }
-
-    /// Puts `blocks` (safe for `stream` now, held in no list) into `own`, `key`'s list, and
-    /// takes `size` bytes from it (see [`receive`](Self::receive)). If `own` was retired
-    /// meanwhile, the block comes from `blocks` and the rest goes to the orphan list. On error
-    /// (an inconsistency) the blocks `own` refused come back.
+    /// Puts `blocks` (safe for `stream` now, taken out of another list) into `own`, `key`'s
+    /// list, as entering on `stream`, takes `size` bytes from it (`None`: takes nothing) and
+    /// tells a searching grower whether the list now fits it (see
+    /// [`patience`](crate::stream_ordered::patience)). If `own` was retired meanwhile, the
+    /// block comes from `blocks` and the rest goes to the orphan list. On error (an
+    /// inconsistency) the blocks `own` refused come back.
     #[allow(clippy::type_complexity)]
     fn deposit(
         &self,
@@ -362,9 +313,13 @@ impl<L: FreeBlocks> StreamOrdered<L> {
     ) -> Result<Option<(u64, L::Tag)>, (L, String)> {
         let mut st = own.lock();
         if st.key() == Some(key) {
-            return self
-                .receive(&mut st, stream, &mut blocks, size)
-                .map_err(|e| (blocks, e));
+            st.publish(stream, self.is_eager());
+            if let Err(e) = st.blocks.absorb(&mut blocks) {
+                return Err((blocks, e));
+            }
+            let block = size.and_then(|size| st.blocks.take(size));
+            self.patience.merged(|wanted| st.blocks.fits(wanted));
+            return Ok(block);
         }
         drop(st);
         let block = size.and_then(|size| blocks.take(size));

@@ -53,10 +53,6 @@ pub(crate) trait FreeBlocks: Clone + Send + 'static {
         let _ = (size, into);
     }
 
-    /// Whether [`share_with_thief`](Self::share_with_thief) may move anything (a thief then
-    /// locks its own list too, to take the share in).
-    const SHARES: bool = false;
-
     /// Whether `addr` lies in a free block of this list (to tell a double free from an unknown
     /// pointer).
     fn holds(&self, addr: u64) -> bool;

@@ -7,10 +7,12 @@
 //! [`Watch::settle`] searches again at once if a fitting block landed since the watch, else
 //! waits for one, stopping after [`IDLE_WINDOW`] yields without any free at all.
 //!
-//! Blocks are never in transit unseen: a thief locks its own list before it lets go of the
-//! victim's (`StreamOrdered::also_lock_own`), and keeps it locked until the blocks are in, so
-//! a search that reaches its list waits for them there; a merge from a list the grower had not
-//! searched yet into one it had searched lands after the grower's watch and so sends it back.
+//! A thief's blocks (a merge, a share) are taken out under the victim's lock and put in under
+//! its own; in between they are in no list, and a merge can also move them from a list the
+//! search has not reached into one it has passed. Either way they land after the grower's
+//! watch and report then, so the grower that missed them waits for them as for a free (the
+//! wait ends when they land, or after the idle window with no free at all: a thief stalled
+//! between its two locks costs a growth, never a block).
 //!
 //! Every wait of a growth (per hold of the growth lock) comes out of one [`Budget`]:
 //! [`PATIENCE`] steps (a yield, or a search again after a fitting block landed) and

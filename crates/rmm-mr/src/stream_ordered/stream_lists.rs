@@ -84,8 +84,8 @@ pub(crate) use rmm_sys::device_synchronize;
 /// list, its event policy). Unpadded, the last bytes of one list and the lock of the next share
 /// a cache line, which then moves between the two threads' cores at every operation of either.
 ///
-/// Its lock (from `crate::sync`, loom's under `--cfg loom`) is held together with another
-/// list's only by a thief, in address order (`StreamOrdered::lock_both`).
+/// Its lock (from `crate::sync`, loom's under `--cfg loom`) is never held together with another
+/// list's.
 pub(crate) type StreamList<L> = CachePadded<Mutex<ListState<L>>>;
 
 /// A locked [`StreamList`].

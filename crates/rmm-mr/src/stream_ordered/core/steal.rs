@@ -36,8 +36,9 @@ pub(super) fn settle(r: MrResult<()>) -> MrResult<()> {
 impl<L: FreeBlocks> StreamOrdered<L> {
     /// Steals one fitting block from another stream's list (the remainder stays there), else
     /// merges other lists into `own` until one fits; the stream waits on each victim's event.
-    /// Blocks that move into `own` (a merge, a share) go in with `own` locked before the
-    /// victim is let go ([`Self::also_lock_own`]). A victim that needs a device
+    /// The blocks a thief moves into `own` (a merge, a share) are taken out under the
+    /// victim's lock and put in under its own, and then report to a searching grower (see
+    /// [`patience`](crate::stream_ordered::patience)). A victim that needs a device
     /// synchronization is skipped unless `may_sync` (false under the growth lock); then the
     /// blocks are taken out under its lock and the device is synchronized with no lock held.
     /// When nothing is taken, says whether a fitting block was withheld for want of an event
@@ -61,58 +62,47 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             if !st.blocks.fits(size) {
                 continue;
             }
-            match st.prepare_steal(stream, may_sync)? {
+            let sync = match st.prepare_steal(stream, may_sync)? {
                 // The block is there, but no event covers it yet (its owner was asked to
                 // record, or only a device synchronization would do).
-                Steal::NotNow => withheld = true,
-                Steal::Now => {
-                    let Some(block) = st.blocks.take(size) else {
-                        continue;
-                    };
-                    // A share goes only into `own` locked before the victim is let go (no
-                    // share when that lock is not to be had at once).
-                    let mine = L::SHARES
-                        .then(|| Self::also_lock_own(own, victim))
-                        .flatten()
-                        .filter(|mine| mine.key() == Some(key));
-                    let mut share = self.empty.clone();
-                    if mine.is_some() {
-                        st.blocks.share_with_thief(size, &mut share);
-                    }
-                    st.after_take();
-                    drop(st);
-                    if let (Some(mut mine), false) = (mine, share.is_empty()) {
-                        if let Err(e) = self.receive(&mut mine, stream, &mut share, None) {
-                            log::error!("rmm: inconsistent free lists after a steal: {e}");
-                            drop(mine);
-                            self.to_orphan(share);
-                        }
-                    }
-                    return Ok(Search::Taken(block));
+                Steal::NotNow => {
+                    withheld = true;
+                    continue;
                 }
-                Steal::AfterSync(snapshot) => {
-                    let victim_key = st.key();
-                    let Some(block) = st.blocks.take(size) else {
-                        continue;
-                    };
-                    st.after_take();
-                    drop(st);
-                    let _busy = self.in_flight.begin();
-                    if let Err(e) = self.synchronize_device() {
-                        let mut back = self.empty.clone();
-                        match back.put(block.0, size, block.1) {
-                            Ok(()) => self.give_back(victim, victim_key, back),
-                            Err(put) => log::error!(
-                                "rmm: block {:#x} lost after a failed synchronization: {put}",
-                                block.0
-                            ),
-                        }
-                        return Err(e);
+                Steal::Now => None,
+                Steal::AfterSync(snapshot) => Some(snapshot),
+            };
+            let victim_key = st.key();
+            let Some(block) = st.blocks.take(size) else {
+                continue;
+            };
+            let mut share = self.empty.clone();
+            if sync.is_none() {
+                st.blocks.share_with_thief(size, &mut share);
+            }
+            st.after_take();
+            drop(st);
+            if let Some(snapshot) = sync {
+                let _busy = self.in_flight.begin();
+                if let Err(e) = self.synchronize_device() {
+                    let mut back = self.empty.clone();
+                    match back.put(block.0, size, block.1) {
+                        Ok(()) => self.give_back(victim, victim_key, back),
+                        Err(put) => log::error!(
+                            "rmm: block {:#x} lost after a failed synchronization: {put}",
+                            block.0
+                        ),
                     }
-                    victim.lock().synchronized_since(snapshot);
-                    return Ok(Search::Taken(block));
+                    return Err(e);
+                }
+                victim.lock().synchronized_since(snapshot);
+            } else if !share.is_empty() {
+                if let Err((rest, e)) = self.deposit(own, key, stream, share, None) {
+                    log::error!("rmm: inconsistent free lists after a steal: {e}");
+                    self.give_back(victim, victim_key, rest);
                 }
             }
+            return Ok(Search::Taken(block));
         }
         // Merge whole lists into this one, retrying after each.
         for victim in &others {
@@ -120,57 +110,25 @@ impl<L: FreeBlocks> StreamOrdered<L> {
             if st.blocks.is_empty() {
                 continue;
             }
-            let snapshot = match st.prepare_steal(stream, may_sync)? {
+            let sync = match st.prepare_steal(stream, may_sync)? {
                 Steal::NotNow => continue,
                 Steal::Now => None,
                 Steal::AfterSync(snapshot) => Some(snapshot),
             };
-            let victim_key = st.key();
-            let Some(snapshot) = snapshot else {
-                let mut mine = match Self::also_lock_own(own, victim) {
-                    Some(mine) => mine,
-                    None => {
-                        // Both locks in address order instead; blocks may have entered the
-                        // victim meanwhile, so the stream waits again.
-                        drop(st);
-                        let (mine, again) = Self::lock_both(own, victim);
-                        st = again;
-                        if st.blocks.is_empty() || st.prepare_steal(stream, may_sync)? != Steal::Now
-                        {
-                            continue;
-                        }
-                        mine
-                    }
-                };
-                if mine.key() != Some(key) {
-                    continue;
-                }
-                let mut moved = std::mem::replace(&mut st.blocks, self.empty.clone());
-                st.after_take();
-                drop(st);
-                match self.receive(&mut mine, stream, &mut moved, Some(size)) {
-                    Ok(Some(block)) => return Ok(Search::Taken(block)),
-                    Ok(None) => continue,
-                    Err(e) => {
-                        drop(mine);
-                        self.give_back(victim, victim_key, moved);
-                        return Err(MrError::bad_alloc(format!(
-                            "inconsistent free lists while merging: {e}"
-                        )));
-                    }
-                }
-            };
-            // Behind a synchronization: out of every list until the device is done (counted
-            // in `in_flight`), no lock held.
             let moved = std::mem::replace(&mut st.blocks, self.empty.clone());
             st.after_take();
+            let victim_key = st.key();
             drop(st);
-            let _busy = self.in_flight.begin();
-            if let Err(e) = self.synchronize_device() {
-                self.give_back(victim, victim_key, moved);
-                return Err(e);
+            // Behind a synchronization: out of every list until the device is done (counted
+            // in `in_flight`), no lock held.
+            let _busy = sync.map(|_| self.in_flight.begin());
+            if let Some(snapshot) = sync {
+                if let Err(e) = self.synchronize_device() {
+                    self.give_back(victim, victim_key, moved);
+                    return Err(e);
+                }
+                victim.lock().synchronized_since(snapshot);
             }
-            victim.lock().synchronized_since(snapshot);
             match self.deposit(own, key, stream, moved, Some(size)) {
                 Ok(Some(block)) => return Ok(Search::Taken(block)),
                 Ok(None) => {}

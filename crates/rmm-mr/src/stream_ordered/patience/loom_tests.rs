@@ -1,6 +1,6 @@
 //! Loom models of the grower's patience (`cargo xtask loom`). The first two: a thief merges
-//! the free blocks of list `b` into list `a`, locking `a` before it lets go of `b` and keeping
-//! it until the blocks are in, as the core's thieves do,
+//! the free blocks of list `b` into list `a`, out under `b`'s lock and in under `a`'s, as the
+//! core's thieves do,
 //! while a grower searches `a` and then `b` (the order in which a merge can hide blocks from
 //! it) and, after a miss, settles. On every interleaving: a grower that missed a fitting block
 //! is sent back and then finds it, and one whose miss was real is told to grow. The last three
@@ -28,12 +28,9 @@ fn merge_while_searching(block: usize, wanted: usize) -> Vec<Result<(), Settled>
     let thief = {
         let (patience, a, b) = (Arc::clone(&patience), Arc::clone(&a), Arc::clone(&b));
         thread::spawn(move || {
-            // The victim first, then its own list (blocking: it lies after the victim), then
-            // the victim let go before the blocks go in (the core's order).
-            let mut victim = b.lock().unwrap();
+            // Out under the victim's lock, in under its own (the core's order).
+            let mut moved = std::mem::take(&mut *b.lock().unwrap());
             let mut mine = a.lock().unwrap();
-            let mut moved = std::mem::take(&mut *victim);
-            drop(victim);
             mine.append(&mut moved);
             patience.merged(|wanted| fits(&mine, wanted));
         })
