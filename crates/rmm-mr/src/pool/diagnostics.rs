@@ -6,7 +6,7 @@
 use crate::diagnostics::build::{self, Piece};
 use crate::diagnostics::{OomReport, Snapshot};
 use crate::error::{MrError, MrResult};
-use crate::pool::engine::{Growth, Pool};
+use crate::pool::engine::{ChunkLayout, Growth, Pool};
 use rmm_sys::{checked_align_up, ALLOCATION_ALIGNMENT};
 
 impl<G: Growth> Pool<G> {
@@ -49,7 +49,7 @@ impl<G: Growth> Pool<G> {
             .collect();
         pieces.extend(build::free_pieces(build::numbered(self.core.free_lists())));
         let mut chunks = self.core.chunk_list();
-        if self.growth.mapped_end().is_some() {
+        if !<G::Layout as ChunkLayout>::HEADS {
             // Chunks mapped one after the other merge (the VMM pool): one segment per run of
             // contiguous chunks (sorted by address), as PyTorch's expandable segments.
             chunks.dedup_by(|next, run| {

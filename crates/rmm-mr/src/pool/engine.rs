@@ -8,9 +8,6 @@
 //! from its upstream; the VMM pool maps chunks at the end of one reserved range, where they
 //! merge with the free block before them.
 
-use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
-
 use rmm_stream::CudaStreamView;
 use rmm_sys::{checked_align_up, DevicePtr, ALLOCATION_ALIGNMENT};
 
@@ -25,6 +22,7 @@ mod boundary_list;
 mod handed;
 mod size_index;
 
+pub(crate) use blocks::{ChunkLayout, Contiguous, Separate};
 pub use boundary_list::{Block, FreeListError};
 #[cfg(any(test, feature = "testing"))]
 pub(crate) use size_index::{NodeId, SizeIndex};
@@ -34,6 +32,9 @@ pub(crate) trait Growth: Send + Sync + 'static {
     /// The resource's name in messages.
     const NAME: &'static str;
 
+    /// How the chunks lie (whether they merge).
+    type Layout: ChunkLayout;
+
     /// The resource that hands out the chunks [`grow`](Self::grow) returns and takes them back
     /// (`release_unused`, the drop, a chunk the core refused).
     fn source(&self) -> &dyn DeviceMemoryResource;
@@ -42,13 +43,6 @@ pub(crate) trait Growth: Send + Sync + 'static {
     /// (the maximum pool size), or `None` when it cannot be known (no maximum: the source
     /// refused): see `StreamOrdered::release_before_failing`.
     fn release_limit(&self) -> Option<usize>;
-
-    /// For chunks mapped one after the other into one range, which merge (the VMM pool's),
-    /// the address one past the last mapped byte, which the resource keeps as it maps and
-    /// unmaps; `None` (the default) for separate chunks, which never merge.
-    fn mapped_end(&self) -> Option<Arc<AtomicU64>> {
-        None
-    }
 
     /// A new chunk for a request of `size` bytes (a multiple of 256; `bytes` is the caller's
     /// request, for the error) on `stream`, when the pool holds `ask.pool_size` bytes and the
@@ -74,17 +68,17 @@ pub(crate) trait Growth: Send + Sync + 'static {
 /// A coalescing best-fit pool over the stream-ordered core, growing through `G`. See the
 /// [module documentation](self).
 pub(crate) struct Pool<G: Growth> {
-    pub(crate) core: StreamOrdered<PoolBlocks>,
+    pub(crate) core: StreamOrdered<PoolBlocks<G::Layout>>,
     pub(crate) growth: G,
     /// Allocations made with an alignment above 256.
     over_aligned: OverAligned,
 }
 
 impl<G: Growth> Pool<G> {
-    /// A pool without chunks.
-    pub(crate) fn new(growth: G) -> Self {
+    /// A pool without chunks whose chunks will lie as `chunks` says.
+    pub(crate) fn new(growth: G, chunks: G::Layout) -> Self {
         Self {
-            core: StreamOrdered::new(PoolBlocks::new(growth.mapped_end()))
+            core: StreamOrdered::new(PoolBlocks::new(chunks))
                 .release_before_failing(growth.release_limit()),
             growth,
             over_aligned: OverAligned::default(),

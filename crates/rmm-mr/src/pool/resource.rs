@@ -7,7 +7,7 @@ use rmm_stream::CudaStreamView;
 use rmm_sys::{DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{MrError, MrResult};
-use crate::pool::engine::{Growth, Pool};
+use crate::pool::engine::{Growth, Pool, Separate};
 use crate::pool::growth::{check_sizes, size_to_grow, size_under_pressure, try_to_expand};
 use crate::resource::{DeviceMemoryResource, SharedResource};
 use crate::stream_ordered::accept_chunk;
@@ -23,6 +23,7 @@ struct FromUpstream<U: DeviceMemoryResource> {
 
 impl<U: DeviceMemoryResource> Growth for FromUpstream<U> {
     const NAME: &'static str = NAME;
+    type Layout = Separate;
 
     fn source(&self) -> &dyn DeviceMemoryResource {
         &self.upstream
@@ -217,7 +218,7 @@ impl<U: DeviceMemoryResource> PoolMemoryResource<U> {
     pub fn with_options(upstream: U, options: PoolOptions) -> MrResult<Self> {
         let (initial, maximum) = (options.initial_pool_size, options.maximum_pool_size);
         check_sizes(initial, maximum).map_err(MrError::invalid_argument)?;
-        let pool = Pool::new(FromUpstream { upstream, maximum });
+        let pool = Pool::new(FromUpstream { upstream, maximum }, Separate);
         if initial > 0 {
             let (ptr, size) =
                 pool.growth

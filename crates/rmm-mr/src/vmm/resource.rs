@@ -1,7 +1,6 @@
 //! The VMM pool resource: the stream-ordered core over a [`Mapper`].
 
 use std::fmt;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use rmm_stream::CudaStreamView;
@@ -9,7 +8,7 @@ use rmm_sys::vmm::{self as sys_vmm, Granularity};
 use rmm_sys::{AllocationHandleType, DeviceId, DevicePtr, ALLOCATION_ALIGNMENT};
 
 use crate::error::{MrError, MrResult};
-use crate::pool::engine::{Growth, Pool};
+use crate::pool::engine::{Contiguous, Growth, Pool};
 use crate::resource::DeviceMemoryResource;
 use crate::stream_ordered::core::{Expand, GrowthCause};
 use crate::vmm::mapper::{Mapper, VmmGrowthStatistics, NAME};
@@ -21,13 +20,10 @@ const SIMULATED_GRANULARITY: usize = 2 << 20;
 
 impl Growth for Mapper {
     const NAME: &'static str = NAME;
+    type Layout = Contiguous;
 
     fn source(&self) -> &dyn DeviceMemoryResource {
         self
-    }
-
-    fn mapped_end(&self) -> Option<Arc<AtomicU64>> {
-        Some(self.end())
     }
 
     fn release_limit(&self) -> Option<usize> {
@@ -215,7 +211,8 @@ impl VmmPoolMemoryResource {
     }
 
     fn build(mapper: Mapper, geometry: Geometry) -> MrResult<Self> {
-        let vmm = Pool::new(mapper);
+        let chunks = Contiguous::new(mapper.end());
+        let vmm = Pool::new(mapper, chunks);
         if geometry.initial > 0 {
             let (ptr, size) =
                 vmm.growth

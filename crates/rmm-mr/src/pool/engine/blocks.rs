@@ -12,6 +12,7 @@
 //!
 //! Pure bookkeeping: no CUDA calls.
 
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -21,30 +22,86 @@ use crate::error::InvalidFree;
 use crate::stream_ordered::core::FreeBlocks;
 use crate::util::cross_thread::Origin;
 
+/// How a pool's chunks lie: the one thing in which the pool's and the VMM pool's free lists
+/// differ (a type, so that each pool's hot path is compiled for its own).
+pub(crate) trait ChunkLayout: Clone + Default + Send + fmt::Debug + 'static {
+    /// Whether a chunk starts with a head block, which never merges with the block before it.
+    const HEADS: bool;
+
+    /// If the chunk `[addr, addr + size)` is wholly free in `free`, removes it.
+    fn remove_chunk(&self, free: &mut BoundaryFreeList, addr: u64, size: usize) -> bool;
+
+    /// [`FreeBlocks::extendable_tail`] of `free`.
+    fn extendable_tail(&self, free: &BoundaryFreeList) -> Option<usize>;
+}
+
+/// Separate chunks (the pool's upstream chunks lie anywhere): a wholly free chunk is one block.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Separate;
+
+impl ChunkLayout for Separate {
+    const HEADS: bool = true;
+
+    fn remove_chunk(&self, free: &mut BoundaryFreeList, addr: u64, size: usize) -> bool {
+        free.remove_range(addr, size, true)
+    }
+
+    fn extendable_tail(&self, _free: &BoundaryFreeList) -> Option<usize> {
+        None
+    }
+}
+
+/// Contiguous chunks (mapped one after the other into one range): a wholly free chunk may be
+/// part of a larger free block and is cut out of it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Contiguous {
+    /// The address one past the last mapped byte, kept by the resource as it maps and unmaps.
+    end: Arc<AtomicU64>,
+}
+
+impl Contiguous {
+    /// Chunks that end at `end`, which the resource keeps.
+    pub(crate) fn new(end: Arc<AtomicU64>) -> Self {
+        Self { end }
+    }
+}
+
+impl ChunkLayout for Contiguous {
+    const HEADS: bool = false;
+
+    fn remove_chunk(&self, free: &mut BoundaryFreeList, addr: u64, size: usize) -> bool {
+        free.remove_range(addr, size, false)
+    }
+
+    fn extendable_tail(&self, free: &BoundaryFreeList) -> Option<usize> {
+        let end = self.end.load(Ordering::Acquire);
+        Some(free.block_ending_at(end).map_or(0, |b| b.size))
+    }
+}
+
 /// One stream's free blocks, with the pool-wide record of handed-out blocks (shared by every
 /// list of the pool) and how its chunks lie.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct PoolBlocks {
+pub(crate) struct PoolBlocks<C: ChunkLayout = Separate> {
     free: BoundaryFreeList,
     /// Tagged with whether the block starts a chunk and who allocated it (an [`Origin`] as a
     /// word).
     handed: Arc<HandedMap>,
-    /// For contiguous chunks, the address one past the last mapped byte, kept by the resource
-    /// as it maps and unmaps; `None` for separate chunks.
-    mapped_end: Option<Arc<AtomicU64>>,
+    chunks: C,
 }
 
-impl PoolBlocks {
-    /// An empty list of separate chunks, or of contiguous ones that end at `mapped_end`.
-    pub(crate) fn new(mapped_end: Option<Arc<AtomicU64>>) -> Self {
+impl<C: ChunkLayout> PoolBlocks<C> {
+    /// An empty list whose chunks lie as `chunks` says.
+    pub(crate) fn new(chunks: C) -> Self {
         Self {
-            mapped_end,
-            ..Self::default()
+            free: BoundaryFreeList::default(),
+            handed: Arc::default(),
+            chunks,
         }
     }
 }
 
-impl FreeBlocks for PoolBlocks {
+impl<C: ChunkLayout> FreeBlocks for PoolBlocks<C> {
     /// Whether the block starts a chunk (always `false` for contiguous chunks).
     type Tag = bool;
 
@@ -75,7 +132,7 @@ impl FreeBlocks for PoolBlocks {
 
     /// Separate chunks start with a head; contiguous ones merge with the blocks on either side.
     fn add_chunk(&mut self, addr: u64, size: usize) -> Result<(), String> {
-        self.put(addr, size, self.mapped_end.is_none())
+        self.put(addr, size, C::HEADS)
     }
 
     fn absorb(&mut self, other: &mut Self) -> Result<(), String> {
@@ -92,16 +149,12 @@ impl FreeBlocks for PoolBlocks {
         self.free.holds(addr)
     }
 
-    /// A separate chunk is wholly free as one block; a contiguous one may be cut out of a
-    /// larger free block.
     fn remove_chunk(&mut self, addr: u64, size: usize) -> bool {
-        self.free
-            .remove_range(addr, size, self.mapped_end.is_none())
+        self.chunks.remove_chunk(&mut self.free, addr, size)
     }
 
     fn extendable_tail(&self) -> Option<usize> {
-        let end = self.mapped_end.as_ref()?.load(Ordering::Acquire);
-        Some(self.free.block_ending_at(end).map_or(0, |b| b.size))
+        self.chunks.extendable_tail(&self.free)
     }
 
     #[inline]
@@ -157,9 +210,9 @@ mod tests {
 
     const CHUNK: usize = 4096;
 
-    fn list() -> (PoolBlocks, Arc<AtomicU64>) {
+    fn list() -> (PoolBlocks<Contiguous>, Arc<AtomicU64>) {
         let end = Arc::new(AtomicU64::new(0));
-        (PoolBlocks::new(Some(Arc::clone(&end))), end)
+        (PoolBlocks::new(Contiguous::new(Arc::clone(&end))), end)
     }
 
     #[test]
@@ -217,7 +270,7 @@ mod tests {
 
     #[test]
     fn separate_chunks_never_merge_and_have_no_tail() {
-        let mut l = PoolBlocks::new(None);
+        let mut l = PoolBlocks::new(Separate);
         assert_eq!(l.extendable_tail(), None);
         l.add_chunk(0x10000, CHUNK).unwrap();
         l.add_chunk(0x10000 + CHUNK as u64, CHUNK).unwrap();
@@ -246,8 +299,8 @@ mod tests {
         ) {
             let end = Arc::new(AtomicU64::new(0));
             let mut lists = [
-                PoolBlocks::new(Some(Arc::clone(&end))),
-                PoolBlocks::new(Some(Arc::clone(&end))),
+                PoolBlocks::new(Contiguous::new(Arc::clone(&end))),
+                PoolBlocks::new(Contiguous::new(Arc::clone(&end))),
             ];
             let mut mapped: Vec<u64> = Vec::new();
             let mut live: Vec<(u64, usize)> = Vec::new();
