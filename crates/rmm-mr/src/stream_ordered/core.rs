@@ -12,8 +12,8 @@
 //! mismatches). The lists of threads that exited and of streams that were destroyed are retired
 //! (their blocks go to the legacy list or to the orphan list, behind their event or a device
 //! synchronization) and their slots reused, so the lists stay as many as the live keys. Lock order:
-//! chunk set → registry → one list → the record's inner locks; no thread holds two list locks,
-//! and nothing synchronizes the device while holding any of them. A failed call leaves the core as it
+//! chunk set → registry → one list → the record's inner locks; no thread holds two list locks, and
+//! nothing synchronizes the device while holding any of them. A failed call leaves the core as it
 //! was (but for the wholly free chunks a failing allocation gave back). The algorithm, the lists,
 //! the locks and the failure rules in full: `docs/internals/stream-ordered.md`.
 //!
