@@ -130,9 +130,9 @@ pub mod __internals {
         pub use crate::arena::superblock::{RejectedSuperblock, Superblock};
     }
 
-    /// How many stream lists a pool keeps (`tests/retire`); the coalescing free list (used by
-    /// no bench, fuzz target or check: its only users are tests, and core28's rebuild of the
-    /// pool moves or removes it).
+    /// How many stream lists a pool keeps (`tests/retire`); the block and error types of the
+    /// pool's free lists, and the coalescing free list that is their test model (its only users
+    /// are tests).
     pub mod pool {
         pub use crate::pool::engine::{Block, FreeListError};
         pub use crate::pool::resource::stream_lists;
