@@ -35,23 +35,38 @@ fn merge_while_searching(block: usize, wanted: usize) -> Vec<Result<(), Settled>
             patience.merged(|wanted| fits(&mine, wanted));
         })
     };
-    let mut searches = Vec::new();
-    let mut budget = Budget::new(ENOUGH, None);
-    for _ in 0..3 {
-        let watch = patience.watch(wanted);
+    let searches = grower(&patience, wanted, &mut Budget::new(ENOUGH, None), 2, || {
         // One list at a time: `a`'s lock is let go before `b`'s is taken.
         let in_a = fits(&a.lock().unwrap(), wanted);
-        if in_a || fits(&b.lock().unwrap(), wanted) {
+        in_a || fits(&b.lock().unwrap(), wanted)
+    });
+    thief.join().unwrap();
+    searches
+}
+
+/// A grower asking `wanted` bytes: announces its size, runs `search` and, after each miss,
+/// settles with what is left of `budget` and the idle rule `idle`, searching again at most
+/// twice. Returns its searches: whether each found a block or what it settled on.
+fn grower(
+    patience: &Patience,
+    wanted: usize,
+    budget: &mut Budget,
+    idle: u32,
+    search: impl Fn() -> bool,
+) -> Vec<Result<(), Settled>> {
+    let mut searches = Vec::new();
+    for _ in 0..3 {
+        let watch = patience.watch(wanted);
+        if search() {
             searches.push(Ok(()));
             break;
         }
-        let settled = watch.settle_with(&mut budget, 2);
+        let settled = watch.settle_with(budget, idle);
         searches.push(Err(settled));
         if settled != Settled::SearchAgain {
             break;
         }
     }
-    thief.join().unwrap();
     searches
 }
 
@@ -86,8 +101,8 @@ fn loom_a_grower_is_not_sent_back_for_blocks_that_do_not_fit() {
 /// The patience protocol with the frees that report to it (`Patience::freed`, `Watch::settle`'s
 /// wait for a fit, the growth's [`Budget`]): a grower announces `wanted` bytes, searches list
 /// `a` (empty at first) and, after each miss, settles with what is left of one budget of
-/// `budget` steps and its idle rule `idle`, searching again at most twice; a freeing thread puts `blocks` into `a` one by one, each under `a`'s lock and
-/// reported there, as the core's frees are. Returns the grower's searches and the budget it
+/// `budget` steps and its idle rule `idle` ([`grower`]); a freeing thread puts `blocks` into
+/// `a` one by one, each under `a`'s lock and reported there, as the core's frees are. Returns the grower's searches and the budget it
 /// was left with.
 fn wait_for_frees(
     blocks: &'static [usize],
@@ -107,25 +122,15 @@ fn wait_for_frees(
             }
         })
     };
-    let grower = thread::spawn(move || {
+    let grows = thread::spawn(move || {
         let mut left = Budget::new(budget, None);
-        let mut searches = Vec::new();
-        for _ in 0..3 {
-            let watch = patience.watch(wanted);
-            if fits(&a.lock().unwrap(), wanted) {
-                searches.push(Ok(()));
-                break;
-            }
-            let settled = watch.settle_with(&mut left, idle);
-            searches.push(Err(settled));
-            if settled != Settled::SearchAgain {
-                break;
-            }
-        }
+        let searches = grower(&patience, wanted, &mut left, idle, || {
+            fits(&a.lock().unwrap(), wanted)
+        });
         (searches, left)
     });
     freer.join().unwrap();
-    grower.join().unwrap()
+    grows.join().unwrap()
 }
 
 /// Enough yields for the freeing thread's few steps (a yielding thread runs again only after
