@@ -1,4 +1,6 @@
-//! The `imports` step of `cargo xtask ci`: no two files of a crate import each other.
+//! The `imports` step of `cargo xtask ci`: no two files of a crate import each other, and no
+//! module file under a crate's `src/` is named `mod.rs` (the one module-file convention:
+//! `name.rs` beside `name/`; shared modules of `tests/` and `benches/` keep Cargo's `mod.rs`).
 //!
 //! An import is a path through `crate::`, `super::` or `self::` (in a `use`, or written in code:
 //! `crate::fault::is_fake(..)`, `L: super::Trait`), outside test code (`#[cfg(test)]` items and modules, files named `*tests*.rs`). It goes to the
@@ -525,7 +527,27 @@ fn folders(root: &Path) -> Result<Vec<String>, Error> {
     Ok(out)
 }
 
-/// The problems of the workspace at `root`: cycles not in `allowed`, and stale allowances.
+/// The files named `mod.rs` under `dir` (recursively), as paths from `dir`'s parent folder
+/// `rel` (e.g. `src/diagnostics/mod.rs`).
+fn mod_rs_files(dir: &Path, rel: &str, out: &mut Vec<String>) -> Result<(), Error> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("{rel}: {e}"))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let path = format!("{rel}/{name}");
+        if entry.path().is_dir() {
+            mod_rs_files(&entry.path(), &path, out)?;
+        } else if name == "mod.rs" {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// The problems of the workspace at `root`: cycles not in `allowed`, stale allowances, and
+/// module files named `mod.rs` under a crate's `src/`.
 fn check(root: &Path, allowed: &[(&str, &str, &str)]) -> Result<(Vec<String>, usize), Error> {
     let mut problems = Vec::new();
     let mut matched = BTreeSet::new();
@@ -547,6 +569,14 @@ fn check(root: &Path, allowed: &[(&str, &str, &str)]) -> Result<(Vec<String>, us
                 )),
             }
         }
+        let mut mod_rs = Vec::new();
+        mod_rs_files(&dir.join("src"), "src", &mut mod_rs)?;
+        problems.extend(mod_rs.into_iter().map(|f| {
+            format!(
+                "{folder}/{f}: a module file named mod.rs; name it after its folder (`name.rs` \
+                 beside `name/`, CONTRIBUTING.md \"Files and modules\")"
+            )
+        }));
         files += 1;
     }
     for (i, (f, a, b)) in allowed.iter().enumerate() {
@@ -565,14 +595,14 @@ pub(crate) fn run_ci() -> Result<(), Error> {
     let (problems, crates) = check(&cargo::repo_root(), ALLOWED)?;
     if problems.is_empty() {
         println!(
-            "imports: ok ({crates} crates, no two files import each other; {} pair(s) allowed \
-             for now)",
+            "imports: ok ({crates} crates, no two files import each other, no mod.rs under \
+             src/; {} pair(s) allowed for now)",
             ALLOWED.len()
         );
         return Ok(());
     }
     for p in &problems {
-        eprintln!("import cycle: {p}");
+        eprintln!("imports: {p}");
     }
     Err(format!("{} import problem(s)", problems.len()))
 }
@@ -733,6 +763,30 @@ mod tests {
             ),
         ]);
         assert_eq!(found, Vec::<(String, String)>::new());
+    }
+
+    #[test]
+    fn a_mod_rs_under_src_is_reported() {
+        let root =
+            std::env::temp_dir().join(format!("xtask-imports-mod-rs-{}", std::process::id()));
+        let krate = root.join("crates/x");
+        std::fs::create_dir_all(krate.join("src/a")).unwrap();
+        std::fs::create_dir_all(krate.join("tests/common")).unwrap();
+        for (file, text) in [
+            ("Cargo.toml", "[package]\nname = \"x\"\n"),
+            ("src/lib.rs", "mod a;"),
+            ("src/a/mod.rs", ""),
+            ("tests/common/mod.rs", ""),
+        ] {
+            std::fs::write(krate.join(file), text).unwrap();
+        }
+        let (problems, _) = check(&root, &[]).unwrap();
+        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].starts_with("crates/x/src/a/mod.rs: "),
+            "{problems:?}"
+        );
     }
 
     #[test]
