@@ -21,7 +21,7 @@ pub(crate) const STEPS: &[(&str, &str)] = &[
     (
         "imports",
         "no two files of a crate import each other (use paths through crate::, super::, \
-         self::, re-exports followed, test code left out)",
+         self::, re-exports followed, test code left out), and no mod.rs under a crate's src/",
     ),
     (
         "size",
