@@ -25,11 +25,9 @@ use crate::util::cross_thread::Origin;
 /// How a pool's chunks lie: the one thing in which the pool's and the VMM pool's free lists
 /// differ (a type, so that each pool's hot path is compiled for its own).
 pub(crate) trait ChunkLayout: Clone + Default + Send + fmt::Debug + 'static {
-    /// Whether a chunk starts with a head block, which never merges with the block before it.
+    /// Whether a chunk starts with a head block, which never merges with the block before it
+    /// (then a wholly free chunk is one free block; otherwise it may be part of a larger one).
     const HEADS: bool;
-
-    /// If the chunk `[addr, addr + size)` is wholly free in `free`, removes it.
-    fn remove_chunk(&self, free: &mut BoundaryFreeList, addr: u64, size: usize) -> bool;
 
     /// [`FreeBlocks::extendable_tail`] of `free`.
     fn extendable_tail(&self, free: &BoundaryFreeList) -> Option<usize>;
@@ -41,10 +39,6 @@ pub(crate) struct Separate;
 
 impl ChunkLayout for Separate {
     const HEADS: bool = true;
-
-    fn remove_chunk(&self, free: &mut BoundaryFreeList, addr: u64, size: usize) -> bool {
-        free.remove_range(addr, size, true)
-    }
 
     fn extendable_tail(&self, _free: &BoundaryFreeList) -> Option<usize> {
         None
@@ -68,10 +62,6 @@ impl Contiguous {
 
 impl ChunkLayout for Contiguous {
     const HEADS: bool = false;
-
-    fn remove_chunk(&self, free: &mut BoundaryFreeList, addr: u64, size: usize) -> bool {
-        free.remove_range(addr, size, false)
-    }
 
     fn extendable_tail(&self, free: &BoundaryFreeList) -> Option<usize> {
         let end = self.end.load(Ordering::Acquire);
@@ -149,8 +139,10 @@ impl<C: ChunkLayout> FreeBlocks for PoolBlocks<C> {
         self.free.holds(addr)
     }
 
+    /// A separate chunk is wholly free as one block (one lookup); a contiguous one may be cut
+    /// out of a larger free block.
     fn remove_chunk(&mut self, addr: u64, size: usize) -> bool {
-        self.chunks.remove_chunk(&mut self.free, addr, size)
+        self.free.remove_range(addr, size, C::HEADS)
     }
 
     fn extendable_tail(&self) -> Option<usize> {
