@@ -527,25 +527,6 @@ fn folders(root: &Path) -> Result<Vec<String>, Error> {
     Ok(out)
 }
 
-/// The files named `mod.rs` under `dir` (recursively), as paths from `dir`'s parent folder
-/// `rel` (e.g. `src/diagnostics/mod.rs`).
-fn mod_rs_files(dir: &Path, rel: &str, out: &mut Vec<String>) -> Result<(), Error> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Ok(());
-    };
-    for entry in entries {
-        let entry = entry.map_err(|e| format!("{rel}: {e}"))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let path = format!("{rel}/{name}");
-        if entry.path().is_dir() {
-            mod_rs_files(&entry.path(), &path, out)?;
-        } else if name == "mod.rs" {
-            out.push(path);
-        }
-    }
-    Ok(())
-}
-
 /// The problems of the workspace at `root`: cycles not in `allowed`, stale allowances, and
 /// module files named `mod.rs` under a crate's `src/`.
 fn check(root: &Path, allowed: &[(&str, &str, &str)]) -> Result<(Vec<String>, usize), Error> {
@@ -569,14 +550,17 @@ fn check(root: &Path, allowed: &[(&str, &str, &str)]) -> Result<(Vec<String>, us
                 )),
             }
         }
-        let mut mod_rs = Vec::new();
-        mod_rs_files(&dir.join("src"), "src", &mut mod_rs)?;
-        problems.extend(mod_rs.into_iter().map(|f| {
-            format!(
-                "{folder}/{f}: a module file named mod.rs; name it after its folder (`name.rs` \
-                 beside `name/`, CONTRIBUTING.md \"Files and modules\")"
-            )
-        }));
+        let mut sources = Vec::new();
+        if dir.join("src").is_dir() {
+            crate::size::files(&dir.join("src"), &mut sources)?;
+        }
+        for file in sources.iter().filter(|f| f.ends_with("mod.rs")) {
+            let shown = file.strip_prefix(root).unwrap_or(file).display();
+            problems.push(format!(
+                "{shown}: a module file named mod.rs; name it after its folder (`name.rs` beside \
+                 `name/`, CONTRIBUTING.md \"Files and modules\")"
+            ));
+        }
         files += 1;
     }
     for (i, (f, a, b)) in allowed.iter().enumerate() {
