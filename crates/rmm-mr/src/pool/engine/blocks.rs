@@ -139,8 +139,6 @@ impl<C: ChunkLayout> FreeBlocks for PoolBlocks<C> {
         self.free.holds(addr)
     }
 
-    /// A separate chunk is wholly free as one block (one lookup); a contiguous one may be cut
-    /// out of a larger free block.
     fn remove_chunk(&mut self, addr: u64, size: usize) -> bool {
         self.free.remove_range(addr, size, C::HEADS)
     }
